@@ -1,0 +1,32 @@
+"""Repository-wide pytest hooks: `gpu` tests run wherever a CUDA device exists."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def _cuda_device_count() -> int:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return 0
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return 0
+        err, count = driver.cuDeviceGetCount()
+    except Exception:  # no driver library at all (cuda-pathfinder raises)
+        return 0
+    return int(count) if err == driver.CUresult.CUDA_SUCCESS else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_device_count() > 0:
+        return
+    skip = pytest.mark.skip(reason="no CUDA device on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

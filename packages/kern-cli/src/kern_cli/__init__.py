@@ -1,0 +1,3 @@
+"""kern_cli."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""kern_manifest."""
+
+__all__: list[str] = []

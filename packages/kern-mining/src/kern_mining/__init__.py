@@ -1,0 +1,3 @@
+"""kern_mining."""
+
+__all__: list[str] = []

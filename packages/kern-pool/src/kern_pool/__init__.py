@@ -1,0 +1,3 @@
+"""kern_pool."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""kern_runtime."""
+
+__all__: list[str] = []
