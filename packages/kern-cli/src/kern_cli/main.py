@@ -1,0 +1,40 @@
+"""`kern`: one entry point, one module per subcommand.
+
+Each subcommand module exposes `register(subparsers)`, which adds its parser and sets
+`handler=callable(args) -> int` as a default. Handlers print results to stdout, logs to stderr, and
+return the exit status (0 ok, 2 for bad input); they never let a traceback reach the user for errors
+the packages raise on purpose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# NOTE: subcommand modules, imported lazily so `kern manifest` never loads CUDA libraries.
+SUBCOMMANDS: tuple[str, ...] = ("manifest_cmd", "run", "kernels_cmd", "bench_cmd", "mine")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kern", description="kern: manifests, runs, kernels, benchmarks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"kern_cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"kern_cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
