@@ -1,0 +1,245 @@
+"""Seeded random Qwen3 checkpoints for runs without real weights.
+
+`random_checkpoint(config, seed=0)` writes `config.json` plus safetensors shards (bf16, named as
+Hugging Face names them) under `<cache>/random/<name>-seed<seed>/` once and returns the
+directory; later calls find the `COMPLETE` marker and return at once. Values are
+N(0, 0.02) for matrices (the Qwen3 initializer range) and 1 + N(0, 0.02) for norm weights, rounded
+to bf16 (round to nearest even): realistic magnitudes, never zeros. The cache is `$KERN_CACHE_DIR`
+or `~/.cache/kern`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "QWEN3_4B_CONFIG",
+    "QWEN3_TINY_CONFIG",
+    "CheckpointError",
+    "cache_dir",
+    "iter_weight_files",
+    "qwen3_tensor_shapes",
+    "random_checkpoint",
+    "to_bf16_bits",
+]
+
+QWEN3_4B_CONFIG: Mapping[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+"""The Qwen3-4B config.json (Hugging Face Qwen/Qwen3-4B)."""
+
+QWEN3_TINY_CONFIG: Mapping[str, Any] = {
+    **QWEN3_4B_CONFIG,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "max_window_layers": 2,
+    "max_position_embeddings": 4096,
+    "vocab_size": 4096,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+"""A 2-layer Qwen3 with the 4B's head_dim, for fast correctness runs."""
+
+SHARD_BYTES = 2 << 30
+_SCALE = 0.02
+
+
+class CheckpointError(Exception):
+    """The config cannot describe a Qwen3 checkpoint, or the cache dir cannot be written."""
+
+
+def cache_dir() -> Path:
+    """`$KERN_CACHE_DIR`, else `~/.cache/kern`."""
+    env = os.environ.get("KERN_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "kern"
+
+
+def _dim(config: Mapping[str, Any], key: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CheckpointError(f"config {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def qwen3_tensor_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Qwen3 checkpoint by Hugging Face name, in layer order.
+
+    Raises:
+        CheckpointError: a dimension is missing or not a positive integer.
+    """
+    h, inter, vocab = _dim(config, "hidden_size"), _dim(config, "intermediate_size"), _dim(config, "vocab_size")
+    nq, nkv = _dim(config, "num_attention_heads"), _dim(config, "num_key_value_heads")
+    d = config.get("head_dim") or h // nq
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h)}
+    for i in range(_dim(config, "num_hidden_layers")):
+        p = f"model.layers.{i}"
+        shapes |= {
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (nq * d, h),
+            f"{p}.self_attn.k_proj.weight": (nkv * d, h),
+            f"{p}.self_attn.v_proj.weight": (nkv * d, h),
+            f"{p}.self_attn.q_norm.weight": (d,),
+            f"{p}.self_attn.k_norm.weight": (d,),
+            f"{p}.self_attn.o_proj.weight": (h, nq * d),
+            f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.mlp.gate_proj.weight": (inter, h),
+            f"{p}.mlp.up_proj.weight": (inter, h),
+            f"{p}.mlp.down_proj.weight": (h, inter),
+        }
+    shapes["model.norm.weight"] = (h,)
+    if not config.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (vocab, h)
+    return shapes
+
+
+def to_bf16_bits(x: NDArray[np.float32]) -> NDArray[np.uint16]:
+    """float32 -> bf16 bit patterns (uint16), rounding to nearest even (NaN is not expected)."""
+    u = x.astype(np.float32, copy=False).view(np.uint32)
+    rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def _values(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> NDArray[np.uint16]:
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x *= np.float32(_SCALE)
+    if len(shape) == 1:
+        x += np.float32(1.0)
+    return to_bf16_bits(x)
+
+
+def _shards(shapes: Mapping[str, tuple[int, ...]]) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = 2 * int(np.prod(shape))
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def _write_safetensors(path: Path, tensors: Mapping[str, tuple[int, ...]],
+                       produce: Callable[[str], NDArray[np.uint16]]) -> None:
+    """Stream bf16 tensors into one safetensors file (the header first, then each tensor)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in tensors.items():
+        nbytes = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name in tensors:
+            f.write(produce(name).tobytes())
+
+
+def _seed_for(seed: int, name: str) -> np.random.Generator:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _populate(root: Path, config: Mapping[str, Any], seed: int,
+              progress: Callable[[int, int], None] | None) -> None:
+    shapes = qwen3_tensor_shapes(config)
+    shards = _shards(shapes)
+    total = sum(2 * int(np.prod(s)) for s in shapes.values())
+    done = 0
+    weight_map: dict[str, str] = {}
+    for n, names in enumerate(shards, start=1):
+        file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+
+        def produce(name: str) -> NDArray[np.uint16]:
+            nonlocal done
+            bits = _values(_seed_for(seed, name), name, shapes[name])
+            done += bits.nbytes
+            if progress is not None:
+                progress(done, total)
+            return bits
+
+        _write_safetensors(root / file, {k: shapes[k] for k in names}, produce)
+        weight_map |= dict.fromkeys(names, file)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    (root / "config.json").write_text(json.dumps(dict(config), indent=1) + "\n")
+
+
+def random_checkpoint(
+    config: Mapping[str, Any],
+    *,
+    seed: int = 0,
+    name: str = "qwen3-4b",
+    root: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[Path, bool]:
+    """Write a seeded random Qwen3 checkpoint once; return (directory, whether it was written now).
+
+    The same (config, seed) gives byte-identical files. A partly written directory (no `COMPLETE`
+    marker) is rebuilt.
+
+    Raises:
+        CheckpointError: the config is not a Qwen3 config, or the directory cannot be written.
+    """
+    qwen3_tensor_shapes(config)
+    tag = hashlib.sha256(json.dumps(dict(config), sort_keys=True).encode()).hexdigest()[:8]
+    target = (root or cache_dir()) / "random" / f"{name}-{tag}-seed{seed}"
+    if (target / "COMPLETE").is_file():
+        return target, False
+    staging = target.with_name(target.name + ".partial")
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        _populate(staging, config, seed, progress)
+        (staging / "COMPLETE").write_text("ok\n")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"cannot write the random checkpoint under {target.parent}: {exc}") from exc
+    return target, True
+
+
+def iter_weight_files(directory: Path) -> Iterator[Path]:
+    """The safetensors files of a checkpoint directory, sorted by name."""
+    yield from sorted(directory.glob("*.safetensors"))
