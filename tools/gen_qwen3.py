@@ -1,0 +1,603 @@
+"""Qwen3 manifest generator: any Qwen3 `config.json` + our kernels -> a kern manifest (schema v5).
+
+    python tools/gen_qwen3.py CONFIG.json -o examples/qwen3-4b.json [--model NAME]
+        [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048]
+
+builds tools/kernels-src into kernels/ (`build_kernels`, cached by hash), finds which module defines
+each entry, and writes the manifest. The layout, kernels and programs follow docs/qwen3.md: three
+programs (`load` once: rope tables; `prefill`: chunk rows, writes only KV; `decode`: graph, one
+row, logits + two-stage argmax + device-side advance). Weights bind straight onto the Hugging Face
+checkpoint names; a tied lm_head reads the embedding buffer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ARGMAX_PARTS",
+    "DECODE_SPLITS",
+    "PAGE_TOKENS",
+    "PREFILL_BM",
+    "ConfigError",
+    "GenError",
+    "KernelsError",
+    "Qwen3Shape",
+    "decode_gemm_shapes",
+    "decode_weight_bytes",
+    "entry_modules",
+    "generate",
+    "main",
+    "shape_from_config",
+]
+
+Json = dict[str, Any]
+
+PAGE_TOKENS = 16
+"""Tokens per KV page (docs/qwen3.md "KV state layout")."""
+DECODE_SPLITS = 32
+"""Split-KV partitions of the decode attention (grid y of kern_attn_decode_partial)."""
+PREFILL_BM = 64
+"""Query rows per block of kern_attn_prefill (grid x = ceil_div(tokens, PREFILL_BM))."""
+ARGMAX_PARTS = 64
+"""Blocks of the first argmax stage."""
+DEFAULT_CHUNK = 2048
+MAX_ROPE_POSITIONS = 131072
+
+ENTRIES: tuple[str, ...] = (
+    "kern_embed",
+    "kern_rmsnorm",
+    "kern_add_rmsnorm",
+    "kern_qk_norm_rope",
+    "kern_kv_write",
+    "kern_attn_decode_partial",
+    "kern_attn_decode_reduce",
+    "kern_attn_prefill",
+    "kern_silu_mul",
+    "kern_argmax_partial",
+    "kern_argmax_final",
+    "kern_decode_advance",
+    "kern_rope_table",
+)
+
+
+class GenError(Exception):
+    """Base of the generator's errors."""
+
+
+class ConfigError(GenError):
+    """The config.json does not describe a Qwen3 model this generator supports."""
+
+
+class KernelsError(GenError):
+    """The kernel sources or hashes do not provide every entry the manifest needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen3Shape:
+    """The numbers of a Qwen3 config that the manifest depends on."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    vocab: int
+    eps: float
+    theta: float
+    tied: bool
+    max_pos: int
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * 2
+
+    @property
+    def max_pages(self) -> int:
+        return -(-self.max_pos // PAGE_TOKENS)
+
+
+def _int_field(cfg: Mapping[str, Any], key: str) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"config.json: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _rope_theta(cfg: Mapping[str, Any]) -> float:
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"config.json: rope parameters must be an object, got {params!r}")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise ConfigError(f"config.json: rope_type {kind!r} is not supported (only 'default')")
+    theta = cfg.get("rope_theta", params.get("rope_theta"))
+    if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
+        raise ConfigError(f"config.json: 'rope_theta' must be a positive number, got {theta!r}")
+    return float(theta)
+
+
+def shape_from_config(cfg: Mapping[str, Any]) -> Qwen3Shape:
+    """Read the Qwen3 numbers from a Hugging Face config.json object.
+
+    Raises:
+        ConfigError: a field is missing or out of range, or the model is not a plain Qwen3.
+    """
+    arch = cfg.get("model_type")
+    if arch != "qwen3":
+        raise ConfigError(f"config.json: model_type must be 'qwen3', got {arch!r}")
+    if cfg.get("attention_bias", False):
+        raise ConfigError("config.json: attention_bias=true is not supported (Qwen3 has none)")
+    heads, kv_heads = _int_field(cfg, "num_attention_heads"), _int_field(cfg, "num_key_value_heads")
+    if heads % kv_heads:
+        raise ConfigError(f"config.json: {heads} attention heads are not a multiple of {kv_heads} kv heads")
+    hidden = _int_field(cfg, "hidden_size")
+    head_dim = cfg.get("head_dim") or hidden // heads
+    if not isinstance(head_dim, int) or head_dim % 2:
+        raise ConfigError(f"config.json: head_dim must be an even integer, got {head_dim!r}")
+    eps = cfg.get("rms_norm_eps")
+    if not isinstance(eps, float) or not 0 < eps < 1:
+        raise ConfigError(f"config.json: 'rms_norm_eps' must be a float in (0, 1), got {eps!r}")
+    return Qwen3Shape(
+        hidden=hidden,
+        layers=_int_field(cfg, "num_hidden_layers"),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        inter=_int_field(cfg, "intermediate_size"),
+        vocab=_int_field(cfg, "vocab_size"),
+        eps=eps,
+        theta=_rope_theta(cfg),
+        tied=bool(cfg.get("tie_word_embeddings", False)),
+        max_pos=min(_int_field(cfg, "max_position_embeddings"), MAX_ROPE_POSITIONS),
+    )
+
+
+_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"
+_GLOBAL = re.compile(rf"__global__\s+{_BOUNDS}void\s+{_BOUNDS}(kern_\w+)\s*\(")
+
+
+def entry_modules(src_dir: Path) -> dict[str, str]:
+    """Map each `kern_*` kernel entry to the module (source file stem) that defines it.
+
+    Raises:
+        KernelsError: an entry is defined twice.
+    """
+    found: dict[str, str] = {}
+    for path in sorted(src_dir.glob("*.cu")):
+        for entry in _GLOBAL.findall(path.read_text()):
+            if entry in found and found[entry] != path.stem:
+                raise KernelsError(f"{entry} is defined in both {found[entry]}.cu and {path.name}")
+            found[entry] = path.stem
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Small JSON builders.
+
+
+def _buf(name: str, offset: int = 0) -> Json:
+    return {"buf": name, "offset": offset} if offset else {"buf": name}
+
+
+def _i32(v: int) -> Json:
+    return {"i32": v}
+
+
+def _i64(v: int) -> Json:
+    return {"i64": v}
+
+
+def _f32(v: float) -> Json:
+    return {"f32": v}
+
+
+TOKENS: Json = {"var": "tokens"}
+
+
+def _call(label: str, op: str, *args: Json) -> Json:
+    return {"label": label, "op": op, "args": list(args)}
+
+
+def _kernel(
+    mods: Mapping[str, str], entry: str, grid: Sequence[Any], block: int, **extra: Any
+) -> Json:
+    return {"module": mods[entry], "entry": entry, "block": [block, 1, 1], "grid": list(grid), **extra}
+
+
+# --------------------------------------------------------------------------------------------
+# Ops: one per kernel, interface = the kernel's ABI (docs/qwen3.md), except the two-launch
+# attention and argmax ops, whose partials live in impl scratch.
+
+BF16_IN, BF16_OUT, BF16_IO = "in buffer<bf16>", "out buffer<bf16>", "inout buffer<bf16>"
+
+
+def _ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    heads_out = nq * d
+    ops: Json = {
+        "embed": {
+            "params": ["in buffer<i64>", BF16_IN, BF16_OUT, "i32"],
+            "impl": {"launches": [_kernel(mods, "kern_embed", ["tokens", 1, 1], 256)]},
+        },
+        "rmsnorm": {
+            "params": [BF16_IN, BF16_IN, BF16_OUT, "i32", "f32"],
+            "impl": {"launches": [_kernel(mods, "kern_rmsnorm", ["tokens", 1, 1], 256)]},
+        },
+        "add_rmsnorm": {
+            "params": [BF16_IO, BF16_IN, BF16_IN, BF16_OUT, "i32", "f32"],
+            "impl": {"launches": [_kernel(mods, "kern_add_rmsnorm", ["tokens", 1, 1], 256)]},
+        },
+        "qk_norm_rope": {
+            "params": [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN,
+                       "i32", "i32", "i32", "f32"],
+            "impl": {"launches": [_kernel(mods, "kern_qk_norm_rope", ["tokens", nq + nkv, 1], d // 2)]},
+        },
+        "kv_write": {
+            "params": [BF16_IN, "inout state", "in buffer<i64>", "i32", "i32", "i32", "i32", "i64"],
+            "impl": {"launches": [_kernel(mods, "kern_kv_write", ["tokens", nkv, 1], 32)]},
+        },
+        "attn_prefill": {
+            "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT,
+                       "i32", "i32", "i32", "i32", "i32", "i64", "f32"],
+            "impl": {"launches": [_kernel(
+                mods, "kern_attn_prefill", [{"ceil_div": ["tokens", PREFILL_BM]}, nq, 1], 128)]},
+        },
+        "silu_mul": {
+            "params": [BF16_IN, BF16_OUT, "i32"],
+            "impl": {"launches": [_kernel(
+                mods, "kern_silu_mul", ["tokens", -(-s.inter // 1024), 1], 128)]},
+        },
+        "gemm": {
+            "params": [BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32"],
+            "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]},
+        },
+        "attn_decode": _attn_decode_op(s, mods, heads_out),
+        "argmax": _argmax_op(s, mods),
+        "decode_advance": {
+            "params": ["in buffer<i64>", "inout buffer<i64>", "inout buffer<i64>", "inout buffer<i64>",
+                       "inout buffer<i32>", "in buffer<i32>", "i32"],
+            "impl": {"launches": [_kernel(mods, "kern_decode_advance", [1, 1, 1], 32)]},
+        },
+        "rope_table": {
+            "params": [BF16_OUT, BF16_OUT, "i32", "i32", "f32"],
+            "impl": {"launches": [_kernel(mods, "kern_rope_table", [s.max_pos, 1, 1], min(d // 2, 1024))]},
+        },
+    }
+    return ops
+
+
+def _attn_decode_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
+    partial = _kernel(
+        mods, "kern_attn_decode_partial", [nkv, DECODE_SPLITS, 1], 128,
+        params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
+                "out buffer<f32>", "i32", "i32", "i32", "i32", "i64", "i32", "f32"],
+        args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
+              {"scratch": "part_lse"}, _i32(nq), _i32(nkv), _i32(d), _i32(PAGE_TOKENS),
+              _i64(page_stride), _i32(DECODE_SPLITS), _f32(d**-0.5)],
+    )
+    reduce = _kernel(
+        mods, "kern_attn_decode_reduce", [nq, 1, 1], d,
+        params=["in buffer<f32>", "in buffer<f32>", BF16_OUT, "i32", "i32", "i32"],
+        args=[{"scratch": "part_o"}, {"scratch": "part_lse"}, {"param": 4}, _i32(nq), _i32(d),
+              _i32(DECODE_SPLITS)],
+    )
+    return {
+        "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT],
+        "impl": {
+            "scratch": {
+                "part_o": {"dtype": "f32", "shape": [DECODE_SPLITS, heads_out]},
+                "part_lse": {"dtype": "f32", "shape": [DECODE_SPLITS, nq]},
+            },
+            "launches": [partial, reduce],
+        },
+    }
+
+
+def _argmax_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
+    partial = _kernel(
+        mods, "kern_argmax_partial", [ARGMAX_PARTS, 1, 1], 256,
+        params=[BF16_IN, "out buffer<f32>", "out buffer<i32>", "i32"],
+        args=[{"param": 0}, {"scratch": "pval"}, {"scratch": "pidx"}, _i32(s.vocab)],
+    )
+    final = _kernel(
+        mods, "kern_argmax_final", [1, 1, 1], ARGMAX_PARTS,
+        params=["in buffer<f32>", "in buffer<i32>", "out buffer<i64>", "i32"],
+        args=[{"scratch": "pval"}, {"scratch": "pidx"}, {"param": 1}, _i32(ARGMAX_PARTS)],
+    )
+    return {
+        "params": [BF16_IN, "out buffer<i64>"],
+        "impl": {
+            "scratch": {
+                "pval": {"dtype": "f32", "shape": [ARGMAX_PARTS]},
+                "pidx": {"dtype": "i32", "shape": [ARGMAX_PARTS]},
+            },
+            "launches": [partial, final],
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Buffers.
+
+
+def _weight(shape: Sequence[int], *tensors: str) -> Json:
+    return {"dtype": "bf16", "shape": list(shape), "kind": "weight",
+            "bind": [{"tensor": t} for t in tensors]}
+
+
+def _layer_prefix(i: int) -> str:
+    return f"model.layers.{i}"
+
+
+def _weights(s: Qwen3Shape) -> Json:
+    h, d = s.hidden, s.head_dim
+    out: Json = {"embed": _weight([s.vocab, h], "model.embed_tokens.weight")}
+    for i in range(s.layers):
+        p = _layer_prefix(i)
+        out[f"l{i}.in_norm"] = _weight([h], f"{p}.input_layernorm.weight")
+        out[f"l{i}.qkv"] = _weight([s.qkv_rows, h], *(f"{p}.self_attn.{x}_proj.weight" for x in "qkv"))
+        out[f"l{i}.q_norm"] = _weight([d], f"{p}.self_attn.q_norm.weight")
+        out[f"l{i}.k_norm"] = _weight([d], f"{p}.self_attn.k_norm.weight")
+        out[f"l{i}.o"] = _weight([h, s.heads * d], f"{p}.self_attn.o_proj.weight")
+        out[f"l{i}.post_norm"] = _weight([h], f"{p}.post_attention_layernorm.weight")
+        out[f"l{i}.gate_up"] = _weight([2 * s.inter, h], f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight")
+        out[f"l{i}.down"] = _weight([h, s.inter], f"{p}.mlp.down_proj.weight")
+    out["final_norm"] = _weight([h], "model.norm.weight")
+    if not s.tied:
+        out["lm_head"] = _weight([s.vocab, h], "lm_head.weight")
+    return out
+
+
+def _buffers(s: Qwen3Shape) -> Json:
+    bf16 = "bf16"
+    work = {
+        "h": [s.hidden], "x": [s.hidden], "y": [s.hidden], "qkv": [s.qkv_rows],
+        "attn": [s.heads * s.head_dim], "gu": [2 * s.inter], "act": [s.inter],
+    }
+    out: Json = {
+        "ids": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "token"},
+        "positions": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "position"},
+        "slots": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "slot"},
+        "seq_len": {"dtype": "i32", "shape": [1], "kind": "input", "fill": "seq_len"},
+        "block_table": {"dtype": "i32", "shape": [s.max_pages], "kind": "input", "fill": "blocks"},
+        "rope_cos": {"dtype": bf16, "shape": [s.max_pos, s.head_dim // 2], "kind": "carry"},
+        "rope_sin": {"dtype": bf16, "shape": [s.max_pos, s.head_dim // 2], "kind": "carry"},
+        "logits": {"dtype": bf16, "shape": [1, s.vocab], "kind": "output"},
+        "next_token": {"dtype": "i64", "shape": [1], "kind": "output", "fill": "tokens"},
+    }
+    for name, dims in work.items():
+        out[name] = {"dtype": bf16, "shape": ["tokens", *dims], "kind": "workspace"}
+    out.update(_weights(s))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Programs.
+
+
+def _kv_offset(s: Qwen3Shape, layer: int) -> int:
+    return layer * 2 * PAGE_TOKENS * s.kv_heads * s.head_dim * 2
+
+
+def _attention_calls(s: Qwen3Shape, i: int, *, decode: bool) -> list[Json]:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    kv = {"state": "kv", "offset": _kv_offset(s, i)} if i else {"state": "kv"}
+    page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
+    calls = [
+        _call(f"l{i}.qkv", "gemm", _buf("x"), _buf(f"l{i}.qkv"), _buf("qkv"), TOKENS,
+              _i32(s.qkv_rows), _i32(s.hidden)),
+        _call(f"l{i}.qk_norm_rope", "qk_norm_rope", _buf("qkv"), _buf(f"l{i}.q_norm"),
+              _buf(f"l{i}.k_norm"), _buf("positions"), _buf("rope_cos"), _buf("rope_sin"),
+              _i32(nq), _i32(nkv), _i32(d), _f32(s.eps)),
+        _call(f"l{i}.kv_write", "kv_write", _buf("qkv"), kv, _buf("slots"), _i32(nq), _i32(nkv), _i32(d), _i32(PAGE_TOKENS), _i64(page_stride)),
+    ]
+    if decode:
+        calls.append(_call(f"l{i}.attn", "attn_decode", _buf("qkv"), kv, _buf("block_table"),
+                           _buf("seq_len"), _buf("attn")))
+    else:
+        calls.append(_call(f"l{i}.attn", "attn_prefill", _buf("qkv"), kv, _buf("block_table"),
+                           _buf("seq_len"), _buf("attn"), TOKENS, _i32(nq), _i32(nkv), _i32(d),
+                           _i32(PAGE_TOKENS), _i64(page_stride), _f32(d**-0.5)))
+    return calls
+
+
+def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str) -> list[Json]:
+    h = s.hidden
+    return [
+        _call(f"l{i}.o", "gemm", _buf("attn"), _buf(f"l{i}.o"), _buf("y"), TOKENS, _i32(h),
+              _i32(s.heads * s.head_dim)),
+        _call(f"l{i}.post_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(f"l{i}.post_norm"),
+              _buf("x"), _i32(h), _f32(s.eps)),
+        _call(f"l{i}.gate_up", "gemm", _buf("x"), _buf(f"l{i}.gate_up"), _buf("gu"), TOKENS,
+              _i32(2 * s.inter), _i32(h)),
+        _call(f"l{i}.silu_mul", "silu_mul", _buf("gu"), _buf("act"), _i32(s.inter)),
+        _call(f"l{i}.down", "gemm", _buf("act"), _buf(f"l{i}.down"), _buf("y"), TOKENS, _i32(h),
+              _i32(s.inter)),
+        _call(f"l{i}.next_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(next_norm), _buf("x"),
+              _i32(h), _f32(s.eps)),
+    ]
+
+
+def _forward_calls(s: Qwen3Shape, *, decode: bool) -> list[Json]:
+    calls = [
+        _call("embed", "embed", _buf("ids"), _buf("embed"), _buf("h"), _i32(s.hidden)),
+        _call("l0.in_norm", "rmsnorm", _buf("h"), _buf("l0.in_norm"), _buf("x"), _i32(s.hidden),
+              _f32(s.eps)),
+    ]
+    for i in range(s.layers):
+        last = i == s.layers - 1
+        if last and not decode:
+            # NOTE: prefill writes only KV; the last layer's attention output is never read.
+            calls += _attention_calls(s, i, decode=False)[:3]
+            break
+        calls += _attention_calls(s, i, decode=decode)
+        calls += _mlp_calls(s, i, "final_norm" if last else f"l{i + 1}.in_norm")
+    return calls
+
+
+def _decode_tail(s: Qwen3Shape) -> list[Json]:
+    head = "embed" if s.tied else "lm_head"
+    return [
+        _call("lm_head", "gemm", _buf("x"), _buf(head), _buf("logits"), TOKENS, _i32(s.vocab),
+              _i32(s.hidden)),
+        _call("argmax", "argmax", _buf("logits"), _buf("next_token")),
+        _call("advance", "decode_advance", _buf("next_token"), _buf("ids"), _buf("positions"),
+              _buf("slots"), _buf("seq_len"), _buf("block_table"), _i32(PAGE_TOKENS)),
+    ]
+
+
+def _programs(s: Qwen3Shape) -> Json:
+    half = s.head_dim // 2
+    return {
+        "load": {"once": True, "calls": [
+            _call("rope_table", "rope_table", _buf("rope_cos"), _buf("rope_sin"), _i32(s.max_pos),
+                  _i32(half), _f32(s.theta)),
+        ]},
+        "prefill": {"batch": {"groups": 1, "rows": "tokens"},
+                    "calls": _forward_calls(s, decode=False)},
+        "decode": {"batch": {"groups": 1, "rows": 1}, "graph": True,
+                   "calls": _forward_calls(s, decode=True) + _decode_tail(s)},
+    }
+
+
+def generate(
+    shape: Qwen3Shape,
+    modules: Mapping[str, str],
+    entries: Mapping[str, str],
+    *,
+    model: str,
+    chunk: int = DEFAULT_CHUNK,
+) -> Json:
+    """Build the manifest (a JSON object) for one Qwen3 shape.
+
+    Args:
+        shape: the model's numbers (`shape_from_config`).
+        modules: module name -> sha256 of its cubin.
+        entries: kernel entry -> module name (`entry_modules`).
+        model: the manifest's `model` label.
+        chunk: the largest prefill chunk (the `tokens` var's max).
+
+    Raises:
+        KernelsError: an entry is missing, or its module has no hash.
+    """
+    missing = [e for e in ENTRIES if e not in entries]
+    if missing:
+        raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
+    unhashed = sorted({entries[e] for e in ENTRIES} - set(modules))
+    if unhashed:
+        raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first")
+    if not 1 <= chunk <= shape.max_pos:
+        raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
+    used = sorted({entries[e] for e in ENTRIES})
+    return {
+        "schema_version": 5,
+        "model": model,
+        "vars": {"tokens": {"max": chunk}},
+        "states": {"kv": {"bytes_per_token": shape.kv_bytes_per_token}},
+        "buffers": _buffers(shape),
+        "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
+        "ops": _ops(shape, entries),
+        "programs": _programs(shape),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Facts read back from a manifest (benchmarks and tests use them).
+
+_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "i8": 1, "u8": 1}
+
+
+def _literal(arg: Json) -> int:
+    (value,) = arg.values()
+    return int(value)
+
+
+def decode_gemm_shapes(manifest: Mapping[str, Any]) -> list[tuple[str, int, int, int]]:
+    """The (weight buffer, m, n, k) of every GEMM call in the decode program, in order (m = 1)."""
+    out: list[tuple[str, int, int, int]] = []
+    for call in manifest["programs"]["decode"]["calls"]:
+        if call["op"] == "gemm":
+            _a, w, _c, _m, n, k = call["args"]
+            out.append((w["buf"], 1, _literal(n), _literal(k)))
+    return out
+
+
+def decode_weight_bytes(manifest: Mapping[str, Any]) -> int:
+    """Bytes of the weight buffers one decode step reads whole: every weight any call but the
+    embedding gather reads (a tied embedding counts once, as the lm_head)."""
+    buffers = manifest["buffers"]
+    read_whole = {
+        a["buf"]
+        for c in manifest["programs"]["decode"]["calls"]
+        if c["op"] != "embed"
+        for a in c["args"]
+        if "buf" in a and buffers[a["buf"]]["kind"] == "weight"
+    }
+    return sum(_buffer_bytes(buffers[name]) for name in read_whole)
+
+
+def _buffer_bytes(buffer: Mapping[str, Any]) -> int:
+    n = _DTYPE_BYTES[buffer["dtype"]]
+    for dim in buffer["shape"]:
+        n *= int(dim)
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# Command line.
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gen_qwen3", description=__doc__.splitlines()[0])
+    p.add_argument("config", type=Path, help="Hugging Face config.json of a Qwen3 model")
+    p.add_argument("-o", "--out", type=Path, required=True, help="manifest path to write")
+    p.add_argument("--model", help="manifest model label (default: the output file's stem)")
+    p.add_argument("--kernels-src", type=Path, default=Path(__file__).parent / "kernels-src")
+    p.add_argument("--kernels", type=Path, default=Path("kernels"), help="cubin output dir")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest prefill chunk")
+    return p.parse_args(argv)
+
+
+def build_and_hash(src: Path, out: Path) -> dict[str, str]:
+    """Build the kernels (cached by hash) and return module -> sha256."""
+    from kern_cli.kernels_cmd import build_kernels
+
+    return {module: sha for module, (_path, sha) in build_kernels(src, out).items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    try:
+        cfg = json.loads(args.config.read_text())
+        shape = shape_from_config(cfg)
+        modules = build_and_hash(args.kernels_src, args.kernels)
+        manifest = generate(shape, modules, entry_modules(args.kernels_src),
+                            model=args.model or args.out.stem, chunk=args.chunk)
+    except (OSError, json.JSONDecodeError, GenError) as exc:
+        print(f"gen_qwen3: {exc}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(manifest, indent=1) + "\n")
+    n_decode = len(manifest["programs"]["decode"]["calls"])
+    print(f"gen_qwen3: wrote {args.out} ({len(manifest['buffers'])} buffers, decode {n_decode} calls, "
+          f"{decode_weight_bytes(manifest) / 1e9:.3f} GB of weights per decode step)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

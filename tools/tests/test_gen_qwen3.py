@@ -1,0 +1,229 @@
+"""tools/gen_qwen3.py: manifests for a tiny Qwen3 and the 4B shape, checked against the verifier,
+the shapes, the Hugging Face tensor names and the kernel sources' signatures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from kern_cli.checkpoint import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, qwen3_tensor_shapes
+
+TOOLS = Path(__file__).resolve().parents[1]
+
+
+def _load_gen() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_qwen3", TOOLS / "gen_qwen3.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_qwen3"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load_gen()
+
+FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core") for e in gen.ENTRIES}
+FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
+
+
+def _manifest(config: dict[str, Any] | Any, **kw: Any) -> dict[str, Any]:
+    return gen.generate(gen.shape_from_config(config), FAKE_HASHES, FAKE_ENTRIES, model="t", **kw)
+
+
+def _verify(manifest: dict[str, Any]) -> None:
+    from kern_manifest import parse_manifest, verify
+
+    verify(parse_manifest(json.dumps(manifest)))
+
+
+@pytest.mark.parametrize("config", [QWEN3_TINY_CONFIG, QWEN3_4B_CONFIG], ids=["tiny", "4b"])
+def test_manifest_verifies(config: dict[str, Any]) -> None:
+    _verify(_manifest(config))
+
+
+def test_untied_manifest_verifies_and_reads_lm_head() -> None:
+    m = _manifest({**QWEN3_TINY_CONFIG, "tie_word_embeddings": False})
+    _verify(m)
+    head = next(c for c in m["programs"]["decode"]["calls"] if c["label"] == "lm_head")
+    assert head["args"][1] == {"buf": "lm_head"}
+    assert m["buffers"]["lm_head"]["bind"] == [{"tensor": "lm_head.weight"}]
+
+
+@pytest.mark.parametrize(("config", "layers"), [(QWEN3_TINY_CONFIG, 2), (QWEN3_4B_CONFIG, 36)])
+def test_call_counts(config: dict[str, Any], layers: int) -> None:
+    progs = _manifest(config)["programs"]
+    # embed + first norm; per layer 4 attention + 6 MLP calls; lm_head, argmax, advance.
+    assert len(progs["decode"]["calls"]) == 2 + 10 * layers + 3
+    # prefill stops after the last layer's KV write: its attention output is never read.
+    assert len(progs["prefill"]["calls"]) == 2 + 10 * (layers - 1) + 3
+    assert progs["prefill"]["calls"][-1]["label"] == f"l{layers - 1}.kv_write"
+    assert [c["op"] for c in progs["load"]["calls"]] == ["rope_table"]
+    assert progs["decode"]["graph"] is True and "graph" not in progs["prefill"]
+
+
+def test_4b_decode_reads_8_04_gb_of_weights() -> None:
+    m = _manifest(QWEN3_4B_CONFIG)
+    h, d, inter, vocab = 2560, 128, 9728, 151936
+    per_layer = (32 + 16) * d * h + h * 32 * d + 2 * inter * h + h * inter + 2 * h + 2 * d
+    expected = 2 * (36 * per_layer + vocab * h + h)
+    assert gen.decode_weight_bytes(m) == expected
+    assert round(expected / 1e9, 2) == 8.04
+    shapes = gen.decode_gemm_shapes(m)
+    assert len(shapes) == 36 * 4 + 1
+    assert shapes[:4] == [("l0.qkv", 1, 6144, h), ("l0.o", 1, h, 4096), ("l0.gate_up", 1, 2 * inter, h),
+                          ("l0.down", 1, h, inter)]
+    assert shapes[-1] == ("embed", 1, vocab, h)
+
+
+def test_weights_bind_every_checkpoint_tensor_once() -> None:
+    for config in (QWEN3_TINY_CONFIG, {**QWEN3_TINY_CONFIG, "tie_word_embeddings": False}):
+        m = _manifest(config)
+        bound = [seg["tensor"] for b in m["buffers"].values() if b["kind"] == "weight" for seg in b["bind"]]
+        shapes = qwen3_tensor_shapes(config)
+        assert sorted(bound) == sorted(shapes)
+        for b in (b for b in m["buffers"].values() if b["kind"] == "weight"):
+            rows = sum(shapes[seg["tensor"]][0] for seg in b["bind"])
+            cols = {shapes[seg["tensor"]][1:] for seg in b["bind"]}
+            assert (rows, *cols.pop()) == tuple(b["shape"]) and not cols
+
+
+def test_qkv_and_gate_up_concatenate_in_order() -> None:
+    b = _manifest(QWEN3_4B_CONFIG)["buffers"]
+    p = "model.layers.7"
+    assert [s["tensor"] for s in b["l7.qkv"]["bind"]] == [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"]
+    assert [s["tensor"] for s in b["l7.gate_up"]["bind"]] == [f"{p}.mlp.gate_proj.weight",
+                                                              f"{p}.mlp.up_proj.weight"]
+    assert b["l7.qkv"]["shape"] == [6144, 2560] and b["l7.gate_up"]["shape"] == [19456, 2560]
+
+
+def test_kv_layout_offsets_and_strides() -> None:
+    m = _manifest(QWEN3_4B_CONFIG)
+    assert m["states"]["kv"] == {"bytes_per_token": 36 * 2 * 8 * 128 * 2}
+    writes = [c for c in m["programs"]["decode"]["calls"] if c["op"] == "kv_write"]
+    assert [c["args"][1].get("offset", 0) for c in writes] == [i * 2 * 16 * 8 * 128 * 2 for i in range(36)]
+    assert writes[0]["args"][-1] == {"i64": 36 * 2 * 16 * 8 * 128}
+    # the per-layer offsets stay inside one page
+    assert writes[-1]["args"][1]["offset"] + 2 * 16 * 8 * 128 * 2 == 16 * m["states"]["kv"]["bytes_per_token"]
+
+
+def test_inputs_outputs_and_vars() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, chunk=1024)
+    b = m["buffers"]
+    assert m["vars"] == {"tokens": {"max": 1024}}
+    assert {k: (v["dtype"], v["shape"]) for k, v in b.items() if v["kind"] == "input"} == {
+        "ids": ("i64", ["tokens"]), "positions": ("i64", ["tokens"]), "slots": ("i64", ["tokens"]),
+        "seq_len": ("i32", [1]), "block_table": ("i32", [40960 // 16]),
+    }
+    assert {k: (v["dtype"], v["shape"]) for k, v in b.items() if v["kind"] == "output"} == {
+        "logits": ("bf16", [1, 151936]), "next_token": ("i64", [1]),
+    }
+    assert b["rope_cos"]["shape"] == [40960, 64]
+
+
+def test_f32_literals_are_floats() -> None:
+    text = json.dumps(_manifest({**QWEN3_TINY_CONFIG, "rope_theta": 10000}))
+    assert '"f32": 10000.0' in text and '"f32": 10000}' not in text
+
+
+def test_config_errors() -> None:
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({**QWEN3_TINY_CONFIG, "model_type": "llama"}, "model_type"),
+        ({**QWEN3_TINY_CONFIG, "num_key_value_heads": 3}, "multiple"),
+        ({**QWEN3_TINY_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type"),
+        ({**QWEN3_TINY_CONFIG, "attention_bias": True}, "attention_bias"),
+        ({**QWEN3_TINY_CONFIG, "hidden_size": -1}, "hidden_size"),
+        ({**QWEN3_TINY_CONFIG, "rms_norm_eps": 0}, "rms_norm_eps"),
+        ({k: v for k, v in QWEN3_TINY_CONFIG.items() if k != "rope_theta"}, "rope_theta"),
+    ]
+    for cfg, word in bad:
+        with pytest.raises(gen.ConfigError, match=word):
+            gen.shape_from_config(cfg)
+
+
+def test_transformers5_rope_parameters_are_read() -> None:
+    cfg = {k: v for k, v in QWEN3_TINY_CONFIG.items() if k not in ("rope_theta", "rope_scaling")}
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
+    assert gen.shape_from_config(cfg).theta == 5e5
+
+
+def test_kernel_errors() -> None:
+    shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
+    partial = {k: v for k, v in FAKE_ENTRIES.items() if k != "kern_argmax_final"}
+    with pytest.raises(gen.KernelsError, match="kern_argmax_final"):
+        gen.generate(shape, FAKE_HASHES, partial, model="t")
+    with pytest.raises(gen.KernelsError, match="qwen3_attn"):
+        gen.generate(shape, {"qwen3_core": "a" * 64}, FAKE_ENTRIES, model="t")
+    with pytest.raises(gen.GenError, match="chunk"):
+        gen.generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", chunk=0)
+
+
+def test_entry_modules_scans_sources(tmp_path: Path) -> None:
+    (tmp_path / "a.cu").write_text('extern "C" __global__ void kern_embed(int x) {}\n'
+                                   'extern "C" __global__ void __launch_bounds__(256) kern_rmsnorm(int x) {}\n')
+    (tmp_path / "b.cu").write_text('extern "C" __global__ void kern_argmax_final(int x) {}\n')
+    assert gen.entry_modules(tmp_path) == {"kern_embed": "a", "kern_rmsnorm": "a", "kern_argmax_final": "b"}
+    (tmp_path / "c.cu").write_text('extern "C" __global__ void kern_embed(int x) {}\n')
+    with pytest.raises(gen.KernelsError, match="kern_embed"):
+        gen.entry_modules(tmp_path)
+
+
+def test_main_reports_bad_config_on_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**QWEN3_TINY_CONFIG, "model_type": "gpt2"}))
+    assert gen.main([str(cfg), "-o", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model_type" in err[0]
+    assert not (tmp_path / "m.json").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# The manifest's kernel ABI against the signatures in tools/kernels-src.
+
+_SIG = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(kern_\w+)\s*\(([^)]*)\)")
+_C_TYPES = {"bf16": "bf16", "__nv_bfloat16": "bf16", "int64_t": "i64", "int": "i32", "int32_t": "i32",
+            "float": "f32"}
+
+
+def _c_params(src: Path) -> dict[str, list[tuple[str, bool, bool]]]:
+    """entry -> [(dtype, is_pointer, is_const)] parsed from the .cu sources."""
+    out: dict[str, list[tuple[str, bool, bool]]] = {}
+    for path in src.glob("*.cu"):
+        for entry, params in _SIG.findall(path.read_text()):
+            parsed = []
+            for p in (p.strip() for p in params.split(",") if p.strip()):
+                words = p.replace("*", " * ").replace("__restrict__", "").split()
+                base = next(w for w in words if w in _C_TYPES)
+                parsed.append((_C_TYPES[base], "*" in words, "const" in words))
+            out[entry] = parsed
+    return out
+
+
+def test_manifest_abi_matches_kernel_sources() -> None:
+    src = TOOLS / "kernels-src"
+    entries = gen.entry_modules(src)
+    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), dict.fromkeys(set(entries.values()), "c" * 64),
+                     entries, model="t")
+    sigs = _c_params(src)
+    for name, op in m["ops"].items():
+        for launch in op["impl"]["launches"]:
+            if launch["entry"].startswith("extern:"):
+                continue
+            declared = launch.get("params", op["params"])
+            actual = sigs[launch["entry"]]
+            assert len(declared) == len(actual), (name, launch["entry"])
+            for text, (ctype, ptr, const) in zip(declared, actual, strict=True):
+                where = (name, launch["entry"], text, ctype)
+                if " " in text:  # buffer or state
+                    direction, kind = text.split(" ", 1)
+                    assert ptr and const == (direction == "in"), where
+                    if kind.startswith("buffer<"):
+                        assert kind == f"buffer<{ctype}>", where
+                else:
+                    assert not ptr and text == ctype, where
