@@ -1,0 +1,210 @@
+// Qwen3 elementwise and per-row kernels: embedding, RMSNorm, q/k head norm + rotary, SiLU-and-mul,
+// K/V write into the paged state, and the load program's rotary tables.
+// Rounding mirrors transformers' eager Qwen3 (docs/qwen3.md "Numerics").
+#include "kern_common.cuh"
+
+// out[r, :] = table[ids[r], :]; hidden % 8 == 0. grid [t], block [256].
+extern "C" __global__ void kern_embed(const int64_t* __restrict__ ids, const bf16* __restrict__ table,
+                                      bf16* __restrict__ out, int hidden) {
+    const int64_t row = blockIdx.x;
+    const uint4* src = reinterpret_cast<const uint4*>(table + ids[row] * (int64_t)hidden);
+    uint4* dst = reinterpret_cast<uint4*>(out + row * (int64_t)hidden);
+    for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) dst[c] = src[c];
+}
+
+// n = bf16(bf16(x * r) * w) for 8 elements.
+static __device__ __forceinline__ uint4 norm8(const uint4 xv, const uint4 wv, float r) {
+    float x[8], w[8], o[8];
+    unpack8(xv, x);
+    unpack8(wv, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = bf(x[i] * r) * w[i];
+    return pack8(o);
+}
+
+static __device__ __forceinline__ float sumsq8(const uint4 v) {
+    float x[8];
+    unpack8(v, x);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += x[i] * x[i];
+    return s;
+}
+
+static __device__ __forceinline__ void norm_row(const bf16* x, const bf16* w, bf16* out, int hidden,
+                                                float eps, float sumsq) {
+    const float r = rsqrtf(block_sum(sumsq) / (float)hidden + eps);
+    const uint4* xs = reinterpret_cast<const uint4*>(x);
+    const uint4* ws = reinterpret_cast<const uint4*>(w);
+    uint4* os = reinterpret_cast<uint4*>(out);
+    for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) os[c] = norm8(xs[c], ws[c], r);
+}
+
+// out = RMSNorm(x) * w, one row per block; hidden % 8 == 0. grid [t], block [256].
+extern "C" __global__ void kern_rmsnorm(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                        bf16* __restrict__ out, int hidden, float eps) {
+    const int64_t off = (int64_t)blockIdx.x * hidden;
+    const uint4* xs = reinterpret_cast<const uint4*>(x + off);
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) s += sumsq8(xs[c]);
+    norm_row(x + off, w, out + off, hidden, eps, s);
+}
+
+// res = bf16(res + y); out = RMSNorm(res) * w. grid [t], block [256].
+extern "C" __global__ void kern_add_rmsnorm(bf16* __restrict__ res, const bf16* __restrict__ y,
+                                            const bf16* __restrict__ w, bf16* __restrict__ out,
+                                            int hidden, float eps) {
+    const int64_t off = (int64_t)blockIdx.x * hidden;
+    uint4* rs = reinterpret_cast<uint4*>(res + off);
+    const uint4* ys = reinterpret_cast<const uint4*>(y + off);
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+        float a[8], b[8];
+        unpack8(rs[c], a);
+        unpack8(ys[c], b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a[i] = bf(a[i] + b[i]);
+        const uint4 sum = pack8(a);
+        rs[c] = sum;
+        s += sumsq8(sum);
+    }
+    // NOTE: each thread re-reads only the chunks it wrote itself, so no barrier is needed here.
+    norm_row(res + off, w, out + off, hidden, eps, s);
+}
+
+// Per-head addressing of a fused qkv row: heads [0, nq) are q, [nq, nq + nkv) are k.
+struct HeadRef {
+    bf16* base;
+    const bf16* weight;
+};
+
+static __device__ __forceinline__ HeadRef head_ref(bf16* qkv, const bf16* wq, const bf16* wk, int nq,
+                                                   int nkv, int head_dim) {
+    const int64_t row_stride = (int64_t)(nq + 2 * nkv) * head_dim;
+    const int head = blockIdx.y;
+    HeadRef ref;
+    ref.base = qkv + blockIdx.x * row_stride + (int64_t)head * head_dim;
+    ref.weight = head < nq ? wq : wk;
+    return ref;
+}
+
+// Thread i of a head's block owns elements i and i + head_dim / 2 (the rotary pair).
+static __device__ __forceinline__ void head_norm_pair(const HeadRef& ref, int half, float eps,
+                                                      float& x1, float& x2) {
+    const int i = threadIdx.x;
+    x1 = to_f(ref.base[i]);
+    x2 = to_f(ref.base[i + half]);
+    const float r = rsqrtf(block_sum(x1 * x1 + x2 * x2) / (float)(2 * half) + eps);
+    x1 = bf(bf(x1 * r) * to_f(ref.weight[i]));
+    x2 = bf(bf(x2 * r) * to_f(ref.weight[i + half]));
+}
+
+static __device__ __forceinline__ void rope_pair(const bf16* cos_t, const bf16* sin_t, int64_t pos,
+                                                 int half, float& x1, float& x2) {
+    const int i = threadIdx.x;
+    const float c = to_f(cos_t[pos * half + i]);
+    const float s = to_f(sin_t[pos * half + i]);
+    const float o1 = bf(bf(x1 * c) - bf(x2 * s));
+    const float o2 = bf(bf(x2 * c) + bf(x1 * s));
+    x1 = o1;
+    x2 = o2;
+}
+
+// In place on q and k heads: per-head RMSNorm, then neox rotary at pos[row].
+// grid [t, nq + nkv], block [head_dim / 2] (head_dim / 2 a multiple of 32).
+extern "C" __global__ void kern_qk_norm_rope(bf16* __restrict__ qkv, const bf16* __restrict__ wq,
+                                             const bf16* __restrict__ wk,
+                                             const int64_t* __restrict__ pos,
+                                             const bf16* __restrict__ cos_t,
+                                             const bf16* __restrict__ sin_t, int nq, int nkv,
+                                             int head_dim, float eps) {
+    const HeadRef ref = head_ref(qkv, wq, wk, nq, nkv, head_dim);
+    const int half = head_dim / 2;
+    float x1, x2;
+    head_norm_pair(ref, half, eps, x1, x2);
+    rope_pair(cos_t, sin_t, pos[blockIdx.x], half, x1, x2);
+    ref.base[threadIdx.x] = to_bf(x1);
+    ref.base[threadIdx.x + half] = to_bf(x2);
+}
+
+// In place per-head RMSNorm of the q and k heads. grid [t, nq + nkv], block [head_dim / 2].
+extern "C" __global__ void kern_head_rmsnorm(bf16* __restrict__ qkv, const bf16* __restrict__ wq,
+                                             const bf16* __restrict__ wk, int nq, int nkv,
+                                             int head_dim, float eps) {
+    const HeadRef ref = head_ref(qkv, wq, wk, nq, nkv, head_dim);
+    const int half = head_dim / 2;
+    float x1, x2;
+    head_norm_pair(ref, half, eps, x1, x2);
+    ref.base[threadIdx.x] = to_bf(x1);
+    ref.base[threadIdx.x + half] = to_bf(x2);
+}
+
+// In place neox rotary of the q and k heads. grid [t, nq + nkv], block [head_dim / 2].
+extern "C" __global__ void kern_rope(bf16* __restrict__ qkv, const int64_t* __restrict__ pos,
+                                     const bf16* __restrict__ cos_t, const bf16* __restrict__ sin_t,
+                                     int nq, int nkv, int head_dim) {
+    const HeadRef ref = head_ref(qkv, qkv, qkv, nq, nkv, head_dim);
+    const int half = head_dim / 2;
+    float x1 = to_f(ref.base[threadIdx.x]);
+    float x2 = to_f(ref.base[threadIdx.x + half]);
+    rope_pair(cos_t, sin_t, pos[blockIdx.x], half, x1, x2);
+    ref.base[threadIdx.x] = to_bf(x1);
+    ref.base[threadIdx.x + half] = to_bf(x2);
+}
+
+// out[r, j] = bf16(bf16(silu(gu[r, j])) * gu[r, inter + j]); inter % 8 == 0.
+// grid [t, ceil_div(inter, 1024)], block [128].
+extern "C" __global__ void kern_silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out,
+                                         int inter) {
+    const int64_t row = blockIdx.x;
+    const int c = blockIdx.y * 128 + threadIdx.x;
+    if (c >= inter / 8) return;
+    const uint4* g4 = reinterpret_cast<const uint4*>(gu + row * 2 * (int64_t)inter);
+    const uint4* u4 = reinterpret_cast<const uint4*>(gu + row * 2 * (int64_t)inter + inter);
+    float g[8], u[8], o[8];
+    unpack8(g4[c], g);
+    unpack8(u4[c], u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = bf(g[i] / (1.0f + expf(-g[i]))) * u[i];
+    reinterpret_cast<uint4*>(out + row * (int64_t)inter)[c] = pack8(o);
+}
+
+// Copies row r's k and v heads into the paged state at slots[r] (page slot / P, row slot % P).
+// `kv` points at this layer's k block of page 0. grid [t, nkv], block [32].
+extern "C" __global__ void kern_kv_write(const bf16* __restrict__ qkv, bf16* __restrict__ kv,
+                                         const int64_t* __restrict__ slots, int nq, int nkv,
+                                         int head_dim, int page_tokens, int64_t page_stride) {
+    const int64_t row = blockIdx.x;
+    const int head = blockIdx.y;
+    const int64_t slot = slots[row];
+    const int64_t row_stride = (int64_t)(nq + 2 * nkv) * head_dim;
+    const bf16* k_src = qkv + row * row_stride + (int64_t)(nq + head) * head_dim;
+    const bf16* v_src = k_src + (int64_t)nkv * head_dim;
+    bf16* k_dst = kv + (slot / page_tokens) * page_stride +
+                  ((slot % page_tokens) * nkv + head) * (int64_t)head_dim;
+    bf16* v_dst = k_dst + (int64_t)page_tokens * nkv * head_dim;
+    const int chunks = head_dim / 8;
+    for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+        const bool is_v = c >= chunks;
+        const int cc = is_v ? c - chunks : c;
+        const uint4* src = reinterpret_cast<const uint4*>(is_v ? v_src : k_src);
+        uint4* dst = reinterpret_cast<uint4*>(is_v ? v_dst : k_dst);
+        dst[cc] = src[cc];
+    }
+}
+
+// cos/sin[p, i] = bf16(cos/sin(f32(p) * inv_freq[i])), inv_freq[i] = 1 / theta^(2i / D) in f32 as
+// transformers computes it (the power correctly rounded). grid [maxpos], block [min(half_dim, 1024)].
+extern "C" __global__ void kern_rope_table(bf16* __restrict__ cos_t, bf16* __restrict__ sin_t,
+                                           int maxpos, int half_dim, float theta) {
+    const int p = blockIdx.x;
+    if (p >= maxpos) return;
+    for (int i = threadIdx.x; i < half_dim; i += blockDim.x) {
+        const float expo = (float)(2 * i) / (float)(2 * half_dim);
+        const float power = (float)pow((double)theta, (double)expo);
+        const float inv_freq = 1.0f / power;
+        const float angle = (float)p * inv_freq;
+        cos_t[(int64_t)p * half_dim + i] = to_bf(cosf(angle));
+        sin_t[(int64_t)p * half_dim + i] = to_bf(sinf(angle));
+    }
+}
