@@ -1,0 +1,459 @@
+"""The driver shell: every CUDA driver call of kern_runtime goes through this module.
+
+Each call's result passes `check()`, which unpacks cuda-bindings' `(CUresult, *values)` and raises
+`CudaError` naming the call and the driver's explanation. Pointers cross this boundary as ints.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from .errors import CudaError, NoDriverError
+
+__all__ = ["check", "cu"]
+
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+_initialized = False
+
+
+def explain(code: Any) -> str:
+    """The driver's name and text for a CUresult (falls back to the enum name)."""
+    try:
+        err, name = cu.cuGetErrorName(code)
+        err2, text = cu.cuGetErrorString(code)
+    except Exception:
+        return str(code)
+    if err != _SUCCESS or err2 != _SUCCESS:
+        return str(code)
+    return f"{name.decode()}: {text.decode()}"
+
+
+def check(call: str, result: Any) -> Any:
+    """Unpack a cuda-bindings result tuple; raise CudaError if the CUresult is not success.
+
+    Returns None for a bare status, the single value, or a tuple of values.
+    """
+    if isinstance(result, tuple):
+        err = result[0]
+        values: tuple[Any, ...] = result[1:]
+    else:
+        err, values = result, ()
+    if err != _SUCCESS:
+        raise CudaError(call, int(err), explain(err))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return check(fn.__name__, fn(*args))
+
+
+def init() -> None:
+    """cuInit once; a machine without libcuda raises NoDriverError."""
+    global _initialized
+    if _initialized:
+        return
+    try:
+        result = cu.cuInit(0)
+    except (RuntimeError, OSError) as exc:  # cuda-pathfinder's DynamicLibNotFoundError
+        raise NoDriverError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    check("cuInit", result)
+    _initialized = True
+
+
+# -- devices, contexts, streams, events ---------------------------------------------------------
+
+
+def device_count() -> int:
+    init()
+    return int(_call(cu.cuDeviceGetCount))
+
+
+def device(ordinal: int) -> Any:
+    init()
+    return _call(cu.cuDeviceGet, ordinal)
+
+
+def device_attribute(dev: Any, attr: Any) -> int:
+    return int(check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, dev)))
+
+
+def compute_capability(dev: Any) -> tuple[int, int]:
+    a = cu.CUdevice_attribute
+    major = device_attribute(dev, a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+    minor = device_attribute(dev, a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+    return major, minor
+
+
+def device_name(dev: Any) -> str:
+    raw = _call(cu.cuDeviceGetName, 128, dev)
+    return bytes(raw).split(b"\0", 1)[0].decode()
+
+
+def primary_context(dev: Any) -> Any:
+    ctx = _call(cu.cuDevicePrimaryCtxRetain, dev)
+    _call(cu.cuCtxSetCurrent, ctx)
+    return ctx
+
+
+def release_primary_context(dev: Any) -> None:
+    _call(cu.cuDevicePrimaryCtxRelease, dev)
+
+
+def set_current(ctx: Any) -> None:
+    _call(cu.cuCtxSetCurrent, ctx)
+
+
+def stream_create() -> Any:
+    return _call(cu.cuStreamCreate, cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+
+
+def stream_destroy(stream: Any) -> None:
+    _call(cu.cuStreamDestroy, stream)
+
+
+def stream_synchronize(stream: Any) -> None:
+    _call(cu.cuStreamSynchronize, stream)
+
+
+def stream_handle(stream: Any) -> int:
+    return int(stream)
+
+
+def event_create() -> Any:
+    return _call(cu.cuEventCreate, cu.CUevent_flags.CU_EVENT_DEFAULT)
+
+
+def event_destroy(event: Any) -> None:
+    _call(cu.cuEventDestroy, event)
+
+
+def event_record(event: Any, stream: Any) -> None:
+    _call(cu.cuEventRecord, event, stream)
+
+
+def event_synchronize(event: Any) -> None:
+    _call(cu.cuEventSynchronize, event)
+
+
+def event_elapsed_ms(start: Any, end: Any) -> float:
+    return float(_call(cu.cuEventElapsedTime, start, end))
+
+
+def stream_wait_event(stream: Any, event: Any) -> None:
+    _call(cu.cuStreamWaitEvent, stream, event, 0)
+
+
+def mem_get_info() -> tuple[int, int]:
+    free, total = _call(cu.cuMemGetInfo)
+    return int(free), int(total)
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+def mem_alloc(nbytes: int) -> int:
+    return int(_call(cu.cuMemAlloc, max(nbytes, 1)))
+
+
+def mem_free(ptr: int) -> None:
+    _call(cu.cuMemFree, ptr)
+
+
+def host_alloc(nbytes: int) -> int:
+    return int(_call(cu.cuMemHostAlloc, max(nbytes, 1), 0))
+
+
+def host_free(ptr: int) -> None:
+    _call(cu.cuMemFreeHost, ptr)
+
+
+def host_view(ptr: int, nbytes: int) -> memoryview:
+    """A writable memoryview over host memory owned elsewhere (pinned allocations)."""
+    return memoryview((ctypes.c_uint8 * nbytes).from_address(ptr)).cast("B")
+
+
+def memset_async(ptr: int, nbytes: int, stream: Any) -> None:
+    _call(cu.cuMemsetD8Async, ptr, 0, nbytes, stream)
+
+
+def copy_htod_async(dst: int, src: int, nbytes: int, stream: Any) -> None:
+    _call(cu.cuMemcpyHtoDAsync, dst, src, nbytes, stream)
+
+
+def copy_dtoh_async(dst: int, src: int, nbytes: int, stream: Any) -> None:
+    _call(cu.cuMemcpyDtoHAsync, dst, src, nbytes, stream)
+
+
+def copy_dtod_async(dst: int, src: int, nbytes: int, stream: Any) -> None:
+    _call(cu.cuMemcpyDtoDAsync, dst, src, nbytes, stream)
+
+
+def copy_htod(dst: int, src: int, nbytes: int) -> None:
+    _call(cu.cuMemcpyHtoD, dst, src, nbytes)
+
+
+def copy_dtoh(dst: int, src: int, nbytes: int) -> None:
+    _call(cu.cuMemcpyDtoH, dst, src, nbytes)
+
+
+# -- virtual memory management ------------------------------------------------------------------
+
+
+def _vmm_prop(dev: Any) -> Any:
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = int(dev)
+    return prop
+
+
+def vmm_granularity(dev: Any) -> int:
+    flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    return int(_call(cu.cuMemGetAllocationGranularity, _vmm_prop(dev), flag))
+
+
+def vmm_reserve(nbytes: int, alignment: int) -> int:
+    return int(_call(cu.cuMemAddressReserve, nbytes, alignment, 0, 0))
+
+
+def vmm_free_address(ptr: int, nbytes: int) -> None:
+    _call(cu.cuMemAddressFree, ptr, nbytes)
+
+
+def vmm_create(nbytes: int, dev: Any) -> Any:
+    return _call(cu.cuMemCreate, nbytes, _vmm_prop(dev), 0)
+
+
+def vmm_release(handle: Any) -> None:
+    _call(cu.cuMemRelease, handle)
+
+
+def vmm_map(ptr: int, nbytes: int, handle: Any) -> None:
+    _call(cu.cuMemMap, ptr, nbytes, 0, handle, 0)
+
+
+def vmm_unmap(ptr: int, nbytes: int) -> None:
+    _call(cu.cuMemUnmap, ptr, nbytes)
+
+
+def vmm_set_access(ptr: int, nbytes: int, dev: Any) -> None:
+    desc = cu.CUmemAccessDesc()
+    desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = int(dev)
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    _call(cu.cuMemSetAccess, ptr, nbytes, [desc], 1)
+
+
+# -- modules and functions ----------------------------------------------------------------------
+
+
+def module_load(image: bytes) -> Any:
+    return _call(cu.cuModuleLoadData, image)
+
+
+def module_unload(module: Any) -> None:
+    _call(cu.cuModuleUnload, module)
+
+
+def module_functions(module: Any) -> list[tuple[str, Any]]:
+    """Every function in a loaded module with its name."""
+    count = int(_call(cu.cuModuleGetFunctionCount, module))
+    funcs = _call(cu.cuModuleEnumerateFunctions, count, module) if count else []
+    return [(_func_name(f), f) for f in funcs]
+
+
+def _func_name(func: Any) -> str:
+    name = _call(cu.cuFuncGetName, func)
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def func_param_layout(func: Any) -> list[tuple[int, int]]:
+    """(offset, size) of every kernel parameter, from cuFuncGetParamInfo."""
+    layout: list[tuple[int, int]] = []
+    while True:
+        err, offset, size = cu.cuFuncGetParamInfo(func, len(layout))
+        if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return layout
+        check("cuFuncGetParamInfo", (err,))
+        layout.append((int(offset), int(size)))
+
+
+def func_attribute(func: Any, attr: Any) -> int:
+    return int(check("cuFuncGetAttribute", cu.cuFuncGetAttribute(attr, func)))
+
+
+def func_set_dynamic_smem(func: Any, nbytes: int) -> None:
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _call(cu.cuFuncSetAttribute, func, attr, nbytes)
+
+
+def func_set_non_portable_cluster(func: Any) -> None:
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    _call(cu.cuFuncSetAttribute, func, attr, 1)
+
+
+# -- launches -------------------------------------------------------------------------------------
+
+
+def launch(
+    func: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: Any, params: int
+) -> None:
+    check(
+        "cuLaunchKernel",
+        cu.cuLaunchKernel(
+            func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params, 0
+        ),
+    )
+
+
+def launch_config(
+    grid: Sequence[int],
+    block: Sequence[int],
+    smem: int,
+    stream: Any,
+    cluster: Sequence[int] | None,
+    pdl: bool,
+) -> Any:
+    """A CUlaunchConfig for cuLaunchKernelEx, built once per launch record."""
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = smem
+    cfg.hStream = stream
+    attrs: list[Any] = []
+    if cluster is not None:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        attrs.append(attr)
+    if pdl:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
+    return cfg
+
+
+def launch_ex(config: Any, func: Any, params: int) -> None:
+    check("cuLaunchKernelEx", cu.cuLaunchKernelEx(config, func, params, 0))
+
+
+# -- graphs ---------------------------------------------------------------------------------------
+
+
+def begin_capture(stream: Any) -> None:
+    mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    _call(cu.cuStreamBeginCapture, stream, mode)
+
+
+def end_capture(stream: Any) -> Any:
+    return _call(cu.cuStreamEndCapture, stream)
+
+
+def graph_instantiate(graph: Any) -> Any:
+    return _call(cu.cuGraphInstantiate, graph, 0)
+
+
+def graph_destroy(graph: Any) -> None:
+    _call(cu.cuGraphDestroy, graph)
+
+
+def graph_exec_destroy(exec_: Any) -> None:
+    _call(cu.cuGraphExecDestroy, exec_)
+
+
+def graph_launch(exec_: Any, stream: Any) -> None:
+    (err,) = cu.cuGraphLaunch(exec_, stream)
+    if err != _SUCCESS:
+        raise CudaError("cuGraphLaunch", int(err), explain(err))
+
+
+# -- tensor maps ----------------------------------------------------------------------------------
+
+TENSORMAP_DTYPES: dict[str, str] = {
+    "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+    "u16": "CU_TENSOR_MAP_DATA_TYPE_UINT16",
+    "u32": "CU_TENSOR_MAP_DATA_TYPE_UINT32",
+    "i32": "CU_TENSOR_MAP_DATA_TYPE_INT32",
+    "u64": "CU_TENSOR_MAP_DATA_TYPE_UINT64",
+    "i64": "CU_TENSOR_MAP_DATA_TYPE_INT64",
+    "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+    "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+    "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+    "tf32": "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32",
+    "u4": "CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B",
+    "u4packed": "CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B",
+}
+
+
+def tensormap_encode_tiled(
+    dtype: str,
+    address: int,
+    dims: Sequence[int],
+    strides: Sequence[int],
+    box: Sequence[int],
+    swizzle: int,
+    l2_promotion: int,
+    oob_nan: bool,
+) -> bytes:
+    """cuTensorMapEncodeTiled into the 128-byte CUtensorMap image."""
+    swz = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}[swizzle]
+    l2 = {0: "NONE", 64: "L2_64B", 128: "L2_128B", 256: "L2_256B"}[l2_promotion]
+    oob = "NAN_REQUEST_ZERO_FMA" if oob_nan else "NONE"
+    tmap = _call(
+        cu.cuTensorMapEncodeTiled,
+        getattr(cu.CUtensorMapDataType, TENSORMAP_DTYPES[dtype]),
+        len(dims),
+        address,
+        [cu.cuuint64_t(d) for d in dims],
+        [cu.cuuint64_t(s) for s in strides],
+        [cu.cuuint32_t(b) for b in box],
+        [cu.cuuint32_t(1) for _ in dims],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swz}"),
+        getattr(cu.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
+        getattr(cu.CUtensorMapFloatOOBfill, f"CU_TENSOR_MAP_FLOAT_OOB_FILL_{oob}"),
+    )
+    return ctypes.string_at(tmap.getPtr(), 128)
+
+
+# -- 2-D copies -----------------------------------------------------------------------------------
+
+
+def copy_2d_async(
+    dst: int,
+    dst_pitch: int,
+    dst_device: bool,
+    src: int,
+    src_pitch: int,
+    src_device: bool,
+    width: int,
+    height: int,
+    stream: Any,
+) -> None:
+    """cuMemcpy2DAsync between host (pinned) and device memory, rows of `width` bytes."""
+    p = cu.CUDA_MEMCPY2D()
+    host, dev = cu.CUmemorytype.CU_MEMORYTYPE_HOST, cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    p.srcMemoryType = dev if src_device else host
+    if src_device:
+        p.srcDevice = src
+    else:
+        p.srcHost = src
+    p.srcPitch = src_pitch
+    p.dstMemoryType = dev if dst_device else host
+    if dst_device:
+        p.dstDevice = dst
+    else:
+        p.dstHost = dst
+    p.dstPitch = dst_pitch
+    p.WidthInBytes = width
+    p.Height = height
+    _call(cu.cuMemcpy2DAsync, p, stream)

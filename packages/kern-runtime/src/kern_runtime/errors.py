@@ -1,0 +1,111 @@
+"""The runtime's error tree, one class per party that must act.
+
+Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError, ManifestError.
+Kernel extractor (re-extract kernels): KernelArtifactError. Weight exporter (re-export weights):
+WeightArtifactError. Caller (API misuse): ApiError. Device (CUDA / BLAS at execution): CudaError,
+NoDriverError, BlasError. CallError locates a failure inside a program's call table.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApiError",
+    "BlasError",
+    "CallError",
+    "CudaError",
+    "KernRuntimeError",
+    "KernelArtifactError",
+    "ManifestError",
+    "ManifestParseError",
+    "ManifestVerifyError",
+    "NoDriverError",
+    "WeightArtifactError",
+]
+
+
+class KernRuntimeError(Exception):
+    """Base of every error kern_runtime raises."""
+
+
+class ManifestParseError(KernRuntimeError):
+    """The manifest file is not valid JSON or does not match the schema (provider)."""
+
+
+class ManifestVerifyError(KernRuntimeError):
+    """The manifest parsed but failed the verifier (provider)."""
+
+
+class ManifestError(KernRuntimeError):
+    """The manifest is well-formed but asks for something this runtime cannot do (provider)."""
+
+
+class KernelArtifactError(KernRuntimeError):
+    """A kernel module is missing, has the wrong hash, or its ABI differs (re-extract kernels)."""
+
+
+class WeightArtifactError(KernRuntimeError):
+    """Checkpoint tensors do not match the manifest's bind (re-export weights)."""
+
+
+class ApiError(KernRuntimeError):
+    """The caller used the API wrongly: unknown name, wrong kind, var out of range."""
+
+
+class CudaError(KernRuntimeError):
+    """A CUDA driver call failed.
+
+    Attributes:
+        call: the driver function's name.
+        code: the CUresult's integer value (-1 when no driver answered).
+        explanation: the driver's own explanation.
+    """
+
+    def __init__(self, call: str, code: int, explanation: str) -> None:
+        super().__init__(f"{call} failed: {explanation} (CUresult {code})")
+        self.call = call
+        self.code = code
+        self.explanation = explanation
+
+
+class NoDriverError(CudaError):
+    """No NVIDIA driver library could be loaded on this machine."""
+
+    def __init__(self, detail: str) -> None:
+        KernRuntimeError.__init__(
+            self, f"no NVIDIA driver: libcuda could not be loaded ({detail}); run on a GPU host"
+        )
+        self.call = "cuInit"
+        self.code = -1
+        self.explanation = detail
+
+
+class BlasError(KernRuntimeError):
+    """A cuBLAS / cuBLASLt call failed at execution.
+
+    Attributes:
+        call: the library function's name.
+        status: the library's status name.
+    """
+
+    def __init__(self, call: str, status: str) -> None:
+        super().__init__(f"{call} failed: {status}")
+        self.call = call
+        self.status = status
+
+
+class CallError(KernRuntimeError):
+    """A failure inside a program, located in its call table.
+
+    Attributes:
+        program: the program's name.
+        position: the call's index in the program.
+        label: the call's label (or its op name).
+        cause: the underlying error.
+    """
+
+    def __init__(self, program: str, position: int, label: str, cause: Exception) -> None:
+        super().__init__(f"program {program!r} call {position} ({label}): {cause}")
+        self.program = program
+        self.position = position
+        self.label = label
+        self.cause = cause

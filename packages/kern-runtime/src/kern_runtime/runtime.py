@@ -1,0 +1,671 @@
+"""Runtime: a verified manifest loaded onto one GPU, its weights, programs and graphs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest, State
+
+from . import _driver as drv
+from . import memory
+from ._loader import Job, run_jobs
+from ._manifest import bind_segments, load_manifest
+from ._program import Resources, Step, compile_program, gemm_shape
+from .blas import WORKSPACE_BYTES, Blas
+from .errors import ApiError, CallError, KernelArtifactError, KernRuntimeError, ManifestError
+from .graphs import Graph, VarKey, normalize_vars
+from .kernels import LoadedModule, hash_dir, read_module
+from .memory import Allocation
+from .weights import Tensors, plan_bind
+
+__all__ = ["Capacity", "Resident", "Runtime"]
+
+_NP_DTYPES: Mapping[str, Any] = {
+    "bf16": np.uint16, "f16": np.float16, "f32": np.float32, "fp8e4m3": np.uint8, "fp8e8m0": np.uint8,
+    "i8": np.int8, "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "u8": np.uint8,
+}  # fmt: skip
+_SMEM_DEFAULT = 48 << 10
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The caller's own numbers: tokens held in paged states, live sequences in per-seq states."""
+
+    tokens: int = 4096
+    seqs: int = 1
+
+
+@dataclass(slots=True)
+class _Staging:
+    alloc: Allocation
+    event: Any
+    pending: bool = False
+
+
+@dataclass(slots=True)
+class _Weight:
+    spec: Buffer
+    alloc: Allocation
+    stack: ExitStack
+
+
+class Resident:
+    """Device weight buffers kept from a closed Runtime, claimable by `Runtime.load(over=...)`."""
+
+    def __init__(self, gpu: int, dev: Any, weights: dict[str, _Weight]) -> None:
+        self.gpu = gpu
+        self._dev = dev
+        self._weights = weights
+        self._open = True
+        drv.primary_context(dev)
+
+    @property
+    def names(self) -> list[str]:
+        """Names of the weight buffers still held."""
+        return sorted(self._weights)
+
+    def _claim(self, name: str, spec: Buffer) -> _Weight | None:
+        w = self._weights.get(name)
+        return w if w is not None and w.spec == spec else None
+
+    def _take(self, names: list[str]) -> dict[str, _Weight]:
+        return {n: self._weights.pop(n) for n in names}
+
+    def close(self) -> None:
+        """Releases every buffer not claimed."""
+        if not self._open:
+            return
+        self._open = False
+        for w in self._weights.values():
+            w.stack.close()
+        self._weights.clear()
+        drv.release_primary_context(self._dev)
+
+
+class Runtime:
+    """A manifest on one GPU. Build with `Runtime.load`."""
+
+    def __init__(self, manifest: Manifest, gpu: int, capacity: Capacity) -> None:
+        self.manifest = manifest
+        self.gpu = gpu
+        self.capacity = capacity
+        self._stack = ExitStack()
+        self._weights: dict[str, _Weight] = {}
+        self._buffers: dict[str, Allocation] = {}
+        self._states: dict[str, Allocation] = {}
+        self._state_notes: dict[str, str] = {}
+        self._scratch: dict[str, dict[str, int]] = {}
+        self._funcs: dict[tuple[str, int], Any] = {}
+        self._modules: dict[str, LoadedModule] = {}
+        self._staging: dict[str, _Staging] = {}
+        self._steps: dict[tuple[str, VarKey], list[Step]] = {}
+        self._graphs: dict[tuple[str, VarKey], Graph] = {}
+        self._reads = {name: manifest.program_vars(name) for name in manifest.programs}
+        self._bounds = manifest.var_max
+        self._claimed: set[str] = set()
+        self._loaded = False
+        self._closed = False
+        self._blas: Blas | None = None
+        self._dev: Any = None
+        self._ctx: Any = None
+        self._stream: Any = None
+        self._arch = 0
+        self._ranks: dict[str, int] = {}
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        manifest: Manifest | str | os.PathLike[str],
+        kernels_dir: str | os.PathLike[str],
+        *,
+        gpu: int = 0,
+        capacity: Capacity | None = None,
+        over: Resident | None = None,
+        ranks: Mapping[str, int] | None = None,
+    ) -> Runtime:
+        """Verifies the manifest, loads its modules by sha256, allocates buffers and states.
+
+        Args:
+            manifest: a path to a manifest file, or a parsed kern_manifest model (verified here).
+            kernels_dir: the directory holding module files (matched by sha256, not by name).
+            gpu: the device ordinal.
+            capacity: tokens for paged states, live sequences for per-seq states.
+            over: weights kept from another runtime on the same GPU; identical ones are claimed.
+            ranks: this rank's index in each topology group (0 where not given).
+
+        Raises:
+            ManifestParseError, ManifestVerifyError, ManifestError, KernelArtifactError,
+            ApiError, CudaError, BlasError. A failed load releases everything it allocated.
+        """
+        model = load_manifest(manifest)
+        cap = capacity or Capacity()
+        if cap.tokens < 1 or cap.seqs < 1:
+            raise ApiError(f"capacity needs tokens >= 1 and seqs >= 1, got {cap}")
+        if over is not None and over.gpu != gpu:
+            raise ApiError(f"load_over: resident weights live on gpu {over.gpu}, not {gpu}")
+        rt = cls(model, gpu, cap)
+        rt._ranks = dict(ranks or {})
+        try:
+            rt._setup(Path(kernels_dir), over)
+        except BaseException:
+            rt._release()
+            raise
+        return rt
+
+    def _setup(self, kernels_dir: Path, over: Resident | None) -> None:
+        drv.init()
+        if not 0 <= self.gpu < drv.device_count():
+            raise ApiError(f"gpu {self.gpu} does not exist ({drv.device_count()} devices)")
+        self._dev = drv.device(self.gpu)
+        self._ctx = drv.primary_context(self._dev)
+        self._stack.callback(drv.release_primary_context, self._dev)
+        self._stream = drv.stream_create()
+        self._stack.callback(drv.stream_destroy, self._stream)
+        major, minor = drv.compute_capability(self._dev)
+        self._arch = major * 10 + minor
+        self._load_modules(kernels_dir)
+        self._resolve_launches()
+        self._allocate_buffers(over)
+        self._allocate_states()
+        self._allocate_scratch()
+        self._check_externs()
+        if over is not None:
+            self._weights.update(over._take(sorted(self._claimed)))
+            over.close()
+
+    def _load_modules(self, kernels_dir: Path) -> None:
+        hashes = hash_dir(kernels_dir)
+        for name, mod in self.manifest.modules.items():
+            data = read_module(hashes, name, mod.sha256.lower())
+            self._modules[name] = LoadedModule.load(self._stack, name, mod.sha256, data, self._arch)
+
+    def _resolve_launches(self) -> None:
+        bounds = self.manifest.var_bounds
+        for op_name, op in self.manifest.ops.items():
+            for li, launch in enumerate(op.impl.launches):
+                if not isinstance(launch, KernelLaunch):
+                    continue
+                params = launch.params if launch.params is not None else op.params
+                func = self._modules[launch.module].resolve(launch.entry, [str(p) for p in params])
+                self._funcs[(op_name, li)] = func
+                smem_hi = launch.shared_mem.range(bounds)[1]
+                if smem_hi > _SMEM_DEFAULT:
+                    drv.func_set_dynamic_smem(func, smem_hi)
+                if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
+                    drv.func_set_non_portable_cluster(func)
+
+    def _allocate_buffers(self, over: Resident | None) -> None:
+        for name, buf in self.manifest.buffers.items():
+            if buf.kind == "peer":
+                raise ManifestError(f"buffer {name!r}: peer buffers need import_peers, which this runtime lacks")
+            if buf.kind == "source":
+                continue
+            nbytes = self.manifest.buffer_max_bytes(name)
+            if buf.kind == "weight" and buf.placement == "device" and over is not None:
+                claimed = over._claim(name, buf)
+                if claimed is not None:
+                    self._buffers[name] = claimed.alloc
+                    self._claimed.add(name)
+                    continue
+            self._buffers[name] = self._allocate(name, buf, nbytes)
+            if buf.kind in ("input", "output"):
+                self._add_staging(name, nbytes)
+
+    def _allocate(self, name: str, buf: Buffer, nbytes: int) -> Allocation:
+        stack = ExitStack() if buf.kind == "weight" else self._stack
+        if buf.placement == "host":
+            alloc = memory.host(stack, nbytes)
+        elif buf.export:
+            alloc = memory.vmm(stack, self._dev, nbytes, drv.vmm_granularity(self._dev))
+        else:
+            alloc = memory.device(stack, nbytes)
+        if buf.kind == "weight":
+            self._weights[name] = _Weight(buf, alloc, stack)
+        return alloc
+
+    def _add_staging(self, name: str, nbytes: int) -> None:
+        alloc = memory.host(self._stack, nbytes)
+        event = drv.event_create()
+        self._stack.callback(drv.event_destroy, event)
+        self._staging[name] = _Staging(alloc, event)
+
+    def _page_units(self, state: str) -> int:
+        units = [b.domain.stride or 1 for b in self.manifest.buffers.values()
+                 if b.domain is not None and b.domain.index_into == state]  # fmt: skip
+        return max(units, default=1)
+
+    def _allocate_states(self) -> None:
+        gran = drv.vmm_granularity(self._dev)
+        for name, st in self.manifest.states.items():
+            nbytes, chunk, note = self._state_size(name, st, gran)
+            alloc = memory.vmm(self._stack, self._dev, nbytes, chunk)
+            drv.memset_async(alloc.ptr, alloc.nbytes, self._stream)
+            self._states[name] = alloc
+            self._state_notes[name] = note
+        drv.stream_synchronize(self._stream)
+
+    def _state_size(self, name: str, st: State, gran: int) -> tuple[int, int, str]:
+        if st.bytes_per_token is not None:
+            unit = self._page_units(name)
+            chunk = memory.chunk_bytes(st.bytes_per_token * unit, gran)
+            nbytes = memory.align_up(self.capacity.tokens * st.bytes_per_token, chunk)
+            tokens = nbytes // st.bytes_per_token // unit * unit
+            return nbytes, chunk, f"paged, {tokens} tokens"
+        if st.bytes_per_seq is not None:
+            slots = self.capacity.seqs + 2
+            chunk = memory.chunk_bytes(st.bytes_per_seq, gran)
+            return memory.align_up(slots * st.bytes_per_seq, chunk), chunk, f"per-seq, {slots} slots"
+        fixed = st.bytes or 0
+        return fixed, memory.align_up(max(fixed, 1), gran), "fixed"
+
+    def _allocate_scratch(self) -> None:
+        env = self.manifest.var_max
+        for op_name, op in self.manifest.ops.items():
+            table: dict[str, int] = {}
+            for sname, sc in op.impl.scratch.items():
+                table[sname] = memory.device(self._stack, sc.nbytes(env)).ptr
+            self._scratch[op_name] = table
+
+    def _check_externs(self) -> None:
+        gemms = [(op_name, launch) for op_name, op in self.manifest.ops.items()
+                 for launch in op.impl.launches if isinstance(launch, ExternLaunch)]  # fmt: skip
+        if not gemms:
+            return
+        ws = memory.device(self._stack, WORKSPACE_BYTES)
+        self._blas = Blas(self._stack, ws.ptr)
+        for op_name, launch in gemms:
+            gemm_shape(launch.entry, [1, 1, 1], f"op {op_name!r}")
+            if launch.algo is not None:
+                self._check_algo(op_name, launch)
+
+    def _check_algo(self, op_name: str, launch: ExternLaunch) -> None:
+        """AlgoCheck a pinned algo at both var ends of every call site of this op."""
+        assert self._blas is not None
+        for pname, prog in self.manifest.programs.items():
+            for call in prog.calls:
+                if call.op != op_name:
+                    continue
+                for env in _var_ends(self.manifest, self._reads[pname], launch):
+                    shape = self._gemm_shape_at(call, launch, env)
+                    try:
+                        self._blas.plan(shape, _algo(launch))
+                    except KernelArtifactError as exc:
+                        raise KernelArtifactError(f"op {op_name!r} in program {pname!r}: {exc}") from None
+
+    def _gemm_shape_at(self, call: Any, launch: ExternLaunch, env: Mapping[str, int]) -> Any:
+        from ._program import Value, _call_value  # pyright: ignore[reportPrivateUsage]
+
+        res = self._resources()
+        values = [_call_value(res, a, env, "algo check") for a in call.args]
+        scalars: list[int] = []
+        args = launch.args if launch.args is not None else None
+        picked = values if args is None else [values[a.param] if hasattr(a, "param") else Value(scalar=_lit(a, env)) for a in args]
+        for v in picked[3:]:
+            scalars.append(int(v.scalar or 0))
+        return gemm_shape(launch.entry, scalars)
+
+    def _resources(self) -> Resources:
+        return Resources(
+            manifest=self.manifest,
+            buffers={n: (a.ptr, a.nbytes) for n, a in self._buffers.items()},
+            states={n: (a.ptr, a.nbytes) for n, a in self._states.items()},
+            scratch=self._scratch,
+            funcs=self._funcs,
+            blas=self._blas,
+            ranks=self._ranks,
+            stream=self._stream,
+        )
+
+    # -- weights ----------------------------------------------------------------------------------
+
+    def load_weights(self, tensors: Tensors, *, threads: int = 8, progress: Progress | None = None) -> int:
+        """Fills weight buffers from `tensors`, runs derive programs, then once programs.
+
+        Every bind is planned (and checked) before a byte moves. Returns the bytes copied.
+
+        Raises:
+            WeightArtifactError: a tensor is missing or does not match its bind.
+            ApiError: weights were already loaded.
+        """
+        self._live()
+        if self._loaded:
+            raise ApiError("load_weights was already called on this runtime")
+        drv.set_current(self._ctx)
+        jobs = self._plan_weights(tensors)
+        sources = self._plan_sources(tensors)
+        total = sum(j.copy.nbytes for j in jobs) + sum(j.copy.nbytes for js in sources.values() for j in js)
+        done = 0
+
+        def report(d: int, _t: int) -> None:
+            if progress is not None:
+                progress(done + d, total)
+
+        done += run_jobs(jobs, self._ctx, threads=threads, progress=report)
+        done += self._run_derive(sources, tensors, threads, report)
+        self._loaded = True
+        for name in sorted(self.manifest.programs):
+            if self.manifest.programs[name].once:
+                self.run(name, {})
+        self.synchronize()
+        return done
+
+    def _plan_weights(self, tensors: Tensors) -> list[Job]:
+        jobs: list[Job] = []
+        for name, buf in self.manifest.buffers.items():
+            if buf.kind != "weight" or name in self._claimed:
+                continue
+            alloc = self._buffers[name]
+            segs = bind_segments(name, buf, self._ranks)
+            for c in plan_bind(name, buf.dtype, self.manifest.buffer_max_bytes(name), segs, tensors):
+                jobs.append(Job(alloc.ptr, c, host=buf.placement == "host"))
+        return jobs
+
+    def _plan_sources(self, tensors: Tensors) -> dict[str, list[Job]]:
+        out: dict[str, list[Job]] = {}
+        for name, buf in self.manifest.buffers.items():
+            if buf.kind == "source":
+                segs = bind_segments(name, buf, self._ranks)
+                out[name] = [Job(0, c) for c in plan_bind(name, buf.dtype, self.manifest.buffer_max_bytes(name), segs, tensors)]
+        return out
+
+    def _run_derive(self, sources: dict[str, list[Job]], tensors: Tensors, threads: int, report: Progress) -> int:
+        moved = 0
+        derive = sorted(n for n, p in self.manifest.programs.items() if p.derive)
+        last_reader = {s: max((i for i, p in enumerate(derive) if s in _program_buffers(self.manifest, p)), default=-1)
+                       for s in sources}  # fmt: skip
+        live: dict[str, ExitStack] = {}
+        try:
+            for i, pname in enumerate(derive):
+                for s in sorted(_program_buffers(self.manifest, pname) & sources.keys()):
+                    if s not in live:
+                        moved += self._stage_source(s, sources[s], live, threads, report)
+                self._execute(pname, self._compile(pname, ()))
+                self.synchronize()
+                self._steps = {k: v for k, v in self._steps.items() if k[0] != pname}
+                for s in [s for s in live if last_reader[s] <= i]:
+                    live.pop(s).close()
+                    del self._buffers[s]
+        finally:
+            for s, st in live.items():
+                st.close()
+                self._buffers.pop(s, None)
+        return moved
+
+    def _stage_source(self, name: str, jobs: list[Job], live: dict[str, ExitStack], threads: int, report: Progress) -> int:
+        stack = ExitStack()
+        live[name] = stack
+        alloc = memory.device(stack, self.manifest.buffer_max_bytes(name))
+        self._buffers[name] = alloc
+        return run_jobs([Job(alloc.ptr, j.copy) for j in jobs], self._ctx, threads=threads, progress=report)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _program(self, program: str) -> None:
+        if program not in self.manifest.programs:
+            raise ApiError(f"unknown program {program!r}; programs: {sorted(self.manifest.programs)}")
+        if self.manifest.programs[program].derive:
+            raise ApiError(f"program {program!r} is a derive program; it runs only inside load_weights")
+        if not self._loaded:
+            raise ApiError("call load_weights before running programs")
+
+    def _key(self, program: str, vars: Mapping[str, int]) -> VarKey:
+        return normalize_vars(program, self._bounds, self._reads[program], vars)
+
+    def _compile(self, program: str, key: VarKey) -> list[Step]:
+        steps = self._steps.get((program, key))
+        if steps is None:
+            try:
+                steps = compile_program(self._resources(), program, dict(key))
+            except KernRuntimeError:
+                raise
+            self._steps[(program, key)] = steps
+        return steps
+
+    def _execute(self, program: str, steps: list[Step]) -> None:
+        for step in steps:
+            try:
+                step.run()
+            except KernRuntimeError as exc:
+                raise CallError(program, step.position, step.label, exc) from exc
+
+    def run(self, program: str, vars: Mapping[str, int]) -> None:
+        """Enqueues every launch of `program` eagerly on the runtime's stream."""
+        self._live()
+        self._program(program)
+        key = self._key(program, vars)
+        self._execute(program, self._compile(program, key))
+
+    def capture(self, program: str, vars: Mapping[str, int]) -> Graph:
+        """The CUDA graph of `program` at these vars (captured on first use, then cached)."""
+        self._live()
+        self._program(program)
+        key = self._key(program, vars)
+        graph = self._graphs.get((program, key))
+        if graph is None:
+            graph = self._capture(program, key)
+        return graph
+
+    def _capture(self, program: str, key: VarKey) -> Graph:
+        steps = self._compile(program, key)
+        drv.begin_capture(self._stream)
+        try:
+            self._execute(program, steps)
+        except BaseException:
+            try:
+                g = drv.end_capture(self._stream)
+                drv.graph_destroy(g)
+            except KernRuntimeError:
+                pass
+            raise
+        g = drv.end_capture(self._stream)
+        try:
+            exec_ = drv.graph_instantiate(g)
+        finally:
+            drv.graph_destroy(g)
+        self._stack.callback(drv.graph_exec_destroy, exec_)
+        graph = Graph(program, key, exec_, len(steps))
+        self._graphs[(program, key)] = graph
+        return graph
+
+    def replay(self, graph: Graph, vars: Mapping[str, int]) -> None:
+        """Replays a captured graph; vars must equal the ones it was captured at."""
+        key = self._key(graph.program, vars)
+        if key != graph.key:
+            raise ApiError(f"graph of {graph.program!r} was captured at {dict(graph.key)}, not {dict(key)}")
+        drv.graph_launch(graph.exec_, self._stream)
+
+    def issue(self, program: str, vars: Mapping[str, int]) -> None:
+        """Replays the program's graph (captured once per vars key) if it declares graph, else runs it."""
+        graph = self._graphs.get((program, self._key(program, vars) if program in self._reads else ()))
+        if graph is not None:
+            drv.graph_launch(graph.exec_, self._stream)
+            return
+        if program in self.manifest.programs and self.manifest.programs[program].graph:
+            drv.graph_launch(self.capture(program, vars).exec_, self._stream)
+        else:
+            self.run(program, vars)
+
+    # -- inputs and outputs -----------------------------------------------------------------------
+
+    def _io(self, name: str, kind: str) -> tuple[Buffer, Allocation, _Staging]:
+        self._live()
+        buf = self.manifest.buffers.get(name)
+        if buf is None:
+            raise ApiError(f"unknown buffer {name!r}; {kind} buffers: {self._names(kind)}")
+        if buf.kind != kind:
+            raise ApiError(f"buffer {name!r} is a {buf.kind} buffer, not an {kind}; {kind}s: {self._names(kind)}")
+        return buf, self._buffers[name], self._staging[name]
+
+    def _names(self, kind: str) -> list[str]:
+        return sorted(n for n, b in self.manifest.buffers.items() if b.kind == kind)
+
+    def write_input(self, name: str, array: npt.ArrayLike) -> None:
+        """Copies `array` into the start of input `name` (a prefix write), ordered on the stream."""
+        buf, alloc, stage = self._io(name, "input")
+        arr = np.ascontiguousarray(array)
+        want = np.dtype(_NP_DTYPES[buf.dtype])
+        if arr.dtype != want:
+            raise ApiError(f"input {name!r} is {buf.dtype}: pass a numpy {want} array, not {arr.dtype}")
+        if arr.nbytes > alloc.nbytes:
+            raise ApiError(f"input {name!r} holds {alloc.nbytes // want.itemsize} elements, got {arr.size}")
+        if stage.pending:
+            drv.event_synchronize(stage.event)
+        drv.host_view(stage.alloc.ptr, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
+        drv.copy_htod_async(alloc.ptr, stage.alloc.ptr, arr.nbytes, self._stream)
+        drv.event_record(stage.event, self._stream)
+        stage.pending = True
+
+    def read_output(self, name: str, count: int | None = None) -> npt.NDArray[Any]:
+        """The first `count` elements (default: all) of output `name`; synchronizes the stream."""
+        buf, alloc, stage = self._io(name, "output")
+        dt = np.dtype(_NP_DTYPES[buf.dtype])
+        cap = alloc.nbytes // dt.itemsize
+        n = cap if count is None else count
+        if not 0 <= n <= cap:
+            raise ApiError(f"output {name!r} holds {cap} elements, asked for {count}")
+        nbytes = n * dt.itemsize
+        drv.copy_dtoh_async(stage.alloc.ptr, alloc.ptr, nbytes, self._stream)
+        drv.stream_synchronize(self._stream)
+        return np.frombuffer(drv.host_view(stage.alloc.ptr, nbytes), dtype=dt).copy()
+
+    def read_buffer(self, name: str) -> npt.NDArray[np.uint8]:
+        """Every byte of any device buffer (for tests and A/B harnesses); synchronizes."""
+        self._live()
+        if name not in self._buffers:
+            raise ApiError(f"buffer {name!r} has no memory now; buffers: {sorted(self._buffers)}")
+        alloc = self._buffers[name]
+        out = np.empty(alloc.nbytes, dtype=np.uint8)
+        self.synchronize()
+        if alloc.where == "host":
+            out[:] = np.frombuffer(drv.host_view(alloc.ptr, alloc.nbytes), dtype=np.uint8)
+        else:
+            drv.copy_dtoh(out.ctypes.data, alloc.ptr, alloc.nbytes)
+        return out
+
+    def synchronize(self) -> None:
+        """Waits for everything enqueued on the runtime's stream."""
+        self._live()
+        drv.stream_synchronize(self._stream)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    def _live(self) -> None:
+        if self._closed:
+            raise ApiError("this runtime is closed")
+
+    def _release(self) -> None:
+        self._closed = True
+        self._graphs.clear()
+        self._steps.clear()
+        for w in self._weights.values():
+            w.stack.close()
+        self._weights.clear()
+        self._stack.close()
+
+    def close(self) -> None:
+        """Releases every allocation, module, graph and the stream (idempotent)."""
+        if self._closed:
+            return
+        try:
+            drv.stream_synchronize(self._stream)
+        finally:
+            self._release()
+
+    def into_resident(self) -> Resident:
+        """Closes this runtime but keeps its loaded device weight buffers for `load(over=...)`."""
+        self._live()
+        if not self._loaded:
+            raise ApiError("into_resident needs loaded weights")
+        self.synchronize()
+        kept = {n: w for n, w in self._weights.items() if w.spec.placement == "device"}
+        for n in kept:
+            del self._weights[n]
+        resident = Resident(self.gpu, self._dev, kept)
+        self._release()
+        return resident
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- description ------------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """Startup lines: vars, buffers by kind with bytes, states, modules, programs."""
+        m = self.manifest
+        lines = [f"manifest {m.model}: gpu {self.gpu} (sm_{self._arch})"]
+        lines.append("vars: " + (", ".join(f"{n}<={v.max}" for n, v in m.vars.items()) or "none"))
+        kinds: dict[str, list[int]] = {}
+        for name, buf in m.buffers.items():
+            kinds.setdefault(buf.kind, []).append(m.buffer_max_bytes(name))
+        lines.append("buffers: " + ", ".join(f"{k} {len(v)} ({_size(sum(v))})" for k, v in sorted(kinds.items())))
+        if self._claimed:
+            lines.append(f"weights claimed from resident: {len(self._claimed)}")
+        for name, a in self._states.items():
+            lines.append(f"state {name}: {self._state_notes[name]} ({_size(a.nbytes)}, VMM)")
+        for name, mod in self._modules.items():
+            lines.append(f"module {name}: {mod.sha256[:12]}")
+        for name, p in sorted(m.programs.items()):
+            flags = [f for f, on in (("graph", p.graph), ("once", p.once), ("derive", p.derive)) if on]
+            lines.append(f"program {name}: {len(p.calls)} calls" + (f" ({', '.join(flags)})" if flags else ""))
+        return "\n".join(lines)
+
+    def buffer_address(self, name: str) -> int:
+        """The device (or pinned host) address of a buffer, for tools that bind their own memory."""
+        self._live()
+        if name not in self._buffers:
+            raise ApiError(f"buffer {name!r} has no memory now; buffers: {sorted(self._buffers)}")
+        return self._buffers[name].ptr
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+def _algo(launch: ExternLaunch) -> tuple[int, ...] | None:
+    a = launch.algo
+    if a is None:
+        return None
+    return (a.id, a.tile, a.split_k, a.reduction, a.swizzle, a.custom, a.stages, a.inner_shape, a.cluster_shape)
+
+
+def _lit(arg: Any, env: Mapping[str, int]) -> int:
+    for field in ("i32", "i64", "u8"):
+        if hasattr(arg, field):
+            return int(getattr(arg, field))
+    if hasattr(arg, "var"):
+        return env[arg.var]
+    if hasattr(arg, "expr"):
+        return arg.expr.eval(env)
+    raise ManifestError(f"extern arg {arg!r} is not an integer")
+
+
+def _var_ends(manifest: Manifest, reads: frozenset[str], launch: ExternLaunch) -> list[dict[str, int]]:
+    """The two var corners a pinned algo must pass: all at 1 and all at max (`when` clamps its var)."""
+    lo = {v: 1 for v in reads}
+    hi = {v: manifest.vars[v].max for v in reads}
+    if launch.when is not None:
+        w = launch.when
+        lo[w.var] = max(lo[w.var], w.min or 1)
+        hi[w.var] = min(hi[w.var], w.max if w.max is not None else hi[w.var])
+    return [lo, hi]
+
+
+def _program_buffers(manifest: Manifest, program: str) -> set[str]:
+    return {a.buf for c in manifest.programs[program].calls for a in c.args if hasattr(a, "buf")}
