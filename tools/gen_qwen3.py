@@ -291,7 +291,7 @@ def _attn_decode_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> J
               _i64(page_stride), _i32(DECODE_SPLITS), _f32(d**-0.5)],
     )
     reduce = _kernel(
-        mods, "kern_attn_decode_reduce", [nq, 1, 1], d,
+        mods, "kern_attn_decode_reduce", [nq, 1, 1], 128,
         params=["in buffer<f32>", "in buffer<f32>", BF16_OUT, "i32", "i32", "i32"],
         args=[{"scratch": "part_o"}, {"scratch": "part_lse"}, {"param": 4}, _i32(nq), _i32(d),
               _i32(DECODE_SPLITS)],

@@ -1,0 +1,195 @@
+"""`kern.toml`: named targets and run defaults, so plain `kern-run` works.
+
+    target = "qwen3-4b"          # the default target (else the first one declared)
+    gpu = 0
+    capacity = 4096              # KV tokens
+    [targets.qwen3-4b]
+    manifest = "examples/qwen3-4b.json"
+    kernels = "kernels"
+    weights = ["weights/Qwen3-4B"]   # optional: a seeded random checkpoint is written when absent
+    tokenizer = "qwen2.5-72b-instruct"
+    [kernels]
+    sources = "tools/kernels-src"
+    [run]
+    prompt = "The capital of France is"
+    steps = 32
+    chunk = 512
+
+Relative paths resolve against the file's directory and `~` expands. The nearest `kern.toml` in the
+working directory or above is used unless `--config` names one. Precedence: flag, toml, default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONFIG_NAME",
+    "ConfigError",
+    "KernConfig",
+    "RunDefaults",
+    "Target",
+    "find_config",
+    "load_config",
+]
+
+CONFIG_NAME = "kern.toml"
+
+_TOP = {"target", "gpu", "capacity", "targets", "kernels", "run"}
+_TARGET = {"manifest", "kernels", "weights", "tokenizer", "reference"}
+_RUN = {"prompt", "steps", "chunk"}
+_KERNELS = {"sources", "dumps"}
+
+
+class ConfigError(Exception):
+    """kern.toml is unreadable or names an unknown key, target or a wrongly typed value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One named model: manifest, kernels dir, weights and tokenizer (paths resolved)."""
+
+    name: str
+    manifest: Path | None = None
+    kernels: Path | None = None
+    weights: tuple[Path, ...] = ()
+    tokenizer: str | None = None
+    reference: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunDefaults:
+    """`[run]`: prompt, steps and chunk when no flag gives them."""
+
+    prompt: str | None = None
+    steps: int | None = None
+    chunk: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernConfig:
+    """A parsed kern.toml (or the empty config when there is none)."""
+
+    path: Path | None = None
+    default_target: str | None = None
+    gpu: int | None = None
+    capacity: int | None = None
+    targets: Mapping[str, Target] = field(default_factory=dict[str, Target])
+    kernel_sources: Path | None = None
+    run: RunDefaults = field(default_factory=RunDefaults)
+
+    def target(self, name: str | None) -> Target | None:
+        """The named target, else the default one; None when the file declares no target.
+
+        Raises:
+            ConfigError: `name` is not declared.
+        """
+        chosen = name or self.default_target
+        if chosen is None:
+            return None
+        if chosen not in self.targets:
+            known = ", ".join(sorted(self.targets)) or "none"
+            where = self.path or CONFIG_NAME
+            raise ConfigError(f"{where}: no target {chosen!r} (declared: {known})")
+        return self.targets[chosen]
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest kern.toml in `start` or a parent directory."""
+    for d in (start.resolve(), *start.resolve().parents):
+        if (d / CONFIG_NAME).is_file():
+            return d / CONFIG_NAME
+    return None
+
+
+def _unknown(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _typed(where: str, table: Mapping[str, Any], key: str, kind: type) -> Any:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: {key} must be a {kind.__name__}, got {value!r}")
+    if kind is int and value < 0:
+        raise ConfigError(f"{where}: {key} must not be negative, got {value}")
+    return value
+
+
+def _table(where: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a table")
+    return value
+
+
+class _Resolver:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+
+    def path(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self.base / p
+
+
+def _target(name: str, raw: Any, res: _Resolver, where: str) -> Target:
+    t = _table(f"{where}: [targets.{name}]", raw)
+    here = f"{where}: [targets.{name}]"
+    _unknown(here, t, _TARGET)
+    weights = t.get("weights", [])
+    if isinstance(weights, str):
+        weights = [weights]
+    if not isinstance(weights, list) or not all(isinstance(w, str) for w in weights):
+        raise ConfigError(f"{here}: weights must be a path or a list of paths")
+    return Target(
+        name=name,
+        manifest=res.path(_typed(here, t, "manifest", str)),
+        kernels=res.path(_typed(here, t, "kernels", str)),
+        weights=tuple(p for w in weights if (p := res.path(w)) is not None),
+        tokenizer=_typed(here, t, "tokenizer", str),
+        reference=res.path(_typed(here, t, "reference", str)),
+    )
+
+
+def load_config(path: Path) -> KernConfig:
+    """Parse one kern.toml.
+
+    Raises:
+        ConfigError: unreadable file, TOML syntax, unknown keys or wrong types.
+    """
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    where = str(path)
+    _unknown(where, raw, _TOP)
+    res = _Resolver(path.resolve().parent)
+    targets = {n: _target(n, t, res, where) for n, t in _table(f"{where}: [targets]", raw.get("targets", {})).items()}
+    run = _table(f"{where}: [run]", raw.get("run", {}))
+    _unknown(f"{where}: [run]", run, _RUN)
+    kernels = _table(f"{where}: [kernels]", raw.get("kernels", {}))
+    _unknown(f"{where}: [kernels]", kernels, _KERNELS)
+    default = _typed(where, raw, "target", str) or next(iter(targets), None)
+    config = KernConfig(
+        path=path,
+        default_target=default,
+        gpu=_typed(where, raw, "gpu", int),
+        capacity=_typed(where, raw, "capacity", int),
+        targets=targets,
+        kernel_sources=res.path(_typed(f"{where}: [kernels]", kernels, "sources", str)),
+        run=RunDefaults(
+            prompt=_typed(f"{where}: [run]", run, "prompt", str),
+            steps=_typed(f"{where}: [run]", run, "steps", int),
+            chunk=_typed(f"{where}: [run]", run, "chunk", int),
+        ),
+    )
+    config.target(default)
+    return config

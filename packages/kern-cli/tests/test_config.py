@@ -1,0 +1,82 @@
+"""kern.toml parsing: targets, run defaults, path resolution, typed errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kern_cli.config import ConfigError, find_config, load_config
+
+TOML = """
+target = "b"
+gpu = 1
+capacity = 8192
+[targets.a]
+manifest = "m/a.json"
+[targets.b]
+manifest = "m/b.json"
+kernels = "/abs/kernels"
+weights = ["w1", "~/w2"]
+tokenizer = "qwen2.5-72b-instruct"
+[kernels]
+sources = "src"
+[run]
+prompt = "hi"
+steps = 7
+chunk = 97
+"""
+
+
+def test_targets_paths_and_defaults(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text(TOML)
+    cfg = load_config(tmp_path / "kern.toml")
+    b = cfg.target(None)
+    assert b is not None and b.name == "b"
+    assert b.manifest == tmp_path / "m/b.json"
+    assert b.kernels == Path("/abs/kernels")
+    assert b.weights == (tmp_path / "w1", Path.home() / "w2")
+    assert cfg.target("a") is not None and cfg.target("a").kernels is None  # type: ignore[union-attr]
+    assert (cfg.gpu, cfg.capacity, cfg.kernel_sources) == (1, 8192, tmp_path / "src")
+    assert (cfg.run.prompt, cfg.run.steps, cfg.run.chunk) == ("hi", 7, 97)
+
+
+def test_first_target_is_the_default(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text('[targets.x]\nmanifest = "x.json"\nweights = "w"\n')
+    t = load_config(tmp_path / "kern.toml").target(None)
+    assert t is not None and t.name == "x" and t.weights == (tmp_path / "w",)
+
+
+def test_find_config_walks_up(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text("")
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    assert find_config(deep) == tmp_path / "kern.toml"
+
+
+@pytest.mark.parametrize(
+    ("text", "word"),
+    [
+        ("colour = 1\n", "colour"),
+        ("[run]\nsteps = 'many'\n", "steps must be a int"),
+        ("[run]\nsteps = -1\n", "negative"),
+        ("[targets.a]\nmanifest = 3\n", "manifest must be a str"),
+        ("[targets.a]\nmodel = 'x'\n", "model"),
+        ("[targets.a]\nweights = [1]\n", "weights"),
+        ("target = 'zz'\n[targets.a]\n", "no target 'zz'"),
+        ("gpu = true\n", "gpu must be a int"),
+        ("[run\n", "kern.toml"),
+        ("run = 3\n", "must be a table"),
+    ],
+)
+def test_bad_config_is_one_typed_line(tmp_path: Path, text: str, word: str) -> None:
+    (tmp_path / "kern.toml").write_text(text)
+    with pytest.raises(ConfigError, match=word) as info:
+        load_config(tmp_path / "kern.toml")
+    assert "\n" not in str(info.value).strip()
+
+
+def test_unknown_target_lists_known(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text(TOML)
+    with pytest.raises(ConfigError, match="declared: a, b"):
+        load_config(tmp_path / "kern.toml").target("c")
