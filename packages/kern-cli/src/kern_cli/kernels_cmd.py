@@ -1,0 +1,234 @@
+"""`kern kernels`: build tools/kernels-src/*.cu into sm_90 cubins named <module>-<sha12>.cubin.
+
+A module is one `.cu` file and one cubin. Builds are reproducible (fixed flags, no line info, the
+source compiled by its bare name from its own directory) and cached: a module is rebuilt only when
+the hash of (its source, every header beside it, the flags, the compiler's version) changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "CACHE_FILE",
+    "DEFAULT_COMPILER",
+    "NVCC_FLAGS",
+    "CompileError",
+    "CompilerNotFoundError",
+    "KernelBuildError",
+    "KernelSourceError",
+    "build_kernels",
+    "register",
+]
+
+NVCC_FLAGS: tuple[str, ...] = ("-cubin", "-arch=sm_90", "-O3")
+"""Fixed compiler flags; part of the cache key."""
+
+DEFAULT_COMPILER: tuple[str, ...] = ("nvcc",)
+"""The compiler command (a prefix: flags, `-o OUT` and the source name follow)."""
+
+CACHE_FILE = ".kern-kernels-cache.json"
+"""Per output directory: module -> {key, sha256, file} of the last build."""
+
+_HEADER_SUFFIXES = (".cuh", ".h")
+_MODULE_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+class KernelBuildError(Exception):
+    """Base of the errors `build_kernels` raises; the message is one actionable line."""
+
+
+class KernelSourceError(KernelBuildError):
+    """The source directory is missing, empty, or holds a badly named module."""
+
+
+class CompilerNotFoundError(KernelBuildError):
+    """The compiler command cannot be run."""
+
+
+class CompileError(KernelBuildError):
+    """The compiler rejected a module."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    key: str
+    sha256: str
+    file: str
+
+
+def build_kernels(
+    src_dir: Path, out_dir: Path, *, compiler: Sequence[str] = DEFAULT_COMPILER
+) -> dict[str, tuple[Path, str]]:
+    """Builds every `*.cu` under `src_dir` into `out_dir/<module>-<sha12>.cubin`.
+
+    Modules whose cache key is unchanged and whose cubin is still in place are not rebuilt. Either
+    every module builds and `out_dir` is updated, or nothing in `out_dir` changes.
+
+    Args:
+        src_dir: directory of `.cu` modules and the headers they include.
+        out_dir: where cubins and the cache record go (created if missing).
+        compiler: command prefix of the compiler, `nvcc` by default.
+
+    Returns:
+        module -> (cubin path, sha256 hex of the cubin bytes), sorted by module.
+
+    Raises:
+        KernelSourceError: no sources or a bad module name.
+        CompilerNotFoundError: the compiler cannot be run.
+        CompileError: a module failed to compile (nothing written).
+    """
+    sources = _sources(src_dir)
+    version = _compiler_version(compiler)
+    headers = _headers_digest(src_dir)
+    cache = _load_cache(out_dir)
+    keys = {m: _cache_key(p.read_bytes(), headers, version) for m, p in sources.items()}
+    stale = [m for m in sources if not _is_fresh(cache.get(m), keys[m], out_dir)]
+    built = _compile_all(compiler, sources, stale)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for module, data in built.items():
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"{module}-{sha[:12]}.cubin"
+        _write_atomic(out_dir / name, data)
+        cache[module] = _Entry(keys[module], sha, name)
+    _save_cache(out_dir, cache)
+    return {m: (out_dir / cache[m].file, cache[m].sha256) for m in sorted(sources)}
+
+
+def _sources(src_dir: Path) -> dict[str, Path]:
+    if not src_dir.is_dir():
+        raise KernelSourceError(f"kernel source directory {src_dir} does not exist")
+    found = {p.stem: p for p in sorted(src_dir.glob("*.cu"))}
+    if not found:
+        raise KernelSourceError(f"no .cu modules in {src_dir}")
+    for module in found:
+        if not _MODULE_NAME.match(module):
+            raise KernelSourceError(
+                f"module name {module!r} in {src_dir}: use letters, digits and '_' only"
+            )
+    return found
+
+
+def _headers_digest(src_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in src_dir.iterdir() if p.suffix in _HEADER_SUFFIXES):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _cache_key(source: bytes, headers: str, version: str) -> str:
+    digest = hashlib.sha256()
+    for part in (source, headers.encode(), "\0".join(NVCC_FLAGS).encode(), version.encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()
+
+
+def _compiler_version(compiler: Sequence[str]) -> str:
+    try:
+        done = subprocess.run([*compiler, "--version"], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise CompilerNotFoundError(
+            f"cannot run {' '.join(compiler)!r} ({exc.strerror}): install the CUDA toolkit or put nvcc on PATH"
+        ) from exc
+    if done.returncode != 0:
+        raise CompilerNotFoundError(
+            f"{' '.join(compiler)!r} --version exited {done.returncode}: check the CUDA toolkit install"
+        )
+    return done.stdout.strip()
+
+
+def _is_fresh(entry: _Entry | None, key: str, out_dir: Path) -> bool:
+    if entry is None or entry.key != key:
+        return False
+    path = out_dir / entry.file
+    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256
+
+
+def _compile_all(
+    compiler: Sequence[str], sources: Mapping[str, Path], modules: Sequence[str]
+) -> dict[str, bytes]:
+    built: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="kern-kernels-") as tmp:
+        for module in modules:
+            built[module] = _compile_one(compiler, sources[module], Path(tmp) / f"{module}.cubin")
+    return built
+
+
+def _compile_one(compiler: Sequence[str], source: Path, out: Path) -> bytes:
+    # NOTE: compiling the bare file name from its own directory keeps paths out of the output.
+    cmd = [*compiler, *NVCC_FLAGS, "-o", str(out), source.name]
+    done = subprocess.run(cmd, cwd=source.parent, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not out.is_file():
+        lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "error" in ln), lines[0] if lines else "no output")
+        raise CompileError(
+            f"{source.name} failed to compile (exit {done.returncode}): {first.strip()}"
+        )
+    return out.read_bytes()
+
+
+def _load_cache(out_dir: Path) -> dict[str, _Entry]:
+    path = out_dir / CACHE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        return {m: _Entry(str(e["key"]), str(e["sha256"]), str(e["file"])) for m, e in raw.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        # NOTE: an unreadable cache record only costs a rebuild.
+        return {}
+
+
+def _save_cache(out_dir: Path, cache: Mapping[str, _Entry]) -> None:
+    raw = {m: {"key": e.key, "sha256": e.sha256, "file": e.file} for m, e in sorted(cache.items())}
+    _write_atomic(out_dir / CACHE_FILE, (json.dumps(raw, indent=1) + "\n").encode())
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _default_src() -> Path:
+    return Path("tools") / "kernels-src"
+
+
+def register(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],  # pyright: ignore[reportPrivateUsage]
+) -> None:
+    """Adds `kern kernels` to the `kern` dispatcher."""
+    parser = subparsers.add_parser(
+        "kernels", help="build tools/kernels-src/*.cu into sm_90 cubins (cached by hash)"
+    )
+    parser.add_argument("--src", type=Path, default=_default_src(), help="directory of .cu modules")
+    parser.add_argument("--out", type=Path, default=Path("kernels"), help="cubin output directory")
+    parser.add_argument(
+        "--nvcc", default=shutil.which("nvcc") or "nvcc", help="the nvcc to build with"
+    )
+    parser.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    try:
+        built = build_kernels(args.src, args.out, compiler=(args.nvcc,))
+    except CompilerNotFoundError as exc:
+        print(f"kern kernels: {exc}", file=sys.stderr)
+        return 1
+    except KernelBuildError as exc:
+        print(f"kern kernels: {exc}", file=sys.stderr)
+        return 2
+    for module, (path, sha) in built.items():
+        print(f"{module} {sha} {path}")
+    return 0

@@ -1,0 +1,234 @@
+"""`kern kernels`: naming, reproducibility, caching and errors, with a fake compiler (CPU) and nvcc."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from kern_cli import main as kern_main
+from kern_cli.kernels_cmd import (
+    CACHE_FILE,
+    NVCC_FLAGS,
+    CompileError,
+    CompilerNotFoundError,
+    KernelSourceError,
+    build_kernels,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+KERNELS_SRC = REPO / "tools" / "kernels-src"
+
+# A stand-in for nvcc: `--version` prints a version, a build writes bytes derived from the flags,
+# the source and the header it includes, and appends the source name to calls.log. A source that
+# contains "#error" fails like a compile error.
+FAKE_NVCC = """
+import hashlib, pathlib, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("fake nvcc, release 13.0")
+    sys.exit(0)
+out = pathlib.Path(args[args.index("-o") + 1])
+src = pathlib.Path(args[-1])
+text = src.read_bytes()
+if b"#error" in text:
+    print(f"{src.name}(1): error: planted failure", file=sys.stderr)
+    sys.exit(1)
+header = pathlib.Path("common.cuh").read_bytes() if pathlib.Path("common.cuh").exists() else b""
+flags = " ".join(args[: args.index("-o")]).encode()
+out.write_bytes(b"CUBIN" + hashlib.sha256(flags + text + header).digest() * 4)
+with open(pathlib.Path(__file__).parent / "calls.log", "a") as log:
+    log.write(src.name + "\\n")
+"""
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path: Path) -> tuple[str, ...]:
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    script = tool / "fake_nvcc.py"
+    script.write_text(FAKE_NVCC)
+    return (sys.executable, str(script))
+
+
+def _calls(compiler: tuple[str, ...]) -> list[str]:
+    log = Path(compiler[1]).parent / "calls.log"
+    return log.read_text().split() if log.exists() else []
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "common.cuh").write_text("// shared\n")
+    (d / "alpha.cu").write_text('#include "common.cuh"\nextern "C" __global__ void a() {}\n')
+    (d / "beta.cu").write_text('extern "C" __global__ void b() {}\n')
+    return d
+
+
+def test_names_cubins_by_content_hash(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    built = build_kernels(src, out, compiler=fake_nvcc)
+    assert list(built) == ["alpha", "beta"]
+    for module, (path, sha) in built.items():
+        data = path.read_bytes()
+        assert hashlib.sha256(data).hexdigest() == sha
+        assert path == out / f"{module}-{sha[:12]}.cubin"
+        assert data.startswith(b"CUBIN")
+    assert built["alpha"][1] != built["beta"][1]
+
+
+def test_same_source_gives_same_bytes(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    first = build_kernels(src, tmp_path / "one", compiler=fake_nvcc)
+    second = build_kernels(src, tmp_path / "two", compiler=fake_nvcc)
+    assert {m: sha for m, (_, sha) in first.items()} == {m: sha for m, (_, sha) in second.items()}
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "alpha.cu", "beta.cu"]
+
+
+def test_rebuild_is_skipped_when_nothing_changed(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    first = build_kernels(src, out, compiler=fake_nvcc)
+    again = build_kernels(src, out, compiler=fake_nvcc)
+    assert again == first
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu"]
+    assert (out / CACHE_FILE).is_file()
+
+
+def test_source_change_rebuilds_only_that_module(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    first = build_kernels(src, out, compiler=fake_nvcc)
+    (src / "beta.cu").write_text('extern "C" __global__ void b2() {}\n')
+    second = build_kernels(src, out, compiler=fake_nvcc)
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu"]
+    assert second["alpha"] == first["alpha"]
+    assert second["beta"][1] != first["beta"][1]
+    assert first["beta"][0].is_file(), "older cubins stay for manifests that pin them"
+
+
+def test_header_change_rebuilds_every_module(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    build_kernels(src, out, compiler=fake_nvcc)
+    (src / "common.cuh").write_text("// shared, edited\n")
+    build_kernels(src, out, compiler=fake_nvcc)
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "alpha.cu", "beta.cu"]
+
+
+def test_compiler_version_is_part_of_the_key(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    build_kernels(src, out, compiler=fake_nvcc)
+    script = Path(fake_nvcc[1])
+    script.write_text(script.read_text().replace("release 13.0", "release 13.1"))
+    build_kernels(src, out, compiler=fake_nvcc)
+    assert len(_calls(fake_nvcc)) == 4
+
+
+def test_deleted_cubin_is_rebuilt(src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]) -> None:
+    out = tmp_path / "out"
+    first = build_kernels(src, out, compiler=fake_nvcc)
+    first["alpha"][0].unlink()
+    again = build_kernels(src, out, compiler=fake_nvcc)
+    assert again == first
+    assert first["alpha"][0].is_file()
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "alpha.cu"]
+
+
+def test_corrupt_cache_record_only_costs_a_rebuild(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    first = build_kernels(src, out, compiler=fake_nvcc)
+    (out / CACHE_FILE).write_text("{not json")
+    assert build_kernels(src, out, compiler=fake_nvcc) == first
+
+
+def test_compile_error_writes_nothing(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    first = build_kernels(src, out, compiler=fake_nvcc)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (src / "alpha.cu").write_text("// edited\n")
+    (src / "beta.cu").write_text("#error planted\n")
+    with pytest.raises(CompileError, match=r"beta\.cu failed to compile .*planted failure"):
+        build_kernels(src, out, compiler=fake_nvcc)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert first["alpha"][0].is_file()
+
+
+def test_missing_compiler(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(CompilerNotFoundError, match="install the CUDA toolkit"):
+        build_kernels(src, tmp_path / "out", compiler=(str(tmp_path / "no-such-nvcc"),))
+    assert not (tmp_path / "out").exists()
+
+
+def test_failing_compiler_version(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(CompilerNotFoundError, match="exited 3"):
+        build_kernels(src, tmp_path / "out", compiler=(sys.executable, "-c", "raise SystemExit(3)"))
+
+
+def test_missing_source_dir(tmp_path: Path, fake_nvcc: tuple[str, ...]) -> None:
+    with pytest.raises(KernelSourceError, match="does not exist"):
+        build_kernels(tmp_path / "nope", tmp_path / "out", compiler=fake_nvcc)
+
+
+def test_empty_source_dir(tmp_path: Path, fake_nvcc: tuple[str, ...]) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KernelSourceError, match=r"no \.cu modules"):
+        build_kernels(tmp_path / "empty", tmp_path / "out", compiler=fake_nvcc)
+
+
+def test_bad_module_name(src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]) -> None:
+    (src / "bad-name.cu").write_text("\n")
+    with pytest.raises(KernelSourceError, match="'bad-name'"):
+        build_kernels(src, tmp_path / "out", compiler=fake_nvcc)
+
+
+def test_cli_prints_module_and_sha(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    wrapper = tmp_path / "tool" / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec "{fake_nvcc[0]}" "{fake_nvcc[1]}" "$@"\n')
+    wrapper.chmod(0o755)
+    out = tmp_path / "out"
+    code = kern_main.main(["kernels", "--src", str(src), "--out", str(out), "--nvcc", str(wrapper)])
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    built = build_kernels(src, out, compiler=fake_nvcc)
+    assert lines == [f"{m} {sha} {path}" for m, (path, sha) in built.items()]
+
+
+def test_cli_bad_input_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = kern_main.main(
+        ["kernels", "--src", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]
+    )
+    assert code == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_nvcc_build_is_reproducible(tmp_path: Path) -> None:
+    nvcc = shutil.which("nvcc")
+    assert nvcc is not None, "nvcc must be on PATH on GPU hosts"
+    first = build_kernels(KERNELS_SRC, tmp_path / "one", compiler=(nvcc,))
+    second = build_kernels(KERNELS_SRC, tmp_path / "two", compiler=(nvcc,))
+    assert set(first) == {"attention", "qwen3_core", "sampling"}
+    for module, (path, sha) in first.items():
+        assert second[module][1] == sha
+        assert path.read_bytes() == second[module][0].read_bytes()
+        assert path.read_bytes()[:4] == b"\x7fELF"
+    assert NVCC_FLAGS == ("-cubin", "-arch=sm_90", "-O3")
