@@ -1,3 +1,85 @@
-"""kern_pool."""
+"""kern_pool: the pure host-side memory planner.
 
-__all__: list[str] = []
+Decides where sequence memory lives (chunks, pages, slots, checkpoint chains, the prefix index,
+the host tier) and returns the decisions as plain data (`Remap`, `Copies`) that the runtime
+executes. No CUDA, no clock, no randomness: the same calls give the same decisions.
+"""
+
+from kern_pool.chunks import (
+    CHUNK_CAP,
+    GRANULE,
+    HEADROOM,
+    Capacity,
+    ChunkId,
+    Grant,
+    Map,
+    PagedState,
+    PageId,
+    PoolConfig,
+    Remap,
+    SeqState,
+    SlotId,
+    TokenId,
+    Unmap,
+    chunk_bytes,
+    pool_config,
+)
+from kern_pool.errors import (
+    ApiError,
+    Busy,
+    ConfigError,
+    Denied,
+    ExceedsPool,
+    ExceedsRow,
+    HostFull,
+    PoolError,
+    Remapping,
+)
+from kern_pool.host import Host, HostUnit, ParkCopies, Parked, WakeCopies
+from kern_pool.pages import Checkpoint, Copies, DeviceCopies, Lease, Pool, PoolSnapshot
+from kern_pool.prefix import Evicted, Hit, Kept, Prefix, Tier
+
+__all__ = [
+    "CHUNK_CAP",
+    "GRANULE",
+    "HEADROOM",
+    "ApiError",
+    "Busy",
+    "Capacity",
+    "Checkpoint",
+    "ChunkId",
+    "ConfigError",
+    "Copies",
+    "Denied",
+    "DeviceCopies",
+    "Evicted",
+    "ExceedsPool",
+    "ExceedsRow",
+    "Grant",
+    "Hit",
+    "Host",
+    "HostFull",
+    "HostUnit",
+    "Kept",
+    "Lease",
+    "Map",
+    "PageId",
+    "PagedState",
+    "ParkCopies",
+    "Parked",
+    "Pool",
+    "PoolConfig",
+    "PoolError",
+    "PoolSnapshot",
+    "Prefix",
+    "Remap",
+    "Remapping",
+    "SeqState",
+    "SlotId",
+    "Tier",
+    "TokenId",
+    "Unmap",
+    "WakeCopies",
+    "chunk_bytes",
+    "pool_config",
+]

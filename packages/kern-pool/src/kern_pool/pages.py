@@ -1,0 +1,750 @@
+"""The Pool: pages and slots on the chunk map, leases, checkpoints, fork, and remap plans.
+
+Three rules keep shared memory safe: whole pages are shared; a partial page is copied for
+whoever newly holds it; the only writer of a page is the live lease that owns it, and a page
+sealed into a chain node is frozen from then on. Decisions come back as `Copies` (page and slot
+copies the runtime performs on its stream) and `Remap` plans (unmaps, maps, access grants).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from kern_pool._kinds import Kind, Status
+from kern_pool.chunks import ChunkMap, Map, PageId, PoolConfig, Remap, SlotId, Unmap, grants
+from kern_pool.errors import ApiError, Busy, ExceedsPool, ExceedsRow, Remapping
+
+if TYPE_CHECKING:
+    from kern_pool.host import HostNode
+
+__all__ = ["Checkpoint", "Copies", "DeviceCopies", "Lease", "Pool", "PoolSnapshot"]
+
+P = TypeVar("P")
+Q = TypeVar("Q")
+
+_KEY = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Copies(Generic[P, Q]):
+    """Copies to perform: whole pages as `(src, dst)` pairs in order, then the state slot if any."""
+
+    pages: tuple[P, ...]
+    slot: Q | None
+
+
+DeviceCopies = Copies[tuple[PageId, PageId], tuple[SlotId, SlotId]]
+"""Device-to-device copies: (source page, destination page), (source slot, destination slot)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """Everything that defines a pool's state, as plain comparable data (tests compare these)."""
+
+    pages: tuple[Status, ...]
+    slots: tuple[Status, ...]
+    users: tuple[tuple[int, ...], ...]
+    chunk_at: tuple[tuple[int | None, ...], ...]
+    free_chunks: tuple[int, ...]
+    pages_free: int
+    slots_free: int
+    nodes: int
+    pending: int | None
+    remaps: int
+
+
+class Node:
+    """One sealed page of a chain: frozen, refcounted (holders plus one per child)."""
+
+    __slots__ = ("depth", "page", "parent", "refs", "twin")
+
+    def __init__(self, page: PageId, parent: Node | None, depth: int) -> None:
+        self.page = page
+        self.parent = parent
+        self.depth = depth
+        self.refs = 1
+        self.twin: HostNode | None = None
+
+
+def chain(tip: Node | None) -> list[Node]:
+    """The nodes from the root to `tip`, in page order."""
+    out: list[Node] = []
+    while tip is not None:
+        out.append(tip)
+        tip = tip.parent
+    out.reverse()
+    return out
+
+
+class Store:
+    """What a checkpoint names: a chain, an optional private partial page, an optional slot."""
+
+    __slots__ = ("length", "paged", "refs", "slot", "tail", "tip")
+
+    def __init__(
+        self, length: int, paged: bool, tip: Node | None, tail: PageId | None, slot: SlotId | None
+    ) -> None:
+        self.length = length
+        self.paged = paged
+        self.tip = tip
+        self.tail = tail
+        self.slot = slot
+        self.refs = 1
+
+    def page_ids(self) -> list[PageId]:
+        pages = [n.page for n in chain(self.tip)]
+        return [*pages, self.tail] if self.tail is not None else pages
+
+
+class Lease:
+    """A live sequence: shared chain pages, then owned pages, and a state slot if the pool has one.
+
+    Factory-only (`Pool.lease`, `Pool.lease_slot`, `Pool.restore`, `Pool.fork`). Release with
+    `release()`; a released lease raises `ApiError` everywhere.
+    """
+
+    __slots__ = ("_length", "_live", "_nodes", "_own", "_paged", "_pool", "_prefix", "_slot")
+
+    def __init__(
+        self,
+        key: object,
+        pool: Pool,
+        nodes: list[Node],
+        own: list[PageId],
+        slot: SlotId | None,
+        prefix: int,
+        paged: bool,
+    ) -> None:
+        if key is not _KEY:
+            raise ApiError("Lease is factory-only: use Pool.lease / lease_slot / restore / fork")
+        self._pool = pool
+        self._nodes = nodes
+        self._own = own
+        self._slot = slot
+        self._prefix = prefix
+        self._length = prefix
+        self._paged = paged
+        self._live = True
+
+    def _check(self) -> None:
+        if not self._live:
+            raise ApiError("this lease was released or retired; it names nothing")
+
+    @property
+    def live(self) -> bool:
+        """False once released or retired."""
+        return self._live
+
+    @property
+    def paged(self) -> bool:
+        """False for a slot-only lease (`Pool.lease_slot`)."""
+        return self._paged
+
+    @property
+    def pages(self) -> tuple[PageId, ...]:
+        """Page ids in token order (shared chain pages first)."""
+        self._check()
+        return tuple(n.page for n in self._nodes) + tuple(self._own)
+
+    @property
+    def state_slot(self) -> SlotId | None:
+        """The per-seq state slot, or None in a pool without per-seq states."""
+        self._check()
+        return self._slot
+
+    @property
+    def tokens(self) -> int:
+        """Token capacity: pages x unit."""
+        return (len(self._nodes) + len(self._own)) * self._pool.unit
+
+    @property
+    def prefix(self) -> int:
+        """Tokens inherited from a checkpoint or parent; positions below it are not writable."""
+        return self._prefix
+
+    @property
+    def sealed(self) -> int:
+        """Leading pages sealed into a shared chain; positions inside them are not writable."""
+        return len(self._nodes)
+
+    @property
+    def length(self) -> int:
+        """The written frontier: the prefix, or one past the highest position handed out."""
+        return self._length
+
+    def kv_index(self, pos: int) -> int:
+        """The paged index of token `pos` (page x unit + pos % unit); records it as written.
+
+        Raises:
+            ApiError: released lease, slot-only lease, or `pos` before the prefix, inside a sealed
+                page, or past the lease.
+        """
+        self._writable(pos, pos + 1)
+        unit = self._pool.unit
+        page = self._own[pos // unit - len(self._nodes)]
+        self._length = max(self._length, pos + 1)
+        return page * unit + pos % unit
+
+    def kv_indices(self, start: int, stop: int) -> list[int]:
+        """`kv_index` for every position in [start, stop).
+
+        Raises:
+            ApiError: as `kv_index`, for any position in the range.
+        """
+        self._writable(start, stop)
+        unit = self._pool.unit
+        base = len(self._nodes)
+        out: list[int] = []
+        pos = start
+        while pos < stop:
+            page, off = divmod(pos, unit)
+            end = min(stop, (page + 1) * unit)
+            first = self._own[page - base] * unit
+            out.extend(range(first + off, first + off + end - pos))
+            pos = end
+        self._length = max(self._length, stop)
+        return out
+
+    def _writable(self, start: int, stop: int) -> None:
+        self._check()
+        if not self._paged:
+            raise ApiError("a slot-only lease has no pages: it has no token positions")
+        floor = max(self._prefix, len(self._nodes) * self._pool.unit)
+        if start >= stop or start < floor or stop > self.tokens:
+            raise ApiError(
+                f"positions [{start}, {stop}) not writable: this lease writes [{floor}, {self.tokens})"
+            )
+
+    def table_row(self) -> tuple[PageId, ...]:
+        """The page-table row: every page id, padded to the row width with the first one.
+
+        Raises:
+            ApiError: released or slot-only lease.
+        """
+        pages = self.pages
+        if not pages:
+            raise ApiError("a slot-only lease has no page-table row")
+        return pages + (pages[0],) * (self._pool.row_pages - len(pages))
+
+    def release(self) -> None:
+        """Give back the owned pages, the chain reference and the slot.
+
+        Raises:
+            ApiError: already released or retired.
+        """
+        self._check()
+        self._pool._drop_lease(self)
+
+
+class Checkpoint:
+    """The first `length` tokens of a sequence, kept: whole pages shared, partial page and slot own.
+
+    Factory-only (`Pool.checkpoint`, `Pool.retire`, `Host.wake`). `clone()` adds a holder;
+    each holder calls `release()` once.
+    """
+
+    __slots__ = ("_live", "_pool", "_store")
+
+    def __init__(self, key: object, pool: Pool, store: Store) -> None:
+        if key is not _KEY:
+            raise ApiError("Checkpoint is factory-only: use Pool.checkpoint / retire / Host.wake")
+        self._pool = pool
+        self._store = store
+        self._live = True
+
+    def _check(self) -> None:
+        if not self._live:
+            raise ApiError("this checkpoint was released; it names nothing")
+
+    @property
+    def live(self) -> bool:
+        """False once released."""
+        return self._live
+
+    @property
+    def length(self) -> int:
+        """Tokens kept."""
+        return self._store.length
+
+    @property
+    def stateful(self) -> bool:
+        """True when it holds a state slot: usable only at exactly `length`."""
+        return self._store.slot is not None
+
+    @property
+    def paged(self) -> bool:
+        """False for a checkpoint of a slot-only lease."""
+        return self._store.paged
+
+    @property
+    def pages(self) -> tuple[PageId, ...]:
+        """Page ids in token order (chain pages, then the private partial page if any)."""
+        self._check()
+        return tuple(self._store.page_ids())
+
+    @property
+    def state_slot(self) -> SlotId | None:
+        """The copied state slot, or None."""
+        self._check()
+        return self._store.slot
+
+    def clone(self) -> Checkpoint:
+        """Another holder of the same checkpoint.
+
+        Raises:
+            ApiError: released checkpoint.
+        """
+        self._check()
+        self._store.refs += 1
+        return Checkpoint(_KEY, self._pool, self._store)
+
+    def release(self) -> None:
+        """Drop this holder; the last one gives the pages and slot back.
+
+        Raises:
+            ApiError: already released.
+        """
+        self._check()
+        self._live = False
+        self._pool._drop_store(self._store)
+
+
+class Pool:
+    """Pages and slots over one chunk budget. Create with `Pool.create(config)`."""
+
+    __slots__ = ("_chunks", "_nodes", "_nslots", "_pages", "_pending", "_remaps", "_serial", "_slots", "config")
+
+    def __init__(self, key: object, config: PoolConfig) -> None:
+        if key is not _KEY:
+            raise ApiError("Pool is factory-only: use Pool.create(config)")
+        self.config = config
+        self._chunks = ChunkMap(config)
+        npaged = len(config.paged)
+        self._pages = Kind(range(npaged), config.pages_max)
+        self._slots = Kind(range(npaged, npaged + len(config.per_seq)), config.slots_max)
+        self._nslots = 1 if config.per_seq else 0
+        self._pending: Remap | None = None
+        self._remaps = 0
+        self._serial = 0
+        self._nodes = 0
+
+    @staticmethod
+    def create(config: PoolConfig) -> tuple[Pool, Remap]:
+        """A pool and its initial plan: `first_slots` slots, then as many pages as fit.
+
+        The initial plan has landed by definition: execute it before handing out any page.
+        """
+        pool = Pool(_KEY, config)
+        maps: list[Map] = []
+        slots = [pool._make(pool._slots, i, maps) for i in range(config.first_slots)]
+        pages: list[PageId] = []
+        for i in range(config.pages_max):
+            if pool._chunks.cost(pool._pages.arenas, i, {}) > pool._chunks.free_chunks:
+                break
+            pages.append(PageId(pool._make(pool._pages, i, maps)))
+        for p in pages:
+            pool._pages.arrive(p)
+        for s in slots:
+            pool._slots.arrive(s)
+        plan = Remap(0, (), tuple(maps), grants(config.arenas, maps), tuple(pages), (), tuple(SlotId(s) for s in slots), ())
+        return pool, plan
+
+    def _make(self, kind: Kind, i: int, maps: list[Map]) -> int:
+        self._chunks.make(kind.arenas, i, maps)
+        kind.state[i] = Status.ARRIVING
+        return i
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def unit(self) -> int:
+        """Tokens per page."""
+        return self.config.unit
+
+    @property
+    def row_pages(self) -> int:
+        """Pages in one page-table row."""
+        return self.config.row_pages
+
+    @property
+    def has_slots(self) -> bool:
+        """True when the pool has per-seq states (every lease then takes a slot)."""
+        return self._nslots == 1
+
+    @property
+    def pages_used(self) -> int:
+        """Pages held by live handles."""
+        return self._pages.held
+
+    @property
+    def pages_free(self) -> int:
+        """Pages made and free."""
+        return self._pages.free
+
+    @property
+    def pages_max(self) -> int:
+        """Pages that exist when the whole budget is pages."""
+        return self._pages.limit
+
+    @property
+    def slots_used(self) -> int:
+        """Slots held by live handles."""
+        return self._slots.held
+
+    @property
+    def slots_free(self) -> int:
+        """Slots made and free."""
+        return self._slots.free
+
+    @property
+    def slots_max(self) -> int:
+        """Slots that exist when the whole budget is slots."""
+        return self._slots.limit
+
+    @property
+    def remaps(self) -> int:
+        """Remap plans made since creation."""
+        return self._remaps
+
+    @property
+    def pending(self) -> Remap | None:
+        """The plan in flight, if any: execute it and call `complete(plan)`."""
+        return self._pending
+
+    def snapshot(self) -> PoolSnapshot:
+        """The pool's whole state as comparable data."""
+        users, chunk_at, free = self._chunks.snapshot()
+        return PoolSnapshot(
+            tuple(self._pages.state),
+            tuple(self._slots.state),
+            users,
+            chunk_at,
+            free,
+            self._pages.free,
+            self._slots.free,
+            self._nodes,
+            None if self._pending is None else self._pending.serial,
+            self._remaps,
+        )
+
+    # ---- remap ---------------------------------------------------------------------------
+
+    def complete(self, plan: Remap) -> None:
+        """The runtime reports that `plan` landed: its made objects become free.
+
+        Raises:
+            ApiError: `plan` is not the plan in flight.
+        """
+        if self._pending is None or plan is not self._pending:
+            raise ApiError(f"remap plan {plan.serial} is not the plan in flight; complete only `pending`")
+        self._pending = None
+        for p in plan.made_pages:
+            self._pages.arrive(p)
+        for s in plan.made_slots:
+            self._slots.arrive(s)
+        for p in plan.unmade_pages:
+            self._pages.state[p] = Status.ABSENT
+        for s in plan.unmade_slots:
+            self._slots.state[s] = Status.ABSENT
+
+    def _take(self, pages: int, slots: int) -> tuple[list[PageId], list[SlotId]]:
+        kp, ks = self._pages, self._slots
+        if pages <= kp.free and slots <= ks.free:
+            return [PageId(kp.take()) for _ in range(pages)], [SlotId(ks.take()) for _ in range(slots)]
+        if pages > kp.limit or slots > ks.limit or self.config.chunks_for(pages, slots) > self.config.chunks:
+            raise ExceedsPool(pages, slots)
+        if self._pending is not None:
+            raise Remapping()
+        plan = None
+        if slots <= ks.free:
+            plan = self._rebalance(kp, pages - kp.free, ks, slots)
+        elif pages <= kp.free:
+            plan = self._rebalance(ks, slots - ks.free, kp, pages)
+        if plan is None:
+            raise Busy(max(0, pages - kp.free), max(0, slots - ks.free))
+        self._pending = plan
+        self._remaps += 1
+        raise Remapping()
+
+    def _rebalance(self, make: Kind, need: int, other: Kind, keep: int) -> Remap | None:
+        chosen = self._choose(make, need, other, keep)
+        if chosen is None:
+            return None
+        made, unmade = chosen
+        unmaps: list[Unmap] = []
+        maps: list[Map] = []
+        for v in unmade:
+            self._chunks.unmake(other.arenas, v, unmaps)
+            other.state[v] = Status.LEAVING
+            other.free -= 1
+        for t in made:
+            self._make(make, t, maps)
+        self._serial += 1
+        pages_made = make is self._pages
+        made_ids, unmade_ids = tuple(made), tuple(unmade)
+        return Remap(
+            self._serial,
+            tuple(unmaps),
+            tuple(maps),
+            grants(self.config.arenas, maps),
+            tuple(PageId(i) for i in made_ids) if pages_made else (),
+            () if pages_made else tuple(PageId(i) for i in unmade_ids),
+            () if pages_made else tuple(SlotId(i) for i in made_ids),
+            tuple(SlotId(i) for i in unmade_ids) if pages_made else (),
+        )
+
+    def _choose(self, make: Kind, need: int, other: Kind, keep: int) -> tuple[list[int], list[int]] | None:
+        overlay: dict[tuple[int, int], int] = {}
+        users = self._chunks.users
+        avail = self._chunks.free_chunks
+        victims = iter(other.highest_free(keep))
+        made: list[int] = []
+        unmade: list[int] = []
+        for t in make.absent():
+            while (cost := self._chunks.cost(make.arenas, t, overlay)) > avail:
+                v = next(victims, None)
+                if v is None:
+                    return None
+                unmade.append(v)
+                for a in other.arenas:
+                    for p in self._chunks.span(a, v):
+                        overlay[a, p] = overlay.get((a, p), users[a][p]) - 1
+                        avail += overlay[a, p] == 0
+            avail -= cost
+            for a in make.arenas:
+                for p in self._chunks.span(a, t):
+                    overlay[a, p] = overlay.get((a, p), users[a][p]) + 1
+            made.append(t)
+            if len(made) == need:
+                return made, unmade
+        return None
+
+    # ---- handles -------------------------------------------------------------------------
+
+    def _mine(self, handle: Lease | Checkpoint) -> None:
+        if handle._pool is not self:  # pyright: ignore[reportPrivateUsage]
+            raise ApiError(f"this {type(handle).__name__} belongs to another pool")
+        if not handle._live:  # pyright: ignore[reportPrivateUsage]
+            raise ApiError(f"this {type(handle).__name__} was released; it names nothing")
+
+    def _row(self, tokens: int) -> int:
+        if not isinstance(tokens, int) or tokens <= 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"tokens must be a positive int, got {tokens!r}")
+        pages = -(-tokens // self.unit)
+        if not self._pages.arenas:
+            raise ApiError("this pool has no paged states: use lease_slot()")
+        if pages > self.row_pages:
+            raise ExceedsRow(self.row_pages * self.unit)
+        return pages
+
+    def lease(self, tokens: int) -> Lease:
+        """Fresh pages for `tokens` plus one slot if the pool has per-seq states; all or nothing.
+
+        Raises:
+            ApiError: tokens not positive, or a pool without paged states.
+            ExceedsRow, ExceedsPool, Busy, Remapping: see `Denied`.
+        """
+        pages, slots = self._take(self._row(tokens), self._nslots)
+        return Lease(_KEY, self, [], pages, slots[0] if slots else None, 0, True)
+
+    def lease_slot(self) -> Lease:
+        """A slot-only lease (a peer rank's share of a row): one slot, no pages.
+
+        Raises:
+            ApiError: the pool has no per-seq states.
+            ExceedsPool, Busy, Remapping: see `Denied`.
+        """
+        if not self._nslots:
+            raise ApiError("this pool has no per-seq states: lease_slot() has nothing to give")
+        _, slots = self._take(0, 1)
+        return Lease(_KEY, self, [], [], slots[0], 0, False)
+
+    def _seal(self, lease: Lease, k: int) -> None:
+        nodes, own = lease._nodes, lease._own  # pyright: ignore[reportPrivateUsage]
+        grow = k - len(nodes)
+        if grow <= 0:
+            return
+        for page in own[:grow]:
+            nodes.append(Node(page, nodes[-1] if nodes else None, len(nodes)))
+        del own[:grow]
+        self._nodes += grow
+
+    def _length(self, handle_tokens: int, length: int, paged: bool) -> None:
+        if not isinstance(length, int) or length <= 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"length must be a positive int, got {length!r}")
+        if paged and length > handle_tokens:
+            raise ApiError(f"length {length} is past the handle's {handle_tokens} tokens")
+
+    def checkpoint(self, lease: Lease, length: int) -> tuple[Checkpoint, DeviceCopies]:
+        """Keep the lease's first `length` tokens: seal whole pages, copy the partial page and slot.
+
+        Returns the checkpoint and `Copies`: pages as (lease page, checkpoint page), slot as
+        (lease slot, checkpoint slot). The lease keeps writing its own partial page.
+
+        Raises:
+            ApiError: foreign or released lease, length not in [1, lease.tokens].
+            Busy, Remapping, ExceedsPool: no fresh page or slot for the copies.
+        """
+        self._mine(lease)
+        self._length(lease.tokens, length, lease._paged)  # pyright: ignore[reportPrivateUsage]
+        k, part = divmod(length, self.unit)
+        paged = lease._paged  # pyright: ignore[reportPrivateUsage]
+        in_chain = part > 0 and k < len(lease._nodes)  # pyright: ignore[reportPrivateUsage]
+        need_page = paged and part > 0 and not in_chain
+        src_page = lease.pages[k] if need_page else None
+        pages, slots = self._take(int(need_page), int(lease._slot is not None))  # pyright: ignore[reportPrivateUsage]
+        if paged:
+            self._seal(lease, k)
+        nodes = lease._nodes  # pyright: ignore[reportPrivateUsage]
+        tip = nodes[k] if in_chain else (nodes[k - 1] if paged and k else None)
+        if tip is not None:
+            tip.refs += 1
+        page_copies = ((src_page, pages[0]),) if src_page is not None else ()
+        slot = lease._slot  # pyright: ignore[reportPrivateUsage]
+        store = Store(length, paged, tip, pages[0] if pages else None, slots[0] if slots else None)
+        copies = Copies(page_copies, (slot, slots[0]) if slot is not None else None)
+        return Checkpoint(_KEY, self, store), copies
+
+    def retire(self, lease: Lease, length: int) -> Checkpoint:
+        """End the lease and keep its first `length` tokens without copying anything.
+
+        Pages past `length` go back to the pool; the partial page and the slot change owner.
+
+        Raises:
+            ApiError: foreign or released lease, length not in [1, lease.tokens].
+        """
+        self._mine(lease)
+        paged = lease._paged  # pyright: ignore[reportPrivateUsage]
+        self._length(lease.tokens, length, paged)
+        k, part = divmod(length, self.unit)
+        tail: PageId | None = None
+        tip: Node | None = None
+        if paged:
+            self._seal(lease, k)
+            nodes, own = lease._nodes, lease._own  # pyright: ignore[reportPrivateUsage]
+            if part and k < len(nodes):
+                tip = nodes[k]
+            else:
+                tip = nodes[k - 1] if k else None
+                if part:
+                    tail = own.pop(0)
+            if tip is not None:
+                tip.refs += 1
+        store = Store(length, paged, tip, tail, lease._slot)  # pyright: ignore[reportPrivateUsage]
+        lease._slot = None  # pyright: ignore[reportPrivateUsage]
+        self._drop_lease(lease)
+        return Checkpoint(_KEY, self, store)
+
+    def restore(self, checkpoint: Checkpoint, length: int, tokens: int) -> tuple[Lease, DeviceCopies]:
+        """A new lease of `tokens` starting from the checkpoint's first `length` tokens.
+
+        Shares the whole pages, copies the partial page and the slot. `length` is the
+        checkpoint's length, or for a stateless checkpoint a whole number of pages below it.
+        For a slot-only checkpoint `tokens` must be 0 and the lease is slot-only.
+
+        Raises:
+            ApiError: foreign or released checkpoint, bad length or tokens.
+            ExceedsRow, ExceedsPool, Busy, Remapping: see `Denied`.
+        """
+        self._mine(checkpoint)
+        store = checkpoint._store  # pyright: ignore[reportPrivateUsage]
+        self._length(store.length, length, True)
+        if length < store.length and (store.slot is not None or length % self.unit):
+            raise ApiError(
+                f"length {length} below the checkpoint's {store.length}: only stateless, at whole pages"
+            )
+        pages, slots = self._start_take(length, tokens, store.paged, store.slot is not None)
+        nodes = chain(store.tip)
+        k, part = divmod(length, self.unit)
+        src = (nodes[k].page if k < len(nodes) else store.tail) if part and store.paged else None
+        return self._start(nodes, src, store.slot, pages, slots, length, store.paged)
+
+    lease_from = restore
+
+    def fork(self, parent: Lease, length: int, tokens: int) -> tuple[Lease, DeviceCopies]:
+        """A new lease of `tokens` sharing the parent's first `length` tokens.
+
+        Whole pages are sealed into the parent's chain and shared, the partial page is copied,
+        the slot is copied. A stateful parent forks only at its `length` (its current state).
+        For a slot-only parent `tokens` must be 0.
+
+        Raises:
+            ApiError: foreign or released parent, bad length or tokens.
+            ExceedsRow, ExceedsPool, Busy, Remapping: see `Denied`.
+        """
+        self._mine(parent)
+        paged, slot = parent._paged, parent._slot  # pyright: ignore[reportPrivateUsage]
+        self._length(parent.tokens, length, paged)
+        if paged and slot is not None and length != parent.length:
+            raise ApiError(f"a stateful lease forks only at its current length {parent.length}, not {length}")
+        k, part = divmod(length, self.unit)
+        src = parent.pages[k] if paged and part else None
+        pages, slots = self._start_take(length, tokens, paged, slot is not None)
+        if paged:
+            self._seal(parent, k)
+        return self._start(parent._nodes, src, slot, pages, slots, length, paged)  # pyright: ignore[reportPrivateUsage]
+
+    def _start_take(
+        self, length: int, tokens: int, paged: bool, stateful: bool
+    ) -> tuple[list[PageId], list[SlotId]]:
+        if not paged:
+            if tokens != 0:
+                raise ApiError(f"a slot-only source starts a slot-only lease: tokens must be 0, got {tokens}")
+            return self._take(0, int(stateful))
+        if not isinstance(tokens, int) or tokens < length:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"tokens {tokens!r} must cover the {length} tokens the lease starts from")
+        return self._take(self._row(tokens) - length // self.unit, int(stateful))
+
+    def _start(
+        self,
+        nodes: list[Node],
+        src: PageId | None,
+        slot: SlotId | None,
+        pages: list[PageId],
+        slots: list[SlotId],
+        length: int,
+        paged: bool,
+    ) -> tuple[Lease, DeviceCopies]:
+        shared = nodes[: length // self.unit] if paged else []
+        if shared:
+            shared[-1].refs += 1
+        lease = Lease(_KEY, self, shared, pages, slots[0] if slots else None, length, paged)
+        page_copies = ((src, pages[0]),) if src is not None else ()
+        return lease, Copies(page_copies, (slot, slots[0]) if slot is not None else None)
+
+    # ---- giving back ---------------------------------------------------------------------
+
+    def _unref(self, node: Node | None) -> None:
+        while node is not None:
+            node.refs -= 1
+            if node.refs:
+                return
+            self._pages.give(node.page)
+            self._nodes -= 1
+            node = node.parent
+
+    def _drop_lease(self, lease: Lease) -> None:
+        lease._live = False  # pyright: ignore[reportPrivateUsage]
+        for p in lease._own:  # pyright: ignore[reportPrivateUsage]
+            self._pages.give(p)
+        lease._own = []  # pyright: ignore[reportPrivateUsage]
+        if lease._nodes:  # pyright: ignore[reportPrivateUsage]
+            self._unref(lease._nodes[-1])  # pyright: ignore[reportPrivateUsage]
+        lease._nodes = []  # pyright: ignore[reportPrivateUsage]
+        if lease._slot is not None:  # pyright: ignore[reportPrivateUsage]
+            self._slots.give(lease._slot)  # pyright: ignore[reportPrivateUsage]
+            lease._slot = None  # pyright: ignore[reportPrivateUsage]
+
+    def _drop_store(self, store: Store) -> None:
+        store.refs -= 1
+        if store.refs:
+            return
+        self._unref(store.tip)
+        store.tip = None
+        if store.tail is not None:
+            self._pages.give(store.tail)
+            store.tail = None
+        if store.slot is not None:
+            self._slots.give(store.slot)
+            store.slot = None

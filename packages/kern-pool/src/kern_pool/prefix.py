@@ -1,0 +1,442 @@
+"""A token-keyed radix tree of kept sequences, generic over what it stores.
+
+Entries live at exact token keys and carry a resident value (on the device), a parked value (on
+the host), or both. `lookup` finds the longest usable entry for a prompt; `evict` parks or drops
+the least recently hit resident leaf. A logical clock orders hits: no wall clock, no hashing, no
+iteration over unordered containers, so the same calls give the same answers.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, Protocol, TypeVar
+
+from kern_pool.errors import ApiError
+
+__all__ = ["Evicted", "Hit", "Kept", "Prefix", "Tier"]
+
+
+class Kept(Protocol):
+    """What the index stores: a length, whether it holds a state slot, and a release."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def stateful(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+R = TypeVar("R", bound=Kept)
+P = TypeVar("P", bound=Kept)
+
+
+class Tier(Enum):
+    """Where a hit lives: on the device (Resident) or on the host (Parked)."""
+
+    RESIDENT = "resident"
+    PARKED = "parked"
+
+
+@dataclass(frozen=True, slots=True)
+class Hit(Generic[R, P]):
+    """A usable entry: reuse its first `length` tokens. Exactly one of resident / parked is set.
+
+    The value is borrowed from the index: clone it before any call that may evict.
+    """
+
+    length: int
+    key: tuple[int, ...]
+    resident: R | None
+    parked: P | None
+
+    @property
+    def tier(self) -> Tier:
+        """RESIDENT when `resident` is set, else PARKED."""
+        return Tier.RESIDENT if self.resident is not None else Tier.PARKED
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """What `evict` did to the entry at `key`: PARKED (now on the host) or dropped.
+
+    `dropped` lists the keys of parked entries dropped to make room on the host.
+    """
+
+    key: tuple[int, ...]
+    parked: bool
+    dropped: tuple[tuple[int, ...], ...]
+
+
+class _Entry(Generic[R, P]):
+    __slots__ = ("key", "node", "parked", "resident", "stamp", "stateful")
+
+    def __init__(self, key: tuple[int, ...], node: _Node[R, P], stateful: bool) -> None:
+        self.key = key
+        self.node = node
+        self.stateful = stateful
+        self.resident: R | None = None
+        self.parked: P | None = None
+        self.stamp = 0
+
+
+class _Node(Generic[R, P]):
+    __slots__ = ("children", "depth", "edge", "entry", "parent", "park", "park_sl", "res", "res_sl")
+
+    def __init__(self, edge: tuple[int, ...], parent: _Node[R, P] | None, depth: int) -> None:
+        self.edge = edge
+        self.parent = parent
+        self.depth = depth
+        self.children: dict[int, _Node[R, P]] = {}
+        self.entry: _Entry[R, P] | None = None
+        self.res = self.park = self.res_sl = self.park_sl = 0
+
+    def copy_counts(self, other: _Node[R, P]) -> None:
+        self.res, self.park, self.res_sl, self.park_sl = other.res, other.park, other.res_sl, other.park_sl
+
+
+_Region = tuple["_Node[R, P]", "_Node[R, P] | None", "_Node[R, P] | None"]
+"""A lookup region: (owner, excluded child, only child): entries sharing one lcp with the prompt."""
+_Candidate = tuple[int, int, "_Entry[R, P] | None", "_Region[R, P] | None"]
+
+
+def _region_counts(region: _Region[R, P]) -> tuple[int, int]:
+    """Stateless (resident, parked) entries in a region, by subtraction (no scan)."""
+    owner, exclude, only = region
+    if only is not None:
+        return only.res_sl, only.park_sl
+    res, park = owner.res_sl, owner.park_sl
+    own = owner.entry
+    if own is not None and not own.stateful:
+        res -= own.resident is not None
+        park -= own.parked is not None
+    if exclude is not None:
+        res -= exclude.res_sl
+        park -= exclude.park_sl
+    return res, park
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Common prefix length of two sequences, by binary search over slice equality."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class Prefix(Generic[R, P]):
+    """The radix tree. `unit` is the page size: stateless entries hit partially at whole pages."""
+
+    __slots__ = ("_heap_p", "_heap_r", "_push", "_root", "_tick", "unit")
+
+    def __init__(self, unit: int) -> None:
+        if unit <= 0:
+            raise ApiError(f"Prefix unit must be a positive token count, got {unit}")
+        self.unit = unit
+        self._root: _Node[R, P] = _Node((), None, 0)
+        self._tick = 0
+        self._push = 0
+        self._heap_r: list[tuple[int, int, _Entry[R, P]]] = []
+        self._heap_p: list[tuple[int, int, _Entry[R, P]]] = []
+
+    # ---- counts and clock ----------------------------------------------------------------
+
+    def _bump(self, entry: _Entry[R, P], res: int, park: int) -> None:
+        node: _Node[R, P] | None = entry.node
+        sl = not entry.stateful
+        while node is not None:
+            node.res += res
+            node.park += park
+            if sl:
+                node.res_sl += res
+                node.park_sl += park
+            node = node.parent
+
+    def _stamp(self, entry: _Entry[R, P]) -> None:
+        self._tick += 1
+        entry.stamp = self._tick
+        self._push += 1
+        if entry.resident is not None:
+            heapq.heappush(self._heap_r, (entry.stamp, self._push, entry))
+        if entry.parked is not None:
+            heapq.heappush(self._heap_p, (entry.stamp, self._push, entry))
+
+    def _stamp_path(self, node: _Node[R, P] | None) -> None:
+        while node is not None:
+            if node.entry is not None:
+                self._stamp(node.entry)
+            node = node.parent
+
+    # ---- structure -----------------------------------------------------------------------
+
+    def _find(self, key: Sequence[int]) -> _Node[R, P] | None:
+        node, d = self._root, 0
+        while d < len(key):
+            child = node.children.get(key[d])
+            if child is None or key[d : d + len(child.edge)] != child.edge:
+                return None
+            node, d = child, d + len(child.edge)
+        return node
+
+    def _make(self, key: tuple[int, ...]) -> _Node[R, P]:
+        node, d = self._root, 0
+        while d < len(key):
+            child = node.children.get(key[d])
+            if child is None:
+                leaf: _Node[R, P] = _Node(key[d:], node, len(key))
+                node.children[key[d]] = leaf
+                return leaf
+            m = _lcp(child.edge, key[d : d + len(child.edge)])
+            if m < len(child.edge):
+                mid: _Node[R, P] = _Node(child.edge[:m], node, d + m)
+                mid.copy_counts(child)
+                child.edge = child.edge[m:]
+                child.parent = mid
+                mid.children[child.edge[0]] = child
+                node.children[key[d]] = mid
+                child = mid
+            node, d = child, d + m
+        return node
+
+    def _prune(self, node: _Node[R, P]) -> None:
+        while node.parent is not None and node.entry is None and not node.children:
+            parent = node.parent
+            del parent.children[node.edge[0]]
+            node = parent
+        if node.parent is not None and node.entry is None and len(node.children) == 1:
+            (child,) = node.children.values()
+            child.edge = node.edge + child.edge
+            child.parent = node.parent
+            node.parent.children[node.edge[0]] = child
+
+    def _drop_resident(self, entry: _Entry[R, P]) -> None:
+        value = entry.resident
+        assert value is not None
+        entry.resident = None
+        self._bump(entry, -1, 0)
+        if entry.parked is None:
+            entry.node.entry = None
+            self._prune(entry.node)
+        value.release()
+
+    def _drop_parked(self, entry: _Entry[R, P]) -> None:
+        value = entry.parked
+        assert value is not None
+        entry.parked = None
+        self._bump(entry, 0, -1)
+        if entry.resident is None:
+            entry.node.entry = None
+            self._prune(entry.node)
+        value.release()
+
+    # ---- insert --------------------------------------------------------------------------
+
+    def insert(self, key: Sequence[int], value: R) -> bool:
+        """Keep `value` under `key` (its first `value.length` tokens); the index owns it now.
+
+        If a resident entry already has these tokens, it is re-stamped and `value` released;
+        a parked-only entry becomes resident too. A stateless entry one page longer than a
+        resident-only stateless entry on its path replaces that entry. Returns True when kept.
+
+        Raises:
+            ApiError: empty key, length mismatch, or statefulness differs from the entry's.
+        """
+        tokens = tuple(key)
+        if not tokens or value.length != len(tokens):
+            raise ApiError(f"key of {len(tokens)} tokens must be non-empty and equal the value's length {value.length}")
+        found = self._find(tokens)
+        old = found.entry if found is not None and found.depth == len(tokens) else None
+        if old is not None and old.stateful != value.stateful:
+            raise ApiError("an entry with these tokens exists with a different statefulness")
+        if old is not None and old.resident is not None:
+            self._stamp_path(old.node)
+            value.release()
+            return False
+        node = self._make(tokens)
+        entry = node.entry
+        if entry is None:
+            entry = _Entry(tokens, node, value.stateful)
+            node.entry = entry
+        entry.resident = value
+        self._bump(entry, 1, 0)
+        self._stamp_path(node)
+        self._replace_shorter(entry)
+        return True
+
+    def _replace_shorter(self, entry: _Entry[R, P]) -> None:
+        if entry.stateful or len(entry.key) <= self.unit:
+            return
+        shorter = self._find(entry.key[: -self.unit])
+        old = shorter.entry if shorter is not None else None
+        if old is not None and not old.stateful and old.resident is not None and old.parked is None:
+            self._drop_resident(old)
+
+    # ---- lookup --------------------------------------------------------------------------
+
+    def lookup(self, prompt: Sequence[int]) -> Hit[R, P] | None:
+        """The longest usable entry covering a strict prefix of `prompt` (never its last token).
+
+        A stateful entry is usable only at its exact length; a stateless one at its length, or
+        at the whole pages it shares with the prompt. Longest wins; at equal length resident
+        beats parked. A hit re-stamps the entries on its path (the root gets the newest tick).
+        """
+        q = tuple(prompt[:-1])
+        best: tuple[int, int] = (0, -1)
+        pick: _Candidate[R, P] | None = None
+        for cand in self._candidates(q):
+            if (cand[0], cand[1]) > best:
+                best, pick = (cand[0], cand[1]), cand
+        if pick is None:
+            return None
+        resident = best[1] == 1
+        entry = pick[2]
+        if entry is None:
+            assert pick[3] is not None
+            entry = self._witness(pick[3], resident)
+        self._stamp_path(entry.node)
+        res = entry.resident if resident else None
+        return Hit(best[0], entry.key, res, None if resident else entry.parked)
+
+    def _candidates(self, q: tuple[int, ...]) -> Iterator[_Candidate[R, P]]:
+        """Yield (length, rank, entry, region): entries on the path deepest first, then regions."""
+        node, d = self._root, 0
+        regions: list[tuple[int, _Region[R, P]]] = []
+        full: list[_Entry[R, P]] = []
+        while True:
+            if node.entry is not None:
+                full.append(node.entry)
+            child = node.children.get(q[d]) if d < len(q) else None
+            if child is None:
+                regions.append((d, (node, None, None)))
+                break
+            m = _lcp(child.edge, q[d : d + len(child.edge)])
+            regions.append((d, (node, child, None)))
+            if m < len(child.edge):
+                regions.append((d + m, (node, None, child)))
+                break
+            node, d = child, d + m
+        for entry in reversed(full):
+            yield len(entry.key), 1 if entry.resident is not None else 0, entry, None
+        for m, region in reversed(regions):
+            length = m // self.unit * self.unit
+            if length == 0:
+                continue
+            res, park = _region_counts(region)
+            if res or park:
+                yield length, 1 if res else 0, None, region
+
+    def _witness(self, region: _Region[R, P], resident: bool) -> _Entry[R, P]:
+        owner, exclude, only = region
+        roots = [only] if only is not None else [owner.children[t] for t in sorted(owner.children)]
+        for root in roots:
+            node = root
+            while root is not exclude and (node.res_sl if resident else node.park_sl) > 0:
+                e = node.entry
+                if e is not None and not e.stateful and (e.resident if resident else e.parked) is not None:
+                    return e
+                node = next(
+                    node.children[t]
+                    for t in sorted(node.children)
+                    if (node.children[t].res_sl if resident else node.children[t].park_sl) > 0
+                )
+        raise AssertionError("region counts promised a stateless entry")
+
+    # ---- evict ---------------------------------------------------------------------------
+
+    def _coldest(self, heap: list[tuple[int, int, _Entry[R, P]]], resident: bool) -> _Entry[R, P] | None:
+        kept: list[tuple[int, int, _Entry[R, P]]] = []
+        found: _Entry[R, P] | None = None
+        while heap:
+            stamp, _, e = heap[0]
+            value = e.resident if resident else e.parked
+            if value is None or e.stamp != stamp or e.node.entry is not e:
+                heapq.heappop(heap)
+                continue
+            if (e.node.res if resident else e.node.park) == 1:
+                found = e
+                break
+            kept.append(heapq.heappop(heap))
+        for item in kept:
+            heapq.heappush(heap, item)
+        return found
+
+    def evict(self, park: Callable[[R], P | None] | None) -> Evicted | None:
+        """Park or drop the least recently hit resident leaf; None when nothing is resident.
+
+        `park(value)` copies the value to the host and returns the parked value, or None when
+        the host is full; it must not release `value` (the index releases it once parked).
+        On None the coldest parked leaf is dropped and the park retried; with no host
+        (`park` is None) or nothing parked left, the entry is dropped. An entry already parked
+        just lets its resident copy go. If `park` raises, the entry is dropped and the error
+        propagates.
+        """
+        entry = self._coldest(self._heap_r, True)
+        if entry is None:
+            return None
+        if entry.parked is not None or park is None:
+            was_parked = entry.parked is not None
+            self._drop_resident(entry)
+            return Evicted(entry.key, was_parked, ())
+        dropped: list[tuple[int, ...]] = []
+        value = entry.resident
+        assert value is not None
+        while True:
+            try:
+                parked = park(value)
+            except BaseException:
+                self._drop_resident(entry)
+                raise
+            if parked is not None:
+                entry.parked = parked
+                self._bump(entry, 0, 1)
+                self._push += 1
+                heapq.heappush(self._heap_p, (entry.stamp, self._push, entry))
+                self._drop_resident(entry)
+                return Evicted(entry.key, True, tuple(dropped))
+            victim = self._coldest(self._heap_p, False)
+            if victim is None:
+                self._drop_resident(entry)
+                return Evicted(entry.key, False, tuple(dropped))
+            dropped.append(victim.key)
+            self._drop_parked(victim)
+
+    # ---- views ---------------------------------------------------------------------------
+
+    def count(self, tier: Tier) -> int:
+        """Entries with a value in `tier`."""
+        return self._root.res if tier is Tier.RESIDENT else self._root.park
+
+    def entries(self) -> list[tuple[tuple[int, ...], bool, bool]]:
+        """(key, resident?, parked?) for every entry, in key order."""
+        out: list[tuple[tuple[int, ...], bool, bool]] = []
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            if node.entry is not None:
+                e = node.entry
+                out.append((e.key, e.resident is not None, e.parked is not None))
+            stack.extend(node.children[t] for t in sorted(node.children, reverse=True))
+        return out
+
+    def clear(self) -> None:
+        """Release every value (in key order) and empty the index."""
+        for key, res, park in self.entries():
+            node = self._find(key)
+            assert node is not None and node.entry is not None
+            entry = node.entry
+            if res:
+                self._drop_resident(entry)
+            if park:
+                self._drop_parked(entry)
+        self._heap_r.clear()
+        self._heap_p.clear()
