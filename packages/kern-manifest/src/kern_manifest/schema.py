@@ -61,13 +61,16 @@ __all__ = [
     "DTYPES",
     "DTYPE_BYTES",
     "EXTERN_SIGNATURES",
+    "INPUT_FILLS",
     "MANIFEST",
+    "OUTPUT_FILLS",
     "PACK_DEFAULT_WIDTH",
     "SCALAR_BYTES",
     "SCALAR_TYPES",
     "SCHEMA_VERSION",
     "TENSORMAP_DTYPES",
     "Algo",
+    "Batch",
     "BufArg",
     "Buffer",
     "Call",
@@ -270,24 +273,22 @@ else:
     ExprField = Annotated[Any, PlainValidator(_validate_expr), PlainSerializer(Expr.to_json)]
 
 
-def _validate_bound(value: object) -> float | Expr:
-    if isinstance(value, float):
-        if not math.isfinite(value):
+def _validate_bound(value: object) -> int | float | Expr:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
             raise PydanticCustomError(
-                "bound",
-                "{message}",
-                {"message": "bound is not finite", "hint": "use a finite number"},
+                "bound", "{message}", {"message": "bound is not finite", "hint": "use a finite number"}
             )
         return value
     return _validate_expr(value)
 
 
-def _dump_bound(value: float | Expr) -> object:
+def _dump_bound(value: int | float | Expr) -> object:
     return value.to_json() if isinstance(value, Expr) else value
 
 
 if TYPE_CHECKING:
-    Bound: TypeAlias = float | Expr
+    Bound: TypeAlias = int | float | Expr
 else:
     Bound = Annotated[Any, PlainValidator(_validate_bound), PlainSerializer(_dump_bound)]
 
@@ -421,6 +422,21 @@ class Segment(_Model):
 
 
 BufferKind: TypeAlias = Literal["input", "output", "weight", "source", "workspace", "carry", "peer"]
+InputFill: TypeAlias = Literal[
+    "token", "position", "valid", "slot", "seq_len", "cu_seqlens", "span_at", "blocks"
+]
+OutputFill: TypeAlias = Literal["tokens", "count", "error", "clock"]
+INPUT_FILLS: Final = (
+    "token",
+    "position",
+    "valid",
+    "slot",
+    "seq_len",
+    "cu_seqlens",
+    "span_at",
+    "blocks",
+)
+OUTPUT_FILLS: Final = ("tokens", "count", "error", "clock")
 
 
 class Buffer(_Model):
@@ -430,6 +446,7 @@ class Buffer(_Model):
     shape: tuple[ExprField, ...]
     kind: BufferKind
     placement: Literal["device", "host"] = "device"
+    fill: InputFill | OutputFill | None = None
     export: StrictBool = False
     domain: Domain | None = None
     bind: tuple[Segment, ...] | None = None
@@ -868,9 +885,19 @@ class Call(_Model):
     args: tuple[CallArg, ...]
 
 
+class Batch(_Model):
+    """The serving shape of a program: up to `groups` sequences of `rows` rows each."""
+
+    groups: StrictInt
+    rows: StrictInt | Name
+    span: Name | None = None
+    context: Name | None = None
+
+
 class Program(_Model):
     """A named straight-line list of calls."""
 
+    batch: Batch | None = None
     once: StrictBool = False
     derive: StrictBool = False
     graph: StrictBool = False
