@@ -1,0 +1,522 @@
+"""Analysis of a capture with no model knowledge: windows, forwards, tokens, sites, fits, ABI.
+
+1. Request windows: the launch stream is cut where consecutive launches are further apart in time
+   than `window_gap_ms`.
+2. Forward passes: the core kernel (the most frequent symbol) runs in one dense burst per forward.
+   Bursts are runs of core launches at most `burst_gap` launches and `forward_gap_ms` apart (the
+   host work between forwards, sampling and input preparation, shows as a time gap or as a long
+   stretch without the core kernel; inside a forward neither happens). The launches between two
+   bursts hold the tail of one forward and the head of the next; the cut goes where the longest
+   common suffix with a window's own head (the launches before its first burst) begins, and at the
+   midpoint when nothing matches.
+3. Call sites are (symbol, ordinal within the forward), the ordinal counted against the most common
+   per-forward count; a forward with one launch too many or too few (boundary jitter) is aligned by
+   relative position.
+4. The tokens reference is chosen by the data: among kernels that run once per forward with varying
+   grid.x, the one whose grid.x, taken as t, leaves the fewest unfit and underdetermined fits.
+5. Pointer parameters are classified by (allocation start, offset) across forwards: stable and
+   used by one site = weight, stable and shared across sites = persistent, varying = workspace.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from kern_mining.dump import UNKNOWN_LAYOUT, Dump, Launch, load_dump
+from kern_mining.fit import Fit, fit_samples
+
+__all__ = [
+    "AbiEntry",
+    "Analysis",
+    "AnalyzeConfig",
+    "ForwardPass",
+    "PointerClass",
+    "Site",
+    "TokensReference",
+    "Window",
+    "analyze",
+    "analyze_dir",
+]
+
+PointerClass = Literal["weight", "persistent", "workspace"]
+SCALAR_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig:
+    """Thresholds of the analysis.
+
+    Attributes:
+        window_gap_ms: a time gap longer than this between launches starts a new request window.
+        burst_gap: core-kernel launches at most this many launches apart belong to one burst.
+        forward_gap_ms: core-kernel launches further apart in time than this end a burst.
+    """
+
+    window_gap_ms: float = 5.0
+    burst_gap: int = 25
+    forward_gap_ms: float = 0.5
+
+
+@dataclass(slots=True, frozen=True)
+class ForwardPass:
+    """One forward pass: positions [first, last] in time order and its token count."""
+
+    first: int
+    last: int
+    tokens: int | None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One request window (positions [first, last]) and the forwards found in it."""
+
+    first: int
+    last: int
+    forwards: tuple[ForwardPass, ...]
+
+
+@dataclass(frozen=True)
+class TokensReference:
+    """The kernel whose grid.x is taken as the token count, and how well everything fits then."""
+
+    symbol: str
+    unfit: int
+    underdetermined: int
+    candidates: int
+
+
+@dataclass(frozen=True)
+class Site:
+    """One call site: its grid and scalar fits and its pointer classes."""
+
+    symbol: str
+    ordinal: int
+    forwards: int
+    grid: tuple[Fit, Fit, Fit]
+    scalars: tuple[tuple[int, Fit], ...]
+    pointers: tuple[tuple[int, PointerClass | None], ...]
+
+
+@dataclass(frozen=True)
+class AbiEntry:
+    """How one symbol receives its parameters."""
+
+    symbol: str
+    layout: Literal["flat", "packed", "unknown"]
+    params: int | None
+    max_param_size: int | None
+    pointer_params: int
+    launches: int
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The result of `analyze`; `undecided` lists what the data could not decide."""
+
+    dump: Path
+    launches: int
+    core: str
+    windows: tuple[Window, ...]
+    skipped_windows: tuple[tuple[int, int], ...]
+    tokens_reference: TokensReference | None
+    sites: tuple[Site, ...]
+    abi: tuple[AbiEntry, ...]
+    notes: tuple[str, ...]
+    undecided: tuple[str, ...]
+
+    @property
+    def forwards(self) -> list[ForwardPass]:
+        """Every forward of every window, in order."""
+        return [f for w in self.windows for f in w.forwards]
+
+    def to_json(self) -> dict[str, object]:
+        """The machine-readable report (see docs/mining.md)."""
+        ref = self.tokens_reference
+        return {
+            "dump": str(self.dump),
+            "launches": self.launches,
+            "core": self.core,
+            "windows": [
+                {
+                    "first": w.first,
+                    "last": w.last,
+                    "forwards": [{"first": f.first, "last": f.last, "tokens": f.tokens} for f in w.forwards],
+                }
+                for w in self.windows
+            ],
+            "skipped_windows": [{"first": a, "last": b} for a, b in self.skipped_windows],
+            "tokens_reference": None
+            if ref is None
+            else {
+                "symbol": ref.symbol,
+                "unfit": ref.unfit,
+                "underdetermined": ref.underdetermined,
+                "candidates": ref.candidates,
+            },
+            "sites": [_site_json(s) for s in self.sites],
+            "abi": [
+                {
+                    "symbol": a.symbol,
+                    "layout": a.layout,
+                    "params": a.params,
+                    "max_param_size": a.max_param_size,
+                    "pointer_params": a.pointer_params,
+                    "launches": a.launches,
+                }
+                for a in self.abi
+            ],
+            "notes": list(self.notes),
+            "undecided": list(self.undecided),
+        }
+
+    def render(self) -> str:
+        """A readable report."""
+        from kern_mining._report import render
+
+        return render(self)
+
+
+def _site_json(s: Site) -> dict[str, object]:
+    return {
+        "symbol": s.symbol,
+        "ordinal": s.ordinal,
+        "forwards": s.forwards,
+        "grid": [g.to_json() for g in s.grid],
+        "scalars": [{"param": i, "fit": f.to_json()} for i, f in s.scalars],
+        "pointers": [{"param": i, "class": c} for i, c in s.pointers],
+    }
+
+
+# ------------------------------------------------------------------ windows and forwards
+
+
+def _windows(launches: Sequence[Launch], gap_ns: float) -> list[tuple[int, int]]:
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(launches)):
+        if launches[i].t_ns - launches[i - 1].t_ns > gap_ns:
+            bounds.append((start, i - 1))
+            start = i
+    bounds.append((start, len(launches) - 1))
+    return bounds
+
+
+def _bursts(positions: list[int], times: Sequence[int], config: AnalyzeConfig) -> list[tuple[int, int]]:
+    gap_ns = config.forward_gap_ms * 1e6
+    bursts: list[tuple[int, int]] = [(positions[0], positions[0])]
+    for p in positions[1:]:
+        prev = bursts[-1][1]
+        if p - prev <= config.burst_gap and times[p] - times[prev] <= gap_ns:
+            bursts[-1] = (bursts[-1][0], p)
+        else:
+            bursts.append((p, p))
+    return bursts
+
+
+def _common_suffix(a: Sequence[str], b: Sequence[str]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def _cut(symbols: Sequence[str], after: int, before: int, head: Sequence[str]) -> int:
+    """The first position of the next forward, between bursts ending at `after` and starting at `before`."""
+    between = symbols[after + 1 : before]
+    matched = _common_suffix(between, head)
+    if matched:
+        return before - matched
+    return (after + before + 1) // 2
+
+
+def _forward_bounds(
+    symbols: Sequence[str],
+    times: Sequence[int],
+    window: tuple[int, int],
+    core: str,
+    head: Sequence[str],
+    config: AnalyzeConfig,
+) -> list[tuple[int, int]]:
+    first, last = window
+    positions = [i for i in range(first, last + 1) if symbols[i] == core]
+    if not positions:
+        return []
+    bursts = _bursts(positions, times, config)
+    starts = [first] + [_cut(symbols, a[1], b[0], head) for a, b in zip(bursts, bursts[1:], strict=False)]
+    ends = [s - 1 for s in starts[1:]] + [last]
+    return list(zip(starts, ends, strict=True))
+
+
+def _head(symbols: Sequence[str], windows: list[tuple[int, int]], core: str) -> list[str]:
+    """The most common run of launches before a window's first core launch."""
+    heads: Counter[tuple[str, ...]] = Counter()
+    for first, last in windows:
+        for i in range(first, last + 1):
+            if symbols[i] == core:
+                heads[tuple(symbols[first:i])] += 1
+                break
+    if not heads:
+        return []
+    return list(max(heads.items(), key=lambda kv: (kv[1], len(kv[0])))[0])
+
+
+# ------------------------------------------------------------------------- alignment
+
+
+def _reference_positions(occurrences: list[list[float]], count: int) -> list[float]:
+    exact = [occ for occ in occurrences if len(occ) == count]
+    return [sorted(occ[k] for occ in exact)[len(exact) // 2] for k in range(count)]
+
+
+def _align(occ: list[float], ref: list[float]) -> list[tuple[int, int]]:
+    """(ordinal, index into occ) pairs for a forward whose count differs from the reference."""
+    n, m = len(occ), len(ref)
+    best: tuple[float, list[tuple[int, int]]] | None = None
+    if n > m:
+        for shift in range(n - m + 1):
+            cost = sum(abs(occ[shift + k] - ref[k]) for k in range(m))
+            if best is None or cost < best[0]:
+                best = (cost, [(k, shift + k) for k in range(m)])
+    else:
+        for shift in range(m - n + 1):
+            cost = sum(abs(occ[j] - ref[shift + j]) for j in range(n))
+            if best is None or cost < best[0]:
+                best = (cost, [(shift + j, j) for j in range(n)])
+    assert best is not None
+    return best[1]
+
+
+SiteKey = tuple[str, int]
+
+
+def _align_sites(launches: Sequence[Launch], forwards: list[tuple[int, int]]) -> dict[SiteKey, list[Launch | None]]:
+    per_symbol: dict[str, list[list[int]]] = defaultdict(lambda: [[] for _ in forwards])
+    for f, (first, last) in enumerate(forwards):
+        for i in range(first, last + 1):
+            per_symbol[launches[i].symbol][f].append(i)
+    sites: dict[SiteKey, list[Launch | None]] = {}
+    for symbol, per_forward in per_symbol.items():
+        counts = Counter(len(p) for p in per_forward if p)
+        mode = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        rel = [
+            [(i - forwards[f][0]) / max(1, forwards[f][1] - forwards[f][0]) for i in p]
+            for f, p in enumerate(per_forward)
+        ]
+        ref = _reference_positions(rel, mode)
+        columns: list[list[Launch | None]] = [[None] * len(forwards) for _ in range(mode)]
+        for f, p in enumerate(per_forward):
+            pairs = [(k, k) for k in range(mode)] if len(p) == mode else _align(rel[f], ref) if p else []
+            for ordinal, j in pairs:
+                columns[ordinal][f] = launches[p[j]]
+        for ordinal, column in enumerate(columns):
+            sites[(symbol, ordinal)] = column
+    return sites
+
+
+# -------------------------------------------------------------------------- fitting
+
+
+@dataclass
+class _SiteData:
+    key: SiteKey
+    column: list[Launch | None]
+    grid: list[list[tuple[int, int]]] = field(default_factory=list[list[tuple[int, int]]])
+    scalars: dict[int, list[tuple[int, int]]] = field(default_factory=dict[int, list[tuple[int, int]]])
+    pointers: dict[int, list[tuple[int, tuple[int | None, int]]]] = field(
+        default_factory=dict[int, list[tuple[int, tuple[int | None, int]]]]
+    )
+
+
+def _site_data(key: SiteKey, column: list[Launch | None]) -> _SiteData:
+    data = _SiteData(key, column, grid=[[], [], []])
+    pointer_params: set[int] = set()
+    for la in column:
+        if la is not None and isinstance(la.params, tuple):
+            pointer_params.update(i for i, p in enumerate(la.params) if p.pointer is not None)
+    for f, la in enumerate(column):
+        if la is None:
+            continue
+        for axis in range(3):
+            data.grid[axis].append((f, la.grid[axis]))
+        if not isinstance(la.params, tuple):
+            continue
+        for i, p in enumerate(la.params):
+            if i in pointer_params:
+                value = p.value
+                where = (p.pointer.range_start, value - p.pointer.range_start) if p.pointer else (None, value)
+                data.pointers.setdefault(i, []).append((f, where))
+            elif p.size in SCALAR_SIZES:
+                data.scalars.setdefault(i, []).append((f, p.value))
+    return data
+
+
+def _fit(samples: list[tuple[int, int]], tokens: Sequence[int | None]) -> Fit:
+    return fit_samples((tokens[f], y) for f, y in samples)
+
+
+def _score(sites: list[_SiteData], tokens: Sequence[int | None]) -> tuple[int, int, int]:
+    unfit = underdetermined = exact = 0
+    for site in sites:
+        for samples in [*site.grid, *site.scalars.values()]:
+            fit = _fit(samples, tokens)
+            unfit += fit.form == "unfit"
+            underdetermined += fit.form == "underdetermined"
+            exact += fit.form == "tokens"
+    return unfit, underdetermined, exact
+
+
+def _choose_reference(
+    sites: list[_SiteData], n_forwards: int
+) -> tuple[TokensReference | None, list[int | None]]:
+    candidates: list[tuple[str, list[int | None]]] = []
+    keys = {s.key for s in sites}
+    for site in sites:
+        symbol, ordinal = site.key
+        if ordinal != 0 or (symbol, 1) in keys:
+            continue
+        tokens: list[int | None] = [la.grid[0] if la else None for la in site.column]
+        if len({t for t in tokens if t is not None}) >= 2:
+            candidates.append((symbol, tokens))
+    best: tuple[tuple[int, int, int, int, str], str, list[int | None], int, int] | None = None
+    for symbol, tokens in candidates:
+        unfit, under, exact = _score(sites, tokens)
+        distinct = len({t for t in tokens if t is not None})
+        rank = (unfit + under, -exact, -distinct, -sum(t is not None for t in tokens), symbol)
+        if best is None or rank < best[0]:
+            best = (rank, symbol, tokens, unfit, under)
+    if best is None:
+        return None, [None] * n_forwards
+    _, symbol, tokens, unfit, under = best
+    return TokensReference(symbol, unfit, under, len(candidates)), tokens
+
+
+def _classify(sites: list[_SiteData]) -> dict[tuple[SiteKey, int], PointerClass | None]:
+    stable: dict[tuple[SiteKey, int], tuple[int | None, int]] = {}
+    classes: dict[tuple[SiteKey, int], PointerClass | None] = {}
+    for site in sites:
+        for param, samples in site.pointers.items():
+            where = {w for _, w in samples}
+            if len(samples) < 2:
+                classes[(site.key, param)] = None
+            elif len(where) > 1:
+                classes[(site.key, param)] = "workspace"
+            else:
+                stable[(site.key, param)] = where.pop()
+    users: dict[tuple[int | None, int], set[SiteKey]] = defaultdict(set)
+    for (key, _), where in stable.items():
+        users[where].add(key)
+    for (key, param), where in stable.items():
+        classes[(key, param)] = "persistent" if len(users[where]) > 1 else "weight"
+    return classes
+
+
+# ------------------------------------------------------------------------------ ABI
+
+
+def _abi(launches: Sequence[Launch]) -> list[AbiEntry]:
+    by_symbol: dict[str, list[Launch]] = defaultdict(list)
+    for la in launches:
+        by_symbol[la.symbol].append(la)
+    entries: list[AbiEntry] = []
+    for symbol in sorted(by_symbol):
+        group = by_symbol[symbol]
+        flat = [la.params for la in group if isinstance(la.params, tuple)]
+        if flat:
+            first = flat[0]
+            pointers = {i for params in flat for i, p in enumerate(params) if p.pointer is not None}
+            sizes = [p.size for p in first]
+            entries.append(
+                AbiEntry(symbol, "flat", len(first), max(sizes, default=0), len(pointers), len(group))
+            )
+        elif any(la.params is None for la in group):
+            entries.append(AbiEntry(symbol, "packed", None, None, 0, len(group)))
+        else:
+            entries.append(AbiEntry(symbol, "unknown", None, None, 0, len(group)))
+    return entries
+
+
+# ------------------------------------------------------------------------- analysis
+
+
+def _find_forwards(
+    launches: Sequence[Launch], config: AnalyzeConfig
+) -> tuple[str, list[tuple[tuple[int, int], list[tuple[int, int]]]], list[tuple[int, int]]]:
+    symbols = [la.symbol for la in launches]
+    times = [la.t_ns for la in launches]
+    core = max(Counter(symbols).items(), key=lambda kv: (kv[1], kv[0]))[0]
+    windows = _windows(launches, config.window_gap_ms * 1e6)
+    head = _head(symbols, windows, core)
+    kept: list[tuple[tuple[int, int], list[tuple[int, int]]]] = []
+    skipped: list[tuple[int, int]] = []
+    for window in windows:
+        bounds = _forward_bounds(symbols, times, window, core, head, config)
+        if bounds:
+            kept.append((window, bounds))
+        else:
+            skipped.append(window)
+    return core, kept, skipped
+
+
+def _undecided(n_forwards: int, ref: TokensReference | None, sites: Sequence[Site]) -> list[str]:
+    notes: list[str] = []
+    if n_forwards < 2:
+        notes.append("only one forward pass: no fit or pointer class can be decided across forwards")
+    if ref is None:
+        notes.append("no tokens reference: no kernel runs once per forward with a varying grid.x")
+    under = sum(f.form == "underdetermined" for s in sites for f in [*s.grid, *(x for _, x in s.scalars)])
+    if under:
+        notes.append(f"{under} grid axes or scalars are underdetermined (too few distinct token counts)")
+    open_pointers = sum(c is None for s in sites for _, c in s.pointers)
+    if open_pointers:
+        notes.append(f"{open_pointers} pointer params are seen in fewer than two forwards: class undecided")
+    return notes
+
+
+def analyze(dump: Dump, config: AnalyzeConfig | None = None) -> Analysis:
+    """Analyze a loaded dump. Never raises for thin data: the result's `undecided` says what is open."""
+    config = config or AnalyzeConfig()
+    launches = dump.launches
+    core, kept, skipped = _find_forwards(launches, config)
+    forwards = [b for _, wb in kept for b in wb]
+    columns = _align_sites(launches, forwards)
+    data = [_site_data(key, column) for key, column in sorted(columns.items())]
+    ref, tokens = _choose_reference(data, len(forwards))
+    classes = _classify(data)
+    sites = tuple(
+        Site(
+            symbol=d.key[0],
+            ordinal=d.key[1],
+            forwards=sum(la is not None for la in d.column),
+            grid=(_fit(d.grid[0], tokens), _fit(d.grid[1], tokens), _fit(d.grid[2], tokens)),
+            scalars=tuple((i, _fit(s, tokens)) for i, s in sorted(d.scalars.items())),
+            pointers=tuple((i, classes[(d.key, i)]) for i in sorted(d.pointers)),
+        )
+        for d in data
+    )
+    windows: list[Window] = []
+    f = 0
+    for (first, last), bounds in kept:
+        fwd = tuple(ForwardPass(a, b, tokens[f + k]) for k, (a, b) in enumerate(bounds))
+        f += len(bounds)
+        windows.append(Window(first, last, fwd))
+    return Analysis(
+        dump=dump.path,
+        launches=len(launches),
+        core=core,
+        windows=tuple(windows),
+        skipped_windows=tuple(skipped),
+        tokens_reference=ref,
+        sites=sites,
+        abi=tuple(_abi(launches)),
+        notes=dump.notes,
+        undecided=tuple(_undecided(len(forwards), ref, sites)),
+    )
+
+
+def analyze_dir(path: Path, config: AnalyzeConfig | None = None) -> Analysis:
+    """Load the dump at `path` (a pid<N> dir, or a capture root holding one) and analyze it."""
+    return analyze(load_dump(path), config)
