@@ -24,6 +24,9 @@ from typing import Any
 __all__ = [
     "ARGMAX_PARTS",
     "DECODE_SPLITS",
+    "DEVICE_FEED_ENTRIES",
+    "ENTRIES",
+    "FEEDS",
     "PAGE_TOKENS",
     "PREFILL_BM",
     "ConfigError",
@@ -63,9 +66,22 @@ ENTRIES: tuple[str, ...] = (
     "kern_silu_mul",
     "kern_argmax_partial",
     "kern_argmax_final",
-    "kern_decode_advance",
     "kern_rope_table",
 )
+"""Entries every manifest needs."""
+DEVICE_FEED_ENTRIES: tuple[str, ...] = ("kern_decode_advance", "kern_copy_i64", "kern_copy_i32")
+"""Extra entries of `feed="device"`: the step's inputs live in carry buffers that a `start`
+program seeds from the host inputs and `kern_decode_advance` moves on (the verifier forbids kernels
+writing input buffers)."""
+FEEDS = ("host", "device")
+
+# NOTE: device-fed decode reads these carries instead of the host inputs.
+STEP_CARRIES: dict[str, tuple[str, str]] = {
+    "ids": ("step_ids", "i64"),
+    "positions": ("step_pos", "i64"),
+    "slots": ("step_slot", "i64"),
+    "seq_len": ("step_len", "i32"),
+}
 
 
 class GenError(Exception):
@@ -266,17 +282,30 @@ def _ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
         },
         "attn_decode": _attn_decode_op(s, mods, heads_out),
         "argmax": _argmax_op(s, mods),
-        "decode_advance": {
-            "params": ["in buffer<i64>", "inout buffer<i64>", "inout buffer<i64>", "inout buffer<i64>",
-                       "inout buffer<i32>", "in buffer<i32>", "i32"],
-            "impl": {"launches": [_kernel(mods, "kern_decode_advance", [1, 1, 1], 32)]},
-        },
         "rope_table": {
             "params": [BF16_OUT, BF16_OUT, "i32", "i32", "f32"],
             "impl": {"launches": [_kernel(mods, "kern_rope_table", [s.max_pos, 1, 1], min(d // 2, 1024))]},
         },
     }
     return ops
+
+
+def _feed_ops(mods: Mapping[str, str]) -> Json:
+    return {
+        "decode_advance": {
+            "params": ["in buffer<i64>", "inout buffer<i64>", "inout buffer<i64>", "inout buffer<i64>",
+                       "inout buffer<i32>", "in buffer<i32>", "i32"],
+            "impl": {"launches": [_kernel(mods, "kern_decode_advance", [1, 1, 1], 32)]},
+        },
+        "copy_i64": {
+            "params": ["in buffer<i64>", "out buffer<i64>", "i32"],
+            "impl": {"launches": [_kernel(mods, "kern_copy_i64", [1, 1, 1], 32)]},
+        },
+        "copy_i32": {
+            "params": ["in buffer<i32>", "out buffer<i32>", "i32"],
+            "impl": {"launches": [_kernel(mods, "kern_copy_i32", [1, 1, 1], 32)]},
+        },
+    }
 
 
 def _attn_decode_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
@@ -315,7 +344,7 @@ def _argmax_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
         args=[{"param": 0}, {"scratch": "pval"}, {"scratch": "pidx"}, _i32(s.vocab)],
     )
     final = _kernel(
-        mods, "kern_argmax_final", [1, 1, 1], ARGMAX_PARTS,
+        mods, "kern_argmax_final", [1, 1, 1], 256,
         params=["in buffer<f32>", "in buffer<i32>", "out buffer<i64>", "i32"],
         args=[{"scratch": "pval"}, {"scratch": "pidx"}, {"param": 1}, _i32(ARGMAX_PARTS)],
     )
@@ -363,7 +392,7 @@ def _weights(s: Qwen3Shape) -> Json:
     return out
 
 
-def _buffers(s: Qwen3Shape) -> Json:
+def _buffers(s: Qwen3Shape, feed: str) -> Json:
     bf16 = "bf16"
     work = {
         "h": [s.hidden], "x": [s.hidden], "y": [s.hidden], "qkv": [s.qkv_rows],
@@ -382,6 +411,9 @@ def _buffers(s: Qwen3Shape) -> Json:
     }
     for name, dims in work.items():
         out[name] = {"dtype": bf16, "shape": ["tokens", *dims], "kind": "workspace"}
+    if feed == "device":
+        for carry, dtype in STEP_CARRIES.values():
+            out[carry] = {"dtype": dtype, "shape": [1], "kind": "carry"}
     out.update(_weights(s))
     return out
 
@@ -394,7 +426,7 @@ def _kv_offset(s: Qwen3Shape, layer: int) -> int:
     return layer * 2 * PAGE_TOKENS * s.kv_heads * s.head_dim * 2
 
 
-def _attention_calls(s: Qwen3Shape, i: int, *, decode: bool) -> list[Json]:
+def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bool) -> list[Json]:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     kv = {"state": "kv", "offset": _kv_offset(s, i)} if i else {"state": "kv"}
     page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
@@ -402,16 +434,17 @@ def _attention_calls(s: Qwen3Shape, i: int, *, decode: bool) -> list[Json]:
         _call(f"l{i}.qkv", "gemm", _buf("x"), _buf(f"l{i}.qkv"), _buf("qkv"), TOKENS,
               _i32(s.qkv_rows), _i32(s.hidden)),
         _call(f"l{i}.qk_norm_rope", "qk_norm_rope", _buf("qkv"), _buf(f"l{i}.q_norm"),
-              _buf(f"l{i}.k_norm"), _buf("positions"), _buf("rope_cos"), _buf("rope_sin"),
+              _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
               _i32(nq), _i32(nkv), _i32(d), _f32(s.eps)),
-        _call(f"l{i}.kv_write", "kv_write", _buf("qkv"), kv, _buf("slots"), _i32(nq), _i32(nkv), _i32(d), _i32(PAGE_TOKENS), _i64(page_stride)),
+        _call(f"l{i}.kv_write", "kv_write", _buf("qkv"), kv, _buf(io["slots"]), _i32(nq), _i32(nkv),
+              _i32(d), _i32(PAGE_TOKENS), _i64(page_stride)),
     ]
     if decode:
         calls.append(_call(f"l{i}.attn", "attn_decode", _buf("qkv"), kv, _buf("block_table"),
-                           _buf("seq_len"), _buf("attn")))
+                           _buf(io["seq_len"]), _buf("attn")))
     else:
         calls.append(_call(f"l{i}.attn", "attn_prefill", _buf("qkv"), kv, _buf("block_table"),
-                           _buf("seq_len"), _buf("attn"), TOKENS, _i32(nq), _i32(nkv), _i32(d),
+                           _buf(io["seq_len"]), _buf("attn"), TOKENS, _i32(nq), _i32(nkv), _i32(d),
                            _i32(PAGE_TOKENS), _i64(page_stride), _f32(d**-0.5)))
     return calls
 
@@ -433,9 +466,9 @@ def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str) -> list[Json]:
     ]
 
 
-def _forward_calls(s: Qwen3Shape, *, decode: bool) -> list[Json]:
+def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool) -> list[Json]:
     calls = [
-        _call("embed", "embed", _buf("ids"), _buf("embed"), _buf("h"), _i32(s.hidden)),
+        _call("embed", "embed", _buf(io["ids"]), _buf("embed"), _buf("h"), _i32(s.hidden)),
         _call("l0.in_norm", "rmsnorm", _buf("h"), _buf("l0.in_norm"), _buf("x"), _i32(s.hidden),
               _f32(s.eps)),
     ]
@@ -443,36 +476,54 @@ def _forward_calls(s: Qwen3Shape, *, decode: bool) -> list[Json]:
         last = i == s.layers - 1
         if last and not decode:
             # NOTE: prefill writes only KV; the last layer's attention output is never read.
-            calls += _attention_calls(s, i, decode=False)[:3]
+            calls += _attention_calls(s, i, io, decode=False)[:3]
             break
-        calls += _attention_calls(s, i, decode=decode)
+        calls += _attention_calls(s, i, io, decode=decode)
         calls += _mlp_calls(s, i, "final_norm" if last else f"l{i + 1}.in_norm")
     return calls
 
 
-def _decode_tail(s: Qwen3Shape) -> list[Json]:
+def _decode_tail(s: Qwen3Shape, feed: str) -> list[Json]:
     head = "embed" if s.tied else "lm_head"
-    return [
+    calls = [
         _call("lm_head", "gemm", _buf("x"), _buf(head), _buf("logits"), TOKENS, _i32(s.vocab),
               _i32(s.hidden)),
         _call("argmax", "argmax", _buf("logits"), _buf("next_token")),
-        _call("advance", "decode_advance", _buf("next_token"), _buf("ids"), _buf("positions"),
-              _buf("slots"), _buf("seq_len"), _buf("block_table"), _i32(PAGE_TOKENS)),
+    ]
+    if feed == "device":
+        c = {k: v[0] for k, v in STEP_CARRIES.items()}
+        calls.append(_call("advance", "decode_advance", _buf("next_token"), _buf(c["ids"]),
+                           _buf(c["positions"]), _buf(c["slots"]), _buf(c["seq_len"]),
+                           _buf("block_table"), _i32(PAGE_TOKENS)))
+    return calls
+
+
+def _start_calls() -> list[Json]:
+    """Seed the step carries from the host inputs (row 0): run once per sequence after staging
+    the last prompt token."""
+    return [
+        _call(f"start.{name}", f"copy_{dtype}", _buf(name), _buf(carry), _i32(1))
+        for name, (carry, dtype) in STEP_CARRIES.items()
     ]
 
 
-def _programs(s: Qwen3Shape) -> Json:
+def _programs(s: Qwen3Shape, feed: str) -> Json:
     half = s.head_dim // 2
-    return {
+    host = {k: k for k in STEP_CARRIES}
+    step_io = host if feed == "host" else {k: v[0] for k, v in STEP_CARRIES.items()}
+    programs: Json = {
         "load": {"once": True, "calls": [
             _call("rope_table", "rope_table", _buf("rope_cos"), _buf("rope_sin"), _i32(s.max_pos),
                   _i32(half), _f32(s.theta)),
         ]},
         "prefill": {"batch": {"groups": 1, "rows": "tokens"},
-                    "calls": _forward_calls(s, decode=False)},
+                    "calls": _forward_calls(s, host, decode=False)},
         "decode": {"batch": {"groups": 1, "rows": 1}, "graph": True,
-                   "calls": _forward_calls(s, decode=True) + _decode_tail(s)},
+                   "calls": _forward_calls(s, step_io, decode=True) + _decode_tail(s, feed)},
     }
+    if feed == "device":
+        programs["start"] = {"calls": _start_calls()}
+    return programs
 
 
 def generate(
@@ -482,6 +533,7 @@ def generate(
     *,
     model: str,
     chunk: int = DEFAULT_CHUNK,
+    feed: str = "host",
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -491,28 +543,35 @@ def generate(
         entries: kernel entry -> module name (`entry_modules`).
         model: the manifest's `model` label.
         chunk: the largest prefill chunk (the `tokens` var's max).
+        feed: "host": the caller writes the step's four inputs before every decode step;
+            "device": decode reads carry buffers that the `start` program seeds and
+            `kern_decode_advance` moves on, so the host only replays and reads 8 bytes.
 
     Raises:
         KernelsError: an entry is missing, or its module has no hash.
     """
-    missing = [e for e in ENTRIES if e not in entries]
+    if feed not in FEEDS:
+        raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
+    needed = ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
+    missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
-    unhashed = sorted({entries[e] for e in ENTRIES} - set(modules))
+    unhashed = sorted({entries[e] for e in needed} - set(modules))
     if unhashed:
         raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first")
     if not 1 <= chunk <= shape.max_pos:
         raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
-    used = sorted({entries[e] for e in ENTRIES})
+    used = sorted({entries[e] for e in needed})
+    ops = _ops(shape, entries) | (_feed_ops(entries) if feed == "device" else {})
     return {
         "schema_version": 5,
         "model": model,
         "vars": {"tokens": {"max": chunk}},
         "states": {"kv": {"bytes_per_token": shape.kv_bytes_per_token}},
-        "buffers": _buffers(shape),
+        "buffers": _buffers(shape, feed),
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
-        "ops": _ops(shape, entries),
-        "programs": _programs(shape),
+        "ops": ops,
+        "programs": _programs(shape, feed),
     }
 
 
@@ -570,6 +629,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--kernels-src", type=Path, default=Path(__file__).parent / "kernels-src")
     p.add_argument("--kernels", type=Path, default=Path("kernels"), help="cubin output dir")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest prefill chunk")
+    p.add_argument("--feed", choices=FEEDS, default=None,
+                   help="who writes the decode step's inputs (default: device when the kernel "
+                        "sources define the copy and advance kernels, else host)")
     return p.parse_args(argv)
 
 
@@ -586,8 +648,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = json.loads(args.config.read_text())
         shape = shape_from_config(cfg)
         modules = build_and_hash(args.kernels_src, args.kernels)
-        manifest = generate(shape, modules, entry_modules(args.kernels_src),
-                            model=args.model or args.out.stem, chunk=args.chunk)
+        entries = entry_modules(args.kernels_src)
+        feed = args.feed or ("device" if all(e in entries for e in DEVICE_FEED_ENTRIES) else "host")
+        manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
+                            chunk=args.chunk, feed=feed)
     except (OSError, json.JSONDecodeError, GenError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2

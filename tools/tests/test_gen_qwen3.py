@@ -29,7 +29,7 @@ def _load_gen() -> ModuleType:
 
 gen = _load_gen()
 
-FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core") for e in gen.ENTRIES}
+FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core") for e in gen.ENTRIES + gen.DEVICE_FEED_ENTRIES}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -43,9 +43,27 @@ def _verify(manifest: dict[str, Any]) -> None:
     verify(parse_manifest(json.dumps(manifest)))
 
 
+@pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize("config", [QWEN3_TINY_CONFIG, QWEN3_4B_CONFIG], ids=["tiny", "4b"])
-def test_manifest_verifies(config: dict[str, Any]) -> None:
-    _verify(_manifest(config))
+def test_manifest_verifies(config: dict[str, Any], feed: str) -> None:
+    _verify(_manifest(config, feed=feed))
+
+
+def test_device_feed_reads_carries_seeded_by_start() -> None:
+    m = _manifest(QWEN3_TINY_CONFIG, feed="device")
+    decode = m["programs"]["decode"]["calls"]
+    read = {a["buf"] for c in decode for a in c["args"] if "buf" in a}
+    assert {"step_ids", "step_pos", "step_slot", "step_len"} <= read
+    assert not {"ids", "positions", "slots", "seq_len"} & read
+    assert decode[-1]["op"] == "decode_advance"
+    start = m["programs"]["start"]["calls"]
+    assert [(c["args"][0]["buf"], c["args"][1]["buf"]) for c in start] == [
+        ("ids", "step_ids"), ("positions", "step_pos"), ("slots", "step_slot"), ("seq_len", "step_len")]
+    host = _manifest(QWEN3_TINY_CONFIG, feed="host")
+    assert "start" not in host["programs"] and "decode_advance" not in host["ops"]
+    assert "step_ids" not in host["buffers"]
+    with pytest.raises(gen.GenError, match="feed"):
+        _manifest(QWEN3_TINY_CONFIG, feed="both")
 
 
 def test_untied_manifest_verifies_and_reads_lm_head() -> None:
@@ -58,9 +76,10 @@ def test_untied_manifest_verifies_and_reads_lm_head() -> None:
 
 @pytest.mark.parametrize(("config", "layers"), [(QWEN3_TINY_CONFIG, 2), (QWEN3_4B_CONFIG, 36)])
 def test_call_counts(config: dict[str, Any], layers: int) -> None:
-    progs = _manifest(config)["programs"]
+    progs = _manifest(config, feed="device")["programs"]
     # embed + first norm; per layer 4 attention + 6 MLP calls; lm_head, argmax, advance.
     assert len(progs["decode"]["calls"]) == 2 + 10 * layers + 3
+    assert len(_manifest(config, feed="host")["programs"]["decode"]["calls"]) == 2 + 10 * layers + 2
     # prefill stops after the last layer's KV write: its attention output is never read.
     assert len(progs["prefill"]["calls"]) == 2 + 10 * (layers - 1) + 3
     assert progs["prefill"]["calls"][-1]["label"] == f"l{layers - 1}.kv_write"
@@ -208,8 +227,9 @@ def _c_params(src: Path) -> dict[str, list[tuple[str, bool, bool]]]:
 def test_manifest_abi_matches_kernel_sources() -> None:
     src = TOOLS / "kernels-src"
     entries = gen.entry_modules(src)
+    feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
     m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), dict.fromkeys(set(entries.values()), "c" * 64),
-                     entries, model="t")
+                     entries, model="t", feed=feed)
     sigs = _c_params(src)
     for name, op in m["ops"].items():
         for launch in op["impl"]["launches"]:

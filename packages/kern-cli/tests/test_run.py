@@ -115,6 +115,16 @@ def test_protocol_from_fills_and_batches() -> None:
     assert p.step_vars == {"tokens": 1}
 
 
+def test_protocol_finds_the_step_seed_program() -> None:
+    m = _manifest()
+    assert run.protocol_of(m).start_program is None  # host-fed steps
+    m["programs"]["start"] = {"calls": []}
+    assert run.protocol_of(m).start_program == "start"
+    m["programs"]["other"] = {"calls": []}
+    with pytest.raises(run.RunError, match="several plain programs"):
+        run.protocol_of(m)
+
+
 def test_protocol_errors() -> None:
     m = _manifest()
     del m["buffers"]["sl"]["fill"]

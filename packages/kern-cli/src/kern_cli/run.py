@@ -185,6 +185,9 @@ class Protocol:
     chunk_max: int
     step_program: str
     step_vars: Mapping[str, int] = field(default_factory=dict[str, int])
+    start_program: str | None = None
+    """A plain program (no batch, once or derive) that seeds device-fed step inputs; when None,
+    the host writes the step's inputs before every step."""
 
 
 _INPUT_ROLES = ("token", "position", "slot", "seq_len", "blocks")
@@ -208,6 +211,10 @@ def protocol_of(manifest: Mapping[str, Any]) -> Protocol:
     if len(chunk) != 1 or len(step) != 1:
         raise RunError(f"manifest needs one chunk program (batch rows = a var) and one step program "
                        f"(rows = 1); found {chunk} and {step}")
+    plain = [n for n, p in manifest["programs"].items()
+             if not (p.get("batch") or p.get("once") or p.get("derive"))]
+    if len(plain) > 1:
+        raise RunError(f"manifest has several plain programs {plain}; at most one (the step seed) is allowed")
     var = manifest["programs"][chunk[0]]["batch"]["rows"]
     blocks = manifest["buffers"][fills["blocks"][0]]
     return Protocol(
@@ -216,6 +223,7 @@ def protocol_of(manifest: Mapping[str, Any]) -> Protocol:
         next_token=fills["tokens"][0], chunk_program=chunk[0], chunk_var=var,
         chunk_max=int(manifest["vars"][var]["max"]), step_program=step[0],
         step_vars={v: 1 for v in manifest.get("vars", {})},
+        start_program=plain[0] if plain else None,
     )
 
 
@@ -269,10 +277,13 @@ def ensure_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | N
     if not src.is_dir():
         raise RunError(f"{kernels} lacks module(s) {', '.join(sorted(want[h] for h in missing))} and there "
                        f"are no kernel sources at {src} to build them from")
-    from kern_cli.kernels_cmd import build_kernels
+    from kern_cli.kernels_cmd import KernelBuildError, build_kernels
 
     log(f"building kernels from {src} into {kernels}")
-    build_kernels(src, kernels)
+    try:
+        build_kernels(src, kernels)
+    except KernelBuildError as exc:
+        raise RunError(f"building the kernels failed: {exc}") from exc
     still = set(want) - _hashes_in(kernels)
     if still:
         names = ", ".join(f"{want[h]} ({h[:12]})" for h in sorted(still))
@@ -360,7 +371,14 @@ class Session:
             self._stage(prompt[a:b], a)
             self.rt.run(self.proto.chunk_program, {self.proto.chunk_var: b - a})
         self._stage(prompt[-1:], len(prompt) - 1)
+        if self.proto.start_program is not None:
+            self.rt.run(self.proto.start_program, {})
         self.seen = len(prompt) - 1
+
+    def generate(self, prompt: Sequence[int], steps: int, *, chunk: int, eager: bool = False) -> list[int]:
+        """Prefill `prompt` and decode `steps` tokens; earlier sequences' KV is simply overwritten."""
+        self.prefill(prompt, chunk)
+        return list(self.decode(steps, eager))
 
     def step(self, eager: bool = False) -> int:
         """One decode step: issue the step program, read the 8-byte next token."""
@@ -371,7 +389,10 @@ class Session:
         else:
             self.rt.issue(self.proto.step_program, self.proto.step_vars)
         self.seen += 1
-        return int(self.rt.read_output(self.proto.next_token)[0])
+        token = int(self.rt.read_output(self.proto.next_token)[0])
+        if self.proto.start_program is None:
+            self._stage([token], self.seen)
+        return token
 
     def decode(self, steps: int, eager: bool = False) -> Iterator[int]:
         """Generate `steps` tokens greedily (the inputs advance on the device)."""
