@@ -363,7 +363,7 @@ class Runtime:
     def _plan_weights(self, tensors: Tensors) -> list[Job]:
         jobs: list[Job] = []
         for name, buf in self.manifest.buffers.items():
-            if buf.kind != "weight" or name in self._claimed:
+            if buf.kind != "weight" or buf.bind is None or name in self._claimed:
                 continue
             alloc = self._buffers[name]
             segs = bind_segments(name, buf, self._ranks)

@@ -1,0 +1,185 @@
+"""Manifests for the GPU tests, as plain JSON values (sha256s filled in by the caller)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Json = dict[str, Any]
+F32_OP = ["in buffer<f32>", "out buffer<f32>", "f32", "f32", "i32"]
+
+
+def _launch(module: str, entry: str, grid: list[Any], block: int = 128, **extra: Any) -> Json:
+    return {"module": module, "entry": entry, "block": [block, 1, 1], "grid": grid, **extra}
+
+
+def basic(sha: str, n_param: str = "i32") -> Json:
+    """Arithmetic, i64/u8 scalars, weights (windows, interleave, host placement), derive, once."""
+    axpb = [*F32_OP[:4], n_param]
+    lit = {"i32": lambda v: {"i32": v}, "i64": lambda v: {"i64": v}}[n_param]
+    return {
+        "schema_version": 5,
+        "model": "rt-basic",
+        "vars": {"n": {"max": 1024}},
+        "buffers": {
+            "x": {"dtype": "f32", "shape": ["n"], "kind": "input"},
+            "y": {"dtype": "f32", "shape": ["n"], "kind": "output"},
+            "o64": {"dtype": "i64", "shape": ["n"], "kind": "output"},
+            "w": {"dtype": "f32", "shape": [4, 8], "kind": "weight",
+                  "bind": [{"tensor": "w.a", "rows": [1, 3]}, {"tensor": "w.b"}]},
+            "wi": {"dtype": "f32", "shape": [8, 2], "kind": "weight",
+                   "bind": [{"tensor": "g", "interleave": {"with": "u", "rows": 2}}]},
+            "wc": {"dtype": "f32", "shape": [4, 2], "kind": "weight", "bind": [{"tensor": "w.a", "cols": [2, 4]}]},
+            "wh": {"dtype": "f32", "shape": [8], "kind": "weight", "placement": "host", "bind": [{"tensor": "h"}]},
+            "src": {"dtype": "f32", "shape": [16], "kind": "source", "bind": [{"tensor": "s"}]},
+            "derived": {"dtype": "f32", "shape": [16], "kind": "weight"},
+            "c": {"dtype": "f32", "shape": [16], "kind": "carry"},
+            "hc": {"dtype": "f32", "shape": [8], "kind": "carry"},
+            "acc": {"dtype": "f32", "shape": [32], "kind": "carry"},
+        },
+        "modules": {"t": {"source": "rt_test.cubin", "sha256": sha}},
+        "ops": {
+            "axpb": {"params": axpb, "impl": {"launches": [
+                _launch("t", "rt_axpb", [{"ceil_div": ["n", 128]}, 1, 1])]}},
+            "axpb_small": {"params": axpb, "impl": {"launches": [_launch("t", "rt_axpb", [1, 1, 1])]}},
+            "fill": {"params": ["out buffer<i64>", "i64", "u8", "i32"], "impl": {"launches": [
+                _launch("t", "rt_fill_i64", [{"ceil_div": ["n", 128]}, 1, 1])]}},
+        },
+        "programs": {
+            "prep": {"derive": True, "calls": [
+                {"op": "axpb_small", "args": [{"buf": "src"}, {"buf": "derived"}, {"f32": 2.0}, {"f32": 0.0}, lit(16)]}]},
+            "load": {"once": True, "calls": [
+                {"op": "axpb_small", "args": [{"buf": "derived"}, {"buf": "c"}, {"f32": 1.0}, {"f32": 1.0}, lit(16)]},
+                {"op": "axpb_small", "args": [{"buf": "wh"}, {"buf": "hc"}, {"f32": 1.0}, {"f32": 0.0}, lit(8)]},
+                {"op": "axpb_small", "args": [{"buf": "w"}, {"buf": "acc"}, {"f32": 1.0}, {"f32": 0.0}, lit(32)]},
+                {"op": "axpb_small", "args": [{"buf": "wi"}, {"buf": "acc"}, {"f32": 1.0}, {"f32": 0.0}, lit(16)]},
+                {"op": "axpb_small", "args": [{"buf": "wc"}, {"buf": "acc"}, {"f32": 1.0}, {"f32": 0.0}, lit(8)]}]},
+            "main": {"calls": [
+                {"label": "axpb", "op": "axpb", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 3.0}, {"f32": 0.5}, {"var": "n"}]},
+                {"label": "fill", "op": "fill", "args": [{"buf": "o64"}, {"i64": -(1 << 40)}, {"u8": 7}, {"var": "n"}]}]},
+        },
+    }
+
+
+def features(sha: str) -> Json:
+    """> 48 KiB dynamic shared memory, a cluster launch, and a tensormap pack."""
+    return {
+        "schema_version": 5,
+        "model": "rt-features",
+        "buffers": {
+            "sx": {"dtype": "f32", "shape": [16384], "kind": "input"},
+            "sy": {"dtype": "f32", "shape": [16384], "kind": "output"},
+            "ranks": {"dtype": "i32", "shape": [8], "kind": "output"},
+            "tin": {"dtype": "f32", "shape": [64, 32], "kind": "input"},
+            "tout": {"dtype": "f32", "shape": [2048], "kind": "output"},
+        },
+        "modules": {"t": {"source": "rt_test.cubin", "sha256": sha}},
+        "ops": {
+            "reverse": {"params": ["in buffer<f32>", "out buffer<f32>", "i32"], "impl": {"launches": [
+                _launch("t", "rt_smem_reverse", [1, 1, 1], 256, shared_mem=65536)]}},
+            "cluster": {"params": ["out buffer<i32>"], "impl": {"launches": [
+                _launch("t", "rt_cluster_rank", [8, 1, 1], 32, cluster=[4, 1, 1])]}},
+            "tma": {"params": ["in buffer<f32>", "out buffer<f32>"], "impl": {"launches": [
+                _launch("t", "rt_tma_tile", [8, 1, 1], 128, params=["bytes<192>", "out buffer<f32>"], args=[
+                    {"pack": {"size": 192, "fields": [
+                        {"at": 0, "tensormap": {"param": 0, "dtype": "f32", "dims": [32, 64], "strides": [128],
+                                                "box": [32, 8]}},
+                        {"at": 128, "i32": 5}]}},
+                    {"param": 1}])]}},
+        },
+        "programs": {"main": {"calls": [
+            {"op": "reverse", "args": [{"buf": "sx"}, {"buf": "sy"}, {"i32": 16384}]},
+            {"op": "cluster", "args": [{"buf": "ranks"}]},
+            {"op": "tma", "args": [{"buf": "tin"}, {"buf": "tout"}]}]}},
+    }
+
+
+def chain(sha: str, calls: int = 400) -> Json:
+    """A graph program of `calls` launches over one carried vector."""
+    body = [{"op": "mix", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 1.0 - 1e-4 * (i % 7)}, {"f32": 1e-3 * (i % 11)},
+                                   {"i32": 4096}]} for i in range(calls - 1)]  # fmt: skip
+    first = {"op": "first", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 1.0}, {"f32": 0.25}, {"i32": 4096}]}
+    return {
+        "schema_version": 5,
+        "model": "rt-chain",
+        "buffers": {
+            "x": {"dtype": "f32", "shape": [4096], "kind": "input"},
+            "y": {"dtype": "f32", "shape": [4096], "kind": "output"},
+        },
+        "modules": {"t": {"source": "rt_test.cubin", "sha256": sha}},
+        "ops": {
+            "first": {"params": F32_OP, "impl": {"launches": [_launch("t", "rt_axpb", [32, 1, 1])]}},
+            "mix": {"params": F32_OP, "impl": {"launches": [_launch("t", "rt_mix", [32, 1, 1])]}},
+        },
+        "programs": {"chain": {"graph": True, "calls": [first, *body]}},
+    }
+
+
+def gemm(algo: Json | None = None) -> Json:
+    """The extern GEMMs: plain, strided (ldc/lda + byte offset), accumulate, f32 output."""
+    mnk = [{"var": "m"}, {"i32": 256}, {"i32": 512}]
+    plain: Json = {"entry": "extern:cublaslt_bf16_tn"}
+    if algo is not None:
+        plain["algo"] = algo
+    return {
+        "schema_version": 5,
+        "model": "rt-gemm",
+        "vars": {"m": {"max": 2048}},
+        "buffers": {
+            "a": {"dtype": "bf16", "shape": ["m", 640], "kind": "input"},
+            "w": {"dtype": "bf16", "shape": [256, 512], "kind": "weight", "bind": [{"tensor": "w"}]},
+            "c": {"dtype": "bf16", "shape": ["m", 384], "kind": "carry"},
+            "cf": {"dtype": "f32", "shape": ["m", 256], "kind": "carry"},
+        },
+        "modules": {},
+        "ops": {
+            "gemm": {"params": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"],
+                     "impl": {"launches": [plain]}},
+            "gemm_strided": {"params": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32",
+                                        "i32", "i32"],
+                             "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]}},
+            "gemm_acc": {"params": ["in buffer<bf16>", "in buffer<bf16>", "inout buffer<bf16>", "i32", "i32", "i32",
+                                    "i32", "i32"],
+                         "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn_acc"}]}},
+            "gemm_f32": {"params": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<f32>", "i32", "i32", "i32"],
+                         "impl": {"launches": [{"entry": "extern:cublas_bf16_tn_f32"}]}},
+        },
+        "programs": {
+            "plain": {"calls": [{"op": "gemm", "args": [{"buf": "a"}, {"buf": "w"}, {"buf": "c"}, *mnk]}]},
+            "strided": {"calls": [{"op": "gemm_strided", "args": [
+                {"buf": "a"}, {"buf": "w"}, {"buf": "c", "offset": 128}, *mnk, {"i32": 384}, {"i32": 640}]}]},
+            "acc": {"calls": [{"op": "gemm_acc", "args": [
+                {"buf": "a"}, {"buf": "w"}, {"buf": "c"}, *mnk, {"i32": 384}, {"i32": 640}]}]},
+            "f32": {"calls": [{"op": "gemm_f32", "args": [{"buf": "a"}, {"buf": "w"}, {"buf": "cf"}, *mnk]}]},
+        },
+    }
+
+
+def same_name(sha: str, extra: int) -> Json:
+    """Two ops on one module whose two `add_k` instances differ in ABI (n runtime vs constexpr)."""
+    pad = ["i64"] * extra
+    zeros = [{"i64": 0}] * extra
+    fwd = [{"param": i} for i in range(4)]
+
+    def launch(params: list[str], args: list[Json]) -> Json:
+        return _launch("tri", "add_k", [4, 1, 1], 128, params=params, args=args)
+
+    return {
+        "schema_version": 5,
+        "model": "rt-same-name",
+        "buffers": {
+            "x": {"dtype": "f32", "shape": [1024], "kind": "input"},
+            "y": {"dtype": "f32", "shape": [1024], "kind": "input"},
+            "oa": {"dtype": "f32", "shape": [1024], "kind": "output"},
+            "ob": {"dtype": "f32", "shape": [1024], "kind": "output"},
+        },
+        "modules": {"tri": {"source": "pair.fatbin", "sha256": sha}},
+        "ops": {
+            "runtime_n": {"params": ["in buffer<f32>", "in buffer<f32>", "out buffer<f32>", "i32"], "impl": {"launches": [
+                launch(["in buffer<f32>", "in buffer<f32>", "out buffer<f32>", "i32", *pad], [*fwd, *zeros])]}},
+            "const_n": {"params": ["in buffer<f32>", "in buffer<f32>", "out buffer<f32>"], "impl": {"launches": [
+                launch(["in buffer<f32>", "in buffer<f32>", "out buffer<f32>", *pad], [*fwd[:3], *zeros])]}},
+        },
+        "programs": {"main": {"calls": [
+            {"op": "runtime_n", "args": [{"buf": "x"}, {"buf": "y"}, {"buf": "oa"}, {"i32": 1024}]},
+            {"op": "const_n", "args": [{"buf": "x"}, {"buf": "y"}, {"buf": "ob"}]}]}},
+    }
