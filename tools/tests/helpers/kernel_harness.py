@@ -1,0 +1,143 @@
+"""Loads kern's cubins with cupy and launches them on torch tensors; torch references that mirror
+transformers' eager Qwen3 rounding; the paged KV layout of docs/qwen3.md. Test and tool code only."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+KERNELS_SRC = REPO / "tools" / "kernels-src"
+sys.path.insert(0, str(REPO / "packages" / "kern-cli" / "src"))
+
+from kern_cli.kernels_cmd import build_kernels  # noqa: E402
+
+BF16 = torch.bfloat16
+DEV = "cuda"
+
+
+def i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def i64(v: int) -> np.int64:
+    return np.int64(v)
+
+
+def f32(v: float) -> np.float32:
+    return np.float32(v)
+
+
+def ptr(t: torch.Tensor, offset_elems: int = 0) -> np.uint64:
+    assert t.is_cuda and t.is_contiguous()
+    return np.uint64(t.data_ptr() + offset_elems * t.element_size())
+
+
+class Kernels:
+    """Every `extern "C"` entry of the built modules, by name."""
+
+    def __init__(self, out_dir: Path) -> None:
+        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+        built = build_kernels(KERNELS_SRC, out_dir, compiler=(nvcc,))
+        self.modules = {m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()}
+        self.shas = {m: sha for m, (_p, sha) in built.items()}
+        self._fns: dict[str, cp.RawKernel] = {}
+
+    def fn(self, name: str) -> cp.RawKernel:
+        if name not in self._fns:
+            for module in self.modules.values():
+                try:
+                    self._fns[name] = module.get_function(name)
+                    break
+                except cp.cuda.driver.CUDADriverError:
+                    continue
+            else:
+                raise KeyError(name)
+        return self._fns[name]
+
+    def launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], *args: object) -> None:
+        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        with stream:
+            self.fn(name)(grid, block, args)
+
+
+# ------------------------------------------------------------------------------------------------
+# References (transformers' eager Qwen3 rounding, docs/qwen3.md "Numerics").
+
+
+def rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float, rscale: float = 1.0) -> torch.Tensor:
+    """Qwen3RMSNorm; `rscale` perturbs rsqrt(mean + eps) to bound reduction-order effects."""
+    x32 = x.float()
+    r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * rscale
+    return w * (x32 * r).to(x.dtype)
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary_pos_emb on [..., D] with cos/sin [..., D] (halves repeated)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rot * sin)
+
+
+def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
+    inter = gu.shape[-1] // 2
+    return torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Paged KV state, docs/qwen3.md: [page][layer][k|v][P][NKV][D] bf16.
+
+
+@dataclass
+class Paged:
+    state: torch.Tensor  # flat bf16
+    layers: int
+    pages: int
+    page_tokens: int
+    nkv: int
+    head_dim: int
+
+    @property
+    def page_stride(self) -> int:
+        return self.layers * 2 * self.page_tokens * self.nkv * self.head_dim
+
+    def layer_offset(self, layer: int) -> int:
+        return layer * 2 * self.page_tokens * self.nkv * self.head_dim
+
+    def view(self) -> torch.Tensor:
+        return self.state.view(
+            self.pages, self.layers, 2, self.page_tokens, self.nkv, self.head_dim
+        )
+
+    def gather(self, layer: int, block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the sequence's first `length` tokens: [length, NKV, D] each."""
+        v = self.view()[:, layer]
+        pos = torch.arange(length, device=DEV)
+        pages = block_table.long()[pos // self.page_tokens]
+        rows = pos % self.page_tokens
+        return v[pages, 0, rows], v[pages, 1, rows]
+
+
+def new_paged(layers: int, pages: int, page_tokens: int, nkv: int, head_dim: int, gen: torch.Generator) -> Paged:
+    n = pages * layers * 2 * page_tokens * nkv * head_dim
+    state = torch.randn(n, generator=gen, device=DEV).to(BF16)
+    return Paged(state, layers, pages, page_tokens, nkv, head_dim)
+
+
+def attention_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qpos: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """sdpa in f32 over gathered K/V: q [rows, NQ, D], k/v [L, NKV, D], query i sees keys <= qpos[i]."""
+    nq, nkv = q.shape[1], k.shape[1]
+    kk = k.float().repeat_interleave(nq // nkv, dim=1).transpose(0, 1)
+    vv = v.float().repeat_interleave(nq // nkv, dim=1).transpose(0, 1)
+    qq = q.float().transpose(0, 1)
+    mask = torch.arange(k.shape[0], device=DEV)[None, :] <= qpos[:, None]
+    out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).reshape(q.shape[0], nq * q.shape[2])

@@ -1,0 +1,456 @@
+"""GPU correctness of kern's Qwen3 kernels (tools/kernels-src) against torch references that mirror
+transformers' eager Qwen3 modules. Bit-exact wherever docs/qwen3.md mirrors the rounding; the norms
+are exact up to the f32 reduction order of mean(x^2), which the test bounds explicitly."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+transformers = pytest.importorskip("transformers")
+
+
+def _load_harness() -> ModuleType:
+    path = Path(__file__).parent / "helpers" / "kernel_harness.py"
+    spec = importlib.util.spec_from_file_location("kern_tools_kernel_harness", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+h = _load_harness()
+BF16 = torch.bfloat16
+DEV = "cuda"
+EPS = 1e-6
+# NOTE: the kernel's rsqrt(mean + eps) may differ from torch's by a few f32 ulps (summation order,
+# rsqrtf); outputs must lie between the references computed at rsqrt * (1 -+ DELTA).
+DELTA = 2e-6
+SHAPE_4B = {"hidden": 2560, "nq": 32, "nkv": 8, "head_dim": 128, "inter": 9728, "vocab": 151936}
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def k(tmp_path_factory: pytest.TempPathFactory) -> object:
+    return h.Kernels(tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    g = torch.Generator(device=DEV)
+    g.manual_seed(1234)
+    return g
+
+
+def randn(*shape: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen, device=DEV) * scale).to(BF16)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def assert_between(out: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, mid: torch.Tensor) -> None:
+    a, b = torch.minimum(lo.float(), hi.float()), torch.maximum(lo.float(), hi.float())
+    o = out.float()
+    bad = (o < a) | (o > b)
+    assert not bad.any(), f"{int(bad.sum())} elements outside the rounding bound"
+    exact = (bits(out) == bits(mid)).float().mean().item()
+    assert exact > 0.999, f"only {exact:.5f} of elements bit-equal to the reference"
+
+
+def qwen3_norm(weight: torch.Tensor) -> torch.nn.Module:
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    norm = Qwen3RMSNorm(weight.shape[0], eps=EPS).to(DEV, BF16)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    return norm
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 7, 709])
+def test_embed_is_a_gather(k: object, gen: torch.Generator, rows: int) -> None:
+    vocab, hidden = 4096, SHAPE_4B["hidden"]
+    table = randn(vocab, hidden, gen=gen)
+    ids = torch.randint(0, vocab, (rows,), generator=gen, device=DEV, dtype=torch.int64)
+    out = torch.empty(rows, hidden, dtype=BF16, device=DEV)
+    k.launch("kern_embed", (rows,), (256,), h.ptr(ids), h.ptr(table), h.ptr(out), h.i32(hidden))
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(torch.nn.functional.embedding(ids, table)))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 709])
+@pytest.mark.parametrize("hidden", [2560, 1024, 5120])
+def test_rmsnorm_matches_qwen3_rmsnorm(k: object, gen: torch.Generator, rows: int, hidden: int) -> None:
+    x = randn(rows, hidden, gen=gen, scale=3.0)
+    w = randn(hidden, gen=gen)
+    out = torch.empty_like(x)
+    k.launch("kern_rmsnorm", (rows,), (256,), h.ptr(x), h.ptr(w), h.ptr(out), h.i32(hidden), h.f32(EPS))
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        mid = qwen3_norm(w)(x)
+    assert torch.equal(bits(h.rms_ref(x, w, EPS)), bits(mid)), "reference mirror drifted"
+    assert_between(out, h.rms_ref(x, w, EPS, 1 - DELTA), h.rms_ref(x, w, EPS, 1 + DELTA), mid)
+
+
+@pytest.mark.parametrize("rows", [1, 709])
+def test_add_rmsnorm_updates_residual_then_norms(k: object, gen: torch.Generator, rows: int) -> None:
+    hidden = SHAPE_4B["hidden"]
+    res = randn(rows, hidden, gen=gen, scale=4.0)
+    y = randn(rows, hidden, gen=gen)
+    w = randn(hidden, gen=gen)
+    res0 = res.clone()
+    out = torch.empty_like(res)
+    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res), h.ptr(y), h.ptr(w), h.ptr(out),
+             h.i32(hidden), h.f32(EPS))
+    torch.cuda.synchronize()
+    summed = res0 + y  # decoder layer: hidden_states = residual + hidden_states (bf16)
+    assert torch.equal(bits(res), bits(summed))
+    with torch.no_grad():
+        mid = qwen3_norm(w)(summed)
+    assert_between(out, h.rms_ref(summed, w, EPS, 1 - DELTA), h.rms_ref(summed, w, EPS, 1 + DELTA), mid)
+
+
+def _rope_tables(maxpos: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [maxpos, D/2] from transformers' Qwen3RotaryEmbedding (built on CPU, run on GPU)."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    cfg = Qwen3Config(head_dim=head_dim, max_position_embeddings=maxpos, hidden_size=head_dim * 4,
+                      num_attention_heads=4, num_key_value_heads=2)
+    params = getattr(cfg, "rope_parameters", None)
+    if isinstance(params, dict):  # transformers 5: rope settings live in rope_parameters
+        params["rope_type"] = "default"
+        params["rope_theta"] = theta
+    else:
+        cfg.rope_theta = theta
+    rotary = Qwen3RotaryEmbedding(cfg).to(DEV)
+    expo = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    assert torch.allclose(rotary.inv_freq.cpu(), 1.0 / (theta**expo)), "config theta not applied"
+    x = torch.zeros(1, 1, dtype=BF16, device=DEV)
+    cos, sin = rotary(x, torch.arange(maxpos, device=DEV)[None, :])
+    return cos[0, :, : head_dim // 2].contiguous(), sin[0, :, : head_dim // 2].contiguous()
+
+
+@pytest.mark.parametrize(("maxpos", "head_dim", "theta"), [(40960, 128, 1e6), (2048, 64, 1e4)])
+def test_rope_table_matches_qwen3_rotary_embedding(
+    k: object, maxpos: int, head_dim: int, theta: float
+) -> None:
+    half = head_dim // 2
+    cos = torch.empty(maxpos, half, dtype=BF16, device=DEV)
+    sin = torch.empty_like(cos)
+    k.launch("kern_rope_table", (maxpos,), (half,), h.ptr(cos), h.ptr(sin), h.i32(maxpos),
+             h.i32(half), h.f32(theta))
+    torch.cuda.synchronize()
+    ref_cos, ref_sin = _rope_tables(maxpos, head_dim, theta)
+    assert torch.equal(bits(cos), bits(ref_cos)), f"{int((bits(cos) != bits(ref_cos)).sum())} cos differ"
+    assert torch.equal(bits(sin), bits(ref_sin)), f"{int((bits(sin) != bits(ref_sin)).sum())} sin differ"
+
+
+def _qkv_case(gen: torch.Generator, rows: int, nq: int, nkv: int, d: int, maxpos: int):
+    qkv = randn(rows, (nq + 2 * nkv) * d, gen=gen, scale=2.0)
+    wq = randn(d, gen=gen)
+    wk = randn(d, gen=gen)
+    pos = torch.randint(0, maxpos, (rows,), generator=gen, device=DEV, dtype=torch.int64)
+    return qkv, wq, wk, pos
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on x [rows, heads, D] with half tables [maxpos, D/2]."""
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    c = torch.cat((cos[pos], cos[pos]), dim=-1)[None]  # [1, rows, D]
+    s = torch.cat((sin[pos], sin[pos]), dim=-1)[None]
+    xt = x.transpose(0, 1)[None]  # [1, heads, rows, D]
+    out, _ = apply_rotary_pos_emb(xt, xt, c, s)
+    return out[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("rows", [1, 37])
+def test_rope_matches_apply_rotary_pos_emb(k: object, gen: torch.Generator, rows: int) -> None:
+    nq, nkv, d, maxpos = 32, 8, 128, 4096
+    qkv, _wq, _wk, pos = _qkv_case(gen, rows, nq, nkv, d, maxpos)
+    cos, sin = _rope_tables(maxpos, d, 1e6)
+    before = qkv.clone()
+    k.launch("kern_rope", (rows, nq + nkv), (d // 2,), h.ptr(qkv), h.ptr(pos), h.ptr(cos), h.ptr(sin),
+             h.i32(nq), h.i32(nkv), h.i32(d))
+    torch.cuda.synchronize()
+    heads = before.view(rows, nq + 2 * nkv, d)
+    ref = heads.clone()
+    ref[:, : nq + nkv] = _apply_rope(heads[:, : nq + nkv], cos, sin, pos)
+    assert torch.equal(bits(qkv.view(rows, -1, d)), bits(ref)), "rope differs (v heads must stay)"
+
+
+def _normed_heads(heads: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, nq: int, rscale: float) -> torch.Tensor:
+    out = heads.clone()
+    out[:, :nq] = h.rms_ref(heads[:, :nq], wq, EPS, rscale)
+    nk = heads.shape[1] - nq
+    out[:, nq:] = h.rms_ref(heads[:, nq:], wk, EPS, rscale)
+    return out[:, : nq + nk]
+
+
+@pytest.mark.parametrize("rows", [1, 37])
+def test_head_rmsnorm_matches_q_norm_k_norm(k: object, gen: torch.Generator, rows: int) -> None:
+    nq, nkv, d = 32, 8, 128
+    qkv, wq, wk, _pos = _qkv_case(gen, rows, nq, nkv, d, 16)
+    heads = qkv.view(rows, nq + 2 * nkv, d).clone()
+    k.launch("kern_head_rmsnorm", (rows, nq + nkv), (d // 2,), h.ptr(qkv), h.ptr(wq), h.ptr(wk),
+             h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS))
+    torch.cuda.synchronize()
+    out = qkv.view(rows, nq + 2 * nkv, d)
+    with torch.no_grad():
+        mid = torch.cat((qwen3_norm(wq)(heads[:, :nq]), qwen3_norm(wk)(heads[:, nq : nq + nkv])), dim=1)
+    lo = _normed_heads(heads[:, : nq + nkv], wq, wk, nq, 1 - DELTA)
+    hi = _normed_heads(heads[:, : nq + nkv], wq, wk, nq, 1 + DELTA)
+    assert_between(out[:, : nq + nkv], lo, hi, mid)
+    assert torch.equal(bits(out[:, nq + nkv :]), bits(heads[:, nq + nkv :])), "v heads changed"
+
+
+@pytest.mark.parametrize(("rows", "nq", "nkv", "d"), [(1, 32, 8, 128), (37, 32, 8, 128), (5, 16, 8, 64)])
+def test_qk_norm_rope_matches_transformers(
+    k: object, gen: torch.Generator, rows: int, nq: int, nkv: int, d: int
+) -> None:
+    maxpos = 4096
+    qkv, wq, wk, pos = _qkv_case(gen, rows, nq, nkv, d, maxpos)
+    cos, sin = _rope_tables(maxpos, d, 1e6)
+    heads = qkv.view(rows, nq + 2 * nkv, d).clone()
+    k.launch("kern_qk_norm_rope", (rows, nq + nkv), (d // 2,), h.ptr(qkv), h.ptr(wq), h.ptr(wk),
+             h.ptr(pos), h.ptr(cos), h.ptr(sin), h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS))
+    torch.cuda.synchronize()
+    out = qkv.view(rows, nq + 2 * nkv, d)[:, : nq + nkv]
+    with torch.no_grad():
+        normed = torch.cat((qwen3_norm(wq)(heads[:, :nq]), qwen3_norm(wk)(heads[:, nq : nq + nkv])), 1)
+    mid = _apply_rope(normed, cos, sin, pos)
+    exact = (bits(out) == bits(mid)).float().mean().item()
+    assert exact > 0.999, f"only {exact:.5f} bit-equal"
+    # Where the norm's rounding is ambiguous, the output must match rope over some mix of the
+    # lower / upper normed halves (each output reads one element of each half).
+    lo = _normed_heads(heads[:, : nq + nkv], wq, wk, nq, 1 - DELTA)
+    hi = _normed_heads(heads[:, : nq + nkv], wq, wk, nq, 1 + DELTA)
+    half = d // 2
+    ok = bits(out) == bits(mid)
+    for first in (lo, hi):
+        for second in (lo, hi):
+            mixed = torch.cat((first[..., :half], second[..., half:]), dim=-1)
+            ok |= bits(out) == bits(_apply_rope(mixed, cos, sin, pos))
+    assert ok.all(), f"{int((~ok).sum())} elements match no admissible rounding"
+    assert torch.equal(bits(qkv.view(rows, nq + 2 * nkv, d)[:, nq + nkv :]), bits(heads[:, nq + nkv :]))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 709])
+def test_silu_mul_matches_qwen3_mlp_activation(k: object, gen: torch.Generator, rows: int) -> None:
+    inter = SHAPE_4B["inter"]
+    gu = randn(rows, 2 * inter, gen=gen, scale=4.0)
+    out = torch.empty(rows, inter, dtype=BF16, device=DEV)
+    k.launch("kern_silu_mul", (rows, math.ceil(inter / 1024)), (128,), h.ptr(gu), h.ptr(out), h.i32(inter))
+    torch.cuda.synchronize()
+    from transformers.activations import ACT2FN
+
+    act = ACT2FN["silu"]
+    ref = act(gu[:, :inter]) * gu[:, inter:]
+    assert torch.equal(bits(out), bits(ref))
+    assert torch.equal(bits(ref), bits(h.silu_mul_ref(gu)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Paged KV.
+
+PAGE = 16
+LAYERS = 3
+LAYER = 1
+
+
+def _block_table(pages: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randperm(pages, generator=gen, device=DEV).to(torch.int32)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_kv_write_lands_in_slot_pages_only(k: object, gen: torch.Generator, rows: int) -> None:
+    nq, nkv, d = 32, 8, 128
+    pages = 8
+    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
+    before = kv.view().clone()
+    table = _block_table(pages, gen)
+    start = 9
+    positions = torch.arange(start, start + rows, device=DEV)
+    slots = (table.long()[positions // PAGE] * PAGE + positions % PAGE).contiguous()
+    qkv = randn(rows, (nq + 2 * nkv) * d, gen=gen)
+    k.launch("kern_kv_write", (rows, nkv), (32,), h.ptr(qkv), h.ptr(kv.state, kv.layer_offset(LAYER)),
+             h.ptr(slots), h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride))
+    torch.cuda.synchronize()
+    expect = before.clone()
+    heads = qkv.view(rows, nq + 2 * nkv, d)
+    pg, rw = slots // PAGE, slots % PAGE
+    expect[pg, LAYER, 0, rw] = heads[:, nq : nq + nkv]
+    expect[pg, LAYER, 1, rw] = heads[:, nq + nkv :]
+    assert torch.equal(bits(kv.view()), bits(expect))
+
+
+def _decode_case(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int):
+    pages = math.ceil(seq_len / PAGE) + 3
+    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
+    table = _block_table(pages, gen)
+    qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
+    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
+    part_o = torch.full((splits, nq, d), float("nan"), device=DEV)
+    part_lse = torch.full((splits, nq), float("nan"), device=DEV)
+    out = torch.empty(1, nq * d, dtype=BF16, device=DEV)
+    scale = d**-0.5
+    k.launch("kern_attn_decode_partial", (nkv, splits), (128,), h.ptr(qkv),
+             h.ptr(kv.state, kv.layer_offset(LAYER)), h.ptr(table), h.ptr(seq), h.ptr(part_o),
+             h.ptr(part_lse), h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride),
+             h.i32(splits), h.f32(scale))
+    k.launch("kern_attn_decode_reduce", (nq,), (128,), h.ptr(part_o), h.ptr(part_lse), h.ptr(out),
+             h.i32(nq), h.i32(d), h.i32(splits))
+    torch.cuda.synchronize()
+    keys, vals = kv.gather(LAYER, table, seq_len)
+    q = qkv[:, : nq * d].view(1, nq, d)
+    ref = h.attention_ref(q, keys, vals, torch.tensor([seq_len - 1], device=DEV), scale)
+    return out, ref
+
+
+@pytest.mark.parametrize("seq_len", [1, 15, 16, 17, 300, 1000, 2053])
+@pytest.mark.parametrize("splits", [16, 32])
+def test_decode_attention_4b_heads(k: object, gen: torch.Generator, seq_len: int, splits: int) -> None:
+    out, ref = _decode_case(k, gen, 32, 8, 128, seq_len, splits)
+    torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize(("nq", "nkv", "d"), [(16, 8, 128), (40, 8, 128), (64, 4, 128), (8, 1, 64), (24, 8, 64)])
+def test_decode_attention_other_gqa_shapes(k: object, gen: torch.Generator, nq: int, nkv: int, d: int) -> None:
+    out, ref = _decode_case(k, gen, nq, nkv, d, 531, 8)
+    torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=1e-2)
+
+
+def _prefill_case(
+    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, prefix: int, rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seq_len = prefix + rows
+    pages = math.ceil(seq_len / PAGE) + 2
+    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
+    table = _block_table(pages, gen)
+    qkv = randn(rows, (nq + 2 * nkv) * d, gen=gen)
+    positions = torch.arange(prefix, seq_len, device=DEV)
+    slots = (table.long()[positions // PAGE] * PAGE + positions % PAGE).contiguous()
+    layer_ptr = h.ptr(kv.state, kv.layer_offset(LAYER))
+    k.launch("kern_kv_write", (rows, nkv), (32,), h.ptr(qkv), layer_ptr, h.ptr(slots), h.i32(nq),
+             h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride))
+    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
+    out = torch.full((rows, nq * d), float("nan"), dtype=BF16, device=DEV)
+    scale = d**-0.5
+    k.launch("kern_attn_prefill", (math.ceil(rows / 64), nq), (128,), h.ptr(qkv), layer_ptr, h.ptr(table),
+             h.ptr(seq), h.ptr(out), h.i32(rows), h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE),
+             h.i64(kv.page_stride), h.f32(scale))
+    torch.cuda.synchronize()
+    keys, vals = kv.gather(LAYER, table, seq_len)
+    heads = qkv.view(rows, nq + 2 * nkv, d)
+    assert torch.equal(bits(keys[prefix:]), bits(heads[:, nq : nq + nkv]))
+    assert torch.equal(bits(vals[prefix:]), bits(heads[:, nq + nkv :]))
+    ref = h.attention_ref(heads[:, :nq], keys, vals, positions, scale)
+    sdpa_bf16 = _sdpa_bf16(heads[:, :nq], keys, vals, prefix)
+    return out, ref, sdpa_bf16
+
+
+def _sdpa_bf16(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, prefix: int) -> torch.Tensor:
+    """transformers' sdpa path in bf16: repeat_kv, boolean causal mask shifted by the prefix."""
+    rows, nq, d = q.shape
+    nkv = keys.shape[1]
+    kk = keys.repeat_interleave(nq // nkv, dim=1).transpose(0, 1)[None]
+    vv = vals.repeat_interleave(nq // nkv, dim=1).transpose(0, 1)[None]
+    mask = torch.arange(keys.shape[0], device=DEV)[None, :] <= (prefix + torch.arange(rows, device=DEV))[:, None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], kk, vv, attn_mask=mask[None, None], scale=d**-0.5
+    )
+    return out[0].transpose(0, 1).reshape(rows, nq * d)
+
+
+@pytest.mark.parametrize(("prefix", "rows"), [(0, 1), (0, 37), (0, 709), (512, 197), (37, 97), (96, 64), (1000, 1)])
+def test_prefill_attention_4b_heads(k: object, gen: torch.Generator, prefix: int, rows: int) -> None:
+    out, ref, sdpa = _prefill_case(k, gen, 32, 8, 128, prefix, rows)
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out.float(), sdpa.float(), atol=1.6e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(("nq", "nkv", "d"), [(16, 8, 128), (40, 8, 128), (8, 1, 64)])
+def test_prefill_attention_other_gqa_shapes(k: object, gen: torch.Generator, nq: int, nkv: int, d: int) -> None:
+    out, ref, _ = _prefill_case(k, gen, nq, nkv, d, 50, 77)
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sampling and the device-side feed.
+
+
+def _argmax(k: object, logits: torch.Tensor) -> int:
+    pval = torch.empty(64, device=DEV)
+    pidx = torch.empty(64, dtype=torch.int32, device=DEV)
+    nxt = torch.full((1,), -5, dtype=torch.int64, device=DEV)
+    k.launch("kern_argmax_partial", (64,), (256,), h.ptr(logits), h.ptr(pval), h.ptr(pidx), h.i32(logits.numel()))
+    k.launch("kern_argmax_final", (1,), (256,), h.ptr(pval), h.ptr(pidx), h.ptr(nxt), h.i32(64))
+    torch.cuda.synchronize()
+    return int(nxt.item())
+
+
+def _cpu_scan(logits: torch.Tensor) -> int:
+    values = logits.float().cpu().tolist()
+    best = 0
+    for i, v in enumerate(values):
+        if v > values[best]:
+            best = i
+    return best
+
+
+@pytest.mark.parametrize("n", [151936, 151935, 1000, 9, 64 * 8 + 3])
+def test_argmax_equals_cpu_scan(k: object, gen: torch.Generator, n: int) -> None:
+    logits = randn(n, gen=gen, scale=3.0)
+    assert _argmax(k, logits) == _cpu_scan(logits)
+
+
+def test_argmax_ties_go_to_lowest_index(k: object, gen: torch.Generator) -> None:
+    n = 151936
+    logits = randn(n, gen=gen)
+    top = logits.float().max().item() + 1.0
+    for idx in (150000, 77777, 77778, 2375, 2374 + 8 * 256):  # across and within partial blocks
+        logits[idx] = top
+    assert _argmax(k, logits) == 2375 == _cpu_scan(logits)
+    logits[3] = top
+    assert _argmax(k, logits) == 3
+
+
+def test_argmax_all_equal_and_infinite(k: object) -> None:
+    same = torch.full((151936,), 0.5, dtype=BF16, device=DEV)
+    assert _argmax(k, same) == 0
+    neg = torch.full((5000,), float("-inf"), dtype=BF16, device=DEV)
+    assert _argmax(k, neg) == 0
+    neg[4321] = -1e30
+    assert _argmax(k, neg) == 4321
+
+
+@pytest.mark.parametrize("pos", [0, 14, 15, 16, 1000])
+def test_decode_advance_feeds_next_step(k: object, gen: torch.Generator, pos: int) -> None:
+    table = _block_table(128, gen)
+    nxt = torch.tensor([123456], dtype=torch.int64, device=DEV)
+    ids = torch.tensor([7], dtype=torch.int64, device=DEV)
+    p = torch.tensor([pos], dtype=torch.int64, device=DEV)
+    slots = torch.tensor([-1], dtype=torch.int64, device=DEV)
+    seq = torch.tensor([pos + 1], dtype=torch.int32, device=DEV)
+    k.launch("kern_decode_advance", (1,), (1,), h.ptr(nxt), h.ptr(ids), h.ptr(p), h.ptr(slots), h.ptr(seq),
+             h.ptr(table), h.i32(PAGE))
+    torch.cuda.synchronize()
+    new = pos + 1
+    assert ids.item() == 123456
+    assert p.item() == new
+    assert seq.item() == pos + 2
+    assert slots.item() == int(table[new // PAGE].item()) * PAGE + new % PAGE
