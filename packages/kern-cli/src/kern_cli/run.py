@@ -37,9 +37,12 @@ __all__ = [
     "RunError",
     "RunOptions",
     "Session",
+    "add_run_flags",
     "build_parser",
+    "default_weights",
     "device_count",
     "ensure_kernels",
+    "execute",
     "main",
     "prefill_chunks",
     "probe_gpu",
@@ -89,7 +92,8 @@ class RunOptions:
     kernel_sources: Path | None
 
 
-def _add_flags(p: argparse.ArgumentParser) -> None:
+def add_run_flags(p: argparse.ArgumentParser, *, steps_help: str | None = None) -> None:
+    """Add the target, file, prompt and run flags shared by `kern run` and `kern bench`."""
     p.add_argument("target", nargs="?", help="a target named in kern.toml (default: its default)")
     p.add_argument("--config", type=Path, help="kern.toml (default: the nearest one upward)")
     p.add_argument("--manifest", type=Path, help="manifest JSON")
@@ -98,7 +102,7 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help=f"text prompt (default {DEFAULT_PROMPT!r})")
     src.add_argument("--prompt-ids", help="prompt token ids, comma or space separated")
-    p.add_argument("--steps", type=int, help=f"tokens to generate (default {DEFAULT_STEPS})")
+    p.add_argument("--steps", type=int, help=steps_help or f"tokens to generate (default {DEFAULT_STEPS})")
     p.add_argument("--gpu", type=int, help="device ordinal (default 0)")
     p.add_argument("--capacity", type=int, help="KV tokens (default: the run's reach, at least 4096)")
     p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_CHUNK})")
@@ -440,7 +444,8 @@ def _tokenize(opts: RunOptions) -> tuple[list[int], Any]:
     return tok.encode(opts.prompt), tok
 
 
-def _default_weights(log: Callable[[str], None]) -> tuple[Path, ...]:
+def default_weights(log: Callable[[str], None]) -> tuple[Path, ...]:
+    """The seeded random Qwen3-4B checkpoint, written to the cache once; says so through `log`."""
     bar = _Bar(sys.stderr)
     path, written = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b", progress=bar)
     if written:
@@ -508,7 +513,7 @@ def execute(opts: RunOptions, out: TextIO) -> int:
         raise RunError(f"--manifest {opts.manifest}: no such file")
     manifest = json.loads(opts.manifest.read_text())
     prompt, tok = _tokenize(opts)
-    weights = weight_files(opts.weights or _default_weights(_log))
+    weights = weight_files(opts.weights or default_weights(_log))
     ensure_kernels(manifest, opts.kernels, opts.kernel_sources, _log)
     capacity = _capacity(opts, len(prompt))
     if len(prompt) + opts.steps > capacity:
@@ -551,7 +556,7 @@ def _handle(args: argparse.Namespace) -> int:
 def build_parser(prog: str = "kern-run") -> argparse.ArgumentParser:
     """The kern-run argument parser."""
     p = argparse.ArgumentParser(prog=prog, description="greedy generation for one sequence on kern")
-    _add_flags(p)
+    add_run_flags(p)
     p.set_defaults(handler=_handle)
     return p
 
@@ -560,7 +565,7 @@ def register(subparsers: Any) -> None:
     """Add `kern run` to the `kern` dispatcher."""
     p = subparsers.add_parser("run", help="greedy generation for one sequence",
                               description="greedy generation for one sequence on kern")
-    _add_flags(p)
+    add_run_flags(p)
     p.set_defaults(handler=_handle)
 
 

@@ -1,0 +1,310 @@
+"""`kern bench`: decode and prefill timings of one manifest on one GPU, with a cuBLAS-only floor.
+
+    kern bench [target] [--manifest M --kernels K --weights W...] [--contexts 128,8192]
+        [--steps 256] [--prefill 709] [--json out.json]
+
+Rows (the bench convention: name, value, unit, target, peer):
+- `decode_ms_per_token@ctx<c>`: median wall time of >= 200 single decode steps at context c, each
+  one replay + the 8-byte readback (+ the host writes of a host-fed manifest): what kern-run pays.
+- `decode_gpu_ms_per_step@ctx<c>`: back-to-back replays of the same step graph, no readback, wall
+  divided by the count: the GPU time of a step.
+- `gemm_floor_ms_per_step`: the decode step's GEMM calls alone (same shapes, same weights, cublasLt)
+  captured in one graph and replayed back to back.
+- `prefill_ms@<n>` / `ttft_ms@<n>`: chunked prefill of an n-token prompt (the first n-1 tokens),
+  and prefill plus the first decode step; medians of `--prefill-reps`.
+- `weight_bytes_per_step`: bytes of weights the decode step reads whole.
+Peers measured outside kern (the copy-bandwidth floor, transformers) are added by
+tools/gpu/qwen3_checks.py, which has torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kern_cli.config import ConfigError
+from kern_cli.run import (
+    NoGpuError,
+    RunError,
+    RunOptions,
+    Session,
+    add_run_flags,
+    default_weights,
+    ensure_kernels,
+    probe_gpu,
+    resolve_options,
+    weight_files,
+)
+
+__all__ = [
+    "BenchError",
+    "Row",
+    "bench_session",
+    "decode_weight_bytes",
+    "gemm_only_manifest",
+    "register",
+    "table",
+]
+
+Row = dict[str, Any]
+_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "i8": 1, "u8": 1,
+                "fp8e4m3": 1, "fp8e8m0": 1}
+MIN_STEPS = 200
+DEFAULT_BENCH_STEPS = 256
+PROMPT_VOCAB = 1000
+"""Random prompt ids are drawn below this (every vocabulary has that many; timing ignores ids)."""
+
+
+class BenchError(Exception):
+    """Bad benchmark options (too few steps, a context beyond the manifest's reach)."""
+
+
+def _row(name: str, value: float, unit: str, target: float | None = None, peer: str = "") -> Row:
+    return {"name": name, "value": round(value, 4), "unit": unit, "target": target, "peer": peer}
+
+
+def _extern_calls(manifest: Mapping[str, Any], program: str) -> list[dict[str, Any]]:
+    ops = manifest["ops"]
+    extern = {n for n, op in ops.items() if all(la["entry"].startswith("extern:") for la in op["impl"]["launches"])}
+    return [c for c in manifest["programs"][program]["calls"] if c["op"] in extern]
+
+
+def _nbytes(buf: Mapping[str, Any], env: Mapping[str, int]) -> int:
+    n = _DTYPE_BYTES[buf["dtype"]]
+    for d in buf["shape"]:
+        n *= env[d] if isinstance(d, str) else int(d)
+    return n
+
+
+def decode_weight_bytes(manifest: Mapping[str, Any], program: str) -> int:
+    """Bytes of weight buffers read by the program's extern (GEMM) calls, each counted once."""
+    names = {a["buf"] for c in _extern_calls(manifest, program) for a in c["args"]
+             if "buf" in a and manifest["buffers"][a["buf"]]["kind"] == "weight"}
+    return sum(_nbytes(manifest["buffers"][n], {}) for n in names)
+
+
+def gemm_only_manifest(manifest: Mapping[str, Any], program: str) -> dict[str, Any]:
+    """A manifest whose one graph program is `program`'s extern (GEMM) calls alone.
+
+    Weight buffers keep their binds (so a resident runtime's weights are claimed as they are);
+    activations a GEMM reads become inputs, the ones it writes workspace.
+
+    Raises:
+        BenchError: the program has no extern call.
+    """
+    calls = _extern_calls(manifest, program)
+    if not calls:
+        raise BenchError(f"program {program!r} has no extern (GEMM) call to time")
+    ops = {c["op"] for c in calls}
+    written: set[str] = set()
+    read: set[str] = set()
+    for c in calls:
+        params = manifest["ops"][c["op"]]["params"]
+        for p, a in zip(params, c["args"], strict=True):
+            if "buf" in a:
+                (written if p.startswith(("out", "inout")) else read).add(a["buf"])
+    buffers: dict[str, Any] = {}
+    for name in sorted(read | written):
+        b = dict(manifest["buffers"][name])
+        b.pop("fill", None)
+        b.pop("domain", None)
+        if b["kind"] != "weight":
+            b["kind"] = "workspace" if name in written else "input"
+        buffers[name] = b
+    used_vars = {d for b in buffers.values() for d in b["shape"] if isinstance(d, str)}
+    used_vars |= {a["var"] for c in calls for a in c["args"] if "var" in a}
+    return {
+        "schema_version": manifest["schema_version"],
+        "model": f"{manifest['model']}-gemms",
+        "vars": {v: {"max": 1} for v in sorted(used_vars)},
+        "buffers": buffers,
+        "modules": {},
+        "ops": {o: manifest["ops"][o] for o in sorted(ops)},
+        "programs": {"gemms": {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": calls}},
+    }
+
+
+def _median_ms(samples_ns: Sequence[int]) -> float:
+    return statistics.median(samples_ns) / 1e6
+
+
+def _prompt(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
+    return [int(x) for x in rng.integers(0, vocab, size=n)]
+
+
+def _decode_rows(s: Session, ctx: int, steps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
+    s.prefill(_prompt(rng, ctx, vocab), chunk)
+    for _ in range(10):
+        s.step()
+    samples: list[int] = []
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        s.step()
+        samples.append(time.perf_counter_ns() - t0)
+    # NOTE: replaying one step graph with unchanged inputs recomputes the same position: its time
+    # is the GPU time of a step at this context, with no host work in between.
+    s.rt.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(steps):
+        s.rt.issue(s.proto.step_program, s.proto.step_vars)
+    s.rt.synchronize()
+    gpu_ms = (time.perf_counter_ns() - t0) / steps / 1e6
+    return [
+        _row(f"decode_ms_per_token@ctx{ctx}", _median_ms(samples), "ms"),
+        _row(f"decode_gpu_ms_per_step@ctx{ctx}", gpu_ms, "ms"),
+    ]
+
+
+def _prefill_rows(s: Session, n: int, reps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
+    prompt = _prompt(rng, n, vocab)
+    pre: list[int] = []
+    ttft: list[int] = []
+    for _ in range(reps + 1):
+        s.rt.synchronize()
+        t0 = time.perf_counter_ns()
+        s.prefill(prompt, chunk)
+        s.rt.synchronize()
+        t1 = time.perf_counter_ns()
+        s.step()
+        t2 = time.perf_counter_ns()
+        pre.append(t1 - t0)
+        ttft.append(t2 - t0)
+    return [_row(f"prefill_ms@{n}", _median_ms(pre[1:]), "ms"), _row(f"ttft_ms@{n}", _median_ms(ttft[1:]), "ms")]
+
+
+def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights: Sequence[Path], gpu: int,
+                steps: int) -> Row:
+    import kern_runtime as kr
+    from kern_manifest import parse_manifest
+
+    gm = parse_manifest(json.dumps(gemm_only_manifest(manifest, s.proto.step_program)))
+    resident = s.rt.into_resident()
+    rt = kr.Runtime.load(gm, kernels, gpu=gpu, capacity=kr.Capacity(tokens=16, seqs=1), over=resident)
+    try:
+        rt.load_weights(kr.Safetensors.open([str(p) for p in weights]))
+        vars_ = dict.fromkeys(gm.vars, 1)
+        for _ in range(10):
+            rt.issue("gemms", vars_)
+        rt.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(steps):
+            rt.issue("gemms", vars_)
+        rt.synchronize()
+        ms = (time.perf_counter_ns() - t0) / steps / 1e6
+    finally:
+        rt.close()
+    return _row("gemm_floor_ms_per_step", ms, "ms", peer="cublasLt, the step's GEMMs in one graph")
+
+
+def bench_session(
+    opts: RunOptions,
+    *,
+    contexts: Sequence[int],
+    steps: int,
+    prefill: int,
+    prefill_reps: int = 10,
+    chunk: int = 2048,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[Row]:
+    """Load once, measure decode at each context, prefill, then the GEMM-only floor.
+
+    Raises:
+        BenchError: fewer than 200 steps, or a context beyond the capacity.
+    """
+    if steps < MIN_STEPS:
+        raise BenchError(f"--steps must be at least {MIN_STEPS} (the median needs them), got {steps}")
+    manifest = json.loads(opts.manifest.read_text())
+    reach = max([*contexts, prefill]) + 2 * steps + 32  # NOTE: device-fed replays advance too
+    capacity = max(opts.capacity or 0, -(-reach // 256) * 256)
+    weights = weight_files(opts.weights)
+    ensure_kernels(manifest, opts.kernels, opts.kernel_sources, log)
+    vocab = PROMPT_VOCAB
+    rng = np.random.default_rng(0)
+    rows = [_row("weight_bytes_per_step", decode_weight_bytes(manifest, _step_program(manifest)) / 1e9, "GB")]
+    s = Session.open(opts.manifest, opts.kernels, weights, gpu=opts.gpu, capacity=capacity, log=log)
+    try:
+        for ctx in contexts:
+            log(f"decode at context {ctx}")
+            rows += _decode_rows(s, ctx, steps, vocab, chunk, rng)
+        log(f"prefill of {prefill} tokens")
+        rows += _prefill_rows(s, prefill, prefill_reps, vocab, chunk, rng)
+        log("GEMM-only floor")
+        rows.append(_gemm_floor(s, manifest, opts.kernels, weights, opts.gpu, steps))
+    finally:
+        s.close()
+    return rows
+
+
+def _step_program(manifest: Mapping[str, Any]) -> str:
+    from kern_cli.run import protocol_of
+
+    return protocol_of(manifest).step_program
+
+
+def table(rows: Sequence[Row]) -> str:
+    """Rows as an aligned text table."""
+    keys = ["name", "value", "unit", "target", "peer"]
+    cells = [["" if r.get(k) is None else str(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise BenchError(f"--contexts must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise BenchError(f"--contexts needs positive integers, got {text!r}")
+    return values
+
+
+def _handle(args: argparse.Namespace) -> int:
+    def log(msg: str) -> None:
+        print(f"kern bench: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        opts = resolve_options(args)
+        contexts = _ints(args.contexts)
+        probe_gpu(opts.gpu)
+        if not opts.weights:
+            opts = _with_weights(opts, default_weights(log))
+        steps = DEFAULT_BENCH_STEPS if args.steps is None else args.steps
+        rows = bench_session(opts, contexts=contexts, steps=steps, prefill=args.prefill,
+                             prefill_reps=args.prefill_reps, log=log)
+    except (NoGpuError, RunError, ConfigError, BenchError) as exc:
+        print(f"kern bench: {exc}", file=sys.stderr)
+        return 2
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    print(table(rows))
+    return 0
+
+
+def _with_weights(opts: RunOptions, weights: tuple[Path, ...]) -> RunOptions:
+    from dataclasses import replace
+
+    return replace(opts, weights=weights)
+
+
+def register(subparsers: Any) -> None:
+    """Add `kern bench` to the `kern` dispatcher."""
+    p = subparsers.add_parser("bench", help="decode and prefill timings on one GPU",
+                              description=__doc__.splitlines()[0] if __doc__ else None)
+    add_run_flags(p, steps_help=f"timed decode steps per context (>= {MIN_STEPS}, default {DEFAULT_BENCH_STEPS})")
+    p.add_argument("--contexts", default="128,8192", help="decode contexts, comma separated")
+    p.add_argument("--prefill", type=int, default=709, help="prompt tokens of the prefill timing")
+    p.add_argument("--prefill-reps", type=int, default=10, help="prefill repetitions (median)")
+    p.add_argument("--json", type=Path, help="write the rows as JSON here")
+    p.set_defaults(handler=_handle)
