@@ -6,6 +6,7 @@ helpers for runtimes and generators (param types, dtype sizes, buffer sizes, var
 documented in `kern_manifest.schema`.
 """
 
+from kern_manifest.digest import canonical_json, digest, digest_text
 from kern_manifest.errors import (
     ExprError,
     ManifestError,
@@ -163,7 +164,10 @@ __all__ = [
     "VarArg",
     "When",
     "call_vars",
+    "canonical_json",
     "check",
+    "digest",
+    "digest_text",
     "dtype_bytes",
     "escape_pointer",
     "extern_signature",

@@ -277,7 +277,9 @@ def _validate_bound(value: object) -> int | float | Expr:
     if isinstance(value, int | float) and not isinstance(value, bool):
         if isinstance(value, float) and not math.isfinite(value):
             raise PydanticCustomError(
-                "bound", "{message}", {"message": "bound is not finite", "hint": "use a finite number"}
+                "bound",
+                "{message}",
+                {"message": "bound is not finite", "hint": "use a finite number"},
             )
         return value
     return _validate_expr(value)
@@ -1036,7 +1038,7 @@ def _decode(data: str | bytes) -> tuple[object, bool]:
     except json.JSONDecodeError as exc:
         raise ManifestParse(
             "",
-            f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            f"not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
             "fix the JSON syntax",
         ) from None
     except RecursionError:
@@ -1109,6 +1111,8 @@ def _problem(raw: object, err: Any) -> ManifestParse:
     if kind == "missing":
         name = loc[-1] if loc else ""
         message = f"missing field {name!r}"
+        if isinstance(name, str) and name:
+            pointer += "/" + escape_pointer(name)
     elif kind == "extra_forbidden":
         message = f"unknown field {loc[-1]!r}" if loc else message
     if kind == "expr":

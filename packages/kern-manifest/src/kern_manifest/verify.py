@@ -490,7 +490,7 @@ class _Verifier:
         if buf.kind != wanted or buf.dtype not in ("i32", "i64"):
             self.err(
                 at + "/fill",
-                f"fill {buf.fill!r} on a {buf.dtype} {buf.kind} buffer",
+                f"fill {buf.fill!r} on {buf.kind} buffer of {buf.dtype}",
                 f"fill {buf.fill!r} belongs on an i32/i64 {wanted} buffer",
             )
 
@@ -523,7 +523,7 @@ class _Verifier:
             return None
         if isinstance(bound, float):
             if integer:
-                self.err(at, f"float bound {bound} on an {dtype} buffer", "use an integer bound")
+                self.err(at, f"float bound {bound} on a buffer of {dtype}", "use an integer bound")
             return bound
         if isinstance(bound, Expr):
             if not self.known(bound, at):
@@ -546,7 +546,7 @@ class _Verifier:
         if not integer:
             self.err(
                 at + "/index_into",
-                f"index_into on a {buf.dtype} buffer",
+                f"index_into on a buffer of {buf.dtype}",
                 "indices live in integer buffers",
             )
         if target == name or (target not in self.m.buffers and target not in self.m.states):
@@ -785,7 +785,7 @@ class _Verifier:
         if iface.kind != param.kind or iface.dtype != param.dtype:
             self.err(
                 at,
-                f"forwards {iface} into a {param} slot",
+                f"forwards `{iface}` into a `{param}` slot",
                 "forward a param of the same kind and dtype",
             )
             return
@@ -810,7 +810,7 @@ class _Verifier:
         if param.kind != "buffer" or param.dtype != sc.dtype:
             self.err(
                 at,
-                f"scratch {name!r} of {sc.dtype} into a {param} slot",
+                f"scratch {name!r} of {sc.dtype} into a `{param}` slot",
                 f"the slot must be a buffer<{sc.dtype}>",
             )
             return
@@ -827,14 +827,14 @@ class _Verifier:
         if param.kind != "scalar":
             self.err(
                 at,
-                f"a {kind} arg for a {param} slot",
+                f"{kind} arg for a `{param}` slot",
                 "pass a buffer, state or pack as the param type says",
             )
             return
         dtype = param.dtype or ""
         if isinstance(arg, I32Arg | I64Arg | U8Arg | F32Arg):
             if kind != dtype:
-                self.err(at, f"{kind} literal for an {dtype} param", f'write {{"{dtype}": ...}}')
+                self.err(at, f"{kind} literal for a `{dtype}` param", f'write {{"{dtype}": ...}}')
                 return
             self.literal(arg, f"{at}/{kind}")
         elif isinstance(arg, VarArg | ExprArg):
@@ -842,7 +842,7 @@ class _Verifier:
         elif isinstance(arg, RankArg):
             self.group_ref(arg.rank, at + "/rank")
             if dtype not in ("i32", "i64"):
-                self.err(at, f"rank for an {dtype} param", "rank args feed i32 or i64 params")
+                self.err(at, f"rank for a `{dtype}` param", "rank args feed i32 or i64 params")
 
     def integer_value(
         self, arg: VarArg | ExprArg, dtype: str, at: str, bounds: Mapping[str, tuple[int, int]]
@@ -850,7 +850,7 @@ class _Verifier:
         if dtype not in _INT_RANGE:
             self.err(
                 at,
-                f"{'var' if isinstance(arg, VarArg) else 'expr'} arg for an {dtype} param",
+                f"{'var' if isinstance(arg, VarArg) else 'expr'} arg for a `{dtype}` param",
                 "var and expr args feed i32, i64 or u8 params",
             )
             return
@@ -884,7 +884,7 @@ class _Verifier:
         info: _OpInfo,
     ) -> None:
         if param.kind != "bytes":
-            self.err(at, f"a pack for a {param} slot", "packs fill bytes<n> params")
+            self.err(at, f"pack for a `{param}` slot", "packs fill bytes<n> params")
             return
         if pack.size != param.size:
             self.err(
@@ -1115,7 +1115,7 @@ class _Verifier:
         if param.kind != "buffer" or param.dtype != buf.dtype:
             self.err(
                 at,
-                f"buffer {arg.buf!r} of {buf.dtype} for a {param} param",
+                f"buffer {arg.buf!r} of {buf.dtype} for a `{param}` param",
                 "pass a buffer of the param's dtype",
             )
             return False
@@ -1156,7 +1156,7 @@ class _Verifier:
             return
         if param.kind != "state":
             self.err(
-                at, f"state {arg.state!r} for a {param} param", "states go to state params only"
+                at, f"state {arg.state!r} for a `{param}` param", "states go to state params only"
             )
             return
         self.offset(arg.offset, _STATE_ALIGN, self.state_extent(arg.state), at + "/offset")
