@@ -130,10 +130,11 @@ class SiteTruth:
 
 @dataclass(frozen=True)
 class GroundTruth:
-    """The windows (token counts per forward), tokens reference and sites of a synthetic capture."""
+    """The windows (token counts per forward), sites, and the kernels fit to be tokens reference
+    (those that run once per forward with grid.x = t) of a synthetic capture."""
 
     windows: tuple[tuple[int, ...], ...]
-    tokens_reference: str
+    tokens_references: frozenset[str]
     sites: dict[tuple[str, int], SiteTruth]
     launches: int
     jitter_symbols: frozenset[str]
@@ -169,15 +170,18 @@ def _truth(spec: SynthSpec, windows: list[list[int]], launches: int) -> GroundTr
         pointers: dict[int, str] = {}
         for i, role in enumerate(kernel.pointers):
             kind = role.split(":")[0]
+            # NOTE: a stable buffer used by one site is, by the analyzer's definition, a weight.
             if kind == "persistent" and len(users[role.format(layer=layer)]) < 2:
-                raise ValueError(f"persistent buffer {role!r} of {key} has one user; it would read as a weight")
+                kind = "weight"
             pointers[i] = kind
         n = len(kernel.pointers)
         scalars = {n + j: f for j, f in enumerate(kernel.scalars)} if kernel.layout == "flat" else {}
         truths[key] = SiteTruth(kernel.grid, scalars, pointers if kernel.layout == "flat" else {})
     return GroundTruth(
         windows=tuple(tuple(w) for w in windows),
-        tokens_reference=spec.model[2][0].symbol,
+        tokens_references=frozenset(
+            symbol for (symbol, ordinal), t in truths.items() if t.grid[0] == T and (symbol, 1) not in truths
+        ),
         sites=truths,
         launches=launches,
         jitter_symbols=JITTER_SYMBOLS if spec.boundary_jitter else frozenset(),

@@ -1,0 +1,1 @@
+"""Shared test helpers for kern-mining (imported by tests, never by conftest)."""

@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kern_mining.analyze import Analysis, AnalyzeConfig, analyze, analyze_dir
+from kern_mining.dump import load_dump
+from kern_mining.synth import GroundTruth, SynthSpec
+
+from .helpers.dumps import launch, synthetic, write_dump
+
+
+def assert_recovers(analysis: Analysis, truth: GroundTruth) -> None:
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    assert analysis.tokens_reference is not None
+    assert analysis.tokens_reference.symbol in truth.tokens_references
+    sites = {(s.symbol, s.ordinal): s for s in analysis.sites}
+    for key, want in truth.sites.items():
+        got = sites[key]
+        assert got.grid == want.grid, key
+        assert dict(got.scalars) == want.scalars, key
+        assert dict(got.pointers) == want.pointers, key
+    extra = {k[0] for k in sites} - {k[0] for k in truth.sites}
+    assert extra <= truth.jitter_symbols
+
+
+def test_recovers_the_default_synthetic_capture_exactly(tmp_path: Path) -> None:
+    pid, truth = synthetic(tmp_path)
+    analysis = analyze_dir(pid)
+    assert_recovers(analysis, truth)
+    assert analysis.core == "add"
+    assert analysis.undecided == ()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_recovers_ground_truth_across_timing_and_boundary_jitter(tmp_path: Path, seed: int) -> None:
+    pid, truth = synthetic(tmp_path, SynthSpec(seed=seed))
+    assert_recovers(analyze_dir(pid), truth)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SynthSpec(layers=1, prompts=(3, 17, 40, 150), decode_steps=2, warmup=()),
+        SynthSpec(layers=8, prompts=(5, 100, 300, 1000, 2000), decode_steps=6, boundary_jitter=False),
+        SynthSpec(layers=2, prompts=(9, 12, 64, 65), decode_steps=1, warmup=(4096,)),
+    ],
+)
+def test_recovers_ground_truth_for_other_shapes(tmp_path: Path, spec: SynthSpec) -> None:
+    pid, truth = synthetic(tmp_path, spec)
+    assert_recovers(analyze_dir(pid), truth)
+
+
+def test_the_tokens_reference_is_chosen_by_the_data_not_by_order(tmp_path: Path) -> None:
+    # "embed" runs once per forward with a varying grid.x too, but ceil(t/4) as t would leave fits unfit.
+    pid, _ = synthetic(tmp_path)
+    analysis = analyze_dir(pid)
+    ref = analysis.tokens_reference
+    assert ref is not None and ref.candidates >= 2
+    assert ref.symbol == "rms_norm" and ref.unfit == 0
+
+
+def test_json_has_the_documented_keys(tmp_path: Path) -> None:
+    pid, _ = synthetic(tmp_path)
+    data = json.loads(json.dumps(analyze_dir(pid).to_json()))
+    assert {"windows", "tokens_reference", "sites", "abi"} <= set(data)
+    assert set(data["windows"][0]["forwards"][0]) == {"first", "last", "tokens"}
+    assert data["tokens_reference"]["symbol"] == "rms_norm"
+    site = next(s for s in data["sites"] if s["symbol"] == "cache_write")
+    assert site["grid"][0] == {"form": "ceil_div_mul", "a": 3, "b": None, "c": 4}
+    assert site["pointers"] == [
+        {"param": 0, "class": "workspace"},
+        {"param": 1, "class": "persistent"},
+        {"param": 2, "class": "persistent"},
+    ]
+    assert {"param": 3, "fit": {"form": "const", "a": None, "b": None, "c": 6144}} in site["scalars"]
+    abi = {a["symbol"]: a for a in data["abi"]}
+    assert abi["gemm_qkv"]["layout"] == "packed"
+    assert abi["mystery"]["layout"] == "unknown"
+    assert abi["fused_add_rms_norm"] == {
+        "symbol": "fused_add_rms_norm", "layout": "flat", "params": 6, "max_param_size": 8,
+        "pointer_params": 3, "launches": 18 * 4,
+    }
+
+
+def test_forwards_tile_their_window(tmp_path: Path) -> None:
+    pid, _ = synthetic(tmp_path)
+    for w in analyze_dir(pid).windows:
+        assert w.forwards[0].first == w.first and w.forwards[-1].last == w.last
+        for a, b in zip(w.forwards, w.forwards[1:], strict=False):
+            assert b.first == a.last + 1
+
+
+def test_the_report_names_windows_reference_fits_and_census(tmp_path: Path) -> None:
+    pid, _ = synthetic(tmp_path)
+    text = analyze_dir(pid).render()
+    assert "5 request windows, 18 forwards" in text
+    assert "tokens [7, 1, 1, 1]" in text
+    assert "tokens reference: rms_norm" in text
+    assert "grid=[ceil(3*t/4), 1, 1]" in text
+    assert "ABI census: flat 11, packed 3, unknown 1 symbols" in text
+
+
+def test_a_one_forward_dump_gives_a_partial_report(tmp_path: Path) -> None:
+    pid, _ = synthetic(tmp_path, SynthSpec(prompts=(33,), decode_steps=0, warmup=(), boundary_jitter=False))
+    analysis = analyze_dir(pid)
+    assert len(analysis.forwards) == 1
+    assert analysis.tokens_reference is None
+    assert analysis.forwards[0].tokens is None
+    assert all(f.form == "underdetermined" for s in analysis.sites for f in s.grid)
+    assert all(c is None for s in analysis.sites for _, c in s.pointers)
+    assert any("only one forward pass" in u for u in analysis.undecided)
+    assert any("no tokens reference" in u for u in analysis.undecided)
+    assert "undecided: only one forward pass" in analysis.render()
+
+
+def test_same_token_count_everywhere_leaves_shapes_underdetermined(tmp_path: Path) -> None:
+    pid, _ = synthetic(tmp_path, SynthSpec(prompts=(1, 1), decode_steps=2, warmup=()))
+    analysis = analyze_dir(pid)
+    assert analysis.tokens_reference is None
+    sites = {(s.symbol, s.ordinal): s for s in analysis.sites}
+    assert sites[("attention", 0)].grid[1].form == "const"
+    assert sites[("attention", 0)].grid[0].form == "const"  # 2*ceil(1/16) = 2 in every forward
+    assert dict(sites[("attention", 0)].pointers) == {0: "workspace", 1: "persistent", 2: "workspace"}
+
+
+def test_a_truncated_capture_still_analyzes_and_says_so(tmp_path: Path) -> None:
+    pid, _ = synthetic(tmp_path)
+    text = (pid / "launches.jsonl").read_text()
+    (pid / "launches.jsonl").write_text(text[:-40])
+    analysis = analyze_dir(pid)
+    assert any("truncated" in n for n in analysis.notes)
+    assert analysis.tokens_reference is not None
+
+
+def test_missing_module_files_do_not_stop_analysis(tmp_path: Path) -> None:
+    pid, truth = synthetic(tmp_path)
+    (pid / "module_2.cubin").unlink()
+    analysis = analyze_dir(pid)
+    assert any("module_2.cubin is missing" in n for n in analysis.notes)
+    assert_recovers(analysis, truth)
+
+
+def test_windows_without_the_core_kernel_are_skipped(tmp_path: Path) -> None:
+    pid, truth = synthetic(tmp_path)
+    dump = load_dump(pid)
+    start = dump.launches[0].t_ns - 100_000_000
+    init = [launch(start + i * 1000, symbol="init_weights") for i in range(10)]
+    d = write_dump(tmp_path / "with_init", init)
+    with (d / "launches.jsonl").open("a") as f:
+        f.write((pid / "launches.jsonl").read_text())
+    analysis = analyze_dir(d)
+    assert analysis.skipped_windows == ((0, 9),)
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+
+
+def test_a_config_that_merges_requests_changes_only_the_windows(tmp_path: Path) -> None:
+    pid, truth = synthetic(tmp_path)
+    dump = load_dump(pid)
+    merged = analyze(dump, AnalyzeConfig(window_gap_ms=1000.0))
+    assert len(merged.windows) == 1
+    assert [f.tokens for f in merged.forwards] == [t for w in truth.windows for t in w]
+    assert replace(AnalyzeConfig(), burst_gap=3).burst_gap == 3
