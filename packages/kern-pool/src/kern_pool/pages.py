@@ -284,6 +284,13 @@ class Checkpoint:
         return tuple(self._store.page_ids())
 
     @property
+    def sealed(self) -> int:
+        """Leading pages that are shared chain pages (the rest, if any, is its own partial page)."""
+        self._check()
+        tip = self._store.tip
+        return 0 if tip is None else tip.depth + 1
+
+    @property
     def state_slot(self) -> SlotId | None:
         """The copied state slot, or None."""
         self._check()
