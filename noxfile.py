@@ -36,3 +36,38 @@ def bench(session: nox.Session) -> None:
     """CPU benchmarks: each writes JSON plus a table under out/bench/."""
     _sync(session)
     session.run("python", "-m", "bench", *session.posargs)
+
+
+# NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts, and
+# nvmath-python. Versions come from uv.lock; cuda-bindings, numpy, torch, triton stay the host's.
+HOST_MISSING = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions", "nvmath-python"]
+MANYLINUX = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+
+
+def _locked_versions(names: list[str]) -> dict[str, str]:
+    import tomllib
+    from pathlib import Path
+
+    lock = tomllib.loads(Path("uv.lock").read_text())
+    found = {p["name"]: p["version"] for p in lock["package"] if p["name"] in names}
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise RuntimeError(f"uv.lock has no version for {missing}")
+    return found
+
+
+@nox.session(venv_backend="none")
+def wheelhouse(session: nox.Session) -> None:
+    """Wheels for an offline GPU host: `nox -s wheelhouse -- [PYTHON_VERSION] [OUT]` (3.12, wheelhouse/)."""
+    python = session.posargs[0] if session.posargs else "3.12"
+    out = session.posargs[1] if len(session.posargs) > 1 else "wheelhouse"
+    session.run("rm", "-rf", out, external=True)
+    for pkg in PACKAGES:
+        session.run("uv", "build", "--wheel", "--quiet", "--out-dir", out, f"packages/{pkg}", external=True)
+    platforms = [arg for p in MANYLINUX for arg in ("--platform", p)]
+    pins = [f"{n}=={v}" for n, v in _locked_versions(HOST_MISSING).items()]
+    session.run(
+        "uvx", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+        "--python-version", python, "--implementation", "cp", *platforms, "-d", out, *pins,
+        external=True,
+    )  # fmt: skip

@@ -110,7 +110,7 @@ def set_current(ctx: Any) -> None:
 
 
 def stream_create() -> Any:
-    return _call(cu.cuStreamCreate, cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    return _call(cu.cuStreamCreate, int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
 
 
 def stream_destroy(stream: Any) -> None:
@@ -126,7 +126,7 @@ def stream_handle(stream: Any) -> int:
 
 
 def event_create() -> Any:
-    return _call(cu.cuEventCreate, cu.CUevent_flags.CU_EVENT_DEFAULT)
+    return _call(cu.cuEventCreate, int(cu.CUevent_flags.CU_EVENT_DEFAULT))
 
 
 def event_destroy(event: Any) -> None:
@@ -166,7 +166,8 @@ def mem_free(ptr: int) -> None:
 
 
 def host_alloc(nbytes: int) -> int:
-    return int(_call(cu.cuMemHostAlloc, max(nbytes, 1), 0))
+    flags = cu.CU_MEMHOSTALLOC_PORTABLE | cu.CU_MEMHOSTALLOC_DEVICEMAP
+    return int(_call(cu.cuMemHostAlloc, max(nbytes, 1), flags))
 
 
 def host_free(ptr: int) -> None:

@@ -356,7 +356,7 @@ class Runtime:
         self._loaded = True
         for name in sorted(self.manifest.programs):
             if self.manifest.programs[name].once:
-                self.run(name, {})
+                self.run(name, {v: self._bounds[v] for v in self._reads[name]})
         self.synchronize()
         return done
 

@@ -14,7 +14,7 @@ def pack_fatbin(images: list[tuple[int, bytes]]) -> bytes:
     for arch, image in images:
         pad = (-len(image)) % 8
         payload = image + bytes(pad)
-        header = struct.pack("<HHIQIIHHI", 2, 0x0101, _ENTRY_HEADER, len(payload), 0, 0, 0, 0, arch)
+        header = struct.pack("<HHIQIIHHIIIQ", 2, 0x0101, _ENTRY_HEADER, len(payload), 0, 0, 8, 1, arch, 0, 0, 0x11)
         header += bytes(_ENTRY_HEADER - len(header))
         body += header + payload
     return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + body

@@ -1,0 +1,331 @@
+"""kern_runtime on a GPU: our own kernels (nvcc, Triton) through manifests, checked against numpy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kern_runtime as kr
+from kern_runtime import _driver as drv
+
+from .helpers import build, manifests
+from .test_weights import _st_bytes
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def kdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("kernels")
+    build.build_cuda(out)
+    (out / "unrelated.bin").write_bytes(b"not a module, never loaded")
+    return out
+
+
+@pytest.fixture(scope="module")
+def sha(kdir: Path) -> str:
+    return build.sha256(kdir / "rt_test.cubin")
+
+
+def _weights(path: Path, **override: np.ndarray) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    t = {
+        "w.a": rng.standard_normal((4, 8)).astype(np.float32),
+        "w.b": rng.standard_normal((2, 8)).astype(np.float32),
+        "g": rng.standard_normal((4, 2)).astype(np.float32),
+        "u": rng.standard_normal((4, 2)).astype(np.float32),
+        "h": rng.standard_normal(8).astype(np.float32),
+        "s": rng.standard_normal(16).astype(np.float32),
+    }
+    t.update(override)
+    path.write_bytes(_st_bytes(t))
+    return t
+
+
+@pytest.fixture
+def basic(kdir: Path, sha: str, tmp_path: Path) -> Iterator[tuple[kr.Runtime, dict[str, np.ndarray]]]:
+    m = build.write_manifest(tmp_path / "basic.json", manifests.basic(sha))
+    t = _weights(tmp_path / "w.safetensors")
+    rt = kr.Runtime.load(m, kdir)
+    rt.load_weights(kr.Safetensors.open(tmp_path / "w.safetensors"), threads=3)
+    yield rt, t
+    rt.close()
+
+
+def _f32(rt: kr.Runtime, name: str) -> np.ndarray:
+    return rt.read_buffer(name).view(np.float32)
+
+
+def test_weights_bind_derive_and_once(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
+    rt, t = basic
+    w = np.concatenate([t["w.a"][1:3], t["w.b"]]).ravel()
+    wi = np.concatenate([t["g"][0:2], t["u"][0:2], t["g"][2:4], t["u"][2:4]]).ravel()
+    wc = t["w.a"][:, 2:4].ravel()
+    np.testing.assert_array_equal(_f32(rt, "w"), w)
+    np.testing.assert_array_equal(_f32(rt, "wi"), wi)
+    np.testing.assert_array_equal(_f32(rt, "wc"), wc)
+    np.testing.assert_array_equal(_f32(rt, "wh"), t["h"])
+    np.testing.assert_array_equal(_f32(rt, "derived"), t["s"] * 2)
+    np.testing.assert_array_equal(_f32(rt, "c"), t["s"] * 2 + 1)
+    np.testing.assert_array_equal(_f32(rt, "hc"), t["h"])
+    acc = w.copy()
+    acc[:16] = wi
+    acc[:8] = wc
+    np.testing.assert_array_equal(_f32(rt, "acc"), acc)
+    with pytest.raises(kr.ApiError, match="has no memory"):
+        rt.read_buffer("src")  # sources live only inside load_weights
+
+
+def test_run_arithmetic_and_prefix_writes(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
+    rt, _ = basic
+    x = np.linspace(-4, 4, 1000, dtype=np.float32)
+    rt.write_input("x", x)
+    rt.run("main", {"n": 1000})
+    np.testing.assert_allclose(rt.read_output("y", 1000), 3 * x + 0.5, rtol=1e-6)
+    np.testing.assert_array_equal(rt.read_output("o64", 1000), -(1 << 40) + 7 * np.arange(1000, dtype=np.int64))
+    rt.write_input("x", np.full(10, 2.0, np.float32))
+    rt.issue("main", {"n": 12})  # not a graph program: eager
+    y = rt.read_output("y", 12)
+    np.testing.assert_allclose(y, [6.5] * 10 + list(3 * x[10:12] + 0.5), rtol=1e-6)
+    assert rt.read_output("y", 2).shape == (2,)
+
+
+def test_api_errors(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
+    rt, t = basic
+    cases: list[tuple[Any, str]] = [
+        (lambda: rt.run("nope", {}), "unknown program 'nope'"),
+        (lambda: rt.run("main", {"n": 1025}), "outside 1..1024"),
+        (lambda: rt.run("main", {}), "reads var 'n'"),
+        (lambda: rt.run("prep", {}), "derive program"),
+        (lambda: rt.write_input("x", np.zeros(4, np.float64)), "numpy float32"),
+        (lambda: rt.write_input("x", np.zeros(1025, np.float32)), "holds 1024 elements"),
+        (lambda: rt.write_input("y", np.zeros(4, np.float32)), "not an input"),
+        (lambda: rt.read_output("y", 2000), "holds 1024 elements"),
+        (lambda: rt.read_output("zz"), "unknown buffer 'zz'"),
+        (lambda: rt.load_weights(kr.Safetensors.parse(_st_bytes(t))), "already called"),
+    ]
+    for action, match in cases:
+        with pytest.raises(kr.ApiError, match=match):
+            action()
+
+
+def test_summary_lists_the_load(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
+    text = basic[0].summary()
+    assert "manifest rt-basic" in text and "vars: n<=1024" in text and "program main: 2 calls" in text
+    assert "weight 6" in text and "module t:" in text
+
+
+def test_flipped_cubin_byte_is_kernel_artifact(kdir: Path, sha: str, tmp_path: Path) -> None:
+    flipped = tmp_path / "k"
+    flipped.mkdir()
+    data = bytearray((kdir / "rt_test.cubin").read_bytes())
+    data[len(data) // 2] ^= 0x40
+    (flipped / "rt_test.cubin").write_bytes(bytes(data))
+    m = build.write_manifest(tmp_path / "m.json", manifests.basic(sha))
+    with pytest.raises(kr.KernelArtifactError, match=f"module 't': no file with sha256 {sha[:12]}"):
+        kr.Runtime.load(m, flipped)
+
+
+def test_wrong_param_size_is_kernel_artifact(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "m.json", manifests.basic(sha, n_param="i64"))
+    with pytest.raises(kr.KernelArtifactError, match="entry 'rt_axpb': ABI mismatch, param 4 is 4 bytes"):
+        kr.Runtime.load(m, kdir)
+
+
+def test_wrong_weight_shape_leaves_runtime_loadable(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "m.json", manifests.basic(sha))
+    with kr.Runtime.load(m, kdir) as rt:
+        _weights(tmp_path / "bad.safetensors", **{"w.b": np.zeros((3, 8), np.float32)})
+        with pytest.raises(kr.WeightArtifactError, match="buffer 'w' holds 128 bytes"):
+            rt.load_weights(kr.Safetensors.open(tmp_path / "bad.safetensors"))
+        with pytest.raises(kr.ApiError, match="load_weights before"):
+            rt.run("main", {"n": 1})
+        t = _weights(tmp_path / "good.safetensors")
+        rt.load_weights(kr.Safetensors.open(tmp_path / "good.safetensors"))
+        np.testing.assert_array_equal(_f32(rt, "derived"), t["s"] * 2)
+
+
+def test_failed_load_releases_memory(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "m.json", manifests.gemm({"id": 999999}))
+    with kr.Runtime.load(build.write_manifest(tmp_path / "ok.json", manifests.basic(sha)), kdir):
+        before = drv.mem_get_info()[0]
+        for _ in range(3):
+            with pytest.raises(kr.KernelArtifactError, match="pinned algo 999999"):
+                kr.Runtime.load(m, kdir)
+        assert abs(drv.mem_get_info()[0] - before) < (8 << 20)
+
+
+def test_smem_cluster_and_tensormap(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "f.json", manifests.features(sha))
+    with kr.Runtime.load(m, kdir) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        sx = np.arange(16384, dtype=np.float32)
+        tin = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
+        rt.write_input("sx", sx)
+        rt.write_input("tin", tin)
+        rt.run("main", {})
+        np.testing.assert_array_equal(rt.read_output("sy"), sx[::-1])
+        np.testing.assert_array_equal(rt.read_output("ranks"), [(i % 4) * 100 + 4 for i in range(8)])
+        np.testing.assert_array_equal(rt.read_output("tout"), 2 * tin.ravel() + 5)
+
+
+def test_graph_replay_equals_eager_over_400_launches(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "c.json", manifests.chain(sha))
+    with kr.Runtime.load(m, kdir) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        x = np.random.default_rng(2).standard_normal(4096).astype(np.float32)
+        rt.write_input("x", x)
+        rt.run("chain", {})
+        eager = rt.read_output("y")
+        rt.write_input("x", np.zeros(4096, np.float32))
+        rt.run("chain", {})
+        assert not np.array_equal(rt.read_output("y"), eager)
+        rt.write_input("x", x)
+        rt.issue("chain", {})
+        graph = rt.capture("chain", {})
+        assert graph.launches == 400
+        np.testing.assert_array_equal(rt.read_output("y"), eager)
+        rt.replay(graph, {})
+        rt.replay(graph, {})
+        np.testing.assert_array_equal(rt.read_output("y"), eager)
+
+
+def test_graph_vars_must_match_capture(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
+    rt, _ = basic
+    g = rt.capture("main", {"n": 8})
+    assert rt.capture("main", {"n": 8}) is g
+    with pytest.raises(kr.ApiError, match="captured at"):
+        rt.replay(g, {"n": 9})
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _from_bf16(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.fixture(scope="module")
+def gemm_rt(kdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[kr.Runtime, np.ndarray]]:
+    d = tmp_path_factory.mktemp("gemm")
+    m = build.write_manifest(d / "g.json", manifests.gemm())
+    w = _bf16(np.random.default_rng(3).standard_normal((256, 512)) * 0.05)
+    rt = kr.Runtime.load(m, kdir)
+    rt.load_weights(kr.Safetensors.parse(_st_bytes({"w": w})))
+    yield rt, w
+    rt.close()
+
+
+def _close(got: np.ndarray, ref: np.ndarray) -> None:
+    tol = 2.0**-7 * np.abs(ref) + 1e-2
+    bad = np.abs(got - ref) > tol
+    assert not bad.any(), f"{bad.sum()} of {bad.size} outside bf16 tolerance, max err {np.abs(got - ref).max()}"
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 709, 2048])
+def test_gemm_extern_against_float64(gemm_rt: tuple[kr.Runtime, np.ndarray], m: int) -> None:
+    rt, wb = gemm_rt
+    w = _from_bf16(wb).astype(np.float64)
+    ab = _bf16(np.random.default_rng(m).standard_normal((m, 640)))
+    rt.write_input("a", ab)
+    a_full = _from_bf16(ab).astype(np.float64)
+    a_plain = _from_bf16(ab.ravel()[: m * 512].reshape(m, 512)).astype(np.float64)
+    rt.run("plain", {"m": m})
+    c = _from_bf16(rt.read_buffer("c").view(np.uint16)[: m * 256].reshape(m, 256))
+    _close(c, a_plain @ w.T)
+    rt.run("f32", {"m": m})
+    cf = rt.read_buffer("cf").view(np.float32)[: m * 256].reshape(m, 256)
+    _close(cf, a_plain @ w.T)
+    rt.run("strided", {"m": m})
+    cs = _from_bf16(rt.read_buffer("c").view(np.uint16)[: m * 384].reshape(m, 384))
+    ref = a_full[:, :512] @ w.T
+    _close(cs[:, 64:320], ref)
+    before = cs.astype(np.float64)
+    rt.run("acc", {"m": m})
+    ca = _from_bf16(rt.read_buffer("c").view(np.uint16)[: m * 384].reshape(m, 384))
+    _close(ca[:, :256], before[:, :256] + ref)
+    _close(ca[:, 256:], before[:, 256:])
+
+
+def test_gemm_graph_capture(gemm_rt: tuple[kr.Runtime, np.ndarray]) -> None:
+    rt, _ = gemm_rt
+    ab = _bf16(np.random.default_rng(9).standard_normal((7, 640)))
+    rt.write_input("a", ab)
+    rt.run("plain", {"m": 7})
+    eager = rt.read_buffer("c").copy()
+    rt.replay(rt.capture("plain", {"m": 7}), {"m": 7})
+    np.testing.assert_array_equal(rt.read_buffer("c"), eager)
+
+
+def test_nvcc_fatbin_module_loads(kdir: Path, tmp_path: Path) -> None:
+    d = tmp_path / "fat"
+    d.mkdir()
+    fat = build.build_cuda(d, "fatbin")
+    m = build.write_manifest(tmp_path / "c.json", manifests.chain(build.sha256(fat), calls=3))
+    with kr.Runtime.load(m, d) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        rt.write_input("x", np.ones(4096, np.float32))
+        rt.run("chain", {})
+        assert rt.read_output("y", 4)[0] != 0
+
+
+def test_same_named_triton_instances_told_apart_by_abi(tmp_path: Path) -> None:
+    d = tmp_path / "tri"
+    d.mkdir()
+    fat, info = build.build_triton_pair(d)
+    assert info["names"][0] == info["names"][1] == "add_k"
+    layouts = _layouts(fat)
+    extra = min(len(lay) for lay in layouts) - 3
+    m = build.write_manifest(tmp_path / "t.json", manifests.same_name(build.sha256(fat), extra))
+    with kr.Runtime.load(m, d) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        x = np.arange(1024, dtype=np.float32)
+        y = np.full(1024, 0.5, np.float32)
+        rt.write_input("x", x)
+        rt.write_input("y", y)
+        rt.run("main", {})
+        np.testing.assert_array_equal(rt.read_output("oa"), 2 * x + y)
+        np.testing.assert_array_equal(rt.read_output("ob"), 3 * x + y)
+
+
+def _layouts(fat: Path) -> list[list[tuple[int, int]]]:
+    from contextlib import ExitStack
+
+    from kern_runtime.kernels import LoadedModule
+
+    drv.init()
+    dev = drv.device(0)
+    drv.primary_context(dev)
+    try:
+        with ExitStack() as stack:
+            mod = LoadedModule.load(stack, "probe", "0" * 64, fat.read_bytes(), 90)
+            return [list(inst.layout) for inst in mod._functions["add_k"]]  # pyright: ignore[reportPrivateUsage]
+    finally:
+        drv.release_primary_context(dev)
+
+
+def test_load_over_claims_identical_weights(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "m.json", manifests.basic(sha))
+    t = _weights(tmp_path / "w.safetensors")
+    rt = kr.Runtime.load(m, kdir)
+    rt.load_weights(kr.Safetensors.open(tmp_path / "w.safetensors"))
+    addr = rt.buffer_address("w")
+    resident = rt.into_resident()
+    assert "w" in resident.names and "wh" not in resident.names
+    with pytest.raises(kr.ApiError, match="closed"):
+        rt.run("main", {"n": 1})
+    rt2 = kr.Runtime.load(m, kdir, over=resident)
+    try:
+        assert rt2.buffer_address("w") == addr and "claimed from resident: 4" in rt2.summary()
+        only_host = {k: v for k, v in t.items() if k in ("h", "s")}
+        rt2.load_weights(kr.Safetensors.parse(_st_bytes(only_host)))
+        np.testing.assert_array_equal(_f32(rt2, "wc"), t["w.a"][:, 2:4].ravel())
+        np.testing.assert_array_equal(_f32(rt2, "c"), t["s"] * 2 + 1)
+    finally:
+        rt2.close()

@@ -1,0 +1,560 @@
+"""Qwen3 on kern, checked against transformers and benchmarked, in one command on a GPU host:
+
+    python3 tools/gpu/qwen3_checks.py OUTDIR [--gpu 0] [--models tiny,4b] [--no-bench]
+
+1. builds tools/kernels-src into OUTDIR/kernels and generates OUTDIR/manifests/qwen3-{tiny,4b}.json
+   from the checkpoints' config.json (tools/gen_qwen3.py);
+2. writes random-weight checkpoints with transformers' save_pretrained (torch.manual_seed(0), bf16)
+   for a 2-layer tiny Qwen3 and the Qwen3-4B shape under OUTDIR/ckpt/;
+3. references from transformers (eager attention): greedy tokens in bf16 for 64 steps on prompts of
+   1, 37 and 709 ids with the top-1 minus top-2 logit gap of every step, and first-step logits in
+   float32; its eager decode and 709-token prefill times (4B);
+4. kern, for each model and prompt: greedy tokens (graph, --chunk 512) == transformers (a divergence
+   passes only where transformers' gap is <= 4 bf16 ulps: reported), first-step logits within 1e-2
+   relative error (L2) of float32, graph == eager, --chunk 512 == 1 == 97; kern-run as a process
+   (--output ids equals the in-process tokens; kern.toml + random checkpoint + text prompt);
+5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
+   copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table.
+
+Every check is recorded even when an earlier one failed; logs go to OUTDIR/logs/, results to
+OUTDIR/summary.json. Exit status 0 only when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.util
+import io
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 64
+PROMPT_LENS = (1, 37, 709)
+CHUNKS = (512, 1, 97)
+NEAR_TIE_ULPS = 4.0
+LOGIT_REL_TOL = 1e-2
+CAPACITY = 4096
+
+
+def _load_gen() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_qwen3", ROOT / "tools" / "gen_qwen3.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_qwen3"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --------------------------------------------------------------------------------------------
+# Check bookkeeping.
+
+
+@dataclass
+class Check:
+    name: str
+    status: str = "PENDING"  # PASS / FAIL / ERROR / SKIP
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+class Recorder:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.logs = out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.checks: list[Check] = []
+        self.bench: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def check(self, name: str) -> Iterator[Check]:
+        c = Check(name)
+        self.checks.append(c)
+        t0 = time.perf_counter()
+        print(f"[....] {name}", flush=True)
+        try:
+            yield c
+            if c.status == "PENDING":
+                c.status = "PASS"
+        except Exception as exc:
+            c.status = "ERROR"
+            c.detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            (self.logs / f"{name}.log").write_text(traceback.format_exc())
+        c.data["seconds"] = round(time.perf_counter() - t0, 2)
+        print(f"[{c.status:4}] {name} {c.detail}", flush=True)
+        self.save()
+
+    def passed(self, name: str) -> bool:
+        return any(c.name == name and c.status == "PASS" for c in self.checks)
+
+    def save(self) -> None:
+        rows = [{"name": c.name, "status": c.status, "detail": c.detail, **c.data} for c in self.checks]
+        (self.out / "summary.json").write_text(json.dumps(rows, indent=1, default=str) + "\n")
+        if self.bench:
+            (self.out / "bench.json").write_text(json.dumps(self.bench, indent=1) + "\n")
+
+
+def _fail(c: Check, detail: str) -> None:
+    c.status = "FAIL"
+    c.detail = detail
+
+
+# --------------------------------------------------------------------------------------------
+# Build, generate, checkpoints.
+
+
+def build(rec: Recorder) -> dict[str, str]:
+    from kern_cli.kernels_cmd import build_kernels
+
+    hashes: dict[str, str] = {}
+    with rec.check("build_kernels") as c:
+        built = build_kernels(ROOT / "tools" / "kernels-src", rec.out / "kernels")
+        hashes = {m: sha for m, (_p, sha) in built.items()}
+        c.detail = ", ".join(f"{m} {h[:12]}" for m, h in hashes.items())
+    return hashes
+
+
+def configs() -> dict[str, dict[str, Any]]:
+    from kern_cli.checkpoint import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG
+
+    return {"tiny": dict(QWEN3_TINY_CONFIG), "4b": dict(QWEN3_4B_CONFIG)}
+
+
+def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = rec.out / "ckpt" / name
+    ok = False
+    with rec.check(f"{name}.checkpoint") as c:
+        if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+            c.detail = f"reused {path}"
+        else:
+            keep = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")}
+            config = Qwen3Config(**keep)
+            torch.manual_seed(0)
+            with torch.device("cuda"):
+                model = Qwen3ForCausalLM(config)
+            model.to(torch.bfloat16).save_pretrained(path)
+            del model
+            _free()
+            c.detail = f"wrote {path}"
+        ok = True
+    return path if ok else None
+
+
+def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, hashes: dict[str, str]) -> Path | None:
+    out = rec.out / "manifests" / f"qwen3-{name}.json"
+    ok = False
+    with rec.check(f"{name}.manifest") as c:
+        from kern_manifest import parse_manifest, verify
+
+        cfg = json.loads((ckpt / "config.json").read_text())
+        src = ROOT / "tools" / "kernels-src"
+        entries = gen.entry_modules(src)
+        feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
+        m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", feed=feed)
+        verify(parse_manifest(json.dumps(m)))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(m, indent=1) + "\n")
+        c.data |= {"feed": feed, "decode_calls": len(m["programs"]["decode"]["calls"]),
+                   "weight_gb_per_step": gen.decode_weight_bytes(m) / 1e9}
+        c.detail = f"feed={feed}, decode {c.data['decode_calls']} calls, {c.data['weight_gb_per_step']:.3f} GB/step"
+        ok = True
+    return out if ok else None
+
+
+def _free() -> None:
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def prompts(vocab: int) -> dict[int, list[int]]:
+    rng = np.random.default_rng(1234)
+    hi = min(vocab, 151643)  # NOTE: ordinary (non-special) ids
+    return {n: [int(x) for x in rng.integers(0, hi, size=n)] for n in PROMPT_LENS}
+
+
+# --------------------------------------------------------------------------------------------
+# transformers references.
+
+
+def bf16_ulp(v: float) -> float:
+    """Spacing of bf16 numbers at |v| (8 significant bits)."""
+    if v == 0:
+        return 2.0**-133
+    return 2.0 ** (math.floor(math.log2(abs(v))) - 7)
+
+
+@dataclass
+class Reference:
+    tokens: dict[int, list[int]]
+    gaps_ulps: dict[int, list[float]]
+    logits32: dict[int, np.ndarray]
+
+
+def _hf(path: Path, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    return model.to("cuda").eval()
+
+
+def hf_greedy(model: Any, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+    import torch
+
+    tokens: list[int] = []
+    gaps: list[float] = []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt], device="cuda"), use_cache=True)
+        for _ in range(steps):
+            logits = out.logits[0, -1]
+            top = torch.topk(logits.float(), 2)
+            tok = int(torch.argmax(logits))
+            v1, v2 = float(top.values[0]), float(top.values[1])
+            gaps.append((v1 - v2) / bf16_ulp(v1))
+            tokens.append(tok)
+            out = model(input_ids=torch.tensor([[tok]], device="cuda"), past_key_values=out.past_key_values,
+                        use_cache=True)
+    return tokens, gaps
+
+
+def hf_logits32(model: Any, prompt: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt], device="cuda"))
+    return out.logits[0, -1].float().cpu().numpy()
+
+
+def references(rec: Recorder, name: str, ckpt: Path, ps: dict[int, list[int]]) -> Reference | None:
+    import torch
+
+    ref = Reference({}, {}, {})
+    ok = False
+    with rec.check(f"{name}.reference") as c:
+        model = _hf(ckpt, torch.bfloat16)
+        for n, p in ps.items():
+            ref.tokens[n], ref.gaps_ulps[n] = hf_greedy(model, p, STEPS)
+        if name == "4b":
+            rec.bench += hf_bench(model)
+        del model
+        _free()
+        model = _hf(ckpt, torch.float32)
+        for n, p in ps.items():
+            ref.logits32[n] = hf_logits32(model, p)
+        del model
+        _free()
+        c.data["min_gap_ulps"] = {n: round(min(g), 2) for n, g in ref.gaps_ulps.items()}
+        c.detail = f"min top1-top2 gap (bf16 ulps) by prompt: {c.data['min_gap_ulps']}"
+        ok = True
+    return ref if ok else None
+
+
+def _cuda_ms(fn: Callable[[], Any], reps: int) -> float:
+    import torch
+
+    samples = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def hf_bench(model: Any) -> list[dict[str, Any]]:
+    """transformers eager: decode ms/token at context 128 (median of 64 steps), 709-token prefill."""
+    import torch
+
+    rng = np.random.default_rng(7)
+    rows = []
+    with torch.no_grad():
+        prompt = torch.tensor([rng.integers(0, 150000, size=128).tolist()], device="cuda")
+        out = model(input_ids=prompt, use_cache=True)
+        past = out.past_key_values
+        tok = torch.argmax(out.logits[0, -1]).view(1, 1)
+        samples = []
+        for _ in range(8 + STEPS):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(input_ids=tok, past_key_values=past, use_cache=True)
+            tok = torch.argmax(out.logits[0, -1]).view(1, 1)
+            int(tok)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        rows.append(_row("transformers_eager_decode_ms_per_token@ctx128", statistics.median(samples[8:]), "ms",
+                         peer="transformers eager, bf16, same checkpoint"))
+        p709 = torch.tensor([rng.integers(0, 150000, size=709).tolist()], device="cuda")
+        ms = _cuda_ms(lambda: model(input_ids=p709), 6)
+        rows.append(_row("transformers_prefill_ms@709", ms, "ms", peer="transformers eager, bf16"))
+    return rows
+
+
+def _row(name: str, value: float, unit: str, target: float | None = None, peer: str = "") -> dict[str, Any]:
+    return {"name": name, "value": round(float(value), 4), "unit": unit, "target": target, "peer": peer}
+
+
+# --------------------------------------------------------------------------------------------
+# kern side.
+
+
+@dataclass
+class KernRun:
+    tokens: list[int]
+    logits: np.ndarray | None = None
+
+
+def kern_generate(s: Any, prompt: list[int], *, chunk: int, eager: bool, logits: bool = False) -> KernRun:
+    s.prefill(prompt, chunk)
+    first = s.step(eager)
+    lg = s.read_f32("logits").reshape(-1) if logits else None
+    rest = list(s.decode(STEPS - 1, eager))
+    return KernRun([first, *rest], lg)
+
+
+def compare_greedy(c: Check, got: list[int], ref: list[int], gaps: list[float]) -> None:
+    if got == ref:
+        c.detail = f"{len(got)} tokens identical"
+        return
+    j = next(i for i, (a, b) in enumerate(zip(got, ref, strict=True)) if a != b)
+    c.data |= {"diverge_at": j, "gap_ulps": round(gaps[j], 3), "kern": got[j], "transformers": ref[j]}
+    if gaps[j] <= NEAR_TIE_ULPS:
+        c.detail = (f"diverges at step {j} at a near-tie: transformers' top1-top2 gap {gaps[j]:.2f} bf16 ulps "
+                    f"(<= {NEAR_TIE_ULPS}); kern {got[j]} vs {ref[j]}")
+    else:
+        _fail(c, f"diverges at step {j}: kern {got[j]} vs transformers {ref[j]}, gap {gaps[j]:.2f} ulps "
+                 f"(> {NEAR_TIE_ULPS})")
+
+
+def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[int, list[int]],
+                ref: Reference | None, gpu: int) -> dict[int, list[int]]:
+    from kern_cli.run import Session, weight_files
+
+    graph_tokens: dict[int, list[int]] = {}
+    session = None
+    with rec.check(f"{name}.load") as c:
+        logs: list[str] = []
+        session = Session.open(manifest, rec.out / "kernels", weight_files([ckpt]), gpu=gpu,
+                               capacity=CAPACITY, log=logs.append)
+        (rec.logs / f"{name}.summary.txt").write_text("\n".join(logs) + "\n")
+        c.detail = logs[0].splitlines()[0] if logs else ""
+    if session is None:
+        return graph_tokens
+    try:
+        for n, p in ps.items():
+            _prompt_checks(rec, name, session, n, p, ref, graph_tokens)
+    finally:
+        session.close()
+    return graph_tokens
+
+
+def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: Reference | None,
+                   graph_tokens: dict[int, list[int]]) -> None:
+    base: KernRun | None = None
+    with rec.check(f"{name}.p{n}.run") as c:
+        base = kern_generate(s, p, chunk=512, eager=False, logits=True)
+        graph_tokens[n] = base.tokens
+        c.detail = f"first tokens {base.tokens[:8]}"
+    if base is None:
+        return
+    if ref is not None:
+        with rec.check(f"{name}.p{n}.greedy_vs_transformers") as c:
+            compare_greedy(c, base.tokens, ref.tokens[n], ref.gaps_ulps[n])
+        with rec.check(f"{name}.p{n}.logits_vs_fp32") as c:
+            assert base.logits is not None
+            r = ref.logits32[n]
+            rel = float(np.linalg.norm(base.logits - r) / np.linalg.norm(r))
+            c.data |= {"rel_l2": rel, "max_abs": float(np.max(np.abs(base.logits - r))),
+                       "argmax_equal": int(np.argmax(base.logits)) == int(np.argmax(r))}
+            c.detail = f"relative L2 error {rel:.2e} (tol {LOGIT_REL_TOL}), max abs {c.data['max_abs']:.3e}"
+            if not rel <= LOGIT_REL_TOL:
+                _fail(c, c.detail)
+    with rec.check(f"{name}.p{n}.graph_eq_eager") as c:
+        eager = kern_generate(s, p, chunk=512, eager=True)
+        if eager.tokens != base.tokens:
+            j = next(i for i, (a, b) in enumerate(zip(eager.tokens, base.tokens, strict=True)) if a != b)
+            _fail(c, f"eager differs from graph at step {j}: {eager.tokens[j]} vs {base.tokens[j]}")
+    with rec.check(f"{name}.p{n}.chunks_512_1_97") as c:
+        for chunk in CHUNKS[1:]:
+            other = kern_generate(s, p, chunk=chunk, eager=False)
+            if other.tokens != base.tokens:
+                j = next(i for i, (a, b) in enumerate(zip(other.tokens, base.tokens, strict=True)) if a != b)
+                _fail(c, f"--chunk {chunk} differs from --chunk 512 at step {j}")
+                break
+
+
+def cli_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[int, list[int]],
+               expect: dict[int, list[int]], gpu: int) -> None:
+    n = 37 if 37 in expect else next(iter(expect), None)
+    if n is None:
+        return
+    with rec.check(f"{name}.kern_run_cli_ids") as c:
+        cmd = [sys.executable, "-m", "kern_cli.run", "--manifest", str(manifest), "--kernels",
+               str(rec.out / "kernels"), "--weights", str(ckpt), "--prompt-ids", ",".join(map(str, ps[n])),
+               "--steps", str(STEPS), "--output", "ids", "--gpu", str(gpu), "--capacity", str(CAPACITY)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=rec.out)
+        (rec.logs / f"{name}.kern_run.stderr").write_text(proc.stderr)
+        got = [int(t) for t in proc.stdout.split()]
+        c.data["stdout_lines"] = len(proc.stdout.splitlines())
+        if proc.returncode != 0 or got != expect[n] or c.data["stdout_lines"] != 1:
+            _fail(c, f"rc {proc.returncode}, {len(got)} ids, equal={got == expect[n]}; stderr tail: "
+                     f"{proc.stderr.strip().splitlines()[-1:] }")
+
+
+def cli_default_check(rec: Recorder, manifest: Path, gpu: int) -> None:
+    """Plain kern-run from a kern.toml with no weights: builds kernels, writes the random 4B
+    checkpoint once into the cache, tokenizes a text prompt."""
+    with rec.check("4b.kern_run_toml_random_checkpoint") as c:
+        work = rec.out / "toml"
+        work.mkdir(exist_ok=True)
+        (work / "kern.toml").write_text(
+            f'target = "qwen3-4b"\ngpu = {gpu}\n[targets.qwen3-4b]\nmanifest = "{manifest}"\n'
+            f'kernels = "kernels"\n[kernels]\nsources = "{ROOT / "tools" / "kernels-src"}"\n'
+            '[run]\nprompt = "The capital of France is"\nsteps = 16\n')
+        env = {**os.environ, "KERN_CACHE_DIR": str(rec.out / "cache")}
+        proc = subprocess.run([sys.executable, "-m", "kern_cli.run"], capture_output=True, text=True,
+                              timeout=1200, cwd=work, env=env)
+        (rec.logs / "4b.kern_run_toml.stderr").write_text(proc.stderr)
+        c.data["stdout"] = proc.stdout[:200]
+        said = "random Qwen3-4B checkpoint" in proc.stderr
+        if proc.returncode != 0 or not said or not proc.stdout.strip():
+            _fail(c, f"rc {proc.returncode}, announced checkpoint={said}; stderr tail "
+                     f"{proc.stderr.strip().splitlines()[-1:]}")
+        else:
+            c.detail = f"stdout {proc.stdout.strip()[:80]!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# Bench.
+
+
+def copy_floor_rows(weight_bytes: int) -> list[dict[str, Any]]:
+    import torch
+
+    nbytes = 2 << 30
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = 20
+    start.record()
+    for _ in range(reps):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    secs = start.elapsed_time(end) / 1e3
+    bw = 2 * nbytes * reps / secs  # read + write
+    del a, b
+    _free()
+    return [
+        _row("copy_bandwidth_rw", bw / 1e12, "TB/s", peer="device-to-device copy, read+write"),
+        _row("bandwidth_floor_ms_per_step", weight_bytes / bw * 1e3, "ms",
+             peer="weight bytes per step / copy bandwidth"),
+    ]
+
+
+TARGETS = {"decode_ms_per_token@ctx128": 2.9, "prefill_ms@709": 25.0}
+
+
+def kern_bench(rec: Recorder, manifest: Path, ckpt: Path, gpu: int) -> None:
+    from kern_cli.bench_cmd import bench_session, decode_weight_bytes, table
+    from kern_cli.run import RunOptions
+
+    with rec.check("4b.bench") as c:
+        m = json.loads(manifest.read_text())
+        wb = decode_weight_bytes(m, "decode")
+        rec.bench += copy_floor_rows(wb)
+        opts = RunOptions(manifest=manifest, kernels=rec.out / "kernels", weights=(ckpt,), prompt=None,
+                          prompt_ids=(1,), steps=1, gpu=gpu, capacity=None, chunk=512, eager=False,
+                          output="ids", tokenizer="", kernel_sources=None)
+        logs = io.StringIO()
+        rows = bench_session(opts, contexts=[128, 8192], steps=256, prefill=709,
+                             log=lambda s: logs.write(s + "\n"))
+        (rec.logs / "bench.log").write_text(logs.getvalue())
+        for r in rows:
+            r["target"] = TARGETS.get(r["name"], r.get("target"))
+        rec.bench = rows + rec.bench
+        text = table(rec.bench)
+        (rec.out / "bench.txt").write_text(text + "\n")
+        print(text, flush=True)
+        by = {r["name"]: r["value"] for r in rec.bench}
+        c.detail = (f"decode@128 {by.get('decode_ms_per_token@ctx128')} ms, @8192 "
+                    f"{by.get('decode_ms_per_token@ctx8192')} ms, prefill709 {by.get('prefill_ms@709')} ms, "
+                    f"gemm floor {by.get('gemm_floor_ms_per_step')} ms, bw floor "
+                    f"{by.get('bandwidth_floor_ms_per_step')} ms")
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("out", type=Path, help="output directory (logs, JSON, checkpoints, kernels)")
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--models", default="tiny,4b", help="comma-separated subset of tiny,4b")
+    ap.add_argument("--no-bench", action="store_true")
+    args = ap.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(args.gpu))
+    gpu = 0
+    rec = Recorder(out)
+    gen = _load_gen()
+    hashes = build(rec)
+    cfgs = configs()
+    for name in [m for m in args.models.split(",") if m]:
+        run_model(rec, gen, name, cfgs[name], hashes, gpu, bench=(name == "4b" and not args.no_bench))
+    return summarize(rec)
+
+
+def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], hashes: dict[str, str], gpu: int,
+              *, bench: bool) -> None:
+    ckpt = write_checkpoint(rec, name, cfg)
+    if ckpt is None or not hashes:
+        return
+    manifest = generate_manifest(rec, gen, name, ckpt, hashes)
+    ps = prompts(int(cfg["vocab_size"]))
+    ref = references(rec, name, ckpt, ps)
+    if manifest is None:
+        return
+    tokens = kern_checks(rec, name, manifest, ckpt, ps, ref, gpu)
+    cli_checks(rec, name, manifest, ckpt, ps, tokens, gpu)
+    if name == "4b":
+        cli_default_check(rec, manifest, gpu)
+    if bench:
+        kern_bench(rec, manifest, ckpt, gpu)
+
+
+def summarize(rec: Recorder) -> int:
+    rec.save()
+    width = max(len(c.name) for c in rec.checks)
+    print("\n== summary ==")
+    for c in rec.checks:
+        print(f"{c.status:5} {c.name.ljust(width)}  {c.detail}")
+    bad = [c for c in rec.checks if c.status not in ("PASS", "SKIP")]
+    print(f"\n{len(rec.checks) - len(bad)}/{len(rec.checks)} checks passed; results in {rec.out}/summary.json"
+          + (f", bench in {rec.out}/bench.json" if rec.bench else ""))
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
