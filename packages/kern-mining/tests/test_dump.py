@@ -4,10 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
-from .helpers.dumps import launch, synthetic, write_dump
 
 from kern_mining.dump import Launch, load_dump, resolve_dump_dir
 from kern_mining.errors import AmbiguousDumpError, CorruptDumpError, EmptyDumpError
+
+from .helpers.dumps import launch, synthetic, write_dump
 
 
 def test_loads_a_synthetic_dump_from_its_capture_root(tmp_path: Path) -> None:

@@ -17,7 +17,14 @@ from kern_mining.analyze import (
     analyze,
     analyze_dir,
 )
-from kern_mining.capture import CaptureResult, Toolchain, build_library, capture_env, find_toolchain, run_capture
+from kern_mining.capture import (
+    CaptureResult,
+    Toolchain,
+    build_library,
+    capture_env,
+    find_toolchain,
+    run_capture,
+)
 from kern_mining.dump import Dump, Launch, ModuleRecord, Param, Pointer, load_dump, resolve_dump_dir
 from kern_mining.errors import (
     AmbiguousDumpError,

@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
-from kern_mining.dump import UNKNOWN_LAYOUT, Dump, Launch, load_dump
+from kern_mining.dump import Dump, Launch, load_dump
 from kern_mining.fit import Fit, fit_samples
 
 __all__ = [
@@ -246,7 +247,7 @@ def _forward_bounds(
     if not positions:
         return []
     bursts = _bursts(positions, times, config)
-    starts = [first] + [_cut(symbols, a[1], b[0], head) for a, b in zip(bursts, bursts[1:], strict=False)]
+    starts = [first] + [_cut(symbols, a[1], b[0], head) for a, b in pairwise(bursts)]
     ends = [s - 1 for s in starts[1:]] + [last]
     return list(zip(starts, ends, strict=True))
 

@@ -180,7 +180,7 @@ def _truth(spec: SynthSpec, windows: list[list[int]], launches: int) -> GroundTr
     return GroundTruth(
         windows=tuple(tuple(w) for w in windows),
         tokens_references=frozenset(
-            symbol for (symbol, ordinal), t in truths.items() if t.grid[0] == T and (symbol, 1) not in truths
+            symbol for (symbol, _), t in truths.items() if t.grid[0] == T and (symbol, 1) not in truths
         ),
         sites=truths,
         launches=launches,

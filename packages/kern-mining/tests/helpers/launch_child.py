@@ -1,6 +1,7 @@
 """A CUDA child process for the capture's end-to-end test: loads a cubin and launches its kernel
 three ways (cuLaunchKernel with kernelParams, cuLaunchKernelEx with a cluster, cuLaunchKernel with
-a packed `extra` buffer). Usage: python launch_child.py CUBIN SYMBOL
+a packed `extra` buffer), or with `host` once on pinned host memory filled with 0xab and n=0.
+Usage: python launch_child.py CUBIN SYMBOL [host]
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ def check(result: object) -> object:
     return values[1] if len(values) == 2 else values[1:]
 
 
-def main(cubin: str, symbol: str) -> None:
+def host_launch(func: object) -> None:
+    host = check(cu.cuMemAllocHost(4096))
+    ctypes.memset(int(host), 0xAB, 4096)
+    ptr = ctypes.c_uint64(int(host))
+    n = ctypes.c_int32(0)
+    params = (ctypes.c_void_p * 2)(ctypes.addressof(ptr), ctypes.addressof(n))
+    check(cu.cuLaunchKernel(func, 1, 1, 1, 32, 1, 1, 0, cu.CUstream(0), ctypes.addressof(params), 0))
+    check(cu.cuCtxSynchronize())
+    check(cu.cuMemFreeHost(host))
+
+
+def main(cubin: str, symbol: str, mode: str) -> None:
     check(cu.cuInit(0))
     dev = check(cu.cuDeviceGet(0))
     ctx = check(cu.cuDevicePrimaryCtxRetain(dev))
@@ -28,6 +40,9 @@ def main(cubin: str, symbol: str) -> None:
         image = f.read()
     module = check(cu.cuModuleLoadData(image))
     func = check(cu.cuModuleGetFunction(module, symbol.encode()))
+    if mode == "host":
+        host_launch(func)
+        return
     buf = check(cu.cuMemAlloc(1 << 16))
     ptr = ctypes.c_uint64(int(buf))
     n = ctypes.c_int32(1000)
@@ -56,4 +71,4 @@ def main(cubin: str, symbol: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "device")
