@@ -45,7 +45,9 @@ def test_recovers_ground_truth_across_timing_and_boundary_jitter(tmp_path: Path,
     "spec",
     [
         SynthSpec(layers=1, prompts=(3, 17, 40, 150), decode_steps=2, warmup=()),
-        SynthSpec(layers=8, prompts=(5, 100, 300, 1000, 2000), decode_steps=6, boundary_jitter=False),
+        SynthSpec(
+            layers=8, prompts=(5, 100, 300, 1000, 2000), decode_steps=6, boundary_jitter=False
+        ),
         SynthSpec(layers=2, prompts=(9, 12, 64, 65), decode_steps=1, warmup=(4096,)),
     ],
 )
@@ -76,13 +78,19 @@ def test_json_has_the_documented_keys(tmp_path: Path) -> None:
         {"param": 1, "class": "persistent"},
         {"param": 2, "class": "persistent"},
     ]
-    assert {"param": 3, "fit": {"form": "const", "a": None, "b": None, "c": 6144}} in site["scalars"]
+    assert {"param": 3, "fit": {"form": "const", "a": None, "b": None, "c": 6144}} in site[
+        "scalars"
+    ]
     abi = {a["symbol"]: a for a in data["abi"]}
     assert abi["gemm_qkv"]["layout"] == "packed"
     assert abi["mystery"]["layout"] == "unknown"
     assert abi["fused_add_rms_norm"] == {
-        "symbol": "fused_add_rms_norm", "layout": "flat", "params": 6, "max_param_size": 8,
-        "pointer_params": 3, "launches": 18 * 4,
+        "symbol": "fused_add_rms_norm",
+        "layout": "flat",
+        "params": 6,
+        "max_param_size": 8,
+        "pointer_params": 3,
+        "launches": 18 * 4,
     }
 
 
@@ -105,7 +113,9 @@ def test_the_report_names_windows_reference_fits_and_census(tmp_path: Path) -> N
 
 
 def test_a_one_forward_dump_gives_a_partial_report(tmp_path: Path) -> None:
-    pid, _ = synthetic(tmp_path, SynthSpec(prompts=(33,), decode_steps=0, warmup=(), boundary_jitter=False))
+    pid, _ = synthetic(
+        tmp_path, SynthSpec(prompts=(33,), decode_steps=0, warmup=(), boundary_jitter=False)
+    )
     analysis = analyze_dir(pid)
     assert len(analysis.forwards) == 1
     assert analysis.tokens_reference is None
@@ -124,7 +134,11 @@ def test_same_token_count_everywhere_leaves_shapes_underdetermined(tmp_path: Pat
     sites = {(s.symbol, s.ordinal): s for s in analysis.sites}
     assert sites[("attention", 0)].grid[1].form == "const"
     assert sites[("attention", 0)].grid[0].form == "const"  # 2*ceil(1/16) = 2 in every forward
-    assert dict(sites[("attention", 0)].pointers) == {0: "workspace", 1: "persistent", 2: "workspace"}
+    assert dict(sites[("attention", 0)].pointers) == {
+        0: "workspace",
+        1: "persistent",
+        2: "workspace",
+    }
 
 
 def test_a_truncated_capture_still_analyzes_and_says_so(tmp_path: Path) -> None:

@@ -31,7 +31,9 @@ def test_the_source_ships_inside_the_package() -> None:
 
 def test_no_toolchain_is_a_typed_error_naming_what_is_missing(tmp_path: Path) -> None:
     env = {"PATH": str(tmp_path)}
-    with pytest.raises(ToolchainNotFoundError, match=r"no cuda.h, cupti.h, libcupti.so, a C compiler found under"):
+    with pytest.raises(
+        ToolchainNotFoundError, match=r"no cuda.h, cupti.h, libcupti.so, a C compiler found under"
+    ):
         find_toolchain(env, roots=[tmp_path])
 
 
@@ -71,7 +73,9 @@ def test_run_capture_passes_the_environment_and_the_exit_status(tmp_path: Path) 
         f"json.dump({{k: os.environ.get(k) for k in ('CUDA_INJECTION64_PATH', 'KERN_CAPTURE_DIR')}}, open({str(seen)!r}, 'w')); "
         "sys.exit(3)"
     )
-    result = run_capture([sys.executable, "-c", script], tmp_path / "out", library=tmp_path / "fake.so")
+    result = run_capture(
+        [sys.executable, "-c", script], tmp_path / "out", library=tmp_path / "fake.so"
+    )
     assert result.returncode == 3
     assert result.process_dirs == ()
     assert json.loads(seen.read_text()) == {
@@ -94,7 +98,9 @@ def test_the_injection_library_compiles_and_exports_its_entry_point(tmp_path: Pa
     assert build_library(tmp_path) == library  # cached
     nm = shutil.which("nm")
     if nm:
-        symbols = subprocess.run([nm, "-D", str(library)], capture_output=True, text=True, check=True).stdout
+        symbols = subprocess.run(
+            [nm, "-D", str(library)], capture_output=True, text=True, check=True
+        ).stdout
         assert "InitializeInjection" in symbols
 
 
@@ -106,7 +112,11 @@ def test_end_to_end_capture_of_three_launch_paths(tmp_path: Path) -> None:
     cubin = tmp_path / "k.cubin"
     subprocess.run([nvcc, "-cubin", "-arch=native", str(source), "-o", str(cubin)], check=True)
     library = build_library(tmp_path / "cache")
-    result = run_capture([sys.executable, str(HELPERS / "launch_child.py"), str(cubin), "add_one"], tmp_path / "out", library=library)
+    result = run_capture(
+        [sys.executable, str(HELPERS / "launch_child.py"), str(cubin), "add_one"],
+        tmp_path / "out",
+        library=library,
+    )
     assert result.returncode == 0
     (pid,) = result.process_dirs
     modules = [json.loads(x) for x in (pid / "modules.jsonl").read_text().splitlines()]
@@ -124,7 +134,11 @@ def test_end_to_end_capture_of_three_launch_paths(tmp_path: Path) -> None:
     assert n["data"] == (1000).to_bytes(4, "little").hex() and n["pointer"] is None
     value = int.from_bytes(bytes.fromhex(x["data"]), "little")
     assert x["pointer"]["memory_type"] == "device"
-    assert x["pointer"]["range_start"] <= value < x["pointer"]["range_start"] + x["pointer"]["range_size"]
+    assert (
+        x["pointer"]["range_start"]
+        <= value
+        < x["pointer"]["range_start"] + x["pointer"]["range_size"]
+    )
     assert x["pointer"]["range_size"] >= 1 << 16
     assert (ex["grid"], ex["block"], ex["cluster"]) == ([4, 1, 1], [128, 1, 1], [2, 1, 1])
     assert ex["params"] == plain["params"]

@@ -31,11 +31,21 @@ def test_launch_records_have_no_instance_dict(tmp_path: Path) -> None:
 
 def test_params_decode(tmp_path: Path) -> None:
     params = [
-        {"offset": 0, "size": 8, "data": (0x7000_0000_0100).to_bytes(8, "little").hex(),
-         "pointer": {"memory_type": "device", "range_start": 0x7000_0000_0000, "range_size": 4096}},
+        {
+            "offset": 0,
+            "size": 8,
+            "data": (0x7000_0000_0100).to_bytes(8, "little").hex(),
+            "pointer": {
+                "memory_type": "device",
+                "range_start": 0x7000_0000_0000,
+                "range_size": 4096,
+            },
+        },
         {"offset": 8, "size": 4, "data": "e8030000", "pointer": None},
     ]
-    d = write_dump(tmp_path / "d", [launch(1, params=params), launch(2, params="unknown-layout"), launch(3)])
+    d = write_dump(
+        tmp_path / "d", [launch(1, params=params), launch(2, params="unknown-layout"), launch(3)]
+    )
     a, b, c = load_dump(d).launches
     assert isinstance(a.params, tuple)
     assert a.params[1].value == 1000
@@ -64,7 +74,14 @@ def test_a_corrupt_line_in_the_middle_names_the_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("grid", [1, 2]), ("t_ns", -1), ("symbol", 3), ("params", {"x": 1}), ("module", "m"), ("cluster", "no")],
+    [
+        ("grid", [1, 2]),
+        ("t_ns", -1),
+        ("symbol", 3),
+        ("params", {"x": 1}),
+        ("module", "m"),
+        ("cluster", "no"),
+    ],
 )
 def test_a_record_with_a_bad_field_is_corrupt(tmp_path: Path, key: str, value: object) -> None:
     record = launch(1)
@@ -127,6 +144,8 @@ def test_a_missing_modules_file_is_noted(tmp_path: Path) -> None:
 
 def test_a_corrupt_modules_file_names_the_line(tmp_path: Path) -> None:
     d = write_dump(tmp_path / "d", [launch(0)])
-    (d / "modules.jsonl").write_text(json.dumps({"id": 1, "sha256": "ab", "bytes": 1, "functions": []}) + "\n")
+    (d / "modules.jsonl").write_text(
+        json.dumps({"id": 1, "sha256": "ab", "bytes": 1, "functions": []}) + "\n"
+    )
     with pytest.raises(CorruptDumpError, match=r"modules.jsonl:1: 'sha256'"):
         load_dump(d)

@@ -32,7 +32,10 @@ def capture(tmp_path: Path) -> Path:
 
 
 def test_copies_modules_by_hash_from_any_process_dump(tmp_path: Path, capture: Path) -> None:
-    m = manifest(tmp_path / "m.json", {"norm": {"source": "x", "sha256": sha(B)}, "rope": {"source": "y", "sha256": sha(C)}})
+    m = manifest(
+        tmp_path / "m.json",
+        {"norm": {"source": "x", "sha256": sha(B)}, "rope": {"source": "y", "sha256": sha(C)}},
+    )
     report = extract_kernels(capture, m, tmp_path / "kernels")
     names = sorted(p.name for p in report.added)
     assert names == [f"norm-{sha(B)[:12]}.cubin", f"rope-{sha(C)[:12]}.cubin"]
@@ -48,21 +51,32 @@ def test_extraction_only_adds(tmp_path: Path, capture: Path) -> None:
     assert [p.name for p in again.present] == [f"norm-{sha(A)[:12]}.cubin"]
 
 
-def test_a_file_with_other_bytes_is_a_conflict_and_nothing_is_written(tmp_path: Path, capture: Path) -> None:
+def test_a_file_with_other_bytes_is_a_conflict_and_nothing_is_written(
+    tmp_path: Path, capture: Path
+) -> None:
     kernels = tmp_path / "kernels"
     kernels.mkdir()
     (kernels / f"norm-{sha(A)[:12]}.cubin").write_bytes(b"tampered")
-    m = manifest(tmp_path / "m.json", {"norm": {"source": "x", "sha256": sha(A)}, "zeta": {"source": "z", "sha256": sha(B)}})
+    m = manifest(
+        tmp_path / "m.json",
+        {"norm": {"source": "x", "sha256": sha(A)}, "zeta": {"source": "z", "sha256": sha(B)}},
+    )
     with pytest.raises(KernelConflictError, match="only adds"):
         extract_kernels(capture, m, kernels)
     assert sorted(p.name for p in kernels.iterdir()) == [f"norm-{sha(A)[:12]}.cubin"]
 
 
-def test_missing_hashes_are_all_listed_and_nothing_is_written(tmp_path: Path, capture: Path) -> None:
+def test_missing_hashes_are_all_listed_and_nothing_is_written(
+    tmp_path: Path, capture: Path
+) -> None:
     other = "ab" * 32
     m = manifest(
         tmp_path / "m.json",
-        {"norm": {"source": "x", "sha256": sha(A)}, "gemm": {"source": "g", "sha256": other}, "attn": {"source": "a", "sha256": "cd" * 32}},
+        {
+            "norm": {"source": "x", "sha256": sha(A)},
+            "gemm": {"source": "g", "sha256": other},
+            "attn": {"source": "a", "sha256": "cd" * 32},
+        },
     )
     with pytest.raises(MissingModuleError, match=r"attn \(cdcdcdcdcdcd\), gemm \(abababababab\)"):
         extract_kernels(capture, m, tmp_path / "kernels")
@@ -73,15 +87,20 @@ def test_missing_hashes_are_all_listed_and_nothing_is_written(tmp_path: Path, ca
     ("text", "match"),
     [
         ("{not json", "cannot read it as JSON"),
-        (json.dumps({"version": 5}), "no \"modules\" table"),
-        (json.dumps({"modules": {}}), "no \"modules\" table"),
+        (json.dumps({"version": 5}), 'no "modules" table'),
+        (json.dumps({"modules": {}}), 'no "modules" table'),
         (json.dumps({"modules": {"a": {"source": "x"}}}), "no 64-hex"),
         (json.dumps({"modules": {"a": {"source": "x", "sha256": "AB" * 32}}}), "no 64-hex"),
-        (json.dumps({"modules": {"../a": {"source": "x", "sha256": "ab" * 32}}}), "not a plain file-name stem"),
-        (json.dumps([1, 2]), "no \"modules\" table"),
+        (
+            json.dumps({"modules": {"../a": {"source": "x", "sha256": "ab" * 32}}}),
+            "not a plain file-name stem",
+        ),
+        (json.dumps([1, 2]), 'no "modules" table'),
     ],
 )
-def test_a_bad_manifest_is_a_typed_error(tmp_path: Path, capture: Path, text: str, match: str) -> None:
+def test_a_bad_manifest_is_a_typed_error(
+    tmp_path: Path, capture: Path, text: str, match: str
+) -> None:
     m = tmp_path / "m.json"
     m.write_text(text)
     with pytest.raises(ManifestModulesError, match=match):

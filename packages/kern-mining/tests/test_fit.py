@@ -70,9 +70,13 @@ forms = st.one_of(
     st.integers(1, 4096).map(lambda c: Fit("const", c=c)),
     st.just(Fit("tokens")),
     st.integers(2, 64).map(lambda a: Fit("mul", a=a)),
-    st.tuples(st.integers(1, 8), st.integers(1, 100)).map(lambda ab: Fit("affine", a=ab[0], b=ab[1])),
+    st.tuples(st.integers(1, 8), st.integers(1, 100)).map(
+        lambda ab: Fit("affine", a=ab[0], b=ab[1])
+    ),
     st.integers(1, 8).map(lambda k: Fit("ceil_div", c=2**k)),
-    st.tuples(st.integers(2, 8), st.integers(1, 8)).map(lambda ac: Fit("mul_ceil_div", a=ac[0], c=2 ** ac[1])),
+    st.tuples(st.integers(2, 8), st.integers(1, 8)).map(
+        lambda ac: Fit("mul_ceil_div", a=ac[0], c=2 ** ac[1])
+    ),
 )
 
 

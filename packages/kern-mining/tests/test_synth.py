@@ -16,7 +16,11 @@ def test_ground_truth_matches_what_was_written(tmp_path: Path) -> None:
     assert [r["grid"][0] for r in finals] == [t for w in truth.windows for t in w]
     assert truth.tokens_references == {"rms_norm"}
     assert truth.sites[("cache_write", 2)].grid[0] == Fit("ceil_div_mul", a=3, c=4)
-    assert truth.sites[("cache_write", 2)].pointers == {0: "workspace", 1: "persistent", 2: "persistent"}
+    assert truth.sites[("cache_write", 2)].pointers == {
+        0: "workspace",
+        1: "persistent",
+        2: "persistent",
+    }
 
 
 def test_the_same_seed_writes_the_same_capture(tmp_path: Path) -> None:
@@ -31,7 +35,11 @@ def test_a_stable_buffer_with_one_user_is_a_weight_in_the_truth(tmp_path: Path) 
     truth = write_capture(SynthSpec(layers=1, prompts=(3, 17, 40), warmup=()), tmp_path)
     assert truth.sites[("rope", 0)].pointers == {0: "workspace", 1: "weight"}
     assert truth.tokens_references == {"rms_norm", "fused_add_rms_norm", "rope"}
-    assert truth.sites[("cache_write", 0)].pointers == {0: "workspace", 1: "persistent", 2: "weight"}
+    assert truth.sites[("cache_write", 0)].pointers == {
+        0: "workspace",
+        1: "persistent",
+        2: "weight",
+    }
 
 
 def test_module_hashes_match_the_files(tmp_path: Path) -> None:

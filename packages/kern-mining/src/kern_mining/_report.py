@@ -29,10 +29,14 @@ def render(a: Analysis) -> str:
     """The report as text: windows, forwards, tokens reference, sites, ABI census, open questions."""
     lines = [f"dump {a.dump}: {a.launches} launches; core kernel {_short(a.core)}"]
     forwards = a.forwards
-    lines.append(f"{len(a.windows)} request windows, {len(forwards)} forwards ({len(a.skipped_windows)} windows without the core kernel skipped)")
+    lines.append(
+        f"{len(a.windows)} request windows, {len(forwards)} forwards ({len(a.skipped_windows)} windows without the core kernel skipped)"
+    )
     for n, w in enumerate(a.windows):
         tokens = ", ".join("?" if f.tokens is None else str(f.tokens) for f in w.forwards)
-        lines.append(f"  window {n}: launches {w.first}..{w.last}, {len(w.forwards)} forwards, tokens [{tokens}]")
+        lines.append(
+            f"  window {n}: launches {w.first}..{w.last}, {len(w.forwards)} forwards, tokens [{tokens}]"
+        )
     ref = a.tokens_reference
     if ref is None:
         lines.append("tokens reference: none")
@@ -42,13 +46,28 @@ def render(a: Analysis) -> str:
             f"{ref.unfit} unfit, {ref.underdetermined} underdetermined)"
         )
     forms = Counter(f.form for s in a.sites for f in [*s.grid, *(x for _, x in s.scalars)])
-    lines.append(f"{len(a.sites)} call sites; fits: " + ", ".join(f"{k} {v}" for k, v in sorted(forms.items())))
-    lines += [_site_line(s) for s in a.sites if any(g.form != "const" for g in s.grid) or any(f.form != "const" for _, f in s.scalars)]
+    lines.append(
+        f"{len(a.sites)} call sites; fits: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(forms.items()))
+    )
+    lines += [
+        _site_line(s)
+        for s in a.sites
+        if any(g.form != "const" for g in s.grid) or any(f.form != "const" for _, f in s.scalars)
+    ]
     layouts = Counter(e.layout for e in a.abi)
-    lines.append("ABI census: " + ", ".join(f"{k} {v}" for k, v in sorted(layouts.items())) + " symbols")
+    lines.append(
+        "ABI census: " + ", ".join(f"{k} {v}" for k, v in sorted(layouts.items())) + " symbols"
+    )
     for e in a.abi:
-        shape = f"{e.params} params, largest {e.max_param_size} B, {e.pointer_params} pointers" if e.layout == "flat" else ""
-        lines.append(f"  {e.layout:<8} {_short(e.symbol):<{SYMBOL_WIDTH}} x{e.launches} {shape}".rstrip())
+        shape = (
+            f"{e.params} params, largest {e.max_param_size} B, {e.pointer_params} pointers"
+            if e.layout == "flat"
+            else ""
+        )
+        lines.append(
+            f"  {e.layout:<8} {_short(e.symbol):<{SYMBOL_WIDTH}} x{e.launches} {shape}".rstrip()
+        )
     lines += [f"note: {n}" for n in a.notes]
     lines += [f"undecided: {n}" for n in a.undecided]
     return "\n".join(lines)

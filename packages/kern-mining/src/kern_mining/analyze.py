@@ -145,7 +145,9 @@ class Analysis:
                 {
                     "first": w.first,
                     "last": w.last,
-                    "forwards": [{"first": f.first, "last": f.last, "tokens": f.tokens} for f in w.forwards],
+                    "forwards": [
+                        {"first": f.first, "last": f.last, "tokens": f.tokens} for f in w.forwards
+                    ],
                 }
                 for w in self.windows
             ],
@@ -206,7 +208,9 @@ def _windows(launches: Sequence[Launch], gap_ns: float) -> list[tuple[int, int]]
     return bounds
 
 
-def _bursts(positions: list[int], times: Sequence[int], config: AnalyzeConfig) -> list[tuple[int, int]]:
+def _bursts(
+    positions: list[int], times: Sequence[int], config: AnalyzeConfig
+) -> list[tuple[int, int]]:
     gap_ns = config.forward_gap_ms * 1e6
     bursts: list[tuple[int, int]] = [(positions[0], positions[0])]
     for p in positions[1:]:
@@ -294,7 +298,9 @@ def _align(occ: list[float], ref: list[float]) -> list[tuple[int, int]]:
 SiteKey = tuple[str, int]
 
 
-def _align_sites(launches: Sequence[Launch], forwards: list[tuple[int, int]]) -> dict[SiteKey, list[Launch | None]]:
+def _align_sites(
+    launches: Sequence[Launch], forwards: list[tuple[int, int]]
+) -> dict[SiteKey, list[Launch | None]]:
     per_symbol: dict[str, list[list[int]]] = defaultdict(lambda: [[] for _ in forwards])
     for f, (first, last) in enumerate(forwards):
         for i in range(first, last + 1):
@@ -310,7 +316,13 @@ def _align_sites(launches: Sequence[Launch], forwards: list[tuple[int, int]]) ->
         ref = _reference_positions(rel, mode)
         columns: list[list[Launch | None]] = [[None] * len(forwards) for _ in range(mode)]
         for f, p in enumerate(per_forward):
-            pairs = [(k, k) for k in range(mode)] if len(p) == mode else _align(rel[f], ref) if p else []
+            pairs = (
+                [(k, k) for k in range(mode)]
+                if len(p) == mode
+                else _align(rel[f], ref)
+                if p
+                else []
+            )
             for ordinal, j in pairs:
                 columns[ordinal][f] = launches[p[j]]
         for ordinal, column in enumerate(columns):
@@ -326,7 +338,9 @@ class _SiteData:
     key: SiteKey
     column: list[Launch | None]
     grid: list[list[tuple[int, int]]] = field(default_factory=list[list[tuple[int, int]]])
-    scalars: dict[int, list[tuple[int, int]]] = field(default_factory=dict[int, list[tuple[int, int]]])
+    scalars: dict[int, list[tuple[int, int]]] = field(
+        default_factory=dict[int, list[tuple[int, int]]]
+    )
     pointers: dict[int, list[tuple[int, tuple[int | None, int]]]] = field(
         default_factory=dict[int, list[tuple[int, tuple[int | None, int]]]]
     )
@@ -348,7 +362,11 @@ def _site_data(key: SiteKey, column: list[Launch | None]) -> _SiteData:
         for i, p in enumerate(la.params):
             if i in pointer_params:
                 value = p.value
-                where = (p.pointer.range_start, value - p.pointer.range_start) if p.pointer else (None, value)
+                where = (
+                    (p.pointer.range_start, value - p.pointer.range_start)
+                    if p.pointer
+                    else (None, value)
+                )
                 data.pointers.setdefault(i, []).append((f, where))
             elif p.size in SCALAR_SIZES:
                 data.scalars.setdefault(i, []).append((f, p.value))
@@ -431,7 +449,9 @@ def _abi(launches: Sequence[Launch]) -> list[AbiEntry]:
             pointers = {i for params in flat for i, p in enumerate(params) if p.pointer is not None}
             sizes = [p.size for p in first]
             entries.append(
-                AbiEntry(symbol, "flat", len(first), max(sizes, default=0), len(pointers), len(group))
+                AbiEntry(
+                    symbol, "flat", len(first), max(sizes, default=0), len(pointers), len(group)
+                )
             )
         elif any(la.params is None for la in group):
             entries.append(AbiEntry(symbol, "packed", None, None, 0, len(group)))
@@ -465,15 +485,23 @@ def _find_forwards(
 def _undecided(n_forwards: int, ref: TokensReference | None, sites: Sequence[Site]) -> list[str]:
     notes: list[str] = []
     if n_forwards < 2:
-        notes.append("only one forward pass: no fit or pointer class can be decided across forwards")
+        notes.append(
+            "only one forward pass: no fit or pointer class can be decided across forwards"
+        )
     if ref is None:
         notes.append("no tokens reference: no kernel runs once per forward with a varying grid.x")
-    under = sum(f.form == "underdetermined" for s in sites for f in [*s.grid, *(x for _, x in s.scalars)])
+    under = sum(
+        f.form == "underdetermined" for s in sites for f in [*s.grid, *(x for _, x in s.scalars)]
+    )
     if under:
-        notes.append(f"{under} grid axes or scalars are underdetermined (too few distinct token counts)")
+        notes.append(
+            f"{under} grid axes or scalars are underdetermined (too few distinct token counts)"
+        )
     open_pointers = sum(c is None for s in sites for _, c in s.pointers)
     if open_pointers:
-        notes.append(f"{open_pointers} pointer params are seen in fewer than two forwards: class undecided")
+        notes.append(
+            f"{open_pointers} pointer params are seen in fewer than two forwards: class undecided"
+        )
     return notes
 
 

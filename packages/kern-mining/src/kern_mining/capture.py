@@ -65,8 +65,17 @@ def _roots(env: Mapping[str, str]) -> list[Path]:
 
 def _candidates(root: Path, kind: str) -> list[Path]:
     if kind == "include":
-        return [root / "include", *sorted(root.glob("targets/*/include")), root / "extras/CUPTI/include"]
-    return [root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib")), root / "extras/CUPTI/lib64"]
+        return [
+            root / "include",
+            *sorted(root.glob("targets/*/include")),
+            root / "extras/CUPTI/include",
+        ]
+    return [
+        root / "lib64",
+        root / "lib",
+        *sorted(root.glob("targets/*/lib")),
+        root / "extras/CUPTI/lib64",
+    ]
 
 
 def _find_in(roots: list[Path], kind: str, names: Sequence[str]) -> Path | None:
@@ -79,7 +88,9 @@ def _find_in(roots: list[Path], kind: str, names: Sequence[str]) -> Path | None:
     return None
 
 
-def find_toolchain(env: Mapping[str, str] | None = None, roots: Sequence[Path] | None = None) -> Toolchain:
+def find_toolchain(
+    env: Mapping[str, str] | None = None, roots: Sequence[Path] | None = None
+) -> Toolchain:
     """Locate a C compiler, cuda.h, cupti.h and libcupti.
 
     Args:
@@ -95,11 +106,29 @@ def find_toolchain(env: Mapping[str, str] | None = None, roots: Sequence[Path] |
     cupti_h = _find_in(roots, "include", ["cupti.h"])
     library = _find_in(roots, "lib", ["libcupti.so", "libcupti.so.*"])
     compilers = [env.get("CC", ""), "gcc", "cc", "clang"]
-    compiler = next((shutil.which(c, path=env.get("PATH")) for c in compilers if c and shutil.which(c, path=env.get("PATH"))), None)
-    missing = [n for n, v in (("cuda.h", cuda_h), ("cupti.h", cupti_h), ("libcupti.so", library), ("a C compiler", compiler)) if v is None]
+    compiler = next(
+        (
+            shutil.which(c, path=env.get("PATH"))
+            for c in compilers
+            if c and shutil.which(c, path=env.get("PATH"))
+        ),
+        None,
+    )
+    missing = [
+        n
+        for n, v in (
+            ("cuda.h", cuda_h),
+            ("cupti.h", cupti_h),
+            ("libcupti.so", library),
+            ("a C compiler", compiler),
+        )
+        if v is None
+    ]
     if missing or cuda_h is None or cupti_h is None or library is None or compiler is None:
         where = ", ".join(str(r) for r in roots)
-        raise ToolchainNotFoundError(f"no {', '.join(missing)} found under {where} or PATH; set KERN_CUDA_HOME or CC")
+        raise ToolchainNotFoundError(
+            f"no {', '.join(missing)} found under {where} or PATH; set KERN_CUDA_HOME or CC"
+        )
     includes = tuple(dict.fromkeys([cuda_h.parent, cupti_h.parent]))
     return Toolchain(Path(compiler), includes, library)
 
@@ -112,10 +141,22 @@ def _cache_dir(env: Mapping[str, str]) -> Path:
 def _command(toolchain: Toolchain, output: Path) -> list[str]:
     includes = [f"-I{d}" for d in toolchain.include_dirs]
     rpath = f"-Wl,-rpath,{toolchain.cupti_library.parent}"
-    return [str(toolchain.compiler), *CFLAGS, *includes, str(SOURCE), "-o", str(output), str(toolchain.cupti_library), rpath, "-ldl"]
+    return [
+        str(toolchain.compiler),
+        *CFLAGS,
+        *includes,
+        str(SOURCE),
+        "-o",
+        str(output),
+        str(toolchain.cupti_library),
+        rpath,
+        "-ldl",
+    ]
 
 
-def build_library(cache_dir: Path | None = None, *, toolchain: Toolchain | None = None, force: bool = False) -> Path:
+def build_library(
+    cache_dir: Path | None = None, *, toolchain: Toolchain | None = None, force: bool = False
+) -> Path:
     """Compile the injection library, or return the cached build for this source and toolchain.
 
     Raises:
@@ -131,15 +172,25 @@ def build_library(cache_dir: Path | None = None, *, toolchain: Toolchain | None 
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / target.name
-        proc = subprocess.run(_command(toolchain, built), capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            _command(toolchain, built), capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
-            raise CaptureBuildError(f"{toolchain.compiler} failed to build {SOURCE.name}: {lines[-1]}")
+            raise CaptureBuildError(
+                f"{toolchain.compiler} failed to build {SOURCE.name}: {lines[-1]}"
+            )
         os.replace(built, target)
     return target
 
 
-def capture_env(out_dir: Path, library: Path, *, host_pointees: bool = False, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def capture_env(
+    out_dir: Path,
+    library: Path,
+    *,
+    host_pointees: bool = False,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """The environment that makes a CUDA process load the injection library and write to `out_dir`."""
     env = dict(os.environ if base is None else base)
     env["CUDA_INJECTION64_PATH"] = str(library.resolve())
@@ -149,7 +200,11 @@ def capture_env(out_dir: Path, library: Path, *, host_pointees: bool = False, ba
 
 
 def run_capture(
-    command: Sequence[str], out_dir: Path, *, host_pointees: bool = False, library: Path | None = None
+    command: Sequence[str],
+    out_dir: Path,
+    *,
+    host_pointees: bool = False,
+    library: Path | None = None,
 ) -> CaptureResult:
     """Run `command` with the capture attached; each CUDA process writes out_dir/pid<N>/.
 
@@ -158,12 +213,18 @@ def run_capture(
         ToolchainNotFoundError, CaptureBuildError: see `build_library`.
     """
     if not command:
-        raise CaptureError("no command to capture: give it after `--`, e.g. kern-mine capture -o DIR -- python x.py")
+        raise CaptureError(
+            "no command to capture: give it after `--`, e.g. kern-mine capture -o DIR -- python x.py"
+        )
     library = library or build_library()
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(find_process_dirs(out_dir))
     try:
-        proc = subprocess.run(list(command), env=capture_env(out_dir, library, host_pointees=host_pointees), check=False)
+        proc = subprocess.run(
+            list(command),
+            env=capture_env(out_dir, library, host_pointees=host_pointees),
+            check=False,
+        )
     except OSError as exc:
         raise CaptureError(f"cannot start {command[0]!r}: {exc.strerror}") from exc
     written = tuple(p for p in find_process_dirs(out_dir) if p not in before)

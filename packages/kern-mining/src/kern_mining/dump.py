@@ -113,7 +113,9 @@ def resolve_dump_dir(path: Path) -> Path:
         return path
     found = find_process_dirs(path)
     if not found:
-        raise EmptyDumpError(f"{path}: no launches.jsonl here or in a pid<N>/ subdirectory; capture first")
+        raise EmptyDumpError(
+            f"{path}: no launches.jsonl here or in a pid<N>/ subdirectory; capture first"
+        )
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
         raise AmbiguousDumpError(f"{path} holds several process dumps ({names}); name one of them")
@@ -238,7 +240,9 @@ def _read_modules(base: Path, notes: list[str]) -> dict[int, ModuleRecord]:
             raise _corrupt(path, number, str(exc)) from exc
         modules[record.id] = record
         if not record.present:
-            notes.append(f"module {record.id}: {record.path.name} is missing (sha256 {record.sha256[:12]})")
+            notes.append(
+                f"module {record.id}: {record.path.name} is missing (sha256 {record.sha256[:12]})"
+            )
     return modules
 
 
@@ -254,9 +258,13 @@ def load_dump(path: Path) -> Dump:
     notes: list[str] = []
     launches = _read_launches(base / "launches.jsonl", notes)
     if not launches:
-        raise EmptyDumpError(f"{base}: launches.jsonl holds no launches; did the program launch kernels?")
+        raise EmptyDumpError(
+            f"{base}: launches.jsonl holds no launches; did the program launch kernels?"
+        )
     modules = _read_modules(base, notes)
-    unknown = sorted({la.module for la in launches if la.module is not None and la.module not in modules})
+    unknown = sorted(
+        {la.module for la in launches if la.module is not None and la.module not in modules}
+    )
     if unknown and modules:
         notes.append(f"launches name modules missing from modules.jsonl: {unknown}")
     launches.sort(key=lambda la: (la.t_ns, la.index))

@@ -50,14 +50,20 @@ def _manifest_modules(manifest_path: Path) -> dict[str, str]:
         raise ManifestModulesError(f"{manifest_path}: cannot read it as JSON ({exc})") from exc
     modules = data.get("modules") if isinstance(data, dict) else None
     if not isinstance(modules, dict) or not modules:
-        raise ManifestModulesError(f"{manifest_path}: no \"modules\" table of {{name: {{source, sha256}}}}")
+        raise ManifestModulesError(
+            f'{manifest_path}: no "modules" table of {{name: {{source, sha256}}}}'
+        )
     pins: dict[str, str] = {}
     for name, entry in modules.items():
         sha = entry.get("sha256") if isinstance(entry, dict) else None
         if not isinstance(sha, str) or not SHA256.fullmatch(sha):
-            raise ManifestModulesError(f"{manifest_path}: module {name!r} has no 64-hex lowercase sha256")
+            raise ManifestModulesError(
+                f"{manifest_path}: module {name!r} has no 64-hex lowercase sha256"
+            )
         if not NAME.fullmatch(name):
-            raise ManifestModulesError(f"{manifest_path}: module name {name!r} is not a plain file-name stem")
+            raise ManifestModulesError(
+                f"{manifest_path}: module name {name!r} is not a plain file-name stem"
+            )
         pins[name] = sha
     return pins
 
@@ -74,7 +80,9 @@ def extract_kernels(dump_dir: Path, manifest_path: Path, kernels_dir: Path) -> E
     index = index_cubins(dump_dir)
     missing = [f"{n} ({s[:12]})" for n, s in sorted(pins.items()) if s not in index]
     if missing:
-        raise MissingModuleError(f"{dump_dir} has no cubin for {', '.join(missing)}; capture the process that loads them")
+        raise MissingModuleError(
+            f"{dump_dir} has no cubin for {', '.join(missing)}; capture the process that loads them"
+        )
     plan: list[tuple[Path, Path]] = []
     present: list[Path] = []
     for name, sha in sorted(pins.items()):
@@ -84,7 +92,9 @@ def extract_kernels(dump_dir: Path, manifest_path: Path, kernels_dir: Path) -> E
         elif target.is_file() and _sha(target) == sha:
             present.append(target)
         else:
-            raise KernelConflictError(f"{target} exists with other bytes; extraction only adds, move it away first")
+            raise KernelConflictError(
+                f"{target} exists with other bytes; extraction only adds, move it away first"
+            )
     kernels_dir.mkdir(parents=True, exist_ok=True)
     for source, target in plan:
         tmp = target.with_name(f".{target.name}.tmp")

@@ -18,7 +18,15 @@ from typing import Literal
 __all__ = ["FORMS", "Fit", "fit_samples"]
 
 Form = Literal[
-    "const", "tokens", "mul", "ceil_div", "mul_ceil_div", "ceil_div_mul", "affine", "underdetermined", "unfit"
+    "const",
+    "tokens",
+    "mul",
+    "ceil_div",
+    "mul_ceil_div",
+    "ceil_div_mul",
+    "affine",
+    "underdetermined",
+    "unfit",
 ]
 FORMS: tuple[Form, ...] = (
     "const",

@@ -58,11 +58,18 @@ T = Fit("tokens")
 ONE = _c(1)
 
 
-def default_model() -> tuple[tuple[KernelSpec, ...], tuple[KernelSpec, ...], tuple[KernelSpec, ...]]:
+def default_model() -> tuple[
+    tuple[KernelSpec, ...], tuple[KernelSpec, ...], tuple[KernelSpec, ...]
+]:
     """(head, layer, tail) kernels of a small decoder; "add" (twice per layer) is the core kernel."""
     eps = struct.unpack("<I", struct.pack("<f", 1e-6))[0]
     head = (
-        KernelSpec("embed", (Fit("ceil_div", c=4), ONE, ONE), ("weight", "persistent:ids", "workspace:x"), (T,)),
+        KernelSpec(
+            "embed",
+            (Fit("ceil_div", c=4), ONE, ONE),
+            ("weight", "persistent:ids", "workspace:x"),
+            (T,),
+        ),
     )
     layer = (
         KernelSpec(
@@ -93,11 +100,15 @@ def default_model() -> tuple[tuple[KernelSpec, ...], tuple[KernelSpec, ...], tup
         KernelSpec("gemm_o", (Fit("ceil_div", c=64), _c(20), ONE), layout="packed"),
         KernelSpec("add", (Fit("mul", a=20), ONE, ONE), ("persistent:residual", "workspace:attn")),
         KernelSpec("mystery", (ONE, ONE, ONE), layout="unknown"),
-        KernelSpec("act_and_mul", (Fit("mul", a=12), ONE, ONE), ("workspace:gate", "workspace:act"), (T,)),
+        KernelSpec(
+            "act_and_mul", (Fit("mul", a=12), ONE, ONE), ("workspace:gate", "workspace:act"), (T,)
+        ),
         KernelSpec("add", (Fit("mul", a=20), ONE, ONE), ("persistent:residual", "workspace:act")),
     )
     tail = (
-        KernelSpec("rms_norm", (T, ONE, ONE), ("persistent:residual", "weight", "workspace:x"), (_c(eps),)),
+        KernelSpec(
+            "rms_norm", (T, ONE, ONE), ("persistent:residual", "weight", "workspace:x"), (_c(eps),)
+        ),
         KernelSpec("gemm_lm_head", (Fit("ceil_div", c=128), _c(1187), ONE), layout="packed"),
         KernelSpec("argmax", (ONE, ONE, ONE), ("workspace:logits", "persistent:ids")),
     )
@@ -175,12 +186,16 @@ def _truth(spec: SynthSpec, windows: list[list[int]], launches: int) -> GroundTr
                 kind = "weight"
             pointers[i] = kind
         n = len(kernel.pointers)
-        scalars = {n + j: f for j, f in enumerate(kernel.scalars)} if kernel.layout == "flat" else {}
+        scalars = (
+            {n + j: f for j, f in enumerate(kernel.scalars)} if kernel.layout == "flat" else {}
+        )
         truths[key] = SiteTruth(kernel.grid, scalars, pointers if kernel.layout == "flat" else {})
     return GroundTruth(
         windows=tuple(tuple(w) for w in windows),
         tokens_references=frozenset(
-            symbol for (symbol, _), t in truths.items() if t.grid[0] == T and (symbol, 1) not in truths
+            symbol
+            for (symbol, _), t in truths.items()
+            if t.grid[0] == T and (symbol, 1) not in truths
         ),
         sites=truths,
         launches=launches,
@@ -194,7 +209,9 @@ class _Addresses:
         self.persistent: dict[str, int] = {}
         self.workspace: dict[str, int] = {}
 
-    def resolve(self, role: str, site: tuple[str, int], param: int, layer: int, forward: int) -> tuple[int, int]:
+    def resolve(
+        self, role: str, site: tuple[str, int], param: int, layer: int, forward: int
+    ) -> tuple[int, int]:
         kind, _, key = role.partition(":")
         key = key.format(layer=layer)
         if kind == "weight":
@@ -208,9 +225,15 @@ class _Addresses:
 
 
 def _param(offset: int, size: int, value: int, pointer: int | None) -> dict[str, object]:
-    record: dict[str, object] = {"offset": offset, "size": size, "data": value.to_bytes(size, "little").hex()}
+    record: dict[str, object] = {
+        "offset": offset,
+        "size": size,
+        "data": value.to_bytes(size, "little").hex(),
+    }
     record["pointer"] = (
-        None if pointer is None else {"memory_type": "device", "range_start": pointer, "range_size": RANGE_SIZE}
+        None
+        if pointer is None
+        else {"memory_type": "device", "range_start": pointer, "range_size": RANGE_SIZE}
     )
     return record
 
@@ -238,7 +261,9 @@ class _Writer:
                 start, value = self.addresses.resolve(role, site, i, layer, self.forward)
                 items.append(_param(8 * i, 8, value, start))
             base = 8 * len(kernel.pointers)
-            items += [_param(base + 4 * j, 4, f.evaluate(t), None) for j, f in enumerate(kernel.scalars)]
+            items += [
+                _param(base + 4 * j, 4, f.evaluate(t), None) for j, f in enumerate(kernel.scalars)
+            ]
             params = items
         record = {
             "t_ns": self.t_ns,
@@ -287,7 +312,12 @@ def _write_modules(out: Path, modules: dict[str, int]) -> None:
         blob = f"synthetic module {ident}\n".encode()
         (out / f"module_{ident}.cubin").write_bytes(blob)
         functions = sorted(s for s, m in modules.items() if m == ident)
-        record = {"id": ident, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), "functions": functions}
+        record = {
+            "id": ident,
+            "sha256": hashlib.sha256(blob).hexdigest(),
+            "bytes": len(blob),
+            "functions": functions,
+        }
         lines.append(json.dumps(record))
     (out / "modules.jsonl").write_text("\n".join(lines) + "\n")
 

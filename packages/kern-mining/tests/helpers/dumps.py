@@ -29,7 +29,9 @@ def launch(t_ns: int, symbol: str = "k", grid: int = 1, params: object = None) -
     }
 
 
-def write_dump(path: Path, launches: list[dict[str, object]], cubins: dict[int, bytes] | None = None) -> Path:
+def write_dump(
+    path: Path, launches: list[dict[str, object]], cubins: dict[int, bytes] | None = None
+) -> Path:
     """A dump dir with these launches and these module files (module 1 by default)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "launches.jsonl").write_text("".join(json.dumps(r) + "\n" for r in launches))
@@ -37,7 +39,12 @@ def write_dump(path: Path, launches: list[dict[str, object]], cubins: dict[int, 
     lines: list[str] = []
     for ident, blob in cubins.items():
         (path / f"module_{ident}.cubin").write_bytes(blob)
-        record = {"id": ident, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), "functions": ["k"]}
+        record = {
+            "id": ident,
+            "sha256": hashlib.sha256(blob).hexdigest(),
+            "bytes": len(blob),
+            "functions": ["k"],
+        }
         lines.append(json.dumps(record) + "\n")
     (path / "modules.jsonl").write_text("".join(lines))
     return path

@@ -26,7 +26,9 @@ def host_launch(func: object) -> None:
     ptr = ctypes.c_uint64(int(host))
     n = ctypes.c_int32(0)
     params = (ctypes.c_void_p * 2)(ctypes.addressof(ptr), ctypes.addressof(n))
-    check(cu.cuLaunchKernel(func, 1, 1, 1, 32, 1, 1, 0, cu.CUstream(0), ctypes.addressof(params), 0))
+    check(
+        cu.cuLaunchKernel(func, 1, 1, 1, 32, 1, 1, 0, cu.CUstream(0), ctypes.addressof(params), 0)
+    )
     check(cu.cuCtxSynchronize())
     check(cu.cuMemFreeHost(host))
 
@@ -47,7 +49,9 @@ def main(cubin: str, symbol: str, mode: str) -> None:
     ptr = ctypes.c_uint64(int(buf))
     n = ctypes.c_int32(1000)
     params = (ctypes.c_void_p * 2)(ctypes.addressof(ptr), ctypes.addressof(n))
-    check(cu.cuLaunchKernel(func, 4, 1, 1, 256, 1, 1, 0, cu.CUstream(0), ctypes.addressof(params), 0))
+    check(
+        cu.cuLaunchKernel(func, 4, 1, 1, 256, 1, 1, 0, cu.CUstream(0), ctypes.addressof(params), 0)
+    )
 
     config = cu.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = 4, 1, 1
