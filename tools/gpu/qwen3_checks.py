@@ -515,7 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(args.gpu))
+    if args.gpu != 0:  # NOTE: torch and kern then both see the chosen GPU as device 0
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
     gpu = 0
     rec = Recorder(out)
     gen = _load_gen()

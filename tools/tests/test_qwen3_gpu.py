@@ -1,0 +1,103 @@
+"""Qwen3 tiny on the GPU: graph == eager, --chunk 512 == 1 == 97, kern-run's ids, and (where torch
+and transformers are installed) greedy tokens and first-step logits against transformers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from kern_cli.checkpoint import QWEN3_TINY_CONFIG, random_checkpoint
+    from kern_cli.kernels_cmd import build_kernels
+
+    gen = _load("gen_qwen3", TOOLS / "gen_qwen3.py")
+    tmp = tmp_path_factory.mktemp("qwen3")
+    hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
+    entries = gen.entry_modules(TOOLS / "kernels-src")
+    feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
+    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="qwen3-tiny", feed=feed)
+    manifest = tmp / "qwen3-tiny.json"
+    manifest.write_text(json.dumps(m))
+    ckpt, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=5, name="tiny", root=tmp)
+    return {"manifest": manifest, "kernels": tmp / "kernels", "ckpt": ckpt, "tmp": tmp}
+
+
+def _session(tiny: dict[str, Any]) -> Any:
+    from kern_cli.run import Session, weight_files
+
+    return Session.open(tiny["manifest"], tiny["kernels"], weight_files([tiny["ckpt"]]), gpu=0, capacity=4096)
+
+
+def _prompt(n: int) -> list[int]:
+    return [(7 * i * i + 3 * i + 11) % 4000 for i in range(n)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 37, 709])
+def test_graph_eager_and_chunks_agree(tiny: dict[str, Any], n: int) -> None:
+    with _session(tiny) as s:
+        base = s.generate(_prompt(n), 64, chunk=512)
+        assert len(base) == 64
+        assert s.generate(_prompt(n), 64, chunk=512, eager=True) == base
+        assert s.generate(_prompt(n), 64, chunk=1) == base
+        assert s.generate(_prompt(n), 64, chunk=97) == base
+
+
+@pytest.mark.gpu
+def test_kern_run_prints_the_same_ids(tiny: dict[str, Any]) -> None:
+    with _session(tiny) as s:
+        want = s.generate(_prompt(37), 16, chunk=512)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kern_cli.run", "--manifest", str(tiny["manifest"]), "--kernels", str(tiny["kernels"]),
+         "--weights", str(tiny["ckpt"]), "--prompt-ids", ",".join(map(str, _prompt(37))), "--steps", "16",
+         "--output", "ids"],
+        capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [" ".join(map(str, want))]
+
+
+@pytest.mark.gpu
+def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import numpy as np
+
+    from kern_cli.checkpoint import QWEN3_TINY_CONFIG
+
+    checks = _load("qwen3_checks", TOOLS / "gpu" / "qwen3_checks.py")
+    rec = checks.Recorder(tiny["tmp"] / "out")
+    ckpt = checks.write_checkpoint(rec, "tiny", dict(QWEN3_TINY_CONFIG))
+    assert ckpt is not None, rec.checks[-1].detail
+    ps = {n: _prompt(n) for n in (1, 37, 709)}
+    ref = checks.references(rec, "tiny", ckpt, ps)
+    assert ref is not None, rec.checks[-1].detail
+    from kern_cli.run import Session, weight_files
+
+    with Session.open(tiny["manifest"], tiny["kernels"], weight_files([ckpt]), gpu=0, capacity=4096) as s:
+        for n, p in ps.items():
+            got = checks.kern_generate(s, p, chunk=512, eager=False, logits=True)
+            c = checks.Check(f"p{n}")
+            checks.compare_greedy(c, got.tokens, ref.tokens[n], ref.gaps_ulps[n])
+            assert c.status != "FAIL", c.detail
+            r = ref.logits32[n]
+            assert np.linalg.norm(got.logits - r) / np.linalg.norm(r) <= checks.LOGIT_REL_TOL
