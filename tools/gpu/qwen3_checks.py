@@ -14,7 +14,8 @@
    relative error (L2) of float32, graph == eager, --chunk 512 == 1 == 97; kern-run as a process
    (--output ids equals the in-process tokens; kern.toml + random checkpoint + text prompt);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
-   copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table.
+   copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table; the per-kernel
+   time of one decode step (OUTDIR/decode_profile.txt) for docs/perf.md.
 
 Every check is recorded even when an earlier one failed; logs go to OUTDIR/logs/, results to
 OUTDIR/summary.json. Exit status 0 only when every check passed.
@@ -503,6 +504,47 @@ def kern_bench(rec: Recorder, manifest: Path, ckpt: Path, gpu: int) -> None:
                     f"{by.get('bandwidth_floor_ms_per_step')} ms")
 
 
+def decode_profile(rec: Recorder, manifest: Path, ckpt: Path, gpu: int) -> None:
+    """Per-kernel GPU time of one decode step at context 128 (CUPTI through torch.profiler, which
+    records every kernel of the process, graph nodes included): OUTDIR/decode_profile.{json,txt}."""
+    from kern_cli.run import Session, weight_files
+
+    with rec.check("4b.decode_profile") as c:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.init()
+        reps = 20
+        with Session.open(manifest, rec.out / "kernels", weight_files([ckpt]), gpu=gpu, capacity=CAPACITY) as s:
+            s.prefill(prompts(150000)[709][:128], 512)
+            for _ in range(8):
+                s.step()
+            s.rt.synchronize()
+            t0 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    s.step()
+                s.rt.synchronize()
+            wall_us = (time.perf_counter() - t0) / reps * 1e6
+        rows = []
+        for e in prof.key_averages():
+            us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if us:
+                rows.append({"kernel": e.key, "launches_per_step": e.count / reps, "us_per_step": us / reps})
+        rows.sort(key=lambda r: -r["us_per_step"])
+        total = sum(r["us_per_step"] for r in rows)
+        (rec.out / "decode_profile.json").write_text(json.dumps(
+            {"wall_us_per_step_profiled": wall_us, "kernel_us_per_step": total, "kernels": rows}, indent=1) + "\n")
+        lines = [f"{'us/step':>9} {'n/step':>7}  kernel"]
+        lines += [f"{r['us_per_step']:9.1f} {r['launches_per_step']:7.1f}  {r['kernel'][:110]}" for r in rows]
+        lines.append(f"{total:9.1f} {'':7}  total kernel time per step (wall {wall_us:.1f} us under the profiler)")
+        (rec.out / "decode_profile.txt").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines), flush=True)
+        c.detail = f"{len(rows)} kernels, {total:.1f} us of kernels per step, wall {wall_us:.1f} us"
+        if not rows:
+            _fail(c, "the profiler recorded no kernel")
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -543,6 +585,7 @@ def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], ha
         cli_default_check(rec, manifest, gpu)
     if bench:
         kern_bench(rec, manifest, ckpt, gpu)
+        decode_profile(rec, manifest, ckpt, gpu)
 
 
 def summarize(rec: Recorder) -> int:

@@ -80,3 +80,13 @@ def test_unknown_target_lists_known(tmp_path: Path) -> None:
     (tmp_path / "kern.toml").write_text(TOML)
     with pytest.raises(ConfigError, match="declared: a, b"):
         load_config(tmp_path / "kern.toml").target("c")
+
+
+def test_repository_kern_toml_names_existing_files() -> None:
+    root = Path(__file__).resolve().parents[3]
+    cfg = load_config(root / "kern.toml")
+    t = cfg.target(None)
+    assert t is not None and t.name == "qwen3-4b"
+    assert t.manifest is not None and t.manifest.is_file()
+    assert cfg.kernel_sources is not None and cfg.kernel_sources.is_dir()
+    assert (cfg.run.steps, cfg.run.chunk) == (32, 512)
