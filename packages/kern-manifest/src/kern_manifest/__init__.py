@@ -1,12 +1,17 @@
 """kern_manifest: the manifest schema (v5), its expression language, verifier and digest.
 
-Pure host code (no CUDA). Parse with `parse_manifest`, check meaning with `verify`, or do both with
-`load_manifest`; every problem is a typed `ManifestError` with a JSON pointer and a hint. The
-helpers for runtimes and generators (param types, dtype sizes, buffer sizes, vars read) are
-documented in `kern_manifest.schema`.
+Pure host code (no CUDA). Parse with `parse_manifest`, check meaning with `verify` (raises) or
+`check` (returns the problems), or do both with `load_manifest`; every problem is a typed
+`ManifestError` with a JSON pointer and a hint. The helpers for runtimes and generators (param
+types, dtype sizes, extern signatures, buffer sizes, vars read) are documented in
+`kern_manifest.schema`; the expression language in `kern_manifest.expr`.
 """
 
-from kern_manifest.digest import canonical_json, digest, digest_text
+from kern_manifest.digest import (
+    canonical_json,
+    digest,
+    digest_text,
+)
 from kern_manifest.errors import (
     ExprError,
     ManifestError,
@@ -15,7 +20,11 @@ from kern_manifest.errors import (
     ManifestVerify,
     escape_pointer,
 )
-from kern_manifest.expr import OPERATORS, Expr, parse_expr
+from kern_manifest.expr import (
+    OPERATORS,
+    Expr,
+    parse_expr,
+)
 from kern_manifest.schema import (
     DTYPE_BYTES,
     DTYPES,
@@ -50,6 +59,7 @@ from kern_manifest.schema import (
     Module,
     Op,
     Pack,
+    PackArg,
     PackExpr,
     PackF32,
     PackField,
@@ -135,6 +145,7 @@ __all__ = [
     "Module",
     "Op",
     "Pack",
+    "PackArg",
     "PackExpr",
     "PackF32",
     "PackField",

@@ -91,6 +91,7 @@ __all__ = [
     "Module",
     "Op",
     "Pack",
+    "PackArg",
     "PackExpr",
     "PackF32",
     "PackField",
