@@ -144,6 +144,18 @@ def _rope_tables(maxpos: int, head_dim: int, theta: float) -> tuple[torch.Tensor
     return cos[0, :, : head_dim // 2].contiguous(), sin[0, :, : head_dim // 2].contiguous()
 
 
+def _rope_tables_f64_pow(maxpos: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' rotary path with inv_freq's power correctly rounded (f64 pow, then f32)."""
+    expo = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = (1.0 / (theta ** expo.double()).float()).to(DEV)
+    angle = torch.arange(maxpos, device=DEV).float()[:, None] * inv_freq[None, :]
+    return angle.cos().to(BF16), angle.sin().to(BF16)
+
+
+def _count_diff(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((bits(a) != bits(b)).sum())
+
+
 @pytest.mark.parametrize(("maxpos", "head_dim", "theta"), [(40960, 128, 1e6), (2048, 64, 1e4)])
 def test_rope_table_matches_qwen3_rotary_embedding(
     k: object, maxpos: int, head_dim: int, theta: float
@@ -154,9 +166,14 @@ def test_rope_table_matches_qwen3_rotary_embedding(
     k.launch("kern_rope_table", (maxpos,), (half,), h.ptr(cos), h.ptr(sin), h.i32(maxpos),
              h.i32(half), h.f32(theta))
     torch.cuda.synchronize()
+    exact_cos, exact_sin = _rope_tables_f64_pow(maxpos, head_dim, theta)
+    assert _count_diff(cos, exact_cos) == 0 and _count_diff(sin, exact_sin) == 0
+    # transformers computes theta ** x with torch's f32 pow (within 1 ulp, not always correctly
+    # rounded); a 1-ulp inv_freq moves an occasional value by one bf16 ulp.
     ref_cos, ref_sin = _rope_tables(maxpos, head_dim, theta)
-    assert torch.equal(bits(cos), bits(ref_cos)), f"{int((bits(cos) != bits(ref_cos)).sum())} cos differ"
-    assert torch.equal(bits(sin), bits(ref_sin)), f"{int((bits(sin) != bits(ref_sin)).sum())} sin differ"
+    for ours, ref in ((cos, ref_cos), (sin, ref_sin)):
+        assert _count_diff(ours, ref) <= ours.numel() * 1e-4
+        assert (bits(ours).int() - bits(ref).int()).abs().max().item() <= 1
 
 
 def _qkv_case(gen: torch.Generator, rows: int, nq: int, nkv: int, d: int, maxpos: int):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,9 +63,22 @@ class Kernels:
         return self._fns[name]
 
     def launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], *args: object) -> None:
-        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        with stream:
+        """Launches on torch's current stream (so torch graph capture records it)."""
+        with _torch_stream():
             self.fn(name)(grid, block, args)
+
+
+_STREAMS: dict[int, cp.cuda.ExternalStream] = {}
+
+
+def _torch_stream() -> cp.cuda.ExternalStream:
+    handle = torch.cuda.current_stream().cuda_stream
+    if handle not in _STREAMS:
+        with warnings.catch_warnings():
+            # NOTE: cupy 14 deprecates ExternalStream for Stream.from_external; both wrap the handle.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _STREAMS[handle] = cp.cuda.ExternalStream(handle)
+    return _STREAMS[handle]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -41,6 +41,15 @@ def time_graph(body: Callable[[], None]) -> float:
     return start.elapsed_time(end) * 1000.0 / (LAUNCHES * REPLAYS)
 
 
+KEEP: list[torch.Tensor] = []
+
+
+def p(t: torch.Tensor, offset: int = 0) -> object:
+    """A launch pointer; the tensor stays alive for the whole run (graph capture frees the cache)."""
+    KEEP.append(t)
+    return h.ptr(t, offset)
+
+
 def rnd(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, device="cuda").to(torch.bfloat16)
 
@@ -71,40 +80,40 @@ def cases(k: h.Kernels, ctx_pages: int) -> list[tuple[str, Callable[[], None], f
     ids1, pos1, slot1 = (torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(3))
     seq1 = torch.ones(1, dtype=torch.int32, device="cuda")
     adv_table = torch.arange(1 << 16, dtype=torch.int32, device="cuda")
-    lay = h.ptr(kv.state, kv.layer_offset(17))
+    lay = p(kv.state, kv.layer_offset(17))
     ps = h.i64(kv.page_stride)
     rows = []
 
     def add(name: str, fn: str, grid: tuple[int, ...], block: tuple[int, ...], nbytes: float, *args: object) -> None:
         rows.append((name, lambda: k.launch(fn, grid, block, *args), nbytes))
 
-    add("embed t=1", "kern_embed", (1,), (256,), 4 * H, h.ptr(ids), h.ptr(table), h.ptr(out1), h.i32(H))
-    add("rmsnorm t=1", "kern_rmsnorm", (1,), (256,), 6 * H, h.ptr(x1), h.ptr(w), h.ptr(out1), h.i32(H), h.f32(EPS))
-    add("add_rmsnorm t=1", "kern_add_rmsnorm", (1,), (256,), 10 * H, h.ptr(res1), h.ptr(x1), h.ptr(w),
-        h.ptr(out1), h.i32(H), h.f32(EPS))
-    add("qk_norm_rope t=1", "kern_qk_norm_rope", (1, NQ + NKV), (D // 2,), 8 * (NQ + NKV) * D, h.ptr(qkv1),
-        h.ptr(wq), h.ptr(wk), h.ptr(pos), h.ptr(cos), h.ptr(sin), h.i32(NQ), h.i32(NKV), h.i32(D), h.f32(EPS))
-    add("kv_write t=1", "kern_kv_write", (1, NKV), (32,), 8 * NKV * D, h.ptr(qkv1), lay, h.ptr(slots),
+    add("embed t=1", "kern_embed", (1,), (256,), 4 * H, p(ids), p(table), p(out1), h.i32(H))
+    add("rmsnorm t=1", "kern_rmsnorm", (1,), (256,), 6 * H, p(x1), p(w), p(out1), h.i32(H), h.f32(EPS))
+    add("add_rmsnorm t=1", "kern_add_rmsnorm", (1,), (256,), 10 * H, p(res1), p(x1), p(w),
+        p(out1), h.i32(H), h.f32(EPS))
+    add("qk_norm_rope t=1", "kern_qk_norm_rope", (1, NQ + NKV), (D // 2,), 8 * (NQ + NKV) * D, p(qkv1),
+        p(wq), p(wk), p(pos), p(cos), p(sin), h.i32(NQ), h.i32(NKV), h.i32(D), h.f32(EPS))
+    add("kv_write t=1", "kern_kv_write", (1, NKV), (32,), 8 * NKV * D, p(qkv1), lay, p(slots),
         h.i32(NQ), h.i32(NKV), h.i32(D), h.i32(PAGE), ps)
-    add("silu_mul t=1", "kern_silu_mul", (1, math.ceil(INTER / 1024)), (128,), 6 * INTER, h.ptr(gu1),
-        h.ptr(act1), h.i32(INTER))
-    add("argmax_partial", "kern_argmax_partial", (64,), (256,), 2 * VOCAB, h.ptr(logits), h.ptr(pval),
-        h.ptr(pidx), h.i32(VOCAB))
-    add("argmax_final", "kern_argmax_final", (1,), (256,), 512, h.ptr(pval), h.ptr(pidx), h.ptr(nxt), h.i32(64))
-    add("decode_advance", "kern_decode_advance", (1,), (1,), 40, h.ptr(nxt), h.ptr(ids1), h.ptr(pos1),
-        h.ptr(slot1), h.ptr(seq1), h.ptr(adv_table), h.i32(PAGE))
-    add("embed t=709", "kern_embed", (709,), (256,), 709 * 4 * H, h.ptr(ids), h.ptr(table), h.ptr(out709), h.i32(H))
-    add("rmsnorm t=709", "kern_rmsnorm", (709,), (256,), 709 * 4 * H, h.ptr(x709), h.ptr(w), h.ptr(out709),
+    add("silu_mul t=1", "kern_silu_mul", (1, math.ceil(INTER / 1024)), (128,), 6 * INTER, p(gu1),
+        p(act1), h.i32(INTER))
+    add("argmax_partial", "kern_argmax_partial", (64,), (256,), 2 * VOCAB, p(logits), p(pval),
+        p(pidx), h.i32(VOCAB))
+    add("argmax_final", "kern_argmax_final", (1,), (256,), 512, p(pval), p(pidx), p(nxt), h.i32(64))
+    add("decode_advance", "kern_decode_advance", (1,), (1,), 40, p(nxt), p(ids1), p(pos1),
+        p(slot1), p(seq1), p(adv_table), h.i32(PAGE))
+    add("embed t=709", "kern_embed", (709,), (256,), 709 * 4 * H, p(ids), p(table), p(out709), h.i32(H))
+    add("rmsnorm t=709", "kern_rmsnorm", (709,), (256,), 709 * 4 * H, p(x709), p(w), p(out709),
         h.i32(H), h.f32(EPS))
-    add("add_rmsnorm t=709", "kern_add_rmsnorm", (709,), (256,), 709 * 8 * H, h.ptr(res709), h.ptr(x709),
-        h.ptr(w), h.ptr(out709), h.i32(H), h.f32(EPS))
+    add("add_rmsnorm t=709", "kern_add_rmsnorm", (709,), (256,), 709 * 8 * H, p(res709), p(x709),
+        p(w), p(out709), h.i32(H), h.f32(EPS))
     add("qk_norm_rope t=709", "kern_qk_norm_rope", (709, NQ + NKV), (D // 2,), 709 * 8 * (NQ + NKV) * D,
-        h.ptr(qkv709), h.ptr(wq), h.ptr(wk), h.ptr(pos), h.ptr(cos), h.ptr(sin), h.i32(NQ), h.i32(NKV),
+        p(qkv709), p(wq), p(wk), p(pos), p(cos), p(sin), h.i32(NQ), h.i32(NKV),
         h.i32(D), h.f32(EPS))
-    add("kv_write t=709", "kern_kv_write", (709, NKV), (32,), 709 * 8 * NKV * D, h.ptr(qkv709), lay,
-        h.ptr(slots), h.i32(NQ), h.i32(NKV), h.i32(D), h.i32(PAGE), ps)
+    add("kv_write t=709", "kern_kv_write", (709, NKV), (32,), 709 * 8 * NKV * D, p(qkv709), lay,
+        p(slots), h.i32(NQ), h.i32(NKV), h.i32(D), h.i32(PAGE), ps)
     add("silu_mul t=709", "kern_silu_mul", (709, math.ceil(INTER / 1024)), (128,), 709 * 6 * INTER,
-        h.ptr(gu709), h.ptr(act709), h.i32(INTER))
+        p(gu709), p(act709), h.i32(INTER))
     for ctx in (128, 8192):
         for splits in (16, 32):
             seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
@@ -112,18 +121,18 @@ def cases(k: h.Kernels, ctx_pages: int) -> list[tuple[str, Callable[[], None], f
             pl = torch.empty(splits, NQ, device="cuda")
             o = rnd(1, NQ * D)
             add(f"attn_decode_partial ctx={ctx} S={splits}", "kern_attn_decode_partial", (NKV, splits), (128,),
-                ctx * NKV * D * 4, h.ptr(qkv1), lay, h.ptr(bt), h.ptr(seq), h.ptr(po), h.ptr(pl), h.i32(NQ),
+                ctx * NKV * D * 4, p(qkv1), lay, p(bt), p(seq), p(po), p(pl), h.i32(NQ),
                 h.i32(NKV), h.i32(D), h.i32(PAGE), ps, h.i32(splits), h.f32(D**-0.5))
             add(f"attn_decode_reduce ctx={ctx} S={splits}", "kern_attn_decode_reduce", (NQ,), (128,),
-                splits * NQ * D * 4, h.ptr(po), h.ptr(pl), h.ptr(o), h.i32(NQ), h.i32(D), h.i32(splits))
+                splits * NQ * D * 4, p(po), p(pl), p(o), h.i32(NQ), h.i32(D), h.i32(splits))
     seq709 = torch.tensor([709], dtype=torch.int32, device="cuda")
     out_attn = rnd(709, NQ * D)
     add("attn_prefill rows=709 seq=709", "kern_attn_prefill", (math.ceil(709 / 64), NQ), (128,),
-        709 * NKV * D * 4, h.ptr(qkv709), lay, h.ptr(bt), h.ptr(seq709), h.ptr(out_attn), h.i32(709), h.i32(NQ),
+        709 * NKV * D * 4, p(qkv709), lay, p(bt), p(seq709), p(out_attn), h.i32(709), h.i32(NQ),
         h.i32(NKV), h.i32(D), h.i32(PAGE), ps, h.f32(D**-0.5))
     seq4k = torch.tensor([4096 + 512], dtype=torch.int32, device="cuda")
     add("attn_prefill rows=512 seq=4608", "kern_attn_prefill", (8, NQ), (128,), 4608 * NKV * D * 4,
-        h.ptr(qkv709), lay, h.ptr(bt), h.ptr(seq4k), h.ptr(out_attn), h.i32(512), h.i32(NQ), h.i32(NKV),
+        p(qkv709), lay, p(bt), p(seq4k), p(out_attn), h.i32(512), h.i32(NQ), h.i32(NKV),
         h.i32(D), h.i32(PAGE), ps, h.f32(D**-0.5))
     return rows
 
