@@ -19,15 +19,21 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kern_pool import (
     ApiError,
+    Busy,
     Checkpoint,
     Copies,
     Denied,
+    ExceedsPool,
+    ExceedsRow,
     Lease,
     PagedState,
+    PageId,
     Pool,
     PoolConfig,
     Remap,
+    Remapping,
     SeqState,
+    SlotId,
 )
 
 PAGED_ONLY = PoolConfig(
@@ -264,7 +270,7 @@ class PoolMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.leases or self.cps)
     @rule(i=st.integers(0, 99))
     def release(self, i: int) -> None:
-        group = self.leases if i % 2 and self.leases or not self.cps else self.cps
+        group = self.leases if (i % 2 and self.leases) or not self.cps else self.cps
         h = group.pop(i % len(group))
         h.a.release()
         h.b.release()
@@ -386,3 +392,223 @@ TestSmallChunks = SmallChunksMachine.TestCase
 TestSmallChunks.settings = STEPS
 TestSharedBoundaries = SharedBoundariesMachine.TestCase
 TestSharedBoundaries.settings = STEPS
+
+
+# ---- exact decisions -----------------------------------------------------------------------
+
+KV = PoolConfig((PagedState("kv", 1),), (), unit=4, row_pages=8, chunk=4, chunks=16)
+"""Paged only: one chunk per page, 16 pages."""
+
+
+def test_initial_plan_maps_slots_then_pages() -> None:
+    pool, plan = Pool.create(SMALL_CHUNKS)
+    assert plan.made_slots == (0, 1, 2)
+    assert plan.made_pages == tuple(range(10))
+    assert [(m.arena, m.pos, m.chunk) for m in plan.maps[:9]] == [("ssm", p, p) for p in range(9)]
+    assert [(m.arena, m.pos, m.chunk) for m in plan.maps[9:]] == [("kv", p, 9 + p) for p in range(20)]
+    assert [(g.arena, g.start, g.stop) for g in plan.grants] == [("kv", 0, 20), ("ssm", 0, 9)]
+    assert (pool.pages_free, pool.slots_free, pool.pages_max, pool.slots_max) == (10, 3, 14, 9)
+    assert pool.pending is None
+
+
+def test_leases_take_lowest_pages_and_give_them_back() -> None:
+    pool, _ = Pool.create(KV)
+    a = pool.lease(9)
+    b = pool.lease(1)
+    assert (a.pages, b.pages) == ((0, 1, 2), (3,))
+    a.release()
+    c = pool.lease(5)
+    assert c.pages == (0, 1)
+    assert c.table_row() == (0, 1, 0, 0, 0, 0, 0, 0)
+    assert pool.pages_used == 3
+
+
+def test_denials() -> None:
+    pool, _ = Pool.create(KV)
+    with pytest.raises(ExceedsRow) as row:
+        pool.lease(33)
+    assert row.value.limit == 32
+    wide = PoolConfig((PagedState("kv", 1),), (), unit=4, row_pages=64, chunk=4, chunks=16)
+    pool2, _ = Pool.create(wide)
+    with pytest.raises(ExceedsPool):
+        pool2.lease(65)
+    held = [pool.lease(32), pool.lease(32)]
+    with pytest.raises(Busy):
+        pool.lease(1)
+    held[0].release()
+    assert pool.lease(1).pages == (0,)
+
+
+def test_remap_takes_highest_free_pages_for_the_lowest_absent_slot() -> None:
+    pool, _ = Pool.create(SMALL_CHUNKS)
+    slots = [pool.lease_slot() for _ in range(3)]
+    assert [s.state_slot for s in slots] == [0, 1, 2]
+    with pytest.raises(Remapping):
+        pool.lease(4)
+    plan = pool.pending
+    assert plan is not None
+    assert [(u.arena, u.pos, u.chunk) for u in plan.unmaps] == [
+        ("kv", 18, 27), ("kv", 19, 28), ("kv", 16, 25), ("kv", 17, 26)
+    ]
+    assert [(m.arena, m.pos, m.chunk) for m in plan.maps] == [("ssm", 9, 25), ("ssm", 10, 26), ("ssm", 11, 27)]
+    assert [(g.arena, g.start, g.stop) for g in plan.grants] == [("ssm", 9, 12)]
+    assert (plan.made_slots, plan.unmade_pages, plan.made_pages, plan.unmade_slots) == ((3,), (9, 8), (), ())
+    with pytest.raises(Remapping):  # one plan in flight: ask again later, do not evict
+        pool.lease(4)
+    snap = pool.snapshot()
+    with pytest.raises(ApiError):
+        pool.complete(Remap(plan.serial, (), (), (), (), (), (), ()))
+    assert pool.snapshot() == snap
+    pool.complete(plan)
+    lease = pool.lease(4)
+    assert (lease.pages, lease.state_slot) == ((0,), 3)
+    assert pool.remaps == 1 and pool.pages_free == 7
+
+
+def test_remap_back_from_slots_to_pages_uses_loose_chunks_first() -> None:
+    cfg = PoolConfig((PagedState("kv", 2),), (SeqState("ssm", 12),), unit=4, row_pages=4, chunk=4, chunks=29, first_slots=6)
+    pool, plan = Pool.create(cfg)
+    assert (plan.made_pages, plan.made_slots) == (tuple(range(5)), tuple(range(6)))  # chunk 28 is loose
+    held = pool.lease(16)
+    with pytest.raises(Remapping):
+        pool.lease(12)  # 3 pages: 1 free, so pages 5 and 6 are made from the loose chunk + slot 5
+    plan = pool.pending
+    assert plan is not None
+    assert (plan.made_pages, plan.unmade_slots) == ((5, 6), (5,))
+    assert [(u.arena, u.pos, u.chunk) for u in plan.unmaps] == [("ssm", 15, 15), ("ssm", 16, 16), ("ssm", 17, 17)]
+    assert [(m.arena, m.pos, m.chunk) for m in plan.maps] == [
+        ("kv", 10, 15), ("kv", 11, 16), ("kv", 12, 17), ("kv", 13, 28)
+    ]
+    pool.complete(plan)
+    lease = pool.lease(12)
+    assert (lease.pages, lease.state_slot) == ((4, 5, 6), 1)
+    held.release()
+    lease.release()
+    assert (pool.pages_free, pool.slots_free) == (7, 5)  # chunks stay with the kind that last used them
+
+
+def test_busy_when_the_other_kind_is_held_too() -> None:
+    pool, _ = Pool.create(SMALL_CHUNKS)
+    held = [pool.lease(16), pool.lease(16), pool.lease(8)]  # 10 pages, 3 slots
+    with pytest.raises(Busy):
+        pool.lease(1)
+    assert pool.pending is None
+    for h in held:
+        h.release()
+
+
+def test_checkpoint_restore_fork_retire_decisions() -> None:
+    pool, _ = Pool.create(KV)
+    lease = pool.lease(10)
+    assert lease.kv_indices(0, 10) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    cp, copies = pool.checkpoint(lease, 6)
+    assert (cp.pages, cp.sealed, cp.length, cp.stateful) == ((0, 3), 1, 6, False)
+    assert copies == Copies(((PageId(1), PageId(3)),), None)
+    assert lease.sealed == 1
+    with pytest.raises(ApiError, match="not writable"):
+        lease.kv_index(3)  # inside the sealed page
+    assert lease.kv_index(4) == 4
+
+    child, copies = pool.restore(cp, 6, 9)
+    assert (child.pages, child.prefix, copies.pages) == ((0, 4, 5), 6, ((3, 4),))
+    with pytest.raises(ApiError):
+        child.kv_index(5)  # before the prefix
+    assert child.kv_index(6) == 4 * 4 + 2
+
+    whole, copies = pool.restore(cp, 4, 8)
+    assert (whole.pages, copies) == ((0, 6), Copies((), None))
+    with pytest.raises(ApiError, match="whole pages"):
+        pool.restore(cp, 5, 8)
+
+    fork, copies = pool.fork(lease, 8, 12)
+    assert (fork.pages, copies.pages, lease.sealed) == ((0, 1, 7), (), 2)
+    fork2, copies = pool.fork(lease, 9, 9)
+    assert (fork2.pages, copies.pages) == ((0, 1, 8), ((2, 8),))
+
+    kept = pool.retire(lease, 9)  # zero copy: the partial page changes owner
+    assert (kept.pages, kept.sealed, lease.live) == ((0, 1, 2), 2, False)
+    for h in (cp, child, whole, fork, fork2, kept):
+        h.release()
+    snap = pool.snapshot()
+    assert (pool.pages_used, snap.nodes) == (0, 0)
+
+
+def test_retire_returns_pages_past_length_and_reuses_sealed_partial_page() -> None:
+    pool, _ = Pool.create(KV)
+    lease = pool.lease(16)
+    cp, _ = pool.checkpoint(lease, 12)  # seals pages 0..2
+    kept = pool.retire(lease, 6)  # the partial page 1 is already a frozen node: shared, no tail
+    assert (kept.pages, kept.sealed) == ((0, 1), 2)
+    assert pool.pages_used == 3  # page 3 came back; pages 0..2 live in cp's chain
+    cp.release()
+    assert pool.pages_used == 2
+    kept.release()
+    assert pool.pages_used == 0
+
+
+def test_stateful_decisions() -> None:
+    pool, _ = Pool.create(SMALL_CHUNKS)
+    lease = pool.lease(8)
+    lease.kv_indices(0, 6)
+    cp, copies = pool.checkpoint(lease, 6)
+    assert copies == Copies(((PageId(1), PageId(2)),), (SlotId(0), SlotId(1)))
+    assert (cp.pages, cp.state_slot) == ((0, 2), 1)
+    with pytest.raises(ApiError, match="stateless"):
+        pool.restore(cp, 4, 8)
+    with pytest.raises(ApiError, match="current length 6"):
+        pool.fork(lease, 4, 8)
+    child, copies = pool.fork(lease, 6, 8)
+    assert (child.pages, copies) == ((0, 3), Copies(((PageId(1), PageId(3)),), (SlotId(0), SlotId(2))))
+    with pytest.raises(Remapping):
+        pool.lease_slot()  # three slots held: the fourth is made from free pages
+    plan = pool.pending
+    assert plan is not None and plan.made_slots == (3,)
+    pool.complete(plan)
+    only = pool.lease_slot()
+    assert (only.paged, only.pages, only.state_slot, only.tokens) == (False, (), 3, 0)
+    with pytest.raises(ApiError):
+        only.kv_index(0)
+    for h in (cp, child, lease, only):
+        h.release()
+
+
+def test_bad_calls_raise_and_leave_the_pool_unchanged() -> None:
+    pool, _ = Pool.create(KV)
+    other, _ = Pool.create(KV)
+    lease = pool.lease(8)
+    cp, _ = pool.checkpoint(lease, 4)
+    dead = pool.lease(1)
+    dead.release()
+    stranger = other.lease(4)
+    calls = [
+        lambda: pool.lease(0),
+        lambda: pool.lease(-3),
+        lambda: pool.checkpoint(lease, 9),
+        lambda: pool.checkpoint(lease, 0),
+        lambda: pool.retire(lease, 9),
+        lambda: pool.fork(lease, 9, 12),
+        lambda: pool.fork(lease, 4, 3),
+        lambda: pool.restore(cp, 5, 8),
+        lambda: pool.restore(cp, 4, 0),
+        lambda: pool.checkpoint(dead, 1),
+        lambda: dead.release(),
+        lambda: pool.retire(stranger, 1),
+        lambda: other.restore(cp, 4, 8),
+        lambda: other.checkpoint(lease, 4),
+        lambda: pool.lease_slot(),
+        lambda: Lease(object(), pool, [], [], None, 0, True),  # pyright: ignore[reportArgumentType]
+        lambda: Pool(object(), KV),
+    ]
+    for call in calls:
+        before = pool.snapshot(), other.snapshot(), lease.pages, cp.pages, stranger.pages
+        with pytest.raises(ApiError):
+            call()
+        assert (pool.snapshot(), other.snapshot(), lease.pages, cp.pages, stranger.pages) == before
+
+
+def test_records_have_no_dict() -> None:
+    pool, plan = Pool.create(KV)
+    lease = pool.lease(4)
+    cp, copies = pool.checkpoint(lease, 2)
+    for obj in (plan, plan.maps[0], plan.grants[0], copies, pool, lease, cp, pool.snapshot(), KV):
+        assert not hasattr(obj, "__dict__"), type(obj).__name__
