@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -218,6 +219,40 @@ def test_cli_bad_input_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _dump_and_manifest(tmp_path: Path, data: bytes) -> tuple[Path, Path, str]:
+    dump = tmp_path / "dump" / "pid7"
+    dump.mkdir(parents=True)
+    (dump / "module_1.cubin").write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"modules": {"mined": {"source": "capture", "sha256": sha}}}))
+    return dump, manifest, sha
+
+
+def test_cli_from_extracts_pinned_cubins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dump, manifest, sha = _dump_and_manifest(tmp_path, b"\x7fELF mined cubin")
+    out = tmp_path / "kernels"
+    assert kern_main.main(["kernels", "--from", str(dump), str(manifest), "--out", str(out)]) == 0
+    target = out / f"mined-{sha[:12]}.cubin"
+    assert target.read_bytes() == b"\x7fELF mined cubin"
+    assert capsys.readouterr().out.splitlines() == [f"added {target}"]
+    assert kern_main.main(["kernels", "--from", str(dump), str(manifest), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"present {target}"]
+
+
+def test_cli_from_missing_module_exit_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dump, manifest, _sha = _dump_and_manifest(tmp_path, b"one")
+    (dump / "module_1.cubin").write_bytes(b"other")
+    out = tmp_path / "kernels"
+    assert kern_main.main(["kernels", "--from", str(dump), str(manifest), "--out", str(out)]) == 2
+    assert "has no cubin for mined" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.gpu

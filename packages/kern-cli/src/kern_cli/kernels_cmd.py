@@ -217,10 +217,20 @@ def register(
     parser.add_argument(
         "--nvcc", default=shutil.which("nvcc") or "nvcc", help="the nvcc to build with"
     )
+    parser.add_argument(
+        "--from",
+        dest="extract",
+        nargs=2,
+        type=Path,
+        metavar=("DUMP", "MANIFEST"),
+        help="instead of building, copy the cubins MANIFEST pins out of a capture DUMP into --out",
+    )
     parser.set_defaults(handler=_handle)
 
 
 def _handle(args: argparse.Namespace) -> int:
+    if args.extract is not None:
+        return _extract(args.extract[0], args.extract[1], args.out)
     try:
         built = build_kernels(args.src, args.out, compiler=(args.nvcc,))
     except CompilerNotFoundError as exc:
@@ -231,4 +241,20 @@ def _handle(args: argparse.Namespace) -> int:
         return 2
     for module, (path, sha) in built.items():
         print(f"{module} {sha} {path}")
+    return 0
+
+
+def _extract(dump_dir: Path, manifest: Path, out_dir: Path) -> int:
+    from kern_mining.errors import MiningError
+    from kern_mining.extract import extract_kernels
+
+    try:
+        report = extract_kernels(dump_dir, manifest, out_dir)
+    except MiningError as exc:
+        print(f"kern kernels: {exc}", file=sys.stderr)
+        return 2
+    for path in report.added:
+        print(f"added {path}")
+    for path in report.present:
+        print(f"present {path}")
     return 0
