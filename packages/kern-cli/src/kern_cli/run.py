@@ -481,7 +481,7 @@ def device_count() -> int:
             return int(counter())
         except NoDriverError as exc:
             raise NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from None
-    from cuda.bindings import driver
+    from cuda.bindings import driver  # pyright: ignore[reportAttributeAccessIssue]
 
     try:
         (err,) = driver.cuInit(0)
