@@ -8,7 +8,8 @@ import pytest
 
 from kern_mining.analyze import Analysis, AnalyzeConfig, analyze, analyze_dir
 from kern_mining.dump import load_dump
-from kern_mining.synth import GroundTruth, SynthSpec
+from kern_mining.fit import Fit
+from kern_mining.synth import GroundTruth, KernelSpec, SynthSpec, default_model
 
 from .helpers.dumps import launch, synthetic, write_dump
 
@@ -178,3 +179,21 @@ def test_a_config_that_merges_requests_changes_only_the_windows(tmp_path: Path) 
     assert len(merged.windows) == 1
     assert [f.tokens for f in merged.forwards] == [t for w in truth.windows for t in w]
     assert replace(AnalyzeConfig(), burst_gap=3).burst_gap == 3
+
+
+def test_a_reference_of_a_times_t_reads_as_t_when_one_token_forwards_exist(tmp_path: Path) -> None:
+    head, layer, tail = default_model()
+    four = Fit("mul", a=4)
+
+    def scaled(k: KernelSpec) -> KernelSpec:
+        return replace(k, grid=(four, *k.grid[1:])) if k.grid[0] == Fit("tokens") else k
+
+    model = (head, tuple(scaled(k) for k in layer), tuple(scaled(k) for k in tail))
+    pid, truth = synthetic(tmp_path, SynthSpec(model=model))
+    analysis = analyze_dir(pid)
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    ref = analysis.tokens_reference
+    assert ref is not None and ref.scale == 4 and ref.unfit == 0
+    sites = {(s.symbol, s.ordinal): s for s in analysis.sites}
+    assert sites[("rms_norm", 0)].grid[0] == four
+    assert sites[("cache_write", 1)].grid[0] == Fit("ceil_div_mul", a=3, c=4)

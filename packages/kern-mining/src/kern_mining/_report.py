@@ -42,7 +42,7 @@ def render(a: Analysis) -> str:
         lines.append("tokens reference: none")
     else:
         lines.append(
-            f"tokens reference: {_short(ref.symbol)} (of {ref.candidates} candidates; "
+            f"tokens reference: {_short(ref.symbol)} #{ref.ordinal}, grid.x/{ref.scale} (of {ref.candidates} candidates; "
             f"{ref.unfit} unfit, {ref.underdetermined} underdetermined)"
         )
     forms = Counter(f.form for s in a.sites for f in [*s.grid, *(x for _, x in s.scalars)])

@@ -12,14 +12,18 @@
 3. Call sites are (symbol, ordinal within the forward), the ordinal counted against the most common
    per-forward count; a forward with one launch too many or too few (boundary jitter) is aligned by
    relative position.
-4. The tokens reference is chosen by the data: among kernels that run once per forward with varying
-   grid.x, the one whose grid.x, taken as t, leaves the fewest unfit and underdetermined fits.
+4. The tokens reference is chosen by the data: among call sites (each runs once per forward) whose
+   grid.x varies, the one whose grid.x, taken as t, leaves the fewest unfit and underdetermined
+   fits; ties go to more fits that are t itself, then to kernels that run once per forward. When
+   the smallest value divides all others (a one-token decode forward), it is taken as one token:
+   a grid.x of a*t still reads as t, and `scale` records a.
 5. Pointer parameters are classified by (allocation start, offset) across forwards: stable and
    used by one site = weight, stable and shared across sites = persistent, varying = workspace.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -82,9 +86,12 @@ class Window:
 
 @dataclass(frozen=True)
 class TokensReference:
-    """The kernel whose grid.x is taken as the token count, and how well everything fits then."""
+    """The call site whose grid.x, divided by `scale`, is taken as the token count, and how well
+    everything fits then."""
 
     symbol: str
+    ordinal: int
+    scale: int
     unfit: int
     underdetermined: int
     candidates: int
@@ -156,6 +163,8 @@ class Analysis:
             if ref is None
             else {
                 "symbol": ref.symbol,
+                "ordinal": ref.ordinal,
+                "scale": ref.scale,
                 "unfit": ref.unfit,
                 "underdetermined": ref.underdetermined,
                 "candidates": ref.candidates,
@@ -388,29 +397,47 @@ def _score(sites: list[_SiteData], tokens: Sequence[int | None]) -> tuple[int, i
     return unfit, underdetermined, exact
 
 
+def _normalized(values: list[int | None]) -> tuple[list[int | None], int]:
+    """Divide out a common factor when the smallest value is that factor (a one-token forward)."""
+    present = [v for v in values if v is not None]
+    g = math.gcd(*present)
+    if g <= 1 or min(present) != g:
+        return values, 1
+    return [None if v is None else v // g for v in values], g
+
+
+def _candidates(sites: list[_SiteData]) -> list[tuple[SiteKey, list[int | None], int]]:
+    """Sites whose grid.x varies, one per distinct token vector: unscaled, once-per-forward first."""
+    once = {s.key[0] for s in sites if s.key[1] == 0} - {s.key[0] for s in sites if s.key[1] == 1}
+    best: dict[tuple[int | None, ...], tuple[tuple[int, bool, SiteKey], list[int | None], int]] = {}
+    for site in sites:
+        raw: list[int | None] = [la.grid[0] if la else None for la in site.column]
+        if len({t for t in raw if t is not None}) < 2:
+            continue
+        tokens, scale = _normalized(raw)
+        rank = (scale, site.key[0] not in once, site.key)
+        kept = best.get(tuple(tokens))
+        if kept is None or rank < kept[0]:
+            best[tuple(tokens)] = (rank, tokens, scale)
+    ordered = sorted(best.values(), key=lambda v: v[0])
+    return [(rank[2], tokens, scale) for rank, tokens, scale in ordered]
+
+
 def _choose_reference(
     sites: list[_SiteData], n_forwards: int
 ) -> tuple[TokensReference | None, list[int | None]]:
-    candidates: list[tuple[str, list[int | None]]] = []
-    keys = {s.key for s in sites}
-    for site in sites:
-        symbol, ordinal = site.key
-        if ordinal != 0 or (symbol, 1) in keys:
-            continue
-        tokens: list[int | None] = [la.grid[0] if la else None for la in site.column]
-        if len({t for t in tokens if t is not None}) >= 2:
-            candidates.append((symbol, tokens))
-    best: tuple[tuple[int, int, int, int, str], str, list[int | None], int, int] | None = None
-    for symbol, tokens in candidates:
+    candidates = _candidates(sites)
+    best: tuple[tuple[int, int, int, int, int], TokensReference, list[int | None]] | None = None
+    for order, (key, tokens, scale) in enumerate(candidates):
         unfit, under, exact = _score(sites, tokens)
         distinct = len({t for t in tokens if t is not None})
-        rank = (unfit + under, -exact, -distinct, -sum(t is not None for t in tokens), symbol)
+        rank = (unfit + under, -exact, -distinct, -sum(t is not None for t in tokens), order)
         if best is None or rank < best[0]:
-            best = (rank, symbol, tokens, unfit, under)
+            ref = TokensReference(key[0], key[1], scale, unfit, under, len(candidates))
+            best = (rank, ref, tokens)
     if best is None:
         return None, [None] * n_forwards
-    _, symbol, tokens, unfit, under = best
-    return TokensReference(symbol, unfit, under, len(candidates)), tokens
+    return best[1], best[2]
 
 
 def _classify(sites: list[_SiteData]) -> dict[tuple[SiteKey, int], PointerClass | None]:
