@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -148,4 +149,23 @@ def test_a_corrupt_modules_file_names_the_line(tmp_path: Path) -> None:
         json.dumps({"id": 1, "sha256": "ab", "bytes": 1, "functions": []}) + "\n"
     )
     with pytest.raises(CorruptDumpError, match=r"modules.jsonl:1: 'sha256'"):
+        load_dump(d)
+
+
+def test_a_gzipped_launches_file_loads_the_same(tmp_path: Path) -> None:
+    pid, truth = synthetic(tmp_path)
+    plain = load_dump(pid)
+    raw = (pid / "launches.jsonl").read_bytes()
+    (pid / "launches.jsonl").unlink()
+    (pid / "launches.jsonl.gz").write_bytes(gzip.compress(raw))
+    packed = load_dump(pid.parent)
+    assert packed.launches == plain.launches
+    assert len(packed.launches) == truth.launches
+
+
+def test_a_broken_gzip_file_is_corrupt(tmp_path: Path) -> None:
+    d = write_dump(tmp_path / "d", [launch(0)])
+    (d / "launches.jsonl").unlink()
+    (d / "launches.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    with pytest.raises(CorruptDumpError, match="not a readable gzip"):
         load_dump(d)

@@ -1,6 +1,7 @@
 """Reading a capture dump: DIR/pid<N>/{launches.jsonl, modules.jsonl, module_<id>.cubin}.
 
-The format is documented in docs/mining.md. Loading is strict about records in the middle of a
+The format is documented in docs/mining.md; launches.jsonl may be stored gzipped as
+launches.jsonl.gz (the committed fixtures are). Loading is strict about records in the middle of a
 file (a corrupt line is a typed error naming the line) and lenient about the last line of
 launches.jsonl when the file does not end in a newline: a process killed mid-write leaves a
 truncated tail, which is dropped with a note.
@@ -8,7 +9,9 @@ truncated tail, which is dropped with a note.
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -95,11 +98,18 @@ class Dump:
     notes: tuple[str, ...]
 
 
+LAUNCH_FILES = ("launches.jsonl", "launches.jsonl.gz")
+
+
+def _launches_file(base: Path) -> Path | None:
+    return next((base / n for n in LAUNCH_FILES if (base / n).is_file()), None)
+
+
 def find_process_dirs(root: Path) -> list[Path]:
-    """The pid<N> directories under a capture root that hold a launches.jsonl, sorted."""
+    """The pid<N> directories under a capture root that hold a launches.jsonl(.gz), sorted."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "launches.jsonl").is_file())
+    return sorted(p for p in root.iterdir() if p.is_dir() and _launches_file(p) is not None)
 
 
 def resolve_dump_dir(path: Path) -> Path:
@@ -109,7 +119,7 @@ def resolve_dump_dir(path: Path) -> Path:
         EmptyDumpError: nothing under `path` holds a launches.jsonl.
         AmbiguousDumpError: several process dumps; the message lists them.
     """
-    if (path / "launches.jsonl").is_file():
+    if _launches_file(path) is not None:
         return path
     found = find_process_dirs(path)
     if not found:
@@ -190,7 +200,11 @@ def _launch(index: int, rec: Any) -> Launch:
 
 
 def _read_launches(path: Path, notes: list[str]) -> list[Launch]:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise _corrupt(path, 1, f"not a readable gzip file ({exc})") from exc
+    text = raw.decode("utf-8", errors="replace")
     lines = text.split("\n")
     complete = text.endswith("\n")
     if complete:
@@ -256,7 +270,9 @@ def load_dump(path: Path) -> Dump:
     """
     base = resolve_dump_dir(path)
     notes: list[str] = []
-    launches = _read_launches(base / "launches.jsonl", notes)
+    launches_file = _launches_file(base)
+    assert launches_file is not None
+    launches = _read_launches(launches_file, notes)
     if not launches:
         raise EmptyDumpError(
             f"{base}: launches.jsonl holds no launches; did the program launch kernels?"
