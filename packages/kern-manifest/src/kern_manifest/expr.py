@@ -274,6 +274,18 @@ def parse_expr(raw: object) -> Expr:
     """
     if isinstance(raw, Expr):
         return raw
+    if type(raw) is int or type(raw) is str:
+        cached = _LEAVES.get(raw)
+        if cached is not None:
+            return cached
     parser = _Parser()
     node, dirs, divisor = parser.node(raw, "", 0)
-    return _build(node, dirs, divisor, parser.divisors)
+    expr = _build(node, dirs, divisor, parser.divisors)
+    if isinstance(node, int | str) and len(_LEAVES) < _MAX_CACHED_LEAVES:
+        # NOTE: Expr is immutable, so one object per constant or var name can be shared.
+        _LEAVES[node] = expr
+    return expr
+
+
+_MAX_CACHED_LEAVES: Final = 4096
+_LEAVES: dict[int | str, Expr] = {}

@@ -185,6 +185,7 @@ class _Verifier:
         self.sizes: dict[str, int] = {}
         self.ops: dict[str, _OpInfo] = {}
         self.written: set[str] = set()
+        self.extents: dict[str, int | None] = {}
 
     def err(self, pointer: str, message: str, hint: str) -> None:
         self.problems.append(ManifestVerify(pointer, message, hint))
@@ -1164,6 +1165,11 @@ class _Verifier:
     def state_extent(self, name: str) -> int | None:
         """Bytes a state offset may address: a fixed state, one slot, or one page (when a domain
         declares the page size as its index_into stride)."""
+        if name not in self.extents:
+            self.extents[name] = self._state_extent(name)
+        return self.extents[name]
+
+    def _state_extent(self, name: str) -> int | None:
         sizes = self.m.states[name].sizes
         if "bytes" in sizes:
             return sizes["bytes"]
