@@ -1,0 +1,354 @@
+"""The prefix index against a brute-force model, plus exact scenarios."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kern_pool import ApiError, Evicted, Prefix, Tier
+
+UNIT = 4
+
+
+class Val:
+    """A stored value that records its release."""
+
+    __slots__ = ("length", "name", "released", "stateful")
+
+    def __init__(self, length: int, stateful: bool, name: str) -> None:
+        self.length = length
+        self.stateful = stateful
+        self.name = name
+        self.released = False
+
+    def release(self) -> None:
+        assert not self.released, f"{self.name} released twice"
+        self.released = True
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass
+class Entry:
+    stateful: bool
+    resident: Val | None
+    parked: Val | None
+    stamp: int = 0
+
+
+def _lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class Model:
+    """Plain dict-of-entries reference: linear scans for everything."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[int, ...], Entry] = {}
+        self.tick = 0
+
+    def stamp_path(self, key: tuple[int, ...]) -> None:
+        for n in range(len(key), 0, -1):
+            e = self.entries.get(key[:n])
+            if e is not None:
+                self.tick += 1
+                e.stamp = self.tick
+
+    def usable(self, key: tuple[int, ...], q: tuple[int, ...]) -> int:
+        e = self.entries[key]
+        if key == q[: len(key)]:
+            return len(key)
+        return 0 if e.stateful else _lcp(key, q) // UNIT * UNIT
+
+    def best(self, prompt: tuple[int, ...]) -> tuple[int, int]:
+        q = prompt[:-1]
+        best = (0, -1)
+        for key, e in self.entries.items():
+            length = self.usable(key, q)
+            if length:
+                best = max(best, (length, 1 if e.resident is not None else 0))
+        return best
+
+    def coldest(self, resident: bool) -> tuple[int, ...] | None:
+        def has(e: Entry) -> bool:
+            return (e.resident if resident else e.parked) is not None
+
+        leaves = [
+            k
+            for k, e in self.entries.items()
+            if has(e) and not any(len(o) > len(k) and o[: len(k)] == k and has(f) for o, f in self.entries.items())
+        ]
+        return min(leaves, key=lambda k: self.entries[k].stamp, default=None)
+
+    def drop(self, key: tuple[int, ...], resident: bool) -> None:
+        e = self.entries[key]
+        if resident:
+            e.resident = None
+        else:
+            e.parked = None
+        if e.resident is None and e.parked is None:
+            del self.entries[key]
+
+
+keys = st.lists(st.integers(0, 1), min_size=1, max_size=12).map(tuple)
+
+
+class PrefixMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trees: list[Prefix[Val, Val]] = [Prefix(UNIT), Prefix(UNIT)]
+        self.model = Model()
+        self.values: list[Val] = []
+        self.host_room = 0
+        self.n = 0
+        self.last_parked: list[Val | None] = [None, None]
+
+    def new(self, length: int, stateful: bool) -> list[Val]:
+        self.n += 1
+        pair = [Val(length, stateful, f"v{self.n}{side}") for side in "ab"]
+        self.values += pair
+        return pair
+
+    @rule(key=keys, stateful=st.booleans())
+    def insert(self, key: tuple[int, ...], stateful: bool) -> None:
+        pair = self.new(len(key), stateful)
+        old = self.model.entries.get(key)
+        if old is not None and old.stateful != stateful:
+            for tree, v in zip(self.trees, pair, strict=True):
+                with pytest.raises(ApiError):
+                    tree.insert(key, v)
+                v.release()  # refused: still ours
+            return
+        kept = [tree.insert(key, v) for tree, v in zip(self.trees, pair, strict=True)]
+        assert kept[0] == kept[1] == (old is None or old.resident is None)
+        if not kept[0]:
+            assert pair[0].released and pair[1].released
+            self.model.stamp_path(key)
+            return
+        if old is None:
+            old = self.model.entries[key] = Entry(stateful, None, None)
+        old.resident = pair[0]
+        self.model.stamp_path(key)
+        shorter = self.model.entries.get(key[:-UNIT]) if len(key) > UNIT and not stateful else None
+        if shorter is not None and not shorter.stateful and shorter.resident is not None and shorter.parked is None:
+            assert shorter.resident.released
+            self.model.drop(key[:-UNIT], True)
+
+    @rule(prompt=st.lists(st.integers(0, 1), min_size=1, max_size=14).map(tuple))
+    def lookup(self, prompt: tuple[int, ...]) -> None:
+        hits = [tree.lookup(prompt) for tree in self.trees]
+        expect = self.model.best(prompt)
+        if expect[0] == 0:
+            assert hits == [None, None]
+            return
+        a, b = hits
+        assert a is not None and b is not None
+        assert (a.length, a.key, a.tier) == (b.length, b.key, b.tier)
+        assert (a.length, 1 if a.tier is Tier.RESIDENT else 0) == expect
+        entry = self.model.entries[a.key]
+        assert self.model.usable(a.key, prompt[:-1]) == a.length
+        assert (a.resident if a.tier is Tier.RESIDENT else a.parked) is (
+            entry.resident if a.tier is Tier.RESIDENT else entry.parked
+        )
+        self.model.stamp_path(a.key)
+
+    @rule(room=st.integers(0, 3), host=st.booleans(), boom=st.integers(0, 15))
+    def evict(self, room: int, host: bool, boom: int) -> None:
+        self.host_room = room
+        expect = self._expect_evict(host, boom == 0)
+        outs: list[Any] = []
+        for side, tree in enumerate(self.trees):
+            try:
+                outs.append(tree.evict(self._parker(side, boom == 0) if host else None))
+            except RuntimeError as exc:
+                outs.append(str(exc))
+        assert outs[0] == outs[1] == expect
+        if isinstance(expect, Evicted) and expect.parked and self.last_parked[0] is not None:
+            self.model.entries[expect.key].parked = self.last_parked[0]
+        self.last_parked = [None, None]
+
+    def _parker(self, side: int, boom: bool) -> Any:
+        def park(value: Val) -> Val | None:
+            if boom:
+                raise RuntimeError("copy failed")
+            parked = sum(1 for e in self.trees[side].entries() if e[2])
+            if parked >= self.host_room:
+                return None
+            parked = Val(value.length, value.stateful, value.name + "p")
+            self.values.append(parked)
+            self.last_parked[side] = parked
+            return parked
+
+        return park
+
+    def _expect_evict(self, host: bool, boom: bool) -> Evicted | str | None:
+        m = self.model
+        key = m.coldest(True)
+        if key is None:
+            return None
+        e = m.entries[key]
+        if e.parked is not None or not host:
+            had = e.parked is not None
+            m.drop(key, True)
+            return Evicted(key, had, ())
+        if boom:
+            m.drop(key, True)
+            return "copy failed"
+        dropped: list[tuple[int, ...]] = []
+        while sum(1 for f in m.entries.values() if f.parked is not None) >= self.host_room:
+            victim = m.coldest(False)
+            if victim is None:
+                m.drop(key, True)
+                return Evicted(key, False, tuple(dropped))
+            dropped.append(victim)
+            m.drop(victim, False)
+        assert e.resident is not None
+        e.parked = Val(len(key), e.stateful, "placeholder")  # the tree's parked value replaces it
+        m.drop(key, True)
+        return Evicted(key, True, tuple(dropped))
+
+    @invariant()
+    def agree(self) -> None:
+        expect = sorted((k, e.resident is not None, e.parked is not None) for k, e in self.model.entries.items())
+        for tree in self.trees:
+            assert tree.entries() == expect
+            assert tree.count(Tier.RESIDENT) == sum(1 for x in expect if x[1])
+            assert tree.count(Tier.PARKED) == sum(1 for x in expect if x[2])
+        for e in self.model.entries.values():
+            assert e.resident is None or not e.resident.released
+
+    def teardown(self) -> None:
+        for tree in self.trees:
+            tree.clear()
+            assert tree.entries() == []
+        assert all(v.released for v in self.values)
+
+
+TestPrefixModel = PrefixMachine.TestCase
+TestPrefixModel.settings = settings(
+    max_examples=70, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+# ---- scenarios ---------------------------------------------------------------------------
+
+
+def _tree() -> Prefix[Val, Val]:
+    return Prefix(2)
+
+
+def test_never_the_last_token_and_partial_pages() -> None:
+    tree = _tree()
+    v = Val(4, False, "a")
+    tree.insert((1, 2, 3, 4), v)
+    hit = tree.lookup((1, 2, 3, 4))
+    assert hit is not None and (hit.length, hit.key, hit.resident) == (2, (1, 2, 3, 4), v)
+    hit = tree.lookup((1, 2, 3, 4, 5))
+    assert hit is not None and hit.length == 4
+    assert tree.lookup((1,)) is None
+    assert tree.lookup((1, 9, 9)) is None  # one shared token is not a whole page
+
+
+def test_stateful_only_at_exact_length() -> None:
+    tree = _tree()
+    tree.insert((1, 2, 3), Val(3, True, "s"))
+    hit = tree.lookup((1, 2, 3, 9))
+    assert hit is not None and hit.length == 3
+    assert tree.lookup((1, 2, 9, 9)) is None
+    assert tree.lookup((1, 2, 3)) is None
+
+
+def test_longest_wins_then_resident_beats_parked() -> None:
+    tree = _tree()
+    short, long = Val(2, False, "short"), Val(6, False, "long")
+    tree.insert((1, 2), short)
+    tree.insert((1, 2, 3, 4, 5, 6), long)
+    assert tree.evict(lambda v: Val(v.length, v.stateful, "parked-long")) == Evicted((1, 2, 3, 4, 5, 6), True, ())
+    hit = tree.lookup((1, 2, 3, 4, 5, 6, 7))
+    assert hit is not None and (hit.length, hit.tier) == (6, Tier.PARKED)  # longer parked beats resident
+    hit = tree.lookup((1, 2, 3, 9))
+    assert hit is not None and (hit.length, hit.tier, hit.resident) == (2, Tier.RESIDENT, short)
+
+
+def test_evict_takes_least_recent_leaf_first() -> None:
+    tree = _tree()
+    vals = {k: Val(len(k), True, str(k)) for k in [(1, 1), (1, 1, 2, 2), (3, 3), (3, 3, 4)]}
+    for k, v in vals.items():
+        tree.insert(k, v)
+    tree.lookup((1, 1, 2, 2, 0))  # the (1, 1) chain is hit: (3, 3, 4) is now the coldest leaf
+    order = [tree.evict(None) for _ in range(5)]
+    assert [e.key if e else None for e in order] == [(3, 3, 4), (3, 3), (1, 1, 2, 2), (1, 1), None]
+    assert all(v.released for v in vals.values())
+
+
+def test_host_full_drops_the_coldest_parked_then_parks() -> None:
+    tree = _tree()
+
+    def park(v: Val) -> Val | None:  # a host with room for one parked entry
+        return Val(v.length, v.stateful, v.name + "p") if tree.count(Tier.PARKED) < 1 else None
+
+    a, b = Val(2, True, "a"), Val(2, True, "b")
+    tree.insert((1, 1), a)
+    tree.insert((2, 2), b)
+    assert tree.evict(park) == Evicted((1, 1), True, ())
+    assert a.released
+    assert tree.evict(park) == Evicted((2, 2), True, ((1, 1),))
+    assert tree.entries() == [((2, 2), False, True)]
+    assert tree.evict(park) is None
+
+
+def test_park_error_drops_the_entry_and_propagates() -> None:
+    tree = _tree()
+    v = Val(2, True, "v")
+    tree.insert((5, 5), v)
+
+    def broken(_: Val) -> Val | None:
+        raise RuntimeError("device lost")
+
+    with pytest.raises(RuntimeError, match="device lost"):
+        tree.evict(broken)
+    assert v.released and tree.entries() == []
+
+
+def test_insert_duplicate_restamps_and_releases_the_new_value() -> None:
+    tree = _tree()
+    first, second = Val(2, False, "1"), Val(2, False, "2")
+    assert tree.insert((1, 2), first)
+    assert not tree.insert((1, 2), second)
+    assert second.released and not first.released
+    with pytest.raises(ApiError):
+        tree.insert((1, 2), Val(2, True, "stateful twin"))
+    with pytest.raises(ApiError):
+        tree.insert((1, 2, 3), Val(2, False, "wrong length"))
+    with pytest.raises(ApiError):
+        tree.insert((), Val(0, False, "empty"))
+    assert tree.entries() == [((1, 2), True, False)]
+
+
+def test_a_stateless_entry_one_page_longer_replaces_the_shorter() -> None:
+    tree = _tree()
+    short, long = Val(2, False, "s"), Val(4, False, "l")
+    tree.insert((1, 2), short)
+    tree.insert((1, 2, 3, 4), long)
+    assert short.released
+    assert tree.entries() == [((1, 2, 3, 4), True, False)]
+
+
+def test_parked_entry_becomes_resident_again() -> None:
+    tree = _tree()
+    tree.insert((1, 2), Val(2, True, "a"))
+    tree.evict(lambda v: Val(v.length, v.stateful, "p"))
+    assert tree.entries() == [((1, 2), False, True)]
+    assert tree.insert((1, 2), Val(2, True, "again"))
+    assert tree.entries() == [((1, 2), True, True)]
+    assert tree.evict(lambda v: Val(v.length, v.stateful, "never")) == Evicted((1, 2), True, ())
+    assert tree.entries() == [((1, 2), False, True)]
