@@ -526,6 +526,19 @@ def _programs(s: Qwen3Shape, feed: str) -> Json:
     return programs
 
 
+def _check_kernel_limits(s: Qwen3Shape) -> None:
+    """What tools/kernels-src supports (its comments): vector widths and the attention's GQA tiling."""
+    group = s.heads // s.kv_heads
+    problems = [
+        *([f"head_dim {s.head_dim} (needs 64 or 128)"] if s.head_dim not in (64, 128) else []),
+        *([f"{group} query heads per kv head (needs <= 8 or a multiple of 8)"] if group > 8 and group % 8 else []),
+        *([f"hidden_size {s.hidden} (needs a multiple of 8)"] if s.hidden % 8 else []),
+        *([f"intermediate_size {s.inter} (needs a multiple of 8)"] if s.inter % 8 else []),
+    ]
+    if problems:
+        raise KernelsError("our kernels do not support " + "; ".join(problems))
+
+
 def generate(
     shape: Qwen3Shape,
     modules: Mapping[str, str],
@@ -559,6 +572,7 @@ def generate(
     unhashed = sorted({entries[e] for e in needed} - set(modules))
     if unhashed:
         raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first")
+    _check_kernel_limits(shape)
     if not 1 <= chunk <= shape.max_pos:
         raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
     used = sorted({entries[e] for e in needed})

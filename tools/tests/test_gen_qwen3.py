@@ -183,6 +183,20 @@ def test_kernel_errors() -> None:
         gen.generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", chunk=0)
 
 
+@pytest.mark.parametrize(
+    ("change", "word"),
+    [
+        ({"head_dim": 96}, "head_dim 96"),
+        ({"num_attention_heads": 24, "num_key_value_heads": 2}, "12 query heads"),
+        ({"hidden_size": 260}, "hidden_size 260"),
+        ({"intermediate_size": 770}, "intermediate_size 770"),
+    ],
+)
+def test_shapes_our_kernels_cannot_run_are_refused(change: dict[str, int], word: str) -> None:
+    with pytest.raises(gen.KernelsError, match=word):
+        _manifest({**QWEN3_TINY_CONFIG, **change})
+
+
 def test_entry_modules_scans_sources(tmp_path: Path) -> None:
     (tmp_path / "a.cu").write_text('extern "C" __global__ void kern_embed(int x) {}\n'
                                    'extern "C" __global__ void __launch_bounds__(256) kern_rmsnorm(int x) {}\n')

@@ -1,0 +1,362 @@
+"""A float32 numpy interpreter of Qwen3 manifests (kernels by their documented semantics, extern GEMMs,
+buffers, the paged KV state) and an independent numpy Qwen3 forward, for host-side checks of the
+generator's wiring: argument order, offsets, the KV layout, chunked prefill and step feeding.
+
+Numerics are float32 throughout (no bf16 rounding of activations): the point is the wiring, the
+bf16 mirroring of transformers is checked on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+F32 = np.float32
+_NP = {"bf16": F32, "f32": F32, "i64": np.int64, "i32": np.int32}
+_SIZE = {"bf16": 2, "f32": 4, "i64": 8, "i32": 4}
+
+Ptr = tuple[np.ndarray, int]  # flat array, element offset
+
+
+def read_checkpoint(directory: Path) -> dict[str, np.ndarray]:
+    """bf16 safetensors -> float32 arrays (exact widening)."""
+    out: dict[str, np.ndarray] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        raw = path.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + n])
+        header.pop("__metadata__", None)
+        for name, meta in header.items():
+            a, b = meta["data_offsets"]
+            bits = np.frombuffer(raw[8 + n + a : 8 + n + b], dtype=np.uint16).astype(np.uint32) << 16
+            out[name] = bits.view(F32).reshape(meta["shape"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels, by the semantics documented in tools/kernels-src.
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + F32(eps)) * w
+
+
+def _view(p: Ptr, n: int) -> np.ndarray:
+    arr, off = p
+    return arr[off : off + n]
+
+
+def k_embed(t: int, ids: Ptr, table: Ptr, out: Ptr, hidden: int) -> None:
+    idx = _view(ids, t)
+    tab = table[0][table[1] :].reshape(-1, hidden)
+    _view(out, t * hidden)[:] = tab[idx].reshape(-1)
+
+
+def k_rmsnorm(t: int, x: Ptr, w: Ptr, out: Ptr, hidden: int, eps: float) -> None:
+    _view(out, t * hidden)[:] = _rms(_view(x, t * hidden).reshape(t, hidden), _view(w, hidden), eps).reshape(-1)
+
+
+def k_add_rmsnorm(t: int, res: Ptr, y: Ptr, w: Ptr, out: Ptr, hidden: int, eps: float) -> None:
+    r = _view(res, t * hidden)
+    r += _view(y, t * hidden)
+    _view(out, t * hidden)[:] = _rms(r.reshape(t, hidden), _view(w, hidden), eps).reshape(-1)
+
+
+def k_qk_norm_rope(t: int, qkv: Ptr, wq: Ptr, wk: Ptr, pos: Ptr, cos: Ptr, sin: Ptr, nq: int, nkv: int,
+                   d: int, eps: float) -> None:
+    half = d // 2
+    rows = _view(qkv, t * (nq + 2 * nkv) * d).reshape(t, nq + 2 * nkv, d)
+    positions = _view(pos, t)
+    c = cos[0][cos[1] :].reshape(-1, half)[positions][:, None, :]
+    s = sin[0][sin[1] :].reshape(-1, half)[positions][:, None, :]
+    for lo, hi, w in ((0, nq, _view(wq, d)), (nq, nq + nkv, _view(wk, d))):
+        x = _rms(rows[:, lo:hi], w, eps)
+        x1, x2 = x[..., :half].copy(), x[..., half:].copy()
+        rows[:, lo:hi, :half] = x1 * c - x2 * s
+        rows[:, lo:hi, half:] = x2 * c + x1 * s
+
+
+def k_kv_write(t: int, qkv: Ptr, kv: Ptr, slots: Ptr, nq: int, nkv: int, d: int, p: int, page_stride: int) -> None:
+    rows = _view(qkv, t * (nq + 2 * nkv) * d).reshape(t, nq + 2 * nkv, d)
+    arr, base = kv
+    for r, slot in enumerate(_view(slots, t)):
+        for h in range(nkv):
+            k_at = base + (slot // p) * page_stride + ((slot % p) * nkv + h) * d
+            v_at = k_at + p * nkv * d
+            arr[k_at : k_at + d] = rows[r, nq + h]
+            arr[v_at : v_at + d] = rows[r, nq + nkv + h]
+
+
+def _gather_kv(kv: Ptr, bt: Ptr, n: int, nkv: int, d: int, p: int, page_stride: int) -> tuple[np.ndarray, np.ndarray]:
+    arr, base = kv
+    table = bt[0][bt[1] :]
+    ks = np.empty((n, nkv, d), F32)
+    vs = np.empty((n, nkv, d), F32)
+    for tok in range(n):
+        at = base + int(table[tok // p]) * page_stride + (tok % p) * nkv * d
+        ks[tok] = arr[at : at + nkv * d].reshape(nkv, d)
+        vs[tok] = arr[at + p * nkv * d : at + p * nkv * d + nkv * d].reshape(nkv, d)
+    return ks, vs
+
+
+def _attend(q: np.ndarray, ks: np.ndarray, vs: np.ndarray, limit: np.ndarray, scale: float) -> np.ndarray:
+    """q [rows, nq, d]; keys < limit[row] are visible."""
+    nq, nkv = q.shape[1], ks.shape[1]
+    group = nq // nkv
+    kh = np.repeat(ks, group, axis=1)  # [n, nq, d]
+    vh = np.repeat(vs, group, axis=1)
+    scores = np.einsum("rhd,nhd->rhn", q, kh) * F32(scale)
+    mask = np.arange(ks.shape[0])[None, None, :] >= limit[:, None, None]
+    scores = np.where(mask, -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    w = np.exp(scores)
+    w /= w.sum(axis=-1, keepdims=True)
+    return np.einsum("rhn,nhd->rhd", w, vh).astype(F32)
+
+
+def k_attn_prefill(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, out: Ptr, rows: int, nq: int, nkv: int,
+                   d: int, p: int, page_stride: int, scale: float) -> None:
+    n = int(_view(seq_len, 1)[0])
+    q = _view(qkv, rows * (nq + 2 * nkv) * d).reshape(rows, nq + 2 * nkv, d)[:, :nq]
+    ks, vs = _gather_kv(kv, bt, n, nkv, d, p, page_stride)
+    limit = n - rows + np.arange(rows) + 1
+    _view(out, rows * nq * d)[:] = _attend(q, ks, vs, limit, scale).reshape(-1)
+
+
+def k_attn_decode_partial(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, part_o: Ptr, part_lse: Ptr, nq: int,
+                          nkv: int, d: int, p: int, page_stride: int, splits: int, scale: float) -> None:
+    n = int(_view(seq_len, 1)[0])
+    q = _view(qkv, (nq + 2 * nkv) * d).reshape(nq + 2 * nkv, d)[:nq]
+    ks, vs = _gather_kv(kv, bt, n, nkv, d, p, page_stride)
+    pages = -(-n // p)
+    pps = -(-pages // splits)
+    po = _view(part_o, splits * nq * d).reshape(splits, nq, d)
+    pl = _view(part_lse, splits * nq).reshape(splits, nq)
+    group = nq // nkv
+    for s in range(splits):
+        lo, hi = s * pps * p, min((s + 1) * pps * p, n)
+        if lo >= hi:
+            pl[s] = -np.inf
+            po[s] = 0
+            continue
+        kh = np.repeat(ks[lo:hi], group, axis=1)
+        vh = np.repeat(vs[lo:hi], group, axis=1)
+        sc = np.einsum("hd,nhd->hn", q, kh) * F32(scale) * F32(np.log2(np.e))
+        m = sc.max(axis=-1, keepdims=True)
+        w = np.exp2(sc - m)
+        po[s] = np.einsum("hn,nhd->hd", w / w.sum(axis=-1, keepdims=True), vh)
+        pl[s] = (m[:, 0] + np.log2(w.sum(axis=-1))).astype(F32)
+
+
+def k_attn_decode_reduce(t: int, part_o: Ptr, part_lse: Ptr, out: Ptr, nq: int, d: int, splits: int) -> None:
+    po = _view(part_o, splits * nq * d).reshape(splits, nq, d)
+    pl = _view(part_lse, splits * nq).reshape(splits, nq)
+    w = np.exp2(pl - pl.max(axis=0, keepdims=True))
+    _view(out, nq * d)[:] = (np.einsum("sh,shd->hd", w, po) / w.sum(axis=0)[:, None]).reshape(-1)
+
+
+def k_silu_mul(t: int, gu: Ptr, out: Ptr, inter: int) -> None:
+    x = _view(gu, t * 2 * inter).reshape(t, 2 * inter)
+    g, u = x[:, :inter], x[:, inter:]
+    _view(out, t * inter)[:] = (g / (1 + np.exp(-g)) * u).reshape(-1)
+
+
+def k_argmax_partial(t: int, logits: Ptr, pval: Ptr, pidx: Ptr, n: int) -> None:
+    x = _view(logits, n)
+    i = int(np.argmax(x))  # NOTE: numpy's argmax takes the first (lowest) index of a tie
+    _view(pval, 1)[0] = x[i]
+    _view(pidx, 1)[0] = i
+
+
+def k_argmax_final(t: int, pval: Ptr, pidx: Ptr, nxt: Ptr, parts: int) -> None:
+    _view(nxt, 1)[0] = _view(pidx, 1)[0]
+
+
+def k_decode_advance(t: int, nxt: Ptr, ids: Ptr, pos: Ptr, slots: Ptr, seq_len: Ptr, bt: Ptr, p: int) -> None:
+    q = int(_view(pos, 1)[0]) + 1
+    _view(ids, 1)[0] = _view(nxt, 1)[0]
+    _view(pos, 1)[0] = q
+    _view(slots, 1)[0] = int(bt[0][bt[1] + q // p]) * p + q % p
+    _view(seq_len, 1)[0] += 1
+
+
+def k_copy(t: int, src: Ptr, dst: Ptr, n: int) -> None:
+    _view(dst, n)[:] = _view(src, n)
+
+
+def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: float) -> None:
+    inv = (1.0 / np.power(np.float64(theta), np.arange(half) * 2 / (2 * half))).astype(F32)
+    ang = np.arange(maxpos, dtype=F32)[:, None] * inv[None, :]
+    _view(cos, maxpos * half)[:] = np.cos(ang).reshape(-1)
+    _view(sin, maxpos * half)[:] = np.sin(ang).reshape(-1)
+
+
+KERNELS: dict[str, Callable[..., None]] = {
+    "kern_embed": k_embed, "kern_rmsnorm": k_rmsnorm, "kern_add_rmsnorm": k_add_rmsnorm,
+    "kern_qk_norm_rope": k_qk_norm_rope, "kern_kv_write": k_kv_write, "kern_attn_prefill": k_attn_prefill,
+    "kern_attn_decode_partial": k_attn_decode_partial, "kern_attn_decode_reduce": k_attn_decode_reduce,
+    "kern_silu_mul": k_silu_mul, "kern_argmax_partial": k_argmax_partial, "kern_argmax_final": k_argmax_final,
+    "kern_decode_advance": k_decode_advance, "kern_copy_i64": k_copy, "kern_copy_i32": k_copy,
+    "kern_rope_table": k_rope_table,
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# The interpreter.
+
+
+class Interp:
+    """Buffers and the KV state of one manifest, with `run(program, vars)`, `write_input` and
+    `read_output` shaped like kern_runtime's."""
+
+    def __init__(self, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray], capacity: int) -> None:
+        self.m = manifest
+        env = {v: spec["max"] for v, spec in manifest["vars"].items()}
+        self.mem: dict[str, np.ndarray] = {}
+        for name, b in manifest["buffers"].items():
+            n = int(np.prod([env[d] if isinstance(d, str) else d for d in b["shape"]]))
+            self.mem[name] = np.zeros(n, dtype=_NP[b["dtype"]])
+            if b["kind"] == "weight":
+                self.mem[name][:] = np.concatenate([tensors[s["tensor"]].reshape(-1) for s in b["bind"]])
+        self.kv = np.zeros(capacity * manifest["states"]["kv"]["bytes_per_token"] // 2, dtype=F32)
+        self.scratch = {(op, s): np.zeros(int(np.prod(sc["shape"])), dtype=_NP[sc["dtype"]])
+                        for op, spec in manifest["ops"].items() for s, sc in spec["impl"].get("scratch", {}).items()}
+        for name, p in manifest["programs"].items():
+            if p.get("once"):
+                self.run(name, {})
+
+    def write_input(self, name: str, values: Sequence[int] | np.ndarray) -> None:
+        assert self.m["buffers"][name]["kind"] == "input"
+        arr = np.asarray(values)
+        self.mem[name][: arr.size] = arr
+
+    def read_output(self, name: str) -> np.ndarray:
+        assert self.m["buffers"][name]["kind"] == "output"
+        return self.mem[name].copy()
+
+    def _arg(self, a: Mapping[str, Any], env: Mapping[str, int]) -> Any:
+        if "buf" in a:
+            b = self.m["buffers"][a["buf"]]
+            return (self.mem[a["buf"]], a.get("offset", 0) // _SIZE[b["dtype"]])
+        if "state" in a:
+            return (self.kv, a.get("offset", 0) // 2)
+        if "var" in a:
+            return env[a["var"]]
+        ((_, value),) = a.items()
+        return value
+
+    def run(self, program: str, vars: Mapping[str, int]) -> None:
+        env = {v: vars.get(v, 1) for v in self.m["vars"]}
+        for call in self.m["programs"][program]["calls"]:
+            op = self.m["ops"][call["op"]]
+            values = [self._arg(a, env) for a in call["args"]]
+            for launch in op["impl"]["launches"]:
+                args = values if "args" not in launch else [self._launch_arg(call["op"], la, values) for la in launch["args"]]
+                if launch["entry"] == "extern:cublaslt_bf16_tn":
+                    self._gemm(*args)
+                else:
+                    KERNELS[launch["entry"]](env.get("tokens", 1), *args)
+
+    def _launch_arg(self, op: str, la: Mapping[str, Any], values: list[Any]) -> Any:
+        if "param" in la:
+            return values[la["param"]]
+        if "scratch" in la:
+            return (self.scratch[(op, la["scratch"])], 0)
+        ((_, value),) = la.items()
+        return value
+
+    @staticmethod
+    def _gemm(a: Ptr, w: Ptr, c: Ptr, m: int, n: int, k: int) -> None:
+        _view(c, m * n)[:] = (_view(a, m * k).reshape(m, k) @ _view(w, n * k).reshape(n, k).T).reshape(-1)
+
+
+def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tuple[list[int], np.ndarray]:
+    """kern-run's sequence of calls, by the serving roles, on the interpreter: tokens and the
+    first step's logits."""
+    import kern_cli.run as run
+
+    proto = run.protocol_of(interp.m)
+    interp.write_input(proto.blocks, np.arange(proto.blocks_len))
+
+    def stage(ids: Sequence[int], start: int) -> None:
+        pos = np.arange(start, start + len(ids))
+        interp.write_input(proto.token, ids)
+        interp.write_input(proto.position, pos)
+        interp.write_input(proto.slot, pos)
+        interp.write_input(proto.seq_len, [start + len(ids)])
+
+    for a, b in run.prefill_chunks(len(prompt), chunk):
+        stage(prompt[a:b], a)
+        interp.run(proto.chunk_program, {proto.chunk_var: b - a})
+    stage(prompt[-1:], len(prompt) - 1)
+    if proto.start_program:
+        interp.run(proto.start_program, {})
+    out: list[int] = []
+    first = np.empty(0)
+    for i in range(steps):
+        interp.run(proto.step_program, proto.step_vars)
+        if i == 0:
+            first = interp.read_output("logits").copy()
+        out.append(int(interp.read_output(proto.next_token)[0]))
+        if proto.start_program is None:
+            stage([out[-1]], len(prompt) + i)
+    return out, first
+
+
+# --------------------------------------------------------------------------------------------
+# An independent numpy Qwen3 (Hugging Face semantics, float32).
+
+
+def reference_logits(cfg: Mapping[str, Any], w: Mapping[str, np.ndarray], ids: Sequence[int]) -> np.ndarray:
+    """Logits of the last position of `ids`."""
+    nq, nkv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
+    d = cfg.get("head_dim") or cfg["hidden_size"] // nq
+    n = len(ids)
+    inv = (1.0 / np.power(np.float64(cfg["rope_theta"]), np.arange(0, d, 2) / d)).astype(F32)
+    ang = np.arange(n, dtype=F32)[:, None] * inv[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+    def rope(x: np.ndarray) -> np.ndarray:  # [n, h, d]
+        rot = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
+        return x * cos[:, None] + rot * sin[:, None]
+
+    h = w["model.embed_tokens.weight"][list(ids)]
+    causal = np.triu(np.ones((n, n), bool), 1)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        x = _rms(h, w[p + "input_layernorm.weight"], eps)
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(n, nq, d)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(n, nkv, d)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(n, nkv, d)
+        q = rope(_rms(q, w[p + "self_attn.q_norm.weight"], eps))
+        k = rope(_rms(k, w[p + "self_attn.k_norm.weight"], eps))
+        k, v = np.repeat(k, nq // nkv, 1), np.repeat(v, nq // nkv, 1)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(F32(d))
+        s = np.where(causal[None], -np.inf, s)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = np.einsum("hqk,khd->qhd", a, v).reshape(n, nq * d)
+        h = h + o @ w[p + "self_attn.o_proj.weight"].T
+        x = _rms(h, w[p + "post_attention_layernorm.weight"], eps)
+        g, u = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
+        h = h + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = _rms(h[-1:], w["model.norm.weight"], eps)
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return (x @ head.T)[0].astype(F32)
+
+
+def reference_greedy(cfg: Mapping[str, Any], w: Mapping[str, np.ndarray], prompt: Sequence[int],
+                     steps: int) -> tuple[list[int], np.ndarray]:
+    ids = list(prompt)
+    first = np.empty(0)
+    for i in range(steps):
+        logits = reference_logits(cfg, w, ids)
+        if i == 0:
+            first = logits
+        ids.append(int(np.argmax(logits)))
+    return ids[len(prompt) :], first
