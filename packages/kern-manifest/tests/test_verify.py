@@ -19,7 +19,7 @@ from kern_manifest import (
     verify,
 )
 
-from .helpers.manifests import SHA_A, Json, drop, full, problems, put, tiny
+from .helpers.manifests import REPO, SHA_A, TINY, Json, drop, full, problems, put, tiny
 
 Edit = Callable[[Json], Any]
 
@@ -117,6 +117,7 @@ INVALID: list[tuple[str, Edit, type, str]] = [
     ("bind-rank-table-size", _set("/buffers/w_gu/bind/0/tensor/tensors", ["gate.0"]), ManifestVerify, "/buffers/w_gu/bind/0/tensor"),
     ("bind-interleave-zero", _set("/buffers/w_gu/bind/0/interleave/rows", 0), ManifestVerify, "/buffers/w_gu/bind/0/interleave/rows"),
     ("fill-on-f32", _set("/buffers/logits/fill", "tokens"), ManifestVerify, "/buffers/logits/fill"),
+    ("fill-twice", _set("/buffers/positions", {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "token"}), ManifestVerify, "/buffers/positions/fill"),
     ("fill-wrong-direction", _set("/buffers/next/fill", "token"), ManifestVerify, "/buffers/next/fill"),
     ("domain-index-and-min", _set("/buffers/ids/domain/min", 0), ManifestVerify, "/buffers/ids/domain"),
     ("domain-index-unknown", _set("/buffers/ids/domain/index_into", "nothing"), ManifestVerify, "/buffers/ids/domain/index_into"),
@@ -244,8 +245,9 @@ def test_full_manifest_verifies() -> None:
     assert problems(full()) == []
 
 
-def test_tiny_example_verifies() -> None:
+def test_tiny_example_verifies_and_is_in_the_docs() -> None:
     assert problems(tiny()) == []
+    assert TINY.read_text() in (REPO / "docs" / "manifest.md").read_text()
 
 
 def test_verify_collects_every_problem() -> None:

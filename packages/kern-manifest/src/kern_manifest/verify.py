@@ -186,6 +186,7 @@ class _Verifier:
         self.ops: dict[str, _OpInfo] = {}
         self.written: set[str] = set()
         self.extents: dict[str, int | None] = {}
+        self.fills: dict[str, str] = {}
 
     def err(self, pointer: str, message: str, hint: str) -> None:
         self.problems.append(ManifestVerify(pointer, message, hint))
@@ -487,6 +488,13 @@ class _Verifier:
     def fill(self, buf: Buffer, at: str) -> None:
         if buf.fill is None:
             return
+        first = self.fills.setdefault(buf.fill, at)
+        if first != at:
+            self.err(
+                at + "/fill",
+                f"fill {buf.fill!r} again (first at {first})",
+                "each fill role appears at most once",
+            )
         wanted = "input" if buf.fill in INPUT_FILLS else "output"
         if buf.kind != wanted or buf.dtype not in ("i32", "i64"):
             self.err(
