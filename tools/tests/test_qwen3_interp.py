@@ -62,3 +62,55 @@ def test_manifest_matches_reference(weights: dict[str, np.ndarray], references: 
     want_tokens, want_first = references[n]
     assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
     assert tokens == want_tokens
+
+
+class _InterpRuntime:
+    """The slice of kern_runtime.Runtime that kern_cli.run.Session uses, over the interpreter."""
+
+    def __init__(self, machine: Any) -> None:
+        self.machine = machine
+        self.calls: list[tuple[str, str]] = []
+
+    def write_input(self, name: str, array: np.ndarray) -> None:
+        assert array.dtype == (np.int32 if self.machine.m["buffers"][name]["dtype"] == "i32" else np.int64)
+        self.machine.write_input(name, array)
+
+    def run(self, program: str, vars: dict[str, int]) -> None:
+        self.calls.append(("run", program))
+        self.machine.run(program, vars)
+
+    def issue(self, program: str, vars: dict[str, int]) -> None:
+        self.calls.append(("issue", program))
+        self.machine.run(program, vars)
+
+    def read_output(self, name: str, count: int | None = None) -> np.ndarray:
+        return self.machine.read_output(name)
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], references: dict[int, Any],
+                                              feed: str) -> None:
+    import kern_cli.run as run
+
+    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
+    s = run.Session(rt, run.protocol_of(m), capacity=512)
+    s.rt.write_input("block_table", np.arange(run.protocol_of(m).blocks_len, dtype=np.int32))
+    assert s.generate(_prompt(200), STEPS, chunk=97) == references[200][0]
+    assert rt.calls.count(("issue", "decode")) == STEPS
+    assert rt.calls.count(("run", "prefill")) == 3  # 199 tokens in chunks of 97
+    assert (("run", "start") in rt.calls) == (feed == "device")
+    # the GPU script's kern path on the same session: first-step logits and the near-tie rule
+    checks = _load("qwen3_checks", TOOLS / "gpu" / "qwen3_checks.py")
+    got = checks.kern_generate(s, _prompt(37), chunk=512, eager=True, logits=True)
+    want_tokens, want_first = interp.reference_greedy(CONFIG, s.rt.machine.tensors, _prompt(37), checks.STEPS)
+    assert np.linalg.norm(got.logits - want_first) / np.linalg.norm(want_first) < 1e-4
+    c = checks.Check("p37")
+    checks.compare_greedy(c, got.tokens, want_tokens, [100.0] * checks.STEPS)
+    assert c.status == "PENDING", c.detail

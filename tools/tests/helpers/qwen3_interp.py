@@ -216,6 +216,7 @@ class Interp:
 
     def __init__(self, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray], capacity: int) -> None:
         self.m = manifest
+        self.tensors = tensors
         env = {v: spec["max"] for v, spec in manifest["vars"].items()}
         self.mem: dict[str, np.ndarray] = {}
         for name, b in manifest["buffers"].items():
