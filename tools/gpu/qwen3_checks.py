@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import gc
 import importlib.util
+import inspect
 import io
 import json
 import math
@@ -146,7 +147,9 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
         if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
             c.detail = f"reused {path}"
         else:
-            keep = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")}
+            keep = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype") and v is not None}
+            if "rope_parameters" in inspect.signature(Qwen3Config.__init__).parameters:
+                keep["rope_parameters"] = {"rope_type": "default", "rope_theta": float(keep.pop("rope_theta"))}
             config = Qwen3Config(**keep)
             torch.manual_seed(0)
             with torch.device("cuda"):
