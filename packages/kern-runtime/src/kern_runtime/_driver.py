@@ -10,7 +10,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cuda.bindings import driver as cu
+from cuda.bindings import driver as cu  # pyright: ignore[reportAttributeAccessIssue]
 
 from .errors import CudaError, NoDriverError
 

@@ -21,7 +21,7 @@ from .weights import Copy, DeviceBlob, FileBlob, MemoryBlob
 
 __all__ = ["CHUNK_BYTES", "Job", "run_jobs"]
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 4 << 20
 Progress = Callable[[int, int], None]
 
 
@@ -45,10 +45,22 @@ class _Piece:
     nbytes: int
 
 
+def _rows(job: Job) -> list[Job]:
+    """A strided copy as one contiguous copy per row (for rows wider than a chunk)."""
+    c = job.copy
+    return [
+        Job(job.dst, Copy(c.tensor, c.src_offset + r * c.src_pitch, c.width, c.dst_offset + r * c.width, c.width, 1), job.host)
+        for r in range(c.height)
+    ]
+
+
 def _pieces(jobs: Sequence[Job], chunk: int) -> list[_Piece]:
     out: list[_Piece] = []
     for job in jobs:
         c = job.copy
+        if c.height > 1 and c.width > chunk:
+            out.extend(_pieces(_rows(job), chunk))
+            continue
         if c.height == 1:
             for b in range(0, c.width, chunk):
                 out.append(_Piece(job.dst, job.host, c, 0, 1, b, min(chunk, c.width - b)))
@@ -132,20 +144,27 @@ def _issue(p: _Piece, src: int, src_device: bool, stream: Any) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, chunk: int, stack: ExitStack) -> None:
+    """One loader thread: its own stream and two pinned chunks (pinned inside the thread, so the
+    threads pin their staging in parallel)."""
+
+    def __init__(self, ctx: Any, chunk: int) -> None:
         self.ctx = ctx
         self.chunk = chunk
-        self.bufs = [drv.host_alloc(chunk) for _ in range(2)]
-        for b in self.bufs:
-            stack.callback(drv.host_free, b)
-        self.views = [drv.host_view(b, chunk) for b in self.bufs]
+        self.bufs: list[int] = []
+        self.views: list[memoryview] = []
         self.done = 0
         self.error: BaseException | None = None
 
     def run(self, pieces: list[_Piece], order: itertools.count[int], files: _Files, stop: threading.Event) -> None:
         try:
             drv.set_current(self.ctx)
-            self._loop(pieces, order, files, stop)
+            with ExitStack() as stack:
+                for _ in range(2):
+                    buf = drv.host_alloc(self.chunk)
+                    stack.callback(drv.host_free, buf)
+                    self.bufs.append(buf)
+                    self.views.append(drv.host_view(buf, self.chunk))
+                self._loop(pieces, order, files, stop)
         except BaseException as exc:  # handed to the main thread, which re-raises it
             self.error = exc
             stop.set()
@@ -207,7 +226,7 @@ def run_jobs(
     files = _Files()
     with ExitStack() as stack:
         stack.callback(files.close)
-        workers = [_Worker(ctx, chunk, stack) for _ in range(max(1, min(threads, len(pieces))))]
+        workers = [_Worker(ctx, chunk) for _ in range(max(1, min(threads, len(pieces))))]
         stop = threading.Event()
         order = itertools.count()
         pool = [threading.Thread(target=w.run, args=(pieces, order, files, stop), daemon=True) for w in workers]

@@ -49,7 +49,7 @@ from .blas import Blas, GemmShape
 from .errors import ManifestError
 from .launch import ArgBlock, KernelRecord, encode_value, pack_bytes
 
-__all__ = ["Resources", "Step", "Value", "compile_program", "gemm_shape"]
+__all__ = ["Resources", "Step", "Value", "call_value", "compile_program", "gemm_shape"]
 
 _TMAP_BYTES = {"u8": 1, "u16": 2, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f16": 2, "bf16": 2,
                "f32": 4, "tf32": 4, "u4": 1, "u4packed": 1}  # fmt: skip
@@ -88,7 +88,7 @@ class Step:
     launches: int = 1
 
 
-def _call_value(res: Resources, arg: object, env: Mapping[str, int], where: str) -> Value:
+def call_value(res: Resources, arg: object, env: Mapping[str, int], where: str) -> Value:
     if isinstance(arg, BufArg | StateArg):
         table = res.buffers if isinstance(arg, BufArg) else res.states
         name = arg.buf if isinstance(arg, BufArg) else arg.state
@@ -140,7 +140,7 @@ class _Compiler:
         op = self.res.manifest.ops[call.op]
         label = call.label or call.op
         where = f"program {self.program!r} call {position} ({label})"
-        values = [_call_value(self.res, a, self.env, where) for a in call.args]
+        values = [call_value(self.res, a, self.env, where) for a in call.args]
         steps: list[Step] = []
         for li, launch in enumerate(op.impl.launches):
             if launch.when is not None and not _inside(launch.when, self.env):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _driver as drv
-from .errors import KernelArtifactError
+from .errors import CudaError, KernelArtifactError
 
 __all__ = [
     "FATBIN_MAGIC",
@@ -174,7 +174,7 @@ class LoadedModule:
         for image in images:
             try:
                 mod = drv.module_load(image)
-            except drv.CudaError as exc:
+            except CudaError as exc:
                 raise KernelArtifactError(
                     f"module {name!r} ({sha256[:12]}) does not load: {exc.explanation}; re-extract it"
                 ) from None

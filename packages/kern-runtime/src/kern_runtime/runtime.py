@@ -13,13 +13,14 @@ import numpy as np
 import numpy.typing as npt
 
 from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest, State
+from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg, VarArg
 
 from . import _driver as drv
 from . import memory
-from ._loader import Job, run_jobs
+from ._loader import CHUNK_BYTES, Job, run_jobs
 from ._manifest import bind_segments, load_manifest
-from ._program import Resources, Step, compile_program, gemm_shape
-from .blas import WORKSPACE_BYTES, Blas
+from ._program import Resources, Step, Value, call_value, compile_program, gemm_shape
+from .blas import WORKSPACE_BYTES, Blas, GemmShape
 from .errors import ApiError, CallError, KernelArtifactError, KernRuntimeError, ManifestError
 from .graphs import Graph, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
@@ -73,11 +74,13 @@ class Resident:
         """Names of the weight buffers still held."""
         return sorted(self._weights)
 
-    def _claim(self, name: str, spec: Buffer) -> _Weight | None:
+    def claim(self, name: str, spec: Buffer) -> _Weight | None:
+        """The held buffer `name` if its declaration equals `spec` (else None)."""
         w = self._weights.get(name)
         return w if w is not None and w.spec == spec else None
 
-    def _take(self, names: list[str]) -> dict[str, _Weight]:
+    def take(self, names: list[str]) -> dict[str, _Weight]:
+        """Hands the named buffers over (they are no longer released by this Resident)."""
         return {n: self._weights.pop(n) for n in names}
 
     def close(self) -> None:
@@ -119,6 +122,7 @@ class Runtime:
         self._ctx: Any = None
         self._stream: Any = None
         self._arch = 0
+        self._chunk = CHUNK_BYTES
         self._ranks: dict[str, int] = {}
 
     # -- loading ----------------------------------------------------------------------------------
@@ -181,7 +185,7 @@ class Runtime:
         self._allocate_scratch()
         self._check_externs()
         if over is not None:
-            self._weights.update(over._take(sorted(self._claimed)))
+            self._weights.update(over.take(sorted(self._claimed)))
             over.close()
 
     def _load_modules(self, kernels_dir: Path) -> None:
@@ -213,7 +217,7 @@ class Runtime:
                 continue
             nbytes = self.manifest.buffer_max_bytes(name)
             if buf.kind == "weight" and buf.placement == "device" and over is not None:
-                claimed = over._claim(name, buf)
+                claimed = over.claim(name, buf)
                 if claimed is not None:
                     self._buffers[name] = claimed.alloc
                     self._claimed.add(name)
@@ -303,17 +307,12 @@ class Runtime:
                     except KernelArtifactError as exc:
                         raise KernelArtifactError(f"op {op_name!r} in program {pname!r}: {exc}") from None
 
-    def _gemm_shape_at(self, call: Any, launch: ExternLaunch, env: Mapping[str, int]) -> Any:
-        from ._program import Value, _call_value  # pyright: ignore[reportPrivateUsage]
-
+    def _gemm_shape_at(self, call: Call, launch: ExternLaunch, env: Mapping[str, int]) -> GemmShape:
         res = self._resources()
-        values = [_call_value(res, a, env, "algo check") for a in call.args]
-        scalars: list[int] = []
-        args = launch.args if launch.args is not None else None
-        picked = values if args is None else [values[a.param] if hasattr(a, "param") else Value(scalar=_lit(a, env)) for a in args]
-        for v in picked[3:]:
-            scalars.append(int(v.scalar or 0))
-        return gemm_shape(launch.entry, scalars)
+        values = [call_value(res, a, env, "algo check") for a in call.args]
+        if launch.args is not None:
+            values = [values[a.param] if isinstance(a, ParamArg) else Value(scalar=_lit(a, env)) for a in launch.args]
+        return gemm_shape(launch.entry, [int(v.scalar or 0) for v in values[3:]])
 
     def _resources(self) -> Resources:
         return Resources(
@@ -329,7 +328,14 @@ class Runtime:
 
     # -- weights ----------------------------------------------------------------------------------
 
-    def load_weights(self, tensors: Tensors, *, threads: int = 8, progress: Progress | None = None) -> int:
+    def load_weights(
+        self,
+        tensors: Tensors,
+        *,
+        threads: int = 8,
+        progress: Progress | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> int:
         """Fills weight buffers from `tensors`, runs derive programs, then once programs.
 
         Every bind is planned (and checked) before a byte moves. Returns the bytes copied.
@@ -351,8 +357,11 @@ class Runtime:
             if progress is not None:
                 progress(done + d, total)
 
-        done += run_jobs(jobs, self._ctx, threads=threads, progress=report)
-        done += self._run_derive(sources, tensors, threads, report)
+        if chunk_bytes < 1 << 16:
+            raise ApiError(f"chunk_bytes {chunk_bytes} is below 64 KiB")
+        self._chunk = chunk_bytes
+        done += run_jobs(jobs, self._ctx, threads=threads, progress=report, chunk=chunk_bytes)
+        done += self._run_derive(sources, threads, report)
         self._loaded = True
         for name in sorted(self.manifest.programs):
             if self.manifest.programs[name].once:
@@ -379,7 +388,7 @@ class Runtime:
                 out[name] = [Job(0, c) for c in plan_bind(name, buf.dtype, self.manifest.buffer_max_bytes(name), segs, tensors)]
         return out
 
-    def _run_derive(self, sources: dict[str, list[Job]], tensors: Tensors, threads: int, report: Progress) -> int:
+    def _run_derive(self, sources: dict[str, list[Job]], threads: int, report: Progress) -> int:
         moved = 0
         derive = sorted(n for n, p in self.manifest.programs.items() if p.derive)
         last_reader = {s: max((i for i, p in enumerate(derive) if s in _program_buffers(self.manifest, p)), default=-1)
@@ -407,7 +416,9 @@ class Runtime:
         live[name] = stack
         alloc = memory.device(stack, self.manifest.buffer_max_bytes(name))
         self._buffers[name] = alloc
-        return run_jobs([Job(alloc.ptr, j.copy) for j in jobs], self._ctx, threads=threads, progress=report)
+        return run_jobs(
+            [Job(alloc.ptr, j.copy) for j in jobs], self._ctx, threads=threads, progress=report, chunk=self._chunk
+        )
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -521,7 +532,7 @@ class Runtime:
             raise ApiError(f"input {name!r} holds {alloc.nbytes // want.itemsize} elements, got {arr.size}")
         if stage.pending:
             drv.event_synchronize(stage.event)
-        drv.host_view(stage.alloc.ptr, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
+        drv.host_view(stage.alloc.ptr, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8).data
         drv.copy_htod_async(alloc.ptr, stage.alloc.ptr, arr.nbytes, self._stream)
         drv.event_record(stage.event, self._stream)
         stage.pending = True
@@ -645,13 +656,14 @@ def _algo(launch: ExternLaunch) -> tuple[int, ...] | None:
     return (a.id, a.tile, a.split_k, a.reduction, a.swizzle, a.custom, a.stages, a.inner_shape, a.cluster_shape)
 
 
-def _lit(arg: Any, env: Mapping[str, int]) -> int:
-    for field in ("i32", "i64", "u8"):
-        if hasattr(arg, field):
-            return int(getattr(arg, field))
-    if hasattr(arg, "var"):
+def _lit(arg: object, env: Mapping[str, int]) -> int:
+    if isinstance(arg, I32Arg):
+        return arg.i32
+    if isinstance(arg, I64Arg):
+        return arg.i64
+    if isinstance(arg, VarArg):
         return env[arg.var]
-    if hasattr(arg, "expr"):
+    if isinstance(arg, ExprArg):
         return arg.expr.eval(env)
     raise ManifestError(f"extern arg {arg!r} is not an integer")
 
@@ -668,4 +680,4 @@ def _var_ends(manifest: Manifest, reads: frozenset[str], launch: ExternLaunch) -
 
 
 def _program_buffers(manifest: Manifest, program: str) -> set[str]:
-    return {a.buf for c in manifest.programs[program].calls for a in c.args if hasattr(a, "buf")}
+    return {a.buf for c in manifest.programs[program].calls for a in c.args if isinstance(a, BufArg)}

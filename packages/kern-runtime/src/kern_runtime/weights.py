@@ -12,7 +12,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -128,7 +128,7 @@ class Safetensors:
                 (size,) = struct.unpack("<Q", head)
                 header = f.read(size)
                 end = os.fstat(f.fileno()).st_size
-            for info in _parse_header(path, header, 8 + size, end, lambda o, n, p=path: FileBlob(p, o, n)):
+            for info in _parse_header(path, header, 8 + size, end, _file_blob(path)):
                 _add(tensors, info, path)
         return cls(tensors, tuple(files))
 
@@ -142,7 +142,7 @@ class Safetensors:
         base = 8 + size
         header = bytes(view[8:base])
         tensors: dict[str, TensorInfo] = {}
-        for info in _parse_header("<memory>", header, base, len(view), lambda o, n: MemoryBlob(view[o : o + n])):
+        for info in _parse_header("<memory>", header, base, len(view), _memory_blob(view)):
             _add(tensors, info, "<memory>")
         return cls(tensors, ())
 
@@ -159,6 +159,17 @@ class Safetensors:
     def nbytes(self) -> int:
         """Total bytes of every tensor."""
         return sum(t.nbytes for t in self._tensors.values())
+
+
+BlobMaker = Callable[[int, int], "Blob"]
+
+
+def _file_blob(path: str) -> BlobMaker:
+    return lambda offset, nbytes: FileBlob(path, offset, nbytes)
+
+
+def _memory_blob(view: memoryview) -> BlobMaker:
+    return lambda offset, nbytes: MemoryBlob(view[offset : offset + nbytes])
 
 
 def _expand(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -180,7 +191,7 @@ def _expand(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) ->
     return files
 
 
-def _parse_header(where, header, base, end, blob):  # type: ignore[no-untyped-def]
+def _parse_header(where: str, header: bytes, base: int, end: int, blob: BlobMaker) -> list[TensorInfo]:
     try:
         meta = json.loads(header)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -195,7 +206,7 @@ def _parse_header(where, header, base, end, blob):  # type: ignore[no-untyped-de
     return out
 
 
-def _entry(where: str, name: str, entry: object, base: int, end: int, blob) -> TensorInfo:  # type: ignore[no-untyped-def]
+def _entry(where: str, name: str, entry: object, base: int, end: int, blob: BlobMaker) -> TensorInfo:
     try:
         dtype = _SAFETENSORS_DTYPES[entry["dtype"]]  # type: ignore[index]
         shape = tuple(int(d) for d in entry["shape"])  # type: ignore[index]

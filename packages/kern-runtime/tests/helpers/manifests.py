@@ -61,7 +61,7 @@ def basic(sha: str, n_param: str = "i32") -> Json:
 
 
 def features(sha: str) -> Json:
-    """> 48 KiB dynamic shared memory, a cluster launch, and a tensormap pack."""
+    """> 48 KiB dynamic shared memory, a cluster launch (with PDL), and a tensormap pack."""
     return {
         "schema_version": 5,
         "model": "rt-features",
@@ -77,7 +77,7 @@ def features(sha: str) -> Json:
             "reverse": {"params": ["in buffer<f32>", "out buffer<f32>", "i32"], "impl": {"launches": [
                 _launch("t", "rt_smem_reverse", [1, 1, 1], 256, shared_mem=65536)]}},
             "cluster": {"params": ["out buffer<i32>"], "impl": {"launches": [
-                _launch("t", "rt_cluster_rank", [8, 1, 1], 32, cluster=[4, 1, 1])]}},
+                _launch("t", "rt_cluster_rank", [8, 1, 1], 32, cluster=[4, 1, 1], pdl=True)]}},
             "tma": {"params": ["in buffer<f32>", "out buffer<f32>"], "impl": {"launches": [
                 _launch("t", "rt_tma_tile", [8, 1, 1], 128, params=["bytes<192>", "out buffer<f32>"], args=[
                     {"pack": {"size": 192, "fields": [
