@@ -1,0 +1,310 @@
+"""`kern-pool-sim`: replay a seeded multi-turn chat workload through Pool + Prefix + Host.
+
+Sessions share a few system prompts; each turn appends a user message to the session's history,
+looks the prompt up in the prefix index, restores (or wakes) what it can, leases the rest,
+"decodes" an answer, retires the lease into a checkpoint and inserts it under the new history.
+Sessions are picked with Zipf weights, `batch` turns at a time. Every decision is kern_pool's;
+the workload comes from a local SplitMix64 generator, so the same arguments give the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import accumulate
+from pathlib import Path
+from typing import TextIO, TypeVar
+
+from kern_pool.chunks import Capacity, PagedState, SeqState, pool_config
+from kern_pool.errors import Busy, HostFull, PoolError, Remapping
+from kern_pool.host import Host, Parked
+from kern_pool.pages import Checkpoint, Lease, Pool
+from kern_pool.prefix import Prefix
+
+__all__ = ["Figures", "SimError", "Workload", "main", "simulate"]
+
+T = TypeVar("T")
+_MASK = (1 << 64) - 1
+VOCAB = 151_000
+
+
+class SimError(PoolError):
+    """The workload cannot run on the configured budget (say which knob to turn)."""
+
+
+class SplitMix64:
+    """A tiny seeded generator with a fixed, version-independent sequence."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, seed: int) -> None:
+        self._state = seed & _MASK
+
+    def next(self) -> int:
+        self._state = (self._state + 0x9E3779B97F4A7C15) & _MASK
+        z = self._state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        return z ^ (z >> 31)
+
+    def uniform(self) -> float:
+        return (self.next() >> 11) / float(1 << 53)
+
+    def between(self, lo: int, hi: int) -> int:
+        """An integer in [lo, hi]."""
+        return lo + self.next() % (hi - lo + 1)
+
+    def tokens(self, n: int) -> list[int]:
+        return [self.next() % VOCAB for _ in range(n)]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The simulated service: workload shape and budgets (tokens and bytes)."""
+
+    seed: int = 0
+    sessions: int = 200
+    turns: int = 4
+    system_prompts: int = 4
+    system_len: int = 1024
+    prompt_len: int = 128
+    answer_len: int = 192
+    zipf: float = 1.1
+    batch: int = 8
+    tokens: int = 65_536
+    unit: int = 16
+    host_tokens: int = 0
+    bytes_per_token: int = 147_456
+    state_bytes: int = 0
+
+    def check(self) -> None:
+        """Raises SimError naming the first bad knob."""
+        for name in ("sessions", "turns", "system_prompts", "prompt_len", "answer_len", "batch", "tokens", "unit", "bytes_per_token"):
+            if getattr(self, name) <= 0:
+                raise SimError(f"--{name.replace('_', '-')} must be positive")
+        if self.system_len < 0 or self.host_tokens < 0 or self.state_bytes < 0 or self.zipf < 0:
+            raise SimError("--system-len, --host-tokens, --state-bytes and --zipf must not be negative")
+
+    @property
+    def longest(self) -> int:
+        """The longest a session can grow (its last turn's prompt plus answer)."""
+        return self.system_len + self.turns * (self.prompt_len * 3 // 2 + self.answer_len * 3 // 2)
+
+
+@dataclass(slots=True)
+class Figures:
+    """What a run measured (the JSON keys)."""
+
+    hit_rate: float = 0.0
+    tokens_total: int = 0
+    tokens_recomputed: int = 0
+    parks: int = 0
+    wakes: int = 0
+    evictions: int = 0
+    remaps: int = 0
+    peak_pages: int = 0
+    peak_slots: int = 0
+    pages_in_use_end: int = 0
+    slots_in_use_end: int = 0
+    turns: int = 0
+
+
+@dataclass(slots=True)
+class _Session:
+    system: int
+    history: list[int] = field(default_factory=list[int])
+    left: int = 0
+
+
+@dataclass(slots=True)
+class _Turn:
+    session: _Session
+    lease: Lease
+    full: list[int]
+
+
+class _Sim:
+    def __init__(self, w: Workload) -> None:
+        w.check()
+        per_seq = (SeqState("state", w.state_bytes),) if w.state_bytes else ()
+        row = -(-w.longest // w.unit)
+        cfg = pool_config(
+            (PagedState("kv", w.bytes_per_token),), per_seq, unit=w.unit, row_pages=row,
+            capacity=Capacity(w.tokens, w.batch),
+        )
+        self.w = w
+        self.pool, _ = Pool.create(cfg)
+        page_bytes = w.unit * w.bytes_per_token
+        slot_units = max(1, -(-w.state_bytes // page_bytes))
+        units = w.host_tokens // w.unit
+        self.host = Host(self.pool, units, 1, slot_units) if units else None
+        self.prefix: Prefix[Checkpoint, Parked] = Prefix(w.unit)
+        self.rng = SplitMix64(w.seed)
+        self.figures = Figures()
+        systems = [self.rng.tokens(w.system_len) for _ in range(w.system_prompts)]
+        self.sessions = [
+            _Session(s, list(systems[s]), w.turns)
+            for s in (self.rng.next() % w.system_prompts for _ in range(w.sessions))
+        ]
+
+    def _track(self) -> None:
+        f = self.figures
+        f.peak_pages = max(f.peak_pages, self.pool.pages_used)
+        f.peak_slots = max(f.peak_slots, self.pool.slots_used)
+
+    def _park(self, cp: Checkpoint) -> Parked | None:
+        assert self.host is not None
+        try:
+            parked, _ = self.host.park(cp)
+        except HostFull:
+            return None
+        self.figures.parks += 1
+        return parked
+
+    def room(self, op: Callable[[], T]) -> T:
+        """Run `op`, landing remaps and evicting until it is granted."""
+        while True:
+            try:
+                result = op()
+            except Remapping:
+                plan = self.pool.pending
+                assert plan is not None
+                self.pool.complete(plan)
+                continue
+            except Busy as busy:
+                evicted = self.prefix.evict(self._park if self.host is not None else None)
+                if evicted is None:
+                    raise SimError(f"{busy}; nothing left to evict: raise --tokens or lower --batch") from None
+                self.figures.evictions += 1
+                continue
+            self._track()
+            return result
+
+    def pick(self, active: list[_Session]) -> list[_Session]:
+        """Up to `batch` distinct sessions, Zipf-weighted by rank among the active ones."""
+        cumulative = list(accumulate(1.0 / (i + 1) ** self.w.zipf for i in range(len(active))))
+        want = min(self.w.batch, len(active))
+        chosen: list[_Session] = []
+        for _ in range(want * 4):
+            i = bisect.bisect_right(cumulative, self.rng.uniform() * cumulative[-1])
+            s = active[min(i, len(active) - 1)]
+            if s not in chosen:
+                chosen.append(s)
+                if len(chosen) == want:
+                    break
+        return chosen
+
+    def start(self, s: _Session) -> _Turn:
+        w, f = self.w, self.figures
+        prompt = s.history + self.rng.tokens(self.rng.between(w.prompt_len // 2, w.prompt_len * 3 // 2))
+        full = prompt + self.rng.tokens(self.rng.between(w.answer_len // 2, w.answer_len * 3 // 2))
+        hit = self.prefix.lookup(prompt)
+        reuse = 0 if hit is None else hit.length
+        if hit is None:
+            lease = self.room(lambda: self.pool.lease(len(full)))
+        else:
+            cp = self._resident(hit.resident, hit.parked, prompt[:reuse])
+            lease, _ = self.room(lambda: self.pool.restore(cp, reuse, len(full)))
+            cp.release()
+        f.tokens_total += len(prompt)
+        f.tokens_recomputed += len(prompt) - reuse
+        lease.kv_indices(reuse, len(full))
+        return _Turn(s, lease, full)
+
+    def _resident(self, resident: Checkpoint | None, parked: Parked | None, key: list[int]) -> Checkpoint:
+        """A checkpoint the caller holds: a clone of the resident hit, or the parked hit woken."""
+        if resident is not None:
+            return resident.clone()
+        assert parked is not None and self.host is not None
+        host, held = self.host, parked.clone()
+        woken, _ = self.room(lambda: host.wake(held, len(key)))
+        held.release()
+        self.figures.wakes += 1
+        mine = woken.clone()
+        self.prefix.insert(key, woken)
+        return mine
+
+    def finish(self, turn: _Turn) -> None:
+        cp = self.pool.retire(turn.lease, len(turn.full))
+        self.prefix.insert(turn.full, cp)
+        turn.session.history = turn.full
+        turn.session.left -= 1
+        self.figures.turns += 1
+
+    def run(self, progress: TextIO | None) -> Figures:
+        total = self.w.sessions * self.w.turns
+        active = list(self.sessions)
+        shown = -1
+        while active:
+            turns = [self.start(s) for s in self.pick(active)]
+            for turn in turns:
+                self.finish(turn)
+            active = [s for s in active if s.left]
+            if progress is not None and 100 * self.figures.turns // total != shown:
+                shown = 100 * self.figures.turns // total
+                _bar(progress, self.figures.turns, total)
+        self.prefix.clear()
+        f = self.figures
+        f.hit_rate = 1.0 - f.tokens_recomputed / f.tokens_total if f.tokens_total else 0.0
+        f.remaps = self.pool.remaps
+        f.pages_in_use_end = self.pool.pages_used
+        f.slots_in_use_end = self.pool.slots_used
+        return f
+
+
+def _bar(out: TextIO, done: int, total: int) -> None:
+    filled = 30 * done // total
+    out.write(f"\rkern-pool-sim [{'#' * filled}{'.' * (30 - filled)}] {100 * done // total:3d}% {done}/{total} turns")
+    if done == total:
+        out.write("\n")
+    out.flush()
+
+
+def simulate(workload: Workload, progress: TextIO | None = None) -> Figures:
+    """Run the workload; the same workload always gives the same figures.
+
+    Raises:
+        SimError: a bad knob, or a budget that cannot hold one batch.
+        PoolError: a configuration kern_pool refuses.
+    """
+    return _Sim(workload).run(progress)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kern-pool-sim", description=__doc__.splitlines()[0] if __doc__ else None)
+    defaults = Workload()
+    for name in Workload.__dataclass_fields__:
+        value = getattr(defaults, name)
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, metavar=type(value).__name__.upper())
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _table(figures: Figures) -> str:
+    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in asdict(figures).items()]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: run, print the table, optionally write `--json FILE`."""
+    args = _parser().parse_args(argv)
+    workload = Workload(**{k: getattr(args, k) for k in Workload.__dataclass_fields__})
+    try:
+        figures = simulate(workload, None if args.quiet else sys.stderr)
+    except PoolError as exc:
+        print(f"kern-pool-sim: {exc}", file=sys.stderr)
+        return 2
+    print(_table(figures))
+    if args.json is not None:
+        args.json.write_text(json.dumps(asdict(figures), indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
