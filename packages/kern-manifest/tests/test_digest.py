@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -12,7 +16,25 @@ from hypothesis import strategies as st
 
 from kern_manifest import ManifestRejected, canonical_json, digest, digest_text, parse_manifest
 
-from .helpers.manifests import full, put, tiny
+
+def _helpers() -> ModuleType:
+    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
+    # importlib mode would resolve `tests.helpers` to whichever was imported first.
+    name = "kern_manifest_test_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).parent / "helpers" / "manifests.py"
+        )
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+_h = _helpers()
+full = _h.full
+put = _h.put
+tiny = _h.tiny
 
 
 def _shuffled(node: Any, rng: random.Random) -> Any:
@@ -27,9 +49,15 @@ def _shuffled(node: Any, rng: random.Random) -> Any:
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32), st.sampled_from([None, 0, 1, 2, 7, "\t"]), st.booleans())
-def test_digest_invariant_under_key_order_and_whitespace(seed: int, indent: int | str | None, doc_full: bool) -> None:
+def test_digest_invariant_under_key_order_and_whitespace(
+    seed: int, indent: int | str | None, doc_full: bool
+) -> None:
     doc = full() if doc_full else tiny()
-    text = json.dumps(_shuffled(doc, random.Random(seed)), indent=indent, separators=None if indent is not None else (" , ", " : "))
+    text = json.dumps(
+        _shuffled(doc, random.Random(seed)),
+        indent=indent,
+        separators=None if indent is not None else (" , ", " : "),
+    )
     assert digest_text(text) == digest_text(json.dumps(doc))
 
 

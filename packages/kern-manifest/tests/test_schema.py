@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -33,7 +37,25 @@ from kern_manifest import (
     parse_param,
 )
 
-from .helpers.manifests import TINY, full, tiny
+
+def _helpers() -> ModuleType:
+    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
+    # importlib mode would resolve `tests.helpers` to whichever was imported first.
+    name = "kern_manifest_test_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).parent / "helpers" / "manifests.py"
+        )
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+_h = _helpers()
+TINY = _h.TINY
+full = _h.full
+tiny = _h.tiny
 
 # ---------------------------------------------------------------------------------- params
 
@@ -65,7 +87,19 @@ def test_param_directions_and_pointers() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "in", "buffer<bf16>", "in buffer<>", "in  buffer<bf16>", "u32", "bytes<0>", "bytes<n>", "in i32", "IN state"]
+    "text",
+    [
+        "",
+        "in",
+        "buffer<bf16>",
+        "in buffer<>",
+        "in  buffer<bf16>",
+        "u32",
+        "bytes<0>",
+        "bytes<n>",
+        "in i32",
+        "IN state",
+    ],
 )
 def test_malformed_params(text: str) -> None:
     with pytest.raises(ManifestParse):
@@ -74,20 +108,50 @@ def test_malformed_params(text: str) -> None:
 
 def test_dtype_bytes() -> None:
     assert dtype_bytes("bf16") == 2 and dtype_bytes("fp8e8m0") == 1 and dtype_bytes("u64") == 8
-    assert set(DTYPE_BYTES) == {"bf16", "f16", "f32", "fp8e4m3", "fp8e8m0", "i8", "i32", "u32", "i64", "u64", "u8"}
+    assert set(DTYPE_BYTES) == {
+        "bf16",
+        "f16",
+        "f32",
+        "fp8e4m3",
+        "fp8e8m0",
+        "i8",
+        "i32",
+        "u32",
+        "i64",
+        "u64",
+        "u8",
+    }
 
 
 def test_extern_signatures() -> None:
     gemm = extern_signature("extern:cublaslt_bf16_tn")
-    assert [str(p) for p in gemm.required] == ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32", "i32", "i32"]
+    assert [str(p) for p in gemm.required] == [
+        "in buffer<bf16>",
+        "in buffer<bf16>",
+        "out buffer<bf16>",
+        "i32",
+        "i32",
+        "i32",
+    ]
     assert len(gemm.optional) == 2 and gemm.algo
     assert str(extern_signature("extern:cublaslt_bf16_tn_acc").required[2]) == "inout buffer<bf16>"
     fp8 = extern_signature("extern:cublaslt_fp8_tn_f32")
-    assert [str(p) for p in fp8.required[:5]] == ["in buffer<fp8e4m3>", "in buffer<fp8e4m3>", "out buffer<f32>", "in buffer<f32>", "in buffer<f32>"]
+    assert [str(p) for p in fp8.required[:5]] == [
+        "in buffer<fp8e4m3>",
+        "in buffer<fp8e4m3>",
+        "out buffer<f32>",
+        "in buffer<f32>",
+        "in buffer<f32>",
+    ]
     assert len(fp8.optional) == 1 and not fp8.algo
     nccl = [n for n in EXTERN_SIGNATURES if n.startswith("extern:nccl_")]
     assert len(nccl) == 8 and all(EXTERN_SIGNATURES[n].collective for n in nccl)
-    assert [str(p) for p in extern_signature("extern:nccl_alltoall_bf16").required] == ["in buffer<bf16>", "out buffer<bf16>", "i64", "i32"]
+    assert [str(p) for p in extern_signature("extern:nccl_alltoall_bf16").required] == [
+        "in buffer<bf16>",
+        "out buffer<bf16>",
+        "i64",
+        "i32",
+    ]
 
 
 # ---------------------------------------------------------------------------------- model helpers
@@ -224,8 +288,14 @@ def test_deep_but_valid_json_in_a_field() -> None:
 
 
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -289,10 +359,14 @@ def test_examples_round_trip() -> None:
 _NAMES = st.sampled_from(["a", "b", "h", "x.y", "l0/q"])
 _EXPR = st.recursive(
     st.integers(0, 1 << 20) | st.sampled_from(["tokens", "seqs"]),
-    lambda c: st.tuples(st.sampled_from(["add", "mul", "min", "max"]), c, c).map(lambda t: {t[0]: [t[1], t[2]]}),
+    lambda c: st.tuples(st.sampled_from(["add", "mul", "min", "max"]), c, c).map(
+        lambda t: {t[0]: [t[1], t[2]]}
+    ),
     max_leaves=5,
 )
-_PARAM = st.sampled_from(["in buffer<bf16>", "out buffer<f32>", "inout state", "i32", "i64", "f32", "u8", "bytes<64>"])
+_PARAM = st.sampled_from(
+    ["in buffer<bf16>", "out buffer<f32>", "inout state", "i32", "i64", "f32", "u8", "bytes<64>"]
+)
 _LAUNCH_ARG = st.one_of(
     st.builds(lambda i: {"param": i}, st.integers(0, 9)),
     st.builds(lambda n: {"scratch": n}, _NAMES),
@@ -304,12 +378,28 @@ _LAUNCH_ARG = st.one_of(
     st.builds(lambda e: {"expr": e}, _EXPR),
     st.builds(lambda g: {"rank": g}, _NAMES),
     st.builds(
-        lambda at, i, e: {"pack": {"size": 256, "fields": [
-            {"at": at, "param": i},
-            {"at": 64, "expr": e, "width": 8},
-            {"at": 128, "tensormap": {"param": i, "dtype": "bf16", "dims": [e, 64], "strides": [128], "box": [8, 8]}},
-        ]}},
-        st.integers(0, 60), st.integers(0, 4), _EXPR,
+        lambda at, i, e: {
+            "pack": {
+                "size": 256,
+                "fields": [
+                    {"at": at, "param": i},
+                    {"at": 64, "expr": e, "width": 8},
+                    {
+                        "at": 128,
+                        "tensormap": {
+                            "param": i,
+                            "dtype": "bf16",
+                            "dims": [e, 64],
+                            "strides": [128],
+                            "box": [8, 8],
+                        },
+                    },
+                ],
+            }
+        },
+        st.integers(0, 60),
+        st.integers(0, 4),
+        _EXPR,
     ),
 )
 _CALL_ARG = st.one_of(
@@ -322,34 +412,77 @@ _CALL_ARG = st.one_of(
 )
 _KERNEL = st.builds(
     lambda grid, smem, args, params, pdl, when: {
-        "module": "m", "entry": "k", "block": [128, 1, 1], "grid": grid, "shared_mem": smem,
-        "args": args, "params": params, "pdl": pdl, **({"when": when} if when else {}),
+        "module": "m",
+        "entry": "k",
+        "block": [128, 1, 1],
+        "grid": grid,
+        "shared_mem": smem,
+        "args": args,
+        "params": params,
+        "pdl": pdl,
+        **({"when": when} if when else {}),
     },
-    st.lists(_EXPR, min_size=3, max_size=3), _EXPR, st.lists(_LAUNCH_ARG, max_size=4),
-    st.lists(_PARAM, max_size=4), st.booleans(),
+    st.lists(_EXPR, min_size=3, max_size=3),
+    _EXPR,
+    st.lists(_LAUNCH_ARG, max_size=4),
+    st.lists(_PARAM, max_size=4),
+    st.booleans(),
     st.none() | st.builds(lambda lo: {"var": "tokens", "min": lo}, st.integers(1, 9)),
 )
 _EXTERN = st.builds(
-    lambda entry, args, algo: {"entry": entry, "args": args, **({"algo": {"id": algo}} if algo is not None else {})},
-    st.sampled_from(sorted(EXTERN_SIGNATURES)), st.lists(_LAUNCH_ARG, max_size=4), st.none() | st.integers(0, 40),
+    lambda entry, args, algo: {
+        "entry": entry,
+        "args": args,
+        **({"algo": {"id": algo}} if algo is not None else {}),
+    },
+    st.sampled_from(sorted(EXTERN_SIGNATURES)),
+    st.lists(_LAUNCH_ARG, max_size=4),
+    st.none() | st.integers(0, 40),
 )
 _BUFFER = st.builds(
-    lambda dtype, shape, kind, export: {"dtype": dtype, "shape": shape, "kind": kind, "export": export},
-    st.sampled_from(sorted(DTYPE_BYTES)), st.lists(_EXPR, min_size=1, max_size=3),
-    st.sampled_from(["input", "output", "workspace", "carry"]), st.booleans(),
+    lambda dtype, shape, kind, export: {
+        "dtype": dtype,
+        "shape": shape,
+        "kind": kind,
+        "export": export,
+    },
+    st.sampled_from(sorted(DTYPE_BYTES)),
+    st.lists(_EXPR, min_size=1, max_size=3),
+    st.sampled_from(["input", "output", "workspace", "carry"]),
+    st.booleans(),
 )
 _DOC = st.builds(
     lambda buffers, ops, calls, flags: {
-        "schema_version": 5, "model": "gen", "vars": {"tokens": {"max": 64}, "seqs": {"max": 8}},
+        "schema_version": 5,
+        "model": "gen",
+        "vars": {"tokens": {"max": 64}, "seqs": {"max": 8}},
         "states": {"kv": {"bytes_per_token": 512}},
-        "buffers": buffers, "modules": {"m": {"source": "m.cubin", "sha256": "0" * 64}},
-        "ops": {f"op{i}": {"params": [p for p, _ in op], "impl": {"launches": [launch for _, launch in op]}} for i, op in enumerate(ops)},
+        "buffers": buffers,
+        "modules": {"m": {"source": "m.cubin", "sha256": "0" * 64}},
+        "ops": {
+            f"op{i}": {
+                "params": [p for p, _ in op],
+                "impl": {"launches": [launch for _, launch in op]},
+            }
+            for i, op in enumerate(ops)
+        },
         "programs": {"p": {"calls": [{"op": "op0", "args": c} for c in calls], **flags}},
     },
     st.dictionaries(_NAMES, _BUFFER, max_size=4),
-    st.lists(st.lists(st.tuples(_PARAM, _KERNEL | _EXTERN), min_size=1, max_size=3), min_size=1, max_size=3),
+    st.lists(
+        st.lists(st.tuples(_PARAM, _KERNEL | _EXTERN), min_size=1, max_size=3),
+        min_size=1,
+        max_size=3,
+    ),
     st.lists(st.lists(_CALL_ARG, max_size=4), max_size=4),
-    st.fixed_dictionaries({}, optional={"graph": st.booleans(), "once": st.booleans(), "batch": st.just({"groups": 2, "rows": "tokens"})}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "graph": st.booleans(),
+            "once": st.booleans(),
+            "batch": st.just({"groups": 2, "rows": "tokens"}),
+        },
+    ),
 )
 
 

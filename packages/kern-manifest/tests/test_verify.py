@@ -3,8 +3,12 @@ typed problem at the right JSON pointer."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -19,7 +23,31 @@ from kern_manifest import (
     verify,
 )
 
-from .helpers.manifests import REPO, SHA_A, TINY, Json, drop, full, problems, put, tiny
+
+def _helpers() -> ModuleType:
+    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
+    # importlib mode would resolve `tests.helpers` to whichever was imported first.
+    name = "kern_manifest_test_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).parent / "helpers" / "manifests.py"
+        )
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+_h = _helpers()
+REPO = _h.REPO
+SHA_A = _h.SHA_A
+TINY = _h.TINY
+Json = _h.Json
+drop = _h.drop
+full = _h.full
+problems = _h.problems
+put = _h.put
+tiny = _h.tiny
 
 Edit = Callable[[Json], Any]
 
@@ -61,12 +89,29 @@ def _call(op: str, *args: Json) -> Json:
 # NOTE: an op whose kernel launch takes a peer buffer while an extern launch runs a GEMM.
 MIXED: Json = {
     "params": ["in buffer<u64>", "in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"],
-    "impl": {"launches": [
-        {"module": "core", "entry": "k", "block": [32, 1, 1], "grid": [1, 1, 1],
-         "params": ["in buffer<u64>"], "args": [{"param": 0}]},
-        {"entry": "extern:cublaslt_bf16_tn",
-         "args": [{"param": 1}, {"param": 2}, {"param": 3}, {"param": 4}, {"i32": 128}, {"i32": 256}]},
-    ]},
+    "impl": {
+        "launches": [
+            {
+                "module": "core",
+                "entry": "k",
+                "block": [32, 1, 1],
+                "grid": [1, 1, 1],
+                "params": ["in buffer<u64>"],
+                "args": [{"param": 0}],
+            },
+            {
+                "entry": "extern:cublaslt_bf16_tn",
+                "args": [
+                    {"param": 1},
+                    {"param": 2},
+                    {"param": 3},
+                    {"param": 4},
+                    {"i32": 128},
+                    {"i32": 256},
+                ],
+            },
+        ]
+    },
 }
 
 # (id, edit of full(), problem type, JSON pointer of the problem)
@@ -75,157 +120,667 @@ INVALID: list[tuple[str, Edit, type, str]] = [
     ("schema-version-4", _set("/schema_version", 4), ManifestParse, "/schema_version"),
     ("schema-version-missing", _drop("/schema_version"), ManifestParse, "/schema_version"),
     ("unknown-top-field", _set("/extra", 1), ManifestParse, "/extra"),
-    ("unknown-arg-field", _set(f"{DECODE}/0/args/0/bogus", 1), ManifestParse, f"{DECODE}/0/args/0/bogus"),
-    ("unknown-arg-kind", _set(f"{DECODE}/0/args/0", {"buffer": "ids"}), ManifestParse, f"{DECODE}/0/args/0"),
-    ("malformed-param", _set("/ops/embed/params/0", "in buffer"), ManifestParse, "/ops/embed/params/0"),
-    ("param-unknown-dtype", _set("/ops/embed/params/0", "in buffer<f64>"), ManifestParse, "/ops/embed/params/0"),
-    ("expr-negative", _set(f"{LAUNCH}/grid/1", {"add": [1, -1]}), ManifestParse, f"{LAUNCH}/grid/1/add/1"),
-    ("expr-two-keys", _set(f"{LAUNCH}/grid/1", {"add": [1, 1], "mul": [1, 1]}), ManifestParse, f"{LAUNCH}/grid/1"),
-    ("expr-one-operand", _set(f"{LAUNCH}/grid/0", {"max": ["tokens"]}), ManifestParse, f"{LAUNCH}/grid/0/max"),
-    ("expr-ceil-div-zero", _set(f"{LAUNCH}/grid/0", {"ceil_div": ["tokens", 0]}), ManifestParse, f"{LAUNCH}/grid/0/ceil_div/1"),
+    (
+        "unknown-arg-field",
+        _set(f"{DECODE}/0/args/0/bogus", 1),
+        ManifestParse,
+        f"{DECODE}/0/args/0/bogus",
+    ),
+    (
+        "unknown-arg-kind",
+        _set(f"{DECODE}/0/args/0", {"buffer": "ids"}),
+        ManifestParse,
+        f"{DECODE}/0/args/0",
+    ),
+    (
+        "malformed-param",
+        _set("/ops/embed/params/0", "in buffer"),
+        ManifestParse,
+        "/ops/embed/params/0",
+    ),
+    (
+        "param-unknown-dtype",
+        _set("/ops/embed/params/0", "in buffer<f64>"),
+        ManifestParse,
+        "/ops/embed/params/0",
+    ),
+    (
+        "expr-negative",
+        _set(f"{LAUNCH}/grid/1", {"add": [1, -1]}),
+        ManifestParse,
+        f"{LAUNCH}/grid/1/add/1",
+    ),
+    (
+        "expr-two-keys",
+        _set(f"{LAUNCH}/grid/1", {"add": [1, 1], "mul": [1, 1]}),
+        ManifestParse,
+        f"{LAUNCH}/grid/1",
+    ),
+    (
+        "expr-one-operand",
+        _set(f"{LAUNCH}/grid/0", {"max": ["tokens"]}),
+        ManifestParse,
+        f"{LAUNCH}/grid/0/max",
+    ),
+    (
+        "expr-ceil-div-zero",
+        _set(f"{LAUNCH}/grid/0", {"ceil_div": ["tokens", 0]}),
+        ManifestParse,
+        f"{LAUNCH}/grid/0/ceil_div/1",
+    ),
     ("buffer-dtype", _set("/buffers/h/dtype", "bf17"), ManifestParse, "/buffers/h/dtype"),
     ("var-max-string", _set("/vars/tokens/max", "64"), ManifestParse, "/vars/tokens/max"),
-    ("i32-literal-bool", _set(f"{DECODE}/0/args/3", {"i32": True}), ManifestParse, f"{DECODE}/0/args/3/i32"),
-    ("i32-literal-float", _set(f"{DECODE}/0/args/3", {"i32": 2.5}), ManifestParse, f"{DECODE}/0/args/3/i32"),
-    ("unknown-extern", _set("/ops/gemm/impl/launches/0/entry", "extern:cublas_magic"), ManifestParse, "/ops/gemm/impl/launches/0/entry"),
-    ("module-launch-extern-entry", _set(f"{LAUNCH}/entry", "extern:cublaslt_bf16_tn"), ManifestParse, f"{LAUNCH}/entry"),
+    (
+        "i32-literal-bool",
+        _set(f"{DECODE}/0/args/3", {"i32": True}),
+        ManifestParse,
+        f"{DECODE}/0/args/3/i32",
+    ),
+    (
+        "i32-literal-float",
+        _set(f"{DECODE}/0/args/3", {"i32": 2.5}),
+        ManifestParse,
+        f"{DECODE}/0/args/3/i32",
+    ),
+    (
+        "unknown-extern",
+        _set("/ops/gemm/impl/launches/0/entry", "extern:cublas_magic"),
+        ManifestParse,
+        "/ops/gemm/impl/launches/0/entry",
+    ),
+    (
+        "module-launch-extern-entry",
+        _set(f"{LAUNCH}/entry", "extern:cublaslt_bf16_tn"),
+        ManifestParse,
+        f"{LAUNCH}/entry",
+    ),
     ("launch-missing-block", _drop(f"{LAUNCH}/block"), ManifestParse, f"{LAUNCH}/block"),
     ("grid-two-dims", _set(f"{LAUNCH}/grid", ["tokens", 1]), ManifestParse, f"{LAUNCH}/grid"),
     ("buffer-kind", _set("/buffers/h/kind", "scratch"), ManifestParse, "/buffers/h/kind"),
     ("fill-role", _set("/buffers/ids/fill", "tokenz"), ManifestParse, "/buffers/ids/fill"),
     ("programs-array", _set("/programs", []), ManifestParse, "/programs"),
-    ("param-index-negative", _set("/ops/gemm/impl/launches/0/args/0", {"param": -1}), ManifestParse, "/ops/gemm/impl/launches/0/args/0/param"),
+    (
+        "param-index-negative",
+        _set("/ops/gemm/impl/launches/0/args/0", {"param": -1}),
+        ManifestParse,
+        "/ops/gemm/impl/launches/0/args/0/param",
+    ),
     # ---- verify: header
     ("var-max-zero", _set("/vars/seqs/max", 0), ManifestVerify, "/vars/seqs/max"),
     ("state-two-sizes", _set("/states/kv/bytes", 8), ManifestVerify, "/states/kv"),
     ("state-no-size", _set("/states/kv", {}), ManifestVerify, "/states/kv"),
     ("state-zero-bytes", _set("/states/flags/bytes", 0), ManifestVerify, "/states/flags/bytes"),
     ("sha-short", _set("/modules/core/sha256", "abc"), ManifestVerify, "/modules/core/sha256"),
-    ("sha-upper", _set("/modules/core/sha256", SHA_A.upper()), ManifestVerify, "/modules/core/sha256"),
-    ("hf-source-dotdot", _set("/modules/tma/source", "hf:org/../x.cubin"), ManifestVerify, "/modules/tma/source"),
+    (
+        "sha-upper",
+        _set("/modules/core/sha256", SHA_A.upper()),
+        ManifestVerify,
+        "/modules/core/sha256",
+    ),
+    (
+        "hf-source-dotdot",
+        _set("/modules/tma/source", "hf:org/../x.cubin"),
+        ManifestVerify,
+        "/modules/tma/source",
+    ),
     ("empty-source", _set("/modules/core/source", " "), ManifestVerify, "/modules/core/source"),
     ("group-size-zero", _set("/topology/groups/tp", 0), ManifestVerify, "/topology/groups/tp"),
     ("empty-model", _set("/model", ""), ManifestVerify, "/model"),
     # ---- verify: buffers
     ("shape-unknown-var", _set("/buffers/x/shape/0", "rows"), ManifestVerify, "/buffers/x/shape/0"),
     ("shape-zero-dim", _set("/buffers/x/shape/1", 0), ManifestVerify, "/buffers/x/shape/1"),
-    ("shape-overflow", _set("/buffers/x/shape", ["tokens", 1 << 40, 1 << 20]), ManifestVerify, "/buffers/x/shape"),
-    ("host-workspace", _set("/buffers/x/placement", "host"), ManifestVerify, "/buffers/x/placement"),
-    ("bind-on-workspace", _set("/buffers/x/bind", [{"tensor": "t"}]), ManifestVerify, "/buffers/x/bind"),
+    (
+        "shape-overflow",
+        _set("/buffers/x/shape", ["tokens", 1 << 40, 1 << 20]),
+        ManifestVerify,
+        "/buffers/x/shape",
+    ),
+    (
+        "host-workspace",
+        _set("/buffers/x/placement", "host"),
+        ManifestVerify,
+        "/buffers/x/placement",
+    ),
+    (
+        "bind-on-workspace",
+        _set("/buffers/x/bind", [{"tensor": "t"}]),
+        ManifestVerify,
+        "/buffers/x/bind",
+    ),
     ("source-without-bind", _drop("/buffers/scale_src/bind"), ManifestVerify, "/buffers/scale_src"),
-    ("bind-empty-rows", _set("/buffers/emb/bind/0/rows", [10, 10]), ManifestVerify, "/buffers/emb/bind/0/rows"),
-    ("bind-rank-table-size", _set("/buffers/w_gu/bind/0/tensor/tensors", ["gate.0"]), ManifestVerify, "/buffers/w_gu/bind/0/tensor"),
-    ("bind-interleave-zero", _set("/buffers/w_gu/bind/0/interleave/rows", 0), ManifestVerify, "/buffers/w_gu/bind/0/interleave/rows"),
+    (
+        "bind-empty-rows",
+        _set("/buffers/emb/bind/0/rows", [10, 10]),
+        ManifestVerify,
+        "/buffers/emb/bind/0/rows",
+    ),
+    (
+        "bind-rank-table-size",
+        _set("/buffers/w_gu/bind/0/tensor/tensors", ["gate.0"]),
+        ManifestVerify,
+        "/buffers/w_gu/bind/0/tensor",
+    ),
+    (
+        "bind-interleave-zero",
+        _set("/buffers/w_gu/bind/0/interleave/rows", 0),
+        ManifestVerify,
+        "/buffers/w_gu/bind/0/interleave/rows",
+    ),
     ("fill-on-f32", _set("/buffers/logits/fill", "tokens"), ManifestVerify, "/buffers/logits/fill"),
-    ("fill-twice", _set("/buffers/positions", {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "token"}), ManifestVerify, "/buffers/positions/fill"),
-    ("fill-wrong-direction", _set("/buffers/next/fill", "token"), ManifestVerify, "/buffers/next/fill"),
-    ("domain-index-and-min", _set("/buffers/ids/domain/min", 0), ManifestVerify, "/buffers/ids/domain"),
-    ("domain-index-unknown", _set("/buffers/ids/domain/index_into", "nothing"), ManifestVerify, "/buffers/ids/domain/index_into"),
-    ("domain-float-on-int", _set("/buffers/lens/domain/min", 0.5), ManifestVerify, "/buffers/lens/domain/min"),
-    ("domain-min-gt-max", _set("/buffers/next/domain/min", 1000), ManifestVerify, "/buffers/next/domain"),
-    ("domain-bound-fit", _set("/buffers/next/domain/max", 1 << 63), ManifestVerify, "/buffers/next/domain/max"),
-    ("domain-monotone-2d", _set("/buffers/x/domain", {"monotone": True}), ManifestVerify, "/buffers/x/domain/monotone"),
-    ("domain-stride-zero", _set("/buffers/slots/domain/stride", 0), ManifestVerify, "/buffers/slots/domain/stride"),
+    (
+        "fill-twice",
+        _set(
+            "/buffers/positions",
+            {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "token"},
+        ),
+        ManifestVerify,
+        "/buffers/positions/fill",
+    ),
+    (
+        "fill-wrong-direction",
+        _set("/buffers/next/fill", "token"),
+        ManifestVerify,
+        "/buffers/next/fill",
+    ),
+    (
+        "domain-index-and-min",
+        _set("/buffers/ids/domain/min", 0),
+        ManifestVerify,
+        "/buffers/ids/domain",
+    ),
+    (
+        "domain-index-unknown",
+        _set("/buffers/ids/domain/index_into", "nothing"),
+        ManifestVerify,
+        "/buffers/ids/domain/index_into",
+    ),
+    (
+        "domain-float-on-int",
+        _set("/buffers/lens/domain/min", 0.5),
+        ManifestVerify,
+        "/buffers/lens/domain/min",
+    ),
+    (
+        "domain-min-gt-max",
+        _set("/buffers/next/domain/min", 1000),
+        ManifestVerify,
+        "/buffers/next/domain",
+    ),
+    (
+        "domain-bound-fit",
+        _set("/buffers/next/domain/max", 1 << 63),
+        ManifestVerify,
+        "/buffers/next/domain/max",
+    ),
+    (
+        "domain-monotone-2d",
+        _set("/buffers/x/domain", {"monotone": True}),
+        ManifestVerify,
+        "/buffers/x/domain/monotone",
+    ),
+    (
+        "domain-stride-zero",
+        _set("/buffers/slots/domain/stride", 0),
+        ManifestVerify,
+        "/buffers/slots/domain/stride",
+    ),
     ("peer-dtype", _set("/buffers/peers/dtype", "i64"), ManifestVerify, "/buffers/peers/dtype"),
     ("peer-shape", _set("/buffers/peers/shape", [4]), ManifestVerify, "/buffers/peers/shape"),
     ("peer-of-not-export", _set("/buffers/h/export", False), ManifestVerify, "/buffers/peers/of"),
     ("peer-of-self", _set("/buffers/peers/of", "peers"), ManifestVerify, "/buffers/peers/of"),
-    ("peer-group-unknown", _set("/buffers/peers/group", "ep"), ManifestVerify, "/buffers/peers/group"),
-    ("peer-domain", _set("/buffers/peers/domain", {"min": 0}), ManifestVerify, "/buffers/peers/domain"),
+    (
+        "peer-group-unknown",
+        _set("/buffers/peers/group", "ep"),
+        ManifestVerify,
+        "/buffers/peers/group",
+    ),
+    (
+        "peer-domain",
+        _set("/buffers/peers/domain", {"min": 0}),
+        ManifestVerify,
+        "/buffers/peers/domain",
+    ),
     ("of-on-workspace", _set("/buffers/x/of", "h"), ManifestVerify, "/buffers/x/of"),
-    ("export-on-host", _both(_set("/buffers/emb/placement", "host"), _set("/buffers/emb/export", True)), ManifestVerify, "/buffers/emb/export"),
+    (
+        "export-on-host",
+        _both(_set("/buffers/emb/placement", "host"), _set("/buffers/emb/export", True)),
+        ManifestVerify,
+        "/buffers/emb/export",
+    ),
     # ---- verify: launches
     ("unknown-module", _set(f"{LAUNCH}/module", "nope"), ManifestVerify, f"{LAUNCH}/module"),
     ("block-threads", _set(f"{LAUNCH}/block", [512, 4, 1]), ManifestVerify, f"{LAUNCH}/block"),
     ("block-z", _set(f"{LAUNCH}/block", [1, 1, 128]), ManifestVerify, f"{LAUNCH}/block"),
-    ("grid-y-limit", _set(f"{LAUNCH}/grid/1", {"mul": ["tokens", 2048]}), ManifestVerify, f"{LAUNCH}/grid/1"),
-    ("grid-zero-at-min", _set(f"{LAUNCH}/grid/0", {"min": ["tokens", 0]}), ManifestVerify, f"{LAUNCH}/grid/0"),
+    (
+        "grid-y-limit",
+        _set(f"{LAUNCH}/grid/1", {"mul": ["tokens", 2048]}),
+        ManifestVerify,
+        f"{LAUNCH}/grid/1",
+    ),
+    (
+        "grid-zero-at-min",
+        _set(f"{LAUNCH}/grid/0", {"min": ["tokens", 0]}),
+        ManifestVerify,
+        f"{LAUNCH}/grid/0",
+    ),
     ("grid-unknown-var", _set(f"{LAUNCH}/grid/2", "rows"), ManifestVerify, f"{LAUNCH}/grid/2"),
-    ("shared-mem-limit", _set(f"{LAUNCH}/shared_mem", {"mul": ["tokens", 4096]}), ManifestVerify, f"{LAUNCH}/shared_mem"),
+    (
+        "shared-mem-limit",
+        _set(f"{LAUNCH}/shared_mem", {"mul": ["tokens", 4096]}),
+        ManifestVerify,
+        f"{LAUNCH}/shared_mem",
+    ),
     ("cluster-divides-grid", _set(f"{TMA}/cluster", [4, 1, 1]), ManifestVerify, f"{TMA}/grid/0"),
     ("cluster-too-big", _set(f"{TMA}/cluster", [2, 16, 1]), ManifestVerify, f"{TMA}/cluster"),
-    ("when-empty", _set(f"{TMA}/when", {"var": "tokens", "min": 65}), ManifestVerify, f"{TMA}/when"),
+    (
+        "when-empty",
+        _set(f"{TMA}/when", {"var": "tokens", "min": 65}),
+        ManifestVerify,
+        f"{TMA}/when",
+    ),
     ("when-unknown-var", _set(f"{TMA}/when", {"var": "rows"}), ManifestVerify, f"{TMA}/when/var"),
     ("launch-arg-count", _set(f"{TMA}/args", [{"param": 1}]), ManifestVerify, f"{TMA}/args"),
-    ("forward-out-of-range", _set(f"{TMA}/args/1", {"param": 9}), ManifestVerify, f"{TMA}/args/1/param"),
+    (
+        "forward-out-of-range",
+        _set(f"{TMA}/args/1", {"param": 9}),
+        ManifestVerify,
+        f"{TMA}/args/1/param",
+    ),
     ("forward-dtype", _set(f"{TMA}/params/1", "in buffer<f16>"), ManifestVerify, f"{TMA}/args/1"),
-    ("write-through-in", _set(f"{TMA}/params/3", "inout buffer<u64>"), ManifestVerify, f"{TMA}/args/3"),
-    ("out-never-written", _set("/ops/attn/impl/launches/1/params/1", "in buffer<bf16>"), ManifestVerify, "/ops/attn/params/5"),
-    ("scratch-read-first", _set("/ops/attn/impl/launches/0/params/5", "in buffer<f32>"), ManifestVerify, "/ops/attn/impl/launches/0"),
-    ("scratch-unused", _set("/ops/attn/impl/scratch/spare", {"dtype": "u8", "shape": [16]}), ManifestVerify, "/ops/attn/impl/scratch/spare"),
-    ("scratch-unknown", _set("/ops/attn/impl/launches/1/args/0", {"scratch": "nope"}), ManifestVerify, "/ops/attn/impl/launches/1/args/0/scratch"),
-    ("scratch-dtype", _set("/ops/attn/impl/scratch/partial/dtype", "bf16"), ManifestVerify, "/ops/attn/impl/launches/0/args/5"),
-    ("i64-literal-range", _set("/ops/attn/impl/launches/0/args/6", {"i64": 1 << 63}), ManifestVerify, "/ops/attn/impl/launches/0/args/6/i64"),
-    ("u8-literal-range", _set("/ops/attn/impl/launches/1/args/2", {"u8": 256}), ManifestVerify, "/ops/attn/impl/launches/1/args/2/u8"),
-    ("literal-type", _set("/ops/attn/impl/launches/1/args/2", {"i32": 1}), ManifestVerify, "/ops/attn/impl/launches/1/args/2"),
-    ("expr-exceeds-i32", _set(f"{TMA}/args/4", {"expr": {"mul": ["tokens", 1 << 30]}}), ManifestVerify, f"{TMA}/args/4/expr"),
+    (
+        "write-through-in",
+        _set(f"{TMA}/params/3", "inout buffer<u64>"),
+        ManifestVerify,
+        f"{TMA}/args/3",
+    ),
+    (
+        "out-never-written",
+        _set("/ops/attn/impl/launches/1/params/1", "in buffer<bf16>"),
+        ManifestVerify,
+        "/ops/attn/params/5",
+    ),
+    (
+        "scratch-read-first",
+        _set("/ops/attn/impl/launches/0/params/5", "in buffer<f32>"),
+        ManifestVerify,
+        "/ops/attn/impl/launches/0",
+    ),
+    (
+        "scratch-unused",
+        _set("/ops/attn/impl/scratch/spare", {"dtype": "u8", "shape": [16]}),
+        ManifestVerify,
+        "/ops/attn/impl/scratch/spare",
+    ),
+    (
+        "scratch-unknown",
+        _set("/ops/attn/impl/launches/1/args/0", {"scratch": "nope"}),
+        ManifestVerify,
+        "/ops/attn/impl/launches/1/args/0/scratch",
+    ),
+    (
+        "scratch-dtype",
+        _set("/ops/attn/impl/scratch/partial/dtype", "bf16"),
+        ManifestVerify,
+        "/ops/attn/impl/launches/0/args/5",
+    ),
+    (
+        "i64-literal-range",
+        _set("/ops/attn/impl/launches/0/args/6", {"i64": 1 << 63}),
+        ManifestVerify,
+        "/ops/attn/impl/launches/0/args/6/i64",
+    ),
+    (
+        "u8-literal-range",
+        _set("/ops/attn/impl/launches/1/args/2", {"u8": 256}),
+        ManifestVerify,
+        "/ops/attn/impl/launches/1/args/2/u8",
+    ),
+    (
+        "literal-type",
+        _set("/ops/attn/impl/launches/1/args/2", {"i32": 1}),
+        ManifestVerify,
+        "/ops/attn/impl/launches/1/args/2",
+    ),
+    (
+        "expr-exceeds-i32",
+        _set(f"{TMA}/args/4", {"expr": {"mul": ["tokens", 1 << 30]}}),
+        ManifestVerify,
+        f"{TMA}/args/4/expr",
+    ),
     ("pack-size", _set(f"{PACK}/size", 256), ManifestVerify, f"{PACK}/size"),
-    ("pack-for-scalar", _set(f"{TMA}/args/4", {"pack": {"size": 4, "fields": []}}), ManifestVerify, f"{TMA}/args/4"),
+    (
+        "pack-for-scalar",
+        _set(f"{TMA}/args/4", {"pack": {"size": 4, "fields": []}}),
+        ManifestVerify,
+        f"{TMA}/args/4",
+    ),
     ("pack-overlap", _set(f"{PACK}/fields/3/at", 138), ManifestVerify, f"{PACK}/fields/3"),
     ("pack-past-end", _set(f"{PACK}/fields/5/at", 188), ManifestVerify, f"{PACK}/fields/5"),
     ("pack-width", _set(f"{PACK}/fields/2/width", 2), ManifestVerify, f"{PACK}/fields/2/width"),
-    ("pack-rank-group", _set(f"{PACK}/fields/3/rank", "ep"), ManifestVerify, f"{PACK}/fields/3/rank"),
-    ("tensormap-align", _both(_set(f"{PACK}/fields/0/at", 32), _set(f"{PACK}/fields/1/at", 160), _drop(f"{PACK}/fields/5")), ManifestVerify, f"{PACK}/fields/0/at"),
-    ("tensormap-stride16", _set(f"{PACK}/fields/0/tensormap/strides/0", 520), ManifestVerify, f"{PACK}/fields/0/tensormap/strides/0"),
-    ("tensormap-box", _set(f"{PACK}/fields/0/tensormap/box", [512, 16]), ManifestVerify, f"{PACK}/fields/0/tensormap/box"),
-    ("tensormap-rank", _set(f"{PACK}/fields/0/tensormap/strides", []), ManifestVerify, f"{PACK}/fields/0/tensormap/strides"),
-    ("tensormap-scalar-param", _set(f"{PACK}/fields/0/tensormap/param", 9), ManifestVerify, f"{PACK}/fields/0/tensormap/param"),
-    ("tensormap-footprint", _set(f"{PACK}/fields/0/tensormap/dims", [256, {"mul": ["tokens", 2]}]), ManifestVerify, f"{DECODE}/1/args/0"),
-    ("algo-on-f32-gemm", _set("/ops/lm_head/impl/launches/0/algo", {"id": 1}), ManifestVerify, "/ops/lm_head/impl/launches/0/algo"),
-    ("extern-arg-count", _set("/ops/lm_head/impl/launches/0/args", [{"param": 0}]), ManifestVerify, "/ops/lm_head/impl/launches/0/args"),
-    ("extern-default-args", _drop("/ops/lm_head/impl/launches/0/args"), ManifestVerify, "/ops/lm_head/impl/launches/0"),
-    ("collective-no-rank", _set("/ops/gather/impl/launches/0/args/3", {"i32": 0}), ManifestVerify, "/ops/gather/impl/launches/0/args"),
-    ("rank-on-u8", _set("/ops/attn/impl/launches/1/args/2", {"rank": "tp"}), ManifestVerify, "/ops/attn/impl/launches/1/args/2"),
-    ("var-for-f32", _set("/programs/load/calls/0/args/1", {"var": "tokens"}), ManifestVerify, "/programs/load/calls/0/args/1"),
-    ("bytes-in-interface", _new_op("b", _kernel_op(["bytes<16>"])), ManifestVerify, "/ops/b/params/0"),
-    ("op-no-launches", _set("/ops/argmax/impl/launches", []), ManifestVerify, "/ops/argmax/impl/launches"),
+    (
+        "pack-rank-group",
+        _set(f"{PACK}/fields/3/rank", "ep"),
+        ManifestVerify,
+        f"{PACK}/fields/3/rank",
+    ),
+    (
+        "tensormap-align",
+        _both(
+            _set(f"{PACK}/fields/0/at", 32),
+            _set(f"{PACK}/fields/1/at", 160),
+            _drop(f"{PACK}/fields/5"),
+        ),
+        ManifestVerify,
+        f"{PACK}/fields/0/at",
+    ),
+    (
+        "tensormap-stride16",
+        _set(f"{PACK}/fields/0/tensormap/strides/0", 520),
+        ManifestVerify,
+        f"{PACK}/fields/0/tensormap/strides/0",
+    ),
+    (
+        "tensormap-box",
+        _set(f"{PACK}/fields/0/tensormap/box", [512, 16]),
+        ManifestVerify,
+        f"{PACK}/fields/0/tensormap/box",
+    ),
+    (
+        "tensormap-rank",
+        _set(f"{PACK}/fields/0/tensormap/strides", []),
+        ManifestVerify,
+        f"{PACK}/fields/0/tensormap/strides",
+    ),
+    (
+        "tensormap-scalar-param",
+        _set(f"{PACK}/fields/0/tensormap/param", 9),
+        ManifestVerify,
+        f"{PACK}/fields/0/tensormap/param",
+    ),
+    (
+        "tensormap-footprint",
+        _set(f"{PACK}/fields/0/tensormap/dims", [256, {"mul": ["tokens", 2]}]),
+        ManifestVerify,
+        f"{DECODE}/1/args/0",
+    ),
+    (
+        "algo-on-f32-gemm",
+        _set("/ops/lm_head/impl/launches/0/algo", {"id": 1}),
+        ManifestVerify,
+        "/ops/lm_head/impl/launches/0/algo",
+    ),
+    (
+        "extern-arg-count",
+        _set("/ops/lm_head/impl/launches/0/args", [{"param": 0}]),
+        ManifestVerify,
+        "/ops/lm_head/impl/launches/0/args",
+    ),
+    (
+        "extern-default-args",
+        _drop("/ops/lm_head/impl/launches/0/args"),
+        ManifestVerify,
+        "/ops/lm_head/impl/launches/0",
+    ),
+    (
+        "collective-no-rank",
+        _set("/ops/gather/impl/launches/0/args/3", {"i32": 0}),
+        ManifestVerify,
+        "/ops/gather/impl/launches/0/args",
+    ),
+    (
+        "rank-on-u8",
+        _set("/ops/attn/impl/launches/1/args/2", {"rank": "tp"}),
+        ManifestVerify,
+        "/ops/attn/impl/launches/1/args/2",
+    ),
+    (
+        "var-for-f32",
+        _set("/programs/load/calls/0/args/1", {"var": "tokens"}),
+        ManifestVerify,
+        "/programs/load/calls/0/args/1",
+    ),
+    (
+        "bytes-in-interface",
+        _new_op("b", _kernel_op(["bytes<16>"])),
+        ManifestVerify,
+        "/ops/b/params/0",
+    ),
+    (
+        "op-no-launches",
+        _set("/ops/argmax/impl/launches", []),
+        ManifestVerify,
+        "/ops/argmax/impl/launches",
+    ),
     # ---- verify: programs and calls
     ("unknown-op", _set(f"{DECODE}/6/op", "sample"), ManifestVerify, f"{DECODE}/6/op"),
     ("call-arg-count", _drop(f"{DECODE}/6/args/1"), ManifestVerify, f"{DECODE}/6/args"),
-    ("call-unknown-buffer", _set(f"{DECODE}/6/args/0", {"buf": "logitz"}), ManifestVerify, f"{DECODE}/6/args/0/buf"),
-    ("call-dtype", _set(f"{DECODE}/6/args/0", {"buf": "attn"}), ManifestVerify, f"{DECODE}/6/args/0"),
-    ("call-state-to-buffer", _set(f"{DECODE}/6/args/0", {"state": "kv"}), ManifestVerify, f"{DECODE}/6/args/0"),
-    ("call-buffer-to-state", _set(f"{DECODE}/4/args/1", {"buf": "h"}), ManifestVerify, f"{DECODE}/4/args/1"),
-    ("call-unknown-state", _set(f"{DECODE}/4/args/1", {"state": "ssm"}), ManifestVerify, f"{DECODE}/4/args/1/state"),
-    ("offset-misaligned", _set(f"{DECODE}/0/args/2/offset", 3), ManifestVerify, f"{DECODE}/0/args/2/offset"),
-    ("offset-out-of-bounds", _set(f"{DECODE}/0/args/2/offset", 32768), ManifestVerify, f"{DECODE}/0/args/2/offset"),
-    ("offset-expr-out-of-bounds", _set(f"{DECODE}/7/args/1/offset", {"mul": ["tokens", 256]}), ManifestVerify, f"{DECODE}/7/args/1/offset"),
-    ("state-offset-misaligned", _set(f"{DECODE}/4/args/1/offset", 8), ManifestVerify, f"{DECODE}/4/args/1/offset"),
-    ("state-offset-past-slot", _set(f"{DECODE}/4/args/4/offset", 256), ManifestVerify, f"{DECODE}/4/args/4/offset"),
-    ("state-offset-past-page", _set(f"{DECODE}/4/args/1/offset", 16384), ManifestVerify, f"{DECODE}/4/args/1/offset"),
-    ("call-literal-range", _set(f"{DECODE}/0/args/3", {"i32": 1 << 31}), ManifestVerify, f"{DECODE}/0/args/3/i32"),
-    ("call-var-range", _both(_set("/vars/tokens/max", 1 << 32), _set("/buffers/h/shape", [1, 256])), ManifestVerify, f"{DECODE}/2/args/3/var"),
-    ("read-before-write", _set(f"{DECODE}/0/args/2", {"buf": "x"}), ManifestVerify, f"{DECODE}/1/args/0"),
-    ("output-read-first", _set(f"{DECODE}/0/args/0", {"buf": "next"}), ManifestVerify, f"{DECODE}/0/args/0"),
-    ("writes-input", _set(f"{DECODE}/6/args/1", {"buf": "ids"}), ManifestVerify, f"{DECODE}/6/args/1"),
-    ("writes-weight", _set("/programs/load/calls/0/args/0", {"buf": "emb"}), ManifestVerify, "/programs/load/calls/0/args/0"),
-    ("writes-bound-weight-in-derive", _set("/programs/dequant/calls/0/args/1", {"buf": "emb"}), ManifestVerify, "/programs/dequant/calls/0/args/1"),
-    ("writes-peer", _both(_new_op("poke", _kernel_op(["out buffer<u64>"])), _set(f"{DECODE}/-", _call("poke", {"buf": "peers"}))), ManifestVerify, f"{DECODE}/9/args/0"),
-    ("source-outside-derive", _set("/programs/load/calls/0", _call("derive_norm", {"buf": "scale_src"}, {"buf": "norm_w"})), ManifestVerify, "/programs/load/calls/0/args/0"),
-    ("derive-touches-state", _set("/programs/dequant/calls/-", _call("attn", {"buf": "norm_w"}, {"state": "kv"}, {"buf": "slots"}, {"buf": "lens"}, {"state": "conv"}, {"buf": "norm_w"})), ManifestVerify, "/programs/dequant/calls/1/args/1"),
-    ("derive-collective", _set("/programs/dequant/calls/-", _call("gather", {"buf": "norm_w"}, {"buf": "norm_w"})), ManifestVerify, "/programs/dequant/calls/1/op"),
-    ("peer-to-extern", _both(_new_op("mixed", MIXED), _set(f"{DECODE}/-", _call("mixed", {"buf": "peers"}, {"buf": "x"}, {"buf": "w_gu"}, {"buf": "y"}, {"var": "tokens"}))), ManifestVerify, f"{DECODE}/9/args/0"),
-    ("derive-with-graph", _set("/programs/dequant/graph", True), ManifestVerify, "/programs/dequant/derive"),
-    ("once-with-batch", _set("/programs/load/batch", {"groups": 1, "rows": 1}), ManifestVerify, "/programs/load/once"),
-    ("batch-groups-zero", _set("/programs/decode/batch/groups", 0), ManifestVerify, "/programs/decode/batch/groups"),
-    ("batch-rows-unknown-var", _set("/programs/decode/batch/rows", "rows"), ManifestVerify, "/programs/decode/batch/rows"),
-    ("program-no-calls", _set("/programs/idle", {"calls": []}), ManifestVerify, "/programs/idle/calls"),
+    (
+        "call-unknown-buffer",
+        _set(f"{DECODE}/6/args/0", {"buf": "logitz"}),
+        ManifestVerify,
+        f"{DECODE}/6/args/0/buf",
+    ),
+    (
+        "call-dtype",
+        _set(f"{DECODE}/6/args/0", {"buf": "attn"}),
+        ManifestVerify,
+        f"{DECODE}/6/args/0",
+    ),
+    (
+        "call-state-to-buffer",
+        _set(f"{DECODE}/6/args/0", {"state": "kv"}),
+        ManifestVerify,
+        f"{DECODE}/6/args/0",
+    ),
+    (
+        "call-buffer-to-state",
+        _set(f"{DECODE}/4/args/1", {"buf": "h"}),
+        ManifestVerify,
+        f"{DECODE}/4/args/1",
+    ),
+    (
+        "call-unknown-state",
+        _set(f"{DECODE}/4/args/1", {"state": "ssm"}),
+        ManifestVerify,
+        f"{DECODE}/4/args/1/state",
+    ),
+    (
+        "offset-misaligned",
+        _set(f"{DECODE}/0/args/2/offset", 3),
+        ManifestVerify,
+        f"{DECODE}/0/args/2/offset",
+    ),
+    (
+        "offset-out-of-bounds",
+        _set(f"{DECODE}/0/args/2/offset", 32768),
+        ManifestVerify,
+        f"{DECODE}/0/args/2/offset",
+    ),
+    (
+        "offset-expr-out-of-bounds",
+        _set(f"{DECODE}/7/args/1/offset", {"mul": ["tokens", 256]}),
+        ManifestVerify,
+        f"{DECODE}/7/args/1/offset",
+    ),
+    (
+        "state-offset-misaligned",
+        _set(f"{DECODE}/4/args/1/offset", 8),
+        ManifestVerify,
+        f"{DECODE}/4/args/1/offset",
+    ),
+    (
+        "state-offset-past-slot",
+        _set(f"{DECODE}/4/args/4/offset", 256),
+        ManifestVerify,
+        f"{DECODE}/4/args/4/offset",
+    ),
+    (
+        "state-offset-past-page",
+        _set(f"{DECODE}/4/args/1/offset", 16384),
+        ManifestVerify,
+        f"{DECODE}/4/args/1/offset",
+    ),
+    (
+        "call-literal-range",
+        _set(f"{DECODE}/0/args/3", {"i32": 1 << 31}),
+        ManifestVerify,
+        f"{DECODE}/0/args/3/i32",
+    ),
+    (
+        "call-var-range",
+        _both(_set("/vars/tokens/max", 1 << 32), _set("/buffers/h/shape", [1, 256])),
+        ManifestVerify,
+        f"{DECODE}/2/args/3/var",
+    ),
+    (
+        "read-before-write",
+        _set(f"{DECODE}/0/args/2", {"buf": "x"}),
+        ManifestVerify,
+        f"{DECODE}/1/args/0",
+    ),
+    (
+        "output-read-first",
+        _set(f"{DECODE}/0/args/0", {"buf": "next"}),
+        ManifestVerify,
+        f"{DECODE}/0/args/0",
+    ),
+    (
+        "writes-input",
+        _set(f"{DECODE}/6/args/1", {"buf": "ids"}),
+        ManifestVerify,
+        f"{DECODE}/6/args/1",
+    ),
+    (
+        "writes-weight",
+        _set("/programs/load/calls/0/args/0", {"buf": "emb"}),
+        ManifestVerify,
+        "/programs/load/calls/0/args/0",
+    ),
+    (
+        "writes-bound-weight-in-derive",
+        _set("/programs/dequant/calls/0/args/1", {"buf": "emb"}),
+        ManifestVerify,
+        "/programs/dequant/calls/0/args/1",
+    ),
+    (
+        "writes-peer",
+        _both(
+            _new_op("poke", _kernel_op(["out buffer<u64>"])),
+            _set(f"{DECODE}/-", _call("poke", {"buf": "peers"})),
+        ),
+        ManifestVerify,
+        f"{DECODE}/9/args/0",
+    ),
+    (
+        "source-outside-derive",
+        _set(
+            "/programs/load/calls/0", _call("derive_norm", {"buf": "scale_src"}, {"buf": "norm_w"})
+        ),
+        ManifestVerify,
+        "/programs/load/calls/0/args/0",
+    ),
+    (
+        "derive-touches-state",
+        _set(
+            "/programs/dequant/calls/-",
+            _call(
+                "attn",
+                {"buf": "norm_w"},
+                {"state": "kv"},
+                {"buf": "slots"},
+                {"buf": "lens"},
+                {"state": "conv"},
+                {"buf": "norm_w"},
+            ),
+        ),
+        ManifestVerify,
+        "/programs/dequant/calls/1/args/1",
+    ),
+    (
+        "derive-collective",
+        _set("/programs/dequant/calls/-", _call("gather", {"buf": "norm_w"}, {"buf": "norm_w"})),
+        ManifestVerify,
+        "/programs/dequant/calls/1/op",
+    ),
+    (
+        "peer-to-extern",
+        _both(
+            _new_op("mixed", MIXED),
+            _set(
+                f"{DECODE}/-",
+                _call(
+                    "mixed",
+                    {"buf": "peers"},
+                    {"buf": "x"},
+                    {"buf": "w_gu"},
+                    {"buf": "y"},
+                    {"var": "tokens"},
+                ),
+            ),
+        ),
+        ManifestVerify,
+        f"{DECODE}/9/args/0",
+    ),
+    (
+        "derive-with-graph",
+        _set("/programs/dequant/graph", True),
+        ManifestVerify,
+        "/programs/dequant/derive",
+    ),
+    (
+        "once-with-batch",
+        _set("/programs/load/batch", {"groups": 1, "rows": 1}),
+        ManifestVerify,
+        "/programs/load/once",
+    ),
+    (
+        "batch-groups-zero",
+        _set("/programs/decode/batch/groups", 0),
+        ManifestVerify,
+        "/programs/decode/batch/groups",
+    ),
+    (
+        "batch-rows-unknown-var",
+        _set("/programs/decode/batch/rows", "rows"),
+        ManifestVerify,
+        "/programs/decode/batch/rows",
+    ),
+    (
+        "program-no-calls",
+        _set("/programs/idle", {"calls": []}),
+        ManifestVerify,
+        "/programs/idle/calls",
+    ),
     ("no-programs", _set("/programs", {}), ManifestVerify, "/programs"),
     ("carry-never-written", _drop("/programs/load"), ManifestVerify, "/buffers/rope"),
     ("output-never-written", _drop(f"{DECODE}/6"), ManifestVerify, "/buffers/next"),
     ("derived-weight-never-written", _drop("/programs/dequant"), ManifestVerify, "/buffers/norm_w"),
     # ---- verify: unused declarations
-    ("unused-buffer", _set("/buffers/spare", {"dtype": "u8", "shape": [4], "kind": "workspace"}), ManifestVerify, "/buffers/spare"),
+    (
+        "unused-buffer",
+        _set("/buffers/spare", {"dtype": "u8", "shape": [4], "kind": "workspace"}),
+        ManifestVerify,
+        "/buffers/spare",
+    ),
     ("unused-state", _set("/states/ssm", {"bytes_per_seq": 64}), ManifestVerify, "/states/ssm"),
     ("unused-var", _set("/vars/span", {"max": 4}), ManifestVerify, "/vars/span"),
     ("unused-op", _new_op("spare", _kernel_op(["in buffer<u8>"])), ManifestVerify, "/ops/spare"),
-    ("unused-module", _set("/modules/spare", {"source": "s.cubin", "sha256": SHA_A}), ManifestVerify, "/modules/spare"),
+    (
+        "unused-module",
+        _set("/modules/spare", {"source": "s.cubin", "sha256": SHA_A}),
+        ManifestVerify,
+        "/modules/spare",
+    ),
     ("unused-group", _set("/topology/groups/ep", 4), ManifestVerify, "/topology/groups/ep"),
 ]
 
 
-@pytest.mark.parametrize(("edit", "kind", "pointer"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
-def test_invalid_manifest_reports_typed_problem_at_pointer(edit: Edit, kind: type, pointer: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "kind", "pointer"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID]
+)
+def test_invalid_manifest_reports_typed_problem_at_pointer(
+    edit: Edit, kind: type, pointer: str
+) -> None:
     doc = full()
     edit(doc)
     found = problems(doc)
@@ -308,7 +863,9 @@ def test_unbound_weight_written_by_derive_is_fine_but_not_elsewhere() -> None:
     doc = full()
     put(doc, "/programs/load/calls/-", _call("derive_norm", {"buf": "rope"}, {"buf": "norm_w"}))
     found = problems(doc)
-    assert any(p.pointer == "/programs/load/calls/1/args/1" and "weight" in p.message for p in found)
+    assert any(
+        p.pointer == "/programs/load/calls/1/args/1" and "weight" in p.message for p in found
+    )
 
 
 def test_paged_state_offset_unbounded_without_page_size() -> None:
