@@ -92,6 +92,55 @@ def test_an_empty_or_unstartable_command_is_a_capture_error(tmp_path: Path) -> N
 
 
 @pytest.mark.gpu
+def test_the_record_writer_under_a_fake_driver(tmp_path: Path) -> None:
+    toolchain = find_toolchain()
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    source = tmp_path / "k.cu"
+    source.write_text(KERNEL)
+    cubin = tmp_path / "k.cubin"
+    subprocess.run([nvcc, "-cubin", "-arch=sm_90", str(source), "-o", str(cubin)], check=True)
+    harness = tmp_path / "harness"
+    includes = [f"-I{d}" for d in toolchain.include_dirs] + [f"-I{SOURCE.parent}"]
+    build = [
+        str(toolchain.compiler),
+        "-std=gnu11",
+        "-O1",
+        "-pthread",
+        *includes,
+        str(HELPERS / "capture_harness.c"),
+    ]
+    lib = [str(toolchain.cupti_library), f"-Wl,-rpath,{toolchain.cupti_library.parent}", "-ldl"]
+    subprocess.run([*build, "-o", str(harness), *lib], check=True)
+    subprocess.run([str(harness), str(tmp_path / "out"), str(cubin)], check=True)
+    dump = load_dump(tmp_path / "out")
+    (module,) = dump.modules.values()
+    assert module.id == 7 and "add_one" in module.functions
+    assert module.sha256 == hashlib.sha256(cubin.read_bytes()).hexdigest()
+    plain, ex, packed, unknown, host, junk = dump.launches
+    assert (host.symbol, junk.symbol) == ("hostk", "hostk")
+    assert (plain.module, plain.grid, plain.block, plain.cluster) == (
+        7,
+        (4, 1, 1),
+        (256, 1, 1),
+        None,
+    )
+    assert isinstance(plain.params, tuple) and plain.params[1].value == 1000
+    pointer = plain.params[0].pointer
+    assert pointer is not None and (pointer.memory_type, pointer.range_size) == ("device", 1 << 20)
+    assert ex.cluster == (2, 1, 1) and ex.params == plain.params
+    assert packed.params is None
+    assert (unknown.symbol, unknown.params, unknown.shared_mem) == (
+        'weird"name',
+        "unknown-layout",
+        16,
+    )
+    lines = [json.loads(x) for x in (dump.path / "launches.jsonl").read_text().splitlines()]
+    assert lines[4]["params"][0]["pointee"] == "cd" * 64
+    assert "pointee" not in lines[5]["params"][0] and "pointee" not in lines[0]["params"][0]
+    assert len(lines) == 6  # the failed launch is not recorded
+
+
+@pytest.mark.gpu
 def test_the_injection_library_compiles_and_exports_its_entry_point(tmp_path: Path) -> None:
     library = build_library(tmp_path)
     assert library.is_file()

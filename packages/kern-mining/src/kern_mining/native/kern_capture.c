@@ -356,10 +356,10 @@ static void handle_remember(CUmodule handle, uint32_t id) {
 }
 
 /* The module a launched function came from: its CUmodule if seen before; else the module loaded
- * during this launch that defines the symbol; else the only live module that defines it. */
-static int64_t resolve_module(CUfunction f, const char *symbol) {
-    CUmodule handle = NULL;
-    if (G.func_get_module && G.func_get_module(&handle, f) == CUDA_SUCCESS && handle) {
+ * during this launch that defines the symbol; else the only live module that defines it.
+ * Called with G.lock held; makes no driver call. */
+static int64_t resolve_module(CUmodule handle, const char *symbol) {
+    if (handle) {
         int64_t id = handle_lookup(handle);
         if (id >= 0) return id;
     }
@@ -381,53 +381,66 @@ static int64_t resolve_module(CUfunction f, const char *symbol) {
     return found;
 }
 
-static void resolve_layout(func_info *fi) {
+/* The parameter layout through cuFuncGetParamInfo (or cuKernelGetParamInfo for CUkernel handles).
+ * Returns the count, or -1 when the driver knows no layout. Called without G.lock. */
+static int query_layout(CUfunction f, uint32_t **offsets, uint32_t **sizes) {
     size_t off, size;
-    uint32_t offs[MAX_PARAMS], sizes[MAX_PARAMS];
+    static __thread uint32_t offs[MAX_PARAMS], szs[MAX_PARAMS];
     int n = 0, by_kernel = 0;
-    CUresult r = G.func_get_param_info ? G.func_get_param_info(fi->f, 0, &off, &size) : CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = G.func_get_param_info ? G.func_get_param_info(f, 0, &off, &size) : CUDA_ERROR_NOT_SUPPORTED;
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE && G.kernel_get_param_info) {
-        r = G.kernel_get_param_info((CUkernel)fi->f, 0, &off, &size);
+        r = G.kernel_get_param_info((CUkernel)f, 0, &off, &size);
         by_kernel = 1;
     }
-    if (r == CUDA_ERROR_INVALID_VALUE) { /* index 0 out of range: no params */
-        fi->nparams = 0;
-        return;
-    }
-    if (r != CUDA_SUCCESS) {
-        fi->nparams = -1;
-        return;
-    }
+    if (r == CUDA_ERROR_INVALID_VALUE) return 0; /* index 0 out of range: no params */
+    if (r != CUDA_SUCCESS) return -1;
     while (r == CUDA_SUCCESS && n < MAX_PARAMS) {
         offs[n] = (uint32_t)off;
-        sizes[n++] = (uint32_t)size;
-        r = by_kernel ? G.kernel_get_param_info((CUkernel)fi->f, (size_t)n, &off, &size)
-                      : G.func_get_param_info(fi->f, (size_t)n, &off, &size);
+        szs[n++] = (uint32_t)size;
+        r = by_kernel ? G.kernel_get_param_info((CUkernel)f, (size_t)n, &off, &size)
+                      : G.func_get_param_info(f, (size_t)n, &off, &size);
     }
-    fi->nparams = n;
-    fi->offsets = malloc(n * sizeof(uint32_t));
-    fi->sizes = malloc(n * sizeof(uint32_t));
-    if (!fi->offsets || !fi->sizes) abort();
-    memcpy(fi->offsets, offs, n * sizeof(uint32_t));
-    memcpy(fi->sizes, sizes, n * sizeof(uint32_t));
+    *offsets = malloc(n * sizeof(uint32_t));
+    *sizes = malloc(n * sizeof(uint32_t));
+    if (!*offsets || !*sizes) abort();
+    memcpy(*offsets, offs, n * sizeof(uint32_t));
+    memcpy(*sizes, szs, n * sizeof(uint32_t));
+    return n;
 }
 
-static func_info *lookup_function(CUfunction f, const char *symbol) {
+typedef struct {
+    int64_t module;
+    int nparams;
+    const uint32_t *offsets, *sizes;
+} func_view;
+
+static int cached_view(CUfunction f, const char *symbol, func_view *out) {
     func_info *fi = func_slot(f);
-    if (fi->f == f && fi->module != -2 && fi->symbol && strcmp(fi->symbol, symbol) == 0) return fi;
-    if (fi->f != f) {
-        G.funcs_len++;
-    } else {
-        free(fi->symbol);
-        free(fi->offsets);
-        free(fi->sizes);
+    if (fi->f != f || fi->module == -2 || !fi->symbol || strcmp(fi->symbol, symbol) != 0) return 0;
+    *out = (func_view){fi->module, fi->nparams, fi->offsets, fi->sizes};
+    return 1;
+}
+
+/* What a launch needs to know about its function. Driver calls happen outside G.lock: a driver
+ * thread that holds its own lock may be waiting in our module callback for G.lock.
+ * NOTE: layout arrays are never freed, so views stay valid while another thread re-resolves. */
+static void function_view(CUfunction f, const char *symbol, func_view *out) {
+    pthread_mutex_lock(&G.lock);
+    int hit = cached_view(f, symbol, out);
+    pthread_mutex_unlock(&G.lock);
+    if (hit) return;
+    CUmodule handle = NULL;
+    if (!G.func_get_module || G.func_get_module(&handle, f) != CUDA_SUCCESS) handle = NULL;
+    uint32_t *offsets = NULL, *sizes = NULL;
+    int nparams = query_layout(f, &offsets, &sizes);
+    pthread_mutex_lock(&G.lock);
+    if (!cached_view(f, symbol, out)) {
+        func_info *fi = func_slot(f);
+        if (fi->f != f) G.funcs_len++;
+        *fi = (func_info){f, strdup(symbol), resolve_module(handle, symbol), nparams, offsets, sizes};
+        *out = (func_view){fi->module, nparams, offsets, sizes};
     }
-    memset(fi, 0, sizeof *fi);
-    fi->f = f;
-    fi->symbol = strdup(symbol);
-    fi->module = resolve_module(f, symbol);
-    resolve_layout(fi);
-    return fi;
+    pthread_mutex_unlock(&G.lock);
 }
 
 /* ------------------------------------------------------------ launch lines */
@@ -435,6 +448,12 @@ static func_info *lookup_function(CUfunction f, const char *symbol) {
 static int host_readable(uint64_t addr, uint8_t *out, size_t n) {
     struct iovec local = {out, n}, remote = {(void *)(uintptr_t)addr, n};
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
+}
+
+static void put_pointee(text *t, const uint8_t *bytes, size_t n) {
+    text_put(t, ", \"pointee\": \"", 14);
+    text_hex(t, bytes, n);
+    text_put(t, "\"", 1);
 }
 
 static void put_pointer(text *t, uint64_t value) {
@@ -450,23 +469,33 @@ static void put_pointer(text *t, uint64_t value) {
     }
     if (known && memtype == CU_MEMORYTYPE_DEVICE && size == 0 && G.mem_get_address_range)
         G.mem_get_address_range(&start, &size, (CUdeviceptr)value);
-    if (known) {
-        const char *kind = managed ? "managed" : memtype == CU_MEMORYTYPE_HOST ? "host" : "device";
-        text_printf(t, ", \"pointer\": {\"memory_type\": \"%s\", \"range_start\": %llu, \"range_size\": %zu}", kind,
-                    (unsigned long long)start, size);
-    } else {
+    if (!known) {
         text_put(t, ", \"pointer\": null", 17);
+        uint8_t bytes[POINTEE_BYTES];
+        if (G.host_pointees && value >= 4096 && host_readable(value, bytes, sizeof bytes))
+            put_pointee(t, bytes, sizeof bytes);
+        return;
     }
-    int host = !known || managed || memtype == CU_MEMORYTYPE_HOST;
-    uint8_t bytes[POINTEE_BYTES];
-    if (G.host_pointees && host && value >= 4096 && host_readable(value, bytes, sizeof bytes)) {
-        text_put(t, ", \"pointee\": \"", 14);
-        text_hex(t, bytes, sizeof bytes);
-        text_put(t, "\"", 1);
+    const char *kind = managed ? "managed" : memtype == CU_MEMORYTYPE_HOST ? "host" : "device";
+    text_printf(t, ", \"pointer\": {\"memory_type\": \"%s\", \"range_start\": %llu, \"range_size\": %zu}", kind,
+                (unsigned long long)start, size);
+    if (G.host_pointees && (managed || memtype == CU_MEMORYTYPE_HOST)) {
+        uint8_t bytes[POINTEE_BYTES];
+        size_t n = POINTEE_BYTES;
+        if (size) {
+            uint64_t end = (uint64_t)start + size, left = end > value ? end - value : 0;
+            n = left < POINTEE_BYTES ? (size_t)left : POINTEE_BYTES;
+        }
+        /* NOTE: pinned, registered and managed memory is host-accessible: when the safe read is
+         * refused (seccomp, device-resident managed pages), read it directly within its range. */
+        if (host_readable(value, bytes, n))
+            put_pointee(t, bytes, n);
+        else if (size)
+            put_pointee(t, (const uint8_t *)(uintptr_t)value, n);
     }
 }
 
-static void put_params(text *t, const func_info *fi, void **kernel_params, void **extra) {
+static void put_params(text *t, const func_view *fi, void **kernel_params, void **extra) {
     if (!kernel_params && extra) {
         text_put(t, "null", 4);
         return;
@@ -535,14 +564,14 @@ static void on_launch_exit(CUpti_CallbackId cbid, const CUpti_CallbackData *cb) 
     if (!cb->functionReturnValue || *(CUresult *)cb->functionReturnValue != CUDA_SUCCESS) return;
     if (!view_launch(cbid, cb->functionParams, &v)) return;
     const char *symbol = cb->symbolName ? cb->symbolName : "";
-    pthread_mutex_lock(&G.lock);
-    func_info *fi = lookup_function(v.f, symbol);
+    func_view fi;
+    function_view(v.f, symbol, &fi);
     text *t = &tl_line;
     t->n = 0;
     text_printf(t, "{\"t_ns\": %llu, \"symbol\": ", (unsigned long long)t_ns);
     text_json_string(t, symbol);
-    if (fi->module >= 0)
-        text_printf(t, ", \"module\": %lld", (long long)fi->module);
+    if (fi.module >= 0)
+        text_printf(t, ", \"module\": %lld", (long long)fi.module);
     else
         text_put(t, ", \"module\": null", 16);
     text_printf(t, ", \"grid\": [%u, %u, %u], \"block\": [%u, %u, %u], \"shared_mem\": %u, \"cluster\": ", v.grid[0],
@@ -552,8 +581,9 @@ static void on_launch_exit(CUpti_CallbackId cbid, const CUpti_CallbackData *cb) 
     else
         text_put(t, "null", 4);
     text_put(t, ", \"params\": ", 12);
-    put_params(t, fi, v.kernel_params, v.extra);
+    put_params(t, &fi, v.kernel_params, v.extra);
     text_put(t, "}\n", 2);
+    pthread_mutex_lock(&G.lock);
     fwrite(t->p, 1, t->n, G.launches);
     if (++G.lines % FLUSH_EVERY == 0) fflush(G.launches);
     pthread_mutex_unlock(&G.lock);
