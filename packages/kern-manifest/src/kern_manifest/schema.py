@@ -1111,9 +1111,11 @@ def _problem(raw: object, err: Any) -> ManifestParse:
     message = err["msg"]
     if kind == "missing":
         name = loc[-1] if loc else ""
-        message = f"missing field {name!r}"
-        if isinstance(name, str) and name:
-            pointer += "/" + escape_pointer(name)
+        if isinstance(name, int):
+            message = f"array too short: no item {name}"
+        else:
+            message = f"missing field {name!r}"
+            pointer += "/" + escape_pointer(name) if name else ""
     elif kind == "extra_forbidden":
         message = f"unknown field {loc[-1]!r}" if loc else message
     if kind == "expr":
