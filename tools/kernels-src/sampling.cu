@@ -104,3 +104,19 @@ extern "C" __global__ void kern_decode_advance(const int64_t* __restrict__ next,
     slots[0] = (int64_t)block_table[p / page_tokens] * page_tokens + p % page_tokens;
     seq_len[0] = seq_len[0] + 1;
 }
+
+// dst[i] = src[i] for i < n (seeds the device-fed decode carries from the staged inputs).
+// grid [1], block [32] (any grid / block covers n).
+extern "C" __global__ void kern_copy_i64(const int64_t* __restrict__ src, int64_t* __restrict__ dst,
+                                         int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}
+
+// dst[i] = src[i] for i < n. grid [1], block [32] (any grid / block covers n).
+extern "C" __global__ void kern_copy_i32(const int* __restrict__ src, int* __restrict__ dst, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}

@@ -487,3 +487,14 @@ def test_decode_advance_feeds_next_step(k: object, gen: torch.Generator, pos: in
     assert p.item() == new
     assert seq.item() == pos + 2
     assert slots.item() == int(table[new // PAGE].item()) * PAGE + new % PAGE
+
+
+@pytest.mark.parametrize(("dtype", "entry"), [(torch.int64, "kern_copy_i64"), (torch.int32, "kern_copy_i32")])
+@pytest.mark.parametrize("n", [1, 4, 1000])
+def test_copy_copies_n_elements_only(k: object, gen: torch.Generator, dtype: torch.dtype, entry: str, n: int) -> None:
+    src = torch.randint(-(2**31), 2**31 - 1, (n + 3,), generator=gen, device=DEV, dtype=torch.int64).to(dtype)
+    dst = torch.full((n + 3,), 77, dtype=dtype, device=DEV)
+    k.launch(entry, (1,), (32,), h.ptr(src), h.ptr(dst), h.i32(n))
+    torch.cuda.synchronize()
+    assert torch.equal(dst[:n], src[:n])
+    assert (dst[n:] == 77).all()
