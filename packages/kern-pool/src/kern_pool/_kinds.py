@@ -18,6 +18,10 @@ class Status(IntEnum):
     LEAVING = 4
 
 
+_FREE = Status.FREE
+_HELD = Status.HELD
+
+
 class Kind:
     """Pages or slots: ids 0..limit-1, the arenas they span, and running tallies (no scans)."""
 
@@ -32,23 +36,28 @@ class Kind:
         self.free = 0
         self.held = 0
 
-    def take(self) -> int:
-        """Hold the lowest-numbered free object (the caller checked `free`)."""
-        while True:
-            i = heapq.heappop(self.heap)
-            if self.state[i] is Status.FREE:
-                self.state[i] = Status.HELD
-                self.free -= 1
-                self.held += 1
-                return i
+    def take(self, n: int) -> list[int]:
+        """Hold the `n` lowest-numbered free objects (the caller checked `free`)."""
+        heap, state, pop = self.heap, self.state, heapq.heappop
+        out: list[int] = []
+        while len(out) < n:
+            i = pop(heap)
+            if state[i] is _FREE:
+                state[i] = _HELD
+                out.append(i)
+        self.free -= n
+        self.held += n
+        return out
 
-    def give(self, i: int) -> None:
-        """Return a held object; it stays of this kind."""
-        assert self.state[i] is Status.HELD
-        self.state[i] = Status.FREE
-        heapq.heappush(self.heap, i)
-        self.free += 1
-        self.held -= 1
+    def give(self, ids: list[int]) -> None:
+        """Return held objects; they stay of this kind."""
+        heap, state, push = self.heap, self.state, heapq.heappush
+        for i in ids:
+            assert state[i] is _HELD
+            state[i] = _FREE
+            push(heap, i)
+        self.free += len(ids)
+        self.held -= len(ids)
 
     def arrive(self, i: int) -> None:
         """A made object landed (or was made at creation): it becomes free."""

@@ -458,7 +458,8 @@ class Pool:
     def _take(self, pages: int, slots: int) -> tuple[list[PageId], list[SlotId]]:
         kp, ks = self._pages, self._slots
         if pages <= kp.free and slots <= ks.free:
-            return [PageId(kp.take()) for _ in range(pages)], [SlotId(ks.take()) for _ in range(slots)]
+            # NOTE: PageId / SlotId are NewTypes of int: the ids are the ints themselves.
+            return kp.take(pages), ks.take(slots)  # pyright: ignore[reportReturnType]
         if pages > kp.limit or slots > ks.limit or self.config.chunks_for(pages, slots) > self.config.chunks:
             raise ExceedsPool(pages, slots)
         if self._pending is not None:
@@ -536,7 +537,7 @@ class Pool:
             raise ApiError(f"this {type(handle).__name__} was released; it names nothing")
 
     def _row(self, tokens: int) -> int:
-        if not isinstance(tokens, int) or tokens <= 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+        if type(tokens) is not int or tokens <= 0:
             raise ApiError(f"tokens must be a positive int, got {tokens!r}")
         pages = -(-tokens // self.unit)
         if not self._pages.arenas:
@@ -578,7 +579,7 @@ class Pool:
         self._nodes += grow
 
     def _length(self, handle_tokens: int, length: int, paged: bool) -> None:
-        if not isinstance(length, int) or length <= 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+        if type(length) is not int or length <= 0:
             raise ApiError(f"length must be a positive int, got {length!r}")
         if paged and length > handle_tokens:
             raise ApiError(f"length {length} is past the handle's {handle_tokens} tokens")
@@ -727,20 +728,19 @@ class Pool:
             node.refs -= 1
             if node.refs:
                 return
-            self._pages.give(node.page)
+            self._pages.give([node.page])
             self._nodes -= 1
             node = node.parent
 
     def _drop_lease(self, lease: Lease) -> None:
         lease._live = False  # pyright: ignore[reportPrivateUsage]
-        for p in lease._own:  # pyright: ignore[reportPrivateUsage]
-            self._pages.give(p)
+        self._pages.give(lease._own)  # pyright: ignore[reportPrivateUsage]
         lease._own = []  # pyright: ignore[reportPrivateUsage]
         if lease._nodes:  # pyright: ignore[reportPrivateUsage]
             self._unref(lease._nodes[-1])  # pyright: ignore[reportPrivateUsage]
         lease._nodes = []  # pyright: ignore[reportPrivateUsage]
         if lease._slot is not None:  # pyright: ignore[reportPrivateUsage]
-            self._slots.give(lease._slot)  # pyright: ignore[reportPrivateUsage]
+            self._slots.give([lease._slot])  # pyright: ignore[reportPrivateUsage]
             lease._slot = None  # pyright: ignore[reportPrivateUsage]
 
     def _drop_store(self, store: Store) -> None:
@@ -750,8 +750,8 @@ class Pool:
         self._unref(store.tip)
         store.tip = None
         if store.tail is not None:
-            self._pages.give(store.tail)
+            self._pages.give([store.tail])
             store.tail = None
         if store.slot is not None:
-            self._slots.give(store.slot)
+            self._slots.give([store.slot])
             store.slot = None
