@@ -85,7 +85,7 @@ class Step:
     position: int
     label: str
     run: Callable[[], None]
-    launches: int = 1
+    algo: Mapping[str, int] | None = None
 
 
 def call_value(res: Resources, arg: object, env: Mapping[str, int], where: str) -> Value:
@@ -147,7 +147,8 @@ class _Compiler:
                 continue
             lw = f"{where} launch {li}"
             if isinstance(launch, ExternLaunch):
-                steps.append(Step(position, label, self.extern(launch, op, values, lw)))
+                run, algo = self.extern(launch, values, lw)
+                steps.append(Step(position, label, run, algo))
             else:
                 rec = self.kernel(call.op, li, launch, op, values, lw, label)
                 steps.append(Step(position, label, _launcher(rec, self.res.stream)))
@@ -224,7 +225,9 @@ class _Compiler:
             config = drv.launch_config(grid, block, smem, self.res.stream, launch.cluster, launch.pdl)
         return KernelRecord(self.res.funcs[(op_name, li)], grid, block, smem, ArgBlock(raw), config, label)
 
-    def extern(self, launch: ExternLaunch, op: Op, values: Sequence[Value], where: str) -> Callable[[], None]:
+    def extern(
+        self, launch: ExternLaunch, values: Sequence[Value], where: str
+    ) -> tuple[Callable[[], None], Mapping[str, int]]:
         blas = self.res.blas
         if blas is None or not launch.entry.startswith("extern:cubl"):
             raise ManifestError(f"{where}: {launch.entry} is not available in this runtime")
@@ -236,7 +239,7 @@ class _Compiler:
         shape = gemm_shape(launch.entry, [int(v.scalar or 0) for v in vals[3:]], where)
         plan = blas.plan(shape, _algo_tuple(launch))
         stream = int(self.res.stream)
-        return lambda: blas.matmul(plan, a, w, c, stream)
+        return (lambda: blas.matmul(plan, a, w, c, stream)), blas.describe(plan)
 
     def _extern_value(self, arg: object, values: Sequence[Value], where: str) -> Value:
         if isinstance(arg, ParamArg):

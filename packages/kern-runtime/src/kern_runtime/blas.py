@@ -168,6 +168,18 @@ class Blas:
         for s in shapes:
             self.plan(s, algo)
 
+    def describe(self, plan: _Plan) -> dict[str, int]:
+        """The plan's algo as manifest `algo` fields (id, tile, split_k, ...), to pin it."""
+        lt = self._lt
+        out: dict[str, int] = {}
+        for name, attr in (("id", 0), *_ALGO_FIELDS):
+            dt = lt.get_matmul_algo_config_attribute_dtype(attr)
+            v = np.zeros(1, dtype=dt)
+            written = np.zeros(1, dtype=np.uint64)
+            lt.matmul_algo_config_get_attribute(plan.algo.ctypes.data, attr, v.ctypes.data, v.nbytes, written.ctypes.data)
+            out[name] = int(v[0])
+        return out
+
     def matmul(self, plan: _Plan, a: int, w: int, c: int, stream: int) -> None:
         """One cublasLtMatmul; C (and D) at `c`."""
         try:

@@ -10,12 +10,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import kern_pool
+from kern_manifest import State
+
 from . import _driver as drv
 
-__all__ = ["ALIGN", "MAX_CHUNK", "Allocation", "align_up", "chunk_bytes"]
+__all__ = ["ALIGN", "Allocation", "align_up", "state_size"]
 
 ALIGN = 256
-MAX_CHUNK = 64 << 20
 
 
 def align_up(n: int, a: int) -> int:
@@ -23,13 +25,22 @@ def align_up(n: int, a: int) -> int:
     return -(-n // a) * a
 
 
-def chunk_bytes(smallest_object: int, granularity: int) -> int:
-    """Physical chunk size for a pooled state: a multiple of the granularity, at most half the
-    smallest object it holds, capped at 64 MiB; objects under two granules take the cap."""
-    if smallest_object < 2 * granularity:
-        return MAX_CHUNK
-    half = (smallest_object // 2) // granularity * granularity
-    return max(granularity, min(MAX_CHUNK, half))
+def state_size(state: State, tokens: int, seqs: int, unit: int, granularity: int) -> tuple[int, int, str]:
+    """(bytes, physical chunk, note) of one state's VMM arena.
+
+    A paged state holds `tokens` tokens rounded up to whole chunks; a per-seq state `seqs + 2`
+    slots; a fixed state its bytes. Chunk sizes follow kern_pool (`unit` tokens per page).
+    """
+    if state.bytes_per_token is not None:
+        chunk = align_up(kern_pool.chunk_bytes(state.bytes_per_token * unit), granularity)
+        nbytes = align_up(tokens * state.bytes_per_token, chunk)
+        held = nbytes // state.bytes_per_token // unit * unit
+        return nbytes, chunk, f"paged, {held} tokens"
+    if state.bytes_per_seq is not None:
+        chunk = align_up(kern_pool.chunk_bytes(state.bytes_per_seq), granularity)
+        return align_up((seqs + 2) * state.bytes_per_seq, chunk), chunk, f"per-seq, {seqs + 2} slots"
+    fixed = state.bytes or 0
+    return fixed, align_up(max(fixed, 1), granularity), "fixed"
 
 
 @dataclass(frozen=True, slots=True)

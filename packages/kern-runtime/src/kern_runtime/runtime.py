@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest, State
+from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest
 from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg, VarArg
 
 from . import _driver as drv
@@ -252,26 +252,13 @@ class Runtime:
     def _allocate_states(self) -> None:
         gran = drv.vmm_granularity(self._dev)
         for name, st in self.manifest.states.items():
-            nbytes, chunk, note = self._state_size(name, st, gran)
+            units = self._page_units(name)
+            nbytes, chunk, note = memory.state_size(st, self.capacity.tokens, self.capacity.seqs, units, gran)
             alloc = memory.vmm(self._stack, self._dev, nbytes, chunk)
             drv.memset_async(alloc.ptr, alloc.nbytes, self._stream)
             self._states[name] = alloc
             self._state_notes[name] = note
         drv.stream_synchronize(self._stream)
-
-    def _state_size(self, name: str, st: State, gran: int) -> tuple[int, int, str]:
-        if st.bytes_per_token is not None:
-            unit = self._page_units(name)
-            chunk = memory.chunk_bytes(st.bytes_per_token * unit, gran)
-            nbytes = memory.align_up(self.capacity.tokens * st.bytes_per_token, chunk)
-            tokens = nbytes // st.bytes_per_token // unit * unit
-            return nbytes, chunk, f"paged, {tokens} tokens"
-        if st.bytes_per_seq is not None:
-            slots = self.capacity.seqs + 2
-            chunk = memory.chunk_bytes(st.bytes_per_seq, gran)
-            return memory.align_up(slots * st.bytes_per_seq, chunk), chunk, f"per-seq, {slots} slots"
-        fixed = st.bytes or 0
-        return fixed, memory.align_up(max(fixed, 1), gran), "fixed"
 
     def _allocate_scratch(self) -> None:
         env = self.manifest.var_max
@@ -506,6 +493,13 @@ class Runtime:
             drv.graph_launch(self.capture(program, vars).exec_, self._stream)
         else:
             self.run(program, vars)
+
+    def gemm_algos(self, program: str, vars: Mapping[str, int]) -> list[tuple[str, dict[str, int]]]:
+        """(call label, algo fields) of every GEMM in `program` at `vars`: what to pin in a manifest."""
+        self._live()
+        self._program(program)
+        steps = self._compile(program, self._key(program, vars))
+        return [(s.label, dict(s.algo)) for s in steps if s.algo is not None]
 
     # -- inputs and outputs -----------------------------------------------------------------------
 
