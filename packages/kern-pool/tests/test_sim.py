@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,14 +45,10 @@ def test_same_arguments_same_json_and_nothing_left_in_use(
 def test_host_tier_parks_and_wakes_and_improves_hits() -> None:
     base = Workload(sessions=40, turns=4, system_len=256, prompt_len=32, answer_len=32, tokens=4096, batch=4)
     device_only = simulate(base)
-    with_host = simulate(Workload(**{**_fields(base), "host_tokens": 16384}))
+    with_host = simulate(replace(base, host_tokens=16384))
     assert with_host.parks > 0 and with_host.wakes > 0
     assert with_host.tokens_recomputed < device_only.tokens_recomputed
     assert device_only.parks == device_only.wakes == 0
-
-
-def _fields(w: Workload) -> dict[str, object]:
-    return {k: getattr(w, k) for k in Workload.__dataclass_fields__}
 
 
 def test_different_seeds_differ() -> None:

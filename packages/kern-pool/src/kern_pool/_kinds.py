@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from enum import IntEnum
 
 __all__ = ["Kind", "Status"]
@@ -49,7 +50,7 @@ class Kind:
         self.held += n
         return out
 
-    def give(self, ids: list[int]) -> None:
+    def give(self, ids: Sequence[int]) -> None:
         """Return held objects; they stay of this kind."""
         heap, state, push = self.heap, self.state, heapq.heappush
         for i in ids:

@@ -234,7 +234,7 @@ class Lease:
             ApiError: already released or retired.
         """
         self._check()
-        self._pool._drop_lease(self)
+        self._pool._drop_lease(self)  # pyright: ignore[reportPrivateUsage]
 
 
 class Checkpoint:
@@ -314,7 +314,7 @@ class Checkpoint:
         """
         self._check()
         self._live = False
-        self._pool._drop_store(self._store)
+        self._pool._drop_store(self._store)  # pyright: ignore[reportPrivateUsage]
 
 
 class Pool:

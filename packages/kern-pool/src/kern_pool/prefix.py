@@ -120,6 +120,19 @@ def _region_counts(region: _Region[R, P]) -> tuple[int, int]:
     return res, park
 
 
+def _compact(heap: list[tuple[int, int, _Entry[R, P]]], resident: bool) -> list[tuple[int, int, _Entry[R, P]]]:
+    """Drop stale heap items (restamped, moved tier, or removed entries); keeps the order."""
+    live = [
+        item
+        for item in heap
+        if item[2].stamp == item[0]
+        and item[2].node.entry is item[2]
+        and (item[2].resident if resident else item[2].parked) is not None
+    ]
+    heapq.heapify(live)
+    return live
+
+
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     """Common prefix length of two sequences, by binary search over slice equality."""
     lo, hi = 0, min(len(a), len(b))
@@ -168,8 +181,12 @@ class Prefix(Generic[R, P]):
         self._push += 1
         if entry.resident is not None:
             heapq.heappush(self._heap_r, (entry.stamp, self._push, entry))
+            if len(self._heap_r) > 2 * self._root.res + 64:
+                self._heap_r = _compact(self._heap_r, True)
         if entry.parked is not None:
             heapq.heappush(self._heap_p, (entry.stamp, self._push, entry))
+            if len(self._heap_p) > 2 * self._root.park + 64:
+                self._heap_p = _compact(self._heap_p, False)
 
     def _stamp_path(self, node: _Node[R, P] | None) -> None:
         while node is not None:
