@@ -496,3 +496,15 @@ def test_model_json_model_round_trip(doc: dict[str, Any]) -> None:
     # NOTE: the verifier must never crash on a parseable manifest, however wrong.
     for p in check(m):
         assert p.pointer.startswith("/") and p.hint
+
+
+def test_import_loads_no_gpu_or_ml_library() -> None:
+    import subprocess
+
+    code = (
+        "import sys, kern_manifest; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cuda', 'torch', 'cupy', 'transformers')); "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -551,6 +551,7 @@ INVALID: list[tuple[str, Edit, type, str]] = [
         ManifestVerify,
         "/ops/argmax/impl/launches",
     ),
+    ("abi-too-large", _set(f"{TMA}/params/0", "bytes<40000>"), ManifestVerify, f"{TMA}/params"),
     # ---- verify: programs and calls
     ("unknown-op", _set(f"{DECODE}/6/op", "sample"), ManifestVerify, f"{DECODE}/6/op"),
     ("call-arg-count", _drop(f"{DECODE}/6/args/1"), ManifestVerify, f"{DECODE}/6/args"),

@@ -195,13 +195,6 @@ class OpChecks(Base):
             )
         if launch.cluster is not None:
             self.cluster(launch, at)
-        params = launch.params
-        if params is not None and sum(p.size for p in params) > CUDA_LIMITS.param_bytes:
-            self.err(
-                at + "/params",
-                "kernel params exceed 32764 bytes",
-                "pass large data through a buffer",
-            )
 
     def block(self, block: tuple[int, int, int], at: str) -> None:
         x, y, z = block
@@ -274,6 +267,13 @@ class OpChecks(Base):
         params = self.launch_params(op, launch, at)
         if params is None:
             return
+        abi = sum(p.size for p in params)
+        if abi > CUDA_LIMITS.param_bytes:
+            self.err(
+                at + ("/params" if isinstance(launch, KernelLaunch) and launch.params else ""),
+                f"kernel params take {abi} bytes",
+                f"CUDA allows {CUDA_LIMITS.param_bytes}; pass large data through a buffer",
+            )
         args: Sequence[LaunchArg] = (
             launch.args
             if launch.args is not None
