@@ -99,6 +99,44 @@ def _fma(x: np.ndarray) -> np.ndarray:
     return (3 * x.astype(np.float64) + 0.5).astype(np.float32)
 
 
+def test_when_ranges_pick_launches(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
+    rt, _ = basic
+    x = np.linspace(-1, 1, 32, dtype=np.float32)
+    rt.write_input("x", x)
+    rt.run("pick", {"n": 16})
+    np.testing.assert_array_equal(rt.read_output("y", 16), (10 * x[:16].astype(np.float64) + 0.5).astype(np.float32))
+    rt.issue("pick", {"n": 17})
+    np.testing.assert_array_equal(rt.read_output("y", 17), _fma(x[:17]))
+
+
+def test_device_blobs_copy_device_to_device_and_to_host(
+    basic: tuple[kr.Runtime, dict[str, np.ndarray]], kdir: Path, sha: str, tmp_path: Path
+) -> None:
+    rt1, t = basic
+    w1, wi1, derived1 = _f32(rt1, "w"), _f32(rt1, "wi"), _f32(rt1, "derived")
+    blobs = {
+        "w.a": kr.TensorInfo("w.a", "f32", (4, 8), kr.DeviceBlob(rt1.buffer_address("w"), 128)),
+        "w.b": kr.TensorInfo("w.b", "f32", (2, 8), kr.DeviceBlob(rt1.buffer_address("wi"), 64)),
+        "h": kr.TensorInfo("h", "f32", (8,), kr.DeviceBlob(rt1.buffer_address("derived"), 32)),
+    }
+    mem = kr.Safetensors.parse(_st_bytes({k: t[k] for k in ("g", "u", "s")}))
+
+    class Mixed:
+        def get(self, name: str) -> kr.TensorInfo | None:
+            return blobs.get(name) or mem.get(name)
+
+        def names(self) -> Iterator[str]:
+            yield from [*blobs, *mem.names()]
+
+    m = build.write_manifest(tmp_path / "m.json", manifests.basic(sha))
+    with kr.Runtime.load(m, kdir) as rt2:
+        rt2.load_weights(Mixed())
+        a = w1.reshape(4, 8)
+        np.testing.assert_array_equal(_f32(rt2, "w"), np.concatenate([a[1:3].ravel(), wi1[:16]]))
+        np.testing.assert_array_equal(_f32(rt2, "wc"), a[:, 2:4].ravel())
+        np.testing.assert_array_equal(_f32(rt2, "wh"), derived1[:8])
+
+
 def test_api_errors(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
     rt, t = basic
     cases: list[tuple[Any, str]] = [
@@ -266,6 +304,25 @@ def test_gemm_graph_capture(gemm_rt: tuple[kr.Runtime, np.ndarray]) -> None:
     eager = rt.read_buffer("c").copy()
     rt.replay(rt.capture("plain", {"m": 7}), {"m": 7})
     np.testing.assert_array_equal(rt.read_buffer("c"), eager)
+
+
+def test_pinned_algo_from_heuristic_is_bit_identical(
+    gemm_rt: tuple[kr.Runtime, np.ndarray], kdir: Path, tmp_path: Path
+) -> None:
+    rt, wb = gemm_rt
+    [(label, algo)] = rt.gemm_algos("plain", {"m": 64})
+    assert label == "gemm" and algo["id"] >= 0
+    ab = _bf16(np.random.default_rng(5).standard_normal((64, 640)))
+    rt.write_input("a", ab)
+    rt.run("plain", {"m": 64})
+    want = rt.read_buffer("c")[: 64 * 256 * 2].copy()
+    m = build.write_manifest(tmp_path / "pinned.json", manifests.gemm(algo))
+    with kr.Runtime.load(m, kdir) as pinned:
+        pinned.load_weights(kr.Safetensors.parse(_st_bytes({"w": wb})))
+        assert pinned.gemm_algos("plain", {"m": 64}) == [("gemm", algo)]
+        pinned.write_input("a", ab)
+        pinned.run("plain", {"m": 64})
+        np.testing.assert_array_equal(pinned.read_buffer("c")[: 64 * 256 * 2], want)
 
 
 def test_nvcc_fatbin_module_loads(kdir: Path, tmp_path: Path) -> None:

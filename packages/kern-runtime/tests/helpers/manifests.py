@@ -41,6 +41,10 @@ def basic(sha: str, n_param: str = "i32") -> Json:
             "axpb": {"params": axpb, "impl": {"launches": [
                 _launch("t", "rt_axpb", [{"ceil_div": ["n", 128]}, 1, 1])]}},
             "axpb_small": {"params": axpb, "impl": {"launches": [_launch("t", "rt_axpb", [1, 1, 1])]}},
+            "pick": {"params": axpb, "impl": {"launches": [
+                _launch("t", "rt_axpb", [{"ceil_div": ["n", 128]}, 1, 1], when={"var": "n", "max": 16},
+                        args=[{"param": 0}, {"param": 1}, {"f32": 10.0}, {"param": 3}, {"param": 4}]),
+                _launch("t", "rt_axpb", [{"ceil_div": ["n", 128]}, 1, 1], when={"var": "n", "min": 17})]}},
             "fill": {"params": ["out buffer<i64>", "i64", "u8", "i32"], "impl": {"launches": [
                 _launch("t", "rt_fill_i64", [{"ceil_div": ["n", 128]}, 1, 1])]}},
         },
@@ -53,6 +57,8 @@ def basic(sha: str, n_param: str = "i32") -> Json:
                 {"op": "axpb_small", "args": [{"buf": "w"}, {"buf": "acc"}, {"f32": 1.0}, {"f32": 0.0}, lit(32)]},
                 {"op": "axpb_small", "args": [{"buf": "wi"}, {"buf": "acc"}, {"f32": 1.0}, {"f32": 0.0}, lit(16)]},
                 {"op": "axpb_small", "args": [{"buf": "wc"}, {"buf": "acc"}, {"f32": 1.0}, {"f32": 0.0}, lit(8)]}]},
+            "pick": {"calls": [
+                {"op": "pick", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 3.0}, {"f32": 0.5}, {"var": "n"}]}]},
             "main": {"calls": [
                 {"label": "axpb", "op": "axpb", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 3.0}, {"f32": 0.5}, {"var": "n"}]},
                 {"label": "fill", "op": "fill", "args": [{"buf": "o64"}, {"i64": -(1 << 40)}, {"u8": 7}, {"var": "n"}]}]},
