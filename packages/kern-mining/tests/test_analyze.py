@@ -189,7 +189,9 @@ def test_windows_without_the_core_kernel_are_skipped(tmp_path: Path) -> None:
     with (d / "launches.jsonl").open("a") as f:
         f.write((pid / "launches.jsonl").read_text())
     analysis = analyze_dir(d)
-    assert analysis.skipped_windows == ((0, 9),)
+    assert [(w.first, w.last, w.reason) for w in analysis.skipped_windows] == [
+        (0, 9, "no core kernel")
+    ]
     assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
 
 
@@ -218,3 +220,33 @@ def test_a_reference_of_a_times_t_reads_as_t_when_one_token_forwards_exist(tmp_p
     sites = {(s.symbol, s.ordinal): s for s in analysis.sites}
     assert sites[("rms_norm", 0)].grid[0] == four
     assert sites[("cache_write", 1)].grid[0] == Fit("ceil_div_mul", a=3, c=4)
+
+
+def test_a_window_of_host_side_bits_is_not_a_request(tmp_path: Path) -> None:
+    # Between two requests, a burst of preamble kernels that uses the core kernel once or twice.
+    pid, truth = synthetic(tmp_path)
+    lines = (pid / "launches.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    split = next(
+        i
+        for i in range(1, len(records))
+        if records[i]["t_ns"] - records[i - 1]["t_ns"] > 10_000_000
+    )
+    split = next(
+        i
+        for i in range(split + 1, len(records))
+        if records[i]["t_ns"] - records[i - 1]["t_ns"] > 10_000_000
+    )
+    t0 = records[split]["t_ns"] - 8_000_000
+    extra = [
+        launch(t0 + k * 5000, symbol=s) for k, s in enumerate(["fill", "add", "fill", "arange"])
+    ]
+    for r in extra:
+        r["params"] = []
+    records[split:split] = extra
+    d = write_dump(tmp_path / "with_preamble", records)
+    analysis = analyze_dir(d)
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    (skipped,) = analysis.skipped_windows
+    assert (skipped.first, skipped.last) == (split, split + 3)
+    assert skipped.reason.startswith("core kernel under half")

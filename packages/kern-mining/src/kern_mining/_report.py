@@ -30,7 +30,7 @@ def render(a: Analysis) -> str:
     lines = [f"dump {a.dump}: {a.launches} launches; core kernel {_short(a.core)}"]
     forwards = a.forwards
     lines.append(
-        f"{len(a.windows)} request windows, {len(forwards)} forwards ({len(a.skipped_windows)} windows without the core kernel skipped)"
+        f"{len(a.windows)} request windows, {len(forwards)} forwards ({len(a.skipped_windows)} windows without a forward skipped)"
     )
     for n, w in enumerate(a.windows):
         tokens = ", ".join("?" if f.tokens is None else str(f.tokens) for f in w.forwards)

@@ -41,6 +41,7 @@ __all__ = [
     "ForwardPass",
     "PointerClass",
     "Site",
+    "SkippedWindow",
     "TokensReference",
     "Window",
     "analyze",
@@ -82,6 +83,15 @@ class Window:
     first: int
     last: int
     forwards: tuple[ForwardPass, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class SkippedWindow:
+    """A time window that holds no forward pass, and why."""
+
+    first: int
+    last: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,7 @@ class Analysis:
     launches: int
     core: str
     windows: tuple[Window, ...]
-    skipped_windows: tuple[tuple[int, int], ...]
+    skipped_windows: tuple[SkippedWindow, ...]
     tokens_reference: TokensReference | None
     sites: tuple[Site, ...]
     abi: tuple[AbiEntry, ...]
@@ -158,7 +168,9 @@ class Analysis:
                 }
                 for w in self.windows
             ],
-            "skipped_windows": [{"first": a, "last": b} for a, b in self.skipped_windows],
+            "skipped_windows": [
+                {"first": w.first, "last": w.last, "reason": w.reason} for w in self.skipped_windows
+            ],
             "tokens_reference": None
             if ref is None
             else {
@@ -490,23 +502,41 @@ def _abi(launches: Sequence[Launch]) -> list[AbiEntry]:
 # ------------------------------------------------------------------------- analysis
 
 
+def _fragments(
+    symbols: Sequence[str], core: str, kept: list[tuple[tuple[int, int], list[tuple[int, int]]]]
+) -> set[int]:
+    """Windows whose every forward has under half the usual core count (host-side bits, not passes)."""
+    counts = [
+        [sum(symbols[i] == core for i in range(a, b + 1)) for a, b in bounds] for _, bounds in kept
+    ]
+    usual = Counter(c for per in counts for c in per).most_common(1)[0][0]
+    return {k for k, per in enumerate(counts) if 2 * max(per) < usual}
+
+
 def _find_forwards(
     launches: Sequence[Launch], config: AnalyzeConfig
-) -> tuple[str, list[tuple[tuple[int, int], list[tuple[int, int]]]], list[tuple[int, int]]]:
+) -> tuple[str, list[tuple[tuple[int, int], list[tuple[int, int]]]], list[SkippedWindow]]:
     symbols = [la.symbol for la in launches]
     times = [la.t_ns for la in launches]
     core = max(Counter(symbols).items(), key=lambda kv: (kv[1], kv[0]))[0]
     windows = _windows(launches, config.window_gap_ms * 1e6)
     head = _head(symbols, windows, core)
     kept: list[tuple[tuple[int, int], list[tuple[int, int]]]] = []
-    skipped: list[tuple[int, int]] = []
+    skipped: list[SkippedWindow] = []
     for window in windows:
         bounds = _forward_bounds(symbols, times, window, core, head, config)
         if bounds:
             kept.append((window, bounds))
         else:
-            skipped.append(window)
-    return core, kept, skipped
+            skipped.append(SkippedWindow(window[0], window[1], "no core kernel"))
+    fragments = _fragments(symbols, core, kept)
+    for k in sorted(fragments):
+        (first, last), _ = kept[k]
+        skipped.append(
+            SkippedWindow(first, last, "core kernel under half its usual count per forward")
+        )
+    skipped.sort(key=lambda w: w.first)
+    return core, [w for k, w in enumerate(kept) if k not in fragments], skipped
 
 
 def _undecided(n_forwards: int, ref: TokensReference | None, sites: Sequence[Site]) -> list[str]:
