@@ -46,6 +46,12 @@ def test_a_function_outside_the_forms_is_unfit() -> None:
     assert fit_samples([(t, t * t) for t in TS]).form == "unfit"
 
 
+def test_forwards_of_unknown_token_count_do_not_block_a_fit() -> None:
+    data = [*samples(Fit("mul", a=8)), (None, 12345)]
+    assert fit_samples(data) == Fit("mul", a=8)
+    assert fit_samples([(1, 3), (2, 3), (None, 4)]).form == "underdetermined"
+
+
 def test_without_tokens_only_a_constant_is_decided() -> None:
     assert fit_samples([(None, 4), (None, 4)]) == Fit("const", c=4)
     assert fit_samples([(None, 4), (None, 5)]).form == "underdetermined"

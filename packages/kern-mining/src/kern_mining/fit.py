@@ -190,6 +190,7 @@ def fit_samples(samples: Iterable[tuple[int | None, int]]) -> Fit:
 
     Args:
         samples: (t, value) per forward; t is None where the forward's token count is unknown.
+            Such samples count for const only; the other forms are fitted to the known ones.
 
     Returns:
         The first form that fits with unique parameters, "underdetermined" when the samples
@@ -208,6 +209,7 @@ def fit_samples(samples: Iterable[tuple[int | None, int]]) -> Fit:
     if len(values) == 1:
         enough = len(known) >= 2 or (not known and count >= 2)
         return Fit("const", c=values.pop()) if enough else UNDERDETERMINED
-    if unknown or len(known) < 3:
+    # NOTE: forwards of unknown token count say nothing about the form; the known ones decide it.
+    if len(known) < 3:
         return UNDERDETERMINED
     return _fit_pairs(tuple(sorted(known.items())))
