@@ -34,6 +34,7 @@ from kern_pool import (
     Remapping,
     SeqState,
     SlotId,
+    Status,
 )
 
 PAGED_ONLY = PoolConfig(
@@ -370,6 +371,14 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.a.pending is None
         snap = self.a.snapshot()
         assert snap.nodes == 0
+        assert set(snap.pages) | set(snap.slots) <= {Status.ABSENT, Status.FREE}
+        assert sum(map(sum, snap.users)) == sum(
+            len(_span(self.sizes[a], self.config.chunk, i))
+            for arenas, ids in ((self.config.arenas[: len(self.config.paged)], self.live_pages),
+                                (self.config.arenas[len(self.config.paged) :], self.live_slots))
+            for a in arenas
+            for i in ids
+        )
         if snap.remaps == 0:
             assert snap == self.initial
 

@@ -352,3 +352,8 @@ def test_parked_entry_becomes_resident_again() -> None:
     assert tree.entries() == [((1, 2), True, True)]
     assert tree.evict(lambda v: Val(v.length, v.stateful, "never")) == Evicted((1, 2), True, ())
     assert tree.entries() == [((1, 2), False, True)]
+
+
+def test_unit_must_be_positive() -> None:
+    with pytest.raises(ApiError):
+        Prefix(0)

@@ -5,6 +5,7 @@ the host tier) and returns the decisions as plain data (`Remap`, `Copies`) that 
 executes. No CUDA, no clock, no randomness: the same calls give the same decisions.
 """
 
+from kern_pool._kinds import Status
 from kern_pool.chunks import (
     CHUNK_CAP,
     GRANULE,
@@ -76,6 +77,7 @@ __all__ = [
     "Remapping",
     "SeqState",
     "SlotId",
+    "Status",
     "Tier",
     "TokenId",
     "Unmap",
