@@ -250,3 +250,74 @@ def test_a_window_of_host_side_bits_is_not_a_request(tmp_path: Path) -> None:
     (skipped,) = analysis.skipped_windows
     assert (skipped.first, skipped.last) == (split, split + 3)
     assert skipped.reason.startswith("core kernel under half")
+
+
+def _torch_like_model() -> tuple[
+    tuple[KernelSpec, ...], tuple[KernelSpec, ...], tuple[KernelSpec, ...]
+]:
+    """An eager-PyTorch-shaped decoder: composite norms, many launches of one elementwise kernel,
+    GEMMs through `extra`, and no kernel whose grid.x is the token count itself."""
+    one = Fit("const", c=1)
+
+    def ew(symbol: str, grid: Fit, *pointers: str) -> KernelSpec:
+        return KernelSpec(symbol, (grid, one, one), pointers)
+
+    rows = Fit("ceil_div", c=2)
+    norm = (
+        ew("pow", rows, "workspace:h", "workspace:sq"),
+        ew("mean", Fit("ceil_div", c=16), "workspace:sq", "workspace:var"),
+        ew("add_scalar", one, "workspace:var", "workspace:var"),
+        ew("rsqrt", one, "workspace:var", "workspace:var"),
+        ew("mul_f32", rows, "workspace:h", "workspace:var"),
+        ew("mul_bf16", rows, "weight", "workspace:h"),
+    )
+    gemm = KernelSpec("gemm", (Fit("ceil_div", c=32), Fit("const", c=8), one), layout="packed")
+    head = (
+        ew("fill", one, "workspace:mask"),
+        ew("embedding", Fit("mul", a=2), "weight", "workspace:h"),
+        *norm,
+    )
+    layer = (
+        gemm,
+        ew("mul_bf16", rows, "workspace:q", "persistent:cos"),
+        ew("mul_bf16", rows, "workspace:k", "persistent:cos"),
+        ew("cat", Fit("affine", a=2, b=3), "persistent:kv{layer}", "workspace:k"),
+        ew("softmax", Fit("mul", a=4), "workspace:s", "workspace:p"),
+        ew("mul_bf16", rows, "workspace:p", "workspace:p"),
+        gemm,
+        ew("add", rows, "workspace:h", "workspace:o"),
+        *norm,
+        gemm,
+        ew("silu", rows, "workspace:g", "workspace:g"),
+        ew("mul_bf16", rows, "workspace:g", "workspace:u"),
+        gemm,
+        ew("add", rows, "workspace:h", "workspace:d"),
+        *norm,
+    )
+    tail = (
+        gemm,
+        ew("argmax", one, "workspace:logits", "workspace:tok"),
+        ew("mul_i64", one, "workspace:tok", "persistent:unfinished"),
+        ew("cat_ids", one, "persistent:ids", "workspace:tok"),
+        ew("max", one, "persistent:unfinished", "workspace:flag"),
+        ew("copy_ids", one, "persistent:ids", "persistent:unfinished"),
+    )
+    return head, layer, tail
+
+
+def test_an_eager_pytorch_shaped_capture(tmp_path: Path) -> None:
+    # NOTE: token counts of mixed parity: were every t odd, ceil(t/2) = (t+1)/2 would be an affine
+    # image of t, and the data could not tell which of the two is the token count.
+    spec = SynthSpec(
+        model=_torch_like_model(), layers=3, prompts=(6, 23, 64), decode_steps=3, warmup=(11,)
+    )
+    pid, truth = synthetic(tmp_path, spec)
+    analysis = analyze_dir(pid)
+    assert analysis.core == "mul_bf16"
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    ref = analysis.tokens_reference
+    assert ref is not None and ref.scale in (2, 4) and ref.unfit == 0
+    sites = {(s.symbol, s.ordinal): s for s in analysis.sites}
+    for key, want in truth.sites.items():
+        assert sites[key].grid == want.grid, key
+        assert dict(sites[key].pointers) == want.pointers, key
