@@ -123,3 +123,16 @@ def test_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert cache_dir() == tmp_path / "c"
     monkeypatch.delenv("KERN_CACHE_DIR")
     assert cache_dir() == Path.home() / ".cache" / "kern"
+
+
+def test_files_hold_tensor_values(tmp_path: Path) -> None:
+    from kern_cli.checkpoint import tensor_values
+
+    root, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=4, name="tiny", root=tmp_path)
+    part = _read(next(root.glob("*.safetensors")))
+    for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight"):
+        assert np.array_equal(part[name], tensor_values(4, name, part[name].shape))
+    a = part["model.layers.0.mlp.up_proj.weight"]
+    b = part["model.layers.1.mlp.up_proj.weight"]
+    assert not np.array_equal(a, b)  # distinct windows per tensor
+    assert len({bytes(r) for r in a[:64]}) == 64  # no repeated rows

@@ -4,12 +4,15 @@
 Hugging Face names them) under `<cache>/random/<name>-seed<seed>/` once and returns the
 directory; later calls find the `COMPLETE` marker and return at once. Values are
 N(0, 0.02) for matrices (the Qwen3 initializer range) and 1 + N(0, 0.02) for norm weights, rounded
-to bf16 (round to nearest even): realistic magnitudes, never zeros. The cache is `$KERN_CACHE_DIR`
+to bf16 (round to nearest even): realistic magnitudes, never zeros. Each tensor is a window of a
+seeded pool of 2^24 + 17 such values starting at an offset drawn from (seed, tensor name), so
+writing the 8 GB of a 4B checkpoint runs at memory speed. The cache is `$KERN_CACHE_DIR`
 or `~/.cache/kern`.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +33,7 @@ __all__ = [
     "iter_weight_files",
     "qwen3_tensor_shapes",
     "random_checkpoint",
+    "tensor_values",
     "to_bf16_bits",
 ]
 
@@ -78,6 +82,8 @@ QWEN3_TINY_CONFIG: Mapping[str, Any] = {
 """A 2-layer Qwen3 with the 4B's head_dim, for fast correctness runs."""
 
 SHARD_BYTES = 2 << 30
+POOL = (1 << 24) + 17
+"""Values drawn per seed; tensors read windows of it (fast: a 4B checkpoint is 8 GB)."""
 _SCALE = 0.02
 
 
@@ -136,12 +142,33 @@ def to_bf16_bits(x: NDArray[np.float32]) -> NDArray[np.uint16]:
     return (rounded >> np.uint32(16)).astype(np.uint16)
 
 
-def _values(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> NDArray[np.uint16]:
-    x = rng.standard_normal(shape, dtype=np.float32)
+@functools.cache
+def _pool(seed: int, norm: bool) -> NDArray[np.uint16]:
+    rng = np.random.default_rng([seed, int(norm)])
+    x = rng.standard_normal(POOL, dtype=np.float32)
     x *= np.float32(_SCALE)
-    if len(shape) == 1:
+    if norm:
         x += np.float32(1.0)
     return to_bf16_bits(x)
+
+
+def _windows(seed: int, name: str, shape: tuple[int, ...]) -> Iterator[NDArray[np.uint16]]:
+    """The tensor's values as views of the seeded pool: a window starting at a per-name offset,
+    wrapping around (no copy: the slices go straight to the file)."""
+    pool = _pool(seed, len(shape) == 1)
+    n = int(np.prod(shape))
+    start = int(_seed_for(seed, name).integers(0, POOL))
+    pos = 0
+    while pos < n:
+        take = min(n - pos, POOL - start)
+        yield pool[start : start + take]
+        pos += take
+        start = 0
+
+
+def tensor_values(seed: int, name: str, shape: tuple[int, ...]) -> NDArray[np.uint16]:
+    """The bf16 bits random_checkpoint writes for one tensor (for tests and tools)."""
+    return np.concatenate(list(_windows(seed, name, shape))).reshape(shape)
 
 
 def _shards(shapes: Mapping[str, tuple[int, ...]]) -> list[list[str]]:
@@ -158,7 +185,7 @@ def _shards(shapes: Mapping[str, tuple[int, ...]]) -> list[list[str]]:
 
 
 def _write_safetensors(path: Path, tensors: Mapping[str, tuple[int, ...]],
-                       produce: Callable[[str], NDArray[np.uint16]]) -> None:
+                       produce: Callable[[str], Iterator[NDArray[np.uint16]]]) -> None:
     """Stream bf16 tensors into one safetensors file (the header first, then each tensor)."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -172,7 +199,8 @@ def _write_safetensors(path: Path, tensors: Mapping[str, tuple[int, ...]],
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name in tensors:
-            f.write(produce(name).tobytes())
+            for piece in produce(name):
+                f.write(piece.data)
 
 
 def _seed_for(seed: int, name: str) -> np.random.Generator:
@@ -190,13 +218,13 @@ def _populate(root: Path, config: Mapping[str, Any], seed: int,
     for n, names in enumerate(shards, start=1):
         file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
 
-        def produce(name: str) -> NDArray[np.uint16]:
+        def produce(name: str) -> Iterator[NDArray[np.uint16]]:
             nonlocal done
-            bits = _values(_seed_for(seed, name), name, shapes[name])
-            done += bits.nbytes
-            if progress is not None:
-                progress(done, total)
-            return bits
+            for piece in _windows(seed, name, shapes[name]):
+                yield piece
+                done += piece.nbytes
+                if progress is not None:
+                    progress(done, total)
 
         _write_safetensors(root / file, {k: shapes[k] for k in names}, produce)
         weight_map |= dict.fromkeys(names, file)
