@@ -110,6 +110,7 @@ def test_json_has_the_documented_keys(tmp_path: Path) -> None:
         "symbol": "fused_add_rms_norm",
         "layout": "flat",
         "params": 6,
+        "param_sizes": [8, 8, 8, 4, 4, 4],
         "max_param_size": 8,
         "pointer_params": 3,
         "launches": 18 * 4,

@@ -126,6 +126,7 @@ class AbiEntry:
     symbol: str
     layout: Literal["flat", "packed", "unknown"]
     params: int | None
+    param_sizes: tuple[int, ...] | None
     max_param_size: int | None
     pointer_params: int
     launches: int
@@ -187,6 +188,7 @@ class Analysis:
                     "symbol": a.symbol,
                     "layout": a.layout,
                     "params": a.params,
+                    "param_sizes": None if a.param_sizes is None else list(a.param_sizes),
                     "max_param_size": a.max_param_size,
                     "pointer_params": a.pointer_params,
                     "launches": a.launches,
@@ -484,18 +486,16 @@ def _abi(launches: Sequence[Launch]) -> list[AbiEntry]:
         group = by_symbol[symbol]
         flat = [la.params for la in group if isinstance(la.params, tuple)]
         if flat:
-            first = flat[0]
             pointers = {i for params in flat for i, p in enumerate(params) if p.pointer is not None}
-            sizes = [p.size for p in first]
-            entries.append(
-                AbiEntry(
-                    symbol, "flat", len(first), max(sizes, default=0), len(pointers), len(group)
-                )
+            sizes = tuple(p.size for p in flat[0])
+            entry = AbiEntry(
+                symbol, "flat", len(sizes), sizes, max(sizes, default=0), len(pointers), len(group)
             )
         elif any(la.params is None for la in group):
-            entries.append(AbiEntry(symbol, "packed", None, None, 0, len(group)))
+            entry = AbiEntry(symbol, "packed", None, None, None, 0, len(group))
         else:
-            entries.append(AbiEntry(symbol, "unknown", None, None, 0, len(group)))
+            entry = AbiEntry(symbol, "unknown", None, None, None, 0, len(group))
+        entries.append(entry)
     return entries
 
 
