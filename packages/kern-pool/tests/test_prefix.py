@@ -357,3 +357,15 @@ def test_parked_entry_becomes_resident_again() -> None:
 def test_unit_must_be_positive() -> None:
     with pytest.raises(ApiError):
         Prefix(0)
+
+
+def test_many_hits_keep_eviction_exact() -> None:
+    tree = _tree()
+    a, b = Val(2, True, "a"), Val(2, True, "b")
+    tree.insert((1, 1), a)
+    tree.insert((2, 2), b)
+    for _ in range(300):  # stale heap items pile up and get compacted
+        assert tree.lookup((1, 1, 0)) is not None
+    assert tree.evict(None) == Evicted((2, 2), False, ())
+    assert tree.evict(None) == Evicted((1, 1), False, ())
+    assert a.released and b.released

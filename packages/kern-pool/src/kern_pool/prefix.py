@@ -371,21 +371,15 @@ class Prefix(Generic[R, P]):
     # ---- evict ---------------------------------------------------------------------------
 
     def _coldest(self, heap: list[tuple[int, int, _Entry[R, P]]], resident: bool) -> _Entry[R, P] | None:
-        kept: list[tuple[int, int, _Entry[R, P]]] = []
-        found: _Entry[R, P] | None = None
         while heap:
             stamp, _, e = heap[0]
-            value = e.resident if resident else e.parked
-            if value is None or e.stamp != stamp or e.node.entry is not e:
-                heapq.heappop(heap)
-                continue
-            if (e.node.res if resident else e.node.park) == 1:
-                found = e
-                break
-            kept.append(heapq.heappop(heap))
-        for item in kept:
-            heapq.heappush(heap, item)
-        return found
+            if (e.resident if resident else e.parked) is not None and e.stamp == stamp and e.node.entry is e:
+                # NOTE: every stamp walks from an entry up to the root, so an entry is always older
+                # than the entries above it: the coldest entry of a tier is a leaf of that tier.
+                assert (e.node.res if resident else e.node.park) == 1
+                return e
+            heapq.heappop(heap)
+        return None
 
     def evict(self, park: Callable[[R], P | None] | None) -> Evicted | None:
         """Park or drop the least recently hit resident leaf; None when nothing is resident.
