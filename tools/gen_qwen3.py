@@ -1,13 +1,15 @@
 """Qwen3 manifest generator: any Qwen3 `config.json` + our kernels -> a kern manifest (schema v5).
 
     python tools/gen_qwen3.py CONFIG.json -o examples/qwen3-4b.json [--model NAME]
-        [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048]
+        [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048] [--feed device|host]
 
 builds tools/kernels-src into kernels/ (`build_kernels`, cached by hash), finds which module defines
-each entry, and writes the manifest. The layout, kernels and programs follow docs/qwen3.md: three
-programs (`load` once: rope tables; `prefill`: chunk rows, writes only KV; `decode`: graph, one
-row, logits + two-stage argmax + device-side advance). Weights bind straight onto the Hugging Face
-checkpoint names; a tied lm_head reads the embedding buffer.
+each entry, and writes the manifest. The layout, kernels and programs follow docs/qwen3.md:
+`load` (once: rope tables), `prefill` (chunk rows, writes only KV), `decode` (graph, one row:
+logits + two-stage argmax into `next_token`) and, when device-fed, `start` (seeds the step's carry
+buffers from the staged inputs; the decode step ends with `kern_decode_advance`). Weights bind
+straight onto the Hugging Face checkpoint names (q/k/v and gate/up concatenated in the bind); a tied
+lm_head reads the embedding buffer. docs/run.md says how kern-run drives these programs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "GenError",
     "KernelsError",
     "Qwen3Shape",
+    "build_and_hash",
     "decode_gemm_shapes",
     "decode_weight_bytes",
     "entry_modules",
@@ -657,6 +660,8 @@ def build_and_hash(src: Path, out: Path) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from kern_cli.kernels_cmd import KernelBuildError
+
     args = _parse(argv)
     try:
         cfg = json.loads(args.config.read_text())
@@ -666,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         feed = args.feed or ("device" if all(e in entries for e in DEVICE_FEED_ENTRIES) else "host")
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed)
-    except (OSError, json.JSONDecodeError, GenError) as exc:
+    except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -261,3 +261,12 @@ def test_manifest_abi_matches_kernel_sources() -> None:
                         assert kind == f"buffer<{ctype}>", where
                 else:
                     assert not ptr and text == ctype, where
+
+
+def test_main_reports_a_failed_build_on_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(QWEN3_TINY_CONFIG)))
+    assert gen.main([str(cfg), "-o", str(tmp_path / "m.json"), "--kernels-src", str(tmp_path / "nosrc")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gen_qwen3: ")
+    assert not (tmp_path / "m.json").exists()
