@@ -1,0 +1,166 @@
+"""GB/s of kern's bf16 GEMV (tools/kernels-src/gemv.cu) at the Qwen3-4B decode shapes, against
+torch.mm (cuBLAS) and a device-to-device copy in the same run, on the local GPU.
+
+Each case is captured LAUNCHES times back to back into one CUDA graph (torch.cuda.graph), the
+launches rotating over enough copies of W that they never find it in L2 (as in a decode step, whose
+36 layers of weights are far larger than L2); the graph is replayed REPLAYS times between CUDA
+events and the median replay gives the time per launch (the ~1 us a graph node costs included).
+Bytes counted: W + x + y. Besides the pinned build, the GEMV_* variants listed below are built and
+timed (the pinned values are the ones docs/qwen3.md's grid uses).
+
+Usage: python3 tools/tests/helpers/time_gemv.py [out.md]
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import cupy as cp
+import kernel_harness as h
+import torch
+
+LAUNCHES = 200
+REPLAYS = 5
+MIN_ROTATION_BYTES = 512 << 20
+LAYERS = 36
+# (name, n, k, per step): qkv, o, gate+up, down per layer; lm_head once.
+SHAPES = [
+    ("qkv 6144x2560", 6144, 2560, LAYERS),
+    ("o 2560x4096", 2560, 4096, LAYERS),
+    ("gate_up 19456x2560", 19456, 2560, LAYERS),
+    ("down 2560x9728", 2560, 9728, LAYERS),
+    ("lm_head 151936x2560", 151936, 2560, 1),
+]
+# (GEMV_WARPS, GEMV_RPW, GEMV_UNROLL); None is the source as committed.
+VARIANTS: list[tuple[int, int, int] | None] = [None, (8, 1, 8), (4, 2, 4), (4, 1, 4), (8, 2, 4)]
+
+
+def macro(text: str, name: str) -> int:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "#define" and parts[1] == name:
+            return int(parts[2])
+    raise SystemExit(f"gemv.cu defines no {name}")
+
+
+class Build:
+    """One build of gemv.cu (optionally with GEMV_* macros prepended) by kern's build_kernels."""
+
+    def __init__(self, work: Path, variant: tuple[int, int, int] | None) -> None:
+        src = work / "src"
+        src.mkdir(parents=True)
+        for header in h.KERNELS_SRC.glob("*.cuh"):
+            shutil.copy(header, src / header.name)
+        text = (h.KERNELS_SRC / "gemv.cu").read_text()
+        if variant is None:
+            variant = (
+                macro(text, "GEMV_WARPS"),
+                macro(text, "GEMV_RPW"),
+                macro(text, "GEMV_UNROLL"),
+            )
+            self.label = "kern {}w x {}r, unroll {} (pinned)".format(*variant)
+        else:
+            self.label = "kern {}w x {}r, unroll {}".format(*variant)
+            text = (
+                "#define GEMV_WARPS {}\n#define GEMV_RPW {}\n#define GEMV_UNROLL {}\n".format(
+                    *variant
+                )
+                + text
+            )
+        (src / "gemv.cu").write_text(text)
+        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+        built = h.build_kernels(src, work / "cubins", compiler=(nvcc,))
+        path, _sha = built["gemv"]
+        self.fn = cp.RawModule(path=str(path)).get_function("kern_gemv_bf16")
+        self.rows_per_block = variant[0] * variant[1]
+        self.threads = variant[0] * 32
+
+    def launch(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
+        rows, k = x.shape
+        n = w.shape[0]
+        grid = ((n + self.rows_per_block - 1) // self.rows_per_block, 1, 1)
+        args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(k), h.i32(n))
+        with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
+            self.fn(grid, (self.threads, 1, 1), args)
+
+
+def time_graph(bodies: list[Callable[[], None]], launches: int = LAUNCHES) -> float:
+    """Microseconds per launch: `launches` launches cycling over `bodies`, in one graph."""
+    for b in bodies:
+        b()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            bodies[i % len(bodies)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / launches)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a 1 GiB device-to-device copy (read + write counted)."""
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    us = time_graph([lambda: dst.copy_(src)], launches=20)
+    return 2 * src.numel() * 2 / us / 1e3
+
+
+def main(out: Path | None) -> None:
+    torch.manual_seed(0)
+    work = Path(tempfile.mkdtemp(prefix="time_gemv_"))
+    builds = [Build(work / f"v{i}", v) for i, v in enumerate(VARIANTS)]
+    labels = ["cuBLAS torch.mm", *[b.label for b in builds]]
+    copy_gbs = copy_bandwidth()
+    lines = [
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+        f"1 GiB D2D copy {copy_gbs:.0f} GB/s; {LAUNCHES} launches per graph, median of {REPLAYS}",
+        "",
+        "| shape (n x k), rows 1 | " + " | ".join(labels) + " |",
+        "|---" * (len(labels) + 1) + "|",
+    ]
+    step = [0.0] * len(labels)
+    for name, n, k, per_step in SHAPES:
+        nbytes = n * k * 2
+        copies = max(2, math.ceil(MIN_ROTATION_BYTES / nbytes))
+        ws = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        moved = nbytes + 2 * k + 2 * n
+        cells: list[str] = []
+        times = [time_graph([lambda w=w, x=x, y=y: torch.mm(x, w.t(), out=y) for w in ws])]
+        for b in builds:
+            times.append(time_graph([lambda w=w, b=b, x=x, y=y: b.launch(x, w, y) for w in ws]))
+        for i, us in enumerate(times):
+            step[i] += us * per_step
+            cells.append(f"{us:.2f} us, {moved / us / 1e3:.0f} GB/s")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        del ws
+        torch.cuda.empty_cache()
+    lines.append(
+        "| GEMV time of a decode step (36 layers + lm_head) | "
+        + " | ".join(f"{s / 1000:.3f} ms" for s in step)
+        + " |"
+    )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)

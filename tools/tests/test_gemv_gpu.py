@@ -1,0 +1,234 @@
+"""GPU correctness of kern's bf16 GEMV (tools/kernels-src/gemv.cu) against float64 and float32 torch
+references, at the Qwen3-4B decode shapes and at odd ones (a column tail, rows 1..4, a band of a
+wider output). Every built variant of the GEMV_* macros that tools/tests/helpers/time_gemv.py
+compares is checked too, so whichever one the docs pin is covered."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+
+
+def _load(name: str) -> ModuleType:
+    path = Path(__file__).parent / "helpers" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"kern_tools_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+h = _load("kernel_harness")
+BF16 = torch.bfloat16
+DEV = "cuda"
+
+# (rows, n, k): the four Qwen3-4B projections of a decode step plus lm_head, then odd shapes.
+SHAPES_4B = [(1, 6144, 2560), (1, 2560, 4096), (1, 19456, 2560), (1, 2560, 9728), (1, 151936, 2560)]
+SHAPES_ODD = [
+    (1, 1, 8),
+    (1, 3, 16),
+    (2, 5, 264),
+    (3, 7, 2048),
+    (4, 1001, 2568),
+    (4, 2561, 9728),
+    (2, 6145, 4096),
+    (3, 19459, 1544),
+    (1, 37, 40),
+]
+# Variants (GEMV_WARPS, GEMV_RPW, GEMV_UNROLL) built besides the pinned default.
+VARIANTS = [(8, 1, 8), (4, 2, 4), (4, 1, 4)]
+
+pytestmark = pytest.mark.gpu
+
+
+class Gemv(h.Kernels):
+    """gemv.cu alone, built by kern's own build_kernels, optionally with GEMV_* macros prepended."""
+
+    def __init__(self, work: Path, variant: tuple[int, int, int] | None = None) -> None:
+        src = work / "src"
+        src.mkdir(parents=True)
+        for header in h.KERNELS_SRC.glob("*.cuh"):
+            shutil.copy(header, src / header.name)
+        text = (h.KERNELS_SRC / "gemv.cu").read_text()
+        if variant is not None:
+            warps, rpw, unroll = variant
+            text = (
+                f"#define GEMV_WARPS {warps}\n#define GEMV_RPW {rpw}\n#define GEMV_UNROLL {unroll}\n"
+                + text
+            )
+        (src / "gemv.cu").write_text(text)
+        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+        built = h.build_kernels(src, work / "cubins", compiler=(nvcc,))
+        import cupy as cp
+
+        self.modules = {m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()}
+        self.shas = {m: sha for m, (_p, sha) in built.items()}
+        self._fns = {}
+        self.rows_per_block = variant[0] * variant[1] if variant else _pinned_rows_per_block()
+        self.threads = (variant[0] if variant else _pinned_warps()) * 32
+
+    def gemv(
+        self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, y_stride: int, acc: bool = False
+    ) -> None:
+        rows, k = x.shape
+        n = w.shape[0]
+        grid = ((n + self.rows_per_block - 1) // self.rows_per_block, 1, 1)
+        name = "kern_gemv_bf16_acc" if acc else "kern_gemv_bf16"
+        self.launch(
+            name,
+            grid,
+            (self.threads, 1, 1),
+            h.ptr(x),
+            h.ptr(w),
+            h.ptr(y),
+            h.i32(rows),
+            h.i32(n),
+            h.i32(k),
+            h.i32(y_stride),
+        )
+
+
+def _macro(name: str) -> int:
+    for line in (h.KERNELS_SRC / "gemv.cu").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "#define" and parts[1] == name:
+            return int(parts[2])
+    raise AssertionError(f"gemv.cu defines no {name}")
+
+
+def _pinned_warps() -> int:
+    return _macro("GEMV_WARPS")
+
+
+def _pinned_rows_per_block() -> int:
+    return _macro("GEMV_WARPS") * _macro("GEMV_RPW")
+
+
+@pytest.fixture(scope="module")
+def k(tmp_path_factory: pytest.TempPathFactory) -> Gemv:
+    return Gemv(tmp_path_factory.mktemp("gemv"))
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory) -> list[Gemv]:
+    return [Gemv(tmp_path_factory.mktemp(f"gemv{i}"), v) for i, v in enumerate(VARIANTS)]
+
+
+def _gen(seed: int) -> torch.Generator:
+    g = torch.Generator(device=DEV)
+    g.manual_seed(seed)
+    return g
+
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """bf16 bit patterns as integers ordered like the values (+0 and -0 both 0)."""
+    b = t.contiguous().view(torch.int16).to(torch.int32)
+    return torch.where(b < 0, -(b & 0x7FFF), b)
+
+
+def _check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, y0: torch.Tensor | None) -> None:
+    """out is bf16 of an f32 sum: the bound of any f32 summation order, then one bf16 rounding.
+
+    Exactly: |out - ref64| <= k * 2^-24 * sum|x w| + half a bf16 ulp of the f32 value, everywhere;
+    and within 1 bf16 ulp of torch's float32 matmul rounded to bf16 at >= 99.9 % of the elements.
+    """
+    kk = x.shape[1]
+    ref64 = x.double() @ w.double().T
+    absdot = x.double().abs() @ w.double().abs().T
+    ref32 = x.float() @ w.float().T
+    if y0 is not None:
+        ref64 = ref64 + y0.double()
+        absdot = absdot + y0.double().abs()
+        ref32 = ref32 + y0.float()
+    f32_err = kk * 2.0**-24 * absdot
+    mag = ref64.abs() + f32_err
+    half_ulp = torch.exp2(torch.floor(torch.log2(mag.clamp_min(2.0**-126))) - 8)
+    err = (out.double() - ref64).abs()
+    bad = err > 1.0001 * (f32_err + half_ulp)
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {out.numel()} outside the f32-sum + bf16 rounding bound; "
+        f"worst at {int(torch.argmax((err / (f32_err + half_ulp)).flatten()))}"
+    )
+    apart = (_ordered(out) - _ordered(ref32.to(BF16))).abs()
+    near = (apart <= 1).double().mean().item()
+    assert near >= 0.999, f"only {near:.5f} within 1 bf16 ulp of torch f32 matmul -> bf16"
+
+
+def _run(
+    k: Gemv, rows: int, n: int, kk: int, seed: int, stride_pad: int = 0, acc: bool = False
+) -> None:
+    g = _gen(seed)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(n, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    # The output is a band: columns [off, off + n) of a [rows, width] buffer, y_stride = width.
+    off = 3 if stride_pad else 0
+    width = off + n + stride_pad
+    sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
+    buf = sentinel.clone()
+    k.gemv(x, w, buf.view(-1)[off:], width, acc=acc)
+    torch.cuda.synchronize()
+    out = buf[:, off : off + n]
+    _check(out, x, w, sentinel[:, off : off + n] if acc else None)
+    outside = torch.ones_like(buf, dtype=torch.bool)
+    outside[:, off : off + n] = False
+    assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
+
+
+@pytest.mark.parametrize(("rows", "n", "kk"), SHAPES_4B)
+def test_gemv_qwen3_4b_shapes(k: Gemv, rows: int, n: int, kk: int) -> None:
+    _run(k, rows, n, kk, seed=n + kk)
+
+
+@pytest.mark.parametrize(("rows", "n", "kk"), SHAPES_ODD)
+@pytest.mark.parametrize("stride_pad", [0, 5])
+def test_gemv_odd_shapes(k: Gemv, rows: int, n: int, kk: int, stride_pad: int) -> None:
+    _run(k, rows, n, kk, seed=7 * n + kk + stride_pad, stride_pad=stride_pad)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_gemv_rows_4b_o_proj(k: Gemv, rows: int) -> None:
+    _run(k, rows, 2560, 4096, seed=rows, stride_pad=5)
+
+
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 2560, 9728), (1, 2560, 4096), (3, 1001, 2568)])
+def test_gemv_acc(k: Gemv, rows: int, n: int, kk: int) -> None:
+    _run(k, rows, n, kk, seed=11 + n, stride_pad=5, acc=True)
+
+
+def test_gemv_rows_outside_1_to_4_write_nothing(k: Gemv) -> None:
+    g = _gen(3)
+    x = torch.randn(5, 256, generator=g, device=DEV).to(BF16)
+    w = torch.randn(64, 256, generator=g, device=DEV).to(BF16)
+    y = torch.randn(5, 64, generator=g, device=DEV).to(BF16)
+    before = y.clone()
+    for rows in (0, 5):
+        k.launch(
+            "kern_gemv_bf16",
+            (64 // k.rows_per_block, 1, 1),
+            (k.threads, 1, 1),
+            h.ptr(x),
+            h.ptr(w),
+            h.ptr(y),
+            h.i32(rows),
+            h.i32(64),
+            h.i32(256),
+            h.i32(64),
+        )
+    torch.cuda.synchronize()
+    assert torch.equal(y, before)
+
+
+def test_gemv_variants(variants: list[Gemv]) -> None:
+    for v in variants:
+        for rows, n, kk in [(1, 2560, 9728), (4, 1001, 2568), (2, 6145, 4096), (1, 37, 40)]:
+            _run(v, rows, n, kk, seed=rows * n, stride_pad=5)
+        _run(v, 2, 999, 2560, seed=5, stride_pad=5, acc=True)
