@@ -443,7 +443,7 @@ class Pool:
         Raises:
             ApiError: `plan` is not the plan in flight.
         """
-        if self._pending is None or plan is not self._pending:
+        if self._pending is None or plan != self._pending:
             raise ApiError(f"remap plan {plan.serial} is not the plan in flight; complete only `pending`")
         self._pending = None
         for p in plan.made_pages:
