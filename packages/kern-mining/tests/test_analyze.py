@@ -3,11 +3,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kern_mining.analyze import Analysis, AnalyzeConfig, analyze, analyze_dir
 from kern_mining.dump import load_dump
@@ -322,3 +325,14 @@ def test_an_eager_pytorch_shaped_capture(tmp_path: Path) -> None:
     for key, want in truth.sites.items():
         assert sites[key].grid == want.grid, key
         assert dict(sites[key].pointers) == want.pointers, key
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 5), st.integers(1, 4), st.booleans())
+def test_recovery_holds_for_random_seeds_depths_and_jitter(
+    seed: int, layers: int, steps: int, jitter: bool
+) -> None:
+    spec = SynthSpec(seed=seed, layers=layers, decode_steps=steps, boundary_jitter=jitter)
+    with tempfile.TemporaryDirectory() as tmp:
+        pid, truth = synthetic(Path(tmp), spec)
+        assert_recovers(analyze_dir(pid), truth)
