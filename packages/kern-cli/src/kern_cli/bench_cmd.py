@@ -7,7 +7,7 @@ Rows (the bench convention: name, value, unit, target, peer):
 - `decode_ms_per_token@ctx<c>`: median wall time of >= 200 single decode steps at context c, each
   one replay + the 8-byte readback (+ the host writes of a host-fed manifest): what kern-run pays.
 - `decode_gpu_ms_per_step@ctx<c>`: back-to-back replays of the same step graph, no readback, wall
-  divided by the count: the GPU time of a step.
+  divided by the count: the GPU time of a step; `decode_host_gap_us@ctx<c>` the difference.
 - `gemm_floor_ms_per_step`: the decode step's GEMM calls alone (same shapes, same weights, cublasLt)
   captured in one graph and replayed back to back.
 - `prefill_ms@<n>` / `ttft_ms@<n>`: chunked prefill of an n-token prompt (the first n-1 tokens),
@@ -157,9 +157,12 @@ def _decode_rows(s: Session, ctx: int, steps: int, vocab: int, chunk: int, rng: 
         s.rt.issue(s.proto.step_program, s.proto.step_vars)
     s.rt.synchronize()
     gpu_ms = (time.perf_counter_ns() - t0) / steps / 1e6
+    per_token = _median_ms(samples)
     return [
-        _row(f"decode_ms_per_token@ctx{ctx}", _median_ms(samples), "ms"),
+        _row(f"decode_ms_per_token@ctx{ctx}", per_token, "ms"),
         _row(f"decode_gpu_ms_per_step@ctx{ctx}", gpu_ms, "ms"),
+        _row(f"decode_host_gap_us@ctx{ctx}", (per_token - gpu_ms) * 1e3, "us",
+             peer="per-token time minus back-to-back GPU time: readback + host feed + launch"),
     ]
 
 
