@@ -39,23 +39,24 @@ class Kind:
 
     def take(self, n: int) -> list[int]:
         """Hold the `n` lowest-numbered free objects (the caller checked `free`)."""
-        heap, state, pop = self.heap, self.state, heapq.heappop
+        heap, state, pop, free, held = self.heap, self.state, heapq.heappop, _FREE, _HELD
         out: list[int] = []
-        while len(out) < n:
+        need = n
+        while need:
             i = pop(heap)
-            if state[i] is _FREE:
-                state[i] = _HELD
+            if state[i] is free:
+                state[i] = held
                 out.append(i)
+                need -= 1
         self.free -= n
         self.held += n
         return out
 
     def give(self, ids: Sequence[int]) -> None:
         """Return held objects; they stay of this kind."""
-        heap, state, push = self.heap, self.state, heapq.heappush
+        heap, state, push, free = self.heap, self.state, heapq.heappush, _FREE
         for i in ids:
-            assert state[i] is _HELD
-            state[i] = _FREE
+            state[i] = free
             push(heap, i)
         self.free += len(ids)
         self.held -= len(ids)
