@@ -43,6 +43,8 @@ def _start(rt: kr.Runtime, prompt: list[int]) -> None:
     rt.write_input("positions", np.array([n - 1], np.int64))
     rt.write_input("slots", np.array([n - 1], np.int64))
     rt.write_input("seq_len", np.array([n], np.int32))
+    if "start" in rt.manifest.programs:  # device-fed decode: seed the step carries from the inputs
+        rt.run("start", {})
 
 
 def _decode(rt: kr.Runtime, steps: int, graph: bool) -> tuple[list[int], float]:

@@ -23,8 +23,9 @@ SHA = "ab" * 32
         manifests.gemm(),
         manifests.gemm({"id": 999999}),
         manifests.same_name(SHA, 2),
+        manifests.pooled(SHA),
     ],
-    ids=["basic", "basic-i64", "features", "chain", "gemm", "gemm-algo", "same-name"],
+    ids=["basic", "basic-i64", "features", "chain", "gemm", "gemm-algo", "same-name", "pooled"],
 )
 def test_test_manifests_verify(doc: dict[str, object]) -> None:
     problems = check(parse_manifest(json.dumps(doc)))

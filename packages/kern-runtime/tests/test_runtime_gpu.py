@@ -391,3 +391,37 @@ def test_load_over_claims_identical_weights(kdir: Path, sha: str, tmp_path: Path
         np.testing.assert_array_equal(_f32(rt2, "c"), t["s"] * 2 + 1)
     finally:
         rt2.close()
+
+
+def test_pool_leases_checkpoints_and_restores_on_vmm(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "p.json", manifests.pooled(sha))
+    page = 16 * 4096
+    with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=256, seqs=1)) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        assert "pages of 16 tokens" in rt.summary() and rt.pool.pages_free == rt.pool.pages_max
+        rt.run("stamp", {})
+        stamp = 7 + np.arange(128, dtype=np.int64)
+        np.testing.assert_array_equal(rt.read_state("kv", 32768, 1024).view(np.int64), stamp)
+        np.testing.assert_array_equal(rt.read_state("ssm", 1 << 19, 1024).view(np.int64), stamp + 2)
+        lease = rt.lease(32)
+        slot = lease.state_slot
+        assert slot is not None and len(lease.pages) == 2
+        for p in lease.pages:
+            assert not rt.read_state("kv", p * page, page).any()
+        pattern = np.random.default_rng(4).integers(0, 255, page, dtype=np.uint8)
+        state = np.random.default_rng(5).integers(0, 255, 1 << 20, dtype=np.uint8)
+        rt.write_state("kv", lease.pages[1] * page, pattern)
+        rt.write_state("ssm", slot << 20, state)
+        cp = rt.checkpoint(lease, 20)
+        assert cp.pages[0] == lease.pages[0] and cp.pages[1] != lease.pages[1] and cp.state_slot is not None
+        np.testing.assert_array_equal(rt.read_state("kv", cp.pages[1] * page, page), pattern)
+        np.testing.assert_array_equal(rt.read_state("ssm", cp.state_slot << 20, 1 << 20), state)
+        child = rt.restore(cp, 20, 64)
+        assert child.pages[0] == lease.pages[0] and len(child.pages) == 4 and child.state_slot is not None
+        np.testing.assert_array_equal(rt.read_state("kv", child.pages[1] * page, page), pattern)
+        np.testing.assert_array_equal(rt.read_state("ssm", child.state_slot << 20, 1 << 20), state)
+        assert not rt.read_state("kv", child.pages[2] * page, page).any()
+        extra = [rt.lease(16) for _ in range(3)]  # past the first 3 slots: a remap lands
+        assert rt.pool.remaps >= 1 and all(x.state_slot is not None for x in extra)
+        with pytest.raises(kr.ApiError, match="outside"):
+            rt.read_state("kv", -1, 8)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import kern_pool
 from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest
 from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg, VarArg
 
@@ -25,6 +26,7 @@ from .errors import ApiError, CallError, KernelArtifactError, KernRuntimeError, 
 from .graphs import Graph, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
 from .memory import Allocation
+from .sequences import Sequences, pool_layout
 from .weights import Tensors, plan_bind
 
 __all__ = ["Capacity", "Resident", "Runtime"]
@@ -124,6 +126,7 @@ class Runtime:
         self._arch = 0
         self._chunk = CHUNK_BYTES
         self._ranks: dict[str, int] = {}
+        self._seqs: Sequences | None = None
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -252,12 +255,27 @@ class Runtime:
     def _allocate_states(self) -> None:
         gran = drv.vmm_granularity(self._dev)
         for name, st in self.manifest.states.items():
-            units = self._page_units(name)
-            nbytes, chunk, note = memory.state_size(st, self.capacity.tokens, self.capacity.seqs, units, gran)
+            if st.bytes is None:
+                continue
+            nbytes, chunk, note = memory.state_size(st, self.capacity.tokens, self.capacity.seqs, 1, gran)
             alloc = memory.vmm(self._stack, self._dev, nbytes, chunk)
             drv.memset_async(alloc.ptr, alloc.nbytes, self._stream)
             self._states[name] = alloc
             self._state_notes[name] = note
+        paged, per_seq, unit, row = pool_layout(self.manifest)
+        if paged or per_seq:
+            tokens = max(self.capacity.tokens // unit * unit, unit)
+            config = kern_pool.pool_config(
+                paged, per_seq, unit=unit, row_pages=row or -(-tokens // unit),
+                capacity=kern_pool.Capacity(tokens, self.capacity.seqs),
+            )  # fmt: skip
+            self._seqs = Sequences(self._stack, self._dev, self._stream, config)
+            for name, (base, reserved) in self._seqs.spans.items():
+                self._states[name] = Allocation(base, reserved, "vmm")
+            for p in paged:
+                self._state_notes[p.name] = f"paged, {config.pages_max} pages of {unit} tokens, pool chunk {_size(config.chunk)}"
+            for q in per_seq:
+                self._state_notes[q.name] = f"per-seq, {config.first_slots} slots (up to {config.slots_max}), pool chunk {_size(config.chunk)}"
         drv.stream_synchronize(self._stream)
 
     def _allocate_scratch(self) -> None:
@@ -500,6 +518,68 @@ class Runtime:
         self._program(program)
         steps = self._compile(program, self._key(program, vars))
         return [(s.label, dict(s.algo)) for s in steps if s.algo is not None]
+
+    # -- sequences (kern_pool decisions on VMM arenas) ---------------------------------------------
+
+    def _pool(self) -> Sequences:
+        self._live()
+        if self._seqs is None:
+            raise ApiError("this manifest declares no paged or per-seq state: there is no sequence pool")
+        return self._seqs
+
+    @property
+    def pool(self) -> kern_pool.Pool:
+        """The kern_pool Pool deciding pages and slots (for schedulers that read its counts)."""
+        return self._pool().pool
+
+    def lease(self, tokens: int) -> kern_pool.Lease:
+        """Fresh pages for `tokens` tokens plus a slot per per-seq state, zeroed on the stream.
+
+        Raises:
+            ApiError: no pool, or bad tokens. kern_pool.Denied (ExceedsRow, ExceedsPool, Busy):
+                nothing fits now.
+        """
+        return self._pool().lease(tokens)
+
+    def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+        """Keeps `lease`'s first `length` tokens; the partial page and slot are copied on the stream."""
+        return self._pool().checkpoint(lease, length)
+
+    def restore(self, checkpoint: kern_pool.Checkpoint, length: int, tokens: int) -> kern_pool.Lease:
+        """A new lease starting from `checkpoint`'s first `length` tokens, with room for `tokens`."""
+        return self._pool().restore(checkpoint, length, tokens)
+
+    def fork(self, parent: kern_pool.Lease, length: int, tokens: int) -> kern_pool.Lease:
+        """A new lease sharing `parent`'s first `length` tokens (partial page and slot copied)."""
+        return self._pool().fork(parent, length, tokens)
+
+    def settle(self) -> None:
+        """Lands a pending remap plan now (drains the stream first)."""
+        self._pool().settle()
+
+    def read_state(self, name: str, start: int, nbytes: int) -> npt.NDArray[np.uint8]:
+        """`nbytes` of state `name` from byte `start` (mapped memory only); synchronizes."""
+        alloc = self._state(name, start, nbytes)
+        out = np.empty(nbytes, dtype=np.uint8)
+        self.synchronize()
+        drv.copy_dtoh(out.ctypes.data, alloc.ptr + start, nbytes)
+        return out
+
+    def write_state(self, name: str, start: int, data: npt.ArrayLike) -> None:
+        """Writes bytes into state `name` at byte `start` (mapped memory only); synchronizes."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        alloc = self._state(name, start, raw.nbytes)
+        self.synchronize()
+        drv.copy_htod(alloc.ptr + start, raw.ctypes.data, raw.nbytes)
+
+    def _state(self, name: str, start: int, nbytes: int) -> Allocation:
+        self._live()
+        alloc = self._states.get(name)
+        if alloc is None:
+            raise ApiError(f"unknown state {name!r}; states: {sorted(self._states)}")
+        if start < 0 or nbytes < 0 or start + nbytes > alloc.nbytes:
+            raise ApiError(f"state {name!r} range [{start}, {start + nbytes}) is outside its {alloc.nbytes} bytes")
+        return alloc
 
     # -- inputs and outputs -----------------------------------------------------------------------
 

@@ -189,3 +189,23 @@ def same_name(sha: str, extra: int) -> Json:
             {"op": "runtime_n", "args": [{"buf": "x"}, {"buf": "y"}, {"buf": "oa"}, {"i32": 1024}]},
             {"op": "const_n", "args": [{"buf": "x"}, {"buf": "y"}, {"buf": "ob"}]}]}},
     }
+
+
+def pooled(sha: str) -> Json:
+    """A paged state (16-token pages through a block table's stride) and a per-seq state."""
+    stamp = _launch("t", "rt_fill_i64", [1, 1, 1], params=["inout state", "i64", "u8", "i32"],
+                    args=[{"param": 0}, {"param": 2}, {"param": 3}, {"param": 4}])
+    return {
+        "schema_version": 5,
+        "model": "rt-pooled",
+        "states": {"kv": {"bytes_per_token": 4096}, "ssm": {"bytes_per_seq": 1 << 20}},
+        "buffers": {"bt": {"dtype": "i32", "shape": [4, 64], "kind": "input",
+                           "domain": {"index_into": "kv", "stride": 16}}},
+        "modules": {"t": {"source": "rt_test.cubin", "sha256": sha}},
+        "ops": {"stamp": {"params": ["inout state", "in buffer<i32>", "i64", "u8", "i32"],
+                          "impl": {"launches": [stamp]}}},
+        "programs": {"stamp": {"calls": [
+            {"op": "stamp", "args": [{"state": "kv", "offset": 32768}, {"buf": "bt"}, {"i64": 7}, {"u8": 1}, {"i32": 128}]},
+            {"op": "stamp", "args": [{"state": "ssm", "offset": 1 << 19}, {"buf": "bt"}, {"i64": 9}, {"u8": 1},
+                                     {"i32": 128}]}]}},
+    }  # fmt: skip
