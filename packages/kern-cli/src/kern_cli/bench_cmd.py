@@ -190,7 +190,11 @@ def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights:
 
     gm = parse_manifest(json.dumps(gemm_only_manifest(manifest, s.proto.step_program)))
     resident = s.rt.into_resident()
-    rt = kr.Runtime.load(gm, kernels, gpu=gpu, capacity=kr.Capacity(tokens=16, seqs=1), over=resident)
+    try:
+        rt = kr.Runtime.load(gm, kernels, gpu=gpu, capacity=kr.Capacity(tokens=16, seqs=1), over=resident)
+    except BaseException:
+        resident.close()
+        raise
     try:
         rt.load_weights(kr.Safetensors.open([str(p) for p in weights]))
         vars_ = dict.fromkeys(gm.vars, 1)
