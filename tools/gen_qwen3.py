@@ -1,6 +1,6 @@
 """Qwen3 manifest generator: any Qwen3 `config.json` + our kernels -> a kern manifest (schema v5).
 
-    python tools/gen_qwen3.py CONFIG.json -o examples/qwen3-4b.json [--model NAME]
+    python tools/gen_qwen3.py (CONFIG.json | --preset qwen3-4b|qwen3-tiny) -o OUT.json [--model NAME]
         [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048] [--feed device|host]
 
 builds tools/kernels-src into kernels/ (`build_kernels`, cached by hash), finds which module defines
@@ -31,6 +31,7 @@ __all__ = [
     "FEEDS",
     "PAGE_TOKENS",
     "PREFILL_BM",
+    "PRESETS",
     "ConfigError",
     "GenError",
     "KernelsError",
@@ -640,7 +641,9 @@ def _buffer_bytes(buffer: Mapping[str, Any]) -> int:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gen_qwen3", description=__doc__.splitlines()[0])
-    p.add_argument("config", type=Path, help="Hugging Face config.json of a Qwen3 model")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("config", type=Path, nargs="?", help="Hugging Face config.json of a Qwen3 model")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="a built-in config instead of a file")
     p.add_argument("-o", "--out", type=Path, required=True, help="manifest path to write")
     p.add_argument("--model", help="manifest model label (default: the output file's stem)")
     p.add_argument("--kernels-src", type=Path, default=Path(__file__).parent / "kernels-src")
@@ -650,6 +653,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
     return p.parse_args(argv)
+
+
+PRESETS = ("qwen3-4b", "qwen3-tiny")
+
+
+def _preset(name: str) -> Mapping[str, Any]:
+    from kern_cli.checkpoint import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG
+
+    return {"qwen3-4b": QWEN3_4B_CONFIG, "qwen3-tiny": QWEN3_TINY_CONFIG}[name]
 
 
 def build_and_hash(src: Path, out: Path) -> dict[str, str]:
@@ -664,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parse(argv)
     try:
-        cfg = json.loads(args.config.read_text())
+        cfg = _preset(args.preset) if args.preset else json.loads(args.config.read_text())
         shape = shape_from_config(cfg)
         modules = build_and_hash(args.kernels_src, args.kernels)
         entries = entry_modules(args.kernels_src)

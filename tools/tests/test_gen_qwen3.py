@@ -270,3 +270,22 @@ def test_main_reports_a_failed_build_on_one_line(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gen_qwen3: ")
     assert not (tmp_path / "m.json").exists()
+
+
+def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gen, "build_and_hash", lambda src, out: FAKE_HASHES)
+    monkeypatch.setattr(gen, "entry_modules", lambda src: FAKE_ENTRIES)
+    out = tmp_path / "qwen3-tiny.json"
+    assert gen.main(["--preset", "qwen3-tiny", "-o", str(out)]) == 0
+    assert json.loads(out.read_text()) == _manifest(QWEN3_TINY_CONFIG, feed="device") | {"model": "qwen3-tiny"}
+
+
+def test_examples_are_what_the_generator_writes() -> None:
+    """examples/ are regenerated artifacts: same structure as a fresh generation (hashes aside)."""
+    root = TOOLS.parent
+    for preset, config in (("qwen3-4b", QWEN3_4B_CONFIG), ("qwen3-tiny", QWEN3_TINY_CONFIG)):
+        shipped = json.loads((root / "examples" / f"{preset}.json").read_text())
+        entries = gen.entry_modules(TOOLS / "kernels-src")
+        hashes = {m: v["sha256"] for m, v in shipped["modules"].items()}
+        fresh = gen.generate(gen.shape_from_config(config), hashes, entries, model=preset, feed="device")
+        assert shipped == fresh
