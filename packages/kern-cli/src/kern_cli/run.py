@@ -292,7 +292,7 @@ def ensure_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | N
     if still:
         names = ", ".join(f"{want[h]} ({h[:12]})" for h in sorted(still))
         raise RunError(f"the kernel sources build no {names}: regenerate the manifest "
-                       "(python tools/gen_qwen3.py <config.json> -o <manifest>)")
+                       "with this nvcc (python tools/gen_qwen3.py <config.json> | --preset qwen3-4b -o <manifest>)")
 
 
 # --------------------------------------------------------------------------------------------
