@@ -621,3 +621,15 @@ def test_records_have_no_dict() -> None:
     cp, copies = pool.checkpoint(lease, 2)
     for obj in (plan, plan.maps[0], plan.grants[0], copies, pool, lease, cp, pool.snapshot(), KV):
         assert not hasattr(obj, "__dict__"), type(obj).__name__
+
+
+def test_a_200k_page_chain_unwinds_without_recursion() -> None:
+    cfg = PoolConfig((PagedState("kv", 1),), (), unit=1, row_pages=200_000, chunk=1, chunks=200_000)
+    pool, _ = Pool.create(cfg)
+    lease = pool.lease(200_000)
+    cp = pool.retire(lease, 200_000)  # 200k nodes, one chain
+    child, _ = pool.restore(cp, 200_000, 200_000)
+    cp.release()
+    assert pool.pages_used == 200_000
+    child.release()
+    assert (pool.pages_used, pool.snapshot().nodes) == (0, 0)
