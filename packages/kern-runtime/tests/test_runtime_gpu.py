@@ -188,8 +188,11 @@ def test_wrong_weight_shape_leaves_runtime_loadable(kdir: Path, sha: str, tmp_pa
         with pytest.raises(kr.ApiError, match="load_weights before"):
             rt.run("main", {"n": 1})
         t = _weights(tmp_path / "good.safetensors")
-        rt.load_weights(kr.Safetensors.open(tmp_path / "good.safetensors"))
+        seen: list[tuple[int, int]] = []
+        moved = rt.load_weights(kr.Safetensors.open(tmp_path / "good.safetensors"), progress=lambda d, n: seen.append((d, n)))
         np.testing.assert_array_equal(_f32(rt, "derived"), t["s"] * 2)
+        assert moved == 128 + 64 + 32 + 32 + 64 and seen[-1] == (moved, moved)
+        assert all(d <= n for d, n in seen) and [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
 def test_failed_load_releases_memory(kdir: Path, sha: str, tmp_path: Path) -> None:
