@@ -44,8 +44,9 @@ SHAPES_ODD = [
     (3, 19459, 1544),
     (1, 37, 40),
 ]
-# Variants (GEMV_WARPS, GEMV_RPW, GEMV_UNROLL) built besides the pinned default.
-VARIANTS = [(8, 1, 8), (4, 2, 4), (4, 1, 4)]
+# Variants (GEMV_WARPS, GEMV_RPW, GEMV_UNROLL, GEMV_SPLIT) built besides the pinned default.
+VARIANTS = [(8, 1, 8, 1), (4, 2, 4, 1), (4, 1, 8, 1), (4, 1, 4, 4), (8, 1, 4, 2), (8, 2, 4, 4)]
+MACROS = ("GEMV_WARPS", "GEMV_RPW", "GEMV_UNROLL", "GEMV_SPLIT")
 
 pytestmark = pytest.mark.gpu
 
@@ -53,17 +54,22 @@ pytestmark = pytest.mark.gpu
 class Gemv(h.Kernels):
     """gemv.cu alone, built by kern's own build_kernels, optionally with GEMV_* macros prepended."""
 
-    def __init__(self, work: Path, variant: tuple[int, int, int] | None = None) -> None:
+    def __init__(self, work: Path, variant: tuple[int, int, int, int] | None = None) -> None:
         src = work / "src"
         src.mkdir(parents=True)
         for header in h.KERNELS_SRC.glob("*.cuh"):
             shutil.copy(header, src / header.name)
         text = (h.KERNELS_SRC / "gemv.cu").read_text()
-        if variant is not None:
-            warps, rpw, unroll = variant
+        if variant is None:
+            variant = (
+                _macro("GEMV_WARPS"),
+                _macro("GEMV_RPW"),
+                _macro("GEMV_UNROLL"),
+                _macro("GEMV_SPLIT"),
+            )
+        else:
             text = (
-                f"#define GEMV_WARPS {warps}\n#define GEMV_RPW {rpw}\n#define GEMV_UNROLL {unroll}\n"
-                + text
+                "".join(f"#define {m} {v}\n" for m, v in zip(MACROS, variant, strict=True)) + text
             )
         (src / "gemv.cu").write_text(text)
         nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
@@ -73,8 +79,9 @@ class Gemv(h.Kernels):
         self.modules = {m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()}
         self.shas = {m: sha for m, (_p, sha) in built.items()}
         self._fns = {}
-        self.rows_per_block = variant[0] * variant[1] if variant else _pinned_rows_per_block()
-        self.threads = (variant[0] if variant else _pinned_warps()) * 32
+        warps, rpw, _unroll, split = variant
+        self.rows_per_block = warps // split * rpw
+        self.threads = warps * 32
 
     def gemv(
         self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, y_stride: int, acc: bool = False
@@ -105,14 +112,6 @@ def _macro(name: str) -> int:
     raise AssertionError(f"gemv.cu defines no {name}")
 
 
-def _pinned_warps() -> int:
-    return _macro("GEMV_WARPS")
-
-
-def _pinned_rows_per_block() -> int:
-    return _macro("GEMV_WARPS") * _macro("GEMV_RPW")
-
-
 @pytest.fixture(scope="module")
 def k(tmp_path_factory: pytest.TempPathFactory) -> Gemv:
     return Gemv(tmp_path_factory.mktemp("gemv"))
@@ -121,6 +120,16 @@ def k(tmp_path_factory: pytest.TempPathFactory) -> Gemv:
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory: pytest.TempPathFactory) -> list[Gemv]:
     return [Gemv(tmp_path_factory.mktemp(f"gemv{i}"), v) for i, v in enumerate(VARIANTS)]
+
+
+def test_pinned_macros_are_the_documented_launch() -> None:
+    """docs/qwen3.md's grid and block for kern_gemv_bf16 follow from the pinned GEMV_* values."""
+    warps, rpw, split = _macro("GEMV_WARPS"), _macro("GEMV_RPW"), _macro("GEMV_SPLIT")
+    doc = (h.REPO / "docs" / "qwen3.md").read_text()
+    launch = f"`[ceil_div(n,{warps // split * rpw}),1,1]` / `[{warps * 32},1,1]`"
+    for entry in ("kern_gemv_bf16", "kern_gemv_bf16_acc"):
+        rows = [line for line in doc.splitlines() if line.startswith(f"| `{entry}` ")]
+        assert len(rows) == 1 and launch in rows[0], f"docs/qwen3.md: {entry} needs {launch}"
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -37,8 +37,17 @@ SHAPES = [
     ("down 2560x9728", 2560, 9728, LAYERS),
     ("lm_head 151936x2560", 151936, 2560, 1),
 ]
-# (GEMV_WARPS, GEMV_RPW, GEMV_UNROLL); None is the source as committed.
-VARIANTS: list[tuple[int, int, int] | None] = [None, (8, 1, 8), (4, 2, 4), (4, 1, 4), (8, 2, 4)]
+# (GEMV_WARPS, GEMV_RPW, GEMV_UNROLL, GEMV_SPLIT); None is the source as committed.
+VARIANTS: list[tuple[int, int, int, int] | None] = [
+    None,
+    (4, 1, 8, 1),
+    (4, 2, 4, 1),
+    (4, 1, 4, 4),
+    (4, 1, 8, 4),
+    (8, 1, 4, 2),
+    (8, 2, 4, 4),
+]
+MACROS = ("GEMV_WARPS", "GEMV_RPW", "GEMV_UNROLL", "GEMV_SPLIT")
 
 
 def macro(text: str, name: str) -> int:
@@ -52,34 +61,31 @@ def macro(text: str, name: str) -> int:
 class Build:
     """One build of gemv.cu (optionally with GEMV_* macros prepended) by kern's build_kernels."""
 
-    def __init__(self, work: Path, variant: tuple[int, int, int] | None) -> None:
+    def __init__(self, work: Path, variant: tuple[int, int, int, int] | None) -> None:
         src = work / "src"
         src.mkdir(parents=True)
         for header in h.KERNELS_SRC.glob("*.cuh"):
             shutil.copy(header, src / header.name)
         text = (h.KERNELS_SRC / "gemv.cu").read_text()
+        pinned = variant is None
         if variant is None:
-            variant = (
-                macro(text, "GEMV_WARPS"),
-                macro(text, "GEMV_RPW"),
-                macro(text, "GEMV_UNROLL"),
-            )
-            self.label = "kern {}w x {}r, unroll {} (pinned)".format(*variant)
+            w, r, u, s = (macro(text, m) for m in MACROS)
+            variant = (w, r, u, s)
         else:
-            self.label = "kern {}w x {}r, unroll {}".format(*variant)
             text = (
-                "#define GEMV_WARPS {}\n#define GEMV_RPW {}\n#define GEMV_UNROLL {}\n".format(
-                    *variant
-                )
-                + text
+                "".join(f"#define {m} {v}\n" for m, v in zip(MACROS, variant, strict=True)) + text
             )
+        warps, rpw, unroll, split = variant
+        self.label = f"kern {warps} warps, split {split}, {rpw} col, unroll {unroll}" + (
+            " (pinned)" if pinned else ""
+        )
         (src / "gemv.cu").write_text(text)
         nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
         built = h.build_kernels(src, work / "cubins", compiler=(nvcc,))
         path, _sha = built["gemv"]
         self.fn = cp.RawModule(path=str(path)).get_function("kern_gemv_bf16")
-        self.rows_per_block = variant[0] * variant[1]
-        self.threads = variant[0] * 32
+        self.rows_per_block = warps // split * rpw
+        self.threads = warps * 32
 
     def launch(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> None:
         rows, k = x.shape
