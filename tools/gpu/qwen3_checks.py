@@ -52,6 +52,8 @@ CHUNKS = (512, 1, 97)
 NEAR_TIE_ULPS = 4.0
 LOGIT_REL_TOL = 1e-2
 CAPACITY = 4096
+DEVICE = "cuda"
+"""torch's device for the transformers side (a CPU smoke run of the reference code sets "cpu")."""
 
 
 def _load_gen() -> ModuleType:
@@ -152,7 +154,7 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
                 keep["rope_parameters"] = {"rope_type": "default", "rope_theta": float(keep.pop("rope_theta"))}
             config = Qwen3Config(**keep)
             torch.manual_seed(0)
-            with torch.device("cuda"):
+            with torch.device(DEVICE):
                 model = Qwen3ForCausalLM(config)
             model.to(torch.bfloat16).save_pretrained(path)
             del model
@@ -220,7 +222,16 @@ def _hf(path: Path, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
-    return model.to("cuda").eval()
+    return model.to(DEVICE).eval()
+
+
+def _cache_kw(model: Any) -> str:
+    """transformers renamed `past_key_values` to `cache` (5.2x); use whichever forward takes."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(out: Any) -> Any:
+    return out["cache"] if "cache" in out else out["past_key_values"]
 
 
 def hf_greedy(model: Any, prompt: list[int], steps: int) -> tuple[list[int], list[float], np.ndarray]:
@@ -231,7 +242,7 @@ def hf_greedy(model: Any, prompt: list[int], steps: int) -> tuple[list[int], lis
     gaps: list[float] = []
     first = np.empty(0)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt], device="cuda"), use_cache=True)
+        out = model(input_ids=torch.tensor([prompt], device=DEVICE), use_cache=True)
         for i in range(steps):
             logits = out.logits[0, -1]
             if i == 0:
@@ -241,8 +252,8 @@ def hf_greedy(model: Any, prompt: list[int], steps: int) -> tuple[list[int], lis
             v1, v2 = float(top.values[0]), float(top.values[1])
             gaps.append((v1 - v2) / bf16_ulp(v1))
             tokens.append(tok)
-            out = model(input_ids=torch.tensor([[tok]], device="cuda"), past_key_values=out.past_key_values,
-                        use_cache=True)
+            kw = {_cache_kw(model): _cache_of(out)}
+            out = model(input_ids=torch.tensor([[tok]], device=DEVICE), use_cache=True, **kw)
     return tokens, gaps, first
 
 
@@ -250,7 +261,7 @@ def hf_logits32(model: Any, prompt: list[int]) -> np.ndarray:
     import torch
 
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt], device="cuda"))
+        out = model(input_ids=torch.tensor([prompt], device=DEVICE))
     return out.logits[0, -1].float().cpu().numpy()
 
 
@@ -278,15 +289,21 @@ def references(rec: Recorder, name: str, ckpt: Path, ps: dict[int, list[int]]) -
     return ref if ok else None
 
 
-def _cuda_ms(fn: Callable[[], Any], reps: int) -> float:
+def _sync() -> None:
     import torch
+
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _cuda_ms(fn: Callable[[], Any], reps: int) -> float:
 
     samples = []
     for _ in range(reps):
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync()
         samples.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(samples)
 
@@ -296,23 +313,24 @@ def hf_bench(model: Any) -> list[dict[str, Any]]:
     import torch
 
     rng = np.random.default_rng(7)
+    hi = min(int(model.config.vocab_size), 150000)
     rows = []
     with torch.no_grad():
-        prompt = torch.tensor([rng.integers(0, 150000, size=128).tolist()], device="cuda")
+        prompt = torch.tensor([rng.integers(0, hi, size=128).tolist()], device=DEVICE)
         out = model(input_ids=prompt, use_cache=True)
-        past = out.past_key_values
+        past = _cache_of(out)
         tok = torch.argmax(out.logits[0, -1]).view(1, 1)
         samples = []
         for _ in range(8 + STEPS):
-            torch.cuda.synchronize()
+            _sync()
             t0 = time.perf_counter()
-            out = model(input_ids=tok, past_key_values=past, use_cache=True)
+            out = model(input_ids=tok, use_cache=True, **{_cache_kw(model): past})
             tok = torch.argmax(out.logits[0, -1]).view(1, 1)
             int(tok)
             samples.append((time.perf_counter() - t0) * 1e3)
         rows.append(_row("transformers_eager_decode_ms_per_token@ctx128", statistics.median(samples[8:]), "ms",
                          peer="transformers eager, bf16, same checkpoint"))
-        p709 = torch.tensor([rng.integers(0, 150000, size=709).tolist()], device="cuda")
+        p709 = torch.tensor([rng.integers(0, hi, size=709).tolist()], device=DEVICE)
         ms = _cuda_ms(lambda: model(input_ids=p709), 6)
         rows.append(_row("transformers_prefill_ms@709", ms, "ms", peer="transformers eager, bf16"))
     return rows
@@ -463,7 +481,7 @@ def copy_floor_rows(weight_bytes: int) -> list[dict[str, Any]]:
     import torch
 
     nbytes = 2 << 30
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    a = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
     b = torch.empty_like(a)
     for _ in range(3):
         b.copy_(a)
@@ -473,7 +491,7 @@ def copy_floor_rows(weight_bytes: int) -> list[dict[str, Any]]:
     for _ in range(reps):
         b.copy_(a)
     end.record()
-    torch.cuda.synchronize()
+    _sync()
     secs = start.elapsed_time(end) / 1e3
     bw = 2 * nbytes * reps / secs  # read + write
     del a, b
