@@ -77,6 +77,7 @@ def test_kern_run_prints_the_same_ids(tiny: dict[str, Any]) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
 def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
