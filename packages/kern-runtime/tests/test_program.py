@@ -1,0 +1,91 @@
+"""Program compilation on the host: every launch's staged argument bytes, `when` selection,
+packs (with a stand-in tensormap encoder) and GEMM shapes, without a GPU."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import pytest
+
+from kern_manifest import parse_manifest
+from kern_runtime import ManifestError
+from kern_runtime import _program as program
+from kern_runtime._program import Resources, compile_program, gemm_shape
+
+from .helpers import manifests
+
+SHA = "ab" * 32
+
+
+def _resources(doc: dict[str, Any], **extra: Any) -> Resources:
+    m = parse_manifest(json.dumps(doc))
+    env = m.var_max
+    buffers = {n: (0x10000 * (i + 1), b.nbytes(env)) for i, (n, b) in enumerate(m.buffers.items())}
+    funcs = {(op, i): f"{op}#{i}" for op, o in m.ops.items() for i in range(len(o.impl.launches))}
+    return Resources(m, buffers, extra.get("states", {}), {op: {} for op in m.ops}, funcs, None, {}, "stream")
+
+
+def _slots(step: program.Step) -> list[bytes]:
+    rec = step.run.record  # type: ignore[attr-defined]
+    return [rec.args.slot(i) for i in range(len(rec.args.ptrs))]
+
+
+def _ptr(v: int) -> bytes:
+    return v.to_bytes(8, "little")
+
+
+def test_main_program_stages_pointers_scalars_and_grid() -> None:
+    res = _resources(manifests.basic(SHA))
+    steps = compile_program(res, "main", {"n": 1000})
+    assert [s.label for s in steps] == ["axpb", "fill"]
+    x, y, o64 = res.buffers["x"][0], res.buffers["y"][0], res.buffers["o64"][0]
+    assert _slots(steps[0]) == [_ptr(x), _ptr(y), struct.pack("<f", 3.0) + bytes(4), struct.pack("<f", 0.5) + bytes(4),
+                                struct.pack("<i", 1000) + bytes(4)]  # fmt: skip
+    assert _slots(steps[1]) == [_ptr(o64), struct.pack("<q", -(1 << 40)), b"\x07" + bytes(7), struct.pack("<i", 1000) + bytes(4)]
+    rec = steps[0].run.record  # type: ignore[attr-defined]
+    assert (rec.grid, rec.block, rec.smem, rec.func, rec.config) == ((8, 1, 1), (128, 1, 1), 0, "axpb#0", None)
+
+
+@pytest.mark.parametrize(("n", "launch", "scale"), [(16, 0, 10.0), (17, 1, 3.0)])
+def test_when_ranges_pick_one_launch(n: int, launch: int, scale: float) -> None:
+    steps = compile_program(_resources(manifests.basic(SHA)), "pick", {"n": n})
+    assert len(steps) == 1 and steps[0].run.record.func == f"pick#{launch}"  # type: ignore[attr-defined]
+    assert _slots(steps[0])[2][:4] == struct.pack("<f", scale)
+
+
+def test_state_offsets_and_launch_arg_remapping() -> None:
+    res = _resources(manifests.pooled(SHA), states={"kv": (0x7000000, 1 << 26), "ssm": (0x9000000, 1 << 26)})
+    kv, ssm = compile_program(res, "stamp", {})
+    assert _slots(kv) == [_ptr(0x7000000 + 32768), struct.pack("<q", 7), b"\x01" + bytes(7), struct.pack("<i", 128) + bytes(4)]
+    assert _slots(ssm)[0] == _ptr(0x9000000 + (1 << 19))
+
+
+def test_pack_with_tensormap_and_cluster_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    def encode(*args: Any) -> bytes:
+        seen.append(args)
+        return bytes(range(128))
+
+    monkeypatch.setattr(program.drv, "tensormap_encode_tiled", encode)
+    monkeypatch.setattr(program.drv, "launch_config", lambda *a: ("config", *a))
+    res = _resources(manifests.features(SHA))
+    _reverse, cluster, tma = compile_program(res, "main", {})
+    assert _reverse.run.record.smem == 65536  # type: ignore[attr-defined]
+    assert cluster.run.record.config == ("config", (8, 1, 1), (32, 1, 1), 0, "stream", (4, 1, 1), True)  # type: ignore[attr-defined]
+    tin = res.buffers["tin"][0]
+    assert seen == [("f32", tin, [32, 64], [128], [32, 8], 0, 0, False)]
+    pack = _slots(tma)[0]
+    assert pack == bytes(range(128)) + struct.pack("<i", 5) + bytes(60)
+
+
+def test_gemm_shapes_map_strides_and_kinds() -> None:
+    assert gemm_shape("extern:cublaslt_bf16_tn", [7, 256, 512]) == program.GemmShape(7, 256, 512, 256, 512, False, False)
+    assert gemm_shape("extern:cublaslt_bf16_tn_acc", [7, 256, 512, 384, 640]).accumulate
+    assert gemm_shape("extern:cublas_bf16_tn_f32", [1, 2, 3]).out_f32
+    with pytest.raises(ManifestError, match="bf16 GEMMs only"):
+        gemm_shape("extern:cublaslt_fp8_tn", [1, 2, 3])
+    with pytest.raises(ManifestError, match="not available"):
+        compile_program(_resources(manifests.gemm()), "plain", {"m": 4})
