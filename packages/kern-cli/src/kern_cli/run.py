@@ -39,6 +39,7 @@ __all__ = [
     "Session",
     "add_run_flags",
     "build_parser",
+    "decode_text",
     "default_weights",
     "device_count",
     "ensure_kernels",
@@ -444,6 +445,30 @@ def _tokenize(opts: RunOptions) -> tuple[list[int], Any]:
     return tok.encode(opts.prompt), tok
 
 
+def decode_text(tok: Any, ids: Sequence[int]) -> str:
+    """Detokenize; ids the tokenizer does not know (a model's padded vocabulary rows) print as
+    `<|unknown:ID|>` instead of failing the run."""
+    try:
+        return str(tok.decode(list(ids)))
+    except KeyError:
+        pass
+    out: list[str] = []
+    run: list[int] = []
+    for i in ids:
+        try:
+            tok.decode([i])
+        except KeyError:
+            if run:
+                out.append(str(tok.decode(run)))
+                run = []
+            out.append(f"<|unknown:{i}|>")
+        else:
+            run.append(i)
+    if run:
+        out.append(str(tok.decode(run)))
+    return "".join(out)
+
+
 def default_weights(log: Callable[[str], None]) -> tuple[Path, ...]:
     """The seeded random Qwen3-4B checkpoint, written to the cache once; says so through `log`."""
     bar = _Bar(sys.stderr)
@@ -532,7 +557,7 @@ def execute(opts: RunOptions, out: TextIO) -> int:
         t2 = time.perf_counter()
         ids = list(s.decode(opts.steps, opts.eager))
         t3 = time.perf_counter()
-    out.write((" ".join(map(str, ids)) if opts.output == "ids" else tok.decode(ids)) + "\n")
+    out.write((" ".join(map(str, ids)) if opts.output == "ids" else decode_text(tok, ids)) + "\n")
     out.flush()
     _log(f"load {t1 - t0:.2f} s; prefill {len(prompt) - 1} tokens {1e3 * (t2 - t1):.1f} ms; "
          f"decode {opts.steps} steps {1e3 * (t3 - t2) / opts.steps:.3f} ms/token "
