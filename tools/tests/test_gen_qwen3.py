@@ -144,6 +144,9 @@ def test_inputs_outputs_and_vars() -> None:
         "logits": ("bf16", [1, 151936]), "next_token": ("i64", [1]),
     }
     assert b["rope_cos"]["shape"] == [40960, 64]
+    assert b["ids"]["domain"] == {"min": 0, "max": 151935}
+    assert b["block_table"]["domain"] == {"index_into": "kv", "stride": 16}
+    assert b["slots"]["domain"] == {"index_into": "kv"}
 
 
 def test_f32_literals_are_floats() -> None:

@@ -177,3 +177,13 @@ def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray]) -> None
     assert [r["name"] for r in rows] == ["decode_ms_per_token@ctx40", "decode_gpu_ms_per_step@ctx40",
                                          "decode_host_gap_us@ctx40", "prefill_ms@30", "ttft_ms@30"]
     assert all(r["value"] > 0 for r in rows if r["unit"] == "ms")
+
+
+def test_session_refuses_ids_beyond_the_vocabulary(weights: dict[str, np.ndarray]) -> None:
+    import kern_cli.run as run
+
+    s, _ = _interp_session(weights, "device")
+    assert s.proto.token_max == CONFIG["vocab_size"] - 1
+    with pytest.raises(run.RunError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
+        s.prefill([1, 4096, 2], 16)
+    assert s.rt.calls == []  # nothing ran

@@ -193,6 +193,8 @@ class Protocol:
     start_program: str | None = None
     """A plain program (no batch, once or derive) that seeds device-fed step inputs; when None,
     the host writes the step's inputs before every step."""
+    token_max: int | None = None
+    """The largest token id the model takes (the token input's domain max), when declared."""
 
 
 _INPUT_ROLES = ("token", "position", "slot", "seq_len", "blocks")
@@ -229,7 +231,13 @@ def protocol_of(manifest: Mapping[str, Any]) -> Protocol:
         chunk_max=int(manifest["vars"][var]["max"]), step_program=step[0],
         step_vars={v: 1 for v in manifest.get("vars", {})},
         start_program=plain[0] if plain else None,
+        token_max=_domain_max(manifest["buffers"][fills["token"][0]]),
     )
+
+
+def _domain_max(buf: Mapping[str, Any]) -> int | None:
+    bound = (buf.get("domain") or {}).get("max")
+    return bound if isinstance(bound, int) and not isinstance(bound, bool) else None
 
 
 def prefill_chunks(prompt_len: int, chunk: int) -> list[tuple[int, int]]:
@@ -369,6 +377,10 @@ class Session:
         token as the decode step's input."""
         if not prompt:
             raise RunError("the prompt is empty")
+        top = self.proto.token_max
+        bad = [t for t in prompt if t < 0 or (top is not None and t > top)]
+        if bad:
+            raise RunError(f"prompt id {bad[0]} is outside the model's token ids 0..{top}")
         if len(prompt) > self.capacity:
             raise RunError(f"the prompt has {len(prompt)} tokens; capacity is {self.capacity}")
         chunk = min(chunk, self.proto.chunk_max)
