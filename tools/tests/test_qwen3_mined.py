@@ -1,0 +1,374 @@
+"""tools/qwen3_mined.py on synthetic captures shaped like tools/donor/run_donor.py's: the mined
+entries, parameter tables, literals, grid fits and wiring, the wiring assertions firing on broken
+captures, and check_against agreeing with gen_qwen3's manifest for the same shape and catching
+manifests that disagree."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from kern_cli.checkpoint import QWEN3_TINY_CONFIG
+
+TOOLS = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+mined = _load("qwen3_mined")
+gen = _load("gen_qwen3")
+
+SHAPE = gen.shape_from_config(QWEN3_TINY_CONFIG)
+ENTRIES = gen.entry_modules(TOOLS / "kernels-src")
+TYPES = mined.entry_param_types()
+SHAS = {m: f"{i + 1:x}" * 64 for i, m in enumerate(sorted(set(ENTRIES.values())))}
+PROMPTS = (6, 23, 64, 157)
+CHUNK = 96
+P, SPLITS, PARTS, BM = 16, 32, 64, 64
+MS = 1_000_000
+
+
+@dataclass
+class Breaks:
+    residual_moves: bool = False
+    shared_weight: bool = False
+    kv_view_off_by_head: bool = False
+    kv_not_shared: bool = False
+    argmax_split: bool = False
+    weight_moves: bool = False
+    drop_param: bool = False
+
+
+@dataclass
+class Synth:
+    """A donor run written as launches.jsonl: our kernels with flat params, GEMMs packed."""
+
+    breaks: Breaks
+    lines: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    t_ns: int = 10 * MS
+    ranges: list[tuple[int, int]] = field(default_factory=list[tuple[int, int]])
+    top: int = 0x7F00_0000_0000
+    forwards: int = 0
+
+    def alloc(self, nbytes: int) -> int:
+        start = self.top
+        self.ranges.append((start, nbytes))
+        self.top += (nbytes + 0x1FFFFF) // 0x200000 * 0x200000
+        return start
+
+    def _pointer(self, addr: int) -> dict[str, Any] | None:
+        for start, size in self.ranges:
+            if start <= addr < start + size:
+                return {"memory_type": "device", "range_start": start, "range_size": size}
+        return None
+
+    def launch(self, entry: str, grid: tuple[int, int, int], block: int, *args: float) -> None:
+        kinds = TYPES[entry]
+        params: list[dict[str, Any]] = []
+        offset = 0
+        for kind, value in zip(kinds, args, strict=True):
+            size = mined.PARAM_BYTES[kind]
+            offset = (offset + size - 1) // size * size
+            if kind == "f32":
+                data = struct.pack("<f", value).hex()
+            else:
+                data = (int(value) % (1 << (8 * size))).to_bytes(size, "little").hex()
+            pointer = self._pointer(int(value)) if kind == "ptr" else None
+            params.append({"offset": offset, "size": size, "data": data, "pointer": pointer})
+            offset += size
+        if self.breaks.drop_param and entry == "kern_silu_mul":
+            params.pop()
+        module = sorted(SHAS).index(ENTRIES[entry]) + 1
+        self._line(entry, module, grid, block, params)
+
+    def gemm(self) -> None:
+        self._line("nvjet_tst_128x64", 9, (4, 1, 1), 128, None)
+
+    def _line(self, symbol: str, module: int, grid: tuple[int, int, int], block: int, params: Any) -> None:
+        self.t_ns += 6000
+        self.lines.append({"t_ns": self.t_ns, "symbol": symbol, "module": module, "grid": list(grid),
+                           "block": [block, 1, 1], "shared_mem": 0, "cluster": None, "params": params})
+
+    def gap(self, ms: float) -> None:
+        self.t_ns += int(ms * MS)
+
+
+class Donor:
+    """The donor's schedule (tools/donor/run_donor.py) over a Synth."""
+
+    def __init__(self, breaks: Breaks) -> None:
+        s = SHAPE
+        self.w = Synth(breaks)
+        self.b = breaks
+        a = self.w.alloc
+        self.embed = a(s.vocab * s.hidden * 2)
+        self.norms = {f"l{i}.{n}": a(s.hidden * 2) for i in range(s.layers) for n in ("in_norm", "post_norm")}
+        self.norms |= {f"l{i}.{n}": a(s.head_dim * 2) for i in range(s.layers) for n in ("q_norm", "k_norm")}
+        self.norms["final_norm"] = a(s.hidden * 2)
+        ws = a(64 << 20)
+        names = ("h", "x", "y", "qkv", "attn", "gu", "act", "logits", "part_o", "part_lse", "pval",
+                 "pidx", "next", "ids", "pos", "slots", "seq_len", "block_table", "s_ids", "s_pos",
+                 "s_slot", "s_len", "cos", "sin")
+        self.buf = {n: ws + k * (1 << 20) for k, n in enumerate(names)}
+        self.page_stride = s.layers * 2 * P * s.kv_heads * s.head_dim
+        self.kv = a(64 * self.page_stride * 2)
+
+    def kv_at(self, layer: int) -> int:
+        return self.kv + layer * 2 * P * SHAPE.kv_heads * SHAPE.head_dim * 2
+
+    def forward(self, t: int, decode: bool) -> None:
+        s, w, b, B = SHAPE, self.w, self.b, self.buf
+        w.forwards += 1
+        io = ("s_ids", "s_pos", "s_slot", "s_len") if decode else ("ids", "pos", "slots", "seq_len")
+        nq, nkv, d, eps = s.heads, s.kv_heads, s.head_dim, s.eps
+        w.launch("kern_embed", (t, 1, 1), 256, B[io[0]], self.embed, B["h"], s.hidden)
+        w.launch("kern_rmsnorm", (t, 1, 1), 256, B["h"], self.norms["l0.in_norm"], B["x"], s.hidden, eps)
+        for i in range(s.layers):
+            q_norm = self.norms["l0.q_norm" if b.shared_weight and i == 1 else f"l{i}.q_norm"]
+            if b.weight_moves and i == 1 and w.forwards == 3:
+                q_norm += 4096
+            w.gemm()
+            w.launch("kern_qk_norm_rope", (t, nq + nkv, 1), d // 2, B["qkv"], q_norm,
+                     self.norms[f"l{i}.k_norm"], B[io[1]], B["cos"], B["sin"], nq, nkv, d, eps)
+            view = B["qkv"] + (d * 2 if b.kv_view_off_by_head else 0)
+            w.launch("kern_kv_write", (t, nkv, 1), 32, view, self.kv_at(i), B[io[2]], nq, nkv, d, P,
+                     self.page_stride)
+            if i == s.layers - 1 and not decode:
+                return
+            kv = self.kv_at(i) + (2 if b.kv_not_shared else 0)
+            if decode:
+                w.launch("kern_attn_decode_partial", (nkv, SPLITS, 1), 128, B["qkv"], kv, B["block_table"],
+                         B[io[3]], B["part_o"], B["part_lse"], nq, nkv, d, P, self.page_stride, SPLITS,
+                         d**-0.5)
+                w.launch("kern_attn_decode_reduce", (nq, 1, 1), 128, B["part_o"], B["part_lse"], B["attn"],
+                         nq, d, SPLITS)
+            else:
+                w.launch("kern_attn_prefill", (math.ceil(t / BM), nq, 1), 128, B["qkv"], kv,
+                         B["block_table"], B[io[3]], B["attn"], t, nq, nkv, d, P, self.page_stride, d**-0.5)
+            w.gemm()
+            res = B["h"] + (512 if b.residual_moves and i == 1 else 0)
+            w.launch("kern_add_rmsnorm", (t, 1, 1), 256, res, B["y"], self.norms[f"l{i}.post_norm"], B["x"],
+                     s.hidden, eps)
+            w.gemm()
+            w.launch("kern_silu_mul", (t, -(-s.inter // 1024), 1), 128, B["gu"], B["act"], s.inter)
+            w.gemm()
+            nxt = self.norms["final_norm" if i == s.layers - 1 else f"l{i + 1}.in_norm"]
+            w.launch("kern_add_rmsnorm", (t, 1, 1), 256, res, B["y"], nxt, B["x"], s.hidden, eps)
+        w.gemm()
+        pidx = B["pidx"] + (64 if b.argmax_split else 0)
+        w.launch("kern_argmax_partial", (PARTS, 1, 1), 256, B["logits"], B["pval"], B["pidx"], s.vocab)
+        w.launch("kern_argmax_final", (1, 1, 1), 256, B["pval"], pidx, B["next"], PARTS)
+        w.launch("kern_decode_advance", (1, 1, 1), 32, B["next"], B["s_ids"], B["s_pos"], B["s_slot"],
+                 B["s_len"], B["block_table"], P)
+
+    def run(self) -> list[list[int]]:
+        w, B = self.w, self.buf
+        w.launch("kern_rope_table", (SHAPE.max_pos, 1, 1), 64, B["cos"], B["sin"], SHAPE.max_pos,
+                 SHAPE.head_dim // 2, SHAPE.theta)
+        windows: list[list[int]] = []
+        for n in PROMPTS:
+            w.gap(100)
+            fwd: list[int] = []
+            done = 0
+            while done < n - 1:
+                t = min(CHUNK, n - 1 - done)
+                self.forward(t, decode=False)
+                fwd.append(t)
+                done += t
+                w.gap(2)
+            for src, dst in (("ids", "s_ids"), ("pos", "s_pos"), ("slots", "s_slot")):
+                w.launch("kern_copy_i64", (1, 1, 1), 32, B[src], B[dst], 1)
+            w.launch("kern_copy_i32", (1, 1, 1), 32, B["seq_len"], B["s_len"], 1)
+            for _ in range(4):
+                self.forward(1, decode=True)
+                fwd.append(1)
+                w.gap(2)
+            windows.append(fwd)
+        return windows
+
+
+def write_capture(root: Path, breaks: Breaks | None = None) -> list[list[int]]:
+    donor = Donor(breaks or Breaks())
+    windows = donor.run()
+    pid = root / "pid4242"
+    pid.mkdir(parents=True)
+    (pid / "launches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in donor.w.lines))
+    mods = [{"id": k + 1, "sha256": SHAS[m], "bytes": 100, "functions": []} for k, m in enumerate(sorted(SHAS))]
+    mods.append({"id": 9, "sha256": "e" * 64, "bytes": 100, "functions": ["nvjet_tst_128x64"]})
+    for m in mods:
+        (pid / f"module_{m['id']}.cubin").write_bytes(b"\x7fELF")
+    (pid / "modules.jsonl").write_text("".join(json.dumps(m) + "\n" for m in mods))
+    return windows
+
+
+def manifest() -> dict[str, Any]:
+    return gen.generate(SHAPE, SHAS, ENTRIES, model="qwen3-tiny", feed="device")
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("cap")
+    windows = write_capture(root)
+    return mined.mined_facts(root), windows
+
+
+# ------------------------------------------------------------------------------ mining
+
+
+def test_roles_match_the_kernel_sources() -> None:
+    for entry, roles in mined.ROLES.items():
+        assert len(TYPES[entry]) == len(roles), entry
+
+
+def test_programs_and_token_counts(good: Any) -> None:
+    facts, windows = good
+    assert list(facts.programs) == ["load", "prefill", "start", "decode"]
+    assert facts.programs["prefill"].tokens == tuple(t for w in windows for t in w[:-4])
+    assert facts.programs["decode"].tokens == (1,) * 16
+    assert [la.entry for la in facts.programs["start"].launches] == ["kern_copy_i64"] * 3 + ["kern_copy_i32"]
+    decode = [la.entry for la in facts.programs["decode"].launches]
+    assert decode[:2] == ["kern_embed", "kern_rmsnorm"] and decode[-3:] == [
+        "kern_argmax_partial", "kern_argmax_final", "kern_decode_advance"]
+    assert decode.count("kern_kv_write") == SHAPE.layers
+    # NOTE: the analyzer cuts the same forwards; its tokens reference is its own business (the
+    # report says which one it chose), so only the count is pinned here.
+    assert len(facts.analyzer_tokens) == sum(len(w) for w in windows)
+    assert all(n.startswith("kern_mining.analyze found") for n in facts.notes)
+
+
+def test_scalars_are_the_literals(good: Any) -> None:
+    facts, _ = good
+    sc = facts.scalars
+    assert (sc["nq"], sc["nkv"], sc["head_dim"], sc["hidden"], sc["inter"], sc["vocab"]) == (
+        SHAPE.heads, SHAPE.kv_heads, SHAPE.head_dim, SHAPE.hidden, SHAPE.inter, SHAPE.vocab)
+    assert (sc["page_tokens"], sc["splits"], sc["argmax_parts"], sc["layers"]) == (P, SPLITS, PARTS, SHAPE.layers)
+    assert sc["page_stride"] == SHAPE.layers * 2 * P * SHAPE.kv_heads * SHAPE.head_dim
+    assert struct.pack("<f", sc["eps"]) == struct.pack("<f", SHAPE.eps)
+    assert struct.pack("<f", sc["scale"]) == struct.pack("<f", SHAPE.head_dim**-0.5)
+    assert sc["max_pos"] == SHAPE.max_pos and sc["theta"] == SHAPE.theta
+
+
+def test_param_tables_and_grids(good: Any) -> None:
+    facts, _ = good
+    prefill = facts.programs["prefill"].launches
+    kv = next(la for la in prefill if la.entry == "kern_kv_write")
+    assert [(q.offset, q.size, q.type) for q in kv.params] == [
+        (0, 8, "ptr"), (8, 8, "ptr"), (16, 8, "ptr"), (24, 4, "i32"), (28, 4, "i32"), (32, 4, "i32"),
+        (36, 4, "i32"), (40, 8, "i64")]
+    assert kv.module_sha256 == SHAS["qwen3_core"]
+    assert [g.expr for g in kv.grid] == ["tokens", SHAPE.kv_heads, 1]
+    attn = next(la for la in prefill if la.entry == "kern_attn_prefill")
+    assert [g.expr for g in attn.grid] == [{"ceil_div": ["tokens", BM]}, SHAPE.heads, 1]
+    rows = next(q for q in attn.params if q.role == "rows")
+    assert rows.literal is None and rows.fit is not None and rows.fit.form == "tokens"
+    decode = facts.programs["decode"].launches
+    dkv = next(la for la in decode if la.entry == "kern_kv_write")
+    assert dkv.grid[0].expr == "tokens"  # NOTE: pooled with prefill, where t varies
+    part = next(la for la in decode if la.entry == "kern_attn_decode_partial")
+    assert [g.expr for g in part.grid] == [SHAPE.kv_heads, SPLITS, 1]
+
+
+def test_wiring_facts(good: Any) -> None:
+    facts, _ = good
+    d, nq, nkv = SHAPE.head_dim, SHAPE.heads, SHAPE.kv_heads
+    assert facts.wiring["qkv_k_offset"] == nq * d * 2
+    assert facts.wiring["qkv_v_offset"] == (nq + nkv) * d * 2
+    assert facts.wiring["kv_layer_bytes"] == 2 * P * nkv * d * 2
+    assert facts.wiring["kv_bytes_per_token"] == SHAPE.kv_bytes_per_token
+    json.dumps(facts.to_json())
+
+
+@pytest.mark.parametrize(("breaks", "needle"), [
+    (Breaks(residual_moves=True), "residual"),
+    (Breaks(shared_weight=True), "share"),
+    (Breaks(kv_view_off_by_head=True), "fused qkv"),
+    (Breaks(kv_not_shared=True), "KV state"),
+    (Breaks(argmax_split=True), "argmax pidx"),
+    (Breaks(weight_moves=True), "moves between forwards"),
+])
+def test_broken_wiring_is_refused(tmp_path: Path, breaks: Breaks, needle: str) -> None:
+    write_capture(tmp_path, breaks)
+    with pytest.raises(mined.WiringError) as info:
+        mined.mined_facts(tmp_path)
+    assert any(needle in p for p in info.value.problems), info.value.problems
+
+
+def test_off_by_one_head_names_the_offset(tmp_path: Path) -> None:
+    write_capture(tmp_path, Breaks(kv_view_off_by_head=True))
+    with pytest.raises(mined.WiringError) as info:
+        mined.mined_facts(tmp_path)
+    assert any(f"+{SHAPE.head_dim * 2} bytes" in p and "kern_kv_write" in p for p in info.value.problems)
+
+
+def test_layout_that_disagrees_with_sources(tmp_path: Path) -> None:
+    write_capture(tmp_path, Breaks(drop_param=True))
+    with pytest.raises(mined.CaptureShapeError, match="kern_silu_mul"):
+        mined.mined_facts(tmp_path)
+
+
+def test_capture_without_our_kernels(tmp_path: Path) -> None:
+    pid = tmp_path / "pid1"
+    pid.mkdir()
+    line = {"t_ns": 1, "symbol": "other", "module": None, "grid": [1, 1, 1], "block": [1, 1, 1],
+            "shared_mem": 0, "cluster": None, "params": None}
+    (pid / "launches.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(mined.CaptureShapeError, match="no forward pass"):
+        mined.mined_facts(tmp_path)
+
+
+# ------------------------------------------------------------------------ check_against
+
+
+def test_generated_manifest_agrees(good: Any) -> None:
+    facts, _ = good
+    assert mined.check_against(manifest(), facts) == []
+
+
+def _first_launch(m: dict[str, Any], op: str) -> dict[str, Any]:
+    return m["ops"][op]["impl"]["launches"][0]
+
+
+@pytest.mark.parametrize(("mutate", "needle"), [
+    (lambda m: _first_launch(m, "attn_prefill").update(grid=[{"ceil_div": ["tokens", 32]}, 4, 1]), "grid[0]"),
+    (lambda m: _first_launch(m, "kv_write").update(grid=["tokens", 1, 1]), "grid[1]"),
+    (lambda m: _first_launch(m, "silu_mul").update(block=[256, 1, 1]), "block"),
+    (lambda m: m["ops"]["attn_decode"]["impl"]["launches"][0]["args"].__setitem__(11, {"i32": 16}), "splits"),
+    (lambda m: m["ops"]["kv_write"]["params"].__setitem__(7, "i32"), "param sizes"),
+    (lambda m: m["programs"]["decode"]["calls"][1]["args"].__setitem__(4, {"f32": 1e-5}), "eps"),
+    (lambda m: m["programs"]["prefill"]["calls"][4]["args"].__setitem__(1, {"state": "kv", "offset": 64}), "state offset"),
+    (lambda m: m["modules"]["attention"].update(sha256="0" * 64), "pins sha256"),
+    (lambda m: m["programs"]["decode"]["calls"].pop(1), "launch 1"),
+    (lambda m: m["programs"].pop("start"), "no 'start' program"),
+    (lambda m: m["states"]["kv"].update(bytes_per_token=4096), "bytes_per_token"),
+])
+def test_disagreeing_manifest_is_reported(good: Any, mutate: Any, needle: str) -> None:
+    facts, _ = good
+    m = copy.deepcopy(manifest())
+    mutate(m)
+    problems = mined.check_against(m, facts)
+    assert any(needle in p for p in problems), problems
+
+
+def test_shipped_tiny_example_against_the_capture(good: Any) -> None:
+    """examples/qwen3-tiny.json launches what the synthetic donor ran; only the hashes differ."""
+    facts, _ = good
+    shipped = json.loads((TOOLS.parent / "examples" / "qwen3-tiny.json").read_text())
+    problems = mined.check_against(shipped, facts)
+    assert problems and all("pins sha256" in p for p in problems)
