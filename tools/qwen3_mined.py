@@ -780,7 +780,8 @@ def _compare_launch(where: str, m: _Expanded, la: LaunchFact, manifest: Mapping[
     out: list[str] = []
     sha = manifest.get("modules", {}).get(m.module, {}).get("sha256") if m.module else None
     if la.module_sha256 and sha and sha != la.module_sha256:
-        out.append(f"{where}: module {m.module} pins sha256 {sha[:12]}, the capture ran {la.module_sha256[:12]}")
+        out.append(f"module {m.module} pins sha256 {sha[:12]}, the capture ran {la.module_sha256[:12]} "
+                   f"(first at {where})")
     if list(m.block) != list(la.block):
         out.append(f"{where}: block {list(m.block)}, mined {list(la.block)}")
     for axis, (expr, g) in enumerate(zip(m.grid, la.grid, strict=True)):
@@ -839,7 +840,9 @@ def check_against(manifest_json: Mapping[str, Any], facts: MinedQwen3) -> list[s
                             f"({len(want)} vs {len(got)} launches)")
             continue
         for m, la in zip(expanded, prog.launches, strict=True):
-            problems += _compare_launch(f"{name}/{m.label}/{m.entry}", m, la, manifest_json, kv_base)
+            for p in _compare_launch(f"{name}/{m.label}/{m.entry}", m, la, manifest_json, kv_base):
+                if not p.startswith("module ") or not any(q.startswith(p.split(" (first")[0]) for q in problems):
+                    problems.append(p)
     bpt = manifest_json.get("states", {}).get("kv", {}).get("bytes_per_token")
     mined_bpt = facts.wiring.get("kv_bytes_per_token")
     if bpt is not None and mined_bpt is not None and bpt != mined_bpt:
