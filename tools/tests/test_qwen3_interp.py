@@ -106,7 +106,6 @@ def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], re
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
     s = run.Session(rt, run.protocol_of(m), capacity=512)
-    s.rt.write_input("block_table", np.arange(run.protocol_of(m).blocks_len, dtype=np.int32))
     assert s.generate(_prompt(200), STEPS, chunk=97) == references[200][0]
     assert rt.calls.count(("issue", "decode")) == STEPS
     assert rt.calls.count(("run", "prefill")) == 3  # 199 tokens in chunks of 97
@@ -126,7 +125,6 @@ def _interp_session(weights: dict[str, np.ndarray], feed: str) -> Any:
 
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     s = run.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), run.protocol_of(m), capacity=512)
-    s.rt.write_input("block_table", np.arange(run.protocol_of(m).blocks_len, dtype=np.int32))
     return s, m
 
 
@@ -187,3 +185,19 @@ def test_session_refuses_ids_beyond_the_vocabulary(weights: dict[str, np.ndarray
     with pytest.raises(run.RunError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
         s.prefill([1, 4096, 2], 16)
     assert s.rt.calls == []  # nothing ran
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray], references: dict[int, Any],
+                                                 feed: str) -> None:
+    """Pages in a scrambled order: prefill, the KV writes (physical slots) and both attentions go
+    through the block table, and the device advance maps the next position through it too."""
+    import kern_cli.run as run
+
+    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    pages = list(np.random.default_rng(3).permutation(32))  # 512 tokens of capacity = 32 pages
+    s = run.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), run.protocol_of(m), 512, pages=pages)
+    assert s.proto.page_tokens == 16
+    assert s.generate(_prompt(200), STEPS, chunk=64) == references[200][0]
+    with pytest.raises(run.RunError, match="do not fit the block table"):
+        run.Session(s.rt, s.proto, 512, pages=list(range(s.proto.blocks_len + 1)))

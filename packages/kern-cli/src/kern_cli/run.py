@@ -195,6 +195,8 @@ class Protocol:
     the host writes the step's inputs before every step."""
     token_max: int | None = None
     """The largest token id the model takes (the token input's domain max), when declared."""
+    page_tokens: int = 1
+    """Tokens per KV page: the block table's domain stride (1 when undeclared)."""
 
 
 _INPUT_ROLES = ("token", "position", "slot", "seq_len", "blocks")
@@ -232,6 +234,7 @@ def protocol_of(manifest: Mapping[str, Any]) -> Protocol:
         step_vars={v: 1 for v in manifest.get("vars", {})},
         start_program=plain[0] if plain else None,
         token_max=_domain_max(manifest["buffers"][fills["token"][0]]),
+        page_tokens=int((blocks.get("domain") or {}).get("stride") or 1),
     )
 
 
@@ -320,11 +323,20 @@ class Session:
     Factory: `Session.open(...)`; close with `close()` (or use as a context manager).
     """
 
-    def __init__(self, rt: Any, proto: Protocol, capacity: int) -> None:
+    def __init__(self, rt: Any, proto: Protocol, capacity: int, pages: Sequence[int] | None = None) -> None:
+        """Bind a loaded runtime; `pages` are the KV pages the sequence owns, in order (default:
+        pages 0, 1, 2, ...). Writes the block table."""
         self.rt = rt
         self.proto = proto
         self.capacity = capacity
         self.seen = 0
+        table = np.arange(proto.blocks_len, dtype=np.int32)
+        if pages is not None:
+            if len(pages) > proto.blocks_len:
+                raise RunError(f"{len(pages)} pages do not fit the block table of {proto.blocks_len}")
+            table[: len(pages)] = np.asarray(pages, dtype=np.int32)
+        self.table = table
+        rt.write_input(proto.blocks, table)
 
     @classmethod
     def open(cls, manifest: Path, kernels: Path, weights: Sequence[Path], *, gpu: int, capacity: int,
@@ -348,11 +360,10 @@ class Session:
         try:
             log(str(rt.summary()))
             rt.load_weights(kr.Safetensors.open([str(p) for p in weights]), threads=8, progress=progress)
-            rt.write_input(proto.blocks, np.arange(proto.blocks_len, dtype=np.int32))
+            return cls(rt, proto, capacity)
         except BaseException:
             rt.close()
             raise
-        return cls(rt, proto, capacity)
 
     def close(self) -> None:
         """Release the runtime (device memory, graphs, modules)."""
@@ -369,7 +380,8 @@ class Session:
         pos = np.arange(start, start + n, dtype=np.int64)
         self.rt.write_input(self.proto.token, np.asarray(ids, dtype=np.int64))
         self.rt.write_input(self.proto.position, pos)
-        self.rt.write_input(self.proto.slot, pos)  # NOTE: identity block table: slot == position
+        p = self.proto.page_tokens
+        self.rt.write_input(self.proto.slot, self.table[pos // p].astype(np.int64) * p + pos % p)
         self.rt.write_input(self.proto.seq_len, np.array([start + n], dtype=np.int32))
 
     def prefill(self, prompt: Sequence[int], chunk: int) -> None:
