@@ -201,3 +201,12 @@ def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray],
     assert s.generate(_prompt(200), STEPS, chunk=64) == references[200][0]
     with pytest.raises(run.RunError, match="do not fit the block table"):
         run.Session(s.rt, s.proto, 512, pages=list(range(s.proto.blocks_len + 1)))
+
+
+def test_capacity_beyond_the_model_reach_is_refused(weights: dict[str, np.ndarray]) -> None:
+    import kern_cli.run as run
+
+    s, _ = _interp_session(weights, "device")
+    assert s.proto.position_max == 1023  # CONFIG's max_position_embeddings - 1
+    with pytest.raises(run.RunError, match="capacity 1025 exceeds the model's reach of 1024 positions"):
+        run.Session(s.rt, s.proto, 1025)

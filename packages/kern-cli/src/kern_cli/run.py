@@ -197,6 +197,8 @@ class Protocol:
     """The largest token id the model takes (the token input's domain max), when declared."""
     page_tokens: int = 1
     """Tokens per KV page: the block table's domain stride (1 when undeclared)."""
+    position_max: int | None = None
+    """The largest position the model takes (the position input's domain max), when declared."""
 
 
 _INPUT_ROLES = ("token", "position", "slot", "seq_len", "blocks")
@@ -235,6 +237,7 @@ def protocol_of(manifest: Mapping[str, Any]) -> Protocol:
         start_program=plain[0] if plain else None,
         token_max=_domain_max(manifest["buffers"][fills["token"][0]]),
         page_tokens=int((blocks.get("domain") or {}).get("stride") or 1),
+        position_max=_domain_max(manifest["buffers"][fills["position"][0]]),
     )
 
 
@@ -326,6 +329,10 @@ class Session:
     def __init__(self, rt: Any, proto: Protocol, capacity: int, pages: Sequence[int] | None = None) -> None:
         """Bind a loaded runtime; `pages` are the KV pages the sequence owns, in order (default:
         pages 0, 1, 2, ...). Writes the block table."""
+        reach = min(proto.blocks_len * proto.page_tokens,
+                    proto.position_max + 1 if proto.position_max is not None else capacity)
+        if capacity > reach:
+            raise RunError(f"capacity {capacity} exceeds the model's reach of {reach} positions")
         self.rt = rt
         self.proto = proto
         self.capacity = capacity
