@@ -265,3 +265,17 @@ def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
     assert run.decode_text(tok, [785, 6722]) == "The capital"
     assert run.decode_text(tok, [785, 151935, 6722, 151934]) == (
         "The<|unknown:151935|> capital<|unknown:151934|>")
+
+
+def test_capacity_beyond_positions_is_refused_before_loading(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
+    monkeypatch.setattr(run.Session, "open", lambda *a, **k: pytest.fail("loaded"))
+    m = _manifest()
+    m["buffers"]["pos"]["domain"] = {"min": 0, "max": 99}
+    (in_tmp / "m.json").write_text(json.dumps(m))
+    (in_tmp / "w.safetensors").write_bytes(b"")
+    rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", "1", "--capacity", "101"])
+    assert rc == 2
+    assert "exceeds the model's reach of 100 positions" in capsys.readouterr().err

@@ -574,6 +574,9 @@ def execute(opts: RunOptions, out: TextIO) -> int:
     capacity = _capacity(opts, len(prompt))
     if len(prompt) + opts.steps > capacity:
         raise RunError(f"prompt ({len(prompt)}) + steps ({opts.steps}) exceed --capacity {capacity}")
+    proto = protocol_of(manifest)
+    if proto.position_max is not None and capacity > proto.position_max + 1:
+        raise RunError(f"capacity {capacity} exceeds the model's reach of {proto.position_max + 1} positions")
     t0 = time.perf_counter()
     with Session.open(opts.manifest, opts.kernels, weights, gpu=opts.gpu, capacity=capacity, log=_log,
                       progress=_Bar(sys.stderr)) as s:
