@@ -84,6 +84,10 @@ class Recorder:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.checks: list[Check] = []
         self.bench: list[dict[str, Any]] = []
+        # NOTE: rows of an earlier run into the same OUTDIR (e.g. `--models tiny`, then `--models 4b`)
+        # are kept unless this run repeats the check.
+        old = out / "summary.json"
+        self.earlier: list[dict[str, Any]] = json.loads(old.read_text()) if old.is_file() else []
 
     @contextlib.contextmanager
     def check(self, name: str) -> Iterator[Check]:
@@ -108,6 +112,8 @@ class Recorder:
 
     def save(self) -> None:
         rows = [{"name": c.name, "status": c.status, "detail": c.detail, **c.data} for c in self.checks]
+        now = {c.name for c in self.checks}
+        rows = [r for r in self.earlier if r.get("name") not in now] + rows
         (self.out / "summary.json").write_text(json.dumps(rows, indent=1, default=str) + "\n")
         if self.bench:
             (self.out / "bench.json").write_text(json.dumps(self.bench, indent=1) + "\n")

@@ -58,3 +58,16 @@ def test_prompts_are_fixed_and_in_vocab() -> None:
     a, b = checks.prompts(4096), checks.prompts(4096)
     assert a == b and sorted(a) == [1, 37, 709]
     assert all(0 <= t < 4096 for p in a.values() for t in p)
+
+
+def test_recorder_keeps_rows_of_an_earlier_run(tmp_path: Path) -> None:
+    first = checks.Recorder(tmp_path)
+    with first.check("tiny.load"):
+        pass
+    with first.check("shared"):
+        raise RuntimeError("old")
+    second = checks.Recorder(tmp_path)
+    with second.check("shared") as c:
+        c.detail = "new"
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["name"], r["status"]) for r in rows] == [("tiny.load", "PASS"), ("shared", "PASS")]
