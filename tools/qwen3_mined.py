@@ -32,6 +32,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from kern_mining.analyze import Analysis, analyze
@@ -42,6 +43,7 @@ __all__ = [
     "KERNELS_SRC",
     "ROLES",
     "CaptureShapeError",
+    "GeneratorConstants",
     "GridFact",
     "LaunchFact",
     "MinedError",
@@ -52,6 +54,7 @@ __all__ = [
     "WiringError",
     "check_against",
     "entry_param_types",
+    "generator_constants",
     "mined_facts",
 ]
 
@@ -688,7 +691,44 @@ def mined_facts(capture_dir: Path, analysis: Analysis | None = None, *,
     mine = tuple(r.launches[0].grid[0] for r in runs if r.program in ("prefill", "decode"))
     if ana[-len(mine):] != mine:
         notes.append(f"kern_mining.analyze found forwards of {list(ana)} tokens; kern_embed says {list(mine)}")
-    return MinedQwen3(dump.path, programs, scalars, wiring.facts, ana, tuple(notes))
+    return MinedQwen3(dump.path, MappingProxyType(programs), MappingProxyType(scalars),
+                      MappingProxyType(wiring.facts), ana, tuple(notes))
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorConstants:
+    """The numbers tools/gen_qwen3.py hard-codes, as the capture shows them."""
+
+    page_tokens: int
+    decode_splits: int
+    prefill_bm: int | None
+    argmax_parts: int
+    entry_modules: Mapping[str, str]
+    """entry -> sha256 of the captured module that defines it."""
+
+
+def generator_constants(facts: MinedQwen3) -> GeneratorConstants:
+    """PAGE_TOKENS, DECODE_SPLITS, PREFILL_BM (the ceil_div divisor of kern_attn_prefill's grid.x;
+    None when the capture never ran prefill attention or the fit is not a ceil_div) and
+    ARGMAX_PARTS as mined, and the module hash behind each entry.
+
+    Raises:
+        CaptureShapeError: the capture ran no decode attention or argmax (no splits, no parts).
+    """
+    sc = facts.scalars
+    missing = [k for k in ("page_tokens", "splits", "argmax_parts") if k not in sc]
+    if missing:
+        raise CaptureShapeError(f"the capture pins no {', '.join(missing)}: capture decode steps too")
+    bm: int | None = None
+    shas: dict[str, str] = {}
+    for prog in facts.programs.values():
+        for la in prog.launches:
+            if la.module_sha256:
+                shas[la.entry] = la.module_sha256
+            if la.entry == "kern_attn_prefill" and la.grid[0].fit.form == "ceil_div":
+                bm = la.grid[0].fit.c
+    return GeneratorConstants(int(sc["page_tokens"]), int(sc["splits"]), bm, int(sc["argmax_parts"]),
+                              MappingProxyType(shas))
 
 
 # --------------------------------------------------------------------------- check_against

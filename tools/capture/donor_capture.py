@@ -53,6 +53,13 @@ DONOR = TOOLS / "donor" / "run_donor.py"
 Json = dict[str, Any]
 
 
+def nvcc() -> str:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    return next((p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), "nvcc")
+
+
 class Steps:
     """Runs named steps, records "ok" or the error of each, and keeps going."""
 
@@ -191,8 +198,35 @@ def fixture(pid: Path, out: Path, built: dict[str, str]) -> int:
     return sum(f.stat().st_size for f in target.iterdir())
 
 
+def after_capture(pid: Path, out: Path, built: dict[str, str], plain: float | None, steps: Steps,
+                  summary: Json) -> None:
+    expected: Json = json.loads((out / "expected.json").read_text())
+    captured = json.loads((out / "timing_capture.json").read_text())["seconds"]
+    cubins = list(pid.glob("module_*.cubin"))
+    summary["capture"] = {
+        "dump": str(pid),
+        "launches_jsonl_bytes": (pid / "launches.jsonl").stat().st_size,
+        "modules": len(cubins),
+        "cubin_bytes": sum(f.stat().st_size for f in cubins),
+        "timed_seconds_plain": plain,
+        "timed_seconds_capture": captured,
+        "slowdown_timed": None if not plain else captured / plain,
+        "donor_outputs": expected.get("outputs"),
+    }
+    summary["analyze"] = steps.run("analyze", lambda: analysis_rows(pid, out, expected))
+    facts = steps.run("mine", lambda: mine(pid, out))
+    if facts is not None:
+        summary["mined"] = {"scalars": dict(facts.scalars), "wiring": dict(facts.wiring),
+                            "notes": list(facts.notes),
+                            "launches": {n: len(p.launches) for n, p in facts.programs.items()},
+                            "runs": {n: len(p.tokens) for n, p in facts.programs.items()}}
+        summary["addresses"] = steps.run("addresses", lambda: compare_addresses(facts, expected))
+        summary["check"] = steps.run("check", lambda: check(facts, built, expected))
+    summary["fixture_bytes"] = steps.run("fixture", lambda: fixture(pid, out, built))
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--python", default=sys.executable, help="interpreter with torch and cuda-bindings")
     parser.add_argument("--layers", type=int, default=None)
@@ -204,36 +238,14 @@ def main() -> int:
     steps = Steps()
     summary: Json = {}
     built = steps.run("build", lambda: {m: sha for m, (_p, sha) in
-                                        build_kernels(TOOLS / "kernels-src", out / "kernels").items()})
+                                        build_kernels(TOOLS / "kernels-src", out / "kernels",
+                                                      compiler=(nvcc(),)).items()})
     summary["modules"] = built
     library = steps.run("library", lambda: build_library(out / "cache", toolchain=find_toolchain()))
     plain = steps.run("plain", lambda: run_plain(args, out)) if built else None
     pid = steps.run("capture", lambda: run_captured(args, out, library)) if built and library else None
-    expected: Json | None = None
     if pid is not None:
-        expected = json.loads((out / "expected.json").read_text())
-        captured = json.loads((out / "timing_capture.json").read_text())["seconds"]
-        cubins = list(pid.glob("module_*.cubin"))
-        summary["capture"] = {
-            "dump": str(pid),
-            "launches_jsonl_bytes": (pid / "launches.jsonl").stat().st_size,
-            "modules": len(cubins),
-            "cubin_bytes": sum(f.stat().st_size for f in cubins),
-            "timed_seconds_plain": plain,
-            "timed_seconds_capture": captured,
-            "slowdown_timed": None if not plain else captured / plain,
-            "donor_outputs": expected.get("outputs"),
-        }
-        summary["analyze"] = steps.run("analyze", lambda: analysis_rows(pid, out, expected))
-        facts = steps.run("mine", lambda: mine(pid, out))
-        if facts is not None:
-            summary["mined"] = {"scalars": dict(facts.scalars), "wiring": dict(facts.wiring),
-                                "notes": list(facts.notes),
-                                "launches": {n: len(p.launches) for n, p in facts.programs.items()},
-                                "runs": {n: len(p.tokens) for n, p in facts.programs.items()}}
-            summary["addresses"] = steps.run("addresses", lambda: compare_addresses(facts, expected))
-            summary["check"] = steps.run("check", lambda: check(facts, built or {}, expected))
-        summary["fixture_bytes"] = steps.run("fixture", lambda: fixture(pid, out, built or {}))
+        after_capture(pid, out, built or {}, plain, steps, summary)
     if (out / "mined_problems.json").is_file():
         summary["mined_problems"] = json.loads((out / "mined_problems.json").read_text())
     summary["steps"] = steps.status

@@ -25,6 +25,7 @@ import ctypes
 import gc
 import json
 import math
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -377,35 +378,27 @@ def addresses(e: Engine) -> dict[str, object]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kernels", type=Path, default=REPO / "kernels")
-    p.add_argument("--layers", type=int, default=None, help="override the tiny config's layers")
-    p.add_argument("--chunk", type=int, default=96, help="largest prefill chunk (rows)")
-    p.add_argument("--prompts", default="6,23,64,157", help="prompt lengths, comma separated")
-    p.add_argument("--expected", type=Path, help="write the schedule and buffer addresses here")
-    p.add_argument("--timing", type=Path, help="write seconds spent in the timed requests here")
-    args = p.parse_args(argv)
-    prompts = [int(x) for x in args.prompts.split(",")]
-    if min(prompts) < 2 or not args.chunk >= 1:
-        raise DonorError("prompts need at least 2 tokens and --chunk at least 1")
-    torch.manual_seed(0)
-    torch.zeros(1, device=DEV)  # NOTE: makes torch's primary context current for the driver calls
-    built = build_kernels(REPO / "tools" / "kernels-src", args.kernels)
-    kernels = Kernels([path for path, _sha in built.values()])
-    s = shape(args.layers)
-    engine = Engine(s, kernels, args.chunk)
-    counts = [c for n in [WARMUP_PROMPT, *prompts] for c in chunks(n, args.chunk)] + [1]
-    warm_gemms(engine, counts)
-    engine.load()
-    torch.cuda.synchronize()
+def nvcc() -> str:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    return next((p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), "nvcc")
+
+
+@dataclass
+class Served:
+    windows: list[list[int]]
+    outputs: list[list[int]]
+    timed_s: float
+
+
+def serve(engine: Engine, prompts: Sequence[int]) -> Served:
+    """The warm-up request, then one request per prompt length, separated by REQUEST_GAP_S."""
+    s = engine.s
     gen = torch.Generator().manual_seed(1)
     page_order = torch.randperm(POOL_PAGES, generator=gen).tolist()
-    gc.disable()
+    served = Served([], [], 0.0)
     time.sleep(REQUEST_GAP_S)
-    windows: list[list[int]] = []
-    outputs: list[list[int]] = []
-    timed = 0.0
     for r, n in enumerate([WARMUP_PROMPT, *prompts]):
         prompt = torch.randint(1, s.vocab, (n,), generator=gen).tolist()
         need = -(-(n + NEW_TOKENS) // PAGE_TOKENS)
@@ -415,20 +408,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         began = time.perf_counter()
         fwd, out = engine.request(prompt, pages)
         if r:
-            timed += time.perf_counter() - began - FORWARD_GAP_S * len(fwd)
-        windows.append(fwd)
-        outputs.append(out)
+            served.timed_s += time.perf_counter() - began - FORWARD_GAP_S * len(fwd)
+        served.windows.append(fwd)
+        served.outputs.append(out)
         print(f"donor: request {r} prompt {n} tokens, pages {pages}, forwards {fwd}, next tokens {out}",
               flush=True)
         time.sleep(REQUEST_GAP_S)
+    return served
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    p.add_argument("--kernels", type=Path, default=REPO / "kernels")
+    p.add_argument("--layers", type=int, default=None, help="override the tiny config's layers")
+    p.add_argument("--chunk", type=int, default=96, help="largest prefill chunk (rows)")
+    p.add_argument("--prompts", default="6,23,64,157", help="prompt lengths, comma separated")
+    p.add_argument("--expected", type=Path, help="write the schedule and buffer addresses here")
+    p.add_argument("--timing", type=Path, help="write seconds spent in the timed requests here")
+    args = p.parse_args(argv)
+    prompts = [int(x) for x in args.prompts.split(",")]
+    if min(prompts) < 2 or args.chunk < 1:
+        raise DonorError("prompts need at least 2 tokens and --chunk at least 1")
+    torch.manual_seed(0)
+    torch.zeros(1, device=DEV)  # NOTE: makes torch's primary context current for the driver calls
+    built = build_kernels(REPO / "tools" / "kernels-src", args.kernels, compiler=(nvcc(),))
+    kernels = Kernels([path for path, _sha in built.values()])
+    s = shape(args.layers)
+    engine = Engine(s, kernels, args.chunk)
+    warm_gemms(engine, [c for n in [WARMUP_PROMPT, *prompts] for c in chunks(n, args.chunk)] + [1])
+    engine.load()
+    torch.cuda.synchronize()
+    gc.disable()
+    served = serve(engine, prompts)
     gc.enable()
-    print(f"donor: {s}, chunk {args.chunk}, {len(windows)} requests, "
-          f"{sum(len(w) for w in windows)} forwards", flush=True)
+    print(f"donor: {s}, chunk {args.chunk}, {len(served.windows)} requests, "
+          f"{sum(len(w) for w in served.windows)} forwards", flush=True)
     if args.timing:
-        args.timing.write_text(json.dumps({"seconds": timed}))
+        args.timing.write_text(json.dumps({"seconds": served.timed_s}))
     if args.expected:
         args.expected.write_text(json.dumps({
-            "windows": windows[1:], "warmup": windows[:1], "outputs": outputs,
+            "windows": served.windows[1:], "warmup": served.windows[:1], "outputs": served.outputs,
             "shape": vars(s) | {"page_tokens": PAGE_TOKENS, "splits": DECODE_SPLITS,
                                 "page_stride": s.page_stride, "chunk": args.chunk},
             "modules": {m: sha for m, (_p, sha) in built.items()},

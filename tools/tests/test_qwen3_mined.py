@@ -11,6 +11,7 @@ import json
 import math
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -285,6 +286,17 @@ def test_param_tables_and_grids(good: Any) -> None:
     assert [g.expr for g in part.grid] == [SHAPE.kv_heads, SPLITS, 1]
 
 
+def test_generator_constants(good: Any) -> None:
+    facts, _ = good
+    c = mined.generator_constants(facts)
+    assert (c.page_tokens, c.decode_splits, c.prefill_bm, c.argmax_parts) == (
+        gen.PAGE_TOKENS, gen.DECODE_SPLITS, gen.PREFILL_BM, gen.ARGMAX_PARTS)
+    assert c.entry_modules["kern_attn_prefill"] == SHAS["attention"]
+    assert c.entry_modules["kern_argmax_final"] == SHAS["sampling"]
+    with pytest.raises(TypeError):
+        facts.scalars["eps"] = 1.0  # type: ignore[index]
+
+
 def test_wiring_facts(good: Any) -> None:
     facts, _ = good
     d, nq, nkv = SHAPE.head_dim, SHAPE.heads, SHAPE.kv_heads
@@ -345,7 +357,8 @@ def _first_launch(m: dict[str, Any], op: str) -> dict[str, Any]:
     return m["ops"][op]["impl"]["launches"][0]
 
 
-@pytest.mark.parametrize(("mutate", "needle"), [
+Mutation = Callable[[dict[str, Any]], object]
+MUTATIONS: list[tuple[Mutation, str]] = [
     (lambda m: _first_launch(m, "attn_prefill").update(grid=[{"ceil_div": ["tokens", 32]}, 4, 1]), "grid[0]"),
     (lambda m: _first_launch(m, "kv_write").update(grid=["tokens", 1, 1]), "grid[1]"),
     (lambda m: _first_launch(m, "silu_mul").update(block=[256, 1, 1]), "block"),
@@ -357,8 +370,11 @@ def _first_launch(m: dict[str, Any], op: str) -> dict[str, Any]:
     (lambda m: m["programs"]["decode"]["calls"].pop(1), "launch 1"),
     (lambda m: m["programs"].pop("start"), "no 'start' program"),
     (lambda m: m["states"]["kv"].update(bytes_per_token=4096), "bytes_per_token"),
-])
-def test_disagreeing_manifest_is_reported(good: Any, mutate: Any, needle: str) -> None:
+]
+
+
+@pytest.mark.parametrize(("mutate", "needle"), MUTATIONS)
+def test_disagreeing_manifest_is_reported(good: Any, mutate: Mutation, needle: str) -> None:
     facts, _ = good
     m = copy.deepcopy(manifest())
     mutate(m)
