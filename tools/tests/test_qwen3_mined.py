@@ -55,6 +55,7 @@ class Breaks:
     argmax_split: bool = False
     weight_moves: bool = False
     drop_param: bool = False
+    prefill_only: bool = False
 
 
 @dataclass
@@ -197,12 +198,13 @@ class Donor:
             for src, dst in (("ids", "s_ids"), ("pos", "s_pos"), ("slots", "s_slot")):
                 w.launch("kern_copy_i64", (1, 1, 1), 32, B[src], B[dst], 1)
             w.launch("kern_copy_i32", (1, 1, 1), 32, B["seq_len"], B["s_len"], 1)
-            for _ in range(4):
+            for _ in range(0 if self.b.prefill_only else 4):
                 self.forward(1, decode=True)
                 fwd.append(1)
                 w.gap(2)
             windows.append(fwd)
         return windows
+
 
 
 def write_capture(root: Path, breaks: Breaks | None = None) -> list[list[int]]:
@@ -333,6 +335,27 @@ def test_layout_that_disagrees_with_sources(tmp_path: Path) -> None:
     write_capture(tmp_path, Breaks(drop_param=True))
     with pytest.raises(mined.CaptureShapeError, match="kern_silu_mul"):
         mined.mined_facts(tmp_path)
+
+
+def test_empty_capture_dir_is_a_dump_error(tmp_path: Path) -> None:
+    from kern_mining import DumpError
+
+    with pytest.raises(DumpError):
+        mined.mined_facts(tmp_path)
+
+
+def test_prefill_only_capture_pins_no_decode_constants(tmp_path: Path) -> None:
+    write_capture(tmp_path, Breaks(prefill_only=True))
+    facts = mined.mined_facts(tmp_path)
+    assert "decode" not in facts.programs
+    with pytest.raises(mined.CaptureShapeError, match="splits"):
+        mined.generator_constants(facts)
+
+
+def test_manifest_without_programs_is_reported_not_raised(good: Any) -> None:
+    facts, _ = good
+    problems = mined.check_against({}, facts)
+    assert {p.split("'")[1] for p in problems} == {"load", "prefill", "start", "decode"}
 
 
 def test_capture_without_our_kernels(tmp_path: Path) -> None:
