@@ -411,3 +411,28 @@ def test_shipped_tiny_example_against_the_capture(good: Any) -> None:
     shipped = json.loads((TOOLS.parent / "examples" / "qwen3-tiny.json").read_text())
     problems = mined.check_against(shipped, facts)
     assert problems and all("pins sha256" in p for p in problems)
+
+
+# ------------------------------------------------------------- committed GPU captures
+
+FIXTURES = sorted((TOOLS / "tests" / "fixtures").glob("donor*/expected.json"))
+
+
+@pytest.mark.parametrize("expected_file", FIXTURES, ids=[p.parent.name for p in FIXTURES])
+def test_committed_donor_capture(expected_file: Path) -> None:
+    """A capture of the real donor on a GPU (tools/capture/donor_capture.py's fixture/donor/,
+    committed as tools/tests/fixtures/donor*/): it mines cleanly, the mined pointers are the
+    donor's own buffers, and gen_qwen3's manifest for its shape and hashes agrees with it."""
+    exp = json.loads(expected_file.read_text())
+    facts = mined.mined_facts(expected_file.parent)
+    config = dict(QWEN3_TINY_CONFIG) | {"num_hidden_layers": exp["shape"]["layers"]}
+    fresh = gen.generate(gen.shape_from_config(config), exp["modules"], ENTRIES, model="donor",
+                         chunk=exp["shape"]["chunk"], feed="device")
+    assert mined.check_against(fresh, facts) == []
+    a = exp["addresses"]
+    decode = facts.programs["decode"].launches
+    qk = next(la for la in decode if la.entry == "kern_qk_norm_rope")
+    assert qk.samples[0].values[0] == a["qkv"]
+    chunks = [t for w in exp["windows"] for t in w[:-4]]  # NOTE: the donor's 4 decode steps
+    assert list(facts.programs["prefill"].tokens[-len(chunks) :]) == chunks
+    assert facts.programs["decode"].tokens == (1,) * (4 * (len(exp["windows"]) + len(exp["warmup"])))
