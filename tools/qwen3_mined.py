@@ -197,6 +197,10 @@ class MinedQwen3:
     analyzer_tokens: tuple[int | None, ...]
     notes: tuple[str, ...]
 
+    def launches_of(self, entry: str) -> list[LaunchFact]:
+        """Every launch of `entry` in every program, in program order (load, prefill, start, decode)."""
+        return [la for p in self.programs.values() for la in p.launches if la.entry == entry]
+
     def to_json(self) -> dict[str, object]:
         """A JSON-ready summary (launch sequences, grids, literals, wiring)."""
         return {

@@ -282,6 +282,7 @@ def test_param_tables_and_grids(good: Any) -> None:
     rows = next(q for q in attn.params if q.role == "rows")
     assert rows.literal is None and rows.fit is not None and rows.fit.form == "tokens"
     decode = facts.programs["decode"].launches
+    assert len(facts.launches_of("kern_kv_write")) == 2 * SHAPE.layers
     dkv = next(la for la in decode if la.entry == "kern_kv_write")
     assert dkv.grid[0].expr == "tokens"  # NOTE: pooled with prefill, where t varies
     part = next(la for la in decode if la.entry == "kern_attn_decode_partial")
