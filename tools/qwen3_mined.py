@@ -639,9 +639,15 @@ class _Wiring:
 # ----------------------------------------------------------------------------- entry
 
 
-def _analyzer_tokens(dump: Dump, ours: tuple[Launch, ...], analysis: Analysis | None) -> tuple[int | None, ...]:
+def _analyzer_tokens(dump: Dump, ours: tuple[Launch, ...], analysis: Analysis | None,
+                     notes: list[str]) -> tuple[int | None, ...]:
     if analysis is None:
-        analysis = analyze(replace(dump, launches=ours))
+        try:
+            analysis = analyze(replace(dump, launches=ours))
+        except (ValueError, IndexError, ZeroDivisionError) as exc:
+            # NOTE: a cross-check only; the mined facts do not depend on it.
+            notes.append(f"kern_mining.analyze failed on our launches: {type(exc).__name__}: {exc}")
+            return ()
     return tuple(f.tokens for f in analysis.forwards)
 
 
@@ -691,9 +697,9 @@ def mined_facts(capture_dir: Path, analysis: Analysis | None = None, *,
     problems += wiring.problems
     if problems:
         raise WiringError(problems)
-    ana = _analyzer_tokens(dump, ours, analysis)
+    ana = _analyzer_tokens(dump, ours, analysis, notes)
     mine = tuple(r.launches[0].grid[0] for r in runs if r.program in ("prefill", "decode"))
-    if ana[-len(mine):] != mine:
+    if ana and ana[-len(mine):] != mine:
         notes.append(f"kern_mining.analyze found forwards of {list(ana)} tokens; kern_embed says {list(mine)}")
     return MinedQwen3(dump.path, MappingProxyType(programs), MappingProxyType(scalars),
                       MappingProxyType(wiring.facts), ana, tuple(notes))
