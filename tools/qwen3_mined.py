@@ -78,14 +78,17 @@ ROLES: dict[str, tuple[str, ...]] = {
     "kern_copy_i64": ("src", "dst", "copy_rows"),
     "kern_copy_i32": ("src", "dst", "copy_rows"),
     "kern_rope_table": ("cos", "sin", "max_pos", "half_dim", "theta"),
+    "kern_gemv_bf16": ("x", "w", "y", "gemv_rows", "gemv_n", "gemv_k", "gemv_y_stride"),
+    "kern_gemv_bf16_acc": ("x", "w", "y", "gemv_rows", "gemv_n", "gemv_k", "gemv_y_stride"),
 }
 """Parameter roles of each entry, in ABI order; a scalar role names the model number it carries."""
 
 DECODE_MARKERS = frozenset({"kern_attn_decode_partial", "kern_argmax_partial"})
 START_ENTRIES = frozenset({"kern_copy_i64", "kern_copy_i32"})
 LOAD_ENTRIES = frozenset({"kern_rope_table"})
-VARYING_SCALARS = frozenset({"rows"})
-"""Scalars that legitimately vary per forward (fitted, not literal)."""
+SITE_SCALARS = frozenset({"rows", "gemv_rows", "gemv_n", "gemv_k", "gemv_y_stride"})
+"""Scalars that belong to one call site (vary with t or with the GEMV's shape): not model numbers
+that every kernel must agree on."""
 PARAM_BYTES = {"ptr": 8, "i32": 4, "i64": 8, "f32": 4, "u8": 1}
 
 
@@ -424,7 +427,7 @@ def _scalars(programs: Mapping[str, ProgramFacts], problems: list[str]) -> dict[
     for prog in programs.values():
         for la in prog.launches:
             for q in la.params:
-                if q.type != "ptr" and q.role not in VARYING_SCALARS and q.literal is not None:
+                if q.type != "ptr" and q.role not in SITE_SCALARS and q.literal is not None:
                     seen[q.role][q.literal].append(la.entry)
     out: dict[str, int | float] = {}
     for role, values in sorted(seen.items()):

@@ -56,6 +56,7 @@ class Breaks:
     weight_moves: bool = False
     drop_param: bool = False
     prefill_only: bool = False
+    gemv_decode: bool = False
 
 
 @dataclass
@@ -124,6 +125,8 @@ class Donor:
         self.norms = {f"l{i}.{n}": a(s.hidden * 2) for i in range(s.layers) for n in ("in_norm", "post_norm")}
         self.norms |= {f"l{i}.{n}": a(s.head_dim * 2) for i in range(s.layers) for n in ("q_norm", "k_norm")}
         self.norms["final_norm"] = a(s.hidden * 2)
+        self.o_w = [a(s.hidden * s.heads * s.head_dim * 2) for _ in range(s.layers)]
+        self.gu_w = [a(2 * s.inter * s.hidden * 2) for _ in range(s.layers)]
         ws = a(64 << 20)
         names = ("h", "x", "y", "qkv", "attn", "gu", "act", "logits", "part_o", "part_lse", "pval",
                  "pidx", "next", "ids", "pos", "slots", "seq_len", "block_table", "s_ids", "s_pos",
@@ -164,11 +167,19 @@ class Donor:
             else:
                 w.launch("kern_attn_prefill", (math.ceil(t / BM), nq, 1), 128, B["qkv"], kv,
                          B["block_table"], B[io[3]], B["attn"], t, nq, nkv, d, P, self.page_stride, d**-0.5)
-            w.gemm()
+            if decode and b.gemv_decode:
+                w.launch("kern_gemv_bf16", (-(-s.hidden // 4), 1, 1), 128, B["attn"], self.o_w[i], B["y"], 1,
+                         s.hidden, nq * d, s.hidden)
+            else:
+                w.gemm()
             res = B["h"] + (512 if b.residual_moves and i == 1 else 0)
             w.launch("kern_add_rmsnorm", (t, 1, 1), 256, res, B["y"], self.norms[f"l{i}.post_norm"], B["x"],
                      s.hidden, eps)
-            w.gemm()
+            if decode and b.gemv_decode:
+                w.launch("kern_gemv_bf16", (-(-2 * s.inter // 4), 1, 1), 128, B["x"], self.gu_w[i], B["gu"], 1,
+                         2 * s.inter, s.hidden, 2 * s.inter)
+            else:
+                w.gemm()
             w.launch("kern_silu_mul", (t, -(-s.inter // 1024), 1), 128, B["gu"], B["act"], s.inter)
             w.gemm()
             nxt = self.norms["final_norm" if i == s.layers - 1 else f"l{i + 1}.in_norm"]
@@ -336,6 +347,17 @@ def test_layout_that_disagrees_with_sources(tmp_path: Path) -> None:
     write_capture(tmp_path, Breaks(drop_param=True))
     with pytest.raises(mined.CaptureShapeError, match="kern_silu_mul"):
         mined.mined_facts(tmp_path)
+
+
+def test_gemv_sites_keep_their_own_shapes(tmp_path: Path) -> None:
+    write_capture(tmp_path, Breaks(gemv_decode=True))
+    facts = mined.mined_facts(tmp_path)
+    gemvs = facts.launches_of("kern_gemv_bf16")
+    assert [next(q.literal for q in la.params if q.role == "gemv_n") for la in gemvs] == [
+        SHAPE.hidden, 2 * SHAPE.inter] * SHAPE.layers
+    assert "gemv_n" not in facts.scalars
+    problems = mined.check_against(manifest(), facts)
+    assert any("kern_gemv_bf16 in the capture" in p for p in problems), problems
 
 
 def test_empty_capture_dir_is_a_dump_error(tmp_path: Path) -> None:
