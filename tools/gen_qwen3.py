@@ -29,6 +29,8 @@ __all__ = [
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
     "FEEDS",
+    "GEMV_DEFAULT",
+    "GEMV_GEMMS",
     "PAGE_TOKENS",
     "PREFILL_BM",
     "PRESETS",
@@ -78,6 +80,14 @@ DEVICE_FEED_ENTRIES: tuple[str, ...] = ("kern_decode_advance", "kern_copy_i64", 
 program seeds from the host inputs and `kern_decode_advance` moves on (the verifier forbids kernels
 writing input buffers)."""
 FEEDS = ("host", "device")
+GEMV_GEMMS = ("qkv", "o", "gate_up", "down", "lm_head")
+"""Decode GEMMs (m = 1) that `--gemv` may move from cublasLt to our `kern_gemv_bf16`."""
+GEMV_DEFAULT = ("o", "gate_up", "lm_head")
+"""The decode GEMMs where kern_gemv_bf16 beat cuBLAS on the H200 (docs/kernels.md, "GEMV for
+decode": o 8.44 vs 9.46 us, gate_up 26.84 vs 29.34, lm_head 184.9 vs 185.9; qkv and down lost).
+`--gemv default` picks them."""
+GEMV_COLS_PER_BLOCK = 4
+"""Output columns per block of kern_gemv_bf16 as built (GEMV_WARPS / GEMV_SPLIT * GEMV_RPW)."""
 
 # NOTE: device-fed decode reads these carries instead of the host inputs.
 STEP_CARRIES: dict[str, tuple[str, str]] = {
@@ -431,17 +441,37 @@ def _buffers(s: Qwen3Shape, feed: str) -> Json:
 # Programs.
 
 
+def _gemm_call(label: str, x: str, w: str, y: str, n: int, k: int, gemv: bool) -> Json:
+    """y = x W^T: cublasLt (any rows) or, for the one-row decode step, our GEMV op of that shape."""
+    if gemv:
+        return _call(label, _gemv_op_name(n, k), _buf(x), _buf(w), _buf(y))
+    return _call(label, "gemm", _buf(x), _buf(w), _buf(y), TOKENS, _i32(n), _i32(k))
+
+
+def _gemv_op_name(n: int, k: int) -> str:
+    return f"gemv_{n}x{k}"
+
+
+def _gemv_op(mods: Mapping[str, str], n: int, k: int) -> Json:
+    launch = _kernel(
+        mods, "kern_gemv_bf16", [-(-n // GEMV_COLS_PER_BLOCK), 1, 1], 128,
+        params=[BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32", "i32"],
+        args=[{"param": 0}, {"param": 1}, {"param": 2}, _i32(1), _i32(n), _i32(k), _i32(n)],
+    )
+    return {"params": [BF16_IN, BF16_IN, BF16_OUT], "impl": {"launches": [launch]}}
+
+
 def _kv_offset(s: Qwen3Shape, layer: int) -> int:
     return layer * 2 * PAGE_TOKENS * s.kv_heads * s.head_dim * 2
 
 
-def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bool) -> list[Json]:
+def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bool,
+                     gemv: frozenset[str] = frozenset()) -> list[Json]:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     kv = {"state": "kv", "offset": _kv_offset(s, i)} if i else {"state": "kv"}
     page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
     calls = [
-        _call(f"l{i}.qkv", "gemm", _buf("x"), _buf(f"l{i}.qkv"), _buf("qkv"), TOKENS,
-              _i32(s.qkv_rows), _i32(s.hidden)),
+        _gemm_call(f"l{i}.qkv", "x", f"l{i}.qkv", "qkv", s.qkv_rows, s.hidden, "qkv" in gemv),
         _call(f"l{i}.qk_norm_rope", "qk_norm_rope", _buf("qkv"), _buf(f"l{i}.q_norm"),
               _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
               _i32(nq), _i32(nkv), _i32(d), _f32(s.eps)),
@@ -458,24 +488,22 @@ def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bo
     return calls
 
 
-def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str) -> list[Json]:
+def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: frozenset[str] = frozenset()) -> list[Json]:
     h = s.hidden
     return [
-        _call(f"l{i}.o", "gemm", _buf("attn"), _buf(f"l{i}.o"), _buf("y"), TOKENS, _i32(h),
-              _i32(s.heads * s.head_dim)),
+        _gemm_call(f"l{i}.o", "attn", f"l{i}.o", "y", h, s.heads * s.head_dim, "o" in gemv),
         _call(f"l{i}.post_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(f"l{i}.post_norm"),
               _buf("x"), _i32(h), _f32(s.eps)),
-        _call(f"l{i}.gate_up", "gemm", _buf("x"), _buf(f"l{i}.gate_up"), _buf("gu"), TOKENS,
-              _i32(2 * s.inter), _i32(h)),
+        _gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "gu", 2 * s.inter, h, "gate_up" in gemv),
         _call(f"l{i}.silu_mul", "silu_mul", _buf("gu"), _buf("act"), _i32(s.inter)),
-        _call(f"l{i}.down", "gemm", _buf("act"), _buf(f"l{i}.down"), _buf("y"), TOKENS, _i32(h),
-              _i32(s.inter)),
+        _gemm_call(f"l{i}.down", "act", f"l{i}.down", "y", h, s.inter, "down" in gemv),
         _call(f"l{i}.next_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(next_norm), _buf("x"),
               _i32(h), _f32(s.eps)),
     ]
 
 
-def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool) -> list[Json]:
+def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
+                   gemv: frozenset[str] = frozenset()) -> list[Json]:
     calls = [
         _call("embed", "embed", _buf(io["ids"]), _buf("embed"), _buf("h"), _i32(s.hidden)),
         _call("l0.in_norm", "rmsnorm", _buf("h"), _buf("l0.in_norm"), _buf("x"), _i32(s.hidden),
@@ -487,16 +515,15 @@ def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool) -> lis
             # NOTE: prefill writes only KV; the last layer's attention output is never read.
             calls += _attention_calls(s, i, io, decode=False)[:3]
             break
-        calls += _attention_calls(s, i, io, decode=decode)
-        calls += _mlp_calls(s, i, "final_norm" if last else f"l{i + 1}.in_norm")
+        calls += _attention_calls(s, i, io, decode=decode, gemv=gemv)
+        calls += _mlp_calls(s, i, "final_norm" if last else f"l{i + 1}.in_norm", gemv)
     return calls
 
 
-def _decode_tail(s: Qwen3Shape, feed: str) -> list[Json]:
+def _decode_tail(s: Qwen3Shape, feed: str, gemv: frozenset[str]) -> list[Json]:
     head = "embed" if s.tied else "lm_head"
     calls = [
-        _call("lm_head", "gemm", _buf("x"), _buf(head), _buf("logits"), TOKENS, _i32(s.vocab),
-              _i32(s.hidden)),
+        _gemm_call("lm_head", "x", head, "logits", s.vocab, s.hidden, "lm_head" in gemv),
         _call("argmax", "argmax", _buf("logits"), _buf("next_token")),
     ]
     if feed == "device":
@@ -516,7 +543,7 @@ def _start_calls() -> list[Json]:
     ]
 
 
-def _programs(s: Qwen3Shape, feed: str) -> Json:
+def _programs(s: Qwen3Shape, feed: str, gemv: frozenset[str]) -> Json:
     half = s.head_dim // 2
     host = {k: k for k in STEP_CARRIES}
     step_io = host if feed == "host" else {k: v[0] for k, v in STEP_CARRIES.items()}
@@ -528,7 +555,7 @@ def _programs(s: Qwen3Shape, feed: str) -> Json:
         "prefill": {"batch": {"groups": 1, "rows": "tokens"},
                     "calls": _forward_calls(s, host, decode=False)},
         "decode": {"batch": {"groups": 1, "rows": 1}, "graph": True,
-                   "calls": _forward_calls(s, step_io, decode=True) + _decode_tail(s, feed)},
+                   "calls": _forward_calls(s, step_io, decode=True, gemv=gemv) + _decode_tail(s, feed, gemv)},
     }
     if feed == "device":
         programs["start"] = {"calls": _start_calls()}
@@ -556,6 +583,7 @@ def generate(
     model: str,
     chunk: int = DEFAULT_CHUNK,
     feed: str = "host",
+    gemv: Sequence[str] = (),
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -568,13 +596,18 @@ def generate(
         feed: "host": the caller writes the step's four inputs before every decode step;
             "device": decode reads carry buffers that the `start` program seeds and
             `kern_decode_advance` moves on, so the host only replays and reads 8 bytes.
+        gemv: decode GEMMs (of `GEMV_GEMMS`) that run as our `kern_gemv_bf16` instead of
+            cublasLt; prefill always uses cublasLt.
 
     Raises:
         KernelsError: an entry is missing, or its module has no hash.
     """
     if feed not in FEEDS:
         raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
-    needed = ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
+    unknown = sorted(set(gemv) - set(GEMV_GEMMS))
+    if unknown:
+        raise GenError(f"--gemv names {', '.join(unknown)}; choose from {', '.join(GEMV_GEMMS)}")
+    needed = ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ()) + (("kern_gemv_bf16",) if gemv else ())
     missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
@@ -586,6 +619,12 @@ def generate(
         raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
     used = sorted({entries[e] for e in needed})
     ops = _ops(shape, entries) | (_feed_ops(entries) if feed == "device" else {})
+    programs = _programs(shape, feed, frozenset(gemv))
+    used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
+    for op in sorted(o for o in used_ops if o.startswith("gemv_")):
+        n, k = (int(v) for v in op.removeprefix("gemv_").split("x"))
+        ops[op] = _gemv_op(entries, n, k)
+    ops = {name: op for name, op in ops.items() if name in used_ops}
     return {
         "schema_version": 5,
         "model": model,
@@ -594,7 +633,7 @@ def generate(
         "buffers": _buffers(shape, feed),
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
         "ops": ops,
-        "programs": _programs(shape, feed),
+        "programs": programs,
     }
 
 
@@ -616,6 +655,9 @@ def decode_gemm_shapes(manifest: Mapping[str, Any]) -> list[tuple[str, int, int,
         if call["op"] == "gemm":
             _a, w, _c, _m, n, k = call["args"]
             out.append((w["buf"], 1, _literal(n), _literal(k)))
+        elif call["op"].startswith("gemv_"):
+            n, k = manifest["buffers"][call["args"][1]["buf"]]["shape"]
+            out.append((call["args"][1]["buf"], 1, int(n), int(k)))
     return out
 
 
@@ -654,6 +696,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--kernels-src", type=Path, default=Path(__file__).parent / "kernels-src")
     p.add_argument("--kernels", type=Path, default=Path("kernels"), help="cubin output dir")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest prefill chunk")
+    p.add_argument("--gemv", default="",
+                   help=f"comma-separated decode GEMMs to run as kern_gemv_bf16 ({','.join(GEMV_GEMMS)}), "
+                        f"or 'default' ({','.join(GEMV_DEFAULT)}); empty: all cublasLt")
     p.add_argument("--feed", choices=FEEDS, default=None,
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
@@ -686,8 +731,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         modules = build_and_hash(args.kernels_src, args.kernels)
         entries = entry_modules(args.kernels_src)
         feed = args.feed or ("device" if all(e in entries for e in DEVICE_FEED_ENTRIES) else "host")
+        gemv = list(GEMV_DEFAULT) if args.gemv == "default" else [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
-                            chunk=args.chunk, feed=feed)
+                            chunk=args.chunk, feed=feed, gemv=gemv)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2

@@ -12,10 +12,12 @@
 4. kern, for each model and prompt: greedy tokens (graph, --chunk 512) == transformers (a divergence
    passes only where transformers' gap is <= 4 bf16 ulps: reported), first-step logits within 1e-2
    relative error (L2) of float32, graph == eager, --chunk 512 == 1 == 97; kern-run as a process
-   (--output ids equals the in-process tokens; kern.toml + random checkpoint + text prompt);
+   (--output ids equals the in-process tokens; kern.toml + random checkpoint + text prompt); the
+   same checks for the variant whose decode runs o, gate_up and lm_head as kern_gemv_bf16 (`-gemv`);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
-   copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table; the per-kernel
-   time of one decode step (OUTDIR/decode_profile.txt) for docs/perf.md.
+   copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for both variants
+   (rows `4b.*` and `4b-gemv.*`; the floor is the all-cublasLt step's GEMMs); the per-kernel time of
+   one decode step (OUTDIR/4b.decode_profile.txt, 4b-gemv.decode_profile.txt) for docs/perf.md.
 
 Every check is recorded even when an earlier one failed; logs go to OUTDIR/logs/, results to
 OUTDIR/summary.json. Exit status 0 only when every check passed.
@@ -170,7 +172,10 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
     return path if ok else None
 
 
-def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, hashes: dict[str, str]) -> Path | None:
+def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, hashes: dict[str, str],
+                      gemv: Sequence[str] = ()) -> Path | None:
+    """`name` is the model (tiny, 4b) plus "-gemv" for the variant whose decode runs `gemv` GEMMs
+    as kern_gemv_bf16."""
     out = rec.out / "manifests" / f"qwen3-{name}.json"
     ok = False
     with rec.check(f"{name}.manifest") as c:
@@ -180,7 +185,8 @@ def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, has
         src = ROOT / "tools" / "kernels-src"
         entries = gen.entry_modules(src)
         feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-        m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", feed=feed)
+        m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", feed=feed,
+                         gemv=list(gemv))
         verify(parse_manifest(json.dumps(m)))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(m, indent=1) + "\n")
@@ -512,40 +518,40 @@ def copy_floor_rows(weight_bytes: int) -> list[dict[str, Any]]:
 TARGETS = {"decode_ms_per_token@ctx128": 2.9, "prefill_ms@709": 25.0}
 
 
-def kern_bench(rec: Recorder, manifest: Path, ckpt: Path, gpu: int) -> None:
+def kern_bench(rec: Recorder, label: str, manifest: Path, floor: Path, ckpt: Path, gpu: int) -> None:
+    """kern bench rows of one manifest variant, named `<label>.<row>`; the copy floor once."""
     from kern_cli.bench_cmd import bench_session, decode_weight_bytes, table
     from kern_cli.run import RunOptions
 
-    with rec.check("4b.bench") as c:
-        m = json.loads(manifest.read_text())
-        wb = decode_weight_bytes(m, "decode")
-        rec.bench += copy_floor_rows(wb)
+    with rec.check(f"{label}.bench") as c:
+        if not any(r["name"] == "copy_bandwidth_rw" for r in rec.bench):
+            rec.bench += copy_floor_rows(decode_weight_bytes(json.loads(floor.read_text()), "decode"))
         opts = RunOptions(manifest=manifest, kernels=rec.out / "kernels", weights=(ckpt,), prompt=None,
                           prompt_ids=(1,), steps=1, gpu=gpu, capacity=None, chunk=512, eager=False,
                           output="ids", tokenizer="", kernel_sources=None)
         logs = io.StringIO()
-        rows = bench_session(opts, contexts=[128, 8192], steps=256, prefill=709,
+        rows = bench_session(opts, contexts=[128, 8192], steps=256, prefill=709, floor_manifest=floor,
                              log=lambda s: logs.write(s + "\n"))
-        (rec.logs / "bench.log").write_text(logs.getvalue())
+        (rec.logs / f"{label}.bench.log").write_text(logs.getvalue())
+        by = {r["name"]: r["value"] for r in rows}
         for r in rows:
             r["target"] = TARGETS.get(r["name"], r.get("target"))
+            r["name"] = f"{label}.{r['name']}"
         rec.bench = rows + rec.bench
         text = table(rec.bench)
         (rec.out / "bench.txt").write_text(text + "\n")
         print(text, flush=True)
-        by = {r["name"]: r["value"] for r in rec.bench}
         c.detail = (f"decode@128 {by.get('decode_ms_per_token@ctx128')} ms, @8192 "
                     f"{by.get('decode_ms_per_token@ctx8192')} ms, prefill709 {by.get('prefill_ms@709')} ms, "
-                    f"gemm floor {by.get('gemm_floor_ms_per_step')} ms, bw floor "
-                    f"{by.get('bandwidth_floor_ms_per_step')} ms")
+                    f"gemm floor {by.get('gemm_floor_ms_per_step')} ms")
 
 
-def decode_profile(rec: Recorder, manifest: Path, ckpt: Path, gpu: int) -> None:
+def decode_profile(rec: Recorder, label: str, manifest: Path, ckpt: Path, gpu: int) -> None:
     """Per-kernel GPU time of one decode step at context 128 (CUPTI through torch.profiler, which
     records every kernel of the process, graph nodes included): OUTDIR/decode_profile.{json,txt}."""
     from kern_cli.run import Session, weight_files
 
-    with rec.check("4b.decode_profile") as c:
+    with rec.check(f"{label}.decode_profile") as c:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
@@ -569,12 +575,12 @@ def decode_profile(rec: Recorder, manifest: Path, ckpt: Path, gpu: int) -> None:
                 rows.append({"kernel": e.key, "launches_per_step": e.count / reps, "us_per_step": us / reps})
         rows.sort(key=lambda r: -r["us_per_step"])
         total = sum(r["us_per_step"] for r in rows)
-        (rec.out / "decode_profile.json").write_text(json.dumps(
+        (rec.out / f"{label}.decode_profile.json").write_text(json.dumps(
             {"wall_us_per_step_profiled": wall_us, "kernel_us_per_step": total, "kernels": rows}, indent=1) + "\n")
         lines = [f"{'us/step':>9} {'n/step':>7}  kernel"]
         lines += [f"{r['us_per_step']:9.1f} {r['launches_per_step']:7.1f}  {r['kernel'][:110]}" for r in rows]
         lines.append(f"{total:9.1f} {'':7}  total kernel time per step (wall {wall_us:.1f} us under the profiler)")
-        (rec.out / "decode_profile.txt").write_text("\n".join(lines) + "\n")
+        (rec.out / f"{label}.decode_profile.txt").write_text("\n".join(lines) + "\n")
         print("\n".join(lines), flush=True)
         c.detail = f"{len(rows)} kernels, {total:.1f} us of kernels per step, wall {wall_us:.1f} us"
         if not rows:
@@ -611,17 +617,22 @@ def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], ha
     if ckpt is None or not hashes:
         return
     manifest = generate_manifest(rec, gen, name, ckpt, hashes)
+    variant = generate_manifest(rec, gen, f"{name}-gemv", ckpt, hashes, gen.GEMV_DEFAULT)
     ps = prompts(int(cfg["vocab_size"]))
     ref = references(rec, name, ckpt, ps)
     if manifest is None:
         return
     tokens = kern_checks(rec, name, manifest, ckpt, ps, ref, gpu)
     cli_checks(rec, name, manifest, ckpt, ps, tokens, gpu)
+    if variant is not None:
+        kern_checks(rec, f"{name}-gemv", variant, ckpt, ps, ref, gpu)
     if name == "4b":
         cli_default_check(rec, manifest, gpu)
     if bench:
-        kern_bench(rec, manifest, ckpt, gpu)
-        decode_profile(rec, manifest, ckpt, gpu)
+        for label, m in ((name, manifest), (f"{name}-gemv", variant)):
+            if m is not None:
+                kern_bench(rec, label, m, manifest, ckpt, gpu)
+                decode_profile(rec, label, m, ckpt, gpu)
 
 
 def summarize(rec: Recorder) -> int:

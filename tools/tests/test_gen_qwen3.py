@@ -29,7 +29,8 @@ def _load_gen() -> ModuleType:
 
 gen = _load_gen()
 
-FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core") for e in gen.ENTRIES + gen.DEVICE_FEED_ENTRIES}
+FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
+                for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, "kern_gemv_bf16")}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -245,8 +246,10 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     src = TOOLS / "kernels-src"
     entries = gen.entry_modules(src)
     feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
+    gemv = list(gen.GEMV_GEMMS) if "kern_gemv_bf16" in entries else []
     m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), dict.fromkeys(set(entries.values()), "c" * 64),
-                     entries, model="t", feed=feed)
+                     entries, model="t", feed=feed, gemv=gemv)
+    assert any(op.startswith("gemv_") for op in m["ops"]) == bool(gemv)
     sigs = _c_params(src)
     for name, op in m["ops"].items():
         for launch in op["impl"]["launches"]:
@@ -286,9 +289,31 @@ def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pyt
 def test_examples_are_what_the_generator_writes() -> None:
     """examples/ are regenerated artifacts: same structure as a fresh generation (hashes aside)."""
     root = TOOLS.parent
-    for preset, config in (("qwen3-4b", QWEN3_4B_CONFIG), ("qwen3-tiny", QWEN3_TINY_CONFIG)):
-        shipped = json.loads((root / "examples" / f"{preset}.json").read_text())
+    shipped_sets = [("qwen3-4b", QWEN3_4B_CONFIG, []), ("qwen3-tiny", QWEN3_TINY_CONFIG, []),
+                    ("qwen3-4b-gemv", QWEN3_4B_CONFIG, list(gen.GEMV_DEFAULT))]
+    for name, config, gemv in shipped_sets:
+        shipped = json.loads((root / "examples" / f"{name}.json").read_text())
         entries = gen.entry_modules(TOOLS / "kernels-src")
         hashes = {m: v["sha256"] for m, v in shipped["modules"].items()}
-        fresh = gen.generate(gen.shape_from_config(config), hashes, entries, model=preset, feed="device")
+        fresh = gen.generate(gen.shape_from_config(config), hashes, entries, model=name, feed="device", gemv=gemv)
         assert shipped == fresh
+
+
+def test_decode_gemms_can_run_as_our_gemv() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"])
+    _verify(m)
+    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
+    assert decode["l3.o"]["op"] == "gemv_2560x4096" and decode["l3.qkv"]["op"] == "gemm"
+    assert decode["lm_head"] == {"label": "lm_head", "op": "gemv_151936x2560",
+                                 "args": [{"buf": "x"}, {"buf": "embed"}, {"buf": "logits"}]}
+    launch = m["ops"]["gemv_19456x2560"]["impl"]["launches"][0]
+    assert launch["entry"] == "kern_gemv_bf16" and launch["grid"] == [4864, 1, 1] and launch["block"] == [128, 1, 1]
+    assert launch["args"][3:] == [{"i32": 1}, {"i32": 19456}, {"i32": 2560}, {"i32": 19456}]
+    assert all(c["op"] == "gemm" for c in m["programs"]["prefill"]["calls"] if c["label"].endswith((".o", ".down")))
+    assert gen.decode_gemm_shapes(m) == gen.decode_gemm_shapes(_manifest(QWEN3_4B_CONFIG, feed="device"))
+    assert gen.decode_weight_bytes(m) == gen.decode_weight_bytes(_manifest(QWEN3_4B_CONFIG, feed="device"))
+    with pytest.raises(gen.GenError, match="choose from"):
+        _manifest(QWEN3_TINY_CONFIG, gemv=["attn"])
+    every = _manifest(QWEN3_TINY_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS))
+    _verify(every)
+    assert not any(c["op"] == "gemm" for c in every["programs"]["decode"]["calls"])

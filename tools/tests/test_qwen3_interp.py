@@ -33,7 +33,7 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 # NOTE: an untied variant with GQA group 2 and a 3rd layer exercises lm_head and layer offsets.
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
-ENTRIES = {e: "m" for e in gen.ENTRIES + gen.DEVICE_FEED_ENTRIES}
+ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, "kern_gemv_bf16")}
 STEPS = 12
 
 
@@ -210,3 +210,14 @@ def test_capacity_beyond_the_model_reach_is_refused(weights: dict[str, np.ndarra
     assert s.proto.position_max == 1023  # CONFIG's max_position_embeddings - 1
     with pytest.raises(run.RunError, match="capacity 1025 exceeds the model's reach of 1024 positions"):
         run.Session(s.rt, s.proto, 1025)
+
+
+@pytest.mark.parametrize("gemv", [["o", "gate_up", "lm_head"], list(gen.GEMV_GEMMS)])
+def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any],
+                                       gemv: list[str]) -> None:
+    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128,
+                     feed="device", gemv=gemv)
+    tokens, first = interp.greedy(interp.Interp(m, weights, capacity=512), _prompt(37), STEPS, 16)
+    want_tokens, want_first = references[37]
+    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
+    assert tokens == want_tokens

@@ -63,6 +63,7 @@ def _parse(*argv: str) -> object:
         (("--contexts", "128,x"), "comma-separated"),
         (("--contexts", "0"), "positive"),
         (("--steps", "50"), "at least 200"),
+        (("--floor-manifest", "/nonexistent.json"), "no such file"),
     ],
 )
 def test_bad_options_exit_2(argv: tuple[str, ...], word: str, monkeypatch: pytest.MonkeyPatch,
@@ -85,3 +86,9 @@ def test_no_gpu_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
     args = _parse("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"))
     assert args.handler(args) == 2  # type: ignore[attr-defined]
     assert capsys.readouterr().err.startswith("kern bench: no NVIDIA GPU")
+
+
+def test_gemv_variant_floor_counts_only_its_extern_calls() -> None:
+    g = bench.gemm_only_manifest(_example("qwen3-4b-gemv"), "decode")
+    verify(parse_manifest(json.dumps(g)))
+    assert len(g["programs"]["gemms"]["calls"]) == 36 * 2  # qkv and down stay cublasLt

@@ -189,6 +189,13 @@ def k_copy(t: int, src: Ptr, dst: Ptr, n: int) -> None:
     _view(dst, n)[:] = _view(src, n)
 
 
+def k_gemv(t: int, x: Ptr, w: Ptr, y: Ptr, rows: int, n: int, k: int, y_stride: int) -> None:
+    xs = _view(x, rows * k).reshape(rows, k)
+    ws = _view(w, n * k).reshape(n, k)
+    out = _view(y, rows * y_stride).reshape(rows, y_stride)
+    out[:, :n] = xs @ ws.T
+
+
 def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: float) -> None:
     inv = (1.0 / np.power(np.float64(theta), np.arange(half) * 2 / (2 * half))).astype(F32)
     ang = np.arange(maxpos, dtype=F32)[:, None] * inv[None, :]
@@ -202,7 +209,7 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_attn_decode_partial": k_attn_decode_partial, "kern_attn_decode_reduce": k_attn_decode_reduce,
     "kern_silu_mul": k_silu_mul, "kern_argmax_partial": k_argmax_partial, "kern_argmax_final": k_argmax_final,
     "kern_decode_advance": k_decode_advance, "kern_copy_i64": k_copy, "kern_copy_i32": k_copy,
-    "kern_rope_table": k_rope_table,
+    "kern_rope_table": k_rope_table, "kern_gemv_bf16": k_gemv,
 }  # fmt: skip
 
 

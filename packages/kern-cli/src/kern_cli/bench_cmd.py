@@ -188,7 +188,9 @@ def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights:
     import kern_runtime as kr
     from kern_manifest import parse_manifest
 
-    gm = parse_manifest(json.dumps(gemm_only_manifest(manifest, s.proto.step_program)))
+    floor = gemm_only_manifest(manifest, _step_program(manifest))
+    calls = len(floor["programs"]["gemms"]["calls"])
+    gm = parse_manifest(json.dumps(floor))
     resident = s.rt.into_resident()
     try:
         rt = kr.Runtime.load(gm, kernels, gpu=gpu, capacity=kr.Capacity(tokens=16, seqs=1), over=resident)
@@ -208,7 +210,7 @@ def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights:
         ms = (time.perf_counter_ns() - t0) / steps / 1e6
     finally:
         rt.close()
-    return _row("gemm_floor_ms_per_step", ms, "ms", peer="cublasLt, the step's GEMMs in one graph")
+    return _row("gemm_floor_ms_per_step", ms, "ms", peer=f"cublasLt: the step's {calls} extern GEMM calls in one graph")
 
 
 def bench_session(
@@ -219,9 +221,12 @@ def bench_session(
     prefill: int,
     prefill_reps: int = 10,
     chunk: int = 2048,
+    floor_manifest: Path | None = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> list[Row]:
-    """Load once, measure decode at each context, prefill, then the GEMM-only floor.
+    """Load once, measure decode at each context, prefill, then the GEMM-only floor: the extern
+    GEMM calls of `floor_manifest`'s step (default: the measured manifest; give the all-cublasLt
+    variant of a manifest whose step runs some GEMMs as kernels).
 
     Raises:
         BenchError: fewer than 200 steps, or a context beyond the capacity.
@@ -229,6 +234,10 @@ def bench_session(
     if steps < MIN_STEPS:
         raise BenchError(f"--steps must be at least {MIN_STEPS} (the median needs them), got {steps}")
     manifest = json.loads(opts.manifest.read_text())
+    if floor_manifest is not None and not floor_manifest.is_file():
+        raise BenchError(f"--floor-manifest {floor_manifest}: no such file")
+    floor = json.loads(floor_manifest.read_text()) if floor_manifest is not None else manifest
+    gemm_only_manifest(floor, _step_program(floor))  # NOTE: refuse a floor without GEMMs before timing
     reach = max([*contexts, prefill]) + 2 * steps + 32  # NOTE: device-fed replays advance too
     capacity = max(opts.capacity or 0, -(-reach // 256) * 256)
     weights = weight_files(opts.weights)
@@ -244,7 +253,7 @@ def bench_session(
         log(f"prefill of {prefill} tokens")
         rows += _prefill_rows(s, prefill, prefill_reps, vocab, chunk, rng)
         log("GEMM-only floor")
-        rows.append(_gemm_floor(s, manifest, opts.kernels, weights, opts.gpu, steps))
+        rows.append(_gemm_floor(s, floor, opts.kernels, weights, opts.gpu, steps))
     finally:
         s.close()
     return rows
@@ -288,7 +297,7 @@ def _handle(args: argparse.Namespace) -> int:
             opts = _with_weights(opts, default_weights(log))
         steps = DEFAULT_BENCH_STEPS if args.steps is None else args.steps
         rows = bench_session(opts, contexts=contexts, steps=steps, prefill=args.prefill,
-                             prefill_reps=args.prefill_reps, log=log)
+                             prefill_reps=args.prefill_reps, floor_manifest=args.floor_manifest, log=log)
     except (NoGpuError, RunError, ConfigError, BenchError) as exc:
         print(f"kern bench: {exc}", file=sys.stderr)
         return 2
@@ -314,4 +323,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--prefill", type=int, default=709, help="prompt tokens of the prefill timing")
     p.add_argument("--prefill-reps", type=int, default=10, help="prefill repetitions (median)")
     p.add_argument("--json", type=Path, help="write the rows as JSON here")
+    p.add_argument("--floor-manifest", type=Path,
+                   help="manifest whose step GEMMs (extern calls) make the cuBLAS floor (default: --manifest)")
     p.set_defaults(handler=_handle)
