@@ -90,3 +90,9 @@ def test_repository_kern_toml_names_existing_files() -> None:
     assert t.manifest is not None and t.manifest.is_file()
     assert cfg.kernel_sources is not None and cfg.kernel_sources.is_dir()
     assert (cfg.run.steps, cfg.run.chunk) == (32, 512)
+
+
+def test_repository_kern_toml_gemv_target() -> None:
+    root = Path(__file__).resolve().parents[3]
+    t = load_config(root / "kern.toml").target("qwen3-4b-gemv")
+    assert t is not None and t.manifest is not None and t.manifest.is_file() and t.weights == ()
