@@ -459,3 +459,17 @@ def test_committed_donor_capture(expected_file: Path) -> None:
     chunks = [t for w in exp["windows"] for t in w[:-4]]  # NOTE: the donor's 4 decode steps
     assert list(facts.programs["prefill"].tokens[-len(chunks) :]) == chunks
     assert facts.programs["decode"].tokens == (1,) * (4 * (len(exp["windows"]) + len(exp["warmup"])))
+
+
+def test_analyzer_reference_covers_decode_forwards(tmp_path: Path) -> None:
+    # Regression: decode-only kernels (one token count each) once made a prefill-only kernel
+    # the tokens reference, leaving every decode forward without a token count.
+    from kern_mining.analyze import analyze_dir
+
+    windows = write_capture(tmp_path)
+    analysis = analyze_dir(tmp_path / "pid4242")
+    assert analysis.tokens_reference is not None
+    assert analysis.tokens_reference.symbol not in {"kern_attn_prefill", "kern_attn_decode_partial"}
+    found = [[f.tokens for f in win.forwards] for win in analysis.windows]
+    assert [w[-4:] for w in found] == [[1, 1, 1, 1]] * len(windows)
+    assert [w[0] for w in found[:3]] == [w[0] for w in windows[:3]]

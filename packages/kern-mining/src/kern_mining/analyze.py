@@ -404,6 +404,12 @@ def _score(sites: list[_SiteData], tokens: Sequence[int | None]) -> tuple[int, i
     unfit = underdetermined = exact = 0
     for site in sites:
         for samples in [*site.grid, *site.scalars.values()]:
+            # NOTE: a site seen only at one token count (decode-only kernels under a reference
+            # that gives every decode forward t = 1) cannot be decided by any reference, so it
+            # says nothing about this one; counting it would favour references that leave those
+            # forwards without a token count.
+            if len({tokens[f] for f, _ in samples if tokens[f] is not None}) < 2:
+                continue
             fit = _fit(samples, tokens)
             unfit += fit.form == "unfit"
             underdetermined += fit.form == "underdetermined"
