@@ -29,8 +29,11 @@ __all__ = [
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
     "FEEDS",
+    "FUSED_ENTRIES",
     "GEMV_DEFAULT",
+    "GEMV_ENTRIES",
     "GEMV_GEMMS",
+    "GEMV_PICK",
     "PAGE_TOKENS",
     "PREFILL_BM",
     "PRESETS",
@@ -81,13 +84,35 @@ program seeds from the host inputs and `kern_decode_advance` moves on (the verif
 writing input buffers)."""
 FEEDS = ("host", "device")
 GEMV_GEMMS = ("qkv", "o", "gate_up", "down", "lm_head")
-"""Decode GEMMs (m = 1) that `--gemv` may move from cublasLt to our `kern_gemv_bf16`."""
+"""Decode GEMMs (m = 1) that `--gemv` may move from cublasLt to our GEMV kernels (gemv.cu)."""
 GEMV_DEFAULT = ("o", "gate_up", "lm_head")
-"""The decode GEMMs where kern_gemv_bf16 beat cuBLAS on the H200 (docs/kernels.md, "GEMV for
-decode": o 8.44 vs 9.46 us, gate_up 26.84 vs 29.34, lm_head 184.9 vs 185.9; qkv and down lost).
-`--gemv default` picks them."""
-GEMV_COLS_PER_BLOCK = 4
-"""Output columns per block of kern_gemv_bf16 as built (GEMV_WARPS / GEMV_SPLIT * GEMV_RPW)."""
+"""`--gemv default` (examples/qwen3-4b-gemv.json): the decode GEMMs where kern_gemv_bf16 beat cuBLAS
+on the H200 before the per-shape entries (docs/kernels.md, "GEMV for decode"). `--gemv all` takes
+every decode GEMM, so the decode chain holds no cuBLAS launch and can run with `--pdl`
+(examples/qwen3-4b-fast.json: `--gemv all --fuse --pdl`)."""
+GEMV_ENTRIES: dict[str, int] = {
+    "kern_gemv_bf16": 4,
+    "kern_gemv_bf16_s4": 1,
+    "kern_gemv_bf16_c2": 8,
+    "kern_gemv_bf16_silu": 4,
+}
+"""GEMV entries (gemv.cu) -> output columns per 128-thread block (grid x = ceil_div(n, that))."""
+GEMV_PICK: dict[str, str] = {
+    "qkv": "kern_gemv_bf16_c2",
+    "o": "kern_gemv_bf16_s4",
+    "gate_up": "kern_gemv_bf16_silu",
+    "down": "kern_gemv_bf16_s4",
+    "lm_head": "kern_gemv_bf16",
+}
+"""The GEMV entry of each decode GEMM. Measured (docs/kernels.md, "GEMV for decode"): 2 columns per
+warp was best for qkv and the built kernel for lm_head; split-k over the block's 4 warps (`_s4`) is
+the shape of the Triton GEMV that ARCHITECTURE.md measured at 3.78 TB/s, for the short-n shapes;
+gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes `act` (no kern_silu_mul
+in the decode step)."""
+FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")
+"""Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
+kern_kv_write), decode attention is one launch (its last block per kv head reduces; counters in a
+carry buffer that the load program zeroes)."""
 
 # NOTE: device-fed decode reads these carries instead of the host inputs.
 STEP_CARRIES: dict[str, tuple[str, str]] = {
@@ -295,6 +320,7 @@ def _ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
             "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]},
         },
         "attn_decode": _attn_decode_op(s, mods, heads_out),
+        **(_fused_ops(s, mods, heads_out) if "kern_attn_decode" in mods else {}),
         "argmax": _argmax_op(s, mods),
         "rope_table": {
             "params": [BF16_OUT, BF16_OUT, "i32", "i32", "f32"],
@@ -302,6 +328,41 @@ def _ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
         },
     }
     return ops
+
+
+def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
+    fused = _kernel(
+        mods, "kern_attn_decode", [nkv, DECODE_SPLITS, 1], 128,
+        params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
+                "out buffer<f32>", "inout buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32", "i64",
+                "i32", "f32"],
+        args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
+              {"scratch": "part_lse"}, {"param": 5}, {"param": 4}, _i32(nq), _i32(nkv), _i32(d),
+              _i32(PAGE_TOKENS), _i64(page_stride), _i32(DECODE_SPLITS), _f32(d**-0.5)],
+    )
+    return {
+        "qk_norm_rope_kv": {
+            "params": [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state",
+                       "in buffer<i64>", "i32", "i32", "i32", "f32", "i32", "i64"],
+            "impl": {"launches": [_kernel(mods, "kern_qk_norm_rope_kv", ["tokens", nq + 2 * nkv, 1], d // 2)]},
+        },
+        "attn_decode_fused": {
+            "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT, "inout buffer<i32>"],
+            "impl": {
+                "scratch": {
+                    "part_o": {"dtype": "f32", "shape": [DECODE_SPLITS, heads_out]},
+                    "part_lse": {"dtype": "f32", "shape": [DECODE_SPLITS, nq]},
+                },
+                "launches": [fused],
+            },
+        },
+        "zero_i32": {
+            "params": ["out buffer<i32>", "i32"],
+            "impl": {"launches": [_kernel(mods, "kern_zero_i32", [1, 1, 1], 32)]},
+        },
+    }
 
 
 def _feed_ops(mods: Mapping[str, str]) -> Json:
@@ -406,7 +467,7 @@ def _weights(s: Qwen3Shape) -> Json:
     return out
 
 
-def _buffers(s: Qwen3Shape, feed: str) -> Json:
+def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False) -> Json:
     bf16 = "bf16"
     work = {
         "h": [s.hidden], "x": [s.hidden], "y": [s.hidden], "qkv": [s.qkv_rows],
@@ -433,6 +494,8 @@ def _buffers(s: Qwen3Shape, feed: str) -> Json:
     if feed == "device":
         for carry, dtype in STEP_CARRIES.values():
             out[carry] = {"dtype": dtype, "shape": [1], "kind": "carry"}
+    if fuse:
+        out["attn_count"] = {"dtype": "i32", "shape": [s.kv_heads], "kind": "carry"}
     out.update(_weights(s))
     return out
 
@@ -441,24 +504,30 @@ def _buffers(s: Qwen3Shape, feed: str) -> Json:
 # Programs.
 
 
-def _gemm_call(label: str, x: str, w: str, y: str, n: int, k: int, gemv: bool) -> Json:
-    """y = x W^T: cublasLt (any rows) or, for the one-row decode step, our GEMV op of that shape."""
-    if gemv:
-        return _call(label, _gemv_op_name(n, k), _buf(x), _buf(w), _buf(y))
+def _gemm_call(label: str, x: str, w: str, y: str, n: int, k: int, gemv: str | None) -> Json:
+    """y = x W^T: cublasLt (any rows) or, for the one-row decode step, our GEMV op of that shape
+    (`gemv` names the decode GEMM, a key of GEMV_PICK)."""
+    if gemv is not None:
+        return _call(label, _gemv_op_name(GEMV_PICK[gemv], n, k), _buf(x), _buf(w), _buf(y))
     return _call(label, "gemm", _buf(x), _buf(w), _buf(y), TOKENS, _i32(n), _i32(k))
 
 
-def _gemv_op_name(n: int, k: int) -> str:
-    return f"gemv_{n}x{k}"
+def _gemv_op_name(entry: str, n: int, k: int) -> str:
+    """gemv<suffix>_<n>x<k>; the silu entry's n is its output width (W has 2n rows)."""
+    return f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
 
 
-def _gemv_op(mods: Mapping[str, str], n: int, k: int) -> Json:
+def _gemv_op(mods: Mapping[str, str], entry: str, n: int, k: int) -> Json:
     launch = _kernel(
-        mods, "kern_gemv_bf16", [-(-n // GEMV_COLS_PER_BLOCK), 1, 1], 128,
+        mods, entry, [-(-n // GEMV_ENTRIES[entry]), 1, 1], 128,
         params=[BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32", "i32"],
         args=[{"param": 0}, {"param": 1}, {"param": 2}, _i32(1), _i32(n), _i32(k), _i32(n)],
     )
     return {"params": [BF16_IN, BF16_IN, BF16_OUT], "impl": {"launches": [launch]}}
+
+
+def _gemv_of(name: str, gemv: frozenset[str]) -> str | None:
+    return name if name in gemv else None
 
 
 def _kv_offset(s: Qwen3Shape, layer: int) -> int:
@@ -466,19 +535,28 @@ def _kv_offset(s: Qwen3Shape, layer: int) -> int:
 
 
 def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bool,
-                     gemv: frozenset[str] = frozenset()) -> list[Json]:
+                     gemv: frozenset[str] = frozenset(), fuse: bool = False) -> list[Json]:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     kv = {"state": "kv", "offset": _kv_offset(s, i)} if i else {"state": "kv"}
     page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
-    calls = [
-        _gemm_call(f"l{i}.qkv", "x", f"l{i}.qkv", "qkv", s.qkv_rows, s.hidden, "qkv" in gemv),
-        _call(f"l{i}.qk_norm_rope", "qk_norm_rope", _buf("qkv"), _buf(f"l{i}.q_norm"),
-              _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
-              _i32(nq), _i32(nkv), _i32(d), _f32(s.eps)),
-        _call(f"l{i}.kv_write", "kv_write", _buf("qkv"), kv, _buf(io["slots"]), _i32(nq), _i32(nkv),
-              _i32(d), _i32(PAGE_TOKENS), _i64(page_stride)),
-    ]
-    if decode:
+    calls = [_gemm_call(f"l{i}.qkv", "x", f"l{i}.qkv", "qkv", s.qkv_rows, s.hidden, _gemv_of("qkv", gemv))]
+    if fuse:
+        calls.append(_call(f"l{i}.qk_norm_rope_kv", "qk_norm_rope_kv", _buf("qkv"), _buf(f"l{i}.q_norm"),
+                           _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
+                           kv, _buf(io["slots"]), _i32(nq), _i32(nkv), _i32(d), _f32(s.eps),
+                           _i32(PAGE_TOKENS), _i64(page_stride)))
+    else:
+        calls += [
+            _call(f"l{i}.qk_norm_rope", "qk_norm_rope", _buf("qkv"), _buf(f"l{i}.q_norm"),
+                  _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
+                  _i32(nq), _i32(nkv), _i32(d), _f32(s.eps)),
+            _call(f"l{i}.kv_write", "kv_write", _buf("qkv"), kv, _buf(io["slots"]), _i32(nq), _i32(nkv),
+                  _i32(d), _i32(PAGE_TOKENS), _i64(page_stride)),
+        ]
+    if decode and fuse:
+        calls.append(_call(f"l{i}.attn", "attn_decode_fused", _buf("qkv"), kv, _buf("block_table"),
+                           _buf(io["seq_len"]), _buf("attn"), _buf("attn_count")))
+    elif decode:
         calls.append(_call(f"l{i}.attn", "attn_decode", _buf("qkv"), kv, _buf("block_table"),
                            _buf(io["seq_len"]), _buf("attn")))
     else:
@@ -490,20 +568,27 @@ def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bo
 
 def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: frozenset[str] = frozenset()) -> list[Json]:
     h = s.hidden
+    if "gate_up" in gemv and GEMV_PICK["gate_up"] == "kern_gemv_bf16_silu":
+        # NOTE: the silu GEMV's n is its output width (act), its W the [2 * inter, h] gate_up.
+        mlp = [_gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "act", s.inter, h, "gate_up")]
+    else:
+        mlp = [
+            _gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "gu", 2 * s.inter, h, _gemv_of("gate_up", gemv)),
+            _call(f"l{i}.silu_mul", "silu_mul", _buf("gu"), _buf("act"), _i32(s.inter)),
+        ]
     return [
-        _gemm_call(f"l{i}.o", "attn", f"l{i}.o", "y", h, s.heads * s.head_dim, "o" in gemv),
+        _gemm_call(f"l{i}.o", "attn", f"l{i}.o", "y", h, s.heads * s.head_dim, _gemv_of("o", gemv)),
         _call(f"l{i}.post_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(f"l{i}.post_norm"),
               _buf("x"), _i32(h), _f32(s.eps)),
-        _gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "gu", 2 * s.inter, h, "gate_up" in gemv),
-        _call(f"l{i}.silu_mul", "silu_mul", _buf("gu"), _buf("act"), _i32(s.inter)),
-        _gemm_call(f"l{i}.down", "act", f"l{i}.down", "y", h, s.inter, "down" in gemv),
+        *mlp,
+        _gemm_call(f"l{i}.down", "act", f"l{i}.down", "y", h, s.inter, _gemv_of("down", gemv)),
         _call(f"l{i}.next_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(next_norm), _buf("x"),
               _i32(h), _f32(s.eps)),
     ]
 
 
 def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
-                   gemv: frozenset[str] = frozenset()) -> list[Json]:
+                   gemv: frozenset[str] = frozenset(), fuse: bool = False) -> list[Json]:
     calls = [
         _call("embed", "embed", _buf(io["ids"]), _buf("embed"), _buf("h"), _i32(s.hidden)),
         _call("l0.in_norm", "rmsnorm", _buf("h"), _buf("l0.in_norm"), _buf("x"), _i32(s.hidden),
@@ -513,9 +598,9 @@ def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
         last = i == s.layers - 1
         if last and not decode:
             # NOTE: prefill writes only KV; the last layer's attention output is never read.
-            calls += _attention_calls(s, i, io, decode=False)[:3]
+            calls += _attention_calls(s, i, io, decode=False, fuse=fuse)[:-1]
             break
-        calls += _attention_calls(s, i, io, decode=decode, gemv=gemv)
+        calls += _attention_calls(s, i, io, decode=decode, gemv=gemv, fuse=fuse)
         calls += _mlp_calls(s, i, "final_norm" if last else f"l{i + 1}.in_norm", gemv)
     return calls
 
@@ -523,7 +608,7 @@ def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
 def _decode_tail(s: Qwen3Shape, feed: str, gemv: frozenset[str]) -> list[Json]:
     head = "embed" if s.tied else "lm_head"
     calls = [
-        _gemm_call("lm_head", "x", head, "logits", s.vocab, s.hidden, "lm_head" in gemv),
+        _gemm_call("lm_head", "x", head, "logits", s.vocab, s.hidden, _gemv_of("lm_head", gemv)),
         _call("argmax", "argmax", _buf("logits"), _buf("next_token")),
     ]
     if feed == "device":
@@ -543,19 +628,21 @@ def _start_calls() -> list[Json]:
     ]
 
 
-def _programs(s: Qwen3Shape, feed: str, gemv: frozenset[str]) -> Json:
+def _programs(s: Qwen3Shape, feed: str, gemv: frozenset[str], fuse: bool = False) -> Json:
     half = s.head_dim // 2
     host = {k: k for k in STEP_CARRIES}
     step_io = host if feed == "host" else {k: v[0] for k, v in STEP_CARRIES.items()}
+    load = [_call("rope_table", "rope_table", _buf("rope_cos"), _buf("rope_sin"), _i32(s.max_pos),
+                  _i32(half), _f32(s.theta))]
+    if fuse:
+        load.append(_call("attn_count", "zero_i32", _buf("attn_count"), _i32(s.kv_heads)))
     programs: Json = {
-        "load": {"once": True, "calls": [
-            _call("rope_table", "rope_table", _buf("rope_cos"), _buf("rope_sin"), _i32(s.max_pos),
-                  _i32(half), _f32(s.theta)),
-        ]},
+        "load": {"once": True, "calls": load},
         "prefill": {"batch": {"groups": 1, "rows": "tokens"},
-                    "calls": _forward_calls(s, host, decode=False)},
+                    "calls": _forward_calls(s, host, decode=False, fuse=fuse)},
         "decode": {"batch": {"groups": 1, "rows": 1}, "graph": True,
-                   "calls": _forward_calls(s, step_io, decode=True, gemv=gemv) + _decode_tail(s, feed, gemv)},
+                   "calls": _forward_calls(s, step_io, decode=True, gemv=gemv, fuse=fuse)
+                   + _decode_tail(s, feed, gemv)},
     }
     if feed == "device":
         programs["start"] = {"calls": _start_calls()}
@@ -584,6 +671,8 @@ def generate(
     chunk: int = DEFAULT_CHUNK,
     feed: str = "host",
     gemv: Sequence[str] = (),
+    fuse: bool = False,
+    pdl: bool = False,
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -596,10 +685,17 @@ def generate(
         feed: "host": the caller writes the step's four inputs before every decode step;
             "device": decode reads carry buffers that the `start` program seeds and
             `kern_decode_advance` moves on, so the host only replays and reads 8 bytes.
-        gemv: decode GEMMs (of `GEMV_GEMMS`) that run as our `kern_gemv_bf16` instead of
-            cublasLt; prefill always uses cublasLt.
+        gemv: decode GEMMs (of `GEMV_GEMMS`) that run as our GEMV (the entry `GEMV_PICK` names)
+            instead of cublasLt; prefill always uses cublasLt.
+        fuse: q/k norm + rope writes the KV pages itself (`kern_qk_norm_rope_kv`, prefill and
+            decode) and decode attention is one launch (`kern_attn_decode`).
+        pdl: every kernel launch of the decode program is a programmatic dependent launch
+            (`"pdl": true`; the kernels wait with griddepcontrol.wait). Needs every decode GEMM in
+            `gemv`: no cuBLAS launch may sit in the chain. Ops the decode program shares with other
+            programs get a `<op>.pdl` copy, so prefill and load launch as before.
 
     Raises:
+        GenError: an unknown GEMM name, or `pdl` without every decode GEMM as our GEMV.
         KernelsError: an entry is missing, or its module has no hash.
     """
     if feed not in FEEDS:
@@ -607,7 +703,11 @@ def generate(
     unknown = sorted(set(gemv) - set(GEMV_GEMMS))
     if unknown:
         raise GenError(f"--gemv names {', '.join(unknown)}; choose from {', '.join(GEMV_GEMMS)}")
-    needed = ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ()) + (("kern_gemv_bf16",) if gemv else ())
+    if pdl and set(gemv) != set(GEMV_GEMMS):
+        raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
+                       "cannot sit in a PDL chain")
+    needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
+              + tuple(sorted({GEMV_PICK[g] for g in gemv})) + (FUSED_ENTRIES if fuse else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
@@ -618,23 +718,46 @@ def generate(
     if not 1 <= chunk <= shape.max_pos:
         raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
     used = sorted({entries[e] for e in needed})
-    ops = _ops(shape, entries) | (_feed_ops(entries) if feed == "device" else {})
-    programs = _programs(shape, feed, frozenset(gemv))
+    ops = _ops(shape, entries if fuse else {e: m for e, m in entries.items() if e not in FUSED_ENTRIES})
+    ops |= _feed_ops(entries) if feed == "device" else {}
+    programs = _programs(shape, feed, frozenset(gemv), fuse)
     used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
-    for op in sorted(o for o in used_ops if o.startswith("gemv_")):
-        n, k = (int(v) for v in op.removeprefix("gemv_").split("x"))
-        ops[op] = _gemv_op(entries, n, k)
+    gemv_ops = {_gemv_op_name(GEMV_PICK[g], 1, 1).removesuffix("_1x1"): GEMV_PICK[g] for g in gemv}
+    for op in sorted(o for o in used_ops if o.startswith("gemv")):
+        prefix, shape_nk = op.rsplit("_", 1)
+        n, k = (int(v) for v in shape_nk.split("x"))
+        ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
     ops = {name: op for name, op in ops.items() if name in used_ops}
+    if pdl:
+        _apply_pdl(ops, programs)
     return {
         "schema_version": 5,
         "model": model,
         "vars": {"tokens": {"max": chunk}},
         "states": {"kv": {"bytes_per_token": shape.kv_bytes_per_token}},
-        "buffers": _buffers(shape, feed),
+        "buffers": _buffers(shape, feed, fuse),
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
         "ops": ops,
         "programs": programs,
     }
+
+
+def _apply_pdl(ops: Json, programs: Json) -> None:
+    """Marks every kernel launch of the decode program's ops `pdl`; an op other programs call too
+    is copied as `<op>.pdl` for the decode program (in place)."""
+    decode = programs["decode"]["calls"]
+    elsewhere = {c["op"] for name, p in programs.items() if name != "decode" for c in p["calls"]}
+    renamed: dict[str, str] = {}
+    for op in sorted({c["op"] for c in decode}):
+        target = f"{op}.pdl" if op in elsewhere else op
+        spec = json.loads(json.dumps(ops[op]))
+        for launch in spec["impl"]["launches"]:
+            if "module" in launch:
+                launch["pdl"] = True
+        ops[target] = spec
+        renamed[op] = target
+    for call in decode:
+        call["op"] = renamed[call["op"]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -655,7 +778,7 @@ def decode_gemm_shapes(manifest: Mapping[str, Any]) -> list[tuple[str, int, int,
         if call["op"] == "gemm":
             _a, w, _c, _m, n, k = call["args"]
             out.append((w["buf"], 1, _literal(n), _literal(k)))
-        elif call["op"].startswith("gemv_"):
+        elif call["op"].startswith("gemv"):
             n, k = manifest["buffers"][call["args"][1]["buf"]]["shape"]
             out.append((call["args"][1]["buf"], 1, int(n), int(k)))
     return out
@@ -697,8 +820,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--kernels", type=Path, default=Path("kernels"), help="cubin output dir")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="largest prefill chunk")
     p.add_argument("--gemv", default="",
-                   help=f"comma-separated decode GEMMs to run as kern_gemv_bf16 ({','.join(GEMV_GEMMS)}), "
-                        f"or 'default' ({','.join(GEMV_DEFAULT)}); empty: all cublasLt")
+                   help=f"comma-separated decode GEMMs to run as our GEMV ({','.join(GEMV_GEMMS)}), "
+                        f"'default' ({','.join(GEMV_DEFAULT)}) or 'all'; empty: all cublasLt")
+    p.add_argument("--fuse", action="store_true",
+                   help="q/k norm + rope writes the KV pages; decode attention in one launch")
+    p.add_argument("--pdl", action="store_true",
+                   help="programmatic dependent launch on every decode kernel (needs --gemv all)")
     p.add_argument("--feed", choices=FEEDS, default=None,
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
@@ -731,9 +858,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         modules = build_and_hash(args.kernels_src, args.kernels)
         entries = entry_modules(args.kernels_src)
         feed = args.feed or ("device" if all(e in entries for e in DEVICE_FEED_ENTRIES) else "host")
-        gemv = list(GEMV_DEFAULT) if args.gemv == "default" else [g for g in args.gemv.split(",") if g]
+        named = {"default": list(GEMV_DEFAULT), "all": list(GEMV_GEMMS)}
+        gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
-                            chunk=args.chunk, feed=feed, gemv=gemv)
+                            chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2

@@ -212,6 +212,8 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
                          float* __restrict__ part_o, float* __restrict__ part_lse, int nq, int nkv,
                          int head_dim, int page_tokens, int64_t page_stride, int splits,
                          float scale) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
     const int len = *seq_len;
     const int pages = (len + page_tokens - 1) / page_tokens;
@@ -228,12 +230,69 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
     }
 }
 
+// kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Only the splits that hold
+// tokens run (s < used = ceil(pages / pps)); the others exit at once. Each running block writes its
+// partials, then counts itself in counters[kv head]; the block that counts last reduces the kv
+// head's query heads over the `used` splits into `out` and sets the counter back to 0, so
+// `counters` (i32[nkv], zero before the first launch) is zero again between launches.
+// grid [nkv, splits], block [128].
+extern "C" __global__ void __launch_bounds__(128)
+kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                 const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                 float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
+                 int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
+                 float scale) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
+    const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
+    const int len = *seq_len;
+    const int pages = (len + page_tokens - 1) / page_tokens;
+    const int pps = max((pages + splits - 1) / splits, 1);
+    const int used = (pages + pps - 1) / pps;
+    if ((int)blockIdx.y >= used) return;
+    const int tok0 = min(blockIdx.y * pps * page_tokens, len);
+    const int tok1 = min((blockIdx.y + 1) * pps * page_tokens, len);
+    const int group = nq / nkv;
+    const float sl2 = scale * LOG2E;
+    __shared__ float smem[DEC_SMEM_FLOATS];
+    if (head_dim == 64) {
+        decode_dispatch_group<2>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    } else {
+        decode_dispatch_group<4>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    }
+    // Publish this block's partials, then count it; the last of the kv head's blocks reduces.
+    __threadfence();
+    __syncthreads();
+    __shared__ int is_last;
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == used - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int head0 = blockIdx.x * group;
+    for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
+        const int h = head0 + i / head_dim;
+        const int d = i % head_dim;
+        float mx = KERN_NEG_INF;
+        for (int s = 0; s < used; ++s) mx = fmaxf(mx, __ldcg(part_lse + s * nq + h));
+        float num = 0.0f, den = 0.0f;
+        for (int s = 0; s < used; ++s) {
+            const float w = exp2f(__ldcg(part_lse + s * nq + h) - mx);
+            den += w;
+            num += w * __ldcg(part_o + ((int64_t)s * nq + h) * head_dim + d);
+        }
+        out[(int64_t)h * head_dim + d] = to_bf(num / den);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+
 // out[0, h * D + d] = bf16(sum_s w_s part_o[s, h, d] / sum_s w_s), w_s = 2^(lse_s - max lse).
 // grid [nq], block [128].
 extern "C" __global__ void kern_attn_decode_reduce(const float* __restrict__ part_o,
                                                    const float* __restrict__ part_lse,
                                                    bf16* __restrict__ out, int nq, int head_dim,
                                                    int splits) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int h = blockIdx.x;
     float mx = KERN_NEG_INF;
     for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_lse[s * nq + h]);
@@ -432,6 +491,8 @@ kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                   const int* __restrict__ block_table, const int* __restrict__ seq_len,
                   bf16* __restrict__ out, int rows, int nq, int nkv, int head_dim,
                   int page_tokens, int64_t page_stride, float scale) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
     const int len = *seq_len;
     __shared__ uint4 smem[sizeof(PrefillTile<128>) / sizeof(uint4)];

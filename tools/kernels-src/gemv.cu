@@ -5,14 +5,25 @@
 // so a launch can write one column band of a wider output. f32 accumulation, one rounding to bf16.
 // k must be a multiple of 8 and x / W 16-byte aligned; rows outside 1..4 write nothing.
 //
-// Layout of the work: the block's GEMV_WARPS warps form groups of GEMV_SPLIT warps; each group owns
-// GEMV_RPW consecutive output columns (rows of W). Lane l of warp s of a group streams the 16-byte
-// pieces s * 32 + l, (s + GEMV_SPLIT) * 32 + l, ... of each of its W rows, GEMV_UNROLL pieces per
-// W row in flight before any is consumed, with ld.global.nc.L1::no_allocate so the W stream does
-// not evict x from L1; x is read through the read-only path (it stays in L1 / L2: it is at most
-// 4 * k bf16). Each lane keeps rows * GEMV_RPW f32 partial sums; a warp shuffle reduces them, and
-// with GEMV_SPLIT > 1 the group's warps add their sums through shared memory in warp order.
-// Grid [ceil_div(n, GEMV_WARPS / GEMV_SPLIT * GEMV_RPW), 1, 1], block [GEMV_WARPS * 32, 1, 1].
+// Layout of the work (a configuration WARPS, COLS, UNROLL, SPLIT): the block's WARPS warps form
+// groups of SPLIT warps; each group owns COLS consecutive output columns (rows of W). Lane l of
+// warp s of a group streams the 16-byte pieces s * 32 + l, (s + SPLIT) * 32 + l, ... of each of its
+// W rows, UNROLL pieces per W row per round, the next round's loads issued before the current
+// round is consumed (two rounds in flight), with ld.global.nc.L1::no_allocate so the W stream does
+// not evict x from L1; x (at most 4 * k bf16, written by the previous launch) is read with
+// ordinary loads after kern_pdl_wait and stays in L1 / L2. Each lane keeps rows * COLS f32 partial sums; a warp shuffle reduces them, and with
+// SPLIT > 1 the group's warps add their sums through shared memory in warp order.
+// Grid [ceil_div(n, WARPS / SPLIT * COLS), 1, 1], block [WARPS * 32, 1, 1].
+//
+// PDL: every block first lets the next launch start, issues its first round of W loads (weights
+// are never written by a decode step), then waits for the previous launch (kern_pdl_wait) before
+// it reads x or touches y.
+//
+// Entries (the configuration is part of the entry; tools/gen_qwen3.py's GEMV_ENTRIES mirrors it):
+//   kern_gemv_bf16, kern_gemv_bf16_acc   the GEMV_* macros below (4, 1, 4, 1 as built)
+//   kern_gemv_bf16_s4                    4 warps share one column (SPLIT 4): short n, long k
+//   kern_gemv_bf16_c2                    4 warps, 2 columns each
+//   kern_gemv_bf16_silu                  the gate/up GEMV with SiLU-and-mul in its epilogue
 //
 // NOTE: the GEMV_* macros are fixed for the built cubin (docs/qwen3.md gives the grid with these
 // values); tools/tests/helpers/time_gemv.py builds other values only to compare them, and
@@ -34,67 +45,101 @@
 
 static_assert(GEMV_WARPS % GEMV_SPLIT == 0, "GEMV_SPLIT must divide GEMV_WARPS");
 
+// What the group does with its column sums.
+enum GemvEpilogue {
+    GEMV_STORE = 0,  // y = bf16(sum)
+    GEMV_ACC = 1,    // y = bf16(f32(y) + sum)
+    GEMV_SILU = 2,   // y[c] = bf16(bf16(silu(bf16(g))) * bf16(u)), g / u from W rows c / n + c
+};
+
 // A 16-byte streaming load of read-only data that is used once: no L1 allocation.
 static __device__ __forceinline__ uint4 ld_stream(const bf16* p) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
     return v;
 }
 
-template <int R, bool ACC>
+// A 16-byte load of data an earlier launch wrote (x): an ordinary, coherent load issued only
+// after kern_pdl_wait (never the non-coherent path, which assumes data fixed for the grid's life).
+static __device__ __forceinline__ uint4 ld_after_wait(const bf16* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <int UNROLL, int NR, int STEP>
+static __device__ __forceinline__ void gemv_load(uint4 (&wv)[UNROLL][NR], const bf16* const (&wr)[NR],
+                                                 int base, int k) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int idx = base + u * STEP;
+#pragma unroll
+        for (int j = 0; j < NR; ++j)
+            wv[u][j] = idx < k ? ld_stream(wr[j] + idx) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+template <int WARPS, int COLS, int UNROLL, int SPLIT, int EPI, int R>
 static __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x,
                                                  const bf16* __restrict__ w,
                                                  bf16* __restrict__ y, int n, int k,
                                                  int y_stride) {
-    constexpr int GROUPS = GEMV_WARPS / GEMV_SPLIT;
+    static_assert(WARPS % SPLIT == 0, "SPLIT must divide WARPS");
+    constexpr int NR = EPI == GEMV_SILU ? 2 * COLS : COLS;  // W rows a group streams
+    constexpr int GROUPS = WARPS / SPLIT;
+    constexpr int STEP = 256 * SPLIT;  // elements between a lane's consecutive pieces
+    constexpr int ROUND = STEP * UNROLL;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int part = warp % GEMV_SPLIT;
-    const int col0 = (blockIdx.x * GROUPS + warp / GEMV_SPLIT) * GEMV_RPW;
-#if GEMV_SPLIT == 1
-    if (col0 >= n) return;
-#endif
+    const int part = warp % SPLIT;
+    const int col0 = (blockIdx.x * GROUPS + warp / SPLIT) * COLS;
+    kern_pdl_launch_dependents();
+    if (SPLIT == 1 && col0 >= n) return;
 
-    const bf16* wr[GEMV_RPW];
+    const bf16* wr[NR];
 #pragma unroll
-    for (int j = 0; j < GEMV_RPW; ++j) {
+    for (int j = 0; j < NR; ++j) {
         // Columns past n (the last group's tail) re-read column n - 1 and are not stored; with
-        // GEMV_SPLIT > 1 every warp reaches the barrier below, so no warp leaves early.
-        const int c = min(col0 + j, n - 1);
+        // SPLIT > 1 every warp reaches the barrier below, so no warp leaves early.
+        const int c = min(col0 + j % COLS, n - 1) + (j / COLS) * n;
         wr[j] = w + (size_t)c * (size_t)k;
     }
 
-    float acc[R][GEMV_RPW];
+    float acc[R][NR];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int j = 0; j < GEMV_RPW; ++j) acc[r][j] = 0.0f;
+        for (int j = 0; j < NR; ++j) acc[r][j] = 0.0f;
 
-    constexpr int STEP = 256 * GEMV_SPLIT;  // elements between a lane's consecutive pieces
-    for (int base = (part * 32 + lane) * 8; base < k; base += STEP * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL][GEMV_RPW];
+    const int first = (part * 32 + lane) * 8;
+    uint4 wv[UNROLL][NR];
+    gemv_load<UNROLL, NR, STEP>(wv, wr, first, k);
+    // NOTE: weights are read before the wait (no launch of a step writes them); x and y after.
+    kern_pdl_wait();
+    for (int base = first; base < k; base += ROUND) {
+        uint4 cur[UNROLL][NR];
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int idx = base + u * STEP;
+        for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-            for (int j = 0; j < GEMV_RPW; ++j)
-                wv[u][j] = idx < k ? ld_stream(wr[j] + idx) : make_uint4(0u, 0u, 0u, 0u);
-        }
+            for (int j = 0; j < NR; ++j) cur[u][j] = wv[u][j];
+        if (base + ROUND < k) gemv_load<UNROLL, NR, STEP>(wv, wr, base + ROUND, k);
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int idx = base + u * STEP;
             if (idx < k) {
-                float wf[GEMV_RPW][8];
+                float wf[NR][8];
 #pragma unroll
-                for (int j = 0; j < GEMV_RPW; ++j) unpack8(wv[u][j], wf[j]);
+                for (int j = 0; j < NR; ++j) unpack8(cur[u][j], wf[j]);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     float xf[8];
-                    unpack8(__ldg(reinterpret_cast<const uint4*>(x + (size_t)r * k + idx)), xf);
+                    unpack8(ld_after_wait(x + (size_t)r * k + idx), xf);
 #pragma unroll
-                    for (int j = 0; j < GEMV_RPW; ++j)
+                    for (int j = 0; j < NR; ++j)
 #pragma unroll
                         for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(xf[e], wf[j][e], acc[r][j]);
                 }
@@ -105,66 +150,98 @@ static __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x,
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int j = 0; j < GEMV_RPW; ++j) acc[r][j] = warp_sum(acc[r][j]);
+        for (int j = 0; j < NR; ++j) acc[r][j] = warp_sum(acc[r][j]);
 
-#if GEMV_SPLIT > 1
-    __shared__ float sums[GEMV_WARPS][R * GEMV_RPW];
-    if (lane == 0) {
+    if constexpr (SPLIT > 1) {
+        __shared__ float sums[WARPS][R * NR];
+        if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int j = 0; j < GEMV_RPW; ++j) sums[warp][r * GEMV_RPW + j] = acc[r][j];
+                for (int j = 0; j < NR; ++j) sums[warp][r * NR + j] = acc[r][j];
+        }
+        __syncthreads();
+        if (part != 0 || col0 >= n) return;
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < NR; ++j) {
+                    float t = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < SPLIT; ++s) t += sums[warp + s][r * NR + j];
+                    acc[r][j] = t;
+                }
+        }
     }
-    __syncthreads();
-    if (part != 0 || col0 >= n) return;
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int j = 0; j < GEMV_RPW; ++j) {
-                float t = 0.0f;
-#pragma unroll
-                for (int s = 0; s < GEMV_SPLIT; ++s) t += sums[warp + s][r * GEMV_RPW + j];
-                acc[r][j] = t;
-            }
-    }
-#endif
 
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int j = 0; j < GEMV_RPW; ++j) {
+            for (int j = 0; j < COLS; ++j) {
                 if (col0 + j >= n) continue;
                 bf16* out = y + (size_t)r * (size_t)y_stride + col0 + j;
-                *out = ACC ? to_bf(to_f(*out) + acc[r][j]) : to_bf(acc[r][j]);
+                if constexpr (EPI == GEMV_ACC) {
+                    *out = to_bf(to_f(*out) + acc[r][j]);
+                } else if constexpr (EPI == GEMV_SILU) {
+                    const float g = bf(acc[r][j]);
+                    const float u = bf(acc[r][j + COLS]);
+                    *out = to_bf(bf(g / (1.0f + expf(-g))) * u);
+                } else {
+                    *out = to_bf(acc[r][j]);
+                }
             }
     }
 }
 
-template <bool ACC>
-static __device__ __forceinline__ void gemv(const bf16* __restrict__ x,
-                                            const bf16* __restrict__ w, bf16* __restrict__ y,
-                                            int rows, int n, int k, int y_stride) {
+template <int WARPS, int COLS, int UNROLL, int SPLIT, int EPI>
+static __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                            bf16* __restrict__ y, int rows, int n, int k,
+                                            int y_stride) {
     switch (rows) {
-        case 1: gemv_rows<1, ACC>(x, w, y, n, k, y_stride); break;
-        case 2: gemv_rows<2, ACC>(x, w, y, n, k, y_stride); break;
-        case 3: gemv_rows<3, ACC>(x, w, y, n, k, y_stride); break;
-        case 4: gemv_rows<4, ACC>(x, w, y, n, k, y_stride); break;
+        case 1: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 1>(x, w, y, n, k, y_stride); break;
+        case 2: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 2>(x, w, y, n, k, y_stride); break;
+        case 3: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 3>(x, w, y, n, k, y_stride); break;
+        case 4: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 4>(x, w, y, n, k, y_stride); break;
         default: break;
     }
 }
 
-// y[r, c] = bf16(sum_k x[r, k] * W[c, k]).
+// y[r, c] = bf16(sum_k x[r, k] * W[c, k]). Configuration: the GEMV_* macros.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    kern_gemv_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y,
-                   int rows, int n, int k, int y_stride) {
-    gemv<false>(x, w, y, rows, n, k, y_stride);
+    kern_gemv_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv<GEMV_WARPS, GEMV_RPW, GEMV_UNROLL, GEMV_SPLIT, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
 }
 
 // y[r, c] = bf16(f32(y[r, c]) + sum_k x[r, k] * W[c, k]): one rounding (a fused residual add).
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
     kern_gemv_bf16_acc(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                       bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
-    gemv<true>(x, w, y, rows, n, k, y_stride);
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv<GEMV_WARPS, GEMV_RPW, GEMV_UNROLL, GEMV_SPLIT, GEMV_ACC>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16; 4 warps split k of one column. Grid [n, 1, 1], block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_s4(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv<4, 1, 4, 4, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16; each of 4 warps owns 2 columns. Grid [ceil_div(n, 8), 1, 1], block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_c2(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv<4, 2, 4, 1, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// Gate/up GEMV + SiLU-and-mul: W is [2n, k] (gate rows, then up rows), y[r, c] for c < n is
+// bf16(bf16(silu(g)) * u) with g = bf16(x W[c]), u = bf16(x W[n + c]) (kern_silu_mul's rounding
+// of the unfused GEMV's output). Each warp streams the 2 rows of one column.
+// Grid [ceil_div(n, 4), 1, 1], block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv<4, 1, 4, 1, GEMV_SILU>(x, w, y, rows, n, k, y_stride);
 }

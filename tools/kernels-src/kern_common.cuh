@@ -9,6 +9,20 @@ typedef __nv_bfloat16 bf16;
 
 #define KERN_NEG_INF (-__int_as_float(0x7f800000))
 
+// Programmatic dependent launch (PDL, sm_90). A launch with `"pdl": true` may start while the
+// previous launch of the stream still runs; `kern_pdl_wait` blocks until that launch has completed
+// and its writes are visible, so every kernel calls it before it reads anything an earlier launch
+// wrote and before it writes anything an earlier launch reads. Without PDL both are no-ops.
+// `kern_pdl_launch_dependents` lets the next launch of the stream start its blocks (up to their
+// own wait) as soon as every block of this grid has passed it.
+static __device__ __forceinline__ void kern_pdl_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+static __device__ __forceinline__ void kern_pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 static __device__ __forceinline__ float bf(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));
 }

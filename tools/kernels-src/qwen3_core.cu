@@ -6,6 +6,8 @@
 // out[r, :] = table[ids[r], :]; hidden % 8 == 0. grid [t], block [256].
 extern "C" __global__ void kern_embed(const int64_t* __restrict__ ids, const bf16* __restrict__ table,
                                       bf16* __restrict__ out, int hidden) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int64_t row = blockIdx.x;
     const uint4* src = reinterpret_cast<const uint4*>(table + ids[row] * (int64_t)hidden);
     uint4* dst = reinterpret_cast<uint4*>(out + row * (int64_t)hidden);
@@ -43,6 +45,8 @@ static __device__ __forceinline__ void norm_row(const bf16* x, const bf16* w, bf
 // out = RMSNorm(x) * w, one row per block; hidden % 8 == 0. grid [t], block [256].
 extern "C" __global__ void kern_rmsnorm(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                         bf16* __restrict__ out, int hidden, float eps) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int64_t off = (int64_t)blockIdx.x * hidden;
     const uint4* xs = reinterpret_cast<const uint4*>(x + off);
     float s = 0.0f;
@@ -54,6 +58,8 @@ extern "C" __global__ void kern_rmsnorm(const bf16* __restrict__ x, const bf16* 
 extern "C" __global__ void kern_add_rmsnorm(bf16* __restrict__ res, const bf16* __restrict__ y,
                                             const bf16* __restrict__ w, bf16* __restrict__ out,
                                             int hidden, float eps) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int64_t off = (int64_t)blockIdx.x * hidden;
     uint4* rs = reinterpret_cast<uint4*>(res + off);
     const uint4* ys = reinterpret_cast<const uint4*>(y + off);
@@ -118,6 +124,8 @@ extern "C" __global__ void kern_qk_norm_rope(bf16* __restrict__ qkv, const bf16*
                                              const bf16* __restrict__ cos_t,
                                              const bf16* __restrict__ sin_t, int nq, int nkv,
                                              int head_dim, float eps) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const HeadRef ref = head_ref(qkv, wq, wk, nq, nkv, head_dim);
     const int half = head_dim / 2;
     float x1, x2;
@@ -127,10 +135,51 @@ extern "C" __global__ void kern_qk_norm_rope(bf16* __restrict__ qkv, const bf16*
     ref.base[threadIdx.x + half] = to_bf(x2);
 }
 
+// kern_qk_norm_rope fused with kern_kv_write: q and k heads are normed and rotated in place in
+// qkv; the rotated k head and the v head of row r are also written into the paged state at
+// slots[r] (page slot / P, row slot % P; `kv` points at this layer's k block of page 0).
+// grid [t, nq + 2 * nkv], block [head_dim / 2] (head_dim / 2 a multiple of 32).
+extern "C" __global__ void kern_qk_norm_rope_kv(bf16* __restrict__ qkv, const bf16* __restrict__ wq,
+                                                const bf16* __restrict__ wk,
+                                                const int64_t* __restrict__ pos,
+                                                const bf16* __restrict__ cos_t,
+                                                const bf16* __restrict__ sin_t,
+                                                bf16* __restrict__ kv,
+                                                const int64_t* __restrict__ slots, int nq, int nkv,
+                                                int head_dim, float eps, int page_tokens,
+                                                int64_t page_stride) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
+    const HeadRef ref = head_ref(qkv, wq, wk, nq, nkv, head_dim);
+    const int half = head_dim / 2;
+    const int head = blockIdx.y;
+    const int64_t slot = slots[blockIdx.x];
+    const int kvh = head < nq + nkv ? head - nq : head - nq - nkv;
+    bf16* k_dst = kv + (slot / page_tokens) * page_stride +
+                  ((slot % page_tokens) * nkv + kvh) * (int64_t)head_dim;
+    if (head >= nq + nkv) {
+        bf16* v_dst = k_dst + (int64_t)page_tokens * nkv * head_dim;
+        v_dst[threadIdx.x] = ref.base[threadIdx.x];
+        v_dst[threadIdx.x + half] = ref.base[threadIdx.x + half];
+        return;
+    }
+    float x1, x2;
+    head_norm_pair(ref, half, eps, x1, x2);
+    rope_pair(cos_t, sin_t, pos[blockIdx.x], half, x1, x2);
+    ref.base[threadIdx.x] = to_bf(x1);
+    ref.base[threadIdx.x + half] = to_bf(x2);
+    if (head >= nq) {
+        k_dst[threadIdx.x] = to_bf(x1);
+        k_dst[threadIdx.x + half] = to_bf(x2);
+    }
+}
+
 // In place per-head RMSNorm of the q and k heads. grid [t, nq + nkv], block [head_dim / 2].
 extern "C" __global__ void kern_head_rmsnorm(bf16* __restrict__ qkv, const bf16* __restrict__ wq,
                                              const bf16* __restrict__ wk, int nq, int nkv,
                                              int head_dim, float eps) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const HeadRef ref = head_ref(qkv, wq, wk, nq, nkv, head_dim);
     const int half = head_dim / 2;
     float x1, x2;
@@ -143,6 +192,8 @@ extern "C" __global__ void kern_head_rmsnorm(bf16* __restrict__ qkv, const bf16*
 extern "C" __global__ void kern_rope(bf16* __restrict__ qkv, const int64_t* __restrict__ pos,
                                      const bf16* __restrict__ cos_t, const bf16* __restrict__ sin_t,
                                      int nq, int nkv, int head_dim) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const HeadRef ref = head_ref(qkv, qkv, qkv, nq, nkv, head_dim);
     const int half = head_dim / 2;
     float x1 = to_f(ref.base[threadIdx.x]);
@@ -156,6 +207,8 @@ extern "C" __global__ void kern_rope(bf16* __restrict__ qkv, const int64_t* __re
 // grid [t, ceil_div(inter, 1024)], block [128].
 extern "C" __global__ void kern_silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out,
                                          int inter) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int64_t row = blockIdx.x;
     const int c = blockIdx.y * 128 + threadIdx.x;
     if (c >= inter / 8) return;
@@ -174,6 +227,8 @@ extern "C" __global__ void kern_silu_mul(const bf16* __restrict__ gu, bf16* __re
 extern "C" __global__ void kern_kv_write(const bf16* __restrict__ qkv, bf16* __restrict__ kv,
                                          const int64_t* __restrict__ slots, int nq, int nkv,
                                          int head_dim, int page_tokens, int64_t page_stride) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int64_t row = blockIdx.x;
     const int head = blockIdx.y;
     const int64_t slot = slots[row];
@@ -197,6 +252,8 @@ extern "C" __global__ void kern_kv_write(const bf16* __restrict__ qkv, bf16* __r
 // transformers computes it (the power correctly rounded). grid [maxpos], block [min(half_dim, 1024)].
 extern "C" __global__ void kern_rope_table(bf16* __restrict__ cos_t, bf16* __restrict__ sin_t,
                                            int maxpos, int half_dim, float theta) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int p = blockIdx.x;
     if (p >= maxpos) return;
     for (int i = threadIdx.x; i < half_dim; i += blockDim.x) {

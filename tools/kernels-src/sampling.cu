@@ -55,6 +55,8 @@ static __device__ __forceinline__ ArgBest arg_block_reduce(ArgBest best) {
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 kern_argmax_partial(const bf16* __restrict__ logits, float* __restrict__ pval,
                     int* __restrict__ pidx, int n) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     const int per = ((n + gridDim.x - 1) / gridDim.x + 7) / 8 * 8;
     const int lo = min(blockIdx.x * per, n);
     const int hi = min(lo + per, n);
@@ -81,6 +83,8 @@ kern_argmax_partial(const bf16* __restrict__ logits, float* __restrict__ pval,
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 kern_argmax_final(const float* __restrict__ pval, const int* __restrict__ pidx,
                   int64_t* __restrict__ next, int parts) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     ArgBest best{KERN_NEG_INF, ARGMAX_NONE};
     for (int i = threadIdx.x; i < parts; i += ARGMAX_THREADS) {
         best = arg_better(best, ArgBest{pval[i], pidx[i]});
@@ -97,6 +101,8 @@ extern "C" __global__ void kern_decode_advance(const int64_t* __restrict__ next,
                                                int* __restrict__ seq_len,
                                                const int* __restrict__ block_table,
                                                int page_tokens) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int64_t p = pos[0] + 1;
     ids[0] = next[0];
@@ -109,6 +115,8 @@ extern "C" __global__ void kern_decode_advance(const int64_t* __restrict__ next,
 // grid [1], block [32] (any grid / block covers n).
 extern "C" __global__ void kern_copy_i64(const int64_t* __restrict__ src, int64_t* __restrict__ dst,
                                          int n) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         dst[i] = src[i];
     }
@@ -116,7 +124,19 @@ extern "C" __global__ void kern_copy_i64(const int64_t* __restrict__ src, int64_
 
 // dst[i] = src[i] for i < n. grid [1], block [32] (any grid / block covers n).
 extern "C" __global__ void kern_copy_i32(const int* __restrict__ src, int* __restrict__ dst, int n) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         dst[i] = src[i];
+    }
+}
+
+// dst[i] = 0 for i < n (the load program zeroes kern_attn_decode's counters). grid [1], block [32]
+// (any grid / block covers n).
+extern "C" __global__ void kern_zero_i32(int* __restrict__ dst, int n) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        dst[i] = 0;
     }
 }

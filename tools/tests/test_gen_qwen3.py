@@ -30,7 +30,7 @@ def _load_gen() -> ModuleType:
 gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
-                for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, "kern_gemv_bf16")}
+                for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -246,12 +246,15 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     src = TOOLS / "kernels-src"
     entries = gen.entry_modules(src)
     feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-    gemv = list(gen.GEMV_GEMMS) if "kern_gemv_bf16" in entries else []
-    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), dict.fromkeys(set(entries.values()), "c" * 64),
-                     entries, model="t", feed=feed, gemv=gemv)
-    assert any(op.startswith("gemv_") for op in m["ops"]) == bool(gemv)
+    hashes = dict.fromkeys(set(entries.values()), "c" * 64)
+    shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
+    fast = gen.generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
+    plain = gen.generate(shape, hashes, entries, model="t", feed=feed)
+    ops = plain["ops"] | fast["ops"]
+    assert {op for op in ops if op.startswith("gemv")} == {
+        "gemv_c2_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_s4_256x768", "gemv_4096x256"}
     sigs = _c_params(src)
-    for name, op in m["ops"].items():
+    for name, op in ops.items():
         for launch in op["impl"]["launches"]:
             if launch["entry"].startswith("extern:"):
                 continue
@@ -289,13 +292,15 @@ def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pyt
 def test_examples_are_what_the_generator_writes() -> None:
     """examples/ are regenerated artifacts: same structure as a fresh generation (hashes aside)."""
     root = TOOLS.parent
-    shipped_sets = [("qwen3-4b", QWEN3_4B_CONFIG, []), ("qwen3-tiny", QWEN3_TINY_CONFIG, []),
-                    ("qwen3-4b-gemv", QWEN3_4B_CONFIG, list(gen.GEMV_DEFAULT))]
-    for name, config, gemv in shipped_sets:
+    fast: dict[str, Any] = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
+    shipped_sets = [("qwen3-4b", QWEN3_4B_CONFIG, {}), ("qwen3-tiny", QWEN3_TINY_CONFIG, {}),
+                    ("qwen3-4b-gemv", QWEN3_4B_CONFIG, {"gemv": list(gen.GEMV_DEFAULT)}),
+                    ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast)]
+    for name, config, kw in shipped_sets:
         shipped = json.loads((root / "examples" / f"{name}.json").read_text())
         entries = gen.entry_modules(TOOLS / "kernels-src")
         hashes = {m: v["sha256"] for m, v in shipped["modules"].items()}
-        fresh = gen.generate(gen.shape_from_config(config), hashes, entries, model=name, feed="device", gemv=gemv)
+        fresh = gen.generate(gen.shape_from_config(config), hashes, entries, model=name, feed="device", **kw)
         assert shipped == fresh
 
 
@@ -303,12 +308,16 @@ def test_decode_gemms_can_run_as_our_gemv() -> None:
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"])
     _verify(m)
     decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
-    assert decode["l3.o"]["op"] == "gemv_2560x4096" and decode["l3.qkv"]["op"] == "gemm"
+    assert decode["l3.o"]["op"] == "gemv_s4_2560x4096" and decode["l3.qkv"]["op"] == "gemm"
     assert decode["lm_head"] == {"label": "lm_head", "op": "gemv_151936x2560",
                                  "args": [{"buf": "x"}, {"buf": "embed"}, {"buf": "logits"}]}
-    launch = m["ops"]["gemv_19456x2560"]["impl"]["launches"][0]
-    assert launch["entry"] == "kern_gemv_bf16" and launch["grid"] == [4864, 1, 1] and launch["block"] == [128, 1, 1]
-    assert launch["args"][3:] == [{"i32": 1}, {"i32": 19456}, {"i32": 2560}, {"i32": 19456}]
+    assert m["ops"]["gemv_s4_2560x4096"]["impl"]["launches"][0]["grid"] == [2560, 1, 1]
+    # gate_up runs the SiLU-and-mul GEMV: it reads the whole [2 * inter, hidden] weight, writes act.
+    assert decode["l3.gate_up"]["args"] == [{"buf": "x"}, {"buf": "l3.gate_up"}, {"buf": "act"}]
+    assert "l3.silu_mul" not in decode
+    launch = m["ops"]["gemv_silu_9728x2560"]["impl"]["launches"][0]
+    assert launch["entry"] == "kern_gemv_bf16_silu" and launch["grid"] == [2432, 1, 1] and launch["block"] == [128, 1, 1]
+    assert launch["args"][3:] == [{"i32": 1}, {"i32": 9728}, {"i32": 2560}, {"i32": 9728}]
     assert all(c["op"] == "gemm" for c in m["programs"]["prefill"]["calls"] if c["label"].endswith((".o", ".down")))
     assert gen.decode_gemm_shapes(m) == gen.decode_gemm_shapes(_manifest(QWEN3_4B_CONFIG, feed="device"))
     assert gen.decode_weight_bytes(m) == gen.decode_weight_bytes(_manifest(QWEN3_4B_CONFIG, feed="device"))
@@ -317,3 +326,48 @@ def test_decode_gemms_can_run_as_our_gemv() -> None:
     every = _manifest(QWEN3_TINY_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS))
     _verify(every)
     assert not any(c["op"] == "gemm" for c in every["programs"]["decode"]["calls"])
+
+
+def test_gemv_picks_follow_the_entry_table() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS))
+    for label, op, entry, grid in [("l0.qkv", "gemv_c2_6144x2560", "kern_gemv_bf16_c2", 768),
+                                   ("l0.down", "gemv_s4_2560x9728", "kern_gemv_bf16_s4", 2560),
+                                   ("lm_head", "gemv_151936x2560", "kern_gemv_bf16", 37984)]:
+        call = next(c for c in m["programs"]["decode"]["calls"] if c["label"] == label)
+        launch = m["ops"][call["op"]]["impl"]["launches"][0]
+        assert (call["op"], launch["entry"], launch["grid"][0]) == (op, entry, grid)
+
+
+def test_pdl_marks_every_decode_launch_and_nothing_else() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
+    _verify(m)
+
+    def launches(program: str) -> list[dict[str, Any]]:
+        return [la for c in m["programs"][program]["calls"] for la in m["ops"][c["op"]]["impl"]["launches"]]
+
+    assert all(la.get("pdl") is True for la in launches("decode"))
+    assert not any("pdl" in la for p in ("prefill", "load", "start") for la in launches(p))
+    ops = {c["op"] for c in m["programs"]["decode"]["calls"]}
+    assert {"embed.pdl", "rmsnorm.pdl", "add_rmsnorm.pdl", "qk_norm_rope_kv.pdl"} <= ops
+    assert "embed" in m["ops"] and "pdl" not in m["ops"]["embed"]["impl"]["launches"][0]
+    with pytest.raises(gen.GenError, match="pdl needs every decode GEMM"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"], pdl=True)
+
+
+def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
+    decode = m["programs"]["decode"]["calls"]
+    # per layer: qkv, qk_norm_rope_kv, attn, o, post_norm, gate_up (+ silu), down, next_norm
+    assert len(decode) == 2 + 36 * 8 + 3
+    assert [c["label"] for c in decode[2:10]] == [
+        "l0.qkv", "l0.qk_norm_rope_kv", "l0.attn", "l0.o", "l0.post_norm", "l0.gate_up", "l0.down", "l0.next_norm"]
+    attn = m["ops"][decode[4]["op"]]
+    assert [la["entry"] for la in attn["impl"]["launches"]] == ["kern_attn_decode"]
+    assert decode[4]["args"][-1] == {"buf": "attn_count"}
+    assert m["buffers"]["attn_count"] == {"dtype": "i32", "shape": [8], "kind": "carry"}
+    load = m["programs"]["load"]["calls"]
+    assert load[-1] == {"label": "attn_count", "op": "zero_i32", "args": [{"buf": "attn_count"}, {"i32": 8}]}
+    prefill = [c["label"] for c in m["programs"]["prefill"]["calls"]]
+    assert prefill[-2:] == ["l35.qkv", "l35.qk_norm_rope_kv"] and not any("kv_write" in p for p in prefill)
+    kv = decode[3]["args"][6]
+    assert kv == {"state": "kv"} and decode[3]["args"][-1] == {"i64": 36 * 2 * 16 * 8 * 128}

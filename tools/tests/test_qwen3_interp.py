@@ -33,7 +33,7 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 # NOTE: an untied variant with GQA group 2 and a 3rd layer exercises lm_head and layer offsets.
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
-ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, "kern_gemv_bf16")}
+ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES)}
 STEPS = 12
 
 
@@ -221,3 +221,21 @@ def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], reference
     want_tokens, want_first = references[37]
     assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
     assert tokens == want_tokens
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+@pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
+def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
+                                            n: int, chunk: int) -> None:
+    """Every decode GEMM as our GEMV (gate_up with SiLU-and-mul), q/k norm + rope writing the pages,
+    one-launch decode attention (counters zeroed by the load program), PDL launches."""
+    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
+                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
+    entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
+    assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
+    machine = interp.Interp(m, weights, capacity=512)
+    tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
+    want_tokens, want_first = references[n]
+    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
+    assert tokens == want_tokens
+    assert not machine.mem["attn_count"].any()

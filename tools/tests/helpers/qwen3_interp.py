@@ -92,6 +92,12 @@ def k_kv_write(t: int, qkv: Ptr, kv: Ptr, slots: Ptr, nq: int, nkv: int, d: int,
             arr[v_at : v_at + d] = rows[r, nq + nkv + h]
 
 
+def k_qk_norm_rope_kv(t: int, qkv: Ptr, wq: Ptr, wk: Ptr, pos: Ptr, cos: Ptr, sin: Ptr, kv: Ptr, slots: Ptr,
+                      nq: int, nkv: int, d: int, eps: float, p: int, page_stride: int) -> None:
+    k_qk_norm_rope(t, qkv, wq, wk, pos, cos, sin, nq, nkv, d, eps)
+    k_kv_write(t, qkv, kv, slots, nq, nkv, d, p, page_stride)
+
+
 def _gather_kv(kv: Ptr, bt: Ptr, n: int, nkv: int, d: int, p: int, page_stride: int) -> tuple[np.ndarray, np.ndarray]:
     arr, base = kv
     table = bt[0][bt[1] :]
@@ -160,6 +166,23 @@ def k_attn_decode_reduce(t: int, part_o: Ptr, part_lse: Ptr, out: Ptr, nq: int, 
     _view(out, nq * d)[:] = (np.einsum("sh,shd->hd", w, po) / w.sum(axis=0)[:, None]).reshape(-1)
 
 
+def k_attn_decode(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, part_o: Ptr, part_lse: Ptr, counters: Ptr,
+                  out: Ptr, nq: int, nkv: int, d: int, p: int, page_stride: int, splits: int, scale: float) -> None:
+    """Partials of the splits that hold tokens, reduced over those splits; the counters must be
+    zero before (the load program zeroes them) and are zero after."""
+    count = _view(counters, nkv)
+    assert not count.any(), "kern_attn_decode's counters are not zero: the load program must zero them"
+    k_attn_decode_partial(t, qkv, kv, bt, seq_len, part_o, part_lse, nq, nkv, d, p, page_stride, splits, scale)
+    pages = -(-int(_view(seq_len, 1)[0]) // p)
+    pps = -(-pages // splits)
+    used = -(-pages // pps)
+    k_attn_decode_reduce(t, part_o, part_lse, out, nq, d, used)
+
+
+def k_zero_i32(t: int, dst: Ptr, n: int) -> None:
+    _view(dst, n)[:] = 0
+
+
 def k_silu_mul(t: int, gu: Ptr, out: Ptr, inter: int) -> None:
     x = _view(gu, t * 2 * inter).reshape(t, 2 * inter)
     g, u = x[:, :inter], x[:, inter:]
@@ -196,6 +219,14 @@ def k_gemv(t: int, x: Ptr, w: Ptr, y: Ptr, rows: int, n: int, k: int, y_stride: 
     out[:, :n] = xs @ ws.T
 
 
+def k_gemv_silu(t: int, x: Ptr, w: Ptr, y: Ptr, rows: int, n: int, k: int, y_stride: int) -> None:
+    """W is [2n, k] (gate rows, then up rows); y[:, :n] = silu(x W_gate^T) * (x W_up^T)."""
+    xs = _view(x, rows * k).reshape(rows, k)
+    ws = _view(w, 2 * n * k).reshape(2 * n, k)
+    g, u = xs @ ws[:n].T, xs @ ws[n:].T
+    _view(y, rows * y_stride).reshape(rows, y_stride)[:, :n] = g / (1 + np.exp(-g)) * u
+
+
 def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: float) -> None:
     inv = (1.0 / np.power(np.float64(theta), np.arange(half) * 2 / (2 * half))).astype(F32)
     ang = np.arange(maxpos, dtype=F32)[:, None] * inv[None, :]
@@ -209,7 +240,9 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_attn_decode_partial": k_attn_decode_partial, "kern_attn_decode_reduce": k_attn_decode_reduce,
     "kern_silu_mul": k_silu_mul, "kern_argmax_partial": k_argmax_partial, "kern_argmax_final": k_argmax_final,
     "kern_decode_advance": k_decode_advance, "kern_copy_i64": k_copy, "kern_copy_i32": k_copy,
-    "kern_rope_table": k_rope_table, "kern_gemv_bf16": k_gemv,
+    "kern_rope_table": k_rope_table, "kern_gemv_bf16": k_gemv, "kern_gemv_bf16_s4": k_gemv,
+    "kern_gemv_bf16_c2": k_gemv, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
+    "kern_attn_decode": k_attn_decode, "kern_zero_i32": k_zero_i32,
 }  # fmt: skip
 
 
