@@ -4,9 +4,12 @@ import importlib.util
 import json
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -336,3 +339,87 @@ def test_recovery_holds_for_random_seeds_depths_and_jitter(
     with tempfile.TemporaryDirectory() as tmp:
         pid, truth = synthetic(Path(tmp), spec)
         assert_recovers(analyze_dir(pid), truth)
+
+
+def _records(pid: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (pid / "launches.jsonl").read_text().splitlines()]
+
+
+def _forward_starts(records: list[dict[str, Any]]) -> list[int]:
+    # NOTE: without boundary jitter every synthetic forward begins with its one "embed" launch.
+    return [i for i, r in enumerate(records) if r["symbol"] == "embed"]
+
+
+def test_lazy_loading_gaps_inside_a_forward_do_not_split_a_request(tmp_path: Path) -> None:
+    # The first launch of a kernel can take hundreds of ms (lazy loading), longer than the idle
+    # time between requests; such a gap ends at a symbol's first launch and the work goes on.
+    pid, truth = synthetic(tmp_path)
+    records = _records(pid)
+    firsts: dict[str, int] = {}
+    for i, r in enumerate(records):
+        firsts.setdefault(r["symbol"], i)
+    for i in sorted(p for s, p in firsts.items() if s in ("rope", "attention", "rms_norm")):
+        for r in records[i:]:
+            r["t_ns"] += 300_000_000
+    analysis = analyze_dir(write_dump(tmp_path / "lazy", records))
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    assert analysis.skipped_windows == ()
+
+
+def test_host_steps_longer_than_the_floor_do_not_shred_requests(tmp_path: Path) -> None:
+    # A scheduler that spends 12 ms between steps: above the 5 ms floor, far below the idle time
+    # between requests; the threshold comes from the break in the gap distribution.
+    pid, truth = synthetic(tmp_path, SynthSpec(boundary_jitter=False))
+    records = _records(pid)
+    shift = 0
+    gaps = [0] + [b["t_ns"] - a["t_ns"] for a, b in pairwise(records)]
+    for i, r in enumerate(records):
+        if 500_000 < gaps[i] < 5_000_000:
+            shift += 12_000_000
+        elif gaps[i] >= 5_000_000:
+            shift += 400_000_000
+        r["t_ns"] += shift
+    analysis = analyze_dir(write_dump(tmp_path / "steps", records))
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+
+
+def test_a_decode_only_kernel_is_not_the_core_even_when_most_frequent(tmp_path: Path) -> None:
+    # Decode forwards run a GEMV four times where the prefill runs one GEMM (cuBLAS picks by
+    # shape), and its grid.x varies from step to step; neither may cost the prefill its forward.
+    pid, truth = synthetic(tmp_path, SynthSpec(boundary_jitter=False))
+    records = _records(pid)
+    starts = [*_forward_starts(records), len(records)]
+    out: list[dict[str, Any]] = []
+    step = 0
+    for a, b in pairwise(starts):
+        if a and records[a - 1]["t_ns"] + 5_000_000 < records[a]["t_ns"]:
+            step = 0
+        out += records[:a] if a == starts[0] else []
+        for r in records[a:b]:
+            decode = r["symbol"] == "embed" and r["params"][3]["data"] == "01000000"
+            step = step + 1 if decode else step
+            if r["symbol"] == "gemm_qkv" and step and records[a]["params"][3]["data"] == "01000000":
+                out += [{**r, "symbol": "gemv", "grid": [2 + step, 1, 1]} for _ in range(4)]
+            else:
+                out.append(r)
+    analysis = analyze_dir(write_dump(tmp_path / "gemv", out))
+    assert Counter(r["symbol"] for r in out).most_common(1)[0][0] == "gemv"
+    assert analysis.core != "gemv"
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    ref = analysis.tokens_reference
+    assert ref is not None and ref.symbol != "gemv"
+
+
+def test_forwards_without_a_time_gap_are_cut_at_their_first_kernel(tmp_path: Path) -> None:
+    # A host that launches the next forward at once (no sampler sync, no scheduler gap): only the
+    # recurring first kernel of a forward marks where one ends.
+    pid, truth = synthetic(tmp_path, SynthSpec(boundary_jitter=False))
+    records = _records(pid)
+    gaps = [b["t_ns"] - a["t_ns"] for a, b in pairwise(records)]
+    t = records[0]["t_ns"]
+    for r, gap in zip(records[1:], gaps, strict=True):
+        t += 50_000_000 if gap > 5_000_000 else 8_000
+        r["t_ns"] = t
+    analysis = analyze_dir(write_dump(tmp_path / "nogap", records))
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    assert [f.first for f in analysis.forwards] == _forward_starts(records)

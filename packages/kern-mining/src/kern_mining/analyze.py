@@ -1,20 +1,28 @@
 """Analysis of a capture with no model knowledge: windows, forwards, tokens, sites, fits, ABI.
 
-1. Request windows: the launch stream is cut where consecutive launches are further apart in time
-   than `window_gap_ms`.
-2. Forward passes: the core kernel (the most frequent symbol) runs in one dense burst per forward.
-   Bursts are runs of core launches at most `burst_gap` launches and `forward_gap_ms` apart (the
-   host work between forwards, sampling and input preparation, shows as a time gap or as a long
-   stretch without the core kernel; inside a forward neither happens). The launches between two
-   bursts hold the tail of one forward and the head of the next; the cut goes where the longest
-   common suffix with a window's own head (the launches before its first burst) begins, and at the
-   midpoint when nothing matches.
+1. Request windows: the launch stream is cut at time gaps longer than a threshold chosen from the
+   data: `window_gap_ms` is the floor, raised to the strongest break (a ratio of BREAK_RATIO or
+   more) in the sorted gaps above it, so host work between steps does not cut a request. A gap that
+   ends at a symbol's first launch is load time (lazy loading), not idle time, unless it looks like
+   the idle gaps (see `_windows`); load time is taken out of the clock for the steps below.
+2. Forward passes: each of the most frequent symbols is tried as the core kernel, which runs in
+   one dense burst per forward. Bursts are runs of core launches at most `burst_gap` launches and
+   `forward_gap_ms` apart (the host work between forwards, sampling and input preparation, shows
+   as a time gap or as a long stretch without the core kernel). Between two bursts the cut goes at
+   a time gap that dominates the others there, else where the longest common suffix with a
+   window's own head (the launches before its first burst) begins, else at the midpoint. Each
+   symbol in at least half the windows is also tried as the recurring first kernel of a forward
+   (cuts right before each of its launches). The segmentation kept is the one that looks most like
+   forward passes: no window whose first forward swallows the prefill (a decode-only core), some
+   kernel that runs exactly once in every forward, bursts before anchors, then more such kernels,
+   more forwards, and more kernels with a constant count per forward (`_regularity`).
 3. Call sites are (symbol, ordinal within the forward), the ordinal counted against the most common
    per-forward count; a forward with one launch too many or too few (boundary jitter) is aligned by
    relative position.
 4. The tokens reference is chosen by the data: among call sites (each runs once per forward) whose
    grid.x varies, the one whose grid.x, taken as t, leaves the fewest unfit and underdetermined
-   fits; ties go to more fits that are t itself, then to kernels that run once per forward. When
+   fits, among those present in the most forwards; ties go to more fits that are t itself, then
+   to kernels that run once per forward. When
    the smallest value divides all others (a one-token decode forward), it is taken as one token:
    a grid.x of a*t still reads as t, and `scale` records a.
 5. Pointer parameters are classified by (allocation start, offset) across forwards: stable and
@@ -50,6 +58,10 @@ __all__ = [
 
 PointerClass = Literal["weight", "persistent", "workspace"]
 SCALAR_SIZES = (1, 2, 4, 8)
+BREAK_RATIO = 8.0
+CORE_CANDIDATES = 12
+ANCHOR_CANDIDATES = 64
+CUT_DOMINANCE = 4.0
 
 
 @dataclass(frozen=True)
@@ -220,15 +232,68 @@ def _site_json(s: Site) -> dict[str, object]:
 # ------------------------------------------------------------------ windows and forwards
 
 
-def _windows(launches: Sequence[Launch], gap_ns: float) -> list[tuple[int, int]]:
-    bounds: list[tuple[int, int]] = []
-    start = 0
-    for i in range(1, len(launches)):
-        if launches[i].t_ns - launches[i - 1].t_ns > gap_ns:
-            bounds.append((start, i - 1))
-            start = i
-    bounds.append((start, len(launches) - 1))
-    return bounds
+def _gap_threshold(gaps: Sequence[float], floor_ns: float) -> float:
+    """The window gap: the configured floor, raised to the strongest break in the gaps above it.
+
+    Gaps above the floor are sorted; where one is more than BREAK_RATIO times the next, the
+    smaller ones are host work inside a request (a scheduler step, a sampler), not idle time.
+    """
+    above = sorted((g for g in gaps if g > floor_ns), reverse=True)
+    best, threshold = BREAK_RATIO, floor_ns
+    for a, b in pairwise(above):
+        if a / b >= best:
+            best, threshold = a / b, b
+    return threshold
+
+
+def _windows(
+    launches: Sequence[Launch], floor_ns: float
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """Request windows, and launch times with load gaps taken out.
+
+    A gap that ends at a symbol's first launch may be load time (lazy loading of a module or a
+    function inside a forward) rather than idle time. It is taken as load time when some symbol
+    launched before it runs again later (host work that never recurs, weight init, keeps its gap),
+    unless it looks like the idle gaps found elsewhere: the launch before it is one that ends
+    another window, or the first known launch after it is one that starts another window.
+    """
+    n = len(launches)
+    symbols = [la.symbol for la in launches]
+    last_seen = {s: i for i, s in enumerate(symbols)}
+    gaps = [0] + [b.t_ns - a.t_ns for a, b in pairwise(launches)]
+    seen: set[str] = set()
+    fresh: set[int] = set()
+    loads: set[int] = set()
+    reach = -1
+    for i, s in enumerate(symbols):
+        if s not in seen:
+            fresh.add(i)
+            if i and reach >= i:
+                loads.add(i)
+        seen.add(s)
+        reach = max(reach, last_seen[s])
+    threshold = _gap_threshold([g for i, g in enumerate(gaps) if i and i not in loads], floor_ns)
+    cuts = {i for i in range(1, n) if i not in loads and gaps[i] > threshold}
+    enders = {symbols[i - 1] for i in cuts}
+    starters = {symbols[i] for i in cuts} | ({symbols[0]} if n else set())
+    for i in sorted(loads):
+        if gaps[i] <= threshold:
+            # NOTE: a short gap stays: it may be the host's work between forwards, which the
+            # burst segmentation reads, at a symbol that happens to run first there (a copy).
+            loads.discard(i)
+            continue
+        known = next((j for j in range(i, min(n, i + 3)) if j not in fresh), None)
+        if symbols[i - 1] in enders or (known is not None and symbols[known] in starters):
+            loads.discard(i)
+            cuts.add(i)
+    times: list[int] = []
+    removed = 0
+    for i, la in enumerate(launches):
+        removed += gaps[i] if i in loads else 0
+        times.append(la.t_ns - removed)
+    starts = [0, *sorted(cuts)]
+    ends = [s - 1 for s in starts[1:]] + [n - 1]
+    return list(zip(starts, ends, strict=True)), times
 
 
 def _bursts(
@@ -252,8 +317,17 @@ def _common_suffix(a: Sequence[str], b: Sequence[str]) -> int:
     return n
 
 
-def _cut(symbols: Sequence[str], after: int, before: int, head: Sequence[str]) -> int:
-    """The first position of the next forward, between bursts ending at `after` and starting at `before`."""
+def _cut(
+    symbols: Sequence[str], times: Sequence[int], after: int, before: int, head: Sequence[str]
+) -> int:
+    """The first position of the next forward, between bursts ending at `after` and starting at
+    `before`: at a time gap that dominates the others there (the host's work between forwards),
+    else where the longest common suffix with a window's head begins, else at the midpoint."""
+    gaps = sorted(
+        ((times[i] - times[i - 1], i) for i in range(after + 1, before + 1)), reverse=True
+    )
+    if len(gaps) == 1 or (len(gaps) > 1 and gaps[0][0] >= CUT_DOMINANCE * max(1, gaps[1][0])):
+        return gaps[0][1]
     between = symbols[after + 1 : before]
     matched = _common_suffix(between, head)
     if matched:
@@ -274,7 +348,7 @@ def _forward_bounds(
     if not positions:
         return []
     bursts = _bursts(positions, times, config)
-    starts = [first] + [_cut(symbols, a[1], b[0], head) for a, b in pairwise(bursts)]
+    starts = [first] + [_cut(symbols, times, a[1], b[0], head) for a, b in pairwise(bursts)]
     ends = [s - 1 for s in starts[1:]] + [last]
     return list(zip(starts, ends, strict=True))
 
@@ -451,7 +525,11 @@ def _choose_reference(
     for order, (key, tokens, scale) in enumerate(candidates):
         unfit, under, exact = _score(sites, tokens)
         distinct = len({t for t in tokens if t is not None})
-        rank = (unfit + under, -exact, -distinct, -sum(t is not None for t in tokens), order)
+        # NOTE: coverage first: a reference missing from some forwards (a decode-only GEMV)
+        # leaves them without a token count, and leaves the sites there unscored, so its own
+        # count of failed fits is low for the wrong reason.
+        covered = sum(t is not None for t in tokens)
+        rank = (-covered, unfit + under, -exact, -distinct, order)
         if best is None or rank < best[0]:
             ref = TokensReference(key[0], key[1], scale, unfit, under, len(candidates))
             best = (rank, ref, tokens)
@@ -519,13 +597,13 @@ def _fragments(
     return {k for k, per in enumerate(counts) if 2 * max(per) < usual}
 
 
-def _find_forwards(
-    launches: Sequence[Launch], config: AnalyzeConfig
-) -> tuple[str, list[tuple[tuple[int, int], list[tuple[int, int]]]], list[SkippedWindow]]:
-    symbols = [la.symbol for la in launches]
-    times = [la.t_ns for la in launches]
-    core = max(Counter(symbols).items(), key=lambda kv: (kv[1], kv[0]))[0]
-    windows = _windows(launches, config.window_gap_ms * 1e6)
+def _segment(
+    symbols: Sequence[str],
+    times: Sequence[int],
+    windows: list[tuple[int, int]],
+    core: str,
+    config: AnalyzeConfig,
+) -> tuple[list[tuple[tuple[int, int], list[tuple[int, int]]]], list[SkippedWindow]]:
     head = _head(symbols, windows, core)
     kept: list[tuple[tuple[int, int], list[tuple[int, int]]]] = []
     skipped: list[SkippedWindow] = []
@@ -542,7 +620,102 @@ def _find_forwards(
             SkippedWindow(first, last, "core kernel under half its usual count per forward")
         )
     skipped.sort(key=lambda w: w.first)
-    return core, [w for k, w in enumerate(kept) if k not in fragments], skipped
+    return [w for k, w in enumerate(kept) if k not in fragments], skipped
+
+
+def _regularity(
+    symbols: Sequence[str], kept: list[tuple[tuple[int, int], list[tuple[int, int]]]]
+) -> tuple[bool, int, int, int]:
+    """How much a segmentation looks like forward passes, best first when compared:
+
+    - merged: a core kernel missing from some forwards (a decode-only GEMV) leaves no cut
+      before its first launch in a window, so a window's first forward swallows the prefill
+      and runs about twice as long as the others;
+    - once: symbols that run exactly once in every forward (embedding, final norm, sampler);
+      cuts at every layer leave them out of most pieces, cuts at every request count them
+      once per request, not per forward;
+    - then more forwards, then symbols that run the same nonzero number of times in each.
+    """
+    forwards = [b for _, bounds in kept for b in bounds]
+    if len(forwards) == 1:
+        # NOTE: one forward is trivially periodic; it beats reading its layers as forwards.
+        first, last = forwards[0]
+        distinct = len(set(symbols[first : last + 1]))
+        return True, distinct, 1, distinct
+    if not forwards:
+        return True, 0, 0, 0
+    counts: dict[str, list[int]] = defaultdict(lambda: [0] * len(forwards))
+    for f, (first, last) in enumerate(forwards):
+        for i in range(first, last + 1):
+            counts[symbols[i]][f] += 1
+    steady = sum(1 for per in counts.values() if min(per) > 0 and min(per) == max(per))
+    once = sum(1 for per in counts.values() if min(per) == max(per) == 1)
+    heads = [b - a + 1 for _, bounds in kept for a, b in bounds[:1] if len(bounds) > 1]
+    rest = [b - a + 1 for _, bounds in kept for a, b in bounds[1:]]
+    merged = bool(heads and rest) and 2 * _median(heads) >= 3 * _median(rest)
+    return not merged, once, len(forwards), steady
+
+
+def _median(values: list[int]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _anchored(
+    symbols: Sequence[str], windows: list[tuple[int, int]], anchor: str
+) -> tuple[list[tuple[tuple[int, int], list[tuple[int, int]]]], list[SkippedWindow]]:
+    """Forwards that each begin at a launch of `anchor` (the window's first begins at the window)."""
+    kept: list[tuple[tuple[int, int], list[tuple[int, int]]]] = []
+    skipped: list[SkippedWindow] = []
+    for first, last in windows:
+        positions = [i for i in range(first, last + 1) if symbols[i] == anchor]
+        if not positions:
+            skipped.append(SkippedWindow(first, last, "no core kernel"))
+            continue
+        starts = [first, *positions[1:]]
+        ends = [s - 1 for s in starts[1:]] + [last]
+        kept.append(((first, last), list(zip(starts, ends, strict=True))))
+    return kept, skipped
+
+
+Segmentation = tuple[list[tuple[tuple[int, int], list[tuple[int, int]]]], list[SkippedWindow]]
+
+
+def _find_forwards(
+    launches: Sequence[Launch], config: AnalyzeConfig
+) -> tuple[str, list[tuple[tuple[int, int], list[tuple[int, int]]]], list[SkippedWindow]]:
+    """Try each frequent symbol as the core of burst segmentation and each symbol present in
+    at least half the windows as the first kernel of a forward; keep the segmentation that looks
+    most like forward passes (see `_regularity`), bursts before anchors, then the more frequent
+    symbol."""
+    symbols = [la.symbol for la in launches]
+    windows, times = _windows(launches, config.window_gap_ms * 1e6)
+    by_count = sorted(Counter(symbols).items(), key=lambda kv: (-kv[1], kv[0]))
+    presence: Counter[str] = Counter()
+    for first, last in windows:
+        presence.update(set(symbols[first : last + 1]))
+    tries: list[tuple[str, bool]] = [(core, True) for core, _ in by_count[:CORE_CANDIDATES]]
+    tries += [
+        (s, False) for s, n in by_count if 2 * presence[s] >= len(windows) and n > len(windows)
+    ][:ANCHOR_CANDIDATES]
+    best: tuple[tuple[bool, bool, int, int, int, int], str, Segmentation] | None = None
+    for rank, (core, burst) in enumerate(tries):
+        found = (
+            _segment(symbols, times, windows, core, config)
+            if burst
+            else _anchored(symbols, windows, core)
+        )
+        valid, once, n, steady = _regularity(symbols, found[0])
+        # NOTE: bursts first: they cut where the host works between forwards. Cuts at a
+        # recurring kernel can also fall at every layer, so they serve only when no burst
+        # segmentation has a kernel that runs once in every forward.
+        regular = valid and (once > 0 or n == 1)
+        score = (regular, regular and burst, once, n, steady, -rank)
+        if best is None or score > best[0]:
+            best = (score, core, found)
+    assert best is not None
+    kept, skipped = best[2]
+    return best[1], kept, skipped
 
 
 def _undecided(n_forwards: int, ref: TokensReference | None, sites: Sequence[Site]) -> list[str]:
