@@ -69,7 +69,8 @@ class AnalyzeConfig:
     """Thresholds of the analysis.
 
     Attributes:
-        window_gap_ms: a time gap longer than this between launches starts a new request window.
+        window_gap_ms: the floor of the window gap: only longer gaps can start a new request
+            window (the threshold rises to the strongest break in the gaps above it).
         burst_gap: core-kernel launches at most this many launches apart belong to one burst.
         forward_gap_ms: core-kernel launches further apart in time than this end a burst.
     """
