@@ -743,12 +743,14 @@ def generate(
 
 
 def _apply_pdl(ops: Json, programs: Json) -> None:
-    """Marks every kernel launch of the decode program's ops `pdl`; an op other programs call too
-    is copied as `<op>.pdl` for the decode program (in place)."""
+    """Marks every kernel launch of the decode program's ops `pdl` but the first call's (the step's
+    first launch has no earlier launch in the graph to overlap); an op other programs call too is
+    copied as `<op>.pdl` for the decode program (in place)."""
     decode = programs["decode"]["calls"]
     elsewhere = {c["op"] for name, p in programs.items() if name != "decode" for c in p["calls"]}
-    renamed: dict[str, str] = {}
-    for op in sorted({c["op"] for c in decode}):
+    first = decode[0]["op"]
+    renamed: dict[str, str] = {first: first}
+    for op in sorted({c["op"] for c in decode[1:]}):
         target = f"{op}.pdl" if op in elsewhere else op
         spec = json.loads(json.dumps(ops[op]))
         for launch in spec["impl"]["launches"]:

@@ -135,6 +135,12 @@ extern "C" __global__ void kern_qk_norm_rope(bf16* __restrict__ qkv, const bf16*
     ref.base[threadIdx.x + half] = to_bf(x2);
 }
 
+// The k row of `slot` for kv head `head` in this layer's pages (`kv`: the layer's k block of page 0).
+static __device__ __forceinline__ bf16* kv_row(bf16* kv, int64_t slot, int head, int nkv, int head_dim,
+                                              int page_tokens, int64_t page_stride) {
+    return kv + (slot / page_tokens) * page_stride + ((slot % page_tokens) * nkv + head) * (int64_t)head_dim;
+}
+
 // kern_qk_norm_rope fused with kern_kv_write: q and k heads are normed and rotated in place in
 // qkv; the rotated k head and the v head of row r are also written into the paged state at
 // slots[r] (page slot / P, row slot % P; `kv` points at this layer's k block of page 0).
@@ -153,12 +159,10 @@ extern "C" __global__ void kern_qk_norm_rope_kv(bf16* __restrict__ qkv, const bf
     const HeadRef ref = head_ref(qkv, wq, wk, nq, nkv, head_dim);
     const int half = head_dim / 2;
     const int head = blockIdx.y;
-    const int64_t slot = slots[blockIdx.x];
-    const int kvh = head < nq + nkv ? head - nq : head - nq - nkv;
-    bf16* k_dst = kv + (slot / page_tokens) * page_stride +
-                  ((slot % page_tokens) * nkv + kvh) * (int64_t)head_dim;
     if (head >= nq + nkv) {
-        bf16* v_dst = k_dst + (int64_t)page_tokens * nkv * head_dim;
+        bf16* v_dst = kv_row(kv, slots[blockIdx.x], head - nq - nkv, nkv, head_dim, page_tokens,
+                             page_stride) +
+                      (int64_t)page_tokens * nkv * head_dim;
         v_dst[threadIdx.x] = ref.base[threadIdx.x];
         v_dst[threadIdx.x + half] = ref.base[threadIdx.x + half];
         return;
@@ -169,6 +173,7 @@ extern "C" __global__ void kern_qk_norm_rope_kv(bf16* __restrict__ qkv, const bf
     ref.base[threadIdx.x] = to_bf(x1);
     ref.base[threadIdx.x + half] = to_bf(x2);
     if (head >= nq) {
+        bf16* k_dst = kv_row(kv, slots[blockIdx.x], head - nq, nkv, head_dim, page_tokens, page_stride);
         k_dst[threadIdx.x] = to_bf(x1);
         k_dst[threadIdx.x + half] = to_bf(x2);
     }

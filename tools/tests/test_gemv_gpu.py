@@ -28,6 +28,13 @@ def _load(name: str) -> ModuleType:
 
 
 h = _load("kernel_harness")
+_gen_spec = importlib.util.spec_from_file_location(
+    "kern_tools_gen_qwen3", h.REPO / "tools" / "gen_qwen3.py"
+)
+assert _gen_spec is not None and _gen_spec.loader is not None
+gen = importlib.util.module_from_spec(_gen_spec)
+sys.modules[_gen_spec.name] = gen
+_gen_spec.loader.exec_module(gen)
 BF16 = torch.bfloat16
 DEV = "cuda"
 
@@ -84,16 +91,32 @@ class Gemv(h.Kernels):
         self.threads = warps * 32
 
     def gemv(
-        self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, y_stride: int, acc: bool = False
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        y: torch.Tensor,
+        y_stride: int,
+        acc: bool = False,
+        entry: str | None = None,
+        n: int | None = None,
     ) -> None:
+        """`entry` (a key of gen_qwen3.GEMV_ENTRIES) overrides the macro-built pair; `n` the
+        output width (the silu entry's is half of W's rows)."""
         rows, k = x.shape
-        n = w.shape[0]
-        grid = ((n + self.rows_per_block - 1) // self.rows_per_block, 1, 1)
-        name = "kern_gemv_bf16_acc" if acc else "kern_gemv_bf16"
+        n = w.shape[0] if n is None else n
+        if entry is None:
+            name, cols, threads = (
+                ("kern_gemv_bf16_acc" if acc else "kern_gemv_bf16"),
+                self.rows_per_block,
+                self.threads,
+            )
+        else:
+            name, cols, threads = entry, gen.GEMV_ENTRIES[entry], 128
+        grid = ((n + cols - 1) // cols, 1, 1)
         self.launch(
             name,
             grid,
-            (self.threads, 1, 1),
+            (threads, 1, 1),
             h.ptr(x),
             h.ptr(w),
             h.ptr(y),
@@ -173,7 +196,14 @@ def _check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, y0: torch.Tensor
 
 
 def _run(
-    k: Gemv, rows: int, n: int, kk: int, seed: int, stride_pad: int = 0, acc: bool = False
+    k: Gemv,
+    rows: int,
+    n: int,
+    kk: int,
+    seed: int,
+    stride_pad: int = 0,
+    acc: bool = False,
+    entry: str | None = None,
 ) -> None:
     g = _gen(seed)
     x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
@@ -183,7 +213,7 @@ def _run(
     width = off + n + stride_pad
     sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
     buf = sentinel.clone()
-    k.gemv(x, w, buf.view(-1)[off:], width, acc=acc)
+    k.gemv(x, w, buf.view(-1)[off:], width, acc=acc, entry=entry)
     torch.cuda.synchronize()
     out = buf[:, off : off + n]
     _check(out, x, w, sentinel[:, off : off + n] if acc else None)
@@ -241,3 +271,40 @@ def test_gemv_variants(variants: list[Gemv]) -> None:
         for rows, n, kk in [(1, 2560, 9728), (4, 1001, 2568), (2, 6145, 4096), (1, 37, 40)]:
             _run(v, rows, n, kk, seed=rows * n, stride_pad=5)
         _run(v, 2, 999, 2560, seed=5, stride_pad=5, acc=True)
+
+
+PLAIN_ENTRIES = [e for e in gen.GEMV_ENTRIES if e not in ("kern_gemv_bf16", "kern_gemv_bf16_silu")]
+
+
+@pytest.mark.parametrize("entry", PLAIN_ENTRIES)
+@pytest.mark.parametrize(
+    ("rows", "n", "kk"),
+    [*SHAPES_4B[:4], (4, 1001, 2568), (3, 7, 2048), (2, 6145, 4096), (1, 37, 40)],
+)
+def test_gemv_entries(k: Gemv, entry: str, rows: int, n: int, kk: int) -> None:
+    """The per-shape entries gen_qwen3 picks (GEMV_PICK), at the 4B shapes and at odd ones."""
+    _run(k, rows, n, kk, seed=n + kk + rows, stride_pad=5, entry=entry)
+
+
+@pytest.mark.parametrize(
+    ("rows", "inter", "kk"), [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048)]
+)
+def test_gemv_silu_is_gemv_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
+    """kern_gemv_bf16_silu's epilogue equals kern_gemv_bf16 over [gate; up] (the same summation
+    order) followed by transformers' act(gate) * up, bit for bit; it writes only its band."""
+    g = _gen(inter + rows)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    gu = torch.empty(rows, 2 * inter, device=DEV, dtype=BF16)
+    k.gemv(x, w, gu, 2 * inter)
+    off, width = 3, inter + 8
+    sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
+    buf = sentinel.clone()
+    k.gemv(x, w, buf.view(-1)[off:], width, entry="kern_gemv_bf16_silu", n=inter)
+    torch.cuda.synchronize()
+    want = h.silu_mul_ref(gu)
+    got = buf[:, off : off + inter]
+    assert torch.equal(got.contiguous().view(torch.int16), want.contiguous().view(torch.int16))
+    outside = torch.ones_like(buf, dtype=torch.bool)
+    outside[:, off : off + inter] = False
+    assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"

@@ -367,6 +367,73 @@ def test_decode_attention_other_gqa_shapes(k: object, gen: torch.Generator, nq: 
     torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=1e-2)
 
 
+@pytest.mark.parametrize(("rows", "nq", "nkv", "d"), [(1, 32, 8, 128), (37, 32, 8, 128), (5, 16, 8, 64)])
+def test_qk_norm_rope_kv_is_qk_norm_rope_then_kv_write(
+    k: object, gen: torch.Generator, rows: int, nq: int, nkv: int, d: int
+) -> None:
+    """The fused kernel leaves qkv and the pages bit-identical to the two launches it replaces."""
+    maxpos, pages = 4096, 8
+    qkv, wq, wk, pos = _qkv_case(gen, rows, nq, nkv, d, maxpos)
+    cos, sin = _rope_tables(maxpos, d, 1e6)
+    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
+    table = _block_table(pages, gen)
+    positions = torch.arange(9, 9 + rows, device=DEV)
+    slots = (table.long()[positions // PAGE] * PAGE + positions % PAGE).contiguous()
+    qkv2, kv2 = qkv.clone(), h.Paged(kv.state.clone(), LAYERS, pages, PAGE, nkv, d)
+    k.launch("kern_qk_norm_rope", (rows, nq + nkv), (d // 2,), h.ptr(qkv), h.ptr(wq), h.ptr(wk),
+             h.ptr(pos), h.ptr(cos), h.ptr(sin), h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS))
+    k.launch("kern_kv_write", (rows, nkv), (32,), h.ptr(qkv), h.ptr(kv.state, kv.layer_offset(LAYER)),
+             h.ptr(slots), h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride))
+    k.launch("kern_qk_norm_rope_kv", (rows, nq + 2 * nkv), (d // 2,), h.ptr(qkv2), h.ptr(wq), h.ptr(wk),
+             h.ptr(pos), h.ptr(cos), h.ptr(sin), h.ptr(kv2.state, kv2.layer_offset(LAYER)), h.ptr(slots),
+             h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS), h.i32(PAGE), h.i64(kv2.page_stride))
+    torch.cuda.synchronize()
+    assert torch.equal(bits(qkv2), bits(qkv))
+    assert torch.equal(bits(kv2.state), bits(kv.state))
+
+
+@pytest.mark.parametrize(("nq", "nkv", "d", "seq_len"), [
+    (32, 8, 128, 1), (32, 8, 128, 17), (32, 8, 128, 128), (32, 8, 128, 300), (32, 8, 128, 2053),
+    (32, 8, 128, 8192), (40, 8, 128, 531), (64, 4, 128, 531), (8, 1, 64, 531), (24, 8, 64, 100)])
+def test_one_launch_decode_attention_is_the_two_launch_pair(
+    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int
+) -> None:
+    """kern_attn_decode: bit-identical to partial + reduce (same partials, same order over the
+    splits that hold tokens), three launches in a row each leave the counters at zero again, and
+    kern_zero_i32 zeroes them to start with."""
+    splits = 32
+    pages = math.ceil(seq_len / PAGE) + 3
+    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
+    table = _block_table(pages, gen)
+    qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
+    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
+    scale = d**-0.5
+    layer = h.ptr(kv.state, kv.layer_offset(LAYER))
+    geometry = (h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride), h.i32(splits), h.f32(scale))
+    part_o = torch.zeros(splits, nq, d, device=DEV)
+    part_lse = torch.zeros(splits, nq, device=DEV)
+    pair = torch.empty(1, nq * d, dtype=BF16, device=DEV)
+    k.launch("kern_attn_decode_partial", (nkv, splits), (128,), h.ptr(qkv), layer, h.ptr(table), h.ptr(seq),
+             h.ptr(part_o), h.ptr(part_lse), *geometry)
+    k.launch("kern_attn_decode_reduce", (nq,), (128,), h.ptr(part_o), h.ptr(part_lse), h.ptr(pair),
+             h.i32(nq), h.i32(d), h.i32(splits))
+    counters = torch.full((nkv,), 7, dtype=torch.int32, device=DEV)
+    k.launch("kern_zero_i32", (1,), (32,), h.ptr(counters), h.i32(nkv))
+    torch.cuda.synchronize()
+    assert not counters.any()
+    for _ in range(3):
+        one = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
+        k.launch("kern_attn_decode", (nkv, splits), (128,), h.ptr(qkv), layer, h.ptr(table), h.ptr(seq),
+                 h.ptr(torch.full_like(part_o, float("nan"))), h.ptr(torch.full_like(part_lse, float("nan"))),
+                 h.ptr(counters), h.ptr(one), *geometry)
+        torch.cuda.synchronize()
+        assert torch.equal(bits(one), bits(pair))
+        assert not counters.any(), "the reducing block must set its counter back to 0"
+    keys, vals = kv.gather(LAYER, table, seq_len)
+    ref = h.attention_ref(qkv[:, : nq * d].view(1, nq, d), keys, vals, torch.tensor([seq_len - 1], device=DEV), scale)
+    torch.testing.assert_close(one.float(), ref, atol=4e-3, rtol=1e-2)
+
+
 def _prefill_case(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, prefix: int, rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,6 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 TOOLS = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("qwen3_checks", TOOLS / "gpu" / "qwen3_checks.py")
 assert _spec is not None and _spec.loader is not None
@@ -71,3 +74,44 @@ def test_recorder_keeps_rows_of_an_earlier_run(tmp_path: Path) -> None:
         c.detail = "new"
     rows = json.loads((tmp_path / "summary.json").read_text())
     assert [(r["name"], r["status"]) for r in rows] == [("tiny.load", "PASS"), ("shared", "PASS")]
+
+
+def _base(tokens: list[int], top1: float, other_logit: float, other: int) -> object:
+    """A --chunk 512 run whose every step's logits put `top1` on its own token and `other_logit`
+    on token `other`."""
+    steps = []
+    for tok in tokens:
+        lg = np.zeros(16, dtype=np.float32)
+        lg[tok] = top1
+        lg[other] = other_logit
+        steps.append(lg)
+    return checks.KernRun(list(tokens), steps=steps)
+
+
+def test_chunk_runs_equal_are_reported_identical() -> None:
+    c = checks.Check("x")
+    assert checks.compare_chunks(c, 1, [1, 2, 3], _base([1, 2, 3], 8.0, 1.0, 9))
+    assert c.status == "PENDING" and c.data == {"chunk1": {"identical": True}}
+
+
+def test_chunk_divergence_at_a_near_tie_passes_with_the_gap() -> None:
+    c = checks.Check("x")
+    # 8.0 has bf16 ulp 2^-4; the other token 3 ulps below
+    assert checks.compare_chunks(c, 97, [1, 9, 4], _base([1, 2, 3], 8.0, 8.0 - 3 * 2**-4, 9))
+    assert c.status == "PENDING"
+    assert c.data["chunk97"] == {"identical": False, "diverge_at": 1, "gap_ulps": 3.0, "this": 9, "chunk512": 2}
+    assert "near-tie" in c.detail and "step 1" in c.detail
+
+
+def test_chunk_divergence_without_a_tie_fails() -> None:
+    c = checks.Check("x")
+    assert not checks.compare_chunks(c, 1, [1, 9], _base([1, 2], 8.0, 8.0 - 5 * 2**-4, 9))
+    assert c.status == "FAIL" and "5.00 bf16 ulps" in c.detail
+
+
+def test_variants_generate_what_the_examples_ship() -> None:
+    gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
+    assert checks.variant_options(gen, "fast") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
+    assert checks.variant_options(gen, "gemv") == {"gemv": list(gen.GEMV_DEFAULT)}
+    with pytest.raises(ValueError, match="unknown variant"):
+        checks.variant_options(gen, "turbo")

@@ -3,6 +3,7 @@ transformers' eager Qwen3 rounding; the paged KV layout of docs/qwen3.md. Test a
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import warnings
@@ -41,11 +42,13 @@ def ptr(t: torch.Tensor, offset_elems: int = 0) -> np.uint64:
 
 
 class Kernels:
-    """Every `extern "C"` entry of the built modules, by name."""
+    """Every `extern "C"` entry of the built modules, by name. `KERN_TEST_KERNELS=DIR` builds into
+    DIR instead of `out_dir` (build_kernels' cache then spares a rebuild shared with another run)."""
 
     def __init__(self, out_dir: Path) -> None:
         nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
-        built = build_kernels(KERNELS_SRC, out_dir, compiler=(nvcc,))
+        shared = os.environ.get("KERN_TEST_KERNELS")
+        built = build_kernels(KERNELS_SRC, Path(shared) if shared else out_dir, compiler=(nvcc,))
         self.modules = {m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()}
         self.shas = {m: sha for m, (_p, sha) in built.items()}
         self._fns: dict[str, cp.RawKernel] = {}
