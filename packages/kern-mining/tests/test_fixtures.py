@@ -1,5 +1,6 @@
 """Real captures committed under tests/fixtures/<name>/ (written by tools/capture/gpu_capture.py
-on the H200: launches.jsonl.gz, modules.jsonl, expected.json). Each must analyze to its requests
+on the H200: launches.jsonl.gz, modules.jsonl, expected.json), and the donor's capture under
+tools/tests/fixtures/donor. Each must analyze to its requests
 and token counts: the warm-up request first, then the timed ones, every forward exact. Windows
 that hold no forward (a request's host-side preamble cut off by a load gap) are reported as
 skipped and are not requests."""
@@ -14,13 +15,17 @@ import pytest
 
 from kern_mining.analyze import analyze_dir
 
+# NOTE: the donor's capture (tools/donor on the H200) is committed with the tools that mine it.
+DONOR = Path(__file__).resolve().parents[3] / "tools" / "tests" / "fixtures" / "donor"
 FIXTURES = sorted(
-    p for p in (Path(__file__).parent / "fixtures").glob("*") if (p / "expected.json").is_file()
+    p
+    for p in [*(Path(__file__).parent / "fixtures").glob("*"), DONOR]
+    if (p / "expected.json").is_file()
 )
 
 
 def test_the_real_captures_are_committed() -> None:
-    assert {p.name for p in FIXTURES} >= {"qwen3", "torch_loop"}
+    assert {p.name for p in FIXTURES} >= {"qwen3", "torch_loop", "donor"}
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[p.name for p in FIXTURES])

@@ -635,14 +635,16 @@ def _regularity(
     - once: symbols that run exactly once in every forward (embedding, final norm, sampler);
       cuts at every layer leave them out of most pieces, cuts at every request count them
       once per request, not per forward;
-    - then more forwards, then symbols that run the same nonzero number of times in each.
+    - steady: symbols that run the same nonzero number of times in every forward (cuts at
+      every layer leave the kernels before and after the layers out of most pieces);
+    - then more forwards.
     """
     forwards = [b for _, bounds in kept for b in bounds]
     if len(forwards) == 1:
         # NOTE: one forward is trivially periodic; it beats reading its layers as forwards.
         first, last = forwards[0]
         distinct = len(set(symbols[first : last + 1]))
-        return True, distinct, 1, distinct
+        return True, distinct, distinct, 1
     if not forwards:
         return True, 0, 0, 0
     counts: dict[str, list[int]] = defaultdict(lambda: [0] * len(forwards))
@@ -654,7 +656,7 @@ def _regularity(
     heads = [b - a + 1 for _, bounds in kept for a, b in bounds[:1] if len(bounds) > 1]
     rest = [b - a + 1 for _, bounds in kept for a, b in bounds[1:]]
     merged = bool(heads and rest) and 2 * _median(heads) >= 3 * _median(rest)
-    return not merged, once, len(forwards), steady
+    return not merged, once, steady, len(forwards)
 
 
 def _median(values: list[int]) -> float:
@@ -706,12 +708,12 @@ def _find_forwards(
             if burst
             else _anchored(symbols, windows, core)
         )
-        valid, once, n, steady = _regularity(symbols, found[0])
+        valid, once, steady, n = _regularity(symbols, found[0])
         # NOTE: bursts first: they cut where the host works between forwards. Cuts at a
         # recurring kernel can also fall at every layer, so they serve only when no burst
         # segmentation has a kernel that runs once in every forward.
         regular = valid and (once > 0 or n == 1)
-        score = (regular, regular and burst, once, n, steady, -rank)
+        score = (regular, regular and burst, once, steady, n, -rank)
         if best is None or score > best[0]:
             best = (score, core, found)
     assert best is not None
