@@ -242,7 +242,7 @@ def _gap_threshold(gaps: Sequence[float], floor_ns: float) -> float:
     above = sorted((g for g in gaps if g > floor_ns), reverse=True)
     best, threshold = BREAK_RATIO, floor_ns
     for a, b in pairwise(above):
-        if a / b >= best:
+        if b > 0 and a / b >= best:
             best, threshold = a / b, b
     return threshold
 
