@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 __all__ = [
@@ -90,13 +91,16 @@ GEMV_DEFAULT = ("o", "gate_up", "lm_head")
 on the H200 before the per-shape entries (docs/kernels.md, "GEMV for decode"). `--gemv all` takes
 every decode GEMM, so the decode chain holds no cuBLAS launch and can run with `--pdl`
 (examples/qwen3-4b-fast.json: `--gemv all --fuse --pdl`)."""
-GEMV_ENTRIES: dict[str, int] = {
-    "kern_gemv_bf16": 4,
-    "kern_gemv_bf16_s4": 1,
-    "kern_gemv_bf16_c2": 8,
-    "kern_gemv_bf16_silu": 4,
+GEMV_ENTRIES: dict[str, tuple[int, int]] = {
+    "kern_gemv_bf16": (4, 128),
+    "kern_gemv_bf16_s2": (2, 128),
+    "kern_gemv_bf16_s4": (1, 128),
+    "kern_gemv_bf16_s8": (1, 256),
+    "kern_gemv_bf16_c2": (8, 128),
+    "kern_gemv_bf16_silu": (4, 128),
 }
-"""GEMV entries (gemv.cu) -> output columns per 128-thread block (grid x = ceil_div(n, that))."""
+"""GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
+ceil_div(n, columns)."""
 GEMV_PICK: dict[str, str] = {
     "qkv": "kern_gemv_bf16_c2",
     "o": "kern_gemv_bf16_s4",
@@ -506,9 +510,9 @@ def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False) -> Json:
 
 def _gemm_call(label: str, x: str, w: str, y: str, n: int, k: int, gemv: str | None) -> Json:
     """y = x W^T: cublasLt (any rows) or, for the one-row decode step, our GEMV op of that shape
-    (`gemv` names the decode GEMM, a key of GEMV_PICK)."""
+    (`gemv` is the GEMV entry)."""
     if gemv is not None:
-        return _call(label, _gemv_op_name(GEMV_PICK[gemv], n, k), _buf(x), _buf(w), _buf(y))
+        return _call(label, _gemv_op_name(gemv, n, k), _buf(x), _buf(w), _buf(y))
     return _call(label, "gemm", _buf(x), _buf(w), _buf(y), TOKENS, _i32(n), _i32(k))
 
 
@@ -518,16 +522,21 @@ def _gemv_op_name(entry: str, n: int, k: int) -> str:
 
 
 def _gemv_op(mods: Mapping[str, str], entry: str, n: int, k: int) -> Json:
+    cols, threads = GEMV_ENTRIES[entry]
     launch = _kernel(
-        mods, entry, [-(-n // GEMV_ENTRIES[entry]), 1, 1], 128,
+        mods, entry, [-(-n // cols), 1, 1], threads,
         params=[BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32", "i32"],
         args=[{"param": 0}, {"param": 1}, {"param": 2}, _i32(1), _i32(n), _i32(k), _i32(n)],
     )
     return {"params": [BF16_IN, BF16_IN, BF16_OUT], "impl": {"launches": [launch]}}
 
 
-def _gemv_of(name: str, gemv: frozenset[str]) -> str | None:
-    return name if name in gemv else None
+Picks = Mapping[str, str]
+"""Decode GEMM name (of GEMV_GEMMS) -> the GEMV entry it runs as; absent: cublasLt."""
+
+
+def _gemv_of(name: str, gemv: Picks) -> str | None:
+    return gemv.get(name)
 
 
 def _kv_offset(s: Qwen3Shape, layer: int) -> int:
@@ -535,7 +544,7 @@ def _kv_offset(s: Qwen3Shape, layer: int) -> int:
 
 
 def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bool,
-                     gemv: frozenset[str] = frozenset(), fuse: bool = False) -> list[Json]:
+                     gemv: Picks = MappingProxyType({}), fuse: bool = False) -> list[Json]:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     kv = {"state": "kv", "offset": _kv_offset(s, i)} if i else {"state": "kv"}
     page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
@@ -566,11 +575,11 @@ def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bo
     return calls
 
 
-def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: frozenset[str] = frozenset()) -> list[Json]:
+def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: Picks = MappingProxyType({})) -> list[Json]:
     h = s.hidden
-    if "gate_up" in gemv and GEMV_PICK["gate_up"] == "kern_gemv_bf16_silu":
+    if gemv.get("gate_up") == "kern_gemv_bf16_silu":
         # NOTE: the silu GEMV's n is its output width (act), its W the [2 * inter, h] gate_up.
-        mlp = [_gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "act", s.inter, h, "gate_up")]
+        mlp = [_gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "act", s.inter, h, "kern_gemv_bf16_silu")]
     else:
         mlp = [
             _gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "gu", 2 * s.inter, h, _gemv_of("gate_up", gemv)),
@@ -588,7 +597,7 @@ def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: frozenset[str] = fro
 
 
 def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
-                   gemv: frozenset[str] = frozenset(), fuse: bool = False) -> list[Json]:
+                   gemv: Picks = MappingProxyType({}), fuse: bool = False) -> list[Json]:
     calls = [
         _call("embed", "embed", _buf(io["ids"]), _buf("embed"), _buf("h"), _i32(s.hidden)),
         _call("l0.in_norm", "rmsnorm", _buf("h"), _buf("l0.in_norm"), _buf("x"), _i32(s.hidden),
@@ -605,7 +614,7 @@ def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
     return calls
 
 
-def _decode_tail(s: Qwen3Shape, feed: str, gemv: frozenset[str]) -> list[Json]:
+def _decode_tail(s: Qwen3Shape, feed: str, gemv: Picks) -> list[Json]:
     head = "embed" if s.tied else "lm_head"
     calls = [
         _gemm_call("lm_head", "x", head, "logits", s.vocab, s.hidden, _gemv_of("lm_head", gemv)),
@@ -628,7 +637,7 @@ def _start_calls() -> list[Json]:
     ]
 
 
-def _programs(s: Qwen3Shape, feed: str, gemv: frozenset[str], fuse: bool = False) -> Json:
+def _programs(s: Qwen3Shape, feed: str, gemv: Picks, fuse: bool = False) -> Json:
     half = s.head_dim // 2
     host = {k: k for k in STEP_CARRIES}
     step_io = host if feed == "host" else {k: v[0] for k, v in STEP_CARRIES.items()}
@@ -673,6 +682,7 @@ def generate(
     gemv: Sequence[str] = (),
     fuse: bool = False,
     pdl: bool = False,
+    gemv_pick: Mapping[str, str] | None = None,
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -693,6 +703,8 @@ def generate(
             (`"pdl": true`; the kernels wait with griddepcontrol.wait). Needs every decode GEMM in
             `gemv`: no cuBLAS launch may sit in the chain. Ops the decode program shares with other
             programs get a `<op>.pdl` copy, so prefill and load launch as before.
+        gemv_pick: GEMM name -> GEMV entry (of `GEMV_ENTRIES`), overriding `GEMV_PICK`
+            (tools/tests/helpers/time_gemv.py --entries writes the measured winners as JSON).
 
     Raises:
         GenError: an unknown GEMM name, or `pdl` without every decode GEMM as our GEMV.
@@ -706,8 +718,9 @@ def generate(
     if pdl and set(gemv) != set(GEMV_GEMMS):
         raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
                        "cannot sit in a PDL chain")
+    picks = _picks(gemv, gemv_pick or {})
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
-              + tuple(sorted({GEMV_PICK[g] for g in gemv})) + (FUSED_ENTRIES if fuse else ()))
+              + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
@@ -720,9 +733,9 @@ def generate(
     used = sorted({entries[e] for e in needed})
     ops = _ops(shape, entries if fuse else {e: m for e, m in entries.items() if e not in FUSED_ENTRIES})
     ops |= _feed_ops(entries) if feed == "device" else {}
-    programs = _programs(shape, feed, frozenset(gemv), fuse)
+    programs = _programs(shape, feed, picks, fuse)
     used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
-    gemv_ops = {_gemv_op_name(GEMV_PICK[g], 1, 1).removesuffix("_1x1"): GEMV_PICK[g] for g in gemv}
+    gemv_ops = {_gemv_op_name(e, 1, 1).removesuffix("_1x1"): e for e in picks.values()}
     for op in sorted(o for o in used_ops if o.startswith("gemv")):
         prefix, shape_nk = op.rsplit("_", 1)
         n, k = (int(v) for v in shape_nk.split("x"))
@@ -740,6 +753,16 @@ def generate(
         "ops": ops,
         "programs": programs,
     }
+
+
+def _picks(gemv: Sequence[str], override: Mapping[str, str]) -> dict[str, str]:
+    unknown = sorted(set(override) - set(GEMV_GEMMS))
+    bad = sorted(e for e in override.values() if e not in GEMV_ENTRIES)
+    silu = sorted(g for g, e in override.items() if e == "kern_gemv_bf16_silu" and g != "gate_up")
+    if unknown or bad or silu:
+        raise GenError(f"gemv_pick: unknown GEMM(s) {unknown}, unknown entries {bad}, or kern_gemv_bf16_silu "
+                       f"outside gate_up {silu}; entries: {', '.join(GEMV_ENTRIES)}")
+    return {g: override.get(g, GEMV_PICK[g]) for g in gemv}
 
 
 def _apply_pdl(ops: Json, programs: Json) -> None:
@@ -826,6 +849,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         f"'default' ({','.join(GEMV_DEFAULT)}) or 'all'; empty: all cublasLt")
     p.add_argument("--fuse", action="store_true",
                    help="q/k norm + rope writes the KV pages; decode attention in one launch")
+    p.add_argument("--gemv-pick", type=Path, default=None,
+                   help="JSON {gemm: entry} overriding GEMV_PICK (time_gemv.py --entries writes one)")
     p.add_argument("--pdl", action="store_true",
                    help="programmatic dependent launch on every decode kernel (needs --gemv all)")
     p.add_argument("--feed", choices=FEEDS, default=None,
@@ -863,7 +888,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         named = {"default": list(GEMV_DEFAULT), "all": list(GEMV_GEMMS)}
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
-                            chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl)
+                            chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl,
+                            gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2

@@ -181,12 +181,12 @@ VARIANTS = ("gemv", "fast")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 
 
-def variant_options(gen: ModuleType, variant: str) -> dict[str, Any]:
-    """gen_qwen3.generate keywords of a variant."""
+def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None = None) -> dict[str, Any]:
+    """gen_qwen3.generate keywords of a variant; `pick` overrides GEMV_PICK for `fast`."""
     if variant == "gemv":
         return {"gemv": list(gen.GEMV_DEFAULT)}
     if variant == "fast":
-        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
+        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True} | ({"gemv_pick": pick} if pick else {})
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
@@ -209,7 +209,7 @@ def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, has
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(m, indent=1) + "\n")
         c.data |= {"feed": feed, "decode_calls": len(m["programs"]["decode"]["calls"]),
-                   "weight_gb_per_step": gen.decode_weight_bytes(m) / 1e9}
+                   "weight_gb_per_step": gen.decode_weight_bytes(m) / 1e9, "options": options or {}}
         c.detail = f"feed={feed}, decode {c.data['decode_calls']} calls, {c.data['weight_gb_per_step']:.3f} GB/step"
         ok = True
     return out if ok else None
@@ -650,6 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--variants", default="fast",
                     help=f"comma-separated manifest variants beside the all-cublasLt one ({','.join(VARIANTS)}; "
                          "default fast)")
+    ap.add_argument("--gemv-pick", type=Path, default=None,
+                    help="JSON {gemm: entry} for the fast variant (time_gemv.py --entries writes it)")
     args = ap.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -661,21 +663,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     hashes = build(rec)
     cfgs = configs()
     variants = [v for v in args.variants.split(",") if v]
+    pick = json.loads(args.gemv_pick.read_text()) if args.gemv_pick and args.gemv_pick.is_file() else None
     for v in variants:
-        variant_options(gen, v)
+        variant_options(gen, v, pick)
     for name in [m for m in args.models.split(",") if m]:
         run_model(rec, gen, name, cfgs[name], hashes, gpu, bench=(name == "4b" and not args.no_bench),
-                  variants=variants)
+                  variants=variants, pick=pick)
     return summarize(rec)
 
 
 def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], hashes: dict[str, str], gpu: int,
-              *, bench: bool, variants: Sequence[str] = ("fast",)) -> None:
+              *, bench: bool, variants: Sequence[str] = ("fast",), pick: dict[str, str] | None = None) -> None:
     ckpt = write_checkpoint(rec, name, cfg)
     if ckpt is None or not hashes:
         return
     manifest = generate_manifest(rec, gen, name, ckpt, hashes)
-    labelled = [(f"{name}-{v}", generate_manifest(rec, gen, f"{name}-{v}", ckpt, hashes, variant_options(gen, v)))
+    labelled = [(f"{name}-{v}", generate_manifest(rec, gen, f"{name}-{v}", ckpt, hashes, variant_options(gen, v, pick)))
                 for v in variants]
     ps = prompts(int(cfg["vocab_size"]))
     ref = references(rec, name, ckpt, ps)

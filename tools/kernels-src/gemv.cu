@@ -21,7 +21,9 @@
 //
 // Entries (the configuration is part of the entry; tools/gen_qwen3.py's GEMV_ENTRIES mirrors it):
 //   kern_gemv_bf16, kern_gemv_bf16_acc   the GEMV_* macros below (4, 1, 4, 1 as built)
+//   kern_gemv_bf16_s2                    2 columns per block, 2 warps share each (SPLIT 2)
 //   kern_gemv_bf16_s4                    4 warps share one column (SPLIT 4): short n, long k
+//   kern_gemv_bf16_s8                    8 warps (256 threads) share one column (SPLIT 8)
 //   kern_gemv_bf16_c2                    4 warps, 2 columns each
 //   kern_gemv_bf16_silu                  the gate/up GEMV with SiLU-and-mul in its epilogue
 //
@@ -227,6 +229,21 @@ extern "C" __global__ void __launch_bounds__(128)
     kern_gemv_bf16_s4(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv<4, 1, 4, 4, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16; 2 groups of 2 warps, each group splits k of one column.
+// Grid [ceil_div(n, 2), 1, 1], block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_s2(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv<4, 1, 4, 2, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16; 8 warps split k of one column. Grid [n, 1, 1], block [256, 1, 1].
+extern "C" __global__ void __launch_bounds__(256)
+    kern_gemv_bf16_s8(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv<8, 1, 4, 8, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
 }
 
 // As kern_gemv_bf16; each of 4 warps owns 2 columns. Grid [ceil_div(n, 8), 1, 1], block [128, 1, 1].

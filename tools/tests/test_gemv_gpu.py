@@ -111,7 +111,7 @@ class Gemv(h.Kernels):
                 self.threads,
             )
         else:
-            name, cols, threads = entry, gen.GEMV_ENTRIES[entry], 128
+            name, (cols, threads) = entry, gen.GEMV_ENTRIES[entry]
         grid = ((n + cols - 1) // cols, 1, 1)
         self.launch(
             name,

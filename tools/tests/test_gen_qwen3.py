@@ -372,3 +372,33 @@ def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
     assert prefill[-2:] == ["l35.qkv", "l35.qk_norm_rope_kv"] and not any("kv_write" in p for p in prefill)
     kv = decode[3]["args"][6]
     assert kv == {"state": "kv"} and decode[3]["args"][-1] == {"i64": 36 * 2 * 16 * 8 * 128}
+
+
+def test_gemv_entries_table_matches_gemv_cu() -> None:
+    """GEMV_ENTRIES' (columns per block, threads) follow from each entry's template arguments
+    (warps, columns per group, unroll, split) and launch bounds in gemv.cu."""
+    import re
+
+    text = (TOOLS / "kernels-src" / "gemv.cu").read_text()
+    found = {}
+    for bounds, entry, warps, cols, _unroll, split in re.findall(
+            r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv<(\d+), (\d+), (\d+), (\d+),", text):
+        assert int(bounds) == int(warps) * 32, entry
+        found[entry] = (int(warps) // int(split) * int(cols), int(bounds))
+    assert found == {e: v for e, v in gen.GEMV_ENTRIES.items() if e != "kern_gemv_bf16"}
+    assert gen.GEMV_ENTRIES["kern_gemv_bf16"] == (4, 128)  # the GEMV_* macros as built (docs/qwen3.md)
+
+
+def test_gemv_pick_overrides_the_table() -> None:
+    every = list(gen.GEMV_GEMMS)
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=every, gemv_pick={"down": "kern_gemv_bf16_s8",
+                                                                         "gate_up": "kern_gemv_bf16"})
+    _verify(m)
+    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
+    assert decode["l0.down"]["op"] == "gemv_s8_2560x9728"
+    assert m["ops"]["gemv_s8_2560x9728"]["impl"]["launches"][0]["block"] == [256, 1, 1]
+    assert decode["l0.gate_up"]["op"] == "gemv_19456x2560" and "l0.silu_mul" in decode
+    assert decode["l0.o"]["op"] == f"gemv{gen.GEMV_PICK['o'].removeprefix('kern_gemv_bf16')}_2560x4096"
+    for bad in ({"attn": "kern_gemv_bf16"}, {"o": "kern_gemv_fast"}, {"o": "kern_gemv_bf16_silu"}):
+        with pytest.raises(gen.GenError, match="gemv_pick"):
+            _manifest(QWEN3_4B_CONFIG, feed="device", gemv=every, gemv_pick=bad)

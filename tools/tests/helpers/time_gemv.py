@@ -9,10 +9,17 @@ Bytes counted: W + x + y. Besides the pinned build, the GEMV_* variants listed b
 timed (the pinned values are the ones docs/qwen3.md's grid uses).
 
 Usage: python3 tools/tests/helpers/time_gemv.py [out.md]
+       python3 tools/tests/helpers/time_gemv.py --entries PICK.json [out.md]
+
+`--entries` times instead every GEMV entry of the built gemv.cu (tools/gen_qwen3.py GEMV_ENTRIES) at
+the decode shapes and writes the fastest entry per GEMM as JSON for `gen_qwen3 --gemv-pick` (gate_up:
+kern_gemv_bf16_silu unless a plain entry plus a kern_silu_mul launch, SILU_MUL_US, is faster).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import shutil
 import statistics
@@ -24,6 +31,17 @@ from pathlib import Path
 import cupy as cp
 import kernel_harness as h
 import torch
+
+_spec = importlib.util.spec_from_file_location("gen_qwen3", h.REPO / "tools" / "gen_qwen3.py")
+assert _spec is not None and _spec.loader is not None
+gen = importlib.util.module_from_spec(_spec)
+sys.modules["gen_qwen3"] = gen
+_spec.loader.exec_module(gen)
+
+SILU_MUL_US = 1.64
+"""kern_silu_mul at t = 1 on the H200, one graph node included (docs/kernels.md)."""
+GEMM_OF = {"qkv 6144x2560": "qkv", "o 2560x4096": "o", "gate_up 19456x2560": "gate_up",
+           "down 2560x9728": "down", "lm_head 151936x2560": "lm_head"}
 
 LAUNCHES = 200
 REPLAYS = 5
@@ -94,6 +112,74 @@ class Build:
         args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(k), h.i32(n))
         with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
             self.fn(grid, (self.threads, 1, 1), args)
+
+
+class Entries:
+    """Every GEMV entry of gemv.cu as built (no macros prepended)."""
+
+    def __init__(self, work: Path) -> None:
+        src = work / "src"
+        src.mkdir(parents=True)
+        for header in h.KERNELS_SRC.glob("*.cuh"):
+            shutil.copy(header, src / header.name)
+        shutil.copy(h.KERNELS_SRC / "gemv.cu", src / "gemv.cu")
+        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+        path, _sha = h.build_kernels(src, work / "cubins", compiler=(nvcc,))["gemv"]
+        module = cp.RawModule(path=str(path))
+        self.fns = {e: module.get_function(e) for e in gen.GEMV_ENTRIES}
+
+    def launch(self, entry: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int) -> None:
+        cols, threads = gen.GEMV_ENTRIES[entry]
+        k = x.shape[1]
+        args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(x.shape[0]), h.i32(n), h.i32(k), h.i32(n))
+        with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
+            self.fns[entry](((n + cols - 1) // cols, 1, 1), (threads, 1, 1), args)
+
+
+def entries_main(pick_out: Path, out: Path | None) -> None:
+    torch.manual_seed(0)
+    ent = Entries(Path(tempfile.mkdtemp(prefix="time_gemv_entries_")))
+    plain = [e for e in gen.GEMV_ENTRIES if e != "kern_gemv_bf16_silu"]
+    labels = ["cuBLAS torch.mm", *plain, "kern_gemv_bf16_silu (gate_up + SiLU-mul)"]
+    lines = [
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {LAUNCHES} launches per "
+        f"graph, median of {REPLAYS}; us per launch (GB/s of W + x + y)",
+        "",
+        "| shape (n x k), rows 1 | " + " | ".join(labels) + " |",
+        "|---" * (len(labels) + 1) + "|",
+    ]
+    picks: dict[str, str] = {}
+    step = {e: 0.0 for e in labels}
+    for name, n, k, per_step in SHAPES:
+        nbytes = n * k * 2
+        copies = max(2, math.ceil(MIN_ROTATION_BYTES / nbytes))
+        ws = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        moved = nbytes + 2 * k + 2 * n
+        times = {labels[0]: time_graph([lambda w=w, x=x, y=y: torch.mm(x, w.t(), out=y) for w in ws])}
+        for e in plain:
+            times[e] = time_graph([lambda w=w, e=e, x=x, y=y, n=n: ent.launch(e, x, w, y, n) for w in ws])
+        gemm = GEMM_OF[name]
+        best = min(plain, key=lambda e: times[e])
+        picks[gemm] = best
+        if gemm == "gate_up":
+            silu = times[labels[-1]] = time_graph(
+                [lambda w=w, x=x, y=y, n=n: ent.launch("kern_gemv_bf16_silu", x, w, y, n // 2) for w in ws])
+            if silu <= times[best] + SILU_MUL_US:
+                picks[gemm] = "kern_gemv_bf16_silu"
+        for e, us in times.items():
+            step[e] += us * per_step
+        cells = [f"{times[e]:.2f} ({moved / times[e] / 1e3:.0f})" if e in times else "" for e in labels]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        del ws
+        torch.cuda.empty_cache()
+    lines += ["", f"picks (gen_qwen3 --gemv-pick): {json.dumps(picks)}"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    pick_out.write_text(json.dumps(picks, indent=1) + "\n")
+    if out is not None:
+        out.write_text(text)
 
 
 def time_graph(bodies: list[Callable[[], None]], launches: int = LAUNCHES) -> float:
@@ -169,4 +255,7 @@ def main(out: Path | None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
+    if len(sys.argv) > 2 and sys.argv[1] == "--entries":
+        entries_main(Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None)
+    else:
+        main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
