@@ -86,7 +86,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
         "--window-gap-ms",
         type=float,
         default=defaults.window_gap_ms,
-        help="time gap between requests",
+        help="smallest time gap that may cut requests apart; the cut rises to the strongest break in the gaps above it",
     )
     ana.add_argument(
         "--burst-gap", type=int, default=defaults.burst_gap, help="launches between core bursts"
