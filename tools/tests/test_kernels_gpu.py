@@ -423,9 +423,10 @@ def test_one_launch_decode_attention_is_the_two_launch_pair(
     assert not counters.any()
     for _ in range(3):
         one = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
+        # NOTE: fresh NaN scratch each time (kept alive until the sync): nothing may read stale partials.
+        po, pl = torch.full_like(part_o, float("nan")), torch.full_like(part_lse, float("nan"))
         k.launch("kern_attn_decode", (nkv, splits), (128,), h.ptr(qkv), layer, h.ptr(table), h.ptr(seq),
-                 h.ptr(torch.full_like(part_o, float("nan"))), h.ptr(torch.full_like(part_lse, float("nan"))),
-                 h.ptr(counters), h.ptr(one), *geometry)
+                 h.ptr(po), h.ptr(pl), h.ptr(counters), h.ptr(one), *geometry)
         torch.cuda.synchronize()
         assert torch.equal(bits(one), bits(pair))
         assert not counters.any(), "the reducing block must set its counter back to 0"

@@ -174,6 +174,8 @@ def entries_main(pick_out: Path, out: Path | None) -> None:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         del ws
         torch.cuda.empty_cache()
+    lines.append("| GEMV time of a decode step (36 layers + lm_head) | "
+                 + " | ".join(f"{step[e] / 1000:.3f} ms" for e in labels[:-1]) + " | |")
     lines += ["", f"picks (gen_qwen3 --gemv-pick): {json.dumps(picks)}"]
     text = "\n".join(lines) + "\n"
     print(text)
