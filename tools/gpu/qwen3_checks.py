@@ -17,7 +17,8 @@
    equals the in-process tokens; kern.toml + random checkpoint + text prompt); the same checks for
    each variant of --variants: `-gemv` (o, gate_up and lm_head as our GEMV, `--gemv default`),
    `-fast` (every decode GEMM as our GEMV, fused q/k-norm+rope+KV write and one-launch decode
-   attention, PDL: `--gemv all --fuse --pdl`, examples/qwen3-4b-fast.json);
+   attention, PDL: `--gemv all --fuse --pdl`, examples/qwen3-4b-fast.json), `-nopdl` (the same
+   without PDL);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -177,7 +178,7 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
     return path if ok else None
 
 
-VARIANTS = ("gemv", "fast")
+VARIANTS = ("gemv", "fast", "nopdl")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 
 
@@ -185,8 +186,9 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
     """gen_qwen3.generate keywords of a variant; `pick` overrides GEMV_PICK for `fast`."""
     if variant == "gemv":
         return {"gemv": list(gen.GEMV_DEFAULT)}
-    if variant == "fast":
-        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True} | ({"gemv_pick": pick} if pick else {})
+    if variant in ("fast", "nopdl"):
+        return ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
+                | ({"gemv_pick": pick} if pick else {}))
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
@@ -651,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"comma-separated manifest variants beside the all-cublasLt one ({','.join(VARIANTS)}; "
                          "default fast)")
     ap.add_argument("--gemv-pick", type=Path, default=None,
-                    help="JSON {gemm: entry} for the fast variant (time_gemv.py --entries writes it)")
+                    help="JSON {gemm: entry} for the fast / nopdl variants (time_gemv.py --entries writes it)")
     args = ap.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

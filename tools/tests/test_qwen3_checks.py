@@ -113,5 +113,7 @@ def test_variants_generate_what_the_examples_ship() -> None:
     gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
     assert checks.variant_options(gen, "fast") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
     assert checks.variant_options(gen, "gemv") == {"gemv": list(gen.GEMV_DEFAULT)}
+    assert checks.variant_options(gen, "nopdl", {"o": "kern_gemv_bf16"}) == {
+        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": False, "gemv_pick": {"o": "kern_gemv_bf16"}}
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")
