@@ -161,12 +161,29 @@ def entries_main(pick_out: Path, out: Path | None) -> None:
         for e in plain:
             times[e] = time_graph([lambda w=w, e=e, x=x, y=y, n=n: ent.launch(e, x, w, y, n) for w in ws])
         gemm = GEMM_OF[name]
-        best = min(plain, key=lambda e: times[e])
+        ref = (x.float() @ ws[0].float().t()).flatten()
+        wrong = []
+        for e in plain:  # NOTE: an entry that computes wrong values is never picked
+            ent.launch(e, x, ws[0], y, n)
+            torch.cuda.synchronize()
+            if not torch.allclose(y.float().flatten(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max())):
+                wrong.append(e)
+        best = min((e for e in plain if e not in wrong), key=lambda e: times[e])
+        if wrong:
+            lines.append(f"| {name}: WRONG VALUES from {', '.join(wrong)} (not picked) |")
         picks[gemm] = best
         if gemm == "gate_up":
             silu = times[labels[-1]] = time_graph(
                 [lambda w=w, x=x, y=y, n=n: ent.launch("kern_gemv_bf16_silu", x, w, y, n // 2) for w in ws])
-            if silu <= times[best] + SILU_MUL_US:
+            g, u = ref[: n // 2], ref[n // 2 :]
+            want = torch.nn.functional.silu(g) * u
+            ent.launch("kern_gemv_bf16_silu", x, ws[0], y, n // 2)
+            torch.cuda.synchronize()
+            got = y.float().flatten()[: n // 2]
+            silu_ok = torch.allclose(got, want, rtol=3e-2, atol=3e-2 * float(want.abs().max()))
+            if not silu_ok:
+                lines.append(f"| {name}: WRONG VALUES from kern_gemv_bf16_silu (not picked) |")
+            if silu_ok and silu <= times[best] + SILU_MUL_US:
                 picks[gemm] = "kern_gemv_bf16_silu"
         for e, us in times.items():
             step[e] += us * per_step
