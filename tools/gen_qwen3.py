@@ -102,17 +102,16 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
 ceil_div(n, columns)."""
 GEMV_PICK: dict[str, str] = {
-    "qkv": "kern_gemv_bf16_c2",
+    "qkv": "kern_gemv_bf16_s4",
     "o": "kern_gemv_bf16_s4",
     "gate_up": "kern_gemv_bf16_silu",
     "down": "kern_gemv_bf16_s4",
-    "lm_head": "kern_gemv_bf16",
+    "lm_head": "kern_gemv_bf16_c2",
 }
-"""The GEMV entry of each decode GEMM. Measured (docs/kernels.md, "GEMV for decode"): 2 columns per
-warp was best for qkv and the built kernel for lm_head; split-k over the block's 4 warps (`_s4`) is
-the shape of the Triton GEMV that ARCHITECTURE.md measured at 3.78 TB/s, for the short-n shapes;
-gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes `act` (no kern_silu_mul
-in the decode step)."""
+"""The GEMV entry of each decode GEMM: the winners of `time_gemv.py --entries` on the H200
+(2026-11-29, docs/perf.md): split-k over the block's 4 warps (`_s4`) for qkv, o and down, 2 columns
+per warp for lm_head; gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes
+`act` (no kern_silu_mul in the decode step)."""
 FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")
 """Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
 kern_kv_write), decode attention is one launch (its last block per kv head reduces; counters in a

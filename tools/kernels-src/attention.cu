@@ -230,6 +230,72 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
     }
 }
 
+// The reducing block of kern_attn_decode: out[h] for the `group` query heads from head0, over the
+// splits [0, used), with kern_attn_decode_reduce's arithmetic in its order (so the same bits).
+// The weights 2^(lse - max) go through shared memory first; then each thread sums 4 heads of one
+// element with the loads of 4 splits in flight, instead of a chain of dependent L2 round trips.
+// The partials are read through L2 (__ldcg): other blocks wrote them during this launch.
+__device__ __forceinline__ void decode_reduce_heads(const float* part_o, const float* part_lse,
+                                                    bf16* out, int head0, int group, int used,
+                                                    int nq, int head_dim, float* smem) {
+    constexpr int G4 = 4;
+    const int nw = used * group;
+    if (nw + group > DEC_SMEM_FLOATS) {
+        // NOTE: more splits x heads than the shared area holds: the plain loop.
+        for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
+            const int h = head0 + i / head_dim;
+            const int d = i % head_dim;
+            float mx = KERN_NEG_INF;
+            for (int s = 0; s < used; ++s) mx = fmaxf(mx, __ldcg(part_lse + s * nq + h));
+            float num = 0.0f, den = 0.0f;
+            for (int s = 0; s < used; ++s) {
+                const float w = exp2f(__ldcg(part_lse + s * nq + h) - mx);
+                den += w;
+                num += w * __ldcg(part_o + ((int64_t)s * nq + h) * head_dim + d);
+            }
+            out[(int64_t)h * head_dim + d] = to_bf(num / den);
+        }
+        return;
+    }
+    float* wts = smem;       // wts[s * group + g]: lse, then 2^(lse - max) of head head0 + g
+    float* den = smem + nw;  // den[g] = sum over s of wts, in split order
+    for (int i = threadIdx.x; i < nw; i += blockDim.x)
+        wts[i] = __ldcg(part_lse + (i / group) * nq + head0 + i % group);
+    __syncthreads();
+    for (int g = threadIdx.x; g < group; g += blockDim.x) {
+        float mx = KERN_NEG_INF;
+        for (int s = 0; s < used; ++s) mx = fmaxf(mx, wts[s * group + g]);
+        float sum = 0.0f;
+        for (int s = 0; s < used; ++s) {
+            const float w = exp2f(wts[s * group + g] - mx);
+            wts[s * group + g] = w;
+            sum += w;
+        }
+        den[g] = sum;
+    }
+    __syncthreads();
+    const int quads = (group + G4 - 1) / G4;
+    for (int i = threadIdx.x; i < quads * head_dim; i += blockDim.x) {
+        const int d = i % head_dim;
+        const int g0 = i / head_dim * G4;
+        float num[G4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int s = 0; s < used; ++s) {
+#pragma unroll
+            for (int gg = 0; gg < G4; ++gg) {
+                if (g0 + gg < group) {
+                    const float o = __ldcg(part_o + ((int64_t)s * nq + head0 + g0 + gg) * head_dim + d);
+                    num[gg] += wts[s * group + g0 + gg] * o;
+                }
+            }
+        }
+#pragma unroll
+        for (int gg = 0; gg < G4; ++gg)
+            if (g0 + gg < group)
+                out[(int64_t)(head0 + g0 + gg) * head_dim + d] = to_bf(num[gg] / den[g0 + gg]);
+    }
+}
+
 // kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Only the splits that hold
 // tokens run (s < used = ceil(pages / pps)); the others exit at once. Each running block writes its
 // partials, then counts itself in counters[kv head]; the block that counts last reduces the kv
@@ -268,20 +334,7 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    const int head0 = blockIdx.x * group;
-    for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
-        const int h = head0 + i / head_dim;
-        const int d = i % head_dim;
-        float mx = KERN_NEG_INF;
-        for (int s = 0; s < used; ++s) mx = fmaxf(mx, __ldcg(part_lse + s * nq + h));
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < used; ++s) {
-            const float w = exp2f(__ldcg(part_lse + s * nq + h) - mx);
-            den += w;
-            num += w * __ldcg(part_o + ((int64_t)s * nq + h) * head_dim + d);
-        }
-        out[(int64_t)h * head_dim + d] = to_bf(num / den);
-    }
+    decode_reduce_heads(part_o, part_lse, out, blockIdx.x * group, group, used, nq, head_dim, smem);
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
