@@ -97,6 +97,9 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_s4": (1, 128),
     "kern_gemv_bf16_s8": (1, 256),
     "kern_gemv_bf16_c2": (8, 128),
+    "kern_gemv_bf16_q4": (16, 128),
+    "kern_gemv_bf16_s2q4": (8, 128),
+    "kern_gemv_bf16_s4q4": (4, 128),
     "kern_gemv_bf16_silu": (4, 128),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is

@@ -25,6 +25,8 @@
 //   kern_gemv_bf16_s4                    4 warps share one column (SPLIT 4): short n, long k
 //   kern_gemv_bf16_s8                    8 warps (256 threads) share one column (SPLIT 8)
 //   kern_gemv_bf16_c2                    4 warps, 2 columns each
+//   kern_gemv_bf16_q4, _s2q4, _s4q4      each group streams 4 columns one after another (the next
+//                                        column's first loads issued before the current one's sums)
 //   kern_gemv_bf16_silu                  the gate/up GEMV with SiLU-and-mul in its epilogue
 //
 // NOTE: the GEMV_* macros are fixed for the built cubin (docs/qwen3.md gives the grid with these
@@ -210,6 +212,105 @@ static __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf
     }
 }
 
+// Sequential columns: each group of SPLIT warps streams SEQ consecutive columns one after another
+// (plain store epilogue). The loads of the next column's first round are issued before the current
+// column is consumed, so a group keeps two rounds in flight across its columns, and a block lives
+// SEQ times as long as a one-column block (fewer, longer blocks for short-n shapes).
+// Grid [ceil_div(n, WARPS / SPLIT * SEQ), 1, 1], block [WARPS * 32, 1, 1].
+template <int WARPS, int SEQ, int UNROLL, int SPLIT, int R>
+static __device__ __forceinline__ void gemv_seq_rows(const bf16* __restrict__ x,
+                                                     const bf16* __restrict__ w,
+                                                     bf16* __restrict__ y, int n, int k,
+                                                     int y_stride) {
+    static_assert(WARPS % SPLIT == 0, "SPLIT must divide WARPS");
+    constexpr int GROUPS = WARPS / SPLIT;
+    constexpr int STEP = 256 * SPLIT;
+    constexpr int ROUND = STEP * UNROLL;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int part = warp % SPLIT;
+    const int colg = (blockIdx.x * GROUPS + warp / SPLIT) * SEQ;
+    kern_pdl_launch_dependents();
+    if (SPLIT == 1 && colg >= n) return;
+    const int first = (part * 32 + lane) * 8;
+    // NOTE: columns past n re-read column n - 1 and are not stored (every warp reaches the barriers).
+    const bf16* row0[1] = {w + (size_t)min(colg, n - 1) * (size_t)k};
+    uint4 wv[UNROLL][1];
+    gemv_load<UNROLL, 1, STEP>(wv, row0, first, k);
+    kern_pdl_wait();
+#pragma unroll 1
+    for (int c = 0; c < SEQ; ++c) {
+        const bf16* row[1] = {w + (size_t)min(colg + c, n - 1) * (size_t)k};
+        const bf16* next[1] = {w + (size_t)min(colg + min(c + 1, SEQ - 1), n - 1) * (size_t)k};
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (int base = first; base < k; base += ROUND) {
+            uint4 cur[UNROLL][1];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) cur[u][0] = wv[u][0];
+            if (base + ROUND < k) {
+                gemv_load<UNROLL, 1, STEP>(wv, row, base + ROUND, k);
+            } else if (c + 1 < SEQ) {
+                gemv_load<UNROLL, 1, STEP>(wv, next, first, k);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int idx = base + u * STEP;
+                if (idx < k) {
+                    float wf[8];
+                    unpack8(cur[u][0], wf);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float xf[8];
+                        unpack8(ld_after_wait(x + (size_t)r * k + idx), xf);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[r] = fmaf(xf[e], wf[e], acc[r]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+        if constexpr (SPLIT > 1) {
+            // NOTE: two buffers: column c + 2 writes c's buffer only after column c + 1's barrier,
+            // which the reader of column c passes after its reads.
+            __shared__ float sums[2][WARPS][R];
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) sums[c & 1][warp][r] = acc[r];
+            }
+            __syncthreads();
+            if (part == 0 && lane == 0) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float t = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < SPLIT; ++s) t += sums[c & 1][warp + s][r];
+                    acc[r] = t;
+                }
+            }
+        }
+        if (part == 0 && lane == 0 && colg + c < n) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) y[(size_t)r * (size_t)y_stride + colg + c] = to_bf(acc[r]);
+        }
+    }
+}
+
+template <int WARPS, int SEQ, int UNROLL, int SPLIT>
+static __device__ __forceinline__ void gemv_seq(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                bf16* __restrict__ y, int rows, int n, int k,
+                                                int y_stride) {
+    switch (rows) {
+        case 1: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 1>(x, w, y, n, k, y_stride); break;
+        case 2: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 2>(x, w, y, n, k, y_stride); break;
+        case 3: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 3>(x, w, y, n, k, y_stride); break;
+        case 4: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 4>(x, w, y, n, k, y_stride); break;
+        default: break;
+    }
+}
+
 // y[r, c] = bf16(sum_k x[r, k] * W[c, k]). Configuration: the GEMV_* macros.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
     kern_gemv_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w,
@@ -261,4 +362,28 @@ extern "C" __global__ void __launch_bounds__(128)
     kern_gemv_bf16_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv<4, 1, 4, 1, GEMV_SILU>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16; each warp streams 4 columns one after another.
+// Grid [ceil_div(n, 16), 1, 1], block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_q4(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_seq<4, 4, 4, 1>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16; 2 groups of 2 warps, each group splits k of 4 columns in turn.
+// Grid [ceil_div(n, 8), 1, 1], block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_s2q4(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_seq<4, 4, 4, 2>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16; 4 warps split k of 4 columns in turn. Grid [ceil_div(n, 4), 1, 1],
+// block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_s4q4(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_seq<4, 4, 4, 4>(x, w, y, rows, n, k, y_stride);
 }

@@ -382,7 +382,7 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     text = (TOOLS / "kernels-src" / "gemv.cu").read_text()
     found = {}
     for bounds, entry, warps, cols, _unroll, split in re.findall(
-            r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv<(\d+), (\d+), (\d+), (\d+),", text):
+            r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv(?:_seq)?<(\d+), (\d+), (\d+), (\d+)", text):
         assert int(bounds) == int(warps) * 32, entry
         found[entry] = (int(warps) // int(split) * int(cols), int(bounds))
     assert found == {e: v for e, v in gen.GEMV_ENTRIES.items() if e != "kern_gemv_bf16"}
