@@ -24,6 +24,16 @@ static __device__ __forceinline__ uint4 norm8(const uint4 xv, const uint4 wv, fl
     return pack8(o);
 }
 
+// bf16(a + b) for 8 elements (the residual add, rounded as torch rounds a bf16 sum).
+static __device__ __forceinline__ uint4 add8(const uint4 av, const uint4 bv) {
+    float a[8], b[8];
+    unpack8(av, a);
+    unpack8(bv, b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = bf(a[i] + b[i]);
+    return pack8(a);
+}
+
 static __device__ __forceinline__ float sumsq8(const uint4 v) {
     float x[8];
     unpack8(v, x);
@@ -55,27 +65,54 @@ extern "C" __global__ void kern_rmsnorm(const bf16* __restrict__ x, const bf16* 
 }
 
 // res = bf16(res + y); out = RMSNorm(res) * w. grid [t], block [256].
+// The first ADD_NORM_KEEP chunks of each thread keep their weight (loaded before the PDL wait: no
+// launch writes a weight) and their rounded sum in registers, so the norm pass loads nothing for
+// them (hidden <= ADD_NORM_KEEP * 8 * blockDim, 4096 at 256 threads); later chunks are re-read.
+#define ADD_NORM_KEEP 2
 extern "C" __global__ void kern_add_rmsnorm(bf16* __restrict__ res, const bf16* __restrict__ y,
                                             const bf16* __restrict__ w, bf16* __restrict__ out,
                                             int hidden, float eps) {
     kern_pdl_launch_dependents();
-    kern_pdl_wait();
     const int64_t off = (int64_t)blockIdx.x * hidden;
+    const int chunks = hidden / 8;
     uint4* rs = reinterpret_cast<uint4*>(res + off);
     const uint4* ys = reinterpret_cast<const uint4*>(y + off);
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
-        float a[8], b[8];
-        unpack8(rs[c], a);
-        unpack8(ys[c], b);
+    const uint4* ws = reinterpret_cast<const uint4*>(w);
+    uint4* os = reinterpret_cast<uint4*>(out + off);
+    uint4 wkeep[ADD_NORM_KEEP], skeep[ADD_NORM_KEEP];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = bf(a[i] + b[i]);
-        const uint4 sum = pack8(a);
+    for (int j = 0; j < ADD_NORM_KEEP; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        wkeep[j] = c < chunks ? ws[c] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    kern_pdl_wait();
+    float s = 0.0f;
+    // NOTE: chunks in the same order as one loop c = tid, tid + blockDim, ...: the same f32 sum.
+#pragma unroll
+    for (int j = 0; j < ADD_NORM_KEEP; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        skeep[j] = make_uint4(0u, 0u, 0u, 0u);
+        if (c < chunks) {
+            skeep[j] = add8(rs[c], ys[c]);
+            rs[c] = skeep[j];
+            s += sumsq8(skeep[j]);
+        }
+    }
+    for (int c = threadIdx.x + ADD_NORM_KEEP * blockDim.x; c < chunks; c += blockDim.x) {
+        const uint4 sum = add8(rs[c], ys[c]);
         rs[c] = sum;
         s += sumsq8(sum);
     }
+    const float r = rsqrtf(block_sum(s) / (float)hidden + eps);
+#pragma unroll
+    for (int j = 0; j < ADD_NORM_KEEP; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (c < chunks) os[c] = norm8(skeep[j], wkeep[j], r);
+    }
     // NOTE: each thread re-reads only the chunks it wrote itself, so no barrier is needed here.
-    norm_row(res + off, w, out + off, hidden, eps, s);
+    for (int c = threadIdx.x + ADD_NORM_KEEP * blockDim.x; c < chunks; c += blockDim.x) {
+        os[c] = norm8(rs[c], ws[c], r);
+    }
 }
 
 // Per-head addressing of a fused qkv row: heads [0, nq) are q, [nq, nq + nkv) are k.
