@@ -16,10 +16,10 @@ import pytest
 from kern_mining.analyze import analyze_dir
 
 # NOTE: the donor's capture (tools/donor on the H200) is committed with the tools that mine it.
-DONOR = Path(__file__).resolve().parents[3] / "tools" / "tests" / "fixtures" / "donor"
+DONORS = Path(__file__).resolve().parents[3] / "tools" / "tests" / "fixtures"
 FIXTURES = sorted(
     p
-    for p in [*(Path(__file__).parent / "fixtures").glob("*"), DONOR]
+    for p in [*(Path(__file__).parent / "fixtures").glob("*"), *DONORS.glob("donor*")]
     if (p / "expected.json").is_file()
 )
 
