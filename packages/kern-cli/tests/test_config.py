@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -86,8 +88,12 @@ def test_repository_kern_toml_names_existing_files() -> None:
     root = Path(__file__).resolve().parents[3]
     cfg = load_config(root / "kern.toml")
     t = cfg.target(None)
-    assert t is not None and t.name == "qwen3-4b"
+    assert t is not None and t.name == "qwen3-4b-fast"
     assert t.manifest is not None and t.manifest.is_file()
+    # NOTE: the default target runs without nvcc: every cubin it pins ships in kernels/.
+    pinned = json.loads(t.manifest.read_text())["modules"]
+    shipped = {hashlib.sha256(p.read_bytes()).hexdigest() for p in t.kernels.glob("*.cubin")}
+    assert {m["sha256"] for m in pinned.values()} <= shipped
     assert cfg.kernel_sources is not None and cfg.kernel_sources.is_dir()
     assert (cfg.run.steps, cfg.run.chunk) == (32, 512)
 
