@@ -855,10 +855,41 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="JSON {gemm: entry} overriding GEMV_PICK (time_gemv.py --entries writes one)")
     p.add_argument("--pdl", action="store_true",
                    help="programmatic dependent launch on every decode kernel (needs --gemv all)")
+    p.add_argument("--capture", type=Path, default=None,
+                   help="a capture of the donor (tools/donor, kern-mine capture): the generator's "
+                        "constants must equal the mined ones and the manifest is checked against "
+                        "the mined entries, parameter tables, literals, grids and wiring before it "
+                        "is written")
     p.add_argument("--feed", choices=FEEDS, default=None,
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
     return p.parse_args(argv)
+
+
+def _against_capture(manifest: Json, capture: Path) -> list[str]:
+    """What a capture of the donor says against this manifest: the generator's constants as mined
+    (PAGE_TOKENS, DECODE_SPLITS, PREFILL_BM, ARGMAX_PARTS), then every launch's entry, parameter
+    table, literals, grid and the wiring asserted by tools/qwen3_mined.py. Empty: it agrees."""
+    import importlib.util
+
+    from kern_mining import DumpError
+
+    spec = importlib.util.spec_from_file_location("qwen3_mined", Path(__file__).parent / "qwen3_mined.py")
+    assert spec is not None and spec.loader is not None
+    mined = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("qwen3_mined", mined)
+    spec.loader.exec_module(mined)
+    try:
+        facts = mined.mined_facts(capture)
+        consts = mined.generator_constants(facts)
+    except (mined.MinedError, DumpError) as exc:
+        return [str(exc)]
+    ours = {"page_tokens": PAGE_TOKENS, "decode_splits": DECODE_SPLITS, "argmax_parts": ARGMAX_PARTS}
+    problems = [f"{k} is {v} here but {getattr(consts, k)} in the capture"
+                for k, v in ours.items() if getattr(consts, k) != v]
+    if consts.prefill_bm is not None and consts.prefill_bm != PREFILL_BM:
+        problems.append(f"prefill_bm is {PREFILL_BM} here but {consts.prefill_bm} in the capture")
+    return problems + list(mined.check_against(manifest, facts))
 
 
 PRESETS = ("qwen3-4b", "qwen3-tiny")
@@ -895,6 +926,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2
+    if args.capture is not None:
+        problems = _against_capture(manifest, args.capture)
+        for line in problems:
+            print(f"gen_qwen3: capture {args.capture}: {line}", file=sys.stderr)
+        if problems:
+            return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(manifest, indent=1) + "\n")
     n_decode = len(manifest["programs"]["decode"]["calls"])

@@ -402,3 +402,43 @@ def test_gemv_pick_overrides_the_table() -> None:
     for bad in ({"attn": "kern_gemv_bf16"}, {"o": "kern_gemv_fast"}, {"o": "kern_gemv_bf16_silu"}):
         with pytest.raises(gen.GenError, match="gemv_pick"):
             _manifest(QWEN3_4B_CONFIG, feed="device", gemv=every, gemv_pick=bad)
+
+
+# ------------------------------------------------------------------------------ --capture
+
+ROOT = Path(__file__).resolve().parents[2]
+DONOR_CAPTURE = ROOT / "tools" / "tests" / "fixtures" / "donor_run2"
+"""The donor captured on the H200 with the kernels shipped in kernels/ (same sha256s)."""
+
+
+def _shipped() -> tuple[dict[str, str], dict[str, str]]:
+    import hashlib
+
+    modules = {p.name.rsplit("-", 1)[0]: hashlib.sha256(p.read_bytes()).hexdigest()
+               for p in (ROOT / "kernels").glob("*.cubin")}
+    return modules, gen.entry_modules(ROOT / "tools" / "kernels-src")
+
+
+def test_capture_agrees_with_the_generated_donor_shape() -> None:
+    modules, entries = _shipped()
+    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), modules, entries, model="t", feed="device")
+    assert gen._against_capture(m, DONOR_CAPTURE) == []
+
+
+def test_capture_refuses_another_shape_and_other_constants(monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, entries = _shipped()
+    m = gen.generate(gen.shape_from_config(QWEN3_4B_CONFIG), modules, entries, model="t", feed="device")
+    problems = gen._against_capture(m, DONOR_CAPTURE)
+    assert any("bytes_per_token 147456, mined 2048" in p for p in problems)
+    tiny = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), modules, entries, model="t", feed="device")
+    monkeypatch.setattr(gen, "DECODE_SPLITS", 16)
+    assert "decode_splits is 16 here but 32 in the capture" in gen._against_capture(tiny, DONOR_CAPTURE)
+
+
+def test_capture_of_other_kernels_names_the_module(tmp_path: Path) -> None:
+    modules, entries = _shipped()
+    stale = {k: "0" * 64 for k in modules}
+    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), stale, entries, model="t", feed="device")
+    problems = gen._against_capture(m, DONOR_CAPTURE)
+    assert any(p.startswith("module qwen3_core pins sha256 000000000000") for p in problems)
+    assert gen._against_capture(m, tmp_path) != []  # an empty directory is not a capture
