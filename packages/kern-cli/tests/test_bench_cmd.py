@@ -33,10 +33,12 @@ def test_gemm_only_manifest_verifies_and_keeps_binds(name: str) -> None:
     assert g["modules"] == {} and g["programs"]["gemms"]["graph"] is True
 
 
-def test_gemm_weight_bytes_4b() -> None:
-    h, inter, vocab = 2560, 9728, 151936
-    per_layer = 6144 * h + h * 4096 + 2 * inter * h + h * inter
-    assert bench.decode_weight_bytes(_example("qwen3-4b"), "decode") == 2 * (36 * per_layer + vocab * h)
+def test_step_weight_bytes_4b() -> None:
+    h, inter, vocab, d = 2560, 9728, 151936, 128
+    per_layer = 6144 * h + h * 4096 + 2 * inter * h + h * inter + 2 * h + 2 * d  # GEMMs + 4 norms
+    expected = 2 * (36 * per_layer + vocab * h + h)  # tied lm_head on the embedding, final norm
+    for name in ("qwen3-4b", "qwen3-4b-gemv", "qwen3-4b-fast"):  # extern GEMMs or our GEMV alike
+        assert bench.decode_weight_bytes(_example(name), "decode") == expected, name
 
 
 def test_program_without_gemms_is_an_error() -> None:

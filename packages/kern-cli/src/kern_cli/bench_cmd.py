@@ -12,7 +12,7 @@ Rows (the bench convention: name, value, unit, target, peer):
   captured in one graph and replayed back to back.
 - `prefill_ms@<n>` / `ttft_ms@<n>`: chunked prefill of an n-token prompt (the first n-1 tokens),
   and prefill plus the first decode step; medians of `--prefill-reps`.
-- `weight_bytes_per_step`: bytes of weights the decode step reads whole.
+- `weight_bytes_per_step`: bytes of the weight buffers the decode step reads, each once.
 Peers measured outside kern (the copy-bandwidth floor, transformers) are added by
 tools/gpu/qwen3_checks.py, which has torch.
 """
@@ -85,10 +85,13 @@ def _nbytes(buf: Mapping[str, Any], env: Mapping[str, int]) -> int:
 
 
 def decode_weight_bytes(manifest: Mapping[str, Any], program: str) -> int:
-    """Bytes of weight buffers read by the program's extern (GEMM) calls, each counted once."""
-    names = {a["buf"] for c in _extern_calls(manifest, program) for a in c["args"]
-             if "buf" in a and manifest["buffers"][a["buf"]]["kind"] == "weight"}
-    return sum(_nbytes(manifest["buffers"][n], {}) for n in names)
+    """Bytes of the weight buffers the program's calls read (GEMMs, extern or ours, and norms),
+    each buffer counted once. NOTE: a table read only through a gather (an untied embedding)
+    counts whole, so for such a model this is an upper bound of the bytes a step moves."""
+    buffers = manifest["buffers"]
+    names = {a["buf"] for c in manifest["programs"][program]["calls"] for a in c["args"]
+             if "buf" in a and buffers[a["buf"]]["kind"] == "weight"}
+    return sum(_nbytes(buffers[n], {}) for n in names)
 
 
 def gemm_only_manifest(manifest: Mapping[str, Any], program: str) -> dict[str, Any]:
