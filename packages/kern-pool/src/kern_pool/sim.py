@@ -274,12 +274,31 @@ def simulate(workload: Workload, progress: TextIO | None = None) -> Figures:
     return _Sim(workload).run(progress)
 
 
+_HELP = {
+    "seed": "seed of the workload's PRNG (same seed, same figures)",
+    "sessions": "chat sessions in the workload",
+    "turns": "turns per session (each turn: prompt in, answer out)",
+    "system_prompts": "distinct shared system prompts the sessions start from",
+    "system_len": "tokens of each system prompt",
+    "prompt_len": "mean user-prompt tokens per turn",
+    "answer_len": "mean answer tokens per turn",
+    "zipf": "Zipf exponent of which session speaks next (reuse skew)",
+    "batch": "sessions served concurrently",
+    "tokens": "device KV budget in tokens",
+    "unit": "tokens per page",
+    "host_tokens": "pinned host tier in tokens (0: no host tier, evictions drop)",
+    "bytes_per_token": "KV bytes per token (chunk sizing)",
+    "state_bytes": "per-sequence state bytes (0: stateless, pure KV)",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kern-pool-sim", description=__doc__.splitlines()[0] if __doc__ else None)
     defaults = Workload()
     for name in Workload.__dataclass_fields__:
         value = getattr(defaults, name)
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, metavar=type(value).__name__.upper())
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value,
+                       metavar=type(value).__name__.upper(), help=f"{_HELP[name]} (default {value})")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
