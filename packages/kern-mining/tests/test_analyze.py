@@ -423,3 +423,26 @@ def test_forwards_without_a_time_gap_are_cut_at_their_first_kernel(tmp_path: Pat
     analysis = analyze_dir(write_dump(tmp_path / "nogap", records))
     assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
     assert [f.first for f in analysis.forwards] == _forward_starts(records)
+
+
+def test_a_kernel_of_one_shape_in_one_burst_does_not_read_as_a_one_forward_capture(
+    tmp_path: Path,
+) -> None:
+    # cuBLAS picks its GEMM by shape: the warm-up prefill alone runs one GEMM kernel, once per
+    # layer, in one dense burst. Taken as the core kernel it finds one forward in the warm-up
+    # window and none in the requests; a reading of one forward must not win by skipping them.
+    spec = SynthSpec(prompts=(7, 34), decode_steps=1, warmup=(512,), layers=8)
+    pid, truth = synthetic(tmp_path, spec)
+    records = _records(pid)
+    warmup_end = next(
+        i for i in range(1, len(records)) if records[i]["t_ns"] - records[i - 1]["t_ns"] > 10**7
+    )
+    for r in records[:warmup_end]:
+        if r["symbol"] == "gemm_qkv":
+            r["symbol"] = "gemm_qkv_large"
+    burst = [i for i, r in enumerate(records) if r["symbol"] == "gemm_qkv_large"]
+    assert len(burst) == spec.layers and burst[-1] < warmup_end
+    analysis = analyze_dir(write_dump(tmp_path / "shape", records))
+    assert analysis.core != "gemm_qkv_large"
+    assert [tuple(f.tokens for f in w.forwards) for w in analysis.windows] == list(truth.windows)
+    assert analysis.skipped_windows == ()

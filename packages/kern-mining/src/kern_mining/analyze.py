@@ -14,7 +14,9 @@
    symbol in at least half the windows is also tried as the recurring first kernel of a forward
    (cuts right before each of its launches). The segmentation kept is the one that looks most like
    forward passes: no window whose first forward swallows the prefill (a decode-only core), some
-   kernel that runs exactly once in every forward, bursts before anchors, then more such kernels,
+   kernel that runs exactly once in every forward, bursts before anchors, then among bursts more
+   launches inside forwards (a kernel one shape alone selects runs in one burst in one window
+   and reads as a one-forward capture that skips every other request), then more such kernels,
    more forwards, and more kernels with a constant count per forward (`_regularity`).
 3. Call sites are (symbol, ordinal within the forward), the ordinal counted against the most common
    per-forward count; a forward with one launch too many or too few (boundary jitter) is aligned by
@@ -701,7 +703,7 @@ def _find_forwards(
     tries += [
         (s, False) for s, n in by_count if 2 * presence[s] >= len(windows) and n > len(windows)
     ][:ANCHOR_CANDIDATES]
-    best: tuple[tuple[bool, bool, int, int, int, int], str, Segmentation] | None = None
+    best: tuple[tuple[bool, bool, int, int, int, int, int], str, Segmentation] | None = None
     for rank, (core, burst) in enumerate(tries):
         found = (
             _segment(symbols, times, windows, core, config)
@@ -713,7 +715,13 @@ def _find_forwards(
         # recurring kernel can also fall at every layer, so they serve only when no burst
         # segmentation has a kernel that runs once in every forward.
         regular = valid and (once > 0 or n == 1)
-        score = (regular, regular and burst, once, steady, n, -rank)
+        # NOTE: then, among regular bursts, the launches inside forwards: a kernel that one
+        # shape alone selects (cuBLAS picks a GEMM by shape) can run in one dense burst in one
+        # window, a capture of one forward (trivially regular) with every other request skipped
+        # for want of it. Not for anchors: they keep every window that holds the anchor, a
+        # start-up window too, and count the anchor itself as a kernel once per forward.
+        covered = sum(b - a + 1 for (a, b), _ in found[0]) if regular and burst else 0
+        score = (regular, regular and burst, covered, once, steady, n, -rank)
         if best is None or score > best[0]:
             best = (score, core, found)
     assert best is not None
