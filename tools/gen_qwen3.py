@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 __all__ = [
@@ -728,7 +728,7 @@ def generate(
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
     unhashed = sorted({entries[e] for e in needed} - set(modules))
     if unhashed:
-        raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first")
+        raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first (with --capture: the capture ran none of their kernels)")
     _check_kernel_limits(shape)
     if not 1 <= chunk <= shape.max_pos:
         raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
@@ -856,29 +856,58 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pdl", action="store_true",
                    help="programmatic dependent launch on every decode kernel (needs --gemv all)")
     p.add_argument("--capture", type=Path, default=None,
-                   help="a capture of the donor (tools/donor, kern-mine capture): the generator's "
-                        "constants must equal the mined ones and the manifest is checked against "
-                        "the mined entries, parameter tables, literals, grids and wiring before it "
-                        "is written")
+                   help="a capture of the donor (tools/donor under kern-mine capture): pin the "
+                        "cubins it ran (kern kernels --from DIR MANIFEST copies them); the "
+                        "generator's constants must equal the mined ones, and the manifest is "
+                        "checked against the mined entries, parameter tables, literals, grids and "
+                        "wiring before it is written")
     p.add_argument("--feed", choices=FEEDS, default=None,
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
     return p.parse_args(argv)
 
 
-def _against_capture(manifest: Json, capture: Path) -> list[str]:
-    """What a capture of the donor says against this manifest: the generator's constants as mined
-    (PAGE_TOKENS, DECODE_SPLITS, PREFILL_BM, ARGMAX_PARTS), then every launch's entry, parameter
-    table, literals, grid and the wiring asserted by tools/qwen3_mined.py. Empty: it agrees."""
+def _qwen3_mined() -> ModuleType:
     import importlib.util
-
-    from kern_mining import DumpError
 
     spec = importlib.util.spec_from_file_location("qwen3_mined", Path(__file__).parent / "qwen3_mined.py")
     assert spec is not None and spec.loader is not None
     mined = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("qwen3_mined", mined)
     spec.loader.exec_module(mined)
+    return mined
+
+
+def captured_modules(capture: Path, entries: Mapping[str, str]) -> dict[str, str]:
+    """module -> sha256 of the cubin the donor's capture ran for it (the pins `--capture` writes;
+    `kern kernels --from CAPTURE MANIFEST` then copies those cubins out of the dump).
+
+    Raises:
+        GenError: the capture cannot be mined, or one module ran two different cubins.
+    """
+    from kern_mining import DumpError
+
+    mined = _qwen3_mined()
+    try:
+        consts = mined.generator_constants(mined.mined_facts(capture))
+    except (mined.MinedError, DumpError) as exc:
+        raise GenError(f"capture {capture}: {exc}") from exc
+    modules: dict[str, str] = {}
+    for entry, sha in sorted(consts.entry_modules.items()):
+        module = entries.get(entry)
+        if module is not None and modules.setdefault(module, sha) != sha:
+            raise GenError(f"capture {capture}: module {module} ran two cubins ({modules[module][:12]}, {sha[:12]})")
+    return modules
+
+
+def _against_capture(manifest: Json, capture: Path) -> list[str]:
+    """What a capture of the donor says against this manifest: the generator's constants as mined
+    (PAGE_TOKENS, DECODE_SPLITS, PREFILL_BM, ARGMAX_PARTS), then every launch's entry, module
+    sha256, parameter table, literals, grid and the wiring asserted by tools/qwen3_mined.py.
+    Empty: it agrees."""
+    from kern_mining import DumpError
+
+    mined = _qwen3_mined()
     try:
         facts = mined.mined_facts(capture)
         consts = mined.generator_constants(facts)
@@ -915,8 +944,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = _preset(args.preset) if args.preset else json.loads(args.config.read_text())
         shape = shape_from_config(cfg)
-        modules = build_and_hash(args.kernels_src, args.kernels)
         entries = entry_modules(args.kernels_src)
+        modules = (captured_modules(args.capture, entries) if args.capture is not None
+                   else build_and_hash(args.kernels_src, args.kernels))
         feed = args.feed or ("device" if all(e in entries for e in DEVICE_FEED_ENTRIES) else "host")
         named = {"default": list(GEMV_DEFAULT), "all": list(GEMV_GEMMS)}
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]

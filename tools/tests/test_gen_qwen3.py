@@ -442,3 +442,18 @@ def test_capture_of_other_kernels_names_the_module(tmp_path: Path) -> None:
     problems = gen._against_capture(m, DONOR_CAPTURE)
     assert any(p.startswith("module qwen3_core pins sha256 000000000000") for p in problems)
     assert gen._against_capture(m, tmp_path) != []  # an empty directory is not a capture
+
+
+def test_capture_pins_the_cubins_it_ran(tmp_path: Path) -> None:
+    modules, entries = _shipped()
+    assert gen.captured_modules(DONOR_CAPTURE, entries) == {k: v for k, v in modules.items() if k != "gemv"}
+    out = tmp_path / "tiny.json"
+    rc = gen.main(["--preset", "qwen3-tiny", "--capture", str(DONOR_CAPTURE), "-o", str(out)])
+    assert rc == 0 and json.loads(out.read_text())["modules"]["attention"]["sha256"] == modules["attention"]
+
+
+def test_capture_that_cannot_be_mined_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "tiny.json"
+    assert gen.main(["--preset", "qwen3-tiny", "--capture", str(tmp_path), "-o", str(out)]) == 2
+    assert gen.main(["--preset", "qwen3-4b", "--capture", str(DONOR_CAPTURE), "-o", str(out)]) == 2
+    assert not out.exists()
