@@ -97,11 +97,9 @@ class Tensors(Protocol):
 
     def get(self, name: str) -> TensorInfo | None:
         """The tensor called `name`, or None if this source has none."""
-        ...
 
     def names(self) -> Iterator[str]:
         """Every tensor name this source holds."""
-        ...
 
 
 class Safetensors:
