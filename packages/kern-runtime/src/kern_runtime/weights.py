@@ -93,13 +93,15 @@ class TensorInfo:
 
 
 class Tensors(Protocol):
-    """A source of checkpoint tensors by name."""
+    """A source of checkpoint tensors by name.
 
-    def get(self, name: str) -> TensorInfo | None:
-        """The tensor called `name`, or None if this source has none."""
+    `get(name)` gives the tensor called `name`, or None if this source has none; `names()` every
+    tensor name this source holds.
+    """
 
-    def names(self) -> Iterator[str]:
-        """Every tensor name this source holds."""
+    def get(self, name: str) -> TensorInfo | None: ...
+
+    def names(self) -> Iterator[str]: ...
 
 
 class Safetensors:
