@@ -5,6 +5,12 @@ from __future__ import annotations
 import functools
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# NOTE: CI runs on 2 shared cores; a property's speed is not what it asserts. Tests that set their
+# own @settings inherit these two fields.
+settings.register_profile("kern", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kern")
 
 
 @functools.cache
