@@ -837,7 +837,7 @@ def _buffer_bytes(buffer: Mapping[str, Any]) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gen_qwen3", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="gen_qwen3", description=(__doc__ or "").splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("config", type=Path, nargs="?", help="Hugging Face config.json of a Qwen3 model")
     src.add_argument("--preset", choices=sorted(PRESETS), help="a built-in config instead of a file")
