@@ -21,13 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kern", description="kern: manifests, runs, kernels, benchmarks")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"kern_cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"kern_cli.{name}":
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(f"kern_cli.{name}").register(sub)
     return parser
 
 
