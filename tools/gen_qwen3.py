@@ -166,6 +166,15 @@ class Qwen3Shape:
         return self.layers * 2 * self.kv_heads * self.head_dim * 2
 
     @property
+    def page_stride(self) -> int:
+        """Elements from one KV page to the next: every layer's k and v for PAGE_TOKENS tokens."""
+        return self.layers * 2 * PAGE_TOKENS * self.kv_heads * self.head_dim
+
+    def kv_offset(self, layer: int) -> int:
+        """Byte offset of `layer`'s k|v block inside a page of the `kv` state."""
+        return layer * 2 * PAGE_TOKENS * self.kv_heads * self.head_dim * 2
+
+    @property
     def max_pages(self) -> int:
         return -(-self.max_pos // PAGE_TOKENS)
 
@@ -336,9 +345,16 @@ def _ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
     return ops
 
 
+def _split_scratch(nq: int, heads_out: int) -> Json:
+    """The split-KV decode attention's f32 partial outputs and log-sum-exps (impl-private)."""
+    return {
+        "part_o": {"dtype": "f32", "shape": [DECODE_SPLITS, heads_out]},
+        "part_lse": {"dtype": "f32", "shape": [DECODE_SPLITS, nq]},
+    }
+
+
 def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
-    page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
     fused = _kernel(
         mods, "kern_attn_decode", [nkv, DECODE_SPLITS, 1], 128,
         params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
@@ -346,7 +362,7 @@ def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
                 "i32", "f32"],
         args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
               {"scratch": "part_lse"}, {"param": 5}, {"param": 4}, _i32(nq), _i32(nkv), _i32(d),
-              _i32(PAGE_TOKENS), _i64(page_stride), _i32(DECODE_SPLITS), _f32(d**-0.5)],
+              _i32(PAGE_TOKENS), _i64(s.page_stride), _i32(DECODE_SPLITS), _f32(d**-0.5)],
     )
     return {
         "qk_norm_rope_kv": {
@@ -357,10 +373,7 @@ def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
         "attn_decode_fused": {
             "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT, "inout buffer<i32>"],
             "impl": {
-                "scratch": {
-                    "part_o": {"dtype": "f32", "shape": [DECODE_SPLITS, heads_out]},
-                    "part_lse": {"dtype": "f32", "shape": [DECODE_SPLITS, nq]},
-                },
+                "scratch": _split_scratch(nq, heads_out),
                 "launches": [fused],
             },
         },
@@ -391,14 +404,13 @@ def _feed_ops(mods: Mapping[str, str]) -> Json:
 
 def _attn_decode_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
-    page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
     partial = _kernel(
         mods, "kern_attn_decode_partial", [nkv, DECODE_SPLITS, 1], 128,
         params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
                 "out buffer<f32>", "i32", "i32", "i32", "i32", "i64", "i32", "f32"],
         args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
               {"scratch": "part_lse"}, _i32(nq), _i32(nkv), _i32(d), _i32(PAGE_TOKENS),
-              _i64(page_stride), _i32(DECODE_SPLITS), _f32(d**-0.5)],
+              _i64(s.page_stride), _i32(DECODE_SPLITS), _f32(d**-0.5)],
     )
     reduce = _kernel(
         mods, "kern_attn_decode_reduce", [nq, 1, 1], 128,
@@ -409,10 +421,7 @@ def _attn_decode_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> J
     return {
         "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT],
         "impl": {
-            "scratch": {
-                "part_o": {"dtype": "f32", "shape": [DECODE_SPLITS, heads_out]},
-                "part_lse": {"dtype": "f32", "shape": [DECODE_SPLITS, nq]},
-            },
+            "scratch": _split_scratch(nq, heads_out),
             "launches": [partial, reduce],
         },
     }
@@ -541,28 +550,23 @@ def _gemv_of(name: str, gemv: Picks) -> str | None:
     return gemv.get(name)
 
 
-def _kv_offset(s: Qwen3Shape, layer: int) -> int:
-    return layer * 2 * PAGE_TOKENS * s.kv_heads * s.head_dim * 2
-
-
 def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bool,
                      gemv: Picks = MappingProxyType({}), fuse: bool = False) -> list[Json]:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
-    kv = {"state": "kv", "offset": _kv_offset(s, i)} if i else {"state": "kv"}
-    page_stride = s.layers * 2 * PAGE_TOKENS * nkv * d
+    kv = {"state": "kv", "offset": s.kv_offset(i)} if i else {"state": "kv"}
     calls = [_gemm_call(f"l{i}.qkv", "x", f"l{i}.qkv", "qkv", s.qkv_rows, s.hidden, _gemv_of("qkv", gemv))]
     if fuse:
         calls.append(_call(f"l{i}.qk_norm_rope_kv", "qk_norm_rope_kv", _buf("qkv"), _buf(f"l{i}.q_norm"),
                            _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
                            kv, _buf(io["slots"]), _i32(nq), _i32(nkv), _i32(d), _f32(s.eps),
-                           _i32(PAGE_TOKENS), _i64(page_stride)))
+                           _i32(PAGE_TOKENS), _i64(s.page_stride)))
     else:
         calls += [
             _call(f"l{i}.qk_norm_rope", "qk_norm_rope", _buf("qkv"), _buf(f"l{i}.q_norm"),
                   _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
                   _i32(nq), _i32(nkv), _i32(d), _f32(s.eps)),
             _call(f"l{i}.kv_write", "kv_write", _buf("qkv"), kv, _buf(io["slots"]), _i32(nq), _i32(nkv),
-                  _i32(d), _i32(PAGE_TOKENS), _i64(page_stride)),
+                  _i32(d), _i32(PAGE_TOKENS), _i64(s.page_stride)),
         ]
     if decode and fuse:
         calls.append(_call(f"l{i}.attn", "attn_decode_fused", _buf("qkv"), kv, _buf("block_table"),
@@ -573,7 +577,7 @@ def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bo
     else:
         calls.append(_call(f"l{i}.attn", "attn_prefill", _buf("qkv"), kv, _buf("block_table"),
                            _buf(io["seq_len"]), _buf("attn"), TOKENS, _i32(nq), _i32(nkv), _i32(d),
-                           _i32(PAGE_TOKENS), _i64(page_stride), _f32(d**-0.5)))
+                           _i32(PAGE_TOKENS), _i64(s.page_stride), _f32(d**-0.5)))
     return calls
 
 
