@@ -2,39 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers.manifests import full, put, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kern_manifest import ManifestRejected, canonical_json, digest, digest_text, parse_manifest
-
-
-def _helpers() -> ModuleType:
-    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
-    # importlib mode would resolve `tests.helpers` to whichever was imported first.
-    name = "kern_manifest_test_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "helpers" / "manifests.py"
-        )
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_h = _helpers()
-full = _h.full
-put = _h.put
-tiny = _h.tiny
 
 
 def _shuffled(node: Any, rng: random.Random) -> Any:

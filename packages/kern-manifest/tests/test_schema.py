@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers.manifests import TINY, full, tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,26 +34,6 @@ from kern_manifest import (
     parse_manifest,
     parse_param,
 )
-
-
-def _helpers() -> ModuleType:
-    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
-    # importlib mode would resolve `tests.helpers` to whichever was imported first.
-    name = "kern_manifest_test_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "helpers" / "manifests.py"
-        )
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_h = _helpers()
-TINY = _h.TINY
-full = _h.full
-tiny = _h.tiny
 
 # ---------------------------------------------------------------------------------- params
 

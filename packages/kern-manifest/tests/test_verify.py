@@ -3,15 +3,12 @@ typed problem at the right JSON pointer."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers.manifests import REPO, SHA_A, TINY, Json, drop, full, problems, put, tiny
 
 from kern_manifest import (
     ManifestParse,
@@ -22,32 +19,6 @@ from kern_manifest import (
     parse_manifest,
     verify,
 )
-
-
-def _helpers() -> ModuleType:
-    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
-    # importlib mode would resolve `tests.helpers` to whichever was imported first.
-    name = "kern_manifest_test_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "helpers" / "manifests.py"
-        )
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_h = _helpers()
-REPO = _h.REPO
-SHA_A = _h.SHA_A
-TINY = _h.TINY
-Json = _h.Json
-drop = _h.drop
-full = _h.full
-problems = _h.problems
-put = _h.put
-tiny = _h.tiny
 
 Edit = Callable[[Json], Any]
 

@@ -1,17 +1,15 @@
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers.dumps import launch, synthetic, write_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,26 +17,6 @@ from kern_mining.analyze import Analysis, AnalyzeConfig, analyze, analyze_dir
 from kern_mining.dump import load_dump
 from kern_mining.fit import Fit
 from kern_mining.synth import GroundTruth, KernelSpec, SynthSpec, default_model
-
-
-def _load_dumps() -> ModuleType:
-    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
-    # importlib mode would resolve `tests.helpers` to whichever was imported first.
-    name = "kern_mining_test_dumps"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "helpers" / "dumps.py"
-        )
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_dumps = _load_dumps()
-launch = _dumps.launch
-synthetic = _dumps.synthetic
-write_dump = _dumps.write_dump
 
 
 def assert_recovers(analysis: Analysis, truth: GroundTruth) -> None:

@@ -1,36 +1,14 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from helpers.dumps import launch, write_dump
 
 from kern_mining.errors import KernelConflictError, ManifestModulesError, MissingModuleError
 from kern_mining.extract import extract_kernels, index_cubins
-
-
-def _load_dumps() -> ModuleType:
-    # NOTE: loaded by path under a unique name: several packages have a `tests` package, and
-    # importlib mode would resolve `tests.helpers` to whichever was imported first.
-    name = "kern_mining_test_dumps"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "helpers" / "dumps.py"
-        )
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-_dumps = _load_dumps()
-launch = _dumps.launch
-write_dump = _dumps.write_dump
-
 
 A, B, C = b"cubin A", b"cubin B", b"cubin C"
 

@@ -1,1 +1,0 @@
-"""Shared test helpers for kern-mining (imported by tests, never by conftest)."""
