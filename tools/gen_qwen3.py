@@ -35,9 +35,13 @@ __all__ = [
     "GEMV_ENTRIES",
     "GEMV_GEMMS",
     "GEMV_PICK",
+    "GEMV_TMA_BLOCKS",
+    "GEMV_TMA_SMEM",
+    "GEMV_TMA_STAGE_CAP",
     "PAGE_TOKENS",
     "PREFILL_BM",
     "PRESETS",
+    "SILU_ENTRIES",
     "ConfigError",
     "GenError",
     "KernelsError",
@@ -46,6 +50,7 @@ __all__ = [
     "decode_gemm_shapes",
     "decode_weight_bytes",
     "entry_modules",
+    "gemv_launch",
     "generate",
     "main",
     "shape_from_config",
@@ -101,9 +106,23 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_s2q4": (8, 128),
     "kern_gemv_bf16_s4q4": (4, 128),
     "kern_gemv_bf16_silu": (4, 128),
+    "kern_gemv_bf16_tma": (0, 256),
+    "kern_gemv_bf16_tma_silu": (0, 256),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
-ceil_div(n, columns)."""
+ceil_div(n, columns), or for the streaming entries (columns 0: W through a shared-memory ring
+filled by bulk copies) min(n, GEMV_TMA_BLOCKS) blocks with GEMV_TMA_SMEM bytes of dynamic shared
+memory each (`gemv_launch`)."""
+SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu")
+"""GEMV entries with SiLU-and-mul in their epilogue (gate_up only: W is [2n, k], y is `act`)."""
+GEMV_TMA_BLOCKS = 132
+"""Blocks of a streaming GEMV launch: the H200's SM count (one block per SM; the kernel splits the
+columns over any grid, so another GPU runs it correctly, only the balance changes)."""
+GEMV_TMA_SMEM = 196608
+"""Dynamic shared memory of a streaming GEMV block (its ring of W stages): 192 KiB of the SM's
+227 KiB, leaving room for the small kernels that run beside it under PDL."""
+GEMV_TMA_STAGE_CAP = 32768
+"""gemv.cu's TMA_STAGE_CAP: a stage holds max(1, cap // (rows * 2k)) columns."""
 GEMV_PICK: dict[str, str] = {
     "qkv": "kern_gemv_bf16_s4",
     "o": "kern_gemv_bf16_s4",
@@ -532,10 +551,25 @@ def _gemv_op_name(entry: str, n: int, k: int) -> str:
     return f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
 
 
-def _gemv_op(mods: Mapping[str, str], entry: str, n: int, k: int) -> Json:
+def gemv_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
+    """(grid x, threads, dynamic shared bytes) of a GEMV entry's launch for n output columns of
+    depth k; GenError when a streaming entry's stage would not fit its shared memory."""
     cols, threads = GEMV_ENTRIES[entry]
+    if cols:
+        return -(-n // cols), threads, 0
+    rows = 2 if entry in SILU_ENTRIES else 1
+    stage = max(1, GEMV_TMA_STAGE_CAP // (rows * 2 * k)) * rows * 2 * k
+    if stage > GEMV_TMA_SMEM:
+        raise GenError(f"{entry}: a stage of {stage} bytes (k = {k}) exceeds the {GEMV_TMA_SMEM}-byte ring; "
+                       "pick another GEMV entry for this GEMM (--gemv-pick)")
+    return min(n, GEMV_TMA_BLOCKS), threads, GEMV_TMA_SMEM
+
+
+def _gemv_op(mods: Mapping[str, str], entry: str, n: int, k: int) -> Json:
+    grid, threads, smem = gemv_launch(entry, n, k)
+    extra: Json = {"shared_mem": smem} if smem else {}
     launch = _kernel(
-        mods, entry, [-(-n // cols), 1, 1], threads,
+        mods, entry, [grid, 1, 1], threads, **extra,
         params=[BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32", "i32"],
         args=[{"param": 0}, {"param": 1}, {"param": 2}, _i32(1), _i32(n), _i32(k), _i32(n)],
     )
@@ -583,9 +617,9 @@ def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bo
 
 def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: Picks = MappingProxyType({})) -> list[Json]:
     h = s.hidden
-    if gemv.get("gate_up") == "kern_gemv_bf16_silu":
+    if (silu := gemv.get("gate_up")) in SILU_ENTRIES:
         # NOTE: the silu GEMV's n is its output width (act), its W the [2 * inter, h] gate_up.
-        mlp = [_gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "act", s.inter, h, "kern_gemv_bf16_silu")]
+        mlp = [_gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "act", s.inter, h, silu)]
     else:
         mlp = [
             _gemm_call(f"l{i}.gate_up", "x", f"l{i}.gate_up", "gu", 2 * s.inter, h, _gemv_of("gate_up", gemv)),
@@ -764,10 +798,10 @@ def generate(
 def _picks(gemv: Sequence[str], override: Mapping[str, str]) -> dict[str, str]:
     unknown = sorted(set(override) - set(GEMV_GEMMS))
     bad = sorted(e for e in override.values() if e not in GEMV_ENTRIES)
-    silu = sorted(g for g, e in override.items() if e == "kern_gemv_bf16_silu" and g != "gate_up")
+    silu = sorted(g for g, e in override.items() if e in SILU_ENTRIES and g != "gate_up")
     if unknown or bad or silu:
-        raise GenError(f"gemv_pick: unknown GEMM(s) {unknown}, unknown entries {bad}, or kern_gemv_bf16_silu "
-                       f"outside gate_up {silu}; entries: {', '.join(GEMV_ENTRIES)}")
+        raise GenError(f"gemv_pick: unknown GEMM(s) {unknown}, unknown entries {bad}, or a SiLU entry "
+                       f"({', '.join(SILU_ENTRIES)}) outside gate_up {silu}; entries: {', '.join(GEMV_ENTRIES)}")
     return {g: override.get(g, GEMV_PICK[g]) for g in gemv}
 
 

@@ -18,7 +18,8 @@
    each variant of --variants: `-gemv` (o, gate_up and lm_head as our GEMV, `--gemv default`),
    `-fast` (every decode GEMM as our GEMV, fused q/k-norm+rope+KV write and one-launch decode
    attention, PDL: `--gemv all --fuse --pdl`, examples/qwen3-4b-fast.json), `-nopdl` (the same
-   without PDL);
+   without PDL), `-stream` (`-fast` with every decode GEMM on the streaming GEMVs,
+   kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -178,8 +179,11 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
     return path if ok else None
 
 
-VARIANTS = ("gemv", "fast", "nopdl")
+VARIANTS = ("gemv", "fast", "nopdl", "stream")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
+STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
+               "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
+"""The `stream` variant: `fast` with every decode GEMM on the streaming (bulk-copy ring) GEMVs."""
 
 
 def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None = None) -> dict[str, Any]:
@@ -189,6 +193,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
     if variant in ("fast", "nopdl"):
         return ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
                 | ({"gemv_pick": pick} if pick else {}))
+    if variant == "stream":
+        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(STREAM_PICK)}
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 

@@ -387,3 +387,251 @@ extern "C" __global__ void __launch_bounds__(128)
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv_seq<4, 4, 4, 4>(x, w, y, rows, n, k, y_stride);
 }
+
+// ------------------------------------------------------------------------------------------------
+// Streaming GEMV: W flows through a ring of shared-memory stages filled by bulk asynchronous copies
+// (cp.async.bulk, the TMA's 1-D form), so each SM keeps up to the whole ring in flight instead of
+// a few 16-byte loads per thread, and a block issues its first NST stages before kern_pdl_wait:
+// with PDL most of a short-n GEMV's weights arrive while the previous launches still run.
+//
+// A stage holds `cps` output columns (cps = max(1, TMA_STAGE_CAP / (NR * 2k))): for each of the
+// NR row groups (1; the SiLU form's gate and up rows) the cps consecutive W rows, one contiguous
+// bulk copy each. The n columns form ceil(n / cps) units; block b takes the contiguous units
+// [b * units / grid, (b + 1) * units / grid), so each SM streams one contiguous band of W. The ring
+// has NST = min(TMA_MAX_STAGES, dynamic shared bytes / stage bytes) stages, each with an mbarrier
+// whose transaction count the copies complete; a stage is refilled after all warps passed the
+// barrier that ends its use. The block's 8 warps form groups of S = 8 / min(cps, 8) (rounded to a
+// power of two) warps; a group sums columns g, g + groups, ...; warp p of a group takes the 16-byte
+// pieces p * 32 + lane, + 32 S, ... of each row, a warp shuffle reduces, and with S > 1 the group's
+// partial sums meet in shared memory and add in warp order. Deterministic: the same bits each run.
+// x (rows x k bf16, written by the previous launch) is read with ordinary loads after the wait and
+// stays in L1. A launch whose stage does not fit its dynamic shared memory writes nothing
+// (tools/gen_qwen3.py sizes both). Grid [any, 1, 1] (one block per SM is the intent), block [256],
+// dynamic shared memory TMA_SMEM bytes (gen_qwen3's GEMV_TMA_SMEM).
+
+constexpr int TMA_WARPS = 8;
+constexpr int TMA_MAX_STAGES = 16;
+constexpr int TMA_STAGE_CAP = 32768;
+
+static __device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "KERN_MBAR_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra KERN_MBAR_WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// An L2 policy for data read once (the weights): evicted first, so x and the KV pages stay.
+static __device__ __forceinline__ uint64_t l2_evict_first() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to this
+// block's shared memory; completes `bytes` transactions on the mbarrier.
+static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
+                                                uint32_t bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+}
+
+static __device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+    uint32_t v;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+    return v;
+}
+
+template <int EPI, int R>
+static __device__ __forceinline__ void gemv_tma_rows(const bf16* __restrict__ x,
+                                                     const bf16* __restrict__ w,
+                                                     bf16* __restrict__ y, int n, int k,
+                                                     int y_stride) {
+    constexpr int NR = EPI == GEMV_SILU ? 2 : 1;
+    extern __shared__ __align__(128) unsigned char tma_ring[];
+    __shared__ __align__(8) uint64_t bars[TMA_MAX_STAGES];
+    __shared__ float sums[2][TMA_WARPS][R * NR];
+    kern_pdl_launch_dependents();
+
+    const int64_t row_bytes = (int64_t)k * 2;
+    const int cps = (int)max((int64_t)1, TMA_STAGE_CAP / (NR * row_bytes));
+    const int64_t stage_bytes = cps * NR * row_bytes;
+    const int nst = (int)min((int64_t)TMA_MAX_STAGES, (int64_t)dynamic_smem_bytes() / stage_bytes);
+    const int64_t units = (n + cps - 1) / cps;
+    const int u0 = (int)(blockIdx.x * units / gridDim.x);
+    const int count = (int)((blockIdx.x + 1) * units / gridDim.x) - u0;
+    if (nst < 1 || count < 1) return;
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int spc = cps >= 8 ? 1 : cps >= 4 ? 2 : cps >= 2 ? 4 : 8;  // warps per column
+    const int groups = TMA_WARPS / spc;
+    const int group = warp / spc;
+    const int part = warp % spc;
+    const uint32_t ring = smem_addr(tma_ring);
+    const uint32_t bar0 = smem_addr(bars);
+    const uint64_t policy = l2_evict_first();
+
+    // Fills stage (i % nst) with unit u0 + i: NR bulk copies, one per row group.
+    auto issue = [&](int i) {
+        const int s = i % nst;
+        const int c0 = (u0 + i) * cps;
+        const int cols = min(cps, n - c0);
+        const uint32_t bytes = (uint32_t)(cols * row_bytes);
+        const uint32_t bar = bar0 + 8 * s;
+        mbar_expect_tx(bar, NR * bytes);
+#pragma unroll
+        for (int g = 0; g < NR; ++g)
+            bulk_g2s(ring + (uint32_t)(s * stage_bytes + g * cps * row_bytes),
+                     w + ((int64_t)g * n + c0) * k, bytes, bar, policy);
+    };
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < nst; ++s) mbar_init(bar0 + 8 * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    // NOTE: weights are read before the wait (no launch of a step writes them); x and y after.
+    if (threadIdx.x == 0)
+        for (int i = 0; i < min(nst, count); ++i) issue(i);
+    kern_pdl_wait();
+
+    const int pieces = k / 8;
+    for (int i = 0; i < count; ++i) {
+        const int s = i % nst;
+        mbar_wait(bar0 + 8 * s, (uint32_t)((i / nst) & 1));
+        const int c0 = (u0 + i) * cps;
+        const int cols = min(cps, n - c0);
+        const unsigned char* stage = tma_ring + s * stage_bytes;
+        // Each group takes at most 2 columns of a stage when spc > 1 (cps < 8), so `sums` holds
+        // a stage's partials: slot jj = j / groups.
+        for (int j = group, jj = 0; j < cols; j += groups, ++jj) {
+            float acc[R][NR];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int g = 0; g < NR; ++g) acc[r][g] = 0.0f;
+            for (int p = part * 32 + lane; p < pieces; p += 32 * spc) {
+                float wf[NR][8];
+#pragma unroll
+                for (int g = 0; g < NR; ++g) {
+                    const uint4 v = *reinterpret_cast<const uint4*>(
+                        stage + (g * cps + j) * row_bytes + (int64_t)p * 16);
+                    unpack8(v, wf[g]);
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float xf[8];
+                    unpack8(ld_after_wait(x + (int64_t)r * k + p * 8), xf);
+#pragma unroll
+                    for (int g = 0; g < NR; ++g)
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[r][g] = fmaf(xf[e], wf[g][e], acc[r][g]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int g = 0; g < NR; ++g) acc[r][g] = warp_sum(acc[r][g]);
+            if (spc == 1) {
+                if (lane == 0) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        bf16* out = y + (int64_t)r * y_stride + c0 + j;
+                        if constexpr (EPI == GEMV_ACC) {
+                            *out = to_bf(to_f(*out) + acc[r][0]);
+                        } else if constexpr (EPI == GEMV_SILU) {
+                            const float gt = bf(acc[r][0]);
+                            const float up = bf(acc[r][1]);
+                            *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
+                        } else {
+                            *out = to_bf(acc[r][0]);
+                        }
+                    }
+                }
+            } else if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int g = 0; g < NR; ++g) sums[jj][warp][r * NR + g] = acc[r][g];
+            }
+        }
+        if (spc > 1) {
+            __syncthreads();
+            if (part == 0 && lane == 0) {
+                for (int j = group, jj = 0; j < cols; j += groups, ++jj) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float t[NR];
+#pragma unroll
+                        for (int g = 0; g < NR; ++g) {
+                            t[g] = 0.0f;
+                            for (int q = 0; q < spc; ++q) t[g] += sums[jj][warp + q][r * NR + g];
+                        }
+                        bf16* out = y + (int64_t)r * y_stride + c0 + j;
+                        if constexpr (EPI == GEMV_ACC) {
+                            *out = to_bf(to_f(*out) + t[0]);
+                        } else if constexpr (EPI == GEMV_SILU) {
+                            const float gt = bf(t[0]);
+                            const float up = bf(t[NR - 1]);
+                            *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
+                        } else {
+                            *out = to_bf(t[0]);
+                        }
+                    }
+                }
+            }
+        }
+        // Every warp is done with stage s (and with `sums`): refill it.
+        __syncthreads();
+        if (threadIdx.x == 0 && i + nst < count) issue(i + nst);
+    }
+}
+
+template <int EPI>
+static __device__ __forceinline__ void gemv_tma(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                bf16* __restrict__ y, int rows, int n, int k,
+                                                int y_stride) {
+    switch (rows) {
+        case 1: gemv_tma_rows<EPI, 1>(x, w, y, n, k, y_stride); break;
+        case 2: gemv_tma_rows<EPI, 2>(x, w, y, n, k, y_stride); break;
+        case 3: gemv_tma_rows<EPI, 3>(x, w, y, n, k, y_stride); break;
+        case 4: gemv_tma_rows<EPI, 4>(x, w, y, n, k, y_stride); break;
+        default: break;
+    }
+}
+
+// As kern_gemv_bf16, streaming W through the shared-memory ring above. Grid [any, 1, 1],
+// block [256, 1, 1], dynamic shared memory: the ring (at least one stage).
+extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32)
+    kern_gemv_bf16_tma(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_tma<GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// kern_gemv_bf16_silu's arithmetic (W [2n, k]: gate rows, then up rows) on the streaming ring.
+extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32)
+    kern_gemv_bf16_tma_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_tma<GEMV_SILU>(x, w, y, rows, n, k, y_stride);
+}

@@ -104,15 +104,14 @@ class Gemv(h.Kernels):
         output width (the silu entry's is half of W's rows)."""
         rows, k = x.shape
         n = w.shape[0] if n is None else n
+        smem = 0
         if entry is None:
-            name, cols, threads = (
-                ("kern_gemv_bf16_acc" if acc else "kern_gemv_bf16"),
-                self.rows_per_block,
-                self.threads,
-            )
+            name, threads = ("kern_gemv_bf16_acc" if acc else "kern_gemv_bf16"), self.threads
+            grid = ((n + self.rows_per_block - 1) // self.rows_per_block, 1, 1)
         else:
-            name, (cols, threads) = entry, gen.GEMV_ENTRIES[entry]
-        grid = ((n + cols - 1) // cols, 1, 1)
+            name = entry
+            grid_x, threads, smem = gen.gemv_launch(entry, n, k)
+            grid = (grid_x, 1, 1)
         self.launch(
             name,
             grid,
@@ -124,6 +123,7 @@ class Gemv(h.Kernels):
             h.i32(n),
             h.i32(k),
             h.i32(y_stride),
+            shared_mem=smem,
         )
 
 
@@ -273,7 +273,7 @@ def test_gemv_variants(variants: list[Gemv]) -> None:
         _run(v, 2, 999, 2560, seed=5, stride_pad=5, acc=True)
 
 
-PLAIN_ENTRIES = [e for e in gen.GEMV_ENTRIES if e not in ("kern_gemv_bf16", "kern_gemv_bf16_silu")]
+PLAIN_ENTRIES = [e for e in gen.GEMV_ENTRIES if e != "kern_gemv_bf16" and e not in gen.SILU_ENTRIES]
 
 
 @pytest.mark.parametrize("entry", PLAIN_ENTRIES)
@@ -308,3 +308,65 @@ def test_gemv_silu_is_gemv_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int
     outside = torch.ones_like(buf, dtype=torch.bool)
     outside[:, off : off + inter] = False
     assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
+
+
+@pytest.mark.parametrize(
+    ("rows", "inter", "kk"),
+    [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048), (2, 2561, 4096), (1, 700, 9736)],
+)
+def test_streaming_gemv_silu_is_gate_up_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
+    """kern_gemv_bf16_tma_silu: act(bf16(x W_gate)) * bf16(x W_up) with transformers' rounding of
+    the unfused pair, where bf16(x W) is the float64 product rounded once (its f32 sums may round
+    the other way at a bf16 boundary: at most 1 ulp there, rare); it writes only its band."""
+    g = _gen(3 * inter + rows)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    gu = (x.double() @ w.double().T).to(BF16)
+    off, width = 3, inter + 8
+    sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
+    buf = sentinel.clone()
+    k.gemv(x, w, buf.view(-1)[off:], width, entry="kern_gemv_bf16_tma_silu", n=inter)
+    torch.cuda.synchronize()
+    want = h.silu_mul_ref(gu)
+    got = buf[:, off : off + inter]
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=1e-3)
+    same = (_ordered(got) == _ordered(want)).double().mean().item()
+    assert same >= 0.99, f"only {same:.4f} bit-equal to the float64 gate/up rounded once"
+    outside = torch.ones_like(buf, dtype=torch.bool)
+    outside[:, off : off + inter] = False
+    assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
+
+
+@pytest.mark.parametrize("entry", ["kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"])
+def test_streaming_gemv_is_deterministic_and_any_grid_covers_n(k: Gemv, entry: str) -> None:
+    """The same bits on every launch, and the same bits for any grid size (1 block, 7 blocks, more
+    blocks than units): the column split changes which block sums a column, not how."""
+    g = _gen(99)
+    rows, n, kk = 2, 3001, 2560
+    wn = 2 * n if entry in gen.SILU_ENTRIES else n
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(wn, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    _grid, threads, smem = gen.gemv_launch(entry, n, kk)
+    outs = []
+    for grid in (gen.GEMV_TMA_BLOCKS, gen.GEMV_TMA_BLOCKS, 1, 7, n):
+        y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        k.launch(entry, (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n),
+                 h.i32(kk), h.i32(n), shared_mem=smem)
+        torch.cuda.synchronize()
+        outs.append(y)
+    assert not outs[0].isnan().any()
+    for y in outs[1:]:
+        assert torch.equal(y.view(torch.int16), outs[0].view(torch.int16))
+
+
+def test_streaming_gemv_without_room_for_a_stage_writes_nothing(k: Gemv) -> None:
+    """Dynamic shared memory below one stage: the launch returns without touching y."""
+    g = _gen(5)
+    x = torch.randn(1, 2560, generator=g, device=DEV).to(BF16)
+    w = torch.randn(64, 2560, generator=g, device=DEV).to(BF16)
+    y = torch.randn(1, 64, generator=g, device=DEV).to(BF16)
+    before = y.clone()
+    k.launch("kern_gemv_bf16_tma", (4, 1, 1), (256, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(64),
+             h.i32(2560), h.i32(64), shared_mem=4096)
+    torch.cuda.synchronize()
+    assert torch.equal(y, before)

@@ -385,8 +385,38 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
             r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv(?:_seq)?<(\d+), (\d+), (\d+), (\d+)", text):
         assert int(bounds) == int(warps) * 32, entry
         found[entry] = (int(warps) // int(split) * int(cols), int(bounds))
-    assert found == {e: v for e, v in gen.GEMV_ENTRIES.items() if e != "kern_gemv_bf16"}
+    streaming = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == 0}
+    assert found == {e: v for e, v in gen.GEMV_ENTRIES.items() if e != "kern_gemv_bf16" and e not in streaming}
     assert gen.GEMV_ENTRIES["kern_gemv_bf16"] == (4, 128)  # the GEMV_* macros as built (docs/qwen3.md)
+    # The streaming entries: 8 warps, the stage cap the generator sizes launches with.
+    assert re.search(r"constexpr int TMA_WARPS = 8;", text)
+    assert re.search(rf"constexpr int TMA_STAGE_CAP = {gen.GEMV_TMA_STAGE_CAP};", text)
+    tma = dict(re.findall(r"__launch_bounds__\(TMA_WARPS \* 32\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_tma<(\w+)>",
+                          text))
+    assert tma == {"kern_gemv_bf16_tma": "GEMV_STORE", "kern_gemv_bf16_tma_silu": "GEMV_SILU"}
+    assert streaming == set(tma) and {e for e in gen.SILU_ENTRIES if e in streaming} == {"kern_gemv_bf16_tma_silu"}
+    assert all(gen.GEMV_ENTRIES[e][1] == 256 for e in streaming)
+
+
+def test_streaming_gemv_launch_is_sized_for_its_ring() -> None:
+    """A streaming GEMV runs min(n, GEMV_TMA_BLOCKS) blocks with the ring's shared memory; a row too
+    long for the ring is refused when the manifest is generated, not at run time."""
+    assert gen.gemv_launch("kern_gemv_bf16_s4", 6144, 2560) == (6144, 128, 0)
+    assert gen.gemv_launch("kern_gemv_bf16_tma", 6144, 2560) == (gen.GEMV_TMA_BLOCKS, 256, gen.GEMV_TMA_SMEM)
+    assert gen.gemv_launch("kern_gemv_bf16_tma", 37, 40) == (37, 256, gen.GEMV_TMA_SMEM)
+    assert gen.gemv_launch("kern_gemv_bf16_tma_silu", 9728, 2560)[2] == gen.GEMV_TMA_SMEM
+    longest = gen.GEMV_TMA_SMEM // 2
+    gen.gemv_launch("kern_gemv_bf16_tma", 10, longest)
+    with pytest.raises(gen.GenError, match="exceeds"):
+        gen.gemv_launch("kern_gemv_bf16_tma", 10, longest + 8)
+    with pytest.raises(gen.GenError, match="exceeds"):
+        gen.gemv_launch("kern_gemv_bf16_tma_silu", 10, longest // 2 + 8)
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS),
+                  gemv_pick={"qkv": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu"})
+    qkv = m["ops"]["gemv_tma_6144x2560"]["impl"]["launches"][0]
+    assert qkv["grid"] == [gen.GEMV_TMA_BLOCKS, 1, 1] and qkv["shared_mem"] == gen.GEMV_TMA_SMEM
+    decode = [c["op"] for c in m["programs"]["decode"]["calls"]]
+    assert "gemv_tma_silu_9728x2560" in decode and "silu_mul" not in decode
 
 
 def test_gemv_pick_overrides_the_table() -> None:

@@ -115,5 +115,8 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "gemv") == {"gemv": list(gen.GEMV_DEFAULT)}
     assert checks.variant_options(gen, "nopdl", {"o": "kern_gemv_bf16"}) == {
         "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": False, "gemv_pick": {"o": "kern_gemv_bf16"}}
+    stream = checks.variant_options(gen, "stream")
+    assert stream["pdl"] and stream["fuse"] and set(stream["gemv_pick"]) == set(gen.GEMV_GEMMS)
+    assert set(stream["gemv_pick"].values()) == {"kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"}
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")

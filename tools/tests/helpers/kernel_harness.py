@@ -65,10 +65,16 @@ class Kernels:
                 raise KeyError(name)
         return self._fns[name]
 
-    def launch(self, name: str, grid: tuple[int, ...], block: tuple[int, ...], *args: object) -> None:
-        """Launches on torch's current stream (so torch graph capture records it)."""
+    def launch(
+        self, name: str, grid: tuple[int, ...], block: tuple[int, ...], *args: object, shared_mem: int = 0
+    ) -> None:
+        """Launches on torch's current stream (so torch graph capture records it); `shared_mem`
+        bytes of dynamic shared memory (above 48 KiB the entry's opt-in attribute is raised)."""
+        fn = self.fn(name)
+        if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
+            fn.max_dynamic_shared_size_bytes = shared_mem
         with _torch_stream():
-            self.fn(name)(grid, block, args)
+            fn(grid, block, args, shared_mem=shared_mem)
 
 
 _STREAMS: dict[int, cp.cuda.ExternalStream] = {}

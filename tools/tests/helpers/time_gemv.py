@@ -129,18 +129,22 @@ class Entries:
         self.fns = {e: module.get_function(e) for e in gen.GEMV_ENTRIES}
 
     def launch(self, entry: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int) -> None:
-        cols, threads = gen.GEMV_ENTRIES[entry]
         k = x.shape[1]
+        grid, threads, smem = gen.gemv_launch(entry, n, k)
+        fn = self.fns[entry]
+        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
         args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(x.shape[0]), h.i32(n), h.i32(k), h.i32(n))
         with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
-            self.fns[entry](((n + cols - 1) // cols, 1, 1), (threads, 1, 1), args)
+            fn((grid, 1, 1), (threads, 1, 1), args, shared_mem=smem)
 
 
 def entries_main(pick_out: Path, out: Path | None) -> None:
     torch.manual_seed(0)
     ent = Entries(Path(tempfile.mkdtemp(prefix="time_gemv_entries_")))
-    plain = [e for e in gen.GEMV_ENTRIES if e != "kern_gemv_bf16_silu"]
-    labels = ["cuBLAS torch.mm", *plain, "kern_gemv_bf16_silu (gate_up + SiLU-mul)"]
+    plain = [e for e in gen.GEMV_ENTRIES if e not in gen.SILU_ENTRIES]
+    silus = {e: f"{e} (gate_up + SiLU-mul)" for e in gen.SILU_ENTRIES}
+    labels = ["cuBLAS torch.mm", *plain, *silus.values()]
     lines = [
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {LAUNCHES} launches per "
         f"graph, median of {REPLAYS}; us per launch (GB/s of W + x + y)",
@@ -173,18 +177,19 @@ def entries_main(pick_out: Path, out: Path | None) -> None:
             lines.append(f"| {name}: WRONG VALUES from {', '.join(wrong)} (not picked) |")
         picks[gemm] = best
         if gemm == "gate_up":
-            silu = times[labels[-1]] = time_graph(
-                [lambda w=w, x=x, y=y, n=n: ent.launch("kern_gemv_bf16_silu", x, w, y, n // 2) for w in ws])
             g, u = ref[: n // 2], ref[n // 2 :]
             want = torch.nn.functional.silu(g) * u
-            ent.launch("kern_gemv_bf16_silu", x, ws[0], y, n // 2)
-            torch.cuda.synchronize()
-            got = y.float().flatten()[: n // 2]
-            silu_ok = torch.allclose(got, want, rtol=3e-2, atol=3e-2 * float(want.abs().max()))
-            if not silu_ok:
-                lines.append(f"| {name}: WRONG VALUES from kern_gemv_bf16_silu (not picked) |")
-            if silu_ok and silu <= times[best] + SILU_MUL_US:
-                picks[gemm] = "kern_gemv_bf16_silu"
+            fastest = times[best] + SILU_MUL_US
+            for e, label in silus.items():
+                silu = times[label] = time_graph(
+                    [lambda w=w, e=e, x=x, y=y, n=n: ent.launch(e, x, w, y, n // 2) for w in ws])
+                ent.launch(e, x, ws[0], y, n // 2)
+                torch.cuda.synchronize()
+                got = y.float().flatten()[: n // 2]
+                if not torch.allclose(got, want, rtol=3e-2, atol=3e-2 * float(want.abs().max())):
+                    lines.append(f"| {name}: WRONG VALUES from {e} (not picked) |")
+                elif silu <= fastest:
+                    picks[gemm], fastest = e, silu
         for e, us in times.items():
             step[e] += us * per_step
         cells = [f"{times[e]:.2f} ({moved / times[e] / 1e3:.0f})" if e in times else "" for e in labels]
@@ -192,7 +197,8 @@ def entries_main(pick_out: Path, out: Path | None) -> None:
         del ws
         torch.cuda.empty_cache()
     lines.append("| GEMV time of a decode step (36 layers + lm_head) | "
-                 + " | ".join(f"{step[e] / 1000:.3f} ms" for e in labels[:-1]) + " | |")
+                 + " | ".join(f"{step[e] / 1000:.3f} ms" for e in labels[: 1 + len(plain)])
+                 + " |" * (len(silus) + 1))
     lines += ["", f"picks (gen_qwen3 --gemv-pick): {json.dumps(picks)}"]
     text = "\n".join(lines) + "\n"
     print(text)
