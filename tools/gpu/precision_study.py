@@ -52,14 +52,15 @@ the config (OUT/ckpt/<config>-l<N>) for a quick smoke run; --config tiny is the 
    1.0 (transformers' init), so there norm_inner rounds the same values as the norm output, and
    all-but-{norm_inner,qk_norm,q,kv} equal bf16-all (the neighbouring site rounds the same value).
 
-Smoke run without a GPU (2-layer config, about 20 s on 2 CPU cores):
-    python3 tools/gpu/precision_study.py /tmp/ps --config tiny --device cpu
 3. prints and writes OUT/precision_study.json and OUT/precision_study.md: for each scheme and
    prompt the relative L2 error of the first-step logits (||x - ref|| / ||ref||, as qwen3_checks
-   measures it) against transformers float32, and whether the top-1 token agrees with its.
+   measures it) against transformers float32, and whether the top-1 token agrees with transformers float32's.
 
 Exit status 0 unless the functional f32 forward misses transformers float32 by more than
 VALIDATION_TOL on some prompt (the study's numbers then mean nothing; they are still written).
+
+Smoke run without a GPU (2-layer config, about 20 s on 2 CPU cores):
+    python3 tools/gpu/precision_study.py /tmp/ps --config tiny --device cpu
 """
 
 from __future__ import annotations
