@@ -51,10 +51,10 @@ the config (OUT/ckpt/<config>-l<N>) for a quick smoke run; --config tiny is the 
    keep the KV cache bf16 like every kern design does. The random checkpoint's norm weights are all
    1.0 (transformers' init), so there norm_inner rounds the same values as the norm output, and
    all-but-{norm_inner,qk_norm,q,kv} equal bf16-all (the neighbouring site rounds the same value).
-
 3. prints and writes OUT/precision_study.json and OUT/precision_study.md: for each scheme and
    prompt the relative L2 error of the first-step logits (||x - ref|| / ||ref||, as qwen3_checks
-   measures it) against transformers float32, and whether the top-1 token agrees with transformers float32's.
+   measures it) against transformers float32, and whether the top-1 token agrees with
+   transformers float32's.
 
 Exit status 0 unless the functional f32 forward misses transformers float32 by more than
 VALIDATION_TOL on some prompt (the study's numbers then mean nothing; they are still written).
