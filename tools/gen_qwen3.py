@@ -106,13 +106,13 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_s2q4": (8, 128),
     "kern_gemv_bf16_s4q4": (4, 128),
     "kern_gemv_bf16_silu": (4, 128),
-    "kern_gemv_bf16_tma": (0, 256),
-    "kern_gemv_bf16_tma_silu": (0, 256),
+    "kern_gemv_bf16_tma": (0, 512),
+    "kern_gemv_bf16_tma_silu": (0, 512),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
 ceil_div(n, columns), or for the streaming entries (columns 0: W through a shared-memory ring
 filled by bulk copies) min(n, GEMV_TMA_BLOCKS) blocks with GEMV_TMA_SMEM bytes of dynamic shared
-memory each (`gemv_launch`)."""
+memory each (`gemv_launch`): the ring of W stages and one f32 partial per 16-byte piece of a stage."""
 SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu")
 """GEMV entries with SiLU-and-mul in their epilogue (gate_up only: W is [2n, k], y is `act`)."""
 GEMV_TMA_BLOCKS = 132
@@ -559,9 +559,10 @@ def gemv_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
         return -(-n // cols), threads, 0
     rows = 2 if entry in SILU_ENTRIES else 1
     stage = max(1, GEMV_TMA_STAGE_CAP // (rows * 2 * k)) * rows * 2 * k
-    if stage > GEMV_TMA_SMEM:
-        raise GenError(f"{entry}: a stage of {stage} bytes (k = {k}) exceeds the {GEMV_TMA_SMEM}-byte ring; "
-                       "pick another GEMV entry for this GEMM (--gemv-pick)")
+    # NOTE: one f32 partial per 16-byte piece of a stage, for the one x row a decode launch has.
+    if stage + stage // 4 > GEMV_TMA_SMEM:
+        raise GenError(f"{entry}: a stage of {stage} bytes (k = {k}) and its partials exceed the "
+                       f"{GEMV_TMA_SMEM}-byte shared memory; pick another GEMV entry for this GEMM (--gemv-pick)")
     return min(n, GEMV_TMA_BLOCKS), threads, GEMV_TMA_SMEM
 
 

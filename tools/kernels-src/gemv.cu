@@ -398,18 +398,20 @@ extern "C" __global__ void __launch_bounds__(128)
 // NR row groups (1; the SiLU form's gate and up rows) the cps consecutive W rows, one contiguous
 // bulk copy each. The n columns form ceil(n / cps) units; block b takes the contiguous units
 // [b * units / grid, (b + 1) * units / grid), so each SM streams one contiguous band of W. The ring
-// has NST = min(TMA_MAX_STAGES, dynamic shared bytes / stage bytes) stages, each with an mbarrier
-// whose transaction count the copies complete; a stage is refilled after all warps passed the
-// barrier that ends its use. The block's 8 warps form groups of S = 8 / min(cps, 8) (rounded to a
-// power of two) warps; a group sums columns g, g + groups, ...; warp p of a group takes the 16-byte
-// pieces p * 32 + lane, + 32 S, ... of each row, a warp shuffle reduces, and with S > 1 the group's
-// partial sums meet in shared memory and add in warp order. Deterministic: the same bits each run.
-// x (rows x k bf16, written by the previous launch) is read with ordinary loads after the wait and
-// stays in L1. A launch whose stage does not fit its dynamic shared memory writes nothing
-// (tools/gen_qwen3.py sizes both). Grid [any, 1, 1] (one block per SM is the intent), block [256],
-// dynamic shared memory TMA_SMEM bytes (gen_qwen3's GEMV_TMA_SMEM).
+// has NST = min(TMA_MAX_STAGES, ring bytes / stage bytes) stages, each with an mbarrier whose
+// transaction count the copies complete; a stage is refilled after all warps passed the barrier
+// that ends its use. A stage is consumed in two passes with no shuffles on the long side: thread t
+// takes the 16-byte pieces t, t + 512, ... of the stage (any row), multiplies each with the
+// matching 8 elements of x and stores that piece's partial (one f32 per x row) in shared memory;
+// then one warp per column sums the pieces of its W row(s) in a fixed order (lane l takes pieces
+// l, l + 32, ...; a warp shuffle adds the lanes) and applies the epilogue. So every column's sum
+// has the same order whatever the grid: deterministic. x (rows x k bf16, written by the previous
+// launch) is read with ordinary loads after the wait and stays in L1. A launch whose dynamic
+// shared memory holds no stage writes nothing (tools/gen_qwen3.py sizes both). Grid [any, 1, 1]
+// (one block per SM is the intent), block [512], dynamic shared memory TMA_SMEM bytes (gen_qwen3's
+// GEMV_TMA_SMEM), split into the ring and the partials (stage bytes / 16 * rows f32).
 
-constexpr int TMA_WARPS = 8;
+constexpr int TMA_WARPS = 16;
 constexpr int TMA_MAX_STAGES = 16;
 constexpr int TMA_STAGE_CAP = 32768;
 
@@ -468,15 +470,18 @@ static __device__ __forceinline__ void gemv_tma_rows(const bf16* __restrict__ x,
                                                      bf16* __restrict__ y, int n, int k,
                                                      int y_stride) {
     constexpr int NR = EPI == GEMV_SILU ? 2 : 1;
+    constexpr int THREADS = TMA_WARPS * 32;
     extern __shared__ __align__(128) unsigned char tma_ring[];
     __shared__ __align__(8) uint64_t bars[TMA_MAX_STAGES];
-    __shared__ float sums[2][TMA_WARPS][R * NR];
     kern_pdl_launch_dependents();
 
     const int64_t row_bytes = (int64_t)k * 2;
     const int cps = (int)max((int64_t)1, TMA_STAGE_CAP / (NR * row_bytes));
     const int64_t stage_bytes = cps * NR * row_bytes;
-    const int nst = (int)min((int64_t)TMA_MAX_STAGES, (int64_t)dynamic_smem_bytes() / stage_bytes);
+    const int64_t stage_pieces = stage_bytes / 16;
+    const int64_t part_bytes = stage_pieces * R * 4;
+    const int64_t ring_bytes = (int64_t)dynamic_smem_bytes() - part_bytes;
+    const int nst = ring_bytes < stage_bytes ? 0 : (int)min((int64_t)TMA_MAX_STAGES, ring_bytes / stage_bytes);
     const int64_t units = (n + cps - 1) / cps;
     const int u0 = (int)(blockIdx.x * units / gridDim.x);
     const int count = (int)((blockIdx.x + 1) * units / gridDim.x) - u0;
@@ -484,10 +489,8 @@ static __device__ __forceinline__ void gemv_tma_rows(const bf16* __restrict__ x,
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int spc = cps >= 8 ? 1 : cps >= 4 ? 2 : cps >= 2 ? 4 : 8;  // warps per column
-    const int groups = TMA_WARPS / spc;
-    const int group = warp / spc;
-    const int part = warp % spc;
+    const int pieces = k / 8;  // per W row
+    float* part = reinterpret_cast<float*>(tma_ring + nst * stage_bytes);  // part[r * stage_pieces + i]
     const uint32_t ring = smem_addr(tma_ring);
     const uint32_t bar0 = smem_addr(bars);
     const uint64_t policy = l2_evict_first();
@@ -516,93 +519,63 @@ static __device__ __forceinline__ void gemv_tma_rows(const bf16* __restrict__ x,
         for (int i = 0; i < min(nst, count); ++i) issue(i);
     kern_pdl_wait();
 
-    const int pieces = k / 8;
     for (int i = 0; i < count; ++i) {
         const int s = i % nst;
-        mbar_wait(bar0 + 8 * s, (uint32_t)((i / nst) & 1));
         const int c0 = (u0 + i) * cps;
         const int cols = min(cps, n - c0);
-        const unsigned char* stage = tma_ring + s * stage_bytes;
-        // Each group takes at most 2 columns of a stage when spc > 1 (cps < 8), so `sums` holds
-        // a stage's partials: slot jj = j / groups.
-        for (int j = group, jj = 0; j < cols; j += groups, ++jj) {
+        const uint4* stage = reinterpret_cast<const uint4*>(tma_ring + s * stage_bytes);
+        mbar_wait(bar0 + 8 * s, (uint32_t)((i / nst) & 1));
+        // Pass 1: one partial per (x row, piece) of the `cols` live rows of each row group.
+        const int live = cols * pieces;
+#pragma unroll
+        for (int g = 0; g < NR; ++g) {
+            const int base = g * cps * pieces;
+#pragma unroll 4
+            for (int q = threadIdx.x; q < live; q += THREADS) {
+                float wf[8];
+                unpack8(stage[base + q], wf);
+                const int kp = (q % pieces) * 8;
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float xf[8];
+                    unpack8(*reinterpret_cast<const uint4*>(x + (int64_t)r * k + kp), xf);
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) d = fmaf(xf[e], wf[e], d);
+                    part[r * stage_pieces + base + q] = d;
+                }
+            }
+        }
+        __syncthreads();
+        // Pass 2: warp j sums column j's W row(s), lanes in a fixed order, then the epilogue.
+        for (int j = warp; j < cols; j += TMA_WARPS) {
             float acc[R][NR];
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
-                for (int g = 0; g < NR; ++g) acc[r][g] = 0.0f;
-            for (int p = part * 32 + lane; p < pieces; p += 32 * spc) {
-                float wf[NR][8];
-#pragma unroll
                 for (int g = 0; g < NR; ++g) {
-                    const uint4 v = *reinterpret_cast<const uint4*>(
-                        stage + (g * cps + j) * row_bytes + (int64_t)p * 16);
-                    unpack8(v, wf[g]);
+                    const float* row = part + r * stage_pieces + ((int64_t)g * cps + j) * pieces;
+                    float a = 0.0f;
+                    for (int p = lane; p < pieces; p += 32) a += row[p];
+                    acc[r][g] = warp_sum(a);
                 }
+            if (lane == 0) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    float xf[8];
-                    unpack8(ld_after_wait(x + (int64_t)r * k + p * 8), xf);
-#pragma unroll
-                    for (int g = 0; g < NR; ++g)
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[r][g] = fmaf(xf[e], wf[g][e], acc[r][g]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int g = 0; g < NR; ++g) acc[r][g] = warp_sum(acc[r][g]);
-            if (spc == 1) {
-                if (lane == 0) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        bf16* out = y + (int64_t)r * y_stride + c0 + j;
-                        if constexpr (EPI == GEMV_ACC) {
-                            *out = to_bf(to_f(*out) + acc[r][0]);
-                        } else if constexpr (EPI == GEMV_SILU) {
-                            const float gt = bf(acc[r][0]);
-                            const float up = bf(acc[r][1]);
-                            *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
-                        } else {
-                            *out = to_bf(acc[r][0]);
-                        }
-                    }
-                }
-            } else if (lane == 0) {
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-#pragma unroll
-                    for (int g = 0; g < NR; ++g) sums[jj][warp][r * NR + g] = acc[r][g];
-            }
-        }
-        if (spc > 1) {
-            __syncthreads();
-            if (part == 0 && lane == 0) {
-                for (int j = group, jj = 0; j < cols; j += groups, ++jj) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float t[NR];
-#pragma unroll
-                        for (int g = 0; g < NR; ++g) {
-                            t[g] = 0.0f;
-                            for (int q = 0; q < spc; ++q) t[g] += sums[jj][warp + q][r * NR + g];
-                        }
-                        bf16* out = y + (int64_t)r * y_stride + c0 + j;
-                        if constexpr (EPI == GEMV_ACC) {
-                            *out = to_bf(to_f(*out) + t[0]);
-                        } else if constexpr (EPI == GEMV_SILU) {
-                            const float gt = bf(t[0]);
-                            const float up = bf(t[NR - 1]);
-                            *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
-                        } else {
-                            *out = to_bf(t[0]);
-                        }
+                    bf16* out = y + (int64_t)r * y_stride + c0 + j;
+                    if constexpr (EPI == GEMV_ACC) {
+                        *out = to_bf(to_f(*out) + acc[r][0]);
+                    } else if constexpr (EPI == GEMV_SILU) {
+                        const float gt = bf(acc[r][0]);
+                        const float up = bf(acc[r][NR - 1]);
+                        *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
+                    } else {
+                        *out = to_bf(acc[r][0]);
                     }
                 }
             }
         }
-        // Every warp is done with stage s (and with `sums`): refill it.
+        // Every warp is done with stage s and with `part`: refill the stage.
         __syncthreads();
         if (threadIdx.x == 0 && i + nst < count) issue(i + nst);
     }
@@ -622,15 +595,15 @@ static __device__ __forceinline__ void gemv_tma(const bf16* __restrict__ x, cons
 }
 
 // As kern_gemv_bf16, streaming W through the shared-memory ring above. Grid [any, 1, 1],
-// block [256, 1, 1], dynamic shared memory: the ring (at least one stage).
-extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32)
+// block [512, 1, 1], dynamic shared memory: the ring (at least one stage) and the partials.
+extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32, 1)
     kern_gemv_bf16_tma(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv_tma<GEMV_STORE>(x, w, y, rows, n, k, y_stride);
 }
 
 // kern_gemv_bf16_silu's arithmetic (W [2n, k]: gate rows, then up rows) on the streaming ring.
-extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32, 1)
     kern_gemv_bf16_tma_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv_tma<GEMV_SILU>(x, w, y, rows, n, k, y_stride);

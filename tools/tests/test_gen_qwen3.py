@@ -389,28 +389,30 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     assert found == {e: v for e, v in gen.GEMV_ENTRIES.items() if e != "kern_gemv_bf16" and e not in streaming}
     assert gen.GEMV_ENTRIES["kern_gemv_bf16"] == (4, 128)  # the GEMV_* macros as built (docs/qwen3.md)
     # The streaming entries: 8 warps, the stage cap the generator sizes launches with.
-    assert re.search(r"constexpr int TMA_WARPS = 8;", text)
+    assert re.search(r"constexpr int TMA_WARPS = 16;", text)
     assert re.search(rf"constexpr int TMA_STAGE_CAP = {gen.GEMV_TMA_STAGE_CAP};", text)
-    tma = dict(re.findall(r"__launch_bounds__\(TMA_WARPS \* 32\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_tma<(\w+)>",
+    tma = dict(re.findall(r"__launch_bounds__\(TMA_WARPS \* 32, 1\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_tma<(\w+)>",
                           text))
     assert tma == {"kern_gemv_bf16_tma": "GEMV_STORE", "kern_gemv_bf16_tma_silu": "GEMV_SILU"}
     assert streaming == set(tma) and {e for e in gen.SILU_ENTRIES if e in streaming} == {"kern_gemv_bf16_tma_silu"}
-    assert all(gen.GEMV_ENTRIES[e][1] == 256 for e in streaming)
+    assert all(gen.GEMV_ENTRIES[e][1] == 512 for e in streaming)
 
 
 def test_streaming_gemv_launch_is_sized_for_its_ring() -> None:
     """A streaming GEMV runs min(n, GEMV_TMA_BLOCKS) blocks with the ring's shared memory; a row too
     long for the ring is refused when the manifest is generated, not at run time."""
     assert gen.gemv_launch("kern_gemv_bf16_s4", 6144, 2560) == (6144, 128, 0)
-    assert gen.gemv_launch("kern_gemv_bf16_tma", 6144, 2560) == (gen.GEMV_TMA_BLOCKS, 256, gen.GEMV_TMA_SMEM)
-    assert gen.gemv_launch("kern_gemv_bf16_tma", 37, 40) == (37, 256, gen.GEMV_TMA_SMEM)
+    assert gen.gemv_launch("kern_gemv_bf16_tma", 6144, 2560) == (gen.GEMV_TMA_BLOCKS, 512, gen.GEMV_TMA_SMEM)
+    assert gen.gemv_launch("kern_gemv_bf16_tma", 37, 40) == (37, 512, gen.GEMV_TMA_SMEM)
     assert gen.gemv_launch("kern_gemv_bf16_tma_silu", 9728, 2560)[2] == gen.GEMV_TMA_SMEM
-    longest = gen.GEMV_TMA_SMEM // 2
+    # A one-row stage of depth k takes 2k bytes and k / 2 bytes of partials (2.5k); the SiLU form 5k.
+    longest = gen.GEMV_TMA_SMEM * 2 // 5 // 8 * 8
     gen.gemv_launch("kern_gemv_bf16_tma", 10, longest)
-    with pytest.raises(gen.GenError, match="exceeds"):
+    gen.gemv_launch("kern_gemv_bf16_tma_silu", 10, longest // 2 // 8 * 8)
+    with pytest.raises(gen.GenError, match="exceed"):
         gen.gemv_launch("kern_gemv_bf16_tma", 10, longest + 8)
-    with pytest.raises(gen.GenError, match="exceeds"):
-        gen.gemv_launch("kern_gemv_bf16_tma_silu", 10, longest // 2 + 8)
+    with pytest.raises(gen.GenError, match="exceed"):
+        gen.gemv_launch("kern_gemv_bf16_tma_silu", 10, longest // 2 // 8 * 8 + 8)
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS),
                   gemv_pick={"qkv": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu"})
     qkv = m["ops"]["gemv_tma_6144x2560"]["impl"]["launches"][0]
