@@ -354,7 +354,11 @@ def _decode_case(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq
     return out, ref
 
 
-@pytest.mark.parametrize("seq_len", [1, 15, 16, 17, 300, 1000, 2053])
+# Edges of the split plan (attention.cu decode_plan, pages of 16): one split over the query heads
+# up to 128 tokens; then splits of >= 2 pages (ceil(pages / splits) pages from 33 pages at S 16,
+# 65 at S 32); the block-table cache holds 128 pages of a split (S 16 at 32768 tokens uses 128).
+@pytest.mark.parametrize("seq_len", [1, 15, 16, 17, 31, 32, 33, 127, 128, 129, 160, 161, 255, 256, 257, 300,
+                                     512, 513, 1000, 1024, 1025, 2053, 4096, 8192])
 @pytest.mark.parametrize("splits", [16, 32])
 def test_decode_attention_4b_heads(k: object, gen: torch.Generator, seq_len: int, splits: int) -> None:
     out, ref = _decode_case(k, gen, 32, 8, 128, seq_len, splits)
@@ -362,8 +366,19 @@ def test_decode_attention_4b_heads(k: object, gen: torch.Generator, seq_len: int
 
 
 @pytest.mark.parametrize(("nq", "nkv", "d"), [(16, 8, 128), (40, 8, 128), (64, 4, 128), (8, 1, 64), (24, 8, 64)])
-def test_decode_attention_other_gqa_shapes(k: object, gen: torch.Generator, nq: int, nkv: int, d: int) -> None:
-    out, ref = _decode_case(k, gen, nq, nkv, d, 531, 8)
+@pytest.mark.parametrize("seq_len", [531, 100])
+def test_decode_attention_other_gqa_shapes(
+    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int
+) -> None:
+    """531 tokens: token splits; 100: one split over the query heads, except (64, 4) whose group of
+    16 is more than the 8 splits (token splits of 2 pages)."""
+    out, ref = _decode_case(k, gen, nq, nkv, d, seq_len, 8)
+    torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=1e-2)
+
+
+def test_decode_attention_block_table_beyond_the_cache(k: object, gen: torch.Generator) -> None:
+    """A split of more pages than the block-table cache (128): 4 splits of 132 pages."""
+    out, ref = _decode_case(k, gen, 8, 1, 64, 131 * PAGE * 4 + 5, 4)
     torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=1e-2)
 
 
@@ -392,16 +407,21 @@ def test_qk_norm_rope_kv_is_qk_norm_rope_then_kv_write(
     assert torch.equal(bits(kv2.state), bits(kv.state))
 
 
-@pytest.mark.parametrize(("nq", "nkv", "d", "seq_len"), [
-    (32, 8, 128, 1), (32, 8, 128, 17), (32, 8, 128, 128), (32, 8, 128, 300), (32, 8, 128, 2053),
-    (32, 8, 128, 8192), (40, 8, 128, 531), (64, 4, 128, 531), (8, 1, 64, 531), (24, 8, 64, 100)])
+@pytest.mark.parametrize(("nq", "nkv", "d", "seq_len", "splits"), [
+    (32, 8, 128, 1, 32), (32, 8, 128, 16, 32), (32, 8, 128, 17, 32), (32, 8, 128, 127, 32),
+    (32, 8, 128, 128, 32), (32, 8, 128, 129, 32), (32, 8, 128, 255, 32), (32, 8, 128, 256, 32),
+    (32, 8, 128, 257, 32), (32, 8, 128, 300, 32), (32, 8, 128, 395, 32), (32, 8, 128, 1024, 32),
+    (32, 8, 128, 1025, 32), (32, 8, 128, 2053, 32), (32, 8, 128, 4096, 32), (32, 8, 128, 8192, 32),
+    (32, 8, 128, 128, 16), (32, 8, 128, 513, 16), (40, 8, 128, 531, 32), (40, 8, 128, 128, 32),
+    (64, 4, 128, 531, 32), (64, 4, 128, 100, 32), (64, 4, 128, 100, 8), (8, 1, 64, 531, 32),
+    (8, 1, 64, 128, 32), (24, 8, 64, 100, 32), (24, 8, 64, 1, 2)])
 def test_one_launch_decode_attention_is_the_two_launch_pair(
-    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int
+    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
 ) -> None:
-    """kern_attn_decode: bit-identical to partial + reduce (same partials, same order over the
-    splits that hold tokens), three launches in a row each leave the counters at zero again, and
-    kern_zero_i32 zeroes them to start with."""
-    splits = 32
+    """kern_attn_decode: bit-identical to partial + reduce (same plan: one split over the query
+    heads up to 128 tokens unless the group exceeds the splits, else token splits; same partials,
+    same order over the splits that hold tokens), three launches in a row each leave the counters
+    at zero again, and kern_zero_i32 zeroes them to start with."""
     pages = math.ceil(seq_len / PAGE) + 3
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
     table = _block_table(pages, gen)

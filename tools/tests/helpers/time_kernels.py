@@ -125,6 +125,18 @@ def cases(k: h.Kernels, ctx_pages: int) -> list[tuple[str, Callable[[], None], f
                 h.i32(NKV), h.i32(D), h.i32(PAGE), ps, h.i32(splits), h.f32(D**-0.5))
             add(f"attn_decode_reduce ctx={ctx} S={splits}", "kern_attn_decode_reduce", (NQ,), (128,),
                 splits * NQ * D * 4, p(po), p(pl), p(o), h.i32(NQ), h.i32(D), h.i32(splits))
+    # The one-launch decode attention at both sides of its one-split limit (128 tokens), at the
+    # contexts kern bench's "ctx 128" rows decode at (~140-395), and at 8192.
+    for ctx in (128, 129, 256, 395, 8192):
+        splits = 32
+        seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+        po = torch.empty(splits, NQ, D, device="cuda")
+        pl = torch.empty(splits, NQ, device="cuda")
+        counters = torch.zeros(NKV, dtype=torch.int32, device="cuda")
+        o = rnd(1, NQ * D)
+        add(f"attn_decode (one launch) ctx={ctx} S={splits}", "kern_attn_decode", (NKV, splits), (128,),
+            ctx * NKV * D * 4, p(qkv1), lay, p(bt), p(seq), p(po), p(pl), p(counters), p(o), h.i32(NQ),
+            h.i32(NKV), h.i32(D), h.i32(PAGE), ps, h.i32(splits), h.f32(D**-0.5))
     seq709 = torch.tensor([709], dtype=torch.int32, device="cuda")
     out_attn = rnd(709, NQ * D)
     add("attn_prefill rows=709 seq=709", "kern_attn_prefill", (math.ceil(709 / 64), NQ), (128,),
