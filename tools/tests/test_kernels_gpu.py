@@ -356,7 +356,7 @@ def _decode_case(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq
 
 # Edges of the split plan (attention.cu decode_plan, pages of 16): one split over the query heads
 # up to 128 tokens; then splits of >= 2 pages (ceil(pages / splits) pages from 33 pages at S 16,
-# 65 at S 32); the block-table cache holds 128 pages of a split (S 16 at 32768 tokens uses 128).
+# 65 at S 32). Splits of more pages than the block-table cache (128): the test after the next.
 @pytest.mark.parametrize("seq_len", [1, 15, 16, 17, 31, 32, 33, 127, 128, 129, 160, 161, 255, 256, 257, 300,
                                      512, 513, 1000, 1024, 1025, 2053, 4096, 8192])
 @pytest.mark.parametrize("splits", [16, 32])
