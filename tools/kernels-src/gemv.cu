@@ -411,9 +411,21 @@ extern "C" __global__ void __launch_bounds__(128)
 // (one block per SM is the intent), block [512], dynamic shared memory TMA_SMEM bytes (gen_qwen3's
 // GEMV_TMA_SMEM), split into the ring and the partials (stage bytes / 16 * rows f32).
 
+// NOTE: GEMV_TMA_CAP / GEMV_TMA_COPY / GEMV_TMA_HINT are fixed for the built cubin; time_gemv.py
+// --tma builds other values only to compare them.
+#ifndef GEMV_TMA_CAP
+#define GEMV_TMA_CAP 32768
+#endif
+#ifndef GEMV_TMA_COPY
+#define GEMV_TMA_COPY 0
+#endif
+#ifndef GEMV_TMA_HINT
+#define GEMV_TMA_HINT 1
+#endif
 constexpr int TMA_WARPS = 16;
 constexpr int TMA_MAX_STAGES = 16;
-constexpr int TMA_STAGE_CAP = 32768;
+constexpr int TMA_STAGE_CAP = GEMV_TMA_CAP;
+constexpr int TMA_COPY = GEMV_TMA_COPY;  // bytes per bulk copy (0: one copy per row group)
 
 static __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -451,11 +463,19 @@ static __device__ __forceinline__ uint64_t l2_evict_first() {
 // block's shared memory; completes `bytes` transactions on the mbarrier.
 static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
                                                 uint32_t bar, uint64_t policy) {
+#if GEMV_TMA_HINT
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
         " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
         "l"(src), "r"(bytes), "r"(bar), "l"(policy)
         : "memory");
+#else
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1], %2, [%3];" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+#endif
 }
 
 static __device__ __forceinline__ uint32_t dynamic_smem_bytes() {
@@ -504,9 +524,16 @@ static __device__ __forceinline__ void gemv_tma_rows(const bf16* __restrict__ x,
         const uint32_t bar = bar0 + 8 * s;
         mbar_expect_tx(bar, NR * bytes);
 #pragma unroll
-        for (int g = 0; g < NR; ++g)
-            bulk_g2s(ring + (uint32_t)(s * stage_bytes + g * cps * row_bytes),
-                     w + ((int64_t)g * n + c0) * k, bytes, bar, policy);
+        for (int g = 0; g < NR; ++g) {
+            const uint32_t dst = ring + (uint32_t)(s * stage_bytes + g * cps * row_bytes);
+            const char* src = reinterpret_cast<const char*>(w + ((int64_t)g * n + c0) * k);
+            if constexpr (TMA_COPY > 0) {
+                for (uint32_t off = 0; off < bytes; off += TMA_COPY)
+                    bulk_g2s(dst + off, src + off, min((uint32_t)TMA_COPY, bytes - off), bar, policy);
+            } else {
+                bulk_g2s(dst, src, bytes, bar, policy);
+            }
+        }
     };
 
     if (threadIdx.x == 0) {

@@ -10,6 +10,10 @@ timed (the pinned values are the ones docs/qwen3.md's grid uses).
 
 Usage: python3 tools/tests/helpers/time_gemv.py [out.md]
        python3 tools/tests/helpers/time_gemv.py --entries PICK.json [out.md]
+       python3 tools/tests/helpers/time_gemv.py --tma [out.md]
+
+`--tma` times kern_gemv_bf16_tma built with other GEMV_TMA_CAP / GEMV_TMA_COPY / GEMV_TMA_HINT values
+and launched with other shared-memory sizes (TMA_VARIANTS), beside the pinned kern_gemv_bf16_s4.
 
 `--entries` times instead every GEMV entry of the built gemv.cu (tools/gen_qwen3.py GEMV_ENTRIES) at
 the decode shapes and writes the fastest entry per GEMM as JSON for `gen_qwen3 --gemv-pick` (gate_up:
@@ -279,7 +283,79 @@ def main(out: Path | None) -> None:
         out.write_text(text)
 
 
+# (GEMV_TMA_CAP, GEMV_TMA_COPY, GEMV_TMA_HINT, dynamic shared bytes) of the --tma comparison.
+TMA_VARIANTS = [
+    (32768, 0, 1, 196608),
+    (32768, 0, 0, 196608),
+    (32768, 4096, 1, 196608),
+    (32768, 8192, 0, 196608),
+    (16384, 0, 1, 196608),
+    (16384, 2048, 0, 196608),
+    (65536, 16384, 0, 196608),
+    (32768, 0, 1, 98304),
+    (8192, 0, 0, 196608),
+]
+
+
+def tma_main(out: Path | None) -> None:
+    torch.manual_seed(0)
+    work = Path(tempfile.mkdtemp(prefix="time_gemv_tma_"))
+    fns = []
+    for i, (cap, copy, hint, smem) in enumerate(TMA_VARIANTS):
+        src = work / f"v{i}" / "src"
+        src.mkdir(parents=True)
+        for header in h.KERNELS_SRC.glob("*.cuh"):
+            shutil.copy(header, src / header.name)
+        defs = f"#define GEMV_TMA_CAP {cap}\n#define GEMV_TMA_COPY {copy}\n#define GEMV_TMA_HINT {hint}\n"
+        (src / "gemv.cu").write_text(defs + (h.KERNELS_SRC / "gemv.cu").read_text())
+        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+        path, _sha = h.build_kernels(src, work / f"v{i}" / "cubins", compiler=(nvcc,))["gemv"]
+        module = cp.RawModule(path=str(path))
+        fn = module.get_function("kern_gemv_bf16_tma")
+        fn.max_dynamic_shared_size_bytes = smem
+        fns.append((fn, module.get_function("kern_gemv_bf16_s4"), smem))
+    labels = ["kern_gemv_bf16_s4"] + [f"cap {c} copy {cp_} hint {hn} smem {s // 1024}K"
+                                      for c, cp_, hn, s in TMA_VARIANTS]
+    lines = [f"device: {torch.cuda.get_device_name()}; {LAUNCHES} launches per graph, median of {REPLAYS}; "
+             "us per launch (GB/s)", "", "| shape | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for name, n, k, _per_step in SHAPES:
+        if name.startswith("gate_up"):
+            continue
+        nbytes = n * k * 2
+        copies = max(2, math.ceil(MIN_ROTATION_BYTES / nbytes))
+        ws = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        ref = (x.float() @ ws[0].float().t()).flatten()
+
+        def go(fn: cp.RawKernel, grid: int, threads: int, smem: int, w: torch.Tensor,
+               x: torch.Tensor = x, y: torch.Tensor = y, n: int = n, k: int = k) -> None:
+            args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(n), h.i32(k), h.i32(n))
+            with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
+                fn((grid, 1, 1), (threads, 1, 1), args, shared_mem=smem)
+
+        s4 = fns[0][1]
+        blocks = min(n, gen.GEMV_TMA_BLOCKS)
+        times = [time_graph([lambda w=w, go=go, s4=s4, n=n: go(s4, n, 128, 0, w) for w in ws])]
+        for fn, _s4, smem in fns:
+            times.append(time_graph([lambda w=w, go=go, fn=fn, smem=smem, b=blocks: go(fn, b, 512, smem, w)
+                                     for w in ws]))
+            go(fn, blocks, 512, smem, ws[0])
+            torch.cuda.synchronize()
+            assert torch.allclose(y.float().flatten(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
+        lines.append(f"| {name} | " + " | ".join(f"{us:.2f} ({nbytes / us / 1e3:.0f})" for us in times) + " |")
+        del ws
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--tma":
+        tma_main(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+        sys.exit(0)
     if len(sys.argv) > 2 and sys.argv[1] == "--entries":
         entries_main(Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else None)
     else:
