@@ -26,83 +26,25 @@ struct PagedKV {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Decode: one block per (kv head, grid y). Warp w takes tokens w, w + 4, ...; lane l owns elements
-// [l * EPL, (l + 1) * EPL) of a head.
-//
-// Split policy (decode_plan; the same in kern_attn_decode and in kern_attn_decode_partial, so the
-// one launch and the pair see the same partials). With pages = ceil(seq_len / page_tokens) and
-// group = nq / nkv:
-// - seq_len <= DEC_ONE_TOKENS (128) and group <= splits: one split, spread over the query heads.
-//   Block y < group computes query head kv_head * group + y over every token; kern_attn_decode
-//   writes its bf16 output directly (no partials, no counter, no reduce); the partial kernel
-//   writes it as split 0 and every block y >= 1 writes split y as empty (lse -inf, o 0).
-// - otherwise: token splits of pps = max(ceil(pages / splits), ceil(DEC_MIN_SPLIT_TOKENS /
-//   page_tokens)) whole pages (32 tokens at least); split s covers pages [s * pps, (s + 1) * pps),
-//   used = ceil(pages / pps) of them hold tokens, each block serves the kv head's query heads,
-//   GC of them per pass, and the splits are combined as before (reduce, or the last block).
-// A block first copies the block-table entries of its pages into shared memory (one round trip);
-// the token loop then keeps the next step's K/V loads in flight while it folds the current ones.
+// Decode: one block per (kv head, split) serves the kv head's query heads, GC of them per pass.
+// Warp w takes tokens w, w + 4, ...; lane l owns elements [l * EPL, (l + 1) * EPL) of a head.
 
 constexpr int DEC_WARPS = 4;
-// Tokens per warp per step (two steps of K/V rows live in registers): 16 for one query head per
-// pass (the one-split plan: 128 tokens in two steps), 8 for up to 4, 4 above.
-template <int GC>
-struct DecUnroll {
-    static constexpr int value = GC == 1 ? 16 : GC <= 4 ? 8 : 4;
-};
-constexpr int DEC_ONE_TOKENS = 128;
-constexpr int DEC_MIN_SPLIT_TOKENS = 32;
-constexpr int DEC_BT_CACHE = 128;  // block-table entries a block keeps in shared memory
-
-struct DecodePlan {
-    bool heads;  // one split, block y computes query head y of the kv head's group
-    int pps;     // pages per split
-    int used;    // splits that hold tokens
-};
-
-__device__ __forceinline__ DecodePlan decode_plan(int len, int page_tokens, int splits, int group) {
-    const int pages = (len + page_tokens - 1) / page_tokens;
-    if (len <= DEC_ONE_TOKENS && group <= splits) return DecodePlan{true, max(pages, 1), 1};
-    const int min_pps = (DEC_MIN_SPLIT_TOKENS + page_tokens - 1) / page_tokens;
-    const int pps = max((pages + splits - 1) / splits, min_pps);
-    return DecodePlan{false, pps, (pages + pps - 1) / pps};
-}
-
-// Copies block_table[page0, page1) (at most DEC_BT_CACHE entries) into bt_s.
-__device__ __forceinline__ void decode_cache_table(const int* block_table, int page0, int page1,
-                                                   int* bt_s) {
-    const int n = min(page1 - page0, DEC_BT_CACHE);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) bt_s[i] = block_table[page0 + i];
-    __syncthreads();
-}
+constexpr int DEC_UNROLL = 4;
 
 template <int EPL>
-struct RowBits;
-template <>
-struct RowBits<4> {
-    typedef uint2 T;
-};
-template <>
-struct RowBits<2> {
-    typedef uint32_t T;
-};
-
-template <int EPL>
-__device__ __forceinline__ void unpack_row(const typename RowBits<EPL>::T& v, float* out) {
+__device__ __forceinline__ void load_row(const bf16* p, float* out) {
     if constexpr (EPL == 4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
         out[0] = __uint_as_float(v.x << 16);
         out[1] = __uint_as_float(v.x & 0xffff0000u);
         out[2] = __uint_as_float(v.y << 16);
         out[3] = __uint_as_float(v.y & 0xffff0000u);
     } else {
+        const uint32_t v = *reinterpret_cast<const uint32_t*>(p);
         out[0] = __uint_as_float(v << 16);
         out[1] = __uint_as_float(v & 0xffff0000u);
     }
-}
-
-template <int EPL>
-__device__ __forceinline__ void load_row(const bf16* p, float* out) {
-    unpack_row<EPL>(*reinterpret_cast<const typename RowBits<EPL>::T*>(p), out);
 }
 
 template <int EPL, int GC>
@@ -112,30 +54,27 @@ struct DecodeState {
     float acc[GC][EPL];
 };
 
-// Folds up to U tokens (n valid) into the warp's running softmax state.
-// k and v are the rows as loaded (bf16 pairs), unpacked here where they are used.
-template <int EPL, int GC, int U>
+// Folds up to DEC_UNROLL tokens (n valid) into the warp's running softmax state.
+template <int EPL, int GC>
 __device__ __forceinline__ void decode_fold(DecodeState<EPL, GC>& st, const float (&q)[GC][EPL],
-                                            const typename RowBits<EPL>::T (&kr)[U],
-                                            const typename RowBits<EPL>::T (&vr)[U], int n,
+                                            const float (&k)[DEC_UNROLL][EPL],
+                                            const float (&v)[DEC_UNROLL][EPL], int n,
                                             float scale_log2) {
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
-        float s[U];
+        float s[DEC_UNROLL];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            float k[EPL];
-            unpack_row<EPL>(kr[u], k);
+        for (int u = 0; u < DEC_UNROLL; ++u) {
             float d = 0.0f;
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) d += q[g][e] * k[e];
+            for (int e = 0; e < EPL; ++e) d += q[g][e] * k[u][e];
             s[u] = d;
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) s[u] = warp_sum(s[u]) * scale_log2;
+        for (int u = 0; u < DEC_UNROLL; ++u) s[u] = warp_sum(s[u]) * scale_log2;
         float mx = st.m[g];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < DEC_UNROLL; ++u)
             if (u < n) mx = fmaxf(mx, s[u]);
         const float alpha = exp2f(st.m[g] - mx);
         st.m[g] = mx;
@@ -143,73 +82,30 @@ __device__ __forceinline__ void decode_fold(DecodeState<EPL, GC>& st, const floa
 #pragma unroll
         for (int e = 0; e < EPL; ++e) st.acc[g][e] *= alpha;
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+        for (int u = 0; u < DEC_UNROLL; ++u) {
             const float p = u < n ? exp2f(s[u] - mx) : 0.0f;
-            float v[EPL];
-            unpack_row<EPL>(vr[u], v);
             st.l[g] += p;
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) st.acc[g][e] += p * v[e];
+            for (int e = 0; e < EPL; ++e) st.acc[g][e] += p * v[u][e];
         }
     }
 }
 
-// Issues the K/V row loads of one step: tokens t + u * DEC_WARPS (u < U) below tok1; the
-// physical page comes from bt_s (the block's cached table entries from page0) where it holds it.
-template <int EPL, int U>
-__device__ __forceinline__ void decode_issue(const PagedKV& kv, const int* bt_s, int page0, int t,
-                                             int tok1, int head, int lane,
-                                             typename RowBits<EPL>::T (&kr)[U],
-                                             typename RowBits<EPL>::T (&vr)[U]) {
-    typedef typename RowBits<EPL>::T Row;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int tok = t + u * DEC_WARPS;
-        if (tok < tok1) {
-            const int page = tok / kv.page_tokens;
-            const int i = page - page0;
-            const int64_t phys = i < DEC_BT_CACHE ? bt_s[i] : kv.block_table[page];
-            const bf16* kp = kv.kv + phys * kv.page_stride +
-                             ((int64_t)(tok - page * kv.page_tokens) * kv.nkv + head) * kv.head_dim +
-                             lane * EPL;
-            kr[u] = *reinterpret_cast<const Row*>(kp);
-            vr[u] = *reinterpret_cast<const Row*>(kp + kv.v_offset());
-        } else {
-            kr[u] = Row{};
-            vr[u] = Row{};
-        }
-    }
-}
+// Cross-warp combine area: m and l per (warp, head), then acc per (warp, head, element).
+constexpr int DEC_MAX_GC = 8;
+constexpr int DEC_MAX_D = 128;
+constexpr int DEC_SMEM_FLOATS = DEC_WARPS * DEC_MAX_GC * (2 + DEC_MAX_D);
 
-// Where decode_heads puts its result: the partials of split `split` (out == nullptr), or, for a
-// single split, bf16 rows of `out` computed exactly as kern_attn_decode_reduce computes them from
-// that one split's partials (so the bits match the pair).
-struct DecodeDst {
-    float* part_o;
-    float* part_lse;
-    bf16* out;
-    int split;
-    int nq;
-};
-
-// Attention of query heads [head0, head0 + GC) over tokens [tok0, tok1) of kv head blockIdx.x.
-// bt_s holds the block-table entries from page0 (decode_cache_table, before the call).
 template <int EPL, int GC>
-__device__ void decode_heads(const bf16* qkv, const PagedKV& kv, const int* bt_s, int page0,
-                             int head0, int tok0, int tok1, const DecodeDst& dst,
-                             float scale_log2, float* smem) {
-    typedef typename RowBits<EPL>::T Row;
+__device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int tok0, int tok1,
+                             float* part_o, float* part_lse, int nq, float scale_log2,
+                             float* smem) {
     constexpr int D = EPL * 32;
     float(*sm_m)[GC] = reinterpret_cast<float(*)[GC]>(smem);
     float(*sm_l)[GC] = reinterpret_cast<float(*)[GC]>(smem + DEC_WARPS * GC);
     float(*sm_acc)[GC][D] = reinterpret_cast<float(*)[GC][D]>(smem + 2 * DEC_WARPS * GC);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int head = blockIdx.x;
-    constexpr int U = DecUnroll<GC>::value;
-    constexpr int STEP = DEC_WARPS * U;
-    Row kr[U], vr[U];
-    decode_issue<EPL, U>(kv, bt_s, page0, tok0 + warp, tok1, head, lane, kr, vr);
     float q[GC][EPL];
 #pragma unroll
     for (int g = 0; g < GC; ++g) load_row<EPL>(qkv + (int64_t)(head0 + g) * D + lane * EPL, q[g]);
@@ -221,17 +117,24 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, const int* bt_s
 #pragma unroll
         for (int e = 0; e < EPL; ++e) st.acc[g][e] = 0.0f;
     }
-    for (int t = tok0 + warp; t < tok1; t += STEP) {
-        const int n = min((tok1 - t + DEC_WARPS - 1) / DEC_WARPS, U);
-        // The next step's loads go out before this step's arithmetic.
-        Row kn[U], vn[U];
-        decode_issue<EPL, U>(kv, bt_s, page0, t + STEP, tok1, head, lane, kn, vn);
-        decode_fold<EPL, GC, U>(st, q, kr, vr, n, scale_log2);
+    const int head = blockIdx.x;
+    for (int t = tok0 + warp; t < tok1; t += DEC_WARPS * DEC_UNROLL) {
+        float k[DEC_UNROLL][EPL], v[DEC_UNROLL][EPL];
+        int n = 0;
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            kr[u] = kn[u];
-            vr[u] = vn[u];
+        for (int u = 0; u < DEC_UNROLL; ++u) {
+            const int tok = t + u * DEC_WARPS;
+            if (tok < tok1) {
+                const bf16* kp = kv.k_row(tok, head) + lane * EPL;
+                load_row<EPL>(kp, k[u]);
+                load_row<EPL>(kp + kv.v_offset(), v[u]);
+                n = u + 1;
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) k[u][e] = v[u][e] = 0.0f;
+            }
         }
+        decode_fold<EPL, GC>(st, q, k, v, n, scale_log2);
     }
     __syncthreads();
 #pragma unroll
@@ -244,6 +147,7 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, const int* bt_s
         for (int e = 0; e < EPL; ++e) sm_acc[warp][g][lane * EPL + e] = st.acc[g][e];
     }
     __syncthreads();
+    const int split = blockIdx.y;
     for (int i = threadIdx.x; i < GC * D; i += blockDim.x) {
         const int g = i / D;
         const int d = i % D;
@@ -259,44 +163,30 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, const int* bt_s
                 o += sm_acc[w][g][d] * f;
             }
         }
-        const float po = l > 0.0f ? o / l : 0.0f;
-        const float lse = l > 0.0f ? mx + log2f(l) : KERN_NEG_INF;
-        if (dst.out != nullptr) {
-            // NOTE: kern_attn_decode_reduce's arithmetic over one split (max = lse): same bits.
-            float num = 0.0f, den = 0.0f;
-            if (lse != KERN_NEG_INF) {
-                const float w = exp2f(lse - lse);
-                den += w;
-                num += w * po;
-            }
-            dst.out[(int64_t)(head0 + g) * D + d] = to_bf(den > 0.0f ? num / den : 0.0f);
-        } else {
-            const int64_t qh = (int64_t)dst.split * dst.nq + head0 + g;
-            dst.part_o[qh * D + d] = po;
-            if (d == 0) dst.part_lse[qh] = lse;
-        }
+        const int64_t qh = (int64_t)split * nq + head0 + g;
+        part_o[qh * D + d] = l > 0.0f ? o / l : 0.0f;
+        if (d == 0) part_lse[qh] = l > 0.0f ? mx + log2f(l) : KERN_NEG_INF;
     }
 }
 
 template <int EPL, int GC>
-__device__ void decode_split(const bf16* qkv, const PagedKV& kv, const int* bt_s, int page0,
-                             int tok0, int tok1, const DecodeDst& dst, int group,
-                             float scale_log2, float* smem) {
+__device__ void decode_split(const bf16* qkv, const PagedKV& kv, int tok0, int tok1, float* part_o,
+                             float* part_lse, int nq, int group, float scale_log2, float* smem) {
     for (int h = 0; h < group; h += GC) {
-        decode_heads<EPL, GC>(qkv, kv, bt_s, page0, blockIdx.x * group + h, tok0, tok1, dst,
+        decode_heads<EPL, GC>(qkv, kv, blockIdx.x * group + h, tok0, tok1, part_o, part_lse, nq,
                               scale_log2, smem);
         __syncthreads();
     }
 }
 
 template <int EPL>
-__device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, const int* bt_s,
-                                      int page0, int tok0, int tok1, const DecodeDst& dst,
-                                      int group, float scale_log2, float* smem) {
+__device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, int tok0, int tok1,
+                                      float* part_o, float* part_lse, int nq, int group,
+                                      float scale_log2, float* smem) {
     switch (group) {
-#define KERN_GROUP_CASE(G)                                                                    \
-    case G:                                                                                   \
-        decode_split<EPL, G>(qkv, kv, bt_s, page0, tok0, tok1, dst, group, scale_log2, smem); \
+#define KERN_GROUP_CASE(G)                                                                      \
+    case G:                                                                                     \
+        decode_split<EPL, G>(qkv, kv, tok0, tok1, part_o, part_lse, nq, group, scale_log2, smem); \
         return;
         KERN_GROUP_CASE(1)
         KERN_GROUP_CASE(2)
@@ -308,49 +198,15 @@ __device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, const 
 #undef KERN_GROUP_CASE
         default:
             // NOTE: groups above 8 must be multiples of 8 (checked by the generator).
-            decode_split<EPL, 8>(qkv, kv, bt_s, page0, tok0, tok1, dst, group, scale_log2, smem);
+            decode_split<EPL, 8>(qkv, kv, tok0, tok1, part_o, part_lse, nq, group, scale_log2, smem);
     }
 }
 
-// Cross-warp combine area: m and l per (warp, head), then acc per (warp, head, element).
-constexpr int DEC_MAX_GC = 8;
-constexpr int DEC_MAX_D = 128;
-constexpr int DEC_SMEM_FLOATS = DEC_WARPS * DEC_MAX_GC * (2 + DEC_MAX_D);
-
-// The one-split plan: query head kv_head * group + blockIdx.y over all `len` tokens.
-__device__ __forceinline__ void decode_one_head(const bf16* qkv, const PagedKV& kv, int len,
-                                                int pages, const DecodeDst& dst, int group,
-                                                float scale_log2, int* bt_s, float* smem) {
-    decode_cache_table(kv.block_table, 0, pages, bt_s);
-    const int head0 = blockIdx.x * group + blockIdx.y;
-    if (kv.head_dim == 64) {
-        decode_heads<2, 1>(qkv, kv, bt_s, 0, head0, 0, len, dst, scale_log2, smem);
-    } else {
-        decode_heads<4, 1>(qkv, kv, bt_s, 0, head0, 0, len, dst, scale_log2, smem);
-    }
-}
-
-// Token split blockIdx.y of the plan, every query head of the kv head.
-__device__ __forceinline__ void decode_token_split(const bf16* qkv, const PagedKV& kv, int len,
-                                                   int pages, int pps, const DecodeDst& dst,
-                                                   int group, float scale_log2, int* bt_s,
-                                                   float* smem) {
-    const int page0 = min((int)blockIdx.y * pps, pages);
-    const int page1 = min(page0 + pps, pages);
-    const int tok0 = min(page0 * kv.page_tokens, len);
-    const int tok1 = min(page1 * kv.page_tokens, len);
-    decode_cache_table(kv.block_table, page0, page1, bt_s);
-    if (kv.head_dim == 64) {
-        decode_dispatch_group<2>(qkv, kv, bt_s, page0, tok0, tok1, dst, group, scale_log2, smem);
-    } else {
-        decode_dispatch_group<4>(qkv, kv, bt_s, page0, tok0, tok1, dst, group, scale_log2, smem);
-    }
-}
-
-// Split s of `splits` (decode_plan above): part_o[s, h, :] is the split's normalized output,
-// part_lse[s, h] its log2-sum-exp; a split without tokens writes o 0 and lse -inf. head_dim in
-// {64, 128}; nq / nkv <= 8 or a multiple of 8. grid [nkv, splits], block [128].
-extern "C" __global__ void __launch_bounds__(128, 2)
+// Split s of `splits` covers whole pages [s * pps, (s + 1) * pps) of the sequence's
+// ceil(seq_len / page_tokens) pages, pps = ceil(pages / splits); an empty split writes lse -inf.
+// part_o[s, h, :] is the split's normalized output, part_lse[s, h] its log2-sum-exp.
+// head_dim in {64, 128}; nq / nkv <= 8 or a multiple of 8. grid [nkv, splits], block [128].
+extern "C" __global__ void __launch_bounds__(128)
 kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                          const int* __restrict__ block_table, const int* __restrict__ seq_len,
                          float* __restrict__ part_o, float* __restrict__ part_lse, int nq, int nkv,
@@ -361,34 +217,23 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
     const int len = *seq_len;
     const int pages = (len + page_tokens - 1) / page_tokens;
+    const int pps = (pages + splits - 1) / splits;
+    const int tok0 = min(blockIdx.y * pps * page_tokens, len);
+    const int tok1 = min((blockIdx.y + 1) * pps * page_tokens, len);
     const int group = nq / nkv;
-    const DecodePlan plan = decode_plan(len, page_tokens, splits, group);
     const float sl2 = scale * LOG2E;
     __shared__ float smem[DEC_SMEM_FLOATS];
-    __shared__ int bt_s[DEC_BT_CACHE];
-    if (plan.heads) {
-        if (blockIdx.y >= 1) {
-            // Split blockIdx.y holds no tokens: empty partials for the kv head's query heads.
-            const int64_t row = (int64_t)blockIdx.y * nq + blockIdx.x * group;
-            for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x)
-                part_o[row * head_dim + i] = 0.0f;
-            for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[row + g] = KERN_NEG_INF;
-        }
-        if ((int)blockIdx.y < group)
-            decode_one_head(qkv, paged, len, pages, DecodeDst{part_o, part_lse, nullptr, 0, nq},
-                            group, sl2, bt_s, smem);
-        return;
+    if (head_dim == 64) {
+        decode_dispatch_group<2>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    } else {
+        decode_dispatch_group<4>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
     }
-    decode_token_split(qkv, paged, len, pages, plan.pps,
-                       DecodeDst{part_o, part_lse, nullptr, (int)blockIdx.y, nq}, group, sl2, bt_s,
-                       smem);
 }
 
 // The reducing block of kern_attn_decode: out[h] for the `group` query heads from head0, over the
 // splits [0, used), with kern_attn_decode_reduce's arithmetic in its order (so the same bits).
 // The weights 2^(lse - max) go through shared memory first; then each thread sums 4 heads of one
-// element, in split order. The partials of the first 8 splits are loaded together with the lse
-// values (one L2 round trip for both), the rest 8 splits at a time.
+// element with the loads of 4 splits in flight, instead of a chain of dependent L2 round trips.
 // The partials are read through L2 (__ldcg): other blocks wrote them during this launch.
 __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const float* part_lse,
                                                     bf16* out, int head0, int group, int used,
@@ -412,24 +257,6 @@ __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const f
         }
         return;
     }
-    // The first PRE splits' partials of the thread's first output go out with the lse loads.
-    constexpr int PRE = 8;
-    const int quads = (group + G4 - 1) / G4;
-    float pre[PRE][G4];
-    {
-        const int d = threadIdx.x % head_dim;
-        const int g0 = threadIdx.x / head_dim * G4;
-        const bool mine = (int)threadIdx.x < quads * head_dim;
-#pragma unroll
-        for (int s = 0; s < PRE; ++s) {
-#pragma unroll
-            for (int gg = 0; gg < G4; ++gg) {
-                pre[s][gg] = mine && s < used && g0 + gg < group
-                                 ? __ldcg(part_o + ((int64_t)s * nq + head0 + g0 + gg) * head_dim + d)
-                                 : 0.0f;
-            }
-        }
-    }
     float* wts = smem;       // wts[s * group + g]: lse, then 2^(lse - max) of head head0 + g
     float* den = smem + nw;  // den[g] = sum over s of wts, in split order
     for (int i = threadIdx.x; i < nw; i += blockDim.x)
@@ -447,24 +274,13 @@ __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const f
         den[g] = sum;
     }
     __syncthreads();
+    const int quads = (group + G4 - 1) / G4;
     for (int i = threadIdx.x; i < quads * head_dim; i += blockDim.x) {
         const int d = i % head_dim;
         const int g0 = i / head_dim * G4;
         float num[G4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int s0 = 0;
-        if (i == (int)threadIdx.x) {
-#pragma unroll
-            for (int s = 0; s < PRE; ++s) {
-                if (s < used) {
-#pragma unroll
-                    for (int gg = 0; gg < G4; ++gg)
-                        if (g0 + gg < group) num[gg] += wts[s * group + g0 + gg] * pre[s][gg];
-                }
-            }
-            s0 = min(used, PRE);
-        }
-#pragma unroll 8
-        for (int s = s0; s < used; ++s) {
+#pragma unroll 4
+        for (int s = 0; s < used; ++s) {
 #pragma unroll
             for (int gg = 0; gg < G4; ++gg) {
                 if (g0 + gg < group) {
@@ -480,13 +296,13 @@ __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const f
     }
 }
 
-// kern_attn_decode_partial and kern_attn_decode_reduce in one launch, same plan (decode_plan). The
-// one-split plan writes `out` straight from the group's blocks (the others exit at once). Token
-// splits: only the splits that hold tokens run (s < used); each writes its partials, then counts
-// itself in counters[kv head]; the block that counts last reduces the kv head's query heads over
-// the `used` splits into `out` and sets the counter back to 0, so `counters` (i32[nkv], zero before
-// the first launch) is zero again between launches. grid [nkv, splits], block [128].
-extern "C" __global__ void __launch_bounds__(128, 2)
+// kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Only the splits that hold
+// tokens run (s < used = ceil(pages / pps)); the others exit at once. Each running block writes its
+// partials, then counts itself in counters[kv head]; the block that counts last reduces the kv
+// head's query heads over the `used` splits into `out` and sets the counter back to 0, so
+// `counters` (i32[nkv], zero before the first launch) is zero again between launches.
+// grid [nkv, splits], block [128].
+extern "C" __global__ void __launch_bounds__(128)
 kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                  const int* __restrict__ block_table, const int* __restrict__ seq_len,
                  float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
@@ -497,22 +313,19 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
     const int len = *seq_len;
     const int pages = (len + page_tokens - 1) / page_tokens;
+    const int pps = max((pages + splits - 1) / splits, 1);
+    const int used = (pages + pps - 1) / pps;
+    if ((int)blockIdx.y >= used) return;
+    const int tok0 = min(blockIdx.y * pps * page_tokens, len);
+    const int tok1 = min((blockIdx.y + 1) * pps * page_tokens, len);
     const int group = nq / nkv;
-    const DecodePlan plan = decode_plan(len, page_tokens, splits, group);
     const float sl2 = scale * LOG2E;
     __shared__ float smem[DEC_SMEM_FLOATS];
-    __shared__ int bt_s[DEC_BT_CACHE];
-    if (plan.heads) {
-        if ((int)blockIdx.y < group)
-            decode_one_head(qkv, paged, len, pages, DecodeDst{nullptr, nullptr, out, 0, nq}, group,
-                            sl2, bt_s, smem);
-        return;
+    if (head_dim == 64) {
+        decode_dispatch_group<2>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    } else {
+        decode_dispatch_group<4>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
     }
-    const int used = plan.used;
-    if ((int)blockIdx.y >= used) return;
-    decode_token_split(qkv, paged, len, pages, plan.pps,
-                       DecodeDst{part_o, part_lse, nullptr, (int)blockIdx.y, nq}, group, sl2, bt_s,
-                       smem);
     // Publish this block's partials, then count it; the last of the kv head's blocks reduces.
     __threadfence();
     __syncthreads();
