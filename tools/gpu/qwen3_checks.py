@@ -41,6 +41,7 @@ import io
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -605,6 +606,55 @@ def kern_bench(rec: Recorder, label: str, manifest: Path, floor: Path, ckpt: Pat
                     f"gemm floor {by.get('gemm_floor_ms_per_step')} ms")
 
 
+def step_launch_labels(manifest: dict[str, Any]) -> list[str]:
+    """The decode program's kernel launches in order, each named by its call's label without the
+    layer prefix (`l3.qkv` -> `qkv`); an extern op counts as one launch."""
+    labels = []
+    for call in manifest["programs"]["decode"]["calls"]:
+        name = re.sub(r"^l\d+\.", "", call["label"])
+        impl = manifest["ops"].get(call["op"], {}).get("impl", {})
+        labels += [name] * max(1, len(impl.get("launches", [])))
+    return labels
+
+
+def chain_table(events: Sequence[tuple[str, float, float]], labels: Sequence[str], reps: int) -> str:
+    """Where a step's time goes on its critical path: GPU activities (name, start us, end us) in
+    start order; each one is charged end - (the previous one's end), the time the stream advanced
+    while it was the last to finish (under PDL a kernel's own duration includes its wait, this
+    does not). Charged to the manifest's call labels when the activities per step match the
+    decode program's launches (plus one readback copy), else to the kernel names."""
+    per_step = len(events) / reps if reps else 0
+    use_labels = per_step in (len(labels), len(labels) + 1)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    prev_end = None
+    for i, (name, _start, end) in enumerate(events):
+        key = name[:60]
+        if use_labels:
+            j = i % int(per_step)
+            key = labels[j] if j < len(labels) else "readback copy"
+        if prev_end is not None:
+            sums[key] = sums.get(key, 0.0) + max(0.0, end - prev_end)
+            counts[key] = counts.get(key, 0) + 1
+        prev_end = end if prev_end is None else max(prev_end, end)
+    total = sum(sums.values())
+    lines = [f"critical path of {reps} steps ({'call labels' if use_labels else 'kernel names'}): "
+             f"{total / max(reps, 1):.1f} us per step", f"{'us/step':>9} {'n/step':>7} {'us each':>8}  call"]
+    for key, us in sorted(sums.items(), key=lambda kv: -kv[1]):
+        n = counts[key] / max(reps, 1)
+        lines.append(f"{us / max(reps, 1):9.1f} {n:7.1f} {us / max(counts[key], 1):8.2f}  {key}")
+    return "\n".join(lines)
+
+
+def decode_chain(prof: Any, manifest: dict[str, Any], reps: int) -> str:
+    """chain_table over a torch.profiler run's GPU activities."""
+    from torch.autograd import DeviceType
+
+    events = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA), key=lambda x: x[1])
+    return chain_table(events, step_launch_labels(manifest), reps)
+
+
 def decode_profile(rec: Recorder, label: str, manifest: Path, ckpt: Path, gpu: int) -> None:
     """Per-kernel GPU time of one decode step at context 128 (CUPTI through torch.profiler, which
     records every kernel of the process, graph nodes included): OUTDIR/decode_profile.{json,txt}."""
@@ -641,6 +691,9 @@ def decode_profile(rec: Recorder, label: str, manifest: Path, ckpt: Path, gpu: i
         lines.append(f"{total:9.1f} {'':7}  total kernel time per step (wall {wall_us:.1f} us under the profiler)")
         (rec.out / f"{label}.decode_profile.txt").write_text("\n".join(lines) + "\n")
         print("\n".join(lines), flush=True)
+        chain = decode_chain(prof, json.loads(manifest.read_text()), reps)
+        (rec.out / f"{label}.decode_chain.txt").write_text(chain + "\n")
+        print(chain, flush=True)
         c.detail = f"{len(rows)} kernels, {total:.1f} us of kernels per step, wall {wall_us:.1f} us"
         if not rows:
             _fail(c, "the profiler recorded no kernel")

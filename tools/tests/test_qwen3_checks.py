@@ -120,3 +120,27 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert set(stream["gemv_pick"].values()) == {"kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"}
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")
+
+
+def test_step_launch_labels_follow_the_decode_program() -> None:
+    gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
+    m = json.loads((TOOLS.parent / "examples" / "qwen3-4b-fast.json").read_text())
+    labels = checks.step_launch_labels(m)
+    assert len(labels) == sum(max(1, len(m["ops"][c["op"]]["impl"].get("launches", [])))
+                              for c in m["programs"]["decode"]["calls"])
+    assert labels.count("qkv") == 36 and labels.count("attn") == 36 and "l3.qkv" not in labels
+    assert labels[-1] != "qkv" and gen.GEMV_GEMMS[-1] in labels  # lm_head once
+
+
+def test_chain_charges_each_activity_the_time_the_stream_advanced() -> None:
+    # Two steps of three launches and a readback; the second kernel waits inside its own span (PDL).
+    step = [("a", 0.0, 5.0), ("b", 1.0, 9.0), ("c", 9.5, 10.0), ("Memcpy DtoH", 10.5, 11.0)]
+    events = step + [(n, s + 20.0, e + 20.0) for n, s, e in step]
+    text = checks.chain_table(events, ["embed", "gemv", "argmax"], reps=2)
+    rows = {line.split()[-1]: float(line.split()[0]) for line in text.splitlines()[2:]}
+    # The first activity has no predecessor; step 2's a is charged 25 - 11 = 14 (the host gap between
+    # steps lands on the step's first launch): 7 per step. b 9 - 5 = 4 per step, c and the copy 1.
+    assert rows == {"embed": 7.0, "gemv": 4.0, "argmax": 1.0, "copy": 1.0}
+    assert "call labels" in text.splitlines()[0]
+    by_name = checks.chain_table(events[:-1], ["x"], reps=2)  # activities do not match: kernel names
+    assert "kernel names" in by_name.splitlines()[0] and " b" in by_name
