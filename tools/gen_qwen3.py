@@ -31,10 +31,12 @@ __all__ = [
     "ENTRIES",
     "FEEDS",
     "FUSED_ENTRIES",
+    "GEMV_BAND",
     "GEMV_DEFAULT",
     "GEMV_ENTRIES",
     "GEMV_GEMMS",
     "GEMV_PICK",
+    "GEMV_SMS",
     "GEMV_TMA_BLOCKS",
     "GEMV_TMA_SMEM",
     "GEMV_TMA_STAGE_CAP",
@@ -108,16 +110,25 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_silu": (4, 128),
     "kern_gemv_bf16_tma": (0, 512),
     "kern_gemv_bf16_tma_silu": (0, 512),
+    "kern_gemv_bf16_b4": (-1, 128),
+    "kern_gemv_bf16_b4_silu": (-1, 128),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
-ceil_div(n, columns), or for the streaming entries (columns 0: W through a shared-memory ring
-filled by bulk copies) min(n, GEMV_TMA_BLOCKS) blocks with GEMV_TMA_SMEM bytes of dynamic shared
-memory each (`gemv_launch`): the ring of W stages and one f32 partial per 16-byte piece of a stage."""
-SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu")
+ceil_div(n, columns). Columns 0: a streaming entry (W through a shared-memory ring filled by bulk
+copies), min(n, GEMV_TMA_BLOCKS) blocks with GEMV_TMA_SMEM bytes of dynamic shared memory each;
+columns -1: a band entry, one resident wave of blocks that each sum a balanced band of columns
+(GEMV_BAND). `gemv_launch` turns an entry and a shape into the launch."""
+SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu", "kern_gemv_bf16_b4_silu")
 """GEMV entries with SiLU-and-mul in their epilogue (gate_up only: W is [2n, k], y is `act`)."""
-GEMV_TMA_BLOCKS = 132
-"""Blocks of a streaming GEMV launch: the H200's SM count (one block per SM; the kernel splits the
-columns over any grid, so another GPU runs it correctly, only the balance changes)."""
+GEMV_SMS = 132
+"""Streaming multiprocessors the GEMV grids are sized for: the H200's (the kernels split the
+columns over any grid, so another GPU runs them correctly; only the balance changes)."""
+GEMV_TMA_BLOCKS = GEMV_SMS
+"""Blocks of a streaming GEMV launch: one per SM."""
+GEMV_BAND: dict[str, int] = {"kern_gemv_bf16_b4": 7, "kern_gemv_bf16_b4_silu": 6}
+"""Band entries -> blocks per SM their `__launch_bounds__` guarantee (registers: 72 and 80 of 64K
+per SM at 128 threads); a band launch runs ceil_div(n, ceil_div(n, GEMV_SMS * that)) blocks, so
+every block has its band from the start and bands differ by at most one column."""
 GEMV_TMA_SMEM = 196608
 """Dynamic shared memory of a streaming GEMV block (its ring of W stages): 192 KiB of the SM's
 227 KiB, leaving room for the small kernels that run beside it under PDL."""
@@ -555,8 +566,11 @@ def gemv_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
     """(grid x, threads, dynamic shared bytes) of a GEMV entry's launch for n output columns of
     depth k; GenError when a streaming entry's stage would not fit its shared memory."""
     cols, threads = GEMV_ENTRIES[entry]
-    if cols:
+    if cols > 0:
         return -(-n // cols), threads, 0
+    if cols < 0:
+        per_block = -(-n // (GEMV_SMS * GEMV_BAND[entry]))
+        return -(-n // per_block), threads, 0
     rows = 2 if entry in SILU_ENTRIES else 1
     stage = max(1, GEMV_TMA_STAGE_CAP // (rows * 2 * k)) * rows * 2 * k
     # NOTE: one f32 partial per 16-byte piece of a stage, for the one x row a decode launch has.

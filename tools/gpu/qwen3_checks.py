@@ -19,7 +19,8 @@
    `-fast` (every decode GEMM as our GEMV, fused q/k-norm+rope+KV write and one-launch decode
    attention, PDL: `--gemv all --fuse --pdl`, examples/qwen3-4b-fast.json), `-nopdl` (the same
    without PDL), `-stream` (`-fast` with every decode GEMM on the streaming GEMVs,
-   kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu);
+   kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu), `-band` (`-fast` with the per-layer GEMMs on
+   the balanced-band GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -180,11 +181,14 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
     return path if ok else None
 
 
-VARIANTS = ("gemv", "fast", "nopdl", "stream")
+VARIANTS = ("gemv", "fast", "nopdl", "stream", "band")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
 """The `stream` variant: `fast` with every decode GEMM on the streaming (bulk-copy ring) GEMVs."""
+BAND_PICK = {"qkv": "kern_gemv_bf16_b4", "o": "kern_gemv_bf16_b4", "gate_up": "kern_gemv_bf16_b4_silu",
+             "down": "kern_gemv_bf16_b4", "lm_head": "kern_gemv_bf16_c2"}
+"""The `band` variant: `fast` with the per-layer GEMMs on the balanced-band GEMVs (one resident wave)."""
 
 
 def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None = None) -> dict[str, Any]:
@@ -194,8 +198,9 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
     if variant in ("fast", "nopdl"):
         return ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
                 | ({"gemv_pick": pick} if pick else {}))
-    if variant == "stream":
-        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(STREAM_PICK)}
+    if variant in ("stream", "band"):
+        pick_of = STREAM_PICK if variant == "stream" else BAND_PICK
+        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(pick_of)}
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 

@@ -311,6 +311,129 @@ static __device__ __forceinline__ void gemv_seq(const bf16* __restrict__ x, cons
     }
 }
 
+// Balanced bands: block b owns the output columns [b * n / grid, (b + 1) * n / grid) and its
+// SPLIT warps sum them one after another (SPLIT-way split of k, as the `_s4` entry), the next
+// column's first loads issued before the current column is reduced. The generator sizes the grid
+// to the blocks that are resident at once (GEMV_BAND), so the columns spread over one wave with at
+// most one column of imbalance between blocks instead of whole waves of short blocks; the
+// summation order of a column is `gemv_rows<SPLIT, 1, UNROLL, SPLIT>`'s (so the same bits as the
+// matching `_s<SPLIT>` entry). NR = 2 (SiLU) streams a column's gate and up rows together.
+// Grid [any, 1, 1], block [SPLIT * 32, 1, 1].
+template <int SPLIT, int UNROLL, int EPI, int R>
+static __device__ __forceinline__ void gemv_band_rows(const bf16* __restrict__ x,
+                                                      const bf16* __restrict__ w,
+                                                      bf16* __restrict__ y, int n, int k,
+                                                      int y_stride) {
+    constexpr int NR = EPI == GEMV_SILU ? 2 : 1;
+    constexpr int STEP = 256 * SPLIT;
+    constexpr int ROUND = STEP * UNROLL;
+    const int lane = threadIdx.x & 31;
+    const int part = threadIdx.x >> 5;
+    const int c0 = (int)((int64_t)blockIdx.x * n / gridDim.x);
+    const int c1 = (int)((int64_t)(blockIdx.x + 1) * n / gridDim.x);
+    kern_pdl_launch_dependents();
+    if (c0 >= c1) return;  // block-uniform: more blocks than columns
+    const int first = (part * 32 + lane) * 8;
+    auto rows_of = [&](int c, const bf16* (&r)[NR]) {
+#pragma unroll
+        for (int g = 0; g < NR; ++g) r[g] = w + ((size_t)g * n + c) * (size_t)k;
+    };
+    const bf16* row[NR];
+    rows_of(c0, row);
+    uint4 wv[UNROLL][NR];
+    gemv_load<UNROLL, NR, STEP>(wv, row, first, k);
+    // NOTE: weights are read before the wait (no launch of a step writes them); x and y after.
+    kern_pdl_wait();
+#pragma unroll 1
+    for (int c = c0; c < c1; ++c) {
+        const bf16* next[NR];
+        rows_of(min(c + 1, c1 - 1), next);
+        rows_of(c, row);
+        float acc[R][NR];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int g = 0; g < NR; ++g) acc[r][g] = 0.0f;
+        for (int base = first; base < k; base += ROUND) {
+            uint4 cur[UNROLL][NR];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int g = 0; g < NR; ++g) cur[u][g] = wv[u][g];
+            if (base + ROUND < k) {
+                gemv_load<UNROLL, NR, STEP>(wv, row, base + ROUND, k);
+            } else if (c + 1 < c1) {
+                gemv_load<UNROLL, NR, STEP>(wv, next, first, k);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int idx = base + u * STEP;
+                if (idx < k) {
+                    float wf[NR][8];
+#pragma unroll
+                    for (int g = 0; g < NR; ++g) unpack8(cur[u][g], wf[g]);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float xf[8];
+                        unpack8(ld_after_wait(x + (size_t)r * k + idx), xf);
+#pragma unroll
+                        for (int g = 0; g < NR; ++g)
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) acc[r][g] = fmaf(xf[e], wf[g][e], acc[r][g]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int g = 0; g < NR; ++g) acc[r][g] = warp_sum(acc[r][g]);
+        // NOTE: two buffers: column c + 2 writes c's buffer only after column c + 1's barrier,
+        // which the reader of column c passes after its reads.
+        __shared__ float sums[2][SPLIT][R * NR];
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int g = 0; g < NR; ++g) sums[c & 1][part][r * NR + g] = acc[r][g];
+        }
+        __syncthreads();
+        if (part == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float t[NR];
+#pragma unroll
+                for (int g = 0; g < NR; ++g) {
+                    t[g] = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < SPLIT; ++s) t[g] += sums[c & 1][s][r * NR + g];
+                }
+                bf16* out = y + (size_t)r * (size_t)y_stride + c;
+                if constexpr (EPI == GEMV_SILU) {
+                    const float gt = bf(t[0]);
+                    const float up = bf(t[NR - 1]);
+                    *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
+                } else {
+                    *out = to_bf(t[0]);
+                }
+            }
+        }
+    }
+}
+
+template <int SPLIT, int UNROLL, int EPI>
+static __device__ __forceinline__ void gemv_band(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                 bf16* __restrict__ y, int rows, int n, int k,
+                                                 int y_stride) {
+    switch (rows) {
+        case 1: gemv_band_rows<SPLIT, UNROLL, EPI, 1>(x, w, y, n, k, y_stride); break;
+        case 2: gemv_band_rows<SPLIT, UNROLL, EPI, 2>(x, w, y, n, k, y_stride); break;
+        case 3: gemv_band_rows<SPLIT, UNROLL, EPI, 3>(x, w, y, n, k, y_stride); break;
+        case 4: gemv_band_rows<SPLIT, UNROLL, EPI, 4>(x, w, y, n, k, y_stride); break;
+        default: break;
+    }
+}
+
 // y[r, c] = bf16(sum_k x[r, k] * W[c, k]). Configuration: the GEMV_* macros.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
     kern_gemv_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w,
@@ -634,4 +757,22 @@ extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32, 1)
     kern_gemv_bf16_tma_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv_tma<GEMV_SILU>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16_s4 (the same bits), over balanced column bands: 4 warps split k of each
+// column of the block's band in turn. Grid [any, 1, 1] (gen_qwen3 sizes it to one resident wave:
+// at least 7 blocks per SM fit), block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128, 7)
+    kern_gemv_bf16_b4(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_band<4, 4, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// kern_gemv_bf16_silu's epilogue on the balanced bands (W [2n, k]: gate rows, then up rows; each
+// column's gate and up sums are kern_gemv_bf16_s4's). Grid [any, 1, 1] (at least 6 blocks per SM
+// fit), block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128, 6)
+    kern_gemv_bf16_b4_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_band<4, 2, GEMV_SILU>(x, w, y, rows, n, k, y_stride);
 }

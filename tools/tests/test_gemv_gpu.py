@@ -370,3 +370,60 @@ def test_streaming_gemv_without_room_for_a_stage_writes_nothing(k: Gemv) -> None
              h.i32(2560), h.i32(64), shared_mem=4096)
     torch.cuda.synchronize()
     assert torch.equal(y, before)
+
+
+@pytest.mark.parametrize(("rows", "n", "kk"), [*SHAPES_4B[:4], (4, 1001, 2568), (1, 37, 40), (3, 925, 4096)])
+def test_band_gemv_is_s4_bit_for_bit_on_any_grid(k: Gemv, rows: int, n: int, kk: int) -> None:
+    """kern_gemv_bf16_b4 sums each column in kern_gemv_bf16_s4's order: the same bits, whatever the
+    grid (the generator's one wave, 1 block, 7 blocks, a block per column, more blocks than columns)."""
+    g = _gen(n * 3 + kk + rows)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(n, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.gemv(x, w, want, n, entry="kern_gemv_bf16_s4")
+    grid0, threads, _smem = gen.gemv_launch("kern_gemv_bf16_b4", n, kk)
+    for grid in (grid0, 1, 7, n, n + 5):
+        y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        k.launch("kern_gemv_bf16_b4", (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
+                 h.i32(n), h.i32(kk), h.i32(n))
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"grid {grid}"
+
+
+@pytest.mark.parametrize(("rows", "inter", "kk"), [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048)])
+def test_band_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
+    """kern_gemv_bf16_b4_silu: kern_gemv_bf16_s4 over [gate; up] then transformers' act(gate) * up, bit
+    for bit, on the generator's grid and on others; it writes only its band."""
+    g = _gen(inter + 7 * rows)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    gu = torch.empty(rows, 2 * inter, device=DEV, dtype=BF16)
+    k.gemv(x, w, gu, 2 * inter, entry="kern_gemv_bf16_s4")
+    want = h.silu_mul_ref(gu)
+    off, width = 3, inter + 8
+    sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
+    buf = sentinel.clone()
+    k.gemv(x, w, buf.view(-1)[off:], width, entry="kern_gemv_bf16_b4_silu", n=inter)
+    torch.cuda.synchronize()
+    assert torch.equal(buf[:, off : off + inter].contiguous().view(torch.int16), want.contiguous().view(torch.int16))
+    outside = torch.ones_like(buf, dtype=torch.bool)
+    outside[:, off : off + inter] = False
+    assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
+    for grid in (1, 7, inter + 3):
+        y = torch.full((rows, inter), float("nan"), dtype=BF16, device=DEV)
+        k.launch("kern_gemv_bf16_b4_silu", (grid, 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
+                 h.i32(inter), h.i32(kk), h.i32(inter))
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), want.contiguous().view(torch.int16)), f"grid {grid}"
+
+
+@pytest.mark.parametrize("entry", sorted(gen.GEMV_BAND))
+def test_band_gemv_wave_fits_on_the_gpu(k: Gemv, entry: str) -> None:
+    """The blocks per SM the generator sizes a band launch for fit by registers, threads and shared
+    memory (so the whole grid is resident at once)."""
+    fn = k.fn(entry)
+    warps = 128 // 32
+    regs_per_warp = -(-fn.num_regs * 32 // 256) * 256
+    by_regs = 65536 // (regs_per_warp * warps)
+    by_smem = (227 * 1024) // max(1, fn.shared_size_bytes + 1024)
+    assert min(by_regs, 2048 // 128, 32, by_smem) >= gen.GEMV_BAND[entry], (fn.num_regs, fn.shared_size_bytes)

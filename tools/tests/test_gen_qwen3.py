@@ -386,7 +386,17 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
         assert int(bounds) == int(warps) * 32, entry
         found[entry] = (int(warps) // int(split) * int(cols), int(bounds))
     streaming = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == 0}
-    assert found == {e: v for e, v in gen.GEMV_ENTRIES.items() if e != "kern_gemv_bf16" and e not in streaming}
+    band = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols < 0}
+    assert found == {e: v for e, v in gen.GEMV_ENTRIES.items()
+                     if e != "kern_gemv_bf16" and e not in streaming | band}
+    # Band entries: block = SPLIT warps, and the blocks per SM their launch bounds promise.
+    bands = {e: (int(b), int(per_sm), int(split), epi) for b, per_sm, e, split, _unroll, epi in re.findall(
+        r"__launch_bounds__\((\d+), (\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_band<(\d+), (\d+), (\w+)>",
+        text)}
+    assert set(bands) == band == set(gen.GEMV_BAND)
+    for e, (threads, per_sm, split, epi) in bands.items():
+        assert gen.GEMV_ENTRIES[e] == (-1, threads) and threads == 32 * split and gen.GEMV_BAND[e] == per_sm
+        assert (epi == "GEMV_SILU") == (e in gen.SILU_ENTRIES)
     assert gen.GEMV_ENTRIES["kern_gemv_bf16"] == (4, 128)  # the GEMV_* macros as built (docs/qwen3.md)
     # The streaming entries: 8 warps, the stage cap the generator sizes launches with.
     assert re.search(r"constexpr int TMA_WARPS = 16;", text)
@@ -396,6 +406,18 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     assert tma == {"kern_gemv_bf16_tma": "GEMV_STORE", "kern_gemv_bf16_tma_silu": "GEMV_SILU"}
     assert streaming == set(tma) and {e for e in gen.SILU_ENTRIES if e in streaming} == {"kern_gemv_bf16_tma_silu"}
     assert all(gen.GEMV_ENTRIES[e][1] == 512 for e in streaming)
+
+
+def test_band_gemv_launch_is_one_balanced_wave() -> None:
+    """A band launch has at most GEMV_SMS x (blocks per SM) blocks, every block gets a band, and
+    bands differ by at most one column."""
+    for entry, per_sm in gen.GEMV_BAND.items():
+        for n in (1, 7, 924, 925, 2560, 6144, 9728, 151936):
+            grid, threads, smem = gen.gemv_launch(entry, n, 2560)
+            assert threads == 128 and smem == 0 and 1 <= grid <= min(n, gen.GEMV_SMS * per_sm)
+            sizes = {(b + 1) * n // grid - b * n // grid for b in range(grid)}
+            assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, (entry, n, sizes)
+    assert gen.gemv_launch("kern_gemv_bf16_b4", 6144, 2560) == (878, 128, 0)
 
 
 def test_streaming_gemv_launch_is_sized_for_its_ring() -> None:

@@ -118,6 +118,14 @@ def test_variants_generate_what_the_examples_ship() -> None:
     stream = checks.variant_options(gen, "stream")
     assert stream["pdl"] and stream["fuse"] and set(stream["gemv_pick"]) == set(gen.GEMV_GEMMS)
     assert set(stream["gemv_pick"].values()) == {"kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"}
+    band = checks.variant_options(gen, "band")
+    assert band["gemv_pick"]["gate_up"] == "kern_gemv_bf16_b4_silu" and band["gemv_pick"]["qkv"] == "kern_gemv_bf16_b4"
+    for v in ("stream", "band"):  # both generate a manifest the verifier accepts
+        m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "gemv",
+                         "qwen3_core", "sampling"), "c" * 64), gen.entry_modules(TOOLS / "kernels-src"),
+                         model="t", feed="device", **checks.variant_options(gen, v))
+        assert any(c["op"].startswith("gemv_b4_silu" if v == "band" else "gemv_tma_silu")
+                   for c in m["programs"]["decode"]["calls"])
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")
 
