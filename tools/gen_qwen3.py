@@ -135,15 +135,16 @@ GEMV_TMA_SMEM = 196608
 GEMV_TMA_STAGE_CAP = 32768
 """gemv.cu's TMA_STAGE_CAP: a stage holds max(1, cap // (rows * 2k)) columns."""
 GEMV_PICK: dict[str, str] = {
-    "qkv": "kern_gemv_bf16_s4",
+    "qkv": "kern_gemv_bf16_b4",
     "o": "kern_gemv_bf16_s4",
     "gate_up": "kern_gemv_bf16_silu",
-    "down": "kern_gemv_bf16_s4q4",
+    "down": "kern_gemv_bf16_b4",
     "lm_head": "kern_gemv_bf16_c2",
 }
 """The GEMV entry of each decode GEMM: the winners of `time_gemv.py --entries` on the H200
-(2026-11-29, three runs, docs/perf.md): split-k over the block's 4 warps (`_s4`) for qkv and o, the
-same over 4 columns in turn (`_s4q4`) for down, 2 columns per warp for lm_head; gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes
+(2026-11-29 12:10 UTC, docs/perf.md): split-k over the block's 4 warps, over balanced column bands
+(`_b4`) for qkv and down and one column per block (`_s4`) for o, 2 columns per warp for lm_head;
+gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes
 `act` (no kern_silu_mul in the decode step)."""
 FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")
 """Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no

@@ -252,7 +252,7 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     plain = gen.generate(shape, hashes, entries, model="t", feed=feed)
     ops = plain["ops"] | fast["ops"]
     assert {op for op in ops if op.startswith("gemv")} == {
-        "gemv_s4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_s4q4_256x768", "gemv_c2_4096x256"}
+        "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_b4_256x768", "gemv_c2_4096x256"}
     sigs = _c_params(src)
     for name, op in ops.items():
         for launch in op["impl"]["launches"]:
@@ -330,8 +330,9 @@ def test_decode_gemms_can_run_as_our_gemv() -> None:
 
 def test_gemv_picks_follow_the_entry_table() -> None:
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS))
-    for label, op, entry, grid in [("l0.qkv", "gemv_s4_6144x2560", "kern_gemv_bf16_s4", 6144),
-                                   ("l0.down", "gemv_s4q4_2560x9728", "kern_gemv_bf16_s4q4", 640),
+    for label, op, entry, grid in [("l0.qkv", "gemv_b4_6144x2560", "kern_gemv_bf16_b4", 878),
+                                   ("l0.o", "gemv_s4_2560x4096", "kern_gemv_bf16_s4", 2560),
+                                   ("l0.down", "gemv_b4_2560x9728", "kern_gemv_bf16_b4", 854),
                                    ("lm_head", "gemv_c2_151936x2560", "kern_gemv_bf16_c2", 18992)]:
         call = next(c for c in m["programs"]["decode"]["calls"] if c["label"] == label)
         launch = m["ops"][call["op"]]["impl"]["launches"][0]

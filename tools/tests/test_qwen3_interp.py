@@ -239,3 +239,8 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
     assert tokens == want_tokens
     assert not machine.mem["attn_count"].any()
+
+
+def test_interpreter_models_every_generator_entry() -> None:
+    """Any entry the generator can emit runs here, so a new GEMV entry cannot skip these checks."""
+    assert set(ENTRIES) <= set(interp.KERNELS), sorted(set(ENTRIES) - set(interp.KERNELS))
