@@ -354,9 +354,9 @@ def _decode_case(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq
     return out, ref
 
 
-# Edges of the split plan (attention.cu decode_plan, pages of 16): one split over the query heads
-# up to 128 tokens; then splits of >= 2 pages (ceil(pages / splits) pages from 33 pages at S 16,
-# 65 at S 32). Splits of more pages than the block-table cache (128): the test after the next.
+# Edges of the split plan (attention.cu, pages of 16): split s covers pages [s * pps, (s + 1) * pps)
+# with pps = ceil(pages / splits), so page and split-size boundaries (16, 32, 256, 512, 1024 tokens
+# at S 16 / 32) and contexts past 8 pages per split (4096, 8192).
 @pytest.mark.parametrize("seq_len", [1, 15, 16, 17, 31, 32, 33, 127, 128, 129, 160, 161, 255, 256, 257, 300,
                                      512, 513, 1000, 1024, 1025, 2053, 4096, 8192])
 @pytest.mark.parametrize("splits", [16, 32])
@@ -370,14 +370,13 @@ def test_decode_attention_4b_heads(k: object, gen: torch.Generator, seq_len: int
 def test_decode_attention_other_gqa_shapes(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int
 ) -> None:
-    """531 tokens: token splits; 100: one split over the query heads, except (64, 4) whose group of
-    16 is more than the 8 splits (token splits of 2 pages)."""
+    """531 tokens: 5 pages per split; 100 tokens: one page per split, 7 of the 8 splits used."""
     out, ref = _decode_case(k, gen, nq, nkv, d, seq_len, 8)
     torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=1e-2)
 
 
 def test_decode_attention_block_table_beyond_the_cache(k: object, gen: torch.Generator) -> None:
-    """A split of more pages than the block-table cache (128): 4 splits of 132 pages."""
+    """Long splits: 4 splits of 132 pages each, head_dim 64, one kv head."""
     out, ref = _decode_case(k, gen, 8, 1, 64, 131 * PAGE * 4 + 5, 4)
     torch.testing.assert_close(out.float(), ref, atol=4e-3, rtol=1e-2)
 
@@ -418,10 +417,9 @@ def test_qk_norm_rope_kv_is_qk_norm_rope_then_kv_write(
 def test_one_launch_decode_attention_is_the_two_launch_pair(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
 ) -> None:
-    """kern_attn_decode: bit-identical to partial + reduce (same plan: one split over the query
-    heads up to 128 tokens unless the group exceeds the splits, else token splits; same partials,
-    same order over the splits that hold tokens), three launches in a row each leave the counters
-    at zero again, and kern_zero_i32 zeroes them to start with."""
+    """kern_attn_decode: bit-identical to partial + reduce (same partials, same order over the
+    splits that hold tokens; splits 2..32, groups 1..16), three launches in a row each leave the
+    counters at zero again, and kern_zero_i32 zeroes them to start with."""
     pages = math.ceil(seq_len / PAGE) + 3
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
     table = _block_table(pages, gen)
