@@ -87,6 +87,30 @@ static __device__ __forceinline__ void gemv_load(uint4 (&wv)[UNROLL][NR], const 
     }
 }
 
+// Adds one round of W pieces (cur[u][j]: piece base + u * STEP of W row j) times x into acc.
+template <int UNROLL, int NR, int STEP, int R>
+static __device__ __forceinline__ void gemv_fma_round(float (&acc)[R][NR], const uint4 (&cur)[UNROLL][NR],
+                                                      const bf16* __restrict__ x, int base, int k) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int idx = base + u * STEP;
+        if (idx < k) {
+            float wf[NR][8];
+#pragma unroll
+            for (int j = 0; j < NR; ++j) unpack8(cur[u][j], wf[j]);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float xf[8];
+                unpack8(ld_after_wait(x + (size_t)r * k + idx), xf);
+#pragma unroll
+                for (int j = 0; j < NR; ++j)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(xf[e], wf[j][e], acc[r][j]);
+            }
+        }
+    }
+}
+
 template <int WARPS, int COLS, int UNROLL, int SPLIT, int EPI, int R>
 static __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x,
                                                  const bf16* __restrict__ w,
@@ -131,24 +155,7 @@ static __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x,
 #pragma unroll
             for (int j = 0; j < NR; ++j) cur[u][j] = wv[u][j];
         if (base + ROUND < k) gemv_load<UNROLL, NR, STEP>(wv, wr, base + ROUND, k);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int idx = base + u * STEP;
-            if (idx < k) {
-                float wf[NR][8];
-#pragma unroll
-                for (int j = 0; j < NR; ++j) unpack8(cur[u][j], wf[j]);
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float xf[8];
-                    unpack8(ld_after_wait(x + (size_t)r * k + idx), xf);
-#pragma unroll
-                    for (int j = 0; j < NR; ++j)
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(xf[e], wf[j][e], acc[r][j]);
-                }
-            }
-        }
+        gemv_fma_round<UNROLL, NR, STEP, R>(acc, cur, x, base, k);
     }
 
 #pragma unroll
@@ -242,9 +249,9 @@ static __device__ __forceinline__ void gemv_seq_rows(const bf16* __restrict__ x,
     for (int c = 0; c < SEQ; ++c) {
         const bf16* row[1] = {w + (size_t)min(colg + c, n - 1) * (size_t)k};
         const bf16* next[1] = {w + (size_t)min(colg + min(c + 1, SEQ - 1), n - 1) * (size_t)k};
-        float acc[R];
+        float acc[R][1];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
         for (int base = first; base < k; base += ROUND) {
             uint4 cur[UNROLL][1];
 #pragma unroll
@@ -254,31 +261,17 @@ static __device__ __forceinline__ void gemv_seq_rows(const bf16* __restrict__ x,
             } else if (c + 1 < SEQ) {
                 gemv_load<UNROLL, 1, STEP>(wv, next, first, k);
             }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int idx = base + u * STEP;
-                if (idx < k) {
-                    float wf[8];
-                    unpack8(cur[u][0], wf);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float xf[8];
-                        unpack8(ld_after_wait(x + (size_t)r * k + idx), xf);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[r] = fmaf(xf[e], wf[e], acc[r]);
-                    }
-                }
-            }
+            gemv_fma_round<UNROLL, 1, STEP, R>(acc, cur, x, base, k);
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+        for (int r = 0; r < R; ++r) acc[r][0] = warp_sum(acc[r][0]);
         if constexpr (SPLIT > 1) {
             // NOTE: two buffers: column c + 2 writes c's buffer only after column c + 1's barrier,
             // which the reader of column c passes after its reads.
             __shared__ float sums[2][WARPS][R];
             if (lane == 0) {
 #pragma unroll
-                for (int r = 0; r < R; ++r) sums[c & 1][warp][r] = acc[r];
+                for (int r = 0; r < R; ++r) sums[c & 1][warp][r] = acc[r][0];
             }
             __syncthreads();
             if (part == 0 && lane == 0) {
@@ -287,13 +280,13 @@ static __device__ __forceinline__ void gemv_seq_rows(const bf16* __restrict__ x,
                     float t = 0.0f;
 #pragma unroll
                     for (int s = 0; s < SPLIT; ++s) t += sums[c & 1][warp + s][r];
-                    acc[r] = t;
+                    acc[r][0] = t;
                 }
             }
         }
         if (part == 0 && lane == 0 && colg + c < n) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) y[(size_t)r * (size_t)y_stride + colg + c] = to_bf(acc[r]);
+            for (int r = 0; r < R; ++r) y[(size_t)r * (size_t)y_stride + colg + c] = to_bf(acc[r][0]);
         }
     }
 }
@@ -365,24 +358,7 @@ static __device__ __forceinline__ void gemv_band_rows(const bf16* __restrict__ x
             } else if (c + 1 < c1) {
                 gemv_load<UNROLL, NR, STEP>(wv, next, first, k);
             }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int idx = base + u * STEP;
-                if (idx < k) {
-                    float wf[NR][8];
-#pragma unroll
-                    for (int g = 0; g < NR; ++g) unpack8(cur[u][g], wf[g]);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float xf[8];
-                        unpack8(ld_after_wait(x + (size_t)r * k + idx), xf);
-#pragma unroll
-                        for (int g = 0; g < NR; ++g)
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) acc[r][g] = fmaf(xf[e], wf[g][e], acc[r][g]);
-                    }
-                }
-            }
+            gemv_fma_round<UNROLL, NR, STEP, R>(acc, cur, x, base, k);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r)
