@@ -80,32 +80,34 @@ def macro(text: str, name: str) -> int:
     raise SystemExit(f"gemv.cu defines no {name}")
 
 
+def build_gemv(work: Path, defines: dict[str, int] | None = None) -> cp.RawModule:
+    """gemv.cu (with `#define`s prepended, if any) built by kern's build_kernels under `work`."""
+    src = work / "src"
+    src.mkdir(parents=True)
+    for header in h.KERNELS_SRC.glob("*.cuh"):
+        shutil.copy(header, src / header.name)
+    prefix = "".join(f"#define {m} {v}\n" for m, v in (defines or {}).items())
+    (src / "gemv.cu").write_text(prefix + (h.KERNELS_SRC / "gemv.cu").read_text())
+    nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+    path, _sha = h.build_kernels(src, work / "cubins", compiler=(nvcc,))["gemv"]
+    return cp.RawModule(path=str(path))
+
+
 class Build:
     """One build of gemv.cu (optionally with GEMV_* macros prepended) by kern's build_kernels."""
 
     def __init__(self, work: Path, variant: tuple[int, int, int, int] | None) -> None:
-        src = work / "src"
-        src.mkdir(parents=True)
-        for header in h.KERNELS_SRC.glob("*.cuh"):
-            shutil.copy(header, src / header.name)
-        text = (h.KERNELS_SRC / "gemv.cu").read_text()
         pinned = variant is None
         if variant is None:
+            text = (h.KERNELS_SRC / "gemv.cu").read_text()
             w, r, u, s = (macro(text, m) for m in MACROS)
             variant = (w, r, u, s)
-        else:
-            text = (
-                "".join(f"#define {m} {v}\n" for m, v in zip(MACROS, variant, strict=True)) + text
-            )
         warps, rpw, unroll, split = variant
         self.label = f"kern {warps} warps, split {split}, {rpw} col, unroll {unroll}" + (
             " (pinned)" if pinned else ""
         )
-        (src / "gemv.cu").write_text(text)
-        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
-        built = h.build_kernels(src, work / "cubins", compiler=(nvcc,))
-        path, _sha = built["gemv"]
-        self.fn = cp.RawModule(path=str(path)).get_function("kern_gemv_bf16")
+        defines = None if pinned else dict(zip(MACROS, variant, strict=True))
+        self.fn = build_gemv(work, defines).get_function("kern_gemv_bf16")
         self.rows_per_block = warps // split * rpw
         self.threads = warps * 32
 
@@ -122,14 +124,7 @@ class Entries:
     """Every GEMV entry of gemv.cu as built (no macros prepended)."""
 
     def __init__(self, work: Path) -> None:
-        src = work / "src"
-        src.mkdir(parents=True)
-        for header in h.KERNELS_SRC.glob("*.cuh"):
-            shutil.copy(header, src / header.name)
-        shutil.copy(h.KERNELS_SRC / "gemv.cu", src / "gemv.cu")
-        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
-        path, _sha = h.build_kernels(src, work / "cubins", compiler=(nvcc,))["gemv"]
-        module = cp.RawModule(path=str(path))
+        module = build_gemv(work)
         self.fns = {e: module.get_function(e) for e in gen.GEMV_ENTRIES}
 
     def launch(self, entry: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int) -> None:
@@ -302,15 +297,7 @@ def tma_main(out: Path | None) -> None:
     work = Path(tempfile.mkdtemp(prefix="time_gemv_tma_"))
     fns = []
     for i, (cap, copy, hint, smem) in enumerate(TMA_VARIANTS):
-        src = work / f"v{i}" / "src"
-        src.mkdir(parents=True)
-        for header in h.KERNELS_SRC.glob("*.cuh"):
-            shutil.copy(header, src / header.name)
-        defs = f"#define GEMV_TMA_CAP {cap}\n#define GEMV_TMA_COPY {copy}\n#define GEMV_TMA_HINT {hint}\n"
-        (src / "gemv.cu").write_text(defs + (h.KERNELS_SRC / "gemv.cu").read_text())
-        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
-        path, _sha = h.build_kernels(src, work / f"v{i}" / "cubins", compiler=(nvcc,))["gemv"]
-        module = cp.RawModule(path=str(path))
+        module = build_gemv(work / f"v{i}", {"GEMV_TMA_CAP": cap, "GEMV_TMA_COPY": copy, "GEMV_TMA_HINT": hint})
         fn = module.get_function("kern_gemv_bf16_tma")
         fn.max_dynamic_shared_size_bytes = smem
         fns.append((fn, module.get_function("kern_gemv_bf16_s4"), smem))
