@@ -1,4 +1,4 @@
-"""Object tables for one kind (pages or slots): status per id, a lowest-first free heap, tallies."""
+"""Object tables for one kind (pages or slots): status per id, a lowest-first free set, tallies."""
 
 from __future__ import annotations
 
@@ -23,49 +23,96 @@ _FREE = Status.FREE
 _HELD = Status.HELD
 
 
-class Kind:
-    """Pages or slots: ids 0..limit-1, the arenas they span, and running tallies (no scans)."""
+_BITS = 64
+"""Ids per block of the free set: one Python int bit mask per block."""
+_FULL = (1 << _BITS) - 1
 
-    __slots__ = ("arenas", "free", "heap", "held", "limit", "state")
+
+class Kind:
+    """Pages or slots: ids 0..limit-1, the arenas they span, and running tallies (no scans).
+
+    The free set is a bit mask per block of 64 ids (bit set exactly when the id is FREE) plus a
+    heap of the blocks that hold free ids, so taking the lowest-numbered free ids costs one heap
+    step per block, and a whole free block is taken with two slice operations.
+    """
+
+    __slots__ = ("arenas", "blocks", "free", "held", "limit", "masks", "queued", "state")
 
     def __init__(self, arenas: range, limit: int) -> None:
         self.arenas = arenas
         self.limit = limit
         self.state: list[Status] = [Status.ABSENT] * limit
-        # NOTE: lazy heap: an entry is valid only while its id is FREE; `free` is the true count.
-        self.heap: list[int] = []
+        nblocks = -(-limit // _BITS)
+        self.masks: list[int] = [0] * nblocks
+        self.blocks: list[int] = []
+        self.queued = bytearray(nblocks)
         self.free = 0
         self.held = 0
 
     def take(self, n: int) -> list[int]:
         """Hold the `n` lowest-numbered free objects (the caller checked `free`)."""
-        heap, state, pop, free, held = self.heap, self.state, heapq.heappop, _FREE, _HELD
+        state, masks, blocks, held = self.state, self.masks, self.blocks, _HELD
         out: list[int] = []
         need = n
         while need:
-            i = pop(heap)
-            if state[i] is free:
-                state[i] = held
-                out.append(i)
-                need -= 1
+            b = blocks[0]
+            m = masks[b]
+            base = b * _BITS
+            if m == _FULL and need >= _BITS:
+                out.extend(range(base, base + _BITS))
+                state[base : base + _BITS] = [held] * _BITS
+                need -= _BITS
+                m = 0
+            else:
+                while m and need:
+                    low = m & -m
+                    m ^= low
+                    i = base + low.bit_length() - 1
+                    state[i] = held
+                    out.append(i)
+                    need -= 1
+            masks[b] = m
+            if not m:
+                heapq.heappop(blocks)
+                self.queued[b] = 0
         self.free -= n
         self.held += n
         return out
 
+    def _set(self, b: int, bits: int) -> None:
+        self.masks[b] |= bits
+        if not self.queued[b]:
+            self.queued[b] = 1
+            heapq.heappush(self.blocks, b)
+
     def give(self, ids: Sequence[int]) -> None:
         """Return held objects; they stay of this kind."""
-        heap, state, push, free = self.heap, self.state, heapq.heappush, _FREE
+        state, free = self.state, _FREE
+        block, bits = -1, 0
         for i in ids:
             state[i] = free
-            push(heap, i)
+            b = i // _BITS
+            if b != block:
+                if bits:
+                    self._set(block, bits)
+                block, bits = b, 0
+            bits |= 1 << (i % _BITS)
+        if bits:
+            self._set(block, bits)
         self.free += len(ids)
         self.held -= len(ids)
 
     def arrive(self, i: int) -> None:
         """A made object landed (or was made at creation): it becomes free."""
         self.state[i] = Status.FREE
-        heapq.heappush(self.heap, i)
+        self._set(i // _BITS, 1 << (i % _BITS))
         self.free += 1
+
+    def retire(self, i: int) -> None:
+        """A free object starts leaving this kind (its memory is unmapped by a remap plan)."""
+        self.state[i] = Status.LEAVING
+        self.masks[i // _BITS] &= ~(1 << (i % _BITS))
+        self.free -= 1
 
     def highest_free(self, keep: int) -> list[int]:
         """Free ids, highest first, leaving the `keep` lowest free ones out."""

@@ -484,8 +484,7 @@ class Pool:
         maps: list[Map] = []
         for v in unmade:
             self._chunks.unmake(other.arenas, v, unmaps)
-            other.state[v] = Status.LEAVING
-            other.free -= 1
+            other.retire(v)
         for t in made:
             self._make(make, t, maps)
         self._serial += 1
