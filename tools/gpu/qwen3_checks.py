@@ -11,7 +11,8 @@
    float32; its eager decode and 709-token prefill times (4B);
 4. kern, for each model and prompt: greedy tokens (graph, --chunk 512) == transformers (a divergence
    passes only where transformers' gap is <= 4 bf16 ulps: reported), first-step logits within 1e-2
-   relative error (L2) of float32, graph == eager, --chunk 512 == 1 == 97 (exact equality is
+   relative error (L2) of float32 (and, as a regression guard, within 1.25x of transformers' own
+   bf16 error), graph == eager, --chunk 512 == 1 == 97 (exact equality is
    reported; a divergence passes only at a near-tie of the --chunk 512 run: its top-1 logit minus
    the other run's token's logit <= 4 bf16 ulps, reported); kern-run as a process (--output ids
    equals the in-process tokens; kern.toml + random checkpoint + text prompt); the same checks for
@@ -62,6 +63,10 @@ PROMPT_LENS = (1, 37, 709)
 CHUNKS = (512, 1, 97)
 NEAR_TIE_ULPS = 4.0
 LOGIT_REL_TOL = 1e-2
+LOGIT_NOISE_FACTOR = 1.25
+"""kern's first-step logits error against fp32 may be at most this multiple of transformers' own
+bf16 error on the same prompt (a regression guard beside the issue's absolute bound, which no bf16
+KV cache meets on random weights: docs/qwen3.md)."""
 CAPACITY = 4096
 DEVICE = "cuda"
 """torch's device for the transformers side (a CPU smoke run of the reference code sets "cpu")."""
@@ -412,6 +417,20 @@ def kern_generate(s: Any, prompt: list[int], *, chunk: int, eager: bool, logits:
     return run
 
 
+def compare_logits_to_bf16_noise(c: Check, rel: float, noise: float) -> bool:
+    """Passes when kern's relative L2 error `rel` is within LOGIT_NOISE_FACTOR of transformers'
+    bf16 error `noise` (both against transformers fp32); fails on a missing or non-finite one."""
+    c.data |= {"rel_l2": rel, "transformers_bf16_rel_l2": noise, "ratio": rel / noise if noise > 0 else math.nan}
+    if not (math.isfinite(rel) and math.isfinite(noise) and noise > 0):
+        _fail(c, f"no comparison: kern {rel:.2e}, transformers bf16 {noise:.2e}")
+        return False
+    c.detail = f"{rel:.2e} is {rel / noise:.2f}x transformers bf16's {noise:.2e} (bound {LOGIT_NOISE_FACTOR}x)"
+    if rel > LOGIT_NOISE_FACTOR * noise:
+        _fail(c, c.detail)
+        return False
+    return True
+
+
 def compare_chunks(c: Check, chunk: int, got: list[int], base: KernRun) -> bool:
     """`got` (a --chunk `chunk` run) against the --chunk 512 run `base` (with every step's logits).
     Records exact equality; a divergence passes only at a near-tie of the base run: its top-1 logit
@@ -483,6 +502,7 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
     if ref is not None:
         with rec.check(f"{name}.p{n}.greedy_vs_transformers") as c:
             compare_greedy(c, base.tokens, ref.tokens[n], ref.gaps_ulps[n])
+        rel = noise = math.nan
         with rec.check(f"{name}.p{n}.logits_vs_fp32") as c:
             assert base.logits is not None
             r = ref.logits32[n]
@@ -495,6 +515,8 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
                         f"{noise:.2e}), max abs {c.data['max_abs']:.3e}")
             if not rel <= LOGIT_REL_TOL:
                 _fail(c, c.detail)
+        with rec.check(f"{name}.p{n}.logits_within_bf16_noise") as c:
+            compare_logits_to_bf16_noise(c, rel, noise)
     with rec.check(f"{name}.p{n}.graph_eq_eager") as c:
         eager = kern_generate(s, p, chunk=512, eager=True)
         if eager.tokens != base.tokens:

@@ -152,3 +152,19 @@ def test_chain_charges_each_activity_the_time_the_stream_advanced() -> None:
     assert "call labels" in text.splitlines()[0]
     by_name = checks.chain_table(events[:-1], ["x"], reps=2)  # activities do not match: kernel names
     assert "kernel names" in by_name.splitlines()[0] and " b" in by_name
+
+
+def test_logits_within_bf16_noise_passes_at_the_measured_ratios_and_fails_beyond() -> None:
+    # The H200 run of 12:10 UTC: kern 2.36e-2 / 3.24e-2 / 3.80e-2 against transformers bf16
+    # 2.26e-2 / 3.55e-2 / 4.53e-2 (ratios 1.04, 0.91, 0.84).
+    for rel, noise in ((2.36e-2, 2.26e-2), (3.24e-2, 3.55e-2), (3.80e-2, 4.53e-2)):
+        c = checks.Check("x")
+        assert checks.compare_logits_to_bf16_noise(c, rel, noise) and c.status == "PENDING"
+        assert "x transformers bf16" in c.detail
+    c = checks.Check("x")
+    assert not checks.compare_logits_to_bf16_noise(c, 3.0e-2, 2.0e-2)
+    assert c.status == "FAIL" and "1.50x" in c.detail and c.data["ratio"] == pytest.approx(1.5)
+    for rel, noise in ((float("nan"), 2e-2), (2e-2, float("nan")), (2e-2, 0.0)):
+        c = checks.Check("x")
+        assert not checks.compare_logits_to_bf16_noise(c, rel, noise) and c.status == "FAIL"
+        assert "no comparison" in c.detail
