@@ -11,8 +11,9 @@
 // W rows, UNROLL pieces per W row per round, the next round's loads issued before the current
 // round is consumed (two rounds in flight), with ld.global.nc.L1::no_allocate so the W stream does
 // not evict x from L1; x (at most 4 * k bf16, written by the previous launch) is read with
-// ordinary loads after kern_pdl_wait and stays in L1 / L2. Each lane keeps rows * COLS f32 partial sums; a warp shuffle reduces them, and with
-// SPLIT > 1 the group's warps add their sums through shared memory in warp order.
+// ordinary loads after kern_pdl_wait and stays in L1 / L2. Each lane keeps rows * COLS f32 partial
+// sums; a warp shuffle reduces them, and with SPLIT > 1 the group's warps add their sums through
+// shared memory in warp order.
 // Grid [ceil_div(n, WARPS / SPLIT * COLS), 1, 1], block [WARPS * 32, 1, 1].
 //
 // PDL: every block first lets the next launch start, issues its first round of W loads (weights
@@ -28,6 +29,10 @@
 //   kern_gemv_bf16_q4, _s2q4, _s4q4      each group streams 4 columns one after another (the next
 //                                        column's first loads issued before the current one's sums)
 //   kern_gemv_bf16_silu                  the gate/up GEMV with SiLU-and-mul in its epilogue
+//   kern_gemv_bf16_b4, _b4_silu          one resident wave of blocks, each summing a balanced band
+//                                        of columns in `_s4`'s order ("Balanced bands" below)
+//   kern_gemv_bf16_tma, _tma_silu        W through a shared-memory ring filled by bulk copies
+//                                        ("Streaming GEMV" below; measured slower, docs/kernels.md)
 //
 // NOTE: the GEMV_* macros are fixed for the built cubin (docs/qwen3.md gives the grid with these
 // values); tools/tests/helpers/time_gemv.py builds other values only to compare them, and
