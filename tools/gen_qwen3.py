@@ -142,7 +142,7 @@ GEMV_PICK: dict[str, str] = {
     "lm_head": "kern_gemv_bf16_c2",
 }
 """The GEMV entry of each decode GEMM: the winners of `time_gemv.py --entries` on the H200
-(2026-11-29 12:10 UTC, docs/perf.md): split-k over the block's 4 warps, over balanced column bands
+(2026-11-29 12:06 UTC, docs/perf.md): split-k over the block's 4 warps, over balanced column bands
 (`_b4`) for qkv and down and one column per block (`_s4`) for o, 2 columns per warp for lm_head;
 gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes
 `act` (no kern_silu_mul in the decode step)."""
