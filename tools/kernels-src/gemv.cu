@@ -39,6 +39,8 @@
 // tools/tests/test_gemv_gpu.py checks those builds too.
 #include "kern_common.cuh"
 
+#include <type_traits>
+
 #ifndef GEMV_WARPS
 #define GEMV_WARPS 4
 #endif
@@ -60,6 +62,34 @@ enum GemvEpilogue {
     GEMV_ACC = 1,    // y = bf16(f32(y) + sum)
     GEMV_SILU = 2,   // y[c] = bf16(bf16(silu(bf16(g))) * bf16(u)), g / u from W rows c / n + c
 };
+
+// Calls f(std::integral_constant<int, R>{}) for R = rows in 1..4 (each layout keeps its x rows'
+// sums in registers, so R is a template argument); other row counts write nothing.
+template <typename F>
+static __device__ __forceinline__ void with_rows(int rows, F&& f) {
+    switch (rows) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        default: break;
+    }
+}
+
+// Writes one output element from its column sum(s): `sum` is x . W[c] (for GEMV_SILU the gate
+// row's), `up` the up row's (read by GEMV_SILU only).
+template <int EPI>
+static __device__ __forceinline__ void gemv_epilogue(bf16* out, float sum, float up) {
+    if constexpr (EPI == GEMV_ACC) {
+        *out = to_bf(to_f(*out) + sum);
+    } else if constexpr (EPI == GEMV_SILU) {
+        const float g = bf(sum);
+        const float u = bf(up);
+        *out = to_bf(bf(g / (1.0f + expf(-g))) * u);
+    } else {
+        *out = to_bf(sum);
+    }
+}
 
 // A 16-byte streaming load of read-only data that is used once: no L1 allocation.
 static __device__ __forceinline__ uint4 ld_stream(const bf16* p) {
@@ -197,16 +227,8 @@ static __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x,
 #pragma unroll
             for (int j = 0; j < COLS; ++j) {
                 if (col0 + j >= n) continue;
-                bf16* out = y + (size_t)r * (size_t)y_stride + col0 + j;
-                if constexpr (EPI == GEMV_ACC) {
-                    *out = to_bf(to_f(*out) + acc[r][j]);
-                } else if constexpr (EPI == GEMV_SILU) {
-                    const float g = bf(acc[r][j]);
-                    const float u = bf(acc[r][j + COLS]);
-                    *out = to_bf(bf(g / (1.0f + expf(-g))) * u);
-                } else {
-                    *out = to_bf(acc[r][j]);
-                }
+                gemv_epilogue<EPI>(y + (size_t)r * (size_t)y_stride + col0 + j, acc[r][j],
+                                   acc[r][EPI == GEMV_SILU ? j + COLS : j]);
             }
     }
 }
@@ -215,13 +237,9 @@ template <int WARPS, int COLS, int UNROLL, int SPLIT, int EPI>
 static __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                             bf16* __restrict__ y, int rows, int n, int k,
                                             int y_stride) {
-    switch (rows) {
-        case 1: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 1>(x, w, y, n, k, y_stride); break;
-        case 2: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 2>(x, w, y, n, k, y_stride); break;
-        case 3: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 3>(x, w, y, n, k, y_stride); break;
-        case 4: gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, 4>(x, w, y, n, k, y_stride); break;
-        default: break;
-    }
+    with_rows(rows, [&](auto r) {
+        gemv_rows<WARPS, COLS, UNROLL, SPLIT, EPI, decltype(r)::value>(x, w, y, n, k, y_stride);
+    });
 }
 
 // Sequential columns: each group of SPLIT warps streams SEQ consecutive columns one after another
@@ -300,13 +318,9 @@ template <int WARPS, int SEQ, int UNROLL, int SPLIT>
 static __device__ __forceinline__ void gemv_seq(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                 bf16* __restrict__ y, int rows, int n, int k,
                                                 int y_stride) {
-    switch (rows) {
-        case 1: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 1>(x, w, y, n, k, y_stride); break;
-        case 2: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 2>(x, w, y, n, k, y_stride); break;
-        case 3: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 3>(x, w, y, n, k, y_stride); break;
-        case 4: gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, 4>(x, w, y, n, k, y_stride); break;
-        default: break;
-    }
+    with_rows(rows, [&](auto r) {
+        gemv_seq_rows<WARPS, SEQ, UNROLL, SPLIT, decltype(r)::value>(x, w, y, n, k, y_stride);
+    });
 }
 
 // Balanced bands: block b owns the output columns [b * n / grid, (b + 1) * n / grid) and its
@@ -389,14 +403,7 @@ static __device__ __forceinline__ void gemv_band_rows(const bf16* __restrict__ x
 #pragma unroll
                     for (int s = 0; s < SPLIT; ++s) t[g] += sums[c & 1][s][r * NR + g];
                 }
-                bf16* out = y + (size_t)r * (size_t)y_stride + c;
-                if constexpr (EPI == GEMV_SILU) {
-                    const float gt = bf(t[0]);
-                    const float up = bf(t[NR - 1]);
-                    *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
-                } else {
-                    *out = to_bf(t[0]);
-                }
+                gemv_epilogue<EPI>(y + (size_t)r * (size_t)y_stride + c, t[0], t[NR - 1]);
             }
         }
     }
@@ -406,13 +413,9 @@ template <int SPLIT, int UNROLL, int EPI>
 static __device__ __forceinline__ void gemv_band(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                  bf16* __restrict__ y, int rows, int n, int k,
                                                  int y_stride) {
-    switch (rows) {
-        case 1: gemv_band_rows<SPLIT, UNROLL, EPI, 1>(x, w, y, n, k, y_stride); break;
-        case 2: gemv_band_rows<SPLIT, UNROLL, EPI, 2>(x, w, y, n, k, y_stride); break;
-        case 3: gemv_band_rows<SPLIT, UNROLL, EPI, 3>(x, w, y, n, k, y_stride); break;
-        case 4: gemv_band_rows<SPLIT, UNROLL, EPI, 4>(x, w, y, n, k, y_stride); break;
-        default: break;
-    }
+    with_rows(rows, [&](auto r) {
+        gemv_band_rows<SPLIT, UNROLL, EPI, decltype(r)::value>(x, w, y, n, k, y_stride);
+    });
 }
 
 // y[r, c] = bf16(sum_k x[r, k] * W[c, k]). Configuration: the GEMV_* macros.
@@ -693,16 +696,7 @@ static __device__ __forceinline__ void gemv_tma_rows(const bf16* __restrict__ x,
             if (lane == 0) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    bf16* out = y + (int64_t)r * y_stride + c0 + j;
-                    if constexpr (EPI == GEMV_ACC) {
-                        *out = to_bf(to_f(*out) + acc[r][0]);
-                    } else if constexpr (EPI == GEMV_SILU) {
-                        const float gt = bf(acc[r][0]);
-                        const float up = bf(acc[r][NR - 1]);
-                        *out = to_bf(bf(gt / (1.0f + expf(-gt))) * up);
-                    } else {
-                        *out = to_bf(acc[r][0]);
-                    }
+                    gemv_epilogue<EPI>(y + (int64_t)r * y_stride + c0 + j, acc[r][0], acc[r][NR - 1]);
                 }
             }
         }
@@ -716,13 +710,9 @@ template <int EPI>
 static __device__ __forceinline__ void gemv_tma(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                 bf16* __restrict__ y, int rows, int n, int k,
                                                 int y_stride) {
-    switch (rows) {
-        case 1: gemv_tma_rows<EPI, 1>(x, w, y, n, k, y_stride); break;
-        case 2: gemv_tma_rows<EPI, 2>(x, w, y, n, k, y_stride); break;
-        case 3: gemv_tma_rows<EPI, 3>(x, w, y, n, k, y_stride); break;
-        case 4: gemv_tma_rows<EPI, 4>(x, w, y, n, k, y_stride); break;
-        default: break;
-    }
+    with_rows(rows, [&](auto r) {
+        gemv_tma_rows<EPI, decltype(r)::value>(x, w, y, n, k, y_stride);
+    });
 }
 
 // As kern_gemv_bf16, streaming W through the shared-memory ring above. Grid [any, 1, 1],
