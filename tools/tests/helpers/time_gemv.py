@@ -80,6 +80,15 @@ def macro(text: str, name: str) -> int:
     raise SystemExit(f"gemv.cu defines no {name}")
 
 
+def operands(n: int, k: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Random bf16 copies of an [n, k] W (at least MIN_ROTATION_BYTES together, so launches rotating
+    over them miss L2), a [1, k] x and a [1, n] y."""
+    copies = max(2, math.ceil(MIN_ROTATION_BYTES / (n * k * 2)))
+    ws = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    return ws, x, torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+
+
 def build_gemv(work: Path, defines: dict[str, int] | None = None) -> cp.RawModule:
     """gemv.cu (with `#define`s prepended, if any) built by kern's build_kernels under `work`."""
     src = work / "src"
@@ -115,9 +124,8 @@ class Build:
         rows, k = x.shape
         n = w.shape[0]
         grid = ((n + self.rows_per_block - 1) // self.rows_per_block, 1, 1)
-        args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(k), h.i32(n))
-        with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
-            self.fn(grid, (self.threads, 1, 1), args)
+        h.launch(self.fn, grid, (self.threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n),
+                 h.i32(k), h.i32(n))
 
 
 class Entries:
@@ -130,12 +138,8 @@ class Entries:
     def launch(self, entry: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int) -> None:
         k = x.shape[1]
         grid, threads, smem = gen.gemv_launch(entry, n, k)
-        fn = self.fns[entry]
-        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-        args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(x.shape[0]), h.i32(n), h.i32(k), h.i32(n))
-        with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
-            fn((grid, 1, 1), (threads, 1, 1), args, shared_mem=smem)
+        h.launch(self.fns[entry], (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(x.shape[0]),
+                 h.i32(n), h.i32(k), h.i32(n), shared_mem=smem)
 
 
 def entries_main(pick_out: Path, out: Path | None) -> None:
@@ -155,10 +159,7 @@ def entries_main(pick_out: Path, out: Path | None) -> None:
     step = {e: 0.0 for e in labels}
     for name, n, k, per_step in SHAPES:
         nbytes = n * k * 2
-        copies = max(2, math.ceil(MIN_ROTATION_BYTES / nbytes))
-        ws = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        ws, x, y = operands(n, k)
         moved = nbytes + 2 * k + 2 * n
         times = {labels[0]: time_graph([lambda w=w, x=x, y=y: torch.mm(x, w.t(), out=y) for w in ws])}
         for e in plain:
@@ -252,10 +253,7 @@ def main(out: Path | None) -> None:
     step = [0.0] * len(labels)
     for name, n, k, per_step in SHAPES:
         nbytes = n * k * 2
-        copies = max(2, math.ceil(MIN_ROTATION_BYTES / nbytes))
-        ws = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        ws, x, y = operands(n, k)
         moved = nbytes + 2 * k + 2 * n
         cells: list[str] = []
         times = [time_graph([lambda w=w, x=x, y=y: torch.mm(x, w.t(), out=y) for w in ws])]
@@ -298,9 +296,7 @@ def tma_main(out: Path | None) -> None:
     fns = []
     for i, (cap, copy, hint, smem) in enumerate(TMA_VARIANTS):
         module = build_gemv(work / f"v{i}", {"GEMV_TMA_CAP": cap, "GEMV_TMA_COPY": copy, "GEMV_TMA_HINT": hint})
-        fn = module.get_function("kern_gemv_bf16_tma")
-        fn.max_dynamic_shared_size_bytes = smem
-        fns.append((fn, module.get_function("kern_gemv_bf16_s4"), smem))
+        fns.append((module.get_function("kern_gemv_bf16_tma"), module.get_function("kern_gemv_bf16_s4"), smem))
     labels = ["kern_gemv_bf16_s4"] + [f"cap {c} copy {cp_} hint {hn} smem {s // 1024}K"
                                       for c, cp_, hn, s in TMA_VARIANTS]
     lines = [f"device: {torch.cuda.get_device_name()}; {LAUNCHES} launches per graph, median of {REPLAYS}; "
@@ -309,17 +305,13 @@ def tma_main(out: Path | None) -> None:
         if name.startswith("gate_up"):
             continue
         nbytes = n * k * 2
-        copies = max(2, math.ceil(MIN_ROTATION_BYTES / nbytes))
-        ws = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        ws, x, y = operands(n, k)
         ref = (x.float() @ ws[0].float().t()).flatten()
 
         def go(fn: cp.RawKernel, grid: int, threads: int, smem: int, w: torch.Tensor,
                x: torch.Tensor = x, y: torch.Tensor = y, n: int = n, k: int = k) -> None:
-            args = (h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(n), h.i32(k), h.i32(n))
-            with h._torch_stream():  # pyright: ignore[reportPrivateUsage]
-                fn((grid, 1, 1), (threads, 1, 1), args, shared_mem=smem)
+            h.launch(fn, (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(n), h.i32(k),
+                     h.i32(n), shared_mem=smem)
 
         s4 = fns[0][1]
         blocks = min(n, gen.GEMV_TMA_BLOCKS)
