@@ -38,6 +38,24 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "bench", *session.posargs)
 
 
+EXAMPLES = {
+    "qwen3-4b": ["--preset", "qwen3-4b"],
+    "qwen3-tiny": ["--preset", "qwen3-tiny"],
+    "qwen3-4b-gemv": ["--preset", "qwen3-4b", "--gemv", "default"],
+    "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl"],
+}
+"""examples/<name>.json -> its gen_qwen3 options (tools/tests/test_gen_qwen3.py checks the files)."""
+
+
+@nox.session
+def examples(session: nox.Session) -> None:
+    """Rebuild kernels/ from tools/kernels-src and regenerate examples/ from it."""
+    _sync(session)
+    session.run("kern", "kernels")
+    for name, options in EXAMPLES.items():
+        session.run("python", "tools/gen_qwen3.py", *options, "--feed", "device", "-o", f"examples/{name}.json")
+
+
 # NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts, and
 # nvmath-python. Versions come from uv.lock; cuda-bindings, numpy, torch, triton stay the host's.
 HOST_MISSING = [
