@@ -385,11 +385,11 @@ constexpr int DEC_CLUSTER_FLOATS = 2048;   // a kv head's partial rows: group * 
 constexpr int DEC_CLUSTER_HEADS = DEC_CLUSTER_FLOATS / 64;
 
 // barrier.cluster with release / acquire: shared-memory writes before it are visible to every
-// block of the cluster after it. NOTE: not .aligned: threads may reach it from divergent loops.
+// block of the cluster after it.
 static __device__ __forceinline__ void cluster_sync() {
     asm volatile(
-        "barrier.cluster.arrive.release;\n\t"
-        "barrier.cluster.wait.acquire;" ::: "memory");
+        "barrier.cluster.arrive.release.aligned;\n\t"
+        "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 // The f32 at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
