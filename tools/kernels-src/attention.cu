@@ -445,17 +445,7 @@ __device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* c
 // then counts itself in counters[kv head]; the block that counts last reduces the kv head's query
 // heads over the `used` splits into `out` and sets the counter back to 0, so `counters` (i32[nkv],
 // zero before the first launch) is zero again between launches. grid [nkv, splits], block [128].
-// NOTE: the cluster shape sits on this declaration only: the definition keeps the
-// `extern "C" __global__ void __launch_bounds__(N) kern_...(` form that tools/gen_qwen3.py and
-// tools/qwen3_mined.py read the ABI from; the attribute carries over to the definition.
-extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)
-kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
-                 const int* __restrict__ block_table, const int* __restrict__ seq_len,
-                 float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
-                 int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
-                 float scale);
-
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1) __launch_bounds__(128)
 kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                  const int* __restrict__ block_table, const int* __restrict__ seq_len,
                  float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
