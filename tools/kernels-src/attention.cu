@@ -17,10 +17,7 @@ struct PagedKV {
 
     // Address of token `tok`'s k row for kv head `head`; v is at + v_offset().
     __device__ __forceinline__ const bf16* k_row(int tok, int head) const {
-        return row(block_table[tok / page_tokens], tok, head);
-    }
-    // The same with the physical page of `tok` already looked up.
-    __device__ __forceinline__ const bf16* row(int64_t page, int tok, int head) const {
+        const int64_t page = block_table[tok / page_tokens];
         return kv + page * page_stride + ((int64_t)(tok % page_tokens) * nkv + head) * head_dim;
     }
     __device__ __forceinline__ int64_t v_offset() const {
@@ -30,52 +27,25 @@ struct PagedKV {
 
 // ------------------------------------------------------------------------------------------------
 // Decode: one block per (kv head, split) serves the kv head's query heads, GC of them per pass.
-// Warp w takes tokens w, w + 4, ... in rounds of U per warp; lane l owns elements
-// [l * EPL, (l + 1) * EPL) of a head. The loop is software-pipelined: while a round is folded the
-// next round's K/V loads are in flight and the page ids of the round after it are being read, so
-// no K/V load waits on a block-table load and 2 U tokens per warp are in flight.
+// Warp w takes tokens w, w + 4, ...; lane l owns elements [l * EPL, (l + 1) * EPL) of a head.
 
 constexpr int DEC_WARPS = 4;
-
-// Tokens per warp and round: 8 while a pass holds at most 4 heads (two rounds of raw K/V then fit
-// in registers beside q and the accumulators), else 4.
-template <int GC>
-constexpr int DEC_UNROLL = GC <= 4 ? 8 : 4;
-
-// EPL bf16 elements of one row, as loaded (unpacked only when folded).
-template <int EPL>
-struct RowBits {
-    uint32_t w[EPL / 2];
-};
+constexpr int DEC_UNROLL = 4;
 
 template <int EPL>
-__device__ __forceinline__ RowBits<EPL> load_bits(const bf16* p) {
-    RowBits<EPL> r;
+__device__ __forceinline__ void load_row(const bf16* p, float* out) {
     if constexpr (EPL == 4) {
         const uint2 v = *reinterpret_cast<const uint2*>(p);
-        r.w[0] = v.x;
-        r.w[1] = v.y;
+        out[0] = __uint_as_float(v.x << 16);
+        out[1] = __uint_as_float(v.x & 0xffff0000u);
+        out[2] = __uint_as_float(v.y << 16);
+        out[3] = __uint_as_float(v.y & 0xffff0000u);
     } else {
-        r.w[0] = *reinterpret_cast<const uint32_t*>(p);
-    }
-    return r;
-}
-
-template <int EPL>
-__device__ __forceinline__ void unpack_bits(const RowBits<EPL>& r, float* out) {
-#pragma unroll
-    for (int i = 0; i < EPL / 2; ++i) {
-        out[2 * i] = __uint_as_float(r.w[i] << 16);
-        out[2 * i + 1] = __uint_as_float(r.w[i] & 0xffff0000u);
+        const uint32_t v = *reinterpret_cast<const uint32_t*>(p);
+        out[0] = __uint_as_float(v << 16);
+        out[1] = __uint_as_float(v & 0xffff0000u);
     }
 }
-
-// One round of a warp: K and V rows of tokens t + u * DEC_WARPS, u < U (zero past the split).
-template <int EPL, int U>
-struct DecodeRound {
-    RowBits<EPL> k[U];
-    RowBits<EPL> v[U];
-};
 
 template <int EPL, int GC>
 struct DecodeState {
@@ -84,60 +54,27 @@ struct DecodeState {
     float acc[GC][EPL];
 };
 
-// Physical pages of the round's tokens from t (0 past tok1: nothing is read for them).
-template <int U>
-__device__ __forceinline__ void round_pages(const PagedKV& kv, int t, int tok1, int (&page)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int tok = t + u * DEC_WARPS;
-        page[u] = tok < tok1 ? kv.block_table[tok / kv.page_tokens] : 0;
-    }
-}
-
-// Issues the round's K/V loads (the pages from round_pages); rows past tok1 are zero.
-template <int EPL, int U>
-__device__ __forceinline__ void round_load(const PagedKV& kv, int t, int tok1, const int (&page)[U],
-                                           int head, int lane, DecodeRound<EPL, U>& r) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int tok = t + u * DEC_WARPS;
-        if (tok < tok1) {
-            const bf16* kp = kv.row(page[u], tok, head) + lane * EPL;
-            r.k[u] = load_bits<EPL>(kp);
-            r.v[u] = load_bits<EPL>(kp + kv.v_offset());
-        } else {
-#pragma unroll
-            for (int i = 0; i < EPL / 2; ++i) r.k[u].w[i] = r.v[u].w[i] = 0u;
-        }
-    }
-}
-
-// Folds the round's first n tokens into the warp's running softmax state.
-template <int EPL, int GC, int U>
+// Folds up to DEC_UNROLL tokens (n valid) into the warp's running softmax state.
+template <int EPL, int GC>
 __device__ __forceinline__ void decode_fold(DecodeState<EPL, GC>& st, const float (&q)[GC][EPL],
-                                            const DecodeRound<EPL, U>& r, int n,
+                                            const float (&k)[DEC_UNROLL][EPL],
+                                            const float (&v)[DEC_UNROLL][EPL], int n,
                                             float scale_log2) {
-    float k[U][EPL], v[U][EPL];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        unpack_bits<EPL>(r.k[u], k[u]);
-        unpack_bits<EPL>(r.v[u], v[u]);
-    }
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
-        float s[U];
+        float s[DEC_UNROLL];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+        for (int u = 0; u < DEC_UNROLL; ++u) {
             float d = 0.0f;
 #pragma unroll
             for (int e = 0; e < EPL; ++e) d += q[g][e] * k[u][e];
             s[u] = d;
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) s[u] = warp_sum(s[u]) * scale_log2;
+        for (int u = 0; u < DEC_UNROLL; ++u) s[u] = warp_sum(s[u]) * scale_log2;
         float mx = st.m[g];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < DEC_UNROLL; ++u)
             if (u < n) mx = fmaxf(mx, s[u]);
         const float alpha = exp2f(st.m[g] - mx);
         st.m[g] = mx;
@@ -145,7 +82,7 @@ __device__ __forceinline__ void decode_fold(DecodeState<EPL, GC>& st, const floa
 #pragma unroll
         for (int e = 0; e < EPL; ++e) st.acc[g][e] *= alpha;
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+        for (int u = 0; u < DEC_UNROLL; ++u) {
             const float p = u < n ? exp2f(s[u] - mx) : 0.0f;
             st.l[g] += p;
 #pragma unroll
@@ -154,41 +91,15 @@ __device__ __forceinline__ void decode_fold(DecodeState<EPL, GC>& st, const floa
     }
 }
 
-// The warp's tokens of [tok0, tok1) folded into st, one round in flight ahead of the fold.
-template <int EPL, int GC>
-__device__ __forceinline__ void decode_tokens(DecodeState<EPL, GC>& st, const float (&q)[GC][EPL],
-                                              const PagedKV& kv, int head, int tok0, int tok1,
-                                              float scale_log2) {
-    constexpr int U = DEC_UNROLL<GC>;
-    constexpr int STEP = DEC_WARPS * U;
-    const int lane = threadIdx.x & 31;
-    int t = tok0 + (threadIdx.x >> 5);
-    int page[U];
-    DecodeRound<EPL, U> cur;
-    round_pages<U>(kv, t, tok1, page);
-    round_load<EPL, U>(kv, t, tok1, page, head, lane, cur);
-    round_pages<U>(kv, t + STEP, tok1, page);
-#pragma unroll 1
-    for (; t < tok1; t += STEP) {
-        DecodeRound<EPL, U> next;
-        round_load<EPL, U>(kv, t + STEP, tok1, page, head, lane, next);
-        round_pages<U>(kv, t + 2 * STEP, tok1, page);
-        const int n = min((tok1 - t + DEC_WARPS - 1) / DEC_WARPS, U);
-        decode_fold<EPL, GC, U>(st, q, cur, n, scale_log2);
-        cur = next;
-    }
-}
-
 // Cross-warp combine area: m and l per (warp, head), then acc per (warp, head, element).
 constexpr int DEC_MAX_GC = 8;
 constexpr int DEC_MAX_D = 128;
 constexpr int DEC_SMEM_FLOATS = DEC_WARPS * DEC_MAX_GC * (2 + DEC_MAX_D);
 
-// The split's normalized output of query heads head0 .. head0 + GC - 1 into o_rows[g * D + d] and
-// its log2-sum-exp into lse_rows[g] (-inf and zeros for an empty split).
 template <int EPL, int GC>
 __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int tok0, int tok1,
-                             float* o_rows, float* lse_rows, float scale_log2, float* smem) {
+                             float* part_o, float* part_lse, int nq, float scale_log2,
+                             float* smem) {
     constexpr int D = EPL * 32;
     float(*sm_m)[GC] = reinterpret_cast<float(*)[GC]>(smem);
     float(*sm_l)[GC] = reinterpret_cast<float(*)[GC]>(smem + DEC_WARPS * GC);
@@ -197,8 +108,7 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int 
     const int warp = threadIdx.x >> 5;
     float q[GC][EPL];
 #pragma unroll
-    for (int g = 0; g < GC; ++g)
-        unpack_bits<EPL>(load_bits<EPL>(qkv + (int64_t)(head0 + g) * D + lane * EPL), q[g]);
+    for (int g = 0; g < GC; ++g) load_row<EPL>(qkv + (int64_t)(head0 + g) * D + lane * EPL, q[g]);
     DecodeState<EPL, GC> st;
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
@@ -207,7 +117,25 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int 
 #pragma unroll
         for (int e = 0; e < EPL; ++e) st.acc[g][e] = 0.0f;
     }
-    decode_tokens<EPL, GC>(st, q, kv, blockIdx.x, tok0, tok1, scale_log2);
+    const int head = blockIdx.x;
+    for (int t = tok0 + warp; t < tok1; t += DEC_WARPS * DEC_UNROLL) {
+        float k[DEC_UNROLL][EPL], v[DEC_UNROLL][EPL];
+        int n = 0;
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; ++u) {
+            const int tok = t + u * DEC_WARPS;
+            if (tok < tok1) {
+                const bf16* kp = kv.k_row(tok, head) + lane * EPL;
+                load_row<EPL>(kp, k[u]);
+                load_row<EPL>(kp + kv.v_offset(), v[u]);
+                n = u + 1;
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) k[u][e] = v[u][e] = 0.0f;
+            }
+        }
+        decode_fold<EPL, GC>(st, q, k, v, n, scale_log2);
+    }
     __syncthreads();
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
@@ -219,6 +147,7 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int 
         for (int e = 0; e < EPL; ++e) sm_acc[warp][g][lane * EPL + e] = st.acc[g][e];
     }
     __syncthreads();
+    const int split = blockIdx.y;
     for (int i = threadIdx.x; i < GC * D; i += blockDim.x) {
         const int g = i / D;
         const int d = i % D;
@@ -234,32 +163,30 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int 
                 o += sm_acc[w][g][d] * f;
             }
         }
-        o_rows[i] = l > 0.0f ? o / l : 0.0f;
-        if (d == 0) lse_rows[g] = l > 0.0f ? mx + log2f(l) : KERN_NEG_INF;
+        const int64_t qh = (int64_t)split * nq + head0 + g;
+        part_o[qh * D + d] = l > 0.0f ? o / l : 0.0f;
+        if (d == 0) part_lse[qh] = l > 0.0f ? mx + log2f(l) : KERN_NEG_INF;
     }
 }
 
-// All `group` query heads of kv head blockIdx.x over [tok0, tok1): head h's output row goes to
-// o_rows[h * head_dim ...], its lse to lse_rows[h].
 template <int EPL, int GC>
-__device__ void decode_split(const bf16* qkv, const PagedKV& kv, int tok0, int tok1, float* o_rows,
-                             float* lse_rows, int group, float scale_log2, float* smem) {
-    constexpr int D = EPL * 32;
+__device__ void decode_split(const bf16* qkv, const PagedKV& kv, int tok0, int tok1, float* part_o,
+                             float* part_lse, int nq, int group, float scale_log2, float* smem) {
     for (int h = 0; h < group; h += GC) {
-        decode_heads<EPL, GC>(qkv, kv, blockIdx.x * group + h, tok0, tok1, o_rows + h * D,
-                              lse_rows + h, scale_log2, smem);
+        decode_heads<EPL, GC>(qkv, kv, blockIdx.x * group + h, tok0, tok1, part_o, part_lse, nq,
+                              scale_log2, smem);
         __syncthreads();
     }
 }
 
 template <int EPL>
 __device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, int tok0, int tok1,
-                                      float* o_rows, float* lse_rows, int group, float scale_log2,
-                                      float* smem) {
+                                      float* part_o, float* part_lse, int nq, int group,
+                                      float scale_log2, float* smem) {
     switch (group) {
-#define KERN_GROUP_CASE(G)                                                                   \
-    case G:                                                                                  \
-        decode_split<EPL, G>(qkv, kv, tok0, tok1, o_rows, lse_rows, group, scale_log2, smem); \
+#define KERN_GROUP_CASE(G)                                                                      \
+    case G:                                                                                     \
+        decode_split<EPL, G>(qkv, kv, tok0, tok1, part_o, part_lse, nq, group, scale_log2, smem); \
         return;
         KERN_GROUP_CASE(1)
         KERN_GROUP_CASE(2)
@@ -271,17 +198,7 @@ __device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, int to
 #undef KERN_GROUP_CASE
         default:
             // NOTE: groups above 8 must be multiples of 8 (checked by the generator).
-            decode_split<EPL, 8>(qkv, kv, tok0, tok1, o_rows, lse_rows, group, scale_log2, smem);
-    }
-}
-
-__device__ __forceinline__ void decode_split_rows(const bf16* qkv, const PagedKV& kv, int tok0,
-                                                  int tok1, float* o_rows, float* lse_rows,
-                                                  int group, float scale_log2, float* smem) {
-    if (kv.head_dim == 64) {
-        decode_dispatch_group<2>(qkv, kv, tok0, tok1, o_rows, lse_rows, group, scale_log2, smem);
-    } else {
-        decode_dispatch_group<4>(qkv, kv, tok0, tok1, o_rows, lse_rows, group, scale_log2, smem);
+            decode_split<EPL, 8>(qkv, kv, tok0, tok1, part_o, part_lse, nq, group, scale_log2, smem);
     }
 }
 
@@ -304,10 +221,13 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
     const int tok0 = min(blockIdx.y * pps * page_tokens, len);
     const int tok1 = min((blockIdx.y + 1) * pps * page_tokens, len);
     const int group = nq / nkv;
-    const int64_t row0 = (int64_t)blockIdx.y * nq + blockIdx.x * group;
+    const float sl2 = scale * LOG2E;
     __shared__ float smem[DEC_SMEM_FLOATS];
-    decode_split_rows(qkv, paged, tok0, tok1, part_o + row0 * head_dim, part_lse + row0, group,
-                      scale * LOG2E, smem);
+    if (head_dim == 64) {
+        decode_dispatch_group<2>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    } else {
+        decode_dispatch_group<4>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    }
 }
 
 // The reducing block of kern_attn_decode: out[h] for the `group` query heads from head0, over the
@@ -376,76 +296,13 @@ __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const f
     }
 }
 
-// ------------------------------------------------------------------------------------------------
-// Thread-block clusters (sm_90) for kern_attn_decode: the 8 splits of a cluster combine through
-// distributed shared memory. Every thread of the cluster must reach each cluster_sync().
-
-constexpr int DEC_CLUSTER = 8;             // blocks per cluster along grid y (portable maximum)
-constexpr int DEC_CLUSTER_FLOATS = 2048;   // a kv head's partial rows: group * head_dim floats
-constexpr int DEC_CLUSTER_HEADS = DEC_CLUSTER_FLOATS / 64;
-
-// barrier.cluster with release / acquire: shared-memory writes before it are visible to every
-// block of the cluster after it.
-static __device__ __forceinline__ void cluster_sync() {
-    asm volatile(
-        "barrier.cluster.arrive.release.aligned;\n\t"
-        "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// The f32 at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
-static __device__ __forceinline__ float cluster_load(const float* p, int rank) {
-    const uint32_t local = (uint32_t)__cvta_generic_to_shared(p);
-    uint32_t remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-
-// Cluster block `rank` writes out[head0 * head_dim + i] for its slice of i < group * head_dim,
-// reducing the partials of splits [0, used) that live in the shared memory of cluster blocks
-// 0 .. used - 1, in kern_attn_decode_reduce's arithmetic and order (so the same bits).
-__device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* cl_lse, bf16* out,
-                                               int head0, int group, int head_dim, int used,
-                                               int rank) {
-    const int total = group * head_dim;
-    const int slice = (total + DEC_CLUSTER - 1) / DEC_CLUSTER;
-    const int end = min(total, (rank + 1) * slice);
-    for (int i = rank * slice + threadIdx.x; i < end; i += blockDim.x) {
-        const int g = i / head_dim;
-        float lse[DEC_CLUSTER], o[DEC_CLUSTER];
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) {
-            lse[s] = s < used ? cluster_load(cl_lse + g, s) : KERN_NEG_INF;
-            o[s] = s < used ? cluster_load(cl_o + i, s) : 0.0f;
-        }
-        float mx = KERN_NEG_INF;
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
-        float num = 0.0f, den = 0.0f;
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) {
-            if (lse[s] == KERN_NEG_INF) continue;
-            const float w = exp2f(lse[s] - mx);
-            den += w;
-            num += w * o[s];
-        }
-        out[(int64_t)head0 * head_dim + i] = to_bf(den > 0.0f ? num / den : 0.0f);
-    }
-}
-
-// kern_attn_decode_partial and kern_attn_decode_reduce in one launch, bit-identical to the pair.
-// Only the splits that hold tokens run (s < used = ceil(pages / pps)). Clusters of 8 blocks along
-// grid y, so `splits` (= grid y) must be a multiple of 8: the driver refuses any other grid.
-// Cluster path, when used <= 8 and group * head_dim <= 2048 (at most 8 pages of context at any
-// split count: 128 tokens at pages of 16): the first cluster along y keeps each split's partial
-// rows in its blocks' shared memory, then every block of it (used or not) reduces a slice of the
-// kv head's outputs from them; later clusters exit at once; part_o, part_lse and `counters` are
-// untouched. Global path otherwise: each running block writes its partials to part_o / part_lse,
-// then counts itself in counters[kv head]; the block that counts last reduces the kv head's query
-// heads over the `used` splits into `out` and sets the counter back to 0, so `counters` (i32[nkv],
-// zero before the first launch) is zero again between launches. grid [nkv, splits], block [128].
-extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1) __launch_bounds__(128)
+// kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Only the splits that hold
+// tokens run (s < used = ceil(pages / pps)); the others exit at once. Each running block writes its
+// partials, then counts itself in counters[kv head]; the block that counts last reduces the kv
+// head's query heads over the `used` splits into `out` and sets the counter back to 0, so
+// `counters` (i32[nkv], zero before the first launch) is zero again between launches.
+// grid [nkv, splits], block [128].
+extern "C" __global__ void __launch_bounds__(128)
 kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                  const int* __restrict__ block_table, const int* __restrict__ seq_len,
                  float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
@@ -458,28 +315,16 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     const int pages = (len + page_tokens - 1) / page_tokens;
     const int pps = max((pages + splits - 1) / splits, 1);
     const int used = (pages + pps - 1) / pps;
+    if ((int)blockIdx.y >= used) return;
+    const int tok0 = min(blockIdx.y * pps * page_tokens, len);
+    const int tok1 = min((blockIdx.y + 1) * pps * page_tokens, len);
     const int group = nq / nkv;
-    const int split = blockIdx.y;
-    // NOTE: uniform over the grid, and a cluster's blocks are all below or all at/above 8.
-    const bool clustered = used <= DEC_CLUSTER && group * head_dim <= DEC_CLUSTER_FLOATS;
-    if (split >= (clustered ? DEC_CLUSTER : used)) return;
+    const float sl2 = scale * LOG2E;
     __shared__ float smem[DEC_SMEM_FLOATS];
-    __shared__ float cl_o[DEC_CLUSTER_FLOATS];
-    __shared__ float cl_lse[DEC_CLUSTER_HEADS];
-    if (split < used) {
-        const int tok0 = min(split * pps * page_tokens, len);
-        const int tok1 = min((split + 1) * pps * page_tokens, len);
-        const int64_t row0 = (int64_t)split * nq + blockIdx.x * group;
-        // NOTE: one instantiation of the decode for both paths; the rows go through generic stores.
-        decode_split_rows(qkv, paged, tok0, tok1, clustered ? cl_o : part_o + row0 * head_dim,
-                          clustered ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
-    }
-    if (clustered) {
-        cluster_sync();
-        cluster_reduce(cl_o, cl_lse, out, blockIdx.x * group, group, head_dim, used, split);
-        // NOTE: no block may exit while another can still read its shared memory.
-        cluster_sync();
-        return;
+    if (head_dim == 64) {
+        decode_dispatch_group<2>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    } else {
+        decode_dispatch_group<4>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
     }
     // Publish this block's partials, then count it; the last of the kv head's blocks reduces.
     __threadfence();
