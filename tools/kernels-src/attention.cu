@@ -96,10 +96,12 @@ constexpr int DEC_MAX_GC = 8;
 constexpr int DEC_MAX_D = 128;
 constexpr int DEC_SMEM_FLOATS = DEC_WARPS * DEC_MAX_GC * (2 + DEC_MAX_D);
 
+// Folds tokens [tok0, tok1) for the GC query heads from head0 and writes each head g's normalized
+// output row to o_rows[g * D ..] and its log2-sum-exp to lse_rows[g] (global partials or, in
+// kern_attn_decode's cluster path, this block's shared memory: generic stores).
 template <int EPL, int GC>
 __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int tok0, int tok1,
-                             float* part_o, float* part_lse, int nq, float scale_log2,
-                             float* smem) {
+                             float* o_rows, float* lse_rows, float scale_log2, float* smem) {
     constexpr int D = EPL * 32;
     float(*sm_m)[GC] = reinterpret_cast<float(*)[GC]>(smem);
     float(*sm_l)[GC] = reinterpret_cast<float(*)[GC]>(smem + DEC_WARPS * GC);
@@ -147,7 +149,6 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int 
         for (int e = 0; e < EPL; ++e) sm_acc[warp][g][lane * EPL + e] = st.acc[g][e];
     }
     __syncthreads();
-    const int split = blockIdx.y;
     for (int i = threadIdx.x; i < GC * D; i += blockDim.x) {
         const int g = i / D;
         const int d = i % D;
@@ -163,30 +164,31 @@ __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int 
                 o += sm_acc[w][g][d] * f;
             }
         }
-        const int64_t qh = (int64_t)split * nq + head0 + g;
-        part_o[qh * D + d] = l > 0.0f ? o / l : 0.0f;
-        if (d == 0) part_lse[qh] = l > 0.0f ? mx + log2f(l) : KERN_NEG_INF;
+        o_rows[g * D + d] = l > 0.0f ? o / l : 0.0f;
+        if (d == 0) lse_rows[g] = l > 0.0f ? mx + log2f(l) : KERN_NEG_INF;
     }
 }
 
+// The kv head blockIdx.x's `group` query heads, GC per pass; rows[h * head_dim ..] / lse[h] for
+// its query head h < group.
 template <int EPL, int GC>
-__device__ void decode_split(const bf16* qkv, const PagedKV& kv, int tok0, int tok1, float* part_o,
-                             float* part_lse, int nq, int group, float scale_log2, float* smem) {
+__device__ void decode_split(const bf16* qkv, const PagedKV& kv, int tok0, int tok1, float* rows,
+                             float* lse, int group, float scale_log2, float* smem) {
     for (int h = 0; h < group; h += GC) {
-        decode_heads<EPL, GC>(qkv, kv, blockIdx.x * group + h, tok0, tok1, part_o, part_lse, nq,
-                              scale_log2, smem);
+        decode_heads<EPL, GC>(qkv, kv, blockIdx.x * group + h, tok0, tok1, rows + h * EPL * 32,
+                              lse + h, scale_log2, smem);
         __syncthreads();
     }
 }
 
 template <int EPL>
 __device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, int tok0, int tok1,
-                                      float* part_o, float* part_lse, int nq, int group,
-                                      float scale_log2, float* smem) {
+                                      float* rows, float* lse, int group, float scale_log2,
+                                      float* smem) {
     switch (group) {
 #define KERN_GROUP_CASE(G)                                                                      \
     case G:                                                                                     \
-        decode_split<EPL, G>(qkv, kv, tok0, tok1, part_o, part_lse, nq, group, scale_log2, smem); \
+        decode_split<EPL, G>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);          \
         return;
         KERN_GROUP_CASE(1)
         KERN_GROUP_CASE(2)
@@ -198,7 +200,18 @@ __device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, int to
 #undef KERN_GROUP_CASE
         default:
             // NOTE: groups above 8 must be multiples of 8 (checked by the generator).
-            decode_split<EPL, 8>(qkv, kv, tok0, tok1, part_o, part_lse, nq, group, scale_log2, smem);
+            decode_split<EPL, 8>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);
+    }
+}
+
+// One block's split: rows / lse of the kv head blockIdx.x's query heads (head_dim 64 or 128).
+__device__ __forceinline__ void decode_split_rows(const bf16* qkv, const PagedKV& kv, int tok0,
+                                                  int tok1, float* rows, float* lse, int group,
+                                                  float scale_log2, float* smem) {
+    if (kv.head_dim == 64) {
+        decode_dispatch_group<2>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);
+    } else {
+        decode_dispatch_group<4>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);
     }
 }
 
@@ -221,13 +234,10 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
     const int tok0 = min(blockIdx.y * pps * page_tokens, len);
     const int tok1 = min((blockIdx.y + 1) * pps * page_tokens, len);
     const int group = nq / nkv;
-    const float sl2 = scale * LOG2E;
+    const int64_t row0 = (int64_t)blockIdx.y * nq + blockIdx.x * group;
     __shared__ float smem[DEC_SMEM_FLOATS];
-    if (head_dim == 64) {
-        decode_dispatch_group<2>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
-    } else {
-        decode_dispatch_group<4>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
-    }
+    decode_split_rows(qkv, paged, tok0, tok1, part_o + row0 * head_dim, part_lse + row0, group,
+                      scale * LOG2E, smem);
 }
 
 // The reducing block of kern_attn_decode: out[h] for the `group` query heads from head0, over the
@@ -296,12 +306,95 @@ __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const f
     }
 }
 
-// kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Only the splits that hold
-// tokens run (s < used = ceil(pages / pps)); the others exit at once. Each running block writes its
-// partials, then counts itself in counters[kv head]; the block that counts last reduces the kv
-// head's query heads over the `used` splits into `out` and sets the counter back to 0, so
-// `counters` (i32[nkv], zero before the first launch) is zero again between launches.
+// ------------------------------------------------------------------------------------------------
+// Thread-block clusters (sm_90) for kern_attn_decode: the DEC_CLUSTER splits of a cluster combine
+// through distributed shared memory instead of global partials, a fence and an atomic counter.
+// Every thread of the cluster reaches each cluster_sync().
+
+constexpr int DEC_CLUSTER = 8;            // blocks per cluster along grid y (the portable maximum)
+constexpr int DEC_CLUSTER_PAGES = 4;      // pages per split at most on the cluster path
+constexpr int DEC_CLUSTER_FLOATS = 2048;  // a kv head's partial rows: group * head_dim floats
+constexpr int DEC_CLUSTER_HEADS = DEC_CLUSTER_FLOATS / 64;
+
+// barrier.cluster with release / acquire: shared-memory writes before it are visible to every
+// block of the cluster after it. NOTE: not .aligned: threads may reach it from divergent code.
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile(
+        "barrier.cluster.arrive.release;\n\t"
+        "barrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// The f32 at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
+static __device__ __forceinline__ float cluster_load(const float* p, int rank) {
+    const uint32_t local = (uint32_t)__cvta_generic_to_shared(p);
+    uint32_t remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// Cluster block `rank` writes out[head0 * head_dim + i] for its slice of i < group * head_dim from
+// the partial rows of splits [0, used) in the shared memory of cluster blocks 0 .. used - 1, with
+// kern_attn_decode_reduce's arithmetic in its order over DEC_CLUSTER splits (so the same bits as
+// kern_attn_decode_partial + kern_attn_decode_reduce at splits = DEC_CLUSTER); all of a thread's
+// remote loads are in flight together.
+__device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* cl_lse, bf16* out,
+                                               int head0, int group, int head_dim, int used,
+                                               int rank) {
+    const int total = group * head_dim;
+    const int slice = (total + DEC_CLUSTER - 1) / DEC_CLUSTER;
+    const int end = min(total, (rank + 1) * slice);
+    for (int i = rank * slice + threadIdx.x; i < end; i += blockDim.x) {
+        const int g = i / head_dim;
+        float lse[DEC_CLUSTER], o[DEC_CLUSTER];
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            lse[s] = s < used ? cluster_load(cl_lse + g, s) : KERN_NEG_INF;
+            o[s] = s < used ? cluster_load(cl_o + i, s) : 0.0f;
+        }
+        float mx = KERN_NEG_INF;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            if (lse[s] == KERN_NEG_INF) continue;
+            const float w = exp2f(lse[s] - mx);
+            den += w;
+            num += w * o[s];
+        }
+        out[(int64_t)head0 * head_dim + i] = to_bf(den > 0.0f ? num / den : 0.0f);
+    }
+}
+
+// kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Clusters of DEC_CLUSTER (8)
+// blocks along grid y, so `splits` (grid y) must be a multiple of 8: the driver refuses any other
+// grid. Two split plans, chosen per launch from seq_len (uniform over the grid):
+// - cluster path, up to DEC_CLUSTER * DEC_CLUSTER_PAGES pages (512 tokens at pages of 16) when a kv
+//   head's rows fit (group * head_dim <= 2048): the first cluster along y takes the sequence in 8
+//   splits of pps = ceil(pages / 8) pages (kern_attn_decode_partial's plan at splits = 8); each
+//   block keeps its split's rows and lse in its shared memory, a cluster barrier, then every block
+//   of the cluster (used or not) reduces a slice of the kv head's outputs from them; later clusters
+//   exit at once; part_o, part_lse and `counters` are untouched. Bit-identical to partial +
+//   reduce at splits = 8.
+// - global path, otherwise: the `splits` plan (pps = ceil(pages / splits)); only the splits that
+//   hold tokens run (s < used = ceil(pages / pps)). Each writes its partials to part_o / part_lse,
+//   then counts itself in counters[kv head]; the block that counts last reduces the kv head's query
+//   heads over the used splits into `out` and sets the counter back to 0, so `counters` (i32[nkv],
+//   zero before the first launch) is zero again between launches. Bit-identical to partial +
+//   reduce at `splits`.
 // grid [nkv, splits], block [128].
+// NOTE: the cluster shape sits on this declaration only: the definition keeps the
+// `extern "C" __global__ void __launch_bounds__(N) kern_...(` form that tools/gen_qwen3.py and
+// tools/qwen3_mined.py read the ABI from; the attribute carries over to the definition.
+extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)
+kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                 const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                 float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
+                 int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
+                 float scale);
+
 extern "C" __global__ void __launch_bounds__(128)
 kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                  const int* __restrict__ block_table, const int* __restrict__ seq_len,
@@ -313,18 +406,29 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
     const int len = *seq_len;
     const int pages = (len + page_tokens - 1) / page_tokens;
-    const int pps = max((pages + splits - 1) / splits, 1);
-    const int used = (pages + pps - 1) / pps;
-    if ((int)blockIdx.y >= used) return;
-    const int tok0 = min(blockIdx.y * pps * page_tokens, len);
-    const int tok1 = min((blockIdx.y + 1) * pps * page_tokens, len);
     const int group = nq / nkv;
-    const float sl2 = scale * LOG2E;
+    const int split = blockIdx.y;
+    const bool clustered = pages <= DEC_CLUSTER * DEC_CLUSTER_PAGES && group * head_dim <= DEC_CLUSTER_FLOATS;
+    const int plan = clustered ? DEC_CLUSTER : splits;
+    const int pps = max((pages + plan - 1) / plan, 1);
+    const int used = (pages + pps - 1) / pps;
+    if (split >= (clustered ? DEC_CLUSTER : used)) return;
     __shared__ float smem[DEC_SMEM_FLOATS];
-    if (head_dim == 64) {
-        decode_dispatch_group<2>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
-    } else {
-        decode_dispatch_group<4>(qkv, paged, tok0, tok1, part_o, part_lse, nq, group, sl2, smem);
+    __shared__ float cl_o[DEC_CLUSTER_FLOATS];
+    __shared__ float cl_lse[DEC_CLUSTER_HEADS];
+    if (split < used) {
+        const int tok0 = min(split * pps * page_tokens, len);
+        const int tok1 = min((split + 1) * pps * page_tokens, len);
+        const int64_t row0 = (int64_t)split * nq + blockIdx.x * group;
+        decode_split_rows(qkv, paged, tok0, tok1, clustered ? cl_o : part_o + row0 * head_dim,
+                          clustered ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
+    }
+    if (clustered) {
+        cluster_sync();
+        cluster_reduce(cl_o, cl_lse, out, blockIdx.x * group, group, head_dim, used, split);
+        // NOTE: no block may exit while another can still read its shared memory.
+        cluster_sync();
+        return;
     }
     // Publish this block's partials, then count it; the last of the kv head's blocks reduces.
     __threadfence();

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[3]
-KERNELS_SRC = REPO / "tools" / "kernels-src"
+KERNELS_SRC = Path(os.environ.get("KERN_TEST_SRC", REPO / "tools" / "kernels-src"))
+"""The kernel sources built and loaded; `KERN_TEST_SRC=DIR` swaps in another tree (to compare two
+versions of a kernel with the same tests and timings)."""
 sys.path.insert(0, str(REPO / "packages" / "kern-cli" / "src"))
 
 from kern_cli.kernels_cmd import build_kernels  # noqa: E402

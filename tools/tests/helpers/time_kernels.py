@@ -2,7 +2,11 @@
 
 Each kernel is captured `LAUNCHES` times back to back into one CUDA graph (torch.cuda.graph), the
 graph is replayed `REPLAYS` times between CUDA events, and the time per launch is reported (it
-includes the ~1 us per graph node). Usage: python3 tools/tests/helpers/time_kernels.py [out.md]
+includes the ~1 us per graph node). Usage:
+
+    python3 tools/tests/helpers/time_kernels.py [out.md] [--only SUBSTRING]
+
+--only times just the rows whose name contains SUBSTRING (e.g. under ncu, `--only attn_decode`).
 """
 
 from __future__ import annotations
@@ -159,7 +163,11 @@ def main(argv: list[str]) -> int:
         "| kernel | us / launch | GB/s (bytes moved / time) |",
         "|---|---|---|",
     ]
+    only = argv[argv.index("--only") + 1] if "--only" in argv else ""
+    argv = [a for i, a in enumerate(argv) if a != "--only" and (i == 0 or argv[i - 1] != "--only")]
     for name, body, nbytes in cases(k, 8192 // PAGE):
+        if only not in name:
+            continue
         us = time_graph(body)
         lines.append(f"| {name} | {us:.2f} | {nbytes / us / 1e3:.0f} |")
         print(lines[-1], flush=True)
