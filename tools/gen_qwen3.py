@@ -35,6 +35,8 @@ __all__ = [
     "GEMV_DEFAULT",
     "GEMV_ENTRIES",
     "GEMV_GEMMS",
+    "GEMV_P4_MAX_ROW",
+    "GEMV_P4_SMEM",
     "GEMV_PICK",
     "GEMV_SMS",
     "GEMV_TMA_BLOCKS",
@@ -112,12 +114,15 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_tma_silu": (0, 512),
     "kern_gemv_bf16_b4": (-1, 128),
     "kern_gemv_bf16_b4_silu": (-1, 128),
+    "kern_gemv_bf16_p4": (-2, 128),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
 ceil_div(n, columns). Columns 0: a streaming entry (W through a shared-memory ring filled by bulk
 copies), min(n, GEMV_TMA_BLOCKS) blocks with GEMV_TMA_SMEM bytes of dynamic shared memory each;
 columns -1: a band entry, one resident wave of blocks that each sum a balanced band of columns
-(GEMV_BAND). `gemv_launch` turns an entry and a shape into the launch."""
+(GEMV_BAND); columns -2: a prefetched entry, whose blocks copy their columns' W rows into
+GEMV_P4_SMEM bytes of dynamic shared memory before the PDL wait. `gemv_launch` turns an entry and a
+shape into the launch."""
 SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu", "kern_gemv_bf16_b4_silu")
 """GEMV entries with SiLU-and-mul in their epilogue (gate_up only: W is [2n, k], y is `act`)."""
 GEMV_SMS = 132
@@ -132,6 +137,11 @@ every block has its band from the start and bands differ by at most one column."
 GEMV_TMA_SMEM = 196608
 """Dynamic shared memory of a streaming GEMV block (its ring of W stages): 192 KiB of the SM's
 227 KiB, leaving room for the small kernels that run beside it under PDL."""
+GEMV_P4_SMEM = 32768
+"""Shared-memory budget of a prefetched GEMV block (`_p4`): it owns max(1, min(n, budget // 2k))
+columns, so o (k 4096) runs 640 blocks of 4 columns, one resident wave at 7 blocks per SM."""
+GEMV_P4_MAX_ROW = 227 * 1024
+"""The most dynamic shared memory a block may have on sm_90: a `_p4` block holds at least one row."""
 GEMV_TMA_STAGE_CAP = 32768
 """gemv.cu's TMA_STAGE_CAP: a stage holds max(1, cap // (rows * 2k)) columns."""
 GEMV_PICK: dict[str, str] = {
@@ -569,6 +579,12 @@ def gemv_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
     cols, threads = GEMV_ENTRIES[entry]
     if cols > 0:
         return -(-n // cols), threads, 0
+    if cols == -2:
+        if 2 * k > GEMV_P4_MAX_ROW:
+            raise GenError(f"{entry}: a W row of {2 * k} bytes (k = {k}) exceeds a block's shared memory; "
+                           "pick another GEMV entry for this GEMM (--gemv-pick)")
+        per_block = max(1, min(n, GEMV_P4_SMEM // (2 * k)))
+        return -(-n // per_block), threads, per_block * 2 * k
     if cols < 0:
         per_block = -(-n // (GEMV_SMS * GEMV_BAND[entry]))
         return -(-n // per_block), threads, 0
@@ -739,6 +755,7 @@ def generate(
     fuse: bool = False,
     pdl: bool = False,
     gemv_pick: Mapping[str, str] | None = None,
+    carveout: int | None = None,
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -761,6 +778,8 @@ def generate(
             programs get a `<op>.pdl` copy, so prefill and load launch as before.
         gemv_pick: GEMM name -> GEMV entry (of `GEMV_ENTRIES`), overriding `GEMV_PICK`
             (tools/tests/helpers/time_gemv.py --entries writes the measured winners as JSON).
+        carveout: every kernel launch's preferred shared-memory carveout, percent 0..100 (the
+            manifest's launch `carveout`); None leaves it to the driver.
 
     Raises:
         GenError: an unknown GEMM name, or `pdl` without every decode GEMM as our GEMV.
@@ -774,6 +793,8 @@ def generate(
     if pdl and set(gemv) != set(GEMV_GEMMS):
         raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
                        "cannot sit in a PDL chain")
+    if carveout is not None and not 0 <= carveout <= 100:
+        raise GenError(f"carveout {carveout}: give a percentage 0..100 (or none for the driver's choice)")
     picks = _picks(gemv, gemv_pick or {})
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ()))
@@ -799,6 +820,9 @@ def generate(
     ops = {name: op for name, op in ops.items() if name in used_ops}
     if pdl:
         _apply_pdl(ops, programs)
+    if carveout is not None:
+        for launch in (la for op in ops.values() for la in op["impl"]["launches"] if "module" in la):
+            launch["carveout"] = carveout
     return {
         "schema_version": 5,
         "model": model,
@@ -909,6 +933,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="JSON {gemm: entry} overriding GEMV_PICK (time_gemv.py --entries writes one)")
     p.add_argument("--pdl", action="store_true",
                    help="programmatic dependent launch on every decode kernel (needs --gemv all)")
+    p.add_argument("--carveout", type=int, default=None,
+                   help="every kernel's preferred shared-memory carveout, percent 0..100 (default: the driver's)")
     p.add_argument("--capture", type=Path, default=None,
                    help="a capture of the donor (tools/donor under kern-mine capture): pin the "
                         "cubins it ran (kern kernels --from DIR MANIFEST copies them); the "
@@ -1006,7 +1032,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl,
-                            gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None)
+                            gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
+                            carveout=args.carveout)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,9 @@
    attention, PDL: `--gemv all --fuse --pdl`, examples/qwen3-4b-fast.json), `-nopdl` (the same
    without PDL), `-stream` (`-fast` with every decode GEMM on the streaming GEMVs,
    kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu), `-band` (`-fast` with the per-layer GEMMs on
-   the balanced-band GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu);
+   the balanced-band GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve0`
+   (`-fast` with every kernel's shared-memory carveout at 100 / 0 %), `-p4o` / `-p4o100` (o on the
+   prefetched kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -186,7 +188,16 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
     return path if ok else None
 
 
-VARIANTS = ("gemv", "fast", "nopdl", "stream", "band")
+CARVEOUT_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
+    "carve100": (100, {}),
+    "carve0": (0, {}),
+    "p4o": (-1, {"o": "kern_gemv_bf16_p4"}),
+    "p4o100": (100, {"o": "kern_gemv_bf16_p4"}),
+}
+"""`fast` with one shared-memory carveout for every kernel (-1: the driver's choice) and GEMV picks
+on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
+neighbours slower; the carveout is the suspect)."""
+VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", *CARVEOUT_VARIANTS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -203,6 +214,10 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
     if variant in ("fast", "nopdl"):
         return ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
                 | ({"gemv_pick": pick} if pick else {}))
+    if variant in CARVEOUT_VARIANTS:
+        carveout, picks = CARVEOUT_VARIANTS[variant]
+        return ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
+                | ({"gemv_pick": dict(picks)} if picks else {}) | ({"carveout": carveout} if carveout >= 0 else {}))
     if variant in ("stream", "band"):
         pick_of = STREAM_PICK if variant == "stream" else BAND_PICK
         return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(pick_of)}

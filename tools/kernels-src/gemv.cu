@@ -33,6 +33,8 @@
 //                                        of columns in `_s4`'s order ("Balanced bands" below)
 //   kern_gemv_bf16_tma, _tma_silu        W through a shared-memory ring filled by bulk copies
 //                                        ("Streaming GEMV" below; measured slower, docs/kernels.md)
+//   kern_gemv_bf16_p4                    `_s4`'s sums; each block's W rows copied into shared memory
+//                                        before the PDL wait ("Prefetched GEMV" below; not picked)
 //
 // NOTE: the GEMV_* macros are fixed for the built cubin (docs/qwen3.md gives the grid with these
 // values); tools/tests/helpers/time_gemv.py builds other values only to compare them, and
@@ -746,4 +748,101 @@ extern "C" __global__ void __launch_bounds__(128, 6)
     kern_gemv_bf16_b4_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv_band<4, 2, GEMV_SILU>(x, w, y, rows, n, k, y_stride);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Prefetched GEMV (`_p4`), for a GEMV that follows a long latency-bound launch (o after the
+// attention): block b owns the nc consecutive columns [b * nc, b * nc + nc), nc = dynamic shared
+// bytes / 2k (the generator sizes nc so that the grid is one resident wave), and before
+// kern_pdl_wait it copies all of their W rows (one contiguous range) into its shared memory with
+// bulk copies. Under PDL the blocks are resident while the previous launch still runs, so the
+// weights land during it and the GEMV after the wait only reads shared memory and x. The 4 warps
+// split k of each column as kern_gemv_bf16_s4 does (lane l of warp s takes pieces s * 32 + l +
+// 128 j in order, 8 FMAs each), with the same warp shuffle and the same sum over the warps in warp
+// order: the same bits as `_s4`. A launch whose dynamic shared memory holds no row writes nothing.
+// Measured for o at the 4B shape (docs/perf.md, third pass): o 8.14 -> 4.44 us per layer, but the
+// step slower (3.527 against 3.255 ms), so not picked; kept for the carveout experiment.
+// Grid [ceil_div(n, nc), 1, 1], block [128, 1, 1], dynamic shared memory nc * 2k bytes.
+constexpr uint32_t P4_COPY = 16384;  // bytes per bulk copy
+
+template <int R>
+static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
+                                                    const bf16* __restrict__ w,
+                                                    bf16* __restrict__ y, int n, int k,
+                                                    int y_stride) {
+    constexpr int SPLIT = 4;
+    extern __shared__ __align__(128) unsigned char p4_rows[];
+    __shared__ __align__(8) uint64_t p4_bar;
+    __shared__ float sums[2][SPLIT][R];
+    kern_pdl_launch_dependents();
+    const int64_t row_bytes = (int64_t)k * 2;
+    const int64_t nc = (int64_t)dynamic_smem_bytes() / row_bytes;
+    const int64_t c0 = (int64_t)blockIdx.x * nc;
+    if (nc < 1 || c0 >= n) return;  // block-uniform
+    const int cols = (int)min(nc, (int64_t)n - c0);
+    const uint32_t bar = smem_addr(&p4_bar);
+    if (threadIdx.x == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        const uint32_t bytes = (uint32_t)(cols * row_bytes);
+        const uint32_t dst = smem_addr(p4_rows);
+        const char* src = reinterpret_cast<const char*>(w + c0 * k);
+        const uint64_t policy = l2_evict_first();
+        mbar_expect_tx(bar, bytes);
+        // NOTE: weights are read before the wait (no launch of a step writes them); x and y after.
+        for (uint32_t off = 0; off < bytes; off += P4_COPY)
+            bulk_g2s(dst + off, src + off, min(P4_COPY, bytes - off), bar, policy);
+    }
+    __syncthreads();
+    kern_pdl_wait();
+    const int lane = threadIdx.x & 31;
+    const int part = threadIdx.x >> 5;
+    const int pieces = k / 8;
+    mbar_wait(bar, 0);
+#pragma unroll 1
+    for (int c = 0; c < cols; ++c) {
+        const uint4* row = reinterpret_cast<const uint4*>(p4_rows + c * row_bytes);
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll 4
+        for (int q = part * 32 + lane; q < pieces; q += SPLIT * 32) {
+            float wf[8];
+            unpack8(row[q], wf);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float xf[8];
+                unpack8(ld_after_wait(x + (size_t)r * k + (size_t)q * 8), xf);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[r] = fmaf(xf[e], wf[e], acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+        // NOTE: two buffers: column c + 2 writes c's buffer only after column c + 1's barrier,
+        // which the reader of column c passes after its reads.
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) sums[c & 1][part][r] = acc[r];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float t = 0.0f;
+#pragma unroll
+                for (int s = 0; s < SPLIT; ++s) t += sums[c & 1][s][r];
+                gemv_epilogue<GEMV_STORE>(y + (size_t)r * (size_t)y_stride + c0 + c, t, t);
+            }
+        }
+    }
+}
+
+// As kern_gemv_bf16_s4 (the same bits), with each block's W rows copied into shared memory before
+// the PDL wait (above). Grid [ceil_div(n, nc), 1, 1], block [128, 1, 1], dynamic shared memory
+// nc * 2k bytes (gen_qwen3's gemv_launch).
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_p4(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    with_rows(rows, [&](auto r) { gemv_p4_rows<decltype(r)::value>(x, w, y, n, k, y_stride); });
 }

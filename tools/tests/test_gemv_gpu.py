@@ -427,3 +427,38 @@ def test_band_gemv_wave_fits_on_the_gpu(k: Gemv, entry: str) -> None:
     by_regs = 65536 // (regs_per_warp * warps)
     by_smem = (227 * 1024) // max(1, fn.shared_size_bytes + 1024)
     assert min(by_regs, 2048 // 128, 32, by_smem) >= gen.GEMV_BAND[entry], (fn.num_regs, fn.shared_size_bytes)
+
+
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 2560, 4096), (1, 6144, 2560), (4, 1001, 2568), (2, 37, 40),
+                                               (3, 925, 9728)])
+def test_prefetched_gemv_is_s4_bit_for_bit(k: Gemv, rows: int, n: int, kk: int) -> None:
+    """kern_gemv_bf16_p4 sums each column in kern_gemv_bf16_s4's order: the same bits, for the
+    generator's columns per block and for 1, 3 and every column per block (shared memory n * 2k
+    where it fits); a grid larger than the columns leaves the rest alone."""
+    g = _gen(n * 5 + kk + rows)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(n, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.gemv(x, w, want, n, entry="kern_gemv_bf16_s4")
+    _grid, threads, smem0 = gen.gemv_launch("kern_gemv_bf16_p4", n, kk)
+    per_block = [smem0 // (2 * kk), 1, 3] + ([n] if n * 2 * kk <= 200 * 1024 else [])
+    for cols in per_block:
+        y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        grid = -(-n // cols) + 2
+        k.launch("kern_gemv_bf16_p4", (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
+                 h.i32(n), h.i32(kk), h.i32(n), shared_mem=cols * 2 * kk)
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"{cols} columns per block"
+
+
+def test_prefetched_gemv_without_room_for_a_row_writes_nothing(k: Gemv) -> None:
+    """Dynamic shared memory below one W row: the launch returns without touching y."""
+    g = _gen(11)
+    x = torch.randn(1, 2560, generator=g, device=DEV).to(BF16)
+    w = torch.randn(64, 2560, generator=g, device=DEV).to(BF16)
+    y = torch.randn(1, 64, generator=g, device=DEV).to(BF16)
+    before = y.clone()
+    k.launch("kern_gemv_bf16_p4", (4, 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(64),
+             h.i32(2560), h.i32(64), shared_mem=2 * 2560 - 16)
+    torch.cuda.synchronize()
+    assert torch.equal(y, before)

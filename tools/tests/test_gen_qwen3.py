@@ -387,9 +387,15 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
         assert int(bounds) == int(warps) * 32, entry
         found[entry] = (int(warps) // int(split) * int(cols), int(bounds))
     streaming = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == 0}
-    band = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols < 0}
+    band = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -1}
+    prefetched = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -2}
     assert found == {e: v for e, v in gen.GEMV_ENTRIES.items()
-                     if e != "kern_gemv_bf16" and e not in streaming | band}
+                     if e != "kern_gemv_bf16" and e not in streaming | band | prefetched}
+    # The prefetched entry: 4 warps (kern_gemv_bf16_s4's split), its rows in dynamic shared memory.
+    p4 = re.findall(r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*with_rows\(rows, "
+                    r"\[&\]\(auto r\) \{ gemv_p4_rows<", text)
+    assert {e: (-2, int(b)) for b, e in p4} == {e: gen.GEMV_ENTRIES[e] for e in prefetched} == {
+        "kern_gemv_bf16_p4": (-2, 128)}
     # Band entries: block = SPLIT warps, and the blocks per SM their launch bounds promise.
     bands = {e: (int(b), int(per_sm), int(split), epi) for b, per_sm, e, split, _unroll, epi in re.findall(
         r"__launch_bounds__\((\d+), (\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_band<(\d+), (\d+), (\w+)>",
@@ -512,3 +518,39 @@ def test_capture_that_cannot_be_mined_writes_nothing(tmp_path: Path) -> None:
     assert gen.main(["--preset", "qwen3-tiny", "--capture", str(tmp_path), "-o", str(out)]) == 2
     assert gen.main(["--preset", "qwen3-4b", "--capture", str(DONOR_CAPTURE), "-o", str(out)]) == 2
     assert not out.exists()
+
+
+def test_prefetched_gemv_launch_holds_its_columns_rows() -> None:
+    """A `_p4` launch gives each block max(1, min(n, GEMV_P4_SMEM // 2k)) columns and their rows of
+    shared memory; o at the 4B shape is one resident wave; a row beyond a block's shared memory is
+    refused when the manifest is generated."""
+    assert gen.gemv_launch("kern_gemv_bf16_p4", 2560, 4096) == (640, 128, 32768)
+    assert gen.gemv_launch("kern_gemv_bf16_p4", 2560, 9728) == (2560, 128, 19456)
+    assert gen.gemv_launch("kern_gemv_bf16_p4", 7, 40) == (1, 128, 7 * 80)  # no more rows than n
+    grid, _threads, smem = gen.gemv_launch("kern_gemv_bf16_p4", 2560, 4096)
+    assert grid <= gen.GEMV_SMS * (227 * 1024 // smem)
+    gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 2)
+    with pytest.raises(gen.GenError, match="exceeds a block's shared memory"):
+        gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 2 + 8)
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True,
+                  gemv_pick={"o": "kern_gemv_bf16_p4"})
+    _verify(m)
+    launch = m["ops"]["gemv_p4_2560x4096"]["impl"]["launches"][0]
+    assert (launch["entry"], launch["grid"], launch["shared_mem"]) == ("kern_gemv_bf16_p4", [640, 1, 1], 32768)
+
+
+def test_carveout_goes_on_every_kernel_launch() -> None:
+    """--carveout sets the same preferred carveout on every kernel launch (decode's PDL copies too),
+    none on the cuBLAS launches, and the manifest verifies; without it no launch has one."""
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, carveout=100)
+    _verify(m)
+    launches = [la for op in m["ops"].values() for la in op["impl"]["launches"]]
+    kernels = [la for la in launches if "module" in la]
+    assert kernels and all(la["carveout"] == 100 for la in kernels)
+    assert all("carveout" not in la for la in launches if "module" not in la)
+    assert any(name.endswith(".pdl") for name in m["ops"])
+    plain = _manifest(QWEN3_TINY_CONFIG, feed="device")
+    assert not any("carveout" in la for op in plain["ops"].values() for la in op["impl"]["launches"])
+    for bad in (-1, 101):
+        with pytest.raises(gen.GenError, match="carveout"):
+            _manifest(QWEN3_TINY_CONFIG, feed="device", carveout=bad)

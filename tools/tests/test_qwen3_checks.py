@@ -118,14 +118,19 @@ def test_variants_generate_what_the_examples_ship() -> None:
     stream = checks.variant_options(gen, "stream")
     assert stream["pdl"] and stream["fuse"] and set(stream["gemv_pick"]) == set(gen.GEMV_GEMMS)
     assert set(stream["gemv_pick"].values()) == {"kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"}
+    assert checks.variant_options(gen, "carve100") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
+                                                       "carveout": 100}
+    assert checks.variant_options(gen, "p4o") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
+                                                  "gemv_pick": {"o": "kern_gemv_bf16_p4"}}
+    assert checks.variant_options(gen, "p4o100")["carveout"] == 100
     band = checks.variant_options(gen, "band")
     assert band["gemv_pick"]["gate_up"] == "kern_gemv_bf16_b4_silu" and band["gemv_pick"]["qkv"] == "kern_gemv_bf16_b4"
-    for v in ("stream", "band"):  # both generate a manifest the verifier accepts
+    for v in ("stream", "band", "p4o100"):  # each generates a manifest the verifier accepts
         m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "gemv",
                          "qwen3_core", "sampling"), "c" * 64), gen.entry_modules(TOOLS / "kernels-src"),
                          model="t", feed="device", **checks.variant_options(gen, v))
-        assert any(c["op"].startswith("gemv_b4_silu" if v == "band" else "gemv_tma_silu")
-                   for c in m["programs"]["decode"]["calls"])
+        want = {"band": "gemv_b4_silu", "stream": "gemv_tma_silu", "p4o100": "gemv_p4_2560"}[v]
+        assert any(c["op"].startswith(want) for c in m["programs"]["decode"]["calls"])
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")
 

@@ -343,6 +343,15 @@ INVALID: list[tuple[str, Edit, type, str]] = [
     ),
     ("cluster-divides-grid", _set(f"{TMA}/cluster", [4, 1, 1]), ManifestVerify, f"{TMA}/grid/0"),
     ("cluster-too-big", _set(f"{TMA}/cluster", [2, 16, 1]), ManifestVerify, f"{TMA}/cluster"),
+    ("carveout-over-100", _set(f"{TMA}/carveout", 101), ManifestVerify, f"{TMA}/carveout"),
+    ("carveout-negative", _set(f"{TMA}/carveout", -1), ManifestVerify, f"{TMA}/carveout"),
+    ("carveout-not-int", _set(f"{TMA}/carveout", "max"), ManifestParse, f"{TMA}/carveout"),
+    (
+        "carveout-disagrees",
+        _new_op("again", _kernel_op([], module="tma", entry="norm_tma", carveout=50)),
+        ManifestVerify,
+        "/ops/again/impl/launches/0/carveout",
+    ),
     (
         "when-empty",
         _set(f"{TMA}/when", {"var": "tokens", "min": 65}),

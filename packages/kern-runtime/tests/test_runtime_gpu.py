@@ -219,6 +219,28 @@ def test_smem_cluster_and_tensormap(kdir: Path, sha: str, tmp_path: Path) -> Non
         np.testing.assert_array_equal(rt.read_output("tout"), 2 * tin.ravel() + 5)
 
 
+def test_carveout_sets_the_function_attribute(kdir: Path, sha: str, tmp_path: Path) -> None:
+    """A launch's `carveout` becomes its function's preferred shared-memory carveout; the kernels
+    still compute the same (it is only a hint)."""
+    doc = manifests.features(sha)
+    kernel_launches = [la for op in doc["ops"].values() for la in op["impl"]["launches"]
+                       if not la["entry"].startswith("extern:")]
+    for la in kernel_launches:
+        la["carveout"] = 100
+    m = build.write_manifest(tmp_path / "f.json", doc)
+    attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    with kr.Runtime.load(m, kdir) as rt:
+        funcs = rt._funcs  # pyright: ignore[reportPrivateUsage]
+        assert len(funcs) == len(kernel_launches)
+        assert {drv.func_attribute(f, attr) for f in funcs.values()} == {100}
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        sx = np.arange(16384, dtype=np.float32)
+        rt.write_input("sx", sx)
+        rt.write_input("tin", np.ones((64, 32), np.float32))
+        rt.run("main", {})
+        np.testing.assert_array_equal(rt.read_output("sy"), sx[::-1])
+
+
 def test_graph_replay_equals_eager_over_400_launches(kdir: Path, sha: str, tmp_path: Path) -> None:
     m = build.write_manifest(tmp_path / "c.json", manifests.chain(sha))
     with kr.Runtime.load(m, kdir) as rt:

@@ -143,6 +143,7 @@ class Base:
         self.written: set[str] = set()
         self.extents: dict[str, int | None] = {}
         self.fills: dict[str, str] = {}
+        self.carveouts: dict[tuple[str, str], tuple[int, str]] = {}
 
     def err(self, pointer: str, message: str, hint: str) -> None:
         self.problems.append(ManifestVerify(pointer, message, hint))

@@ -195,6 +195,8 @@ class OpChecks(Base):
             )
         if launch.cluster is not None:
             self.cluster(launch, at)
+        if launch.carveout is not None:
+            self.carveout(launch, launch.carveout, at + "/carveout")
 
     def block(self, block: tuple[int, int, int], at: str) -> None:
         x, y, z = block
@@ -228,6 +230,20 @@ class OpChecks(Base):
                     f"grid dim is not always a multiple of cluster {c}",
                     "make the grid dim a multiple of the cluster dim",
                 )
+
+    def carveout(self, launch: KernelLaunch, pct: int, at: str) -> None:
+        """A function attribute, so every launch of one entry asks for the same carveout."""
+        if not 0 <= pct <= 100:
+            self.err(at, f"carveout {pct}", "give the preferred shared-memory share in percent, 0..100")
+            return
+        key = (launch.module, launch.entry)
+        first = self.carveouts.setdefault(key, (pct, at))
+        if first[0] != pct:
+            self.err(
+                at,
+                f"carveout {pct} for {launch.module}/{launch.entry}, {first[0]} at {first[1]}",
+                "the carveout is a function attribute: give every launch of the entry the same",
+            )
 
     def extern(self, launch: ExternLaunch, at: str) -> None:
         self.launch_bounds(launch, at)

@@ -720,6 +720,7 @@ class KernelLaunch(_Model):
     shared_mem: ExprField = Field(default_factory=lambda: parse_expr(0))
     cluster: Dim3 | None = None
     pdl: StrictBool = False
+    carveout: StrictInt | None = None
     when: When | None = None
     params: tuple[Param, ...] | None = None
     args: tuple[LaunchArg, ...] | None = None

@@ -75,6 +75,7 @@ _FULL: Json = {
                  "grid": ["tokens", 1, 1], "when": {"var": "tokens", "max": 16}, "pdl": True},
                 {"module": "tma", "entry": "norm_tma", "block": [128, 1, 1],
                  "grid": [{"mul": [{"ceil_div": ["tokens", 16]}, 2]}, 1, 1], "cluster": [2, 1, 1],
+                 "carveout": 100,
                  "shared_mem": {"mul": [{"min": ["tokens", 32]}, 1024]},
                  "when": {"var": "tokens", "min": 17},
                  "params": ["bytes<192>", "in buffer<bf16>", "out buffer<bf16>", "in buffer<u64>", "i32"],

@@ -294,6 +294,12 @@ def func_set_dynamic_smem(func: Any, nbytes: int) -> None:
     _call(cu.cuFuncSetAttribute, func, attr, nbytes)
 
 
+def func_set_carveout(func: Any, percent: int) -> None:
+    """The function's preferred shared-memory share of the SM's L1 / shared storage (a hint)."""
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    _call(cu.cuFuncSetAttribute, func, attr, percent)
+
+
 def func_set_non_portable_cluster(func: Any) -> None:
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
     _call(cu.cuFuncSetAttribute, func, attr, 1)

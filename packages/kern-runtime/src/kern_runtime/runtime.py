@@ -211,6 +211,8 @@ class Runtime:
                     drv.func_set_dynamic_smem(func, smem_hi)
                 if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
                     drv.func_set_non_portable_cluster(func)
+                if launch.carveout is not None:
+                    drv.func_set_carveout(func, launch.carveout)
 
     def _allocate_buffers(self, over: Resident | None) -> None:
         for name, buf in self.manifest.buffers.items():
