@@ -359,28 +359,37 @@ def test_streaming_gemv_is_deterministic_and_any_grid_covers_n(k: Gemv, entry: s
         assert torch.equal(y.view(torch.int16), outs[0].view(torch.int16))
 
 
-def test_streaming_gemv_without_room_for_a_stage_writes_nothing(k: Gemv) -> None:
-    """Dynamic shared memory below one stage: the launch returns without touching y."""
+@pytest.mark.parametrize(("entry", "threads", "smem"), [("kern_gemv_bf16_tma", 256, 4096),
+                                                    ("kern_gemv_bf16_p4", 128, 2 * 2560 - 16)])
+def test_gemv_without_room_for_its_rows_writes_nothing(k: Gemv, entry: str, threads: int, smem: int) -> None:
+    """Dynamic shared memory below one stage (`_tma`) or one W row (`_p4`): the launch returns
+    without touching y."""
     g = _gen(5)
     x = torch.randn(1, 2560, generator=g, device=DEV).to(BF16)
     w = torch.randn(64, 2560, generator=g, device=DEV).to(BF16)
     y = torch.randn(1, 64, generator=g, device=DEV).to(BF16)
     before = y.clone()
-    k.launch("kern_gemv_bf16_tma", (4, 1, 1), (256, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(64),
-             h.i32(2560), h.i32(64), shared_mem=4096)
+    k.launch(entry, (4, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(64),
+             h.i32(2560), h.i32(64), shared_mem=smem)
     torch.cuda.synchronize()
     assert torch.equal(y, before)
+
+
+def _s4_case(k: Gemv, rows: int, n: int, kk: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [rows, kk], W [n, kk] and kern_gemv_bf16_s4's y: the bits the `_s4`-order entries must give."""
+    g = _gen(seed)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(n, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.gemv(x, w, want, n, entry="kern_gemv_bf16_s4")
+    return x, w, want
 
 
 @pytest.mark.parametrize(("rows", "n", "kk"), [*SHAPES_4B[:4], (4, 1001, 2568), (1, 37, 40), (3, 925, 4096)])
 def test_band_gemv_is_s4_bit_for_bit_on_any_grid(k: Gemv, rows: int, n: int, kk: int) -> None:
     """kern_gemv_bf16_b4 sums each column in kern_gemv_bf16_s4's order: the same bits, whatever the
     grid (the generator's one wave, 1 block, 7 blocks, a block per column, more blocks than columns)."""
-    g = _gen(n * 3 + kk + rows)
-    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
-    w = (torch.randn(n, kk, generator=g, device=DEV) * 0.05).to(BF16)
-    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.gemv(x, w, want, n, entry="kern_gemv_bf16_s4")
+    x, w, want = _s4_case(k, rows, n, kk, seed=n * 3 + kk + rows)
     grid0, threads, _smem = gen.gemv_launch("kern_gemv_bf16_b4", n, kk)
     for grid in (grid0, 1, 7, n, n + 5):
         y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
@@ -435,11 +444,7 @@ def test_prefetched_gemv_is_s4_bit_for_bit(k: Gemv, rows: int, n: int, kk: int) 
     """kern_gemv_bf16_p4 sums each column in kern_gemv_bf16_s4's order: the same bits, for the
     generator's columns per block and for 1, 3 and every column per block (shared memory n * 2k
     where it fits); a grid larger than the columns leaves the rest alone."""
-    g = _gen(n * 5 + kk + rows)
-    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
-    w = (torch.randn(n, kk, generator=g, device=DEV) * 0.05).to(BF16)
-    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.gemv(x, w, want, n, entry="kern_gemv_bf16_s4")
+    x, w, want = _s4_case(k, rows, n, kk, seed=n * 5 + kk + rows)
     _grid, threads, smem0 = gen.gemv_launch("kern_gemv_bf16_p4", n, kk)
     per_block = [smem0 // (2 * kk), 1, 3] + ([n] if n * 2 * kk <= 200 * 1024 else [])
     for cols in per_block:
@@ -449,16 +454,3 @@ def test_prefetched_gemv_is_s4_bit_for_bit(k: Gemv, rows: int, n: int, kk: int) 
                  h.i32(n), h.i32(kk), h.i32(n), shared_mem=cols * 2 * kk)
         torch.cuda.synchronize()
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"{cols} columns per block"
-
-
-def test_prefetched_gemv_without_room_for_a_row_writes_nothing(k: Gemv) -> None:
-    """Dynamic shared memory below one W row: the launch returns without touching y."""
-    g = _gen(11)
-    x = torch.randn(1, 2560, generator=g, device=DEV).to(BF16)
-    w = torch.randn(64, 2560, generator=g, device=DEV).to(BF16)
-    y = torch.randn(1, 64, generator=g, device=DEV).to(BF16)
-    before = y.clone()
-    k.launch("kern_gemv_bf16_p4", (4, 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(64),
-             h.i32(2560), h.i32(64), shared_mem=2 * 2560 - 16)
-    torch.cuda.synchronize()
-    assert torch.equal(y, before)
