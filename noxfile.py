@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "uv"
@@ -49,11 +52,21 @@ EXAMPLES = {
 
 @nox.session
 def examples(session: nox.Session) -> None:
-    """Rebuild kernels/ from tools/kernels-src and regenerate examples/ from it."""
+    """Rebuild kernels/ from tools/kernels-src, regenerate examples/ from it, and delete the cubins
+    in kernels/ that no example pins any more."""
     _sync(session)
     session.run("kern", "kernels")
     for name, options in EXAMPLES.items():
         session.run("python", "tools/gen_qwen3.py", *options, "--feed", "device", "-o", f"examples/{name}.json")
+    pinned = {
+        mod["source"]
+        for path in Path("examples").glob("*.json")
+        for mod in json.loads(path.read_text()).get("modules", {}).values()
+    }
+    for cubin in sorted(Path("kernels").glob("*.cubin")):
+        if cubin.name not in pinned:
+            session.log(f"removing {cubin} (no example pins it)")
+            cubin.unlink()
 
 
 # NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts, and
