@@ -172,8 +172,9 @@ def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray]) -> None
     s, _ = _interp_session(weights, "device")
     rng = np.random.default_rng(0)
     rows = bench._decode_rows(s, 40, 3, 1000, 16, rng) + bench._prefill_rows(s, 30, 2, 1000, 16, rng)
-    assert [r["name"] for r in rows] == ["decode_ms_per_token@ctx40", "decode_gpu_ms_per_step@ctx40",
-                                         "decode_host_gap_us@ctx40", "prefill_ms@30", "ttft_ms@30"]
+    assert [r["name"] for r in rows] == ["decode_ms_per_token@ctx40", "decode_fixed_ms_per_token@ctx40",
+                                         "decode_gpu_ms_per_step@ctx40", "decode_host_gap_us@ctx40",
+                                         "prefill_ms@30", "ttft_ms@30"]
     assert all(r["value"] > 0 for r in rows if r["unit"] == "ms")
 
 
@@ -201,6 +202,26 @@ def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray],
     assert s.generate(_prompt(200), STEPS, chunk=64) == references[200][0]
     with pytest.raises(run.RunError, match="do not fit the block table"):
         run.Session(s.rt, s.proto, 512, pages=list(range(s.proto.blocks_len + 1)))
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_rewind_recomputes_the_step_after_the_prefill(weights: dict[str, np.ndarray], feed: str) -> None:
+    """Session.rewind: the step after it equals the first step after the prefill, however far the
+    sequence went meanwhile; before any prefill it is refused (kern bench's fixed-context row
+    times these rewound steps)."""
+    import kern_cli.run as run
+
+    s, _ = _interp_session(weights, feed)
+    with pytest.raises(run.RunError, match="prefill a prompt first"):
+        s.rewind()
+    s.prefill(_prompt(37), chunk=512)
+    first = s.step()
+    later = [s.step() for _ in range(5)]
+    assert s.seen == 36 + 6
+    s.rewind()
+    assert s.seen == 36
+    assert s.step() == first
+    assert [s.step() for _ in range(5)] == later
 
 
 def test_capacity_beyond_the_model_reach_is_refused(weights: dict[str, np.ndarray]) -> None:

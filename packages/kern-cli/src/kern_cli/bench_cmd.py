@@ -4,8 +4,11 @@
         [--steps 256] [--prefill 709] [--json out.json]
 
 Rows (the bench convention: name, value, unit, target, peer):
-- `decode_ms_per_token@ctx<c>`: median wall time of >= 200 single decode steps at context c, each
-  one replay + the 8-byte readback (+ the host writes of a host-fed manifest): what kern-run pays.
+- `decode_ms_per_token@ctx<c>`: median wall time of >= 200 single decode steps after a c-token
+  prompt (and 10 warm-up steps: contexts c + 10 .. c + 10 + steps), each one replay + the 8-byte
+  readback (+ the host writes of a host-fed manifest): what kern-run pays.
+- `decode_fixed_ms_per_token@ctx<c>`: the same timing with every step at context c exactly: the
+  session is rewound to the end of the prompt's prefill (untimed) before each step.
 - `decode_gpu_ms_per_step@ctx<c>`: back-to-back replays of the same step graph, no readback, wall
   divided by the count: the GPU time of a step; `decode_host_gap_us@ctx<c>` the difference.
 - `gemm_floor_ms_per_step`: the decode step's GEMM calls alone (same shapes, same weights, cublasLt)
@@ -161,8 +164,17 @@ def _decode_rows(s: Session, ctx: int, steps: int, vocab: int, chunk: int, rng: 
     s.rt.synchronize()
     gpu_ms = (time.perf_counter_ns() - t0) / steps / 1e6
     per_token = _median_ms(samples)
+    fixed: list[int] = []
+    for _ in range(steps):
+        s.rewind()
+        s.rt.synchronize()
+        t0 = time.perf_counter_ns()
+        s.step()
+        fixed.append(time.perf_counter_ns() - t0)
     return [
         _row(f"decode_ms_per_token@ctx{ctx}", per_token, "ms"),
+        _row(f"decode_fixed_ms_per_token@ctx{ctx}", _median_ms(fixed), "ms",
+             peer="every step at this context: rewound to the end of the prefill before each (untimed)"),
         _row(f"decode_gpu_ms_per_step@ctx{ctx}", gpu_ms, "ms"),
         _row(f"decode_host_gap_us@ctx{ctx}", (per_token - gpu_ms) * 1e3, "us",
              peer="per-token time minus back-to-back GPU time: readback + host feed + launch"),

@@ -337,6 +337,7 @@ class Session:
         self.proto = proto
         self.capacity = capacity
         self.seen = 0
+        self._last: tuple[int, int] | None = None  # the last prompt token and its position
         table = np.arange(proto.blocks_len, dtype=np.int32)
         if pages is not None:
             if len(pages) > proto.blocks_len:
@@ -406,10 +407,24 @@ class Session:
         for a, b in prefill_chunks(len(prompt), chunk):
             self._stage(prompt[a:b], a)
             self.rt.run(self.proto.chunk_program, {self.proto.chunk_var: b - a})
-        self._stage(prompt[-1:], len(prompt) - 1)
+        self._last = (prompt[-1], len(prompt) - 1)
+        self.rewind()
+
+    def rewind(self) -> None:
+        """Go back to right after the last prefill: its last prompt token is staged again as the
+        step's input (and the step carries reseeded), so the next step recomputes that position.
+        The KV of later positions stays but is not read (seq_len goes back too).
+
+        Raises:
+            RunError: no prefill yet.
+        """
+        if self._last is None:
+            raise RunError("nothing to rewind to: prefill a prompt first")
+        token, pos = self._last
+        self._stage([token], pos)
         if self.proto.start_program is not None:
             self.rt.run(self.proto.start_program, {})
-        self.seen = len(prompt) - 1
+        self.seen = pos
 
     def generate(self, prompt: Sequence[int], steps: int, *, chunk: int, eager: bool = False) -> list[int]:
         """Prefill `prompt` and decode `steps` tokens; earlier sequences' KV is simply overwritten."""
