@@ -643,7 +643,8 @@ def kern_bench(rec: Recorder, label: str, manifest: Path, floor: Path, ckpt: Pat
         text = table(rec.bench)
         (rec.out / "bench.txt").write_text(text + "\n")
         print(text, flush=True)
-        c.detail = (f"decode@128 {by.get('decode_ms_per_token@ctx128')} ms, @8192 "
+        c.detail = (f"decode@128 {by.get('decode_ms_per_token@ctx128')} ms (fixed context "
+                    f"{by.get('decode_fixed_ms_per_token@ctx128')}), @8192 "
                     f"{by.get('decode_ms_per_token@ctx8192')} ms, prefill709 {by.get('prefill_ms@709')} ms, "
                     f"gemm floor {by.get('gemm_floor_ms_per_step')} ms")
 
