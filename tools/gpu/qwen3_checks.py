@@ -21,8 +21,8 @@
    attention, PDL: `--gemv all --fuse --pdl`, examples/qwen3-4b-fast.json), `-nopdl` (the same
    without PDL), `-stream` (`-fast` with every decode GEMM on the streaming GEMVs,
    kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu), `-band` (`-fast` with the per-layer GEMMs on
-   the balanced-band GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve0`
-   (`-fast` with every kernel's shared-memory carveout at 100 / 0 %), `-p4o` / `-p4o100` (o on the
+   the balanced-band GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve50` /
+   `-carve0` (`-fast` with every kernel's shared-memory carveout at 100 / 50 / 0 %), `-p4o` / `-p4o100` (o on the
    prefetched kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
@@ -190,6 +190,7 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
 
 CARVEOUT_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
     "carve100": (100, {}),
+    "carve50": (50, {}),
     "carve0": (0, {}),
     "p4o": (-1, {"o": "kern_gemv_bf16_p4"}),
     "p4o100": (100, {"o": "kern_gemv_bf16_p4"}),
