@@ -665,25 +665,34 @@ def chain_table(events: Sequence[tuple[str, float, float]], labels: Sequence[str
     """Where a step's time goes on its critical path: GPU activities (name, start us, end us) in
     start order; each one is charged end - (the previous one's end), the time the stream advanced
     while it was the last to finish (under PDL a kernel's own duration includes its wait, this
-    does not). Charged to the manifest's call labels when the activities per step match the
-    decode program's launches (plus one readback copy), else to the kernel names."""
+    does not; a launch gap inside the step counts to the launch after it). Charged to the
+    manifest's call labels when the activities per step match the decode program's launches (plus
+    one readback copy), else to the kernel names. With labels, the time between two profiled steps
+    when nothing runs (the host) is reported apart as idle: a step's first launch is charged from
+    its own start."""
     per_step = len(events) / reps if reps else 0
     use_labels = per_step in (len(labels), len(labels) + 1)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     prev_end = None
-    for i, (name, _start, end) in enumerate(events):
+    idle = 0.0
+    for i, (name, start, end) in enumerate(events):
         key = name[:60]
         if use_labels:
             j = i % int(per_step)
             key = labels[j] if j < len(labels) else "readback copy"
         if prev_end is not None:
-            sums[key] = sums.get(key, 0.0) + max(0.0, end - prev_end)
+            since = prev_end
+            if use_labels and i % int(per_step) == 0:
+                idle += max(0.0, start - prev_end)
+                since = max(prev_end, start)
+            sums[key] = sums.get(key, 0.0) + max(0.0, end - since)
             counts[key] = counts.get(key, 0) + 1
         prev_end = end if prev_end is None else max(prev_end, end)
     total = sum(sums.values())
     lines = [f"critical path of {reps} steps ({'call labels' if use_labels else 'kernel names'}): "
-             f"{total / max(reps, 1):.1f} us per step", f"{'us/step':>9} {'n/step':>7} {'us each':>8}  call"]
+             f"{total / max(reps, 1):.1f} us per step busy, {idle / max(reps, 1):.1f} us per step idle "
+             "(no GPU activity)", f"{'us/step':>9} {'n/step':>7} {'us each':>8}  call"]
     for key, us in sorted(sums.items(), key=lambda kv: -kv[1]):
         n = counts[key] / max(reps, 1)
         lines.append(f"{us / max(reps, 1):9.1f} {n:7.1f} {us / max(counts[key], 1):8.2f}  {key}")
