@@ -26,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "ARGMAX_PARTS",
+    "DECODE_CLUSTER",
     "DECODE_SPLITS",
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
@@ -65,7 +66,11 @@ Json = dict[str, Any]
 PAGE_TOKENS = 16
 """Tokens per KV page (docs/qwen3.md "KV state layout")."""
 DECODE_SPLITS = 32
-"""Split-KV partitions of the decode attention (grid y of kern_attn_decode_partial)."""
+"""Split-KV partitions of the decode attention (grid y of kern_attn_decode_partial and
+kern_attn_decode). A multiple of DECODE_CLUSTER: kern_attn_decode runs in clusters of that many
+blocks along y, and the driver refuses any other grid."""
+DECODE_CLUSTER = 8
+"""attention.cu's DEC_CLUSTER: kern_attn_decode's `__cluster_dims__(1, 8, 1)`."""
 PREFILL_BM = 64
 """Query rows per block of kern_attn_prefill (grid x = ceil_div(tokens, PREFILL_BM))."""
 ARGMAX_PARTS = 64
@@ -738,6 +743,8 @@ def _check_kernel_limits(s: Qwen3Shape) -> None:
         *([f"{group} query heads per kv head (needs <= 8 or a multiple of 8)"] if group > 8 and group % 8 else []),
         *([f"hidden_size {s.hidden} (needs a multiple of 8)"] if s.hidden % 8 else []),
         *([f"intermediate_size {s.inter} (needs a multiple of 8)"] if s.inter % 8 else []),
+        *([f"DECODE_SPLITS {DECODE_SPLITS} (kern_attn_decode needs a multiple of {DECODE_CLUSTER})"]
+          if DECODE_SPLITS % DECODE_CLUSTER else []),
     ]
     if problems:
         raise KernelsError("our kernels do not support " + "; ".join(problems))

@@ -554,3 +554,15 @@ def test_carveout_goes_on_every_kernel_launch() -> None:
     for bad in (-1, 101):
         with pytest.raises(gen.GenError, match="carveout"):
             _manifest(QWEN3_TINY_CONFIG, feed="device", carveout=bad)
+
+
+def test_decode_splits_must_fill_the_attention_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kern_attn_decode's grid y is DECODE_SPLITS and its clusters are 8 blocks along y (the
+    `__cluster_dims__` in attention.cu): another split count is refused before a manifest exists."""
+    text = (TOOLS / "kernels-src" / "attention.cu").read_text()
+    assert f"constexpr int DEC_CLUSTER = {gen.DECODE_CLUSTER};" in text
+    assert "__cluster_dims__(1, DEC_CLUSTER, 1)" in text
+    assert gen.DECODE_SPLITS % gen.DECODE_CLUSTER == 0
+    monkeypatch.setattr(gen, "DECODE_SPLITS", 12)
+    with pytest.raises(gen.KernelsError, match="DECODE_SPLITS 12"):
+        _manifest(QWEN3_TINY_CONFIG, feed="device")
