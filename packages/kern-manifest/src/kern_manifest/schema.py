@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, Type
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -51,6 +52,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
 )
 from pydantic_core import PydanticCustomError
 
@@ -259,7 +261,33 @@ else:
     Param = Annotated[Any, PlainValidator(_validate_param), PlainSerializer(str, return_type=str)]
 
 
-def _validate_expr(value: object) -> Expr:
+def _constants_of(info: ValidationInfo) -> Mapping[str, int | float]:
+    ctx = info.context
+    return cast("Mapping[str, int | float]", ctx.get("constants", {})) if isinstance(ctx, dict) else {}
+
+
+def _constant(value: object, info: ValidationInfo) -> object:
+    """A wire-only constant's name in a numeric position stands for its value."""
+    if isinstance(value, str):
+        return _constants_of(info).get(value, value)
+    return value
+
+
+def _expand(value: object, constants: Mapping[str, int | float]) -> object:
+    """`value` (an expression's JSON) with every string that names a constant replaced by it."""
+    if isinstance(value, str):
+        return constants.get(value, value)
+    if isinstance(value, list):
+        return [_expand(v, constants) for v in cast("list[object]", value)]
+    if isinstance(value, dict):
+        return {k: _expand(v, constants) for k, v in cast("dict[str, object]", value).items()}
+    return value
+
+
+def _validate_expr(value: object, info: ValidationInfo) -> Expr:
+    constants = _constants_of(info)
+    if constants:
+        value = _expand(value, constants)
     try:
         return parse_expr(value)
     except ManifestParse as exc:
@@ -274,7 +302,9 @@ else:
     ExprField = Annotated[Any, PlainValidator(_validate_expr), PlainSerializer(Expr.to_json)]
 
 
-def _validate_bound(value: object) -> int | float | Expr:
+def _validate_bound(value: object, info: ValidationInfo) -> int | float | Expr:
+    if isinstance(value, str):
+        value = _constants_of(info).get(value, value)
     if isinstance(value, int | float) and not isinstance(value, bool):
         if isinstance(value, float) and not math.isfinite(value):
             raise PydanticCustomError(
@@ -283,7 +313,7 @@ def _validate_bound(value: object) -> int | float | Expr:
                 {"message": "bound is not finite", "hint": "use a finite number"},
             )
         return value
-    return _validate_expr(value)
+    return _validate_expr(value, info)
 
 
 def _dump_bound(value: int | float | Expr) -> object:
@@ -328,8 +358,12 @@ def _one_of(kind: str, tags: tuple[str, ...]) -> Discriminator:
 
 
 Name = Annotated[StrictStr, Field(min_length=1)]
-Index = Annotated[StrictInt, Field(ge=0)]
-Dim3 = tuple[StrictInt, StrictInt, StrictInt]
+Int = Annotated[StrictInt, BeforeValidator(_constant)]
+"""An integer; a wire-only constant's name may stand for it (`parse_manifest`)."""
+Float = Annotated[StrictFloat, BeforeValidator(_constant)]
+"""A number; a wire-only constant's name may stand for it."""
+Index = Annotated[Int, Field(ge=0)]
+Dim3 = tuple[Int, Int, Int]
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,15 +373,15 @@ Dim3 = tuple[StrictInt, StrictInt, StrictInt]
 class Var(_Model):
     """A per-call scalar that sizes memory or launch geometry; its lower bound is always 1."""
 
-    max: StrictInt
+    max: Int
 
 
 class State(_Model):
     """Opaque persistent memory; exactly one size field is set (checked by the verifier)."""
 
-    bytes: StrictInt | None = None
-    bytes_per_token: StrictInt | None = None
-    bytes_per_seq: StrictInt | None = None
+    bytes: Int | None = None
+    bytes_per_token: Int | None = None
+    bytes_per_seq: Int | None = None
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -366,7 +400,7 @@ class State(_Model):
 class Topology(_Model):
     """Named rank groups and their sizes."""
 
-    groups: dict[Name, StrictInt]
+    groups: dict[Name, Int]
 
 
 class Module(_Model):
@@ -386,7 +420,7 @@ class Domain(_Model):
     min: Bound | None = None
     max: Bound | None = None
     index_into: Name | None = None
-    stride: StrictInt | None = None
+    stride: Int | None = None
     monotone: StrictBool = False
 
 
@@ -401,18 +435,18 @@ class RankRanges(_Model):
     """Per-rank half-open ranges: this rank's index in `group` picks from `ranges`."""
 
     group: Name
-    ranges: tuple[tuple[StrictInt, StrictInt], ...]
+    ranges: tuple[tuple[Int, Int], ...]
 
 
 class Interleave(_Model):
     """Alternate blocks of `rows` rows from the segment's tensor and `with` (same shape)."""
 
     with_: Name = Field(alias="with")
-    rows: StrictInt
+    rows: Int
 
 
 TensorRef = Annotated[Name | RankTensors, Field(union_mode="left_to_right")]
-RowRange = Annotated[tuple[StrictInt, StrictInt] | RankRanges, Field(union_mode="left_to_right")]
+RowRange = Annotated[tuple[Int, Int] | RankRanges, Field(union_mode="left_to_right")]
 
 
 class Segment(_Model):
@@ -498,28 +532,28 @@ class I32Arg(_Model):
     """An i32 literal."""
 
     KIND: ClassVar[str] = "i32"
-    i32: StrictInt
+    i32: Int
 
 
 class I64Arg(_Model):
     """An i64 literal."""
 
     KIND: ClassVar[str] = "i64"
-    i64: StrictInt
+    i64: Int
 
 
 class F32Arg(_Model):
     """An f32 literal."""
 
     KIND: ClassVar[str] = "f32"
-    f32: StrictFloat
+    f32: Float
 
 
 class U8Arg(_Model):
     """A u8 literal."""
 
     KIND: ClassVar[str] = "u8"
-    u8: StrictInt
+    u8: Int
 
 
 class VarArg(_Model):
@@ -550,7 +584,7 @@ class Tensormap(_Model):
     dtype: TensormapDType
     dims: tuple[ExprField, ...]
     strides: tuple[ExprField, ...] = ()
-    box: tuple[StrictInt, ...]
+    box: tuple[Int, ...]
     swizzle: Literal[0, 32, 64, 128] = 0
     l2_promotion: Literal[0, 64, 128, 256] = 0
     oob_nan: StrictBool = False
@@ -559,7 +593,7 @@ class Tensormap(_Model):
 
 class _Field(_Model):
     at: Index
-    width: StrictInt | None = None
+    width: Int | None = None
 
 
 class PackParam(_Field, ParamArg):
@@ -640,7 +674,7 @@ PACK_DEFAULT_WIDTH: Final[Mapping[str, int]] = {
 class Pack(_Model):
     """The bytes of a `bytes<n>` param: `size` bytes, fields at byte offsets, the rest zero."""
 
-    size: StrictInt
+    size: Int
     fields: tuple[PackField, ...]
 
 
@@ -686,8 +720,8 @@ class When(_Model):
     """Run the launch only while `var` lies in [min, max] (inclusive; missing ends are open)."""
 
     var: Name
-    min: StrictInt | None = None
-    max: StrictInt | None = None
+    min: Int | None = None
+    max: Int | None = None
 
 
 def _module_entry(value: object) -> str:
@@ -720,7 +754,7 @@ class KernelLaunch(_Model):
     shared_mem: ExprField = Field(default_factory=lambda: parse_expr(0))
     cluster: Dim3 | None = None
     pdl: StrictBool = False
-    carveout: StrictInt | None = None
+    carveout: Int | None = None
     when: When | None = None
     params: tuple[Param, ...] | None = None
     args: tuple[LaunchArg, ...] | None = None
@@ -790,15 +824,15 @@ def _extern_entry(value: object) -> str:
 class Algo(_Model):
     """A pinned cublasLt algorithm (cublasLtMatmulAlgoConfigAttributes_t values)."""
 
-    id: StrictInt
-    tile: StrictInt = 0
-    stages: StrictInt = 0
-    split_k: StrictInt = 1
-    reduction: StrictInt = 0
-    swizzle: StrictInt = 0
-    custom: StrictInt = 0
-    inner_shape: StrictInt = 0
-    cluster_shape: StrictInt = 0
+    id: Int
+    tile: Int = 0
+    stages: Int = 0
+    split_k: Int = 1
+    reduction: Int = 0
+    swizzle: Int = 0
+    custom: Int = 0
+    inner_shape: Int = 0
+    cluster_shape: Int = 0
 
 
 class ExternLaunch(_Model):
@@ -892,8 +926,8 @@ class Call(_Model):
 class Batch(_Model):
     """The serving shape of a program: up to `groups` sequences of `rows` rows each."""
 
-    groups: StrictInt
-    rows: StrictInt | Name
+    groups: Int
+    rows: Annotated[Int | Name, Field(union_mode="left_to_right")]
     span: Name | None = None
     context: Name | None = None
 
@@ -1157,8 +1191,46 @@ def _json_type(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+_CONSTANT_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _take_constants(
+    raw: dict[str, object],
+) -> tuple[dict[str, object], dict[str, int | float], list[ManifestError]]:
+    """The manifest without its wire-only `constants`, the constants, and what is wrong with them:
+    each a name (letters, digits, `_`) that is not also a var, mapped to a plain finite number."""
+    if "constants" not in raw:
+        return raw, {}, []
+    body = {k: v for k, v in raw.items() if k != "constants"}
+    table = raw["constants"]
+    if not isinstance(table, dict):
+        bad = ManifestParse(
+            "/constants", f"constants is {_json_type(table)}", 'use an object of numbers, e.g. {"HID": 2560}'
+        )
+        return body, {}, [bad]
+    declared = raw.get("vars")
+    var_names = set(cast("dict[str, object]", declared)) if isinstance(declared, dict) else set[str]()
+    out: dict[str, int | float] = {}
+    problems: list[ManifestError] = []
+    for name, value in cast("dict[str, object]", table).items():
+        at = "/constants/" + escape_pointer(name)
+        if not _CONSTANT_NAME.fullmatch(name):
+            problems.append(ManifestParse(at, f"constant name {name!r}", "use letters, digits and _ (e.g. HIDDEN_SIZE)"))
+        elif name in var_names:
+            problems.append(ManifestParse(at, f"constant {name!r} is also a var", "rename one: a constant may not shadow a var"))
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            problems.append(ManifestParse(at, f"constant {name!r} is {_json_type(value)}", "give a plain finite JSON number"))
+        else:
+            out[name] = value
+    return body, out, problems
+
+
 def parse_manifest(data: str | bytes) -> Manifest:
     """Parses manifest text into a model; meaning is not checked (see `kern_manifest.verify`).
+
+    Wire-only `constants` (a top-level object of named numbers) are expanded: a constant's name
+    may stand for a number in any numeric position but `schema_version` (integers, floats, shapes,
+    expressions, bounds, offsets); the model holds the numbers and keeps no `constants`.
 
     Raises:
         ManifestRejected: every `ManifestParse` problem found, each with its JSON pointer.
@@ -1168,12 +1240,14 @@ def parse_manifest(data: str | bytes) -> Manifest:
         _check_version(raw)
     except ManifestParse as exc:
         raise ManifestRejected([exc]) from None
-    problems: list[ManifestError] = [*_duplicates(raw)] if saw_dups else []
+    body, constants, problems = _take_constants(cast("dict[str, object]", raw))
+    if saw_dups:
+        problems[:0] = _duplicates(raw)
     try:
-        manifest = MANIFEST.validate_python(raw)
+        manifest = MANIFEST.validate_python(body, context={"constants": constants})
     except ValidationError as exc:
         problems.extend(
-            _problem(raw, e) for e in exc.errors(include_url=False, include_input=False)
+            _problem(body, e) for e in exc.errors(include_url=False, include_input=False)
         )
         raise ManifestRejected(problems) from None
     if problems:
