@@ -27,6 +27,8 @@ def _manifest() -> dict[str, Any]:
         return b
 
     return {
+        "schema_version": 5,
+        "model": "t",
         "vars": {"tokens": {"max": 256}},
         "buffers": {
             "ids": buf("i64", ["tokens"], "input", "token"),
@@ -38,6 +40,7 @@ def _manifest() -> dict[str, Any]:
             "w": buf("bf16", [4], "weight"),
         },
         "modules": {"core": {"source": "core.cubin", "sha256": hashlib.sha256(b"cubin").hexdigest()}},
+        "ops": {},
         "programs": {
             "load": {"once": True, "calls": []},
             "chunk": {"batch": {"groups": 1, "rows": "tokens"}, "calls": []},
@@ -279,3 +282,31 @@ def test_capacity_beyond_positions_is_refused_before_loading(in_tmp: Path, monke
     rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", "1", "--capacity", "101"])
     assert rc == 2
     assert "exceeds the model's reach of 100 positions" in capsys.readouterr().err
+
+
+def test_manifest_constants_are_expanded_before_the_protocol_is_read(in_tmp: Path) -> None:
+    """kern-run reads manifests through kern_manifest's parse: wire-only constants stand for the
+    numbers the protocol reads (here the block table's width and the position bound)."""
+    m = _manifest()
+    m["constants"] = {"BLOCKS": 64, "TOP": 99}
+    m["buffers"]["bt"]["shape"] = ["BLOCKS"]
+    m["buffers"]["pos"]["domain"] = {"min": 0, "max": "TOP"}
+    (in_tmp / "m.json").write_text(json.dumps(m))
+    proto = run.protocol_of(run.read_manifest(in_tmp / "m.json"))
+    assert proto.blocks_len == 64 and proto.position_max == 99
+
+
+def test_a_malformed_manifest_is_one_line_and_exit_2(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
+    m = _manifest()
+    m["buffers"]["bt"]["shape"] = ["BLOCKS"]  # no such constant or var: fine for the parse
+    m["buffers"]["len"]["dtype"] = "int33"
+    (in_tmp / "m.json").write_text(json.dumps(m))
+    (in_tmp / "w.safetensors").write_bytes(b"")
+    rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "manifest m.json: /buffers/len/dtype" in err[0]
+    with pytest.raises(run.RunError, match=r"missing\.json: No such file"):
+        run.read_manifest(in_tmp / "missing.json")

@@ -43,6 +43,7 @@ from kern_cli.run import (
     default_weights,
     ensure_kernels,
     probe_gpu,
+    read_manifest,
     resolve_options,
     weight_files,
 )
@@ -248,10 +249,10 @@ def bench_session(
     """
     if steps < MIN_STEPS:
         raise BenchError(f"--steps must be at least {MIN_STEPS} (the median needs them), got {steps}")
-    manifest = json.loads(opts.manifest.read_text())
+    manifest = read_manifest(opts.manifest)
     if floor_manifest is not None and not floor_manifest.is_file():
         raise BenchError(f"--floor-manifest {floor_manifest}: no such file")
-    floor = json.loads(floor_manifest.read_text()) if floor_manifest is not None else manifest
+    floor = read_manifest(floor_manifest) if floor_manifest is not None else manifest
     gemm_only_manifest(floor, _step_program(floor))  # NOTE: refuse a floor without GEMMs before timing
     reach = max([*contexts, prefill]) + 2 * steps + 32  # NOTE: device-fed replays advance too
     capacity = max(opts.capacity or 0, -(-reach // 256) * 256)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,6 +47,7 @@ __all__ = [
     "prefill_chunks",
     "probe_gpu",
     "protocol_of",
+    "read_manifest",
     "register",
     "resolve_options",
     "weight_files",
@@ -202,6 +202,28 @@ class Protocol:
 
 
 _INPUT_ROLES = ("token", "position", "slot", "seq_len", "blocks")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest file as plain JSON with its wire-only constants expanded (kern_manifest's parse;
+    meaning is checked when the runtime loads it).
+
+    Raises:
+        RunError: no such file, or a parse problem (the first one; `kern manifest verify` lists all).
+    """
+    from kern_manifest import ManifestRejected, manifest_to_json, parse_manifest
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RunError(f"manifest {path}: {exc.strerror or exc}") from None
+    try:
+        return manifest_to_json(parse_manifest(data))
+    except ManifestRejected as exc:
+        problems = list(exc.problems)
+        first = problems[0].line() if problems else exc.line()
+        more = f" (and {len(problems) - 1} more: kern manifest verify {path})" if len(problems) > 1 else ""
+        raise RunError(f"manifest {path}: {first}{more}") from None
 
 
 def protocol_of(manifest: Mapping[str, Any]) -> Protocol:
@@ -360,7 +382,7 @@ class Session:
         import kern_runtime as kr
         from kern_runtime.errors import NoDriverError
 
-        proto = protocol_of(json.loads(manifest.read_text()))
+        proto = protocol_of(read_manifest(manifest))
         try:
             rt = kr.Runtime.load(manifest, kernels, gpu=gpu, capacity=kr.Capacity(tokens=capacity, seqs=1))
         except NoDriverError as exc:
@@ -582,7 +604,7 @@ def execute(opts: RunOptions, out: TextIO) -> int:
     probe_gpu(opts.gpu)
     if not opts.manifest.is_file():
         raise RunError(f"--manifest {opts.manifest}: no such file")
-    manifest = json.loads(opts.manifest.read_text())
+    manifest = read_manifest(opts.manifest)
     prompt, tok = _tokenize(opts)
     weights = weight_files(opts.weights or default_weights(_log))
     ensure_kernels(manifest, opts.kernels, opts.kernel_sources, _log)
