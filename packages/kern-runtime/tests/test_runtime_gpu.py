@@ -418,6 +418,43 @@ def test_load_over_claims_identical_weights(kdir: Path, sha: str, tmp_path: Path
         rt2.close()
 
 
+def test_park_and_wake_round_trip_through_the_host_tier(kdir: Path, sha: str, tmp_path: Path) -> None:
+    """A checkpoint parked to pinned host memory, its device pages overwritten, woken into fresh
+    pages: the same bytes, pages and slot; a full host tier refuses with nothing kept."""
+    m = build.write_manifest(tmp_path / "p.json", manifests.pooled(sha))
+    page = 16 * 4096
+    with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=256, seqs=1)) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        with pytest.raises(kr.ApiError, match="no host tier"):
+            rt.host  # noqa: B018
+        host = rt.enable_host_tier(8 << 20)
+        assert host.units == (8 << 20) // page and host.slot_units == 16
+        lease = rt.lease(32)
+        assert lease.state_slot is not None
+        rng = np.random.default_rng(6)
+        kv = [rng.integers(0, 255, page, dtype=np.uint8) for _ in lease.pages]
+        state = rng.integers(0, 255, 1 << 20, dtype=np.uint8)
+        for p, data in zip(lease.pages, kv, strict=True):
+            rt.write_state("kv", p * page, data)
+        rt.write_state("ssm", lease.state_slot << 20, state)
+        cp = rt.checkpoint(lease, 32)
+        parked = rt.park(cp)
+        rt.synchronize()
+        old_pages = list(cp.pages)
+        cp.release()
+        lease.release()
+        for p in old_pages:  # the device copies are gone: overwrite them
+            rt.write_state("kv", p * page, np.full(page, 0xA5, np.uint8))
+        woken = rt.wake(parked, 32)
+        assert woken.state_slot is not None and len(woken.pages) == 2
+        for p, data in zip(woken.pages, kv, strict=True):
+            np.testing.assert_array_equal(rt.read_state("kv", p * page, page), data)
+        np.testing.assert_array_equal(rt.read_state("ssm", woken.state_slot << 20, 1 << 20), state)
+        with pytest.raises(kr.ApiError, match="already enabled"):
+            rt.enable_host_tier(1 << 20)
+        assert host.used == 2 + 16
+
+
 def test_pool_leases_checkpoints_and_restores_on_vmm(kdir: Path, sha: str, tmp_path: Path) -> None:
     m = build.write_manifest(tmp_path / "p.json", manifests.pooled(sha))
     page = 16 * 4096

@@ -10,13 +10,14 @@ import pytest
 
 import kern_pool
 from kern_manifest import parse_manifest
-from kern_runtime import sequences
+from kern_runtime import ApiError, sequences
 from kern_runtime.sequences import Sequences, pool_layout
 
 from .helpers import manifests
 
 MIB = 1 << 20
 PAGE = 16 * 4096
+HOST_BASE = 1 << 50
 
 
 class FakeDriver:
@@ -37,6 +38,10 @@ class FakeDriver:
     def vmm_create(self, nbytes: int, dev: object) -> int:
         self.calls.append(("create", nbytes))
         return len([c for c in self.calls if c[0] == "create"]) - 1
+
+    def host_alloc(self, nbytes: int) -> int:
+        self.calls.append(("host_alloc", nbytes))
+        return HOST_BASE
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args: self.calls.append((name, *args))
@@ -117,3 +122,92 @@ def test_a_fourth_slot_lands_a_remap_plan_first(seqs: tuple[Sequences, FakeDrive
     ssm = s.arenas["ssm"]
     assert lease.state_slot is not None
     assert (ssm.base + lease.state_slot * MIB, MIB, "stream") in _of(fake, "memset_async")
+
+
+# ---- host tier: a unit is gcd(kv page 64 KiB, ssm slot 1 MiB) = 64 KiB; a page 1 unit, a slot 16
+
+
+def test_host_tier_is_sized_in_units_of_a_page_and_a_slot(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    host = s.enable_host(10 * MIB + 5)
+    assert (host.units, host.page_units, host.slot_units) == (160, 1, 16)
+    assert _of(fake, "host_alloc") == [(160 * PAGE,)]
+    with pytest.raises(ApiError, match="already enabled"):
+        s.enable_host(MIB)
+
+
+@pytest.mark.parametrize("nbytes", [PAGE - 1, 0, -5, True, 2.5])
+def test_host_tier_too_small_or_not_bytes_is_refused(seqs: tuple[Sequences, FakeDriver], nbytes: Any) -> None:
+    s, fake = seqs
+    with pytest.raises(ApiError, match="holds no page or slot"):
+        s.enable_host(nbytes)
+    assert not _of(fake, "host_alloc")
+    with pytest.raises(ApiError, match="no host tier"):
+        s.host  # noqa: B018
+
+
+def test_park_copies_pages_then_slot_to_their_units(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.enable_host(64 * MIB)
+    lease = s.lease(48)
+    cp = s.checkpoint(lease, 20)  # one whole page and a partial one, and the slot
+    fake.calls.clear()
+    parked = s.park(cp)
+    kv, ssm = s.arenas["kv"], s.arenas["ssm"]
+    units = parked.units
+    assert len(units) == 2 and parked.slot_unit is not None and parked.length == 20
+    want = [(HOST_BASE + u * PAGE, kv.base + p * PAGE, PAGE, "stream") for p, u in zip(cp.pages, units, strict=True)]
+    assert cp.state_slot is not None
+    want.append((HOST_BASE + parked.slot_unit * PAGE, ssm.base + cp.state_slot * MIB, MIB, "stream"))
+    assert _of(fake, "copy_dtoh_async") == want
+    assert s.host.used == 2 + 16
+
+
+def test_parking_a_longer_turn_of_the_chain_copies_only_new_pages(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.enable_host(64 * MIB)
+    lease = s.lease(48)
+    first = s.park(s.checkpoint(lease, 16))  # one whole page (and the slot)
+    fake.calls.clear()
+    later_cp = s.checkpoint(lease, 48)  # three whole pages of the same chain
+    later = s.park(later_cp)
+    pages = [c for c in _of(fake, "copy_dtoh_async") if c[2] == PAGE]
+    assert len(pages) == 2, "the first page is parked already"
+    assert later.units[0] == first.units[0]
+
+
+def test_wake_fills_fresh_pages_and_slot_from_the_host(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.enable_host(64 * MIB)
+    lease = s.lease(48)
+    cp = s.checkpoint(lease, 32)
+    parked = s.park(cp)
+    cp.release()
+    lease.release()
+    fake.calls.clear()
+    woken = s.wake(parked, 32)
+    kv, ssm = s.arenas["kv"], s.arenas["ssm"]
+    assert woken.length == 32 and len(woken.pages) == 2 and woken.state_slot is not None
+    assert parked.slot_unit is not None
+    want = [(kv.base + p * PAGE, HOST_BASE + u * PAGE, PAGE, "stream") for u, p in zip(parked.units, woken.pages, strict=True)]
+    want.append((ssm.base + woken.state_slot * MIB, HOST_BASE + parked.slot_unit * PAGE, MIB, "stream"))
+    assert _of(fake, "copy_htod_async") == want
+    again = s.restore(woken, 32, 64)
+    assert again.pages[:2] == woken.pages
+
+
+def test_a_full_host_tier_keeps_nothing_and_copies_nothing(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.enable_host(4 * PAGE)  # room for pages, not for a 16-unit slot
+    cp = s.checkpoint(s.lease(32), 32)
+    fake.calls.clear()
+    with pytest.raises(kern_pool.HostFull):
+        s.park(cp)
+    assert not _of(fake, "copy_dtoh_async") and s.host.used == 0
+
+
+def test_park_and_wake_need_the_host_tier(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, _fake = seqs
+    cp = s.checkpoint(s.lease(32), 32)
+    with pytest.raises(ApiError, match="no host tier"):
+        s.park(cp)

@@ -559,6 +559,43 @@ class Runtime:
         """Lands a pending remap plan now (drains the stream first)."""
         self._pool().settle()
 
+    def enable_host_tier(self, nbytes: int) -> kern_pool.Host:
+        """A pinned host block of at most `nbytes` for parked checkpoints (the host tier); once.
+
+        Raises:
+            ApiError: no pool, already enabled, or too few bytes for one page or slot.
+        """
+        return self._pool().enable_host(nbytes)
+
+    @property
+    def host(self) -> kern_pool.Host:
+        """The host tier's kern_pool planner (counts, free runs).
+
+        Raises:
+            ApiError: no pool, or the host tier is not enabled.
+        """
+        return self._pool().host
+
+    def park(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
+        """Copies a checkpoint to the host tier on the stream (chain pages parked before are reused);
+        the checkpoint stays valid: release it when the device copy is no longer wanted.
+
+        Raises:
+            ApiError: no host tier, or a released / foreign checkpoint. kern_pool.HostFull: the
+                block cannot hold it; nothing was kept.
+        """
+        return self._pool().park(checkpoint)
+
+    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint:
+        """A device checkpoint of a parked copy's first `length` tokens (host-to-device copies on
+        the stream); `restore` it to continue the sequence.
+
+        Raises:
+            ApiError: no host tier, a released / foreign Parked, or a bad length.
+                kern_pool.Denied: the pool cannot give the pages or slot now.
+        """
+        return self._pool().wake(parked, length)
+
     def read_state(self, name: str, start: int, nbytes: int) -> npt.NDArray[np.uint8]:
         """`nbytes` of state `name` from byte `start` (mapped memory only); synchronizes."""
         alloc = self._state(name, start, nbytes)

@@ -5,6 +5,12 @@ chunk positions are mapped to physical chunks as kern_pool's `Remap` plans say. 
 state lives at `base + p * page_bytes`, slot s of a per-seq state at `base + s * slot_bytes`, so
 programs address states by their base and the graphs captured at load stay valid across remaps.
 Plans run synchronously here (the stream is drained first); made objects are zeroed before use.
+
+The host tier (optional, `enable_host`) is one pinned host block under kern_pool's `Host`: a host
+unit is the gcd of one page of every paged state end to end and one slot of every per-seq state;
+a parked page is its paged states' pages side by side in `page_units` units, a parked slot its
+per-seq states' slots side by side. Park and wake are copies on the stream, ordered with every
+kernel and memset that touches the same pages.
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ class Sequences:
         self._dev = dev
         self._stream = stream
         self.config = config
+        self._host: kern_pool.Host | None = None
+        self._host_base = 0
+        self._host_unit = 0
         gran = drv.vmm_granularity(dev)
         if config.chunk % gran:
             raise ApiError(f"pool chunk {config.chunk} is not a multiple of the device granularity {gran}")
@@ -184,6 +193,89 @@ class Sequences:
         self._zero_owned(lease)
         self.copy(copies)
         return lease
+
+    # ---- host tier -------------------------------------------------------------------------
+
+    def enable_host(self, nbytes: int) -> kern_pool.Host:
+        """Allocates a pinned host block of the largest whole number of units within `nbytes` and
+        puts kern_pool's host tier over it (once per runtime).
+
+        Raises:
+            ApiError: already enabled, or `nbytes` holds no page or slot.
+        """
+        if self._host is not None:
+            raise ApiError(f"the host tier is already enabled ({self._host.units} units of {self._host_unit} bytes)")
+        page = sum(self.config.page_bytes)
+        slot = sum(self.config.slot_bytes)
+        unit = math.gcd(page, slot)
+        need = min(b for b in (page, slot) if b)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < need:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"a host tier of {nbytes!r} bytes holds no page or slot: give at least {need} bytes")
+        units = nbytes // unit
+        base = drv.host_alloc(units * unit)
+        self._stack.callback(drv.host_free, base)
+        self._host = kern_pool.Host(self.pool, units, page_units=max(page // unit, 1), slot_units=max(slot // unit, 1))
+        self._host_base, self._host_unit = base, unit
+        return self._host
+
+    @property
+    def host(self) -> kern_pool.Host:
+        """The host tier's planner (for schedulers that read its counts).
+
+        Raises:
+            ApiError: the host tier is not enabled.
+        """
+        if self._host is None:
+            raise ApiError("no host tier: enable it first (Runtime.enable_host_tier)")
+        return self._host
+
+    def _host_at(self, unit: int) -> int:
+        return self._host_base + unit * self._host_unit
+
+    def park(self, checkpoint: Checkpoint) -> kern_pool.Parked:
+        """Copies a checkpoint to the host tier (pages an earlier park of the chain left there are
+        not copied again); the checkpoint stays valid. Device-to-host copies on the stream.
+
+        Raises:
+            ApiError: no host tier, or a released / foreign checkpoint. kern_pool.HostFull: the host
+                block cannot hold it; nothing was kept.
+        """
+        parked, copies = self.host.park(checkpoint)
+        for page, unit in copies.pages:
+            at = self._host_at(unit)
+            for a in self._paged():
+                drv.copy_dtoh_async(at, a.base + page * a.object_bytes, a.object_bytes, self._stream)
+                at += a.object_bytes
+        if copies.slot is not None:
+            slot, unit = copies.slot
+            at = self._host_at(unit)
+            for a in self._seq():
+                drv.copy_dtoh_async(at, a.base + slot * a.object_bytes, a.object_bytes, self._stream)
+                at += a.object_bytes
+        return parked
+
+    def wake(self, parked: kern_pool.Parked, length: int) -> Checkpoint:
+        """A device checkpoint of a parked copy's first `length` tokens: fresh pages and slot,
+        filled by host-to-device copies on the stream.
+
+        Raises:
+            ApiError: no host tier, a released / foreign Parked, or a bad length. kern_pool.Denied:
+                the pool cannot give the pages or slot now.
+        """
+        host = self.host
+        checkpoint, copies = self._retry(lambda: host.wake(parked, length))
+        for unit, page in copies.pages:
+            at = self._host_at(unit)
+            for a in self._paged():
+                drv.copy_htod_async(a.base + page * a.object_bytes, at, a.object_bytes, self._stream)
+                at += a.object_bytes
+        if copies.slot is not None:
+            unit, slot = copies.slot
+            at = self._host_at(unit)
+            for a in self._seq():
+                drv.copy_htod_async(a.base + slot * a.object_bytes, at, a.object_bytes, self._stream)
+                at += a.object_bytes
+        return checkpoint
 
     def _zero_owned(self, lease: Lease) -> None:
         for p in lease.pages[lease.sealed :] if lease.paged else ():
