@@ -122,3 +122,19 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("n", "text"), [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (3 << 30, "3 GiB")])
 def test_format_bytes(n: int, text: str) -> None:
     assert format_bytes(n) == text
+
+
+def test_expand_prints_the_canonical_json_with_constants_replaced(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    doc = json.loads(TINY.read_text())
+    emb = next(n for n, b in doc["buffers"].items() if b["kind"] == "weight")
+    rows = doc["buffers"][emb]["shape"][0]
+    doc["constants"] = {"ROWS": rows}
+    doc["buffers"][emb]["shape"][0] = "ROWS"
+    code, out, err = _run(capsys, "expand", str(_write(tmp_path, doc)))
+    assert code == 0 and err == ""
+    expanded = json.loads(out)
+    assert "constants" not in expanded and expanded["buffers"][emb]["shape"][0] == rows
+    assert digest_text(out) == digest_text(TINY.read_bytes())
+    code, _, err = _run(capsys, "expand", str(_write(tmp_path, b"{")))
+    assert code == 2 and err.startswith("error: ")

@@ -1,19 +1,21 @@
-"""`kern manifest verify FILE` and `kern manifest digest FILE`.
+"""`kern manifest verify FILE`, `kern manifest digest FILE` and `kern manifest expand FILE`.
 
 verify: exit 0 and a short summary (vars, buffers by kind with bytes at the vars' maxima, states,
 modules, ops, programs with call counts) on stdout; exit 2 and one `error: <pointer>: <message>
 (<hint>)` line per problem on stderr. digest: the sha256 of the canonical JSON of a manifest that
-verifies. Neither ever shows a traceback for bad input.
+verifies. expand: that canonical JSON itself (wire-only constants replaced by their numbers,
+defaults left out), indented, on stdout. None ever shows a traceback for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from kern_manifest import Manifest, ManifestRejected, digest, load_manifest
+from kern_manifest import Manifest, ManifestRejected, digest, load_manifest, manifest_to_json
 
 __all__ = ["format_bytes", "register", "summary"]
 
@@ -23,7 +25,7 @@ _KIND_ORDER = ("input", "output", "weight", "source", "workspace", "carry", "pee
 def register(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],  # pyright: ignore[reportPrivateUsage]
 ) -> None:
-    """Adds `kern manifest {verify,digest}` to the `kern` dispatcher."""
+    """Adds `kern manifest {verify,digest,expand}` to the `kern` dispatcher."""
     parser = subparsers.add_parser("manifest", help="verify a manifest or print its digest")
     sub = parser.add_subparsers(dest="manifest_command", required=True)
     verify = sub.add_parser("verify", help="check a manifest and summarise it")
@@ -32,6 +34,9 @@ def register(
     dig = sub.add_parser("digest", help="sha256 of a verified manifest's canonical JSON")
     dig.add_argument("file", type=Path, help="manifest JSON file")
     dig.set_defaults(handler=_digest)
+    expand = sub.add_parser("expand", help="a verified manifest's canonical JSON (constants expanded)")
+    expand.add_argument("file", type=Path, help="manifest JSON file")
+    expand.set_defaults(handler=_expand)
 
 
 def format_bytes(n: int) -> str:
@@ -102,4 +107,12 @@ def _digest(args: argparse.Namespace) -> int:
     if manifest is None:
         return 2
     print(f"{digest(manifest)}  {args.file}")
+    return 0
+
+
+def _expand(args: argparse.Namespace) -> int:
+    manifest = _load(args.file)
+    if manifest is None:
+        return 2
+    print(json.dumps(manifest_to_json(manifest), indent=1))
     return 0
