@@ -211,3 +211,23 @@ def test_park_and_wake_need_the_host_tier(seqs: tuple[Sequences, FakeDriver]) ->
     cp = s.checkpoint(s.lease(32), 32)
     with pytest.raises(ApiError, match="no host tier"):
         s.park(cp)
+
+
+def test_lease_slot_zeroes_only_its_slot(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    fake.calls.clear()
+    lease = s.lease_slot()
+    assert lease.pages == () and lease.state_slot is not None and not lease.paged
+    assert _of(fake, "memset_async") == [(s.arenas["ssm"].base + lease.state_slot * MIB, MIB, "stream")]
+
+
+def test_retire_keeps_the_tokens_in_place_without_device_work(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    lease = s.lease(48)
+    pages, slot = lease.pages, lease.state_slot
+    fake.calls.clear()
+    cp = s.retire(lease, 20)
+    assert fake.calls == [] and not lease.live
+    assert cp.pages == pages[:2] and cp.state_slot == slot and cp.length == 20
+    with pytest.raises(kern_pool.ApiError):
+        s.retire(lease, 20)

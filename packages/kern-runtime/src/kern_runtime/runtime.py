@@ -543,6 +543,24 @@ class Runtime:
         """
         return self._pool().lease(tokens)
 
+    def lease_slot(self) -> kern_pool.Lease:
+        """A slot-only lease (a peer rank's share of a row): a slot per per-seq state, no pages,
+        zeroed on the stream.
+
+        Raises:
+            ApiError: no pool, or a pool without per-seq states. kern_pool.Denied: no slot now.
+        """
+        return self._pool().lease_slot()
+
+    def retire(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+        """Ends `lease` and keeps its first `length` tokens where they are (no copy): the cheap
+        checkpoint of a sequence that will not go on.
+
+        Raises:
+            ApiError: no pool, a released / foreign lease, or length not in [1, lease.tokens].
+        """
+        return self._pool().retire(lease, length)
+
     def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
         """Keeps `lease`'s first `length` tokens; the partial page and slot are copied on the stream."""
         return self._pool().checkpoint(lease, length)

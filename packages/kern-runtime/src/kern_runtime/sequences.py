@@ -164,6 +164,18 @@ class Sequences:
             self._zero_slot(lease.state_slot)
         return lease
 
+    def lease_slot(self) -> Lease:
+        """A slot-only lease (a peer rank's share of a row): one fresh slot, zeroed on the stream."""
+        lease: Lease = self._retry(self.pool.lease_slot)
+        if lease.state_slot is not None:
+            self._zero_slot(lease.state_slot)
+        return lease
+
+    def retire(self, lease: Lease, length: int) -> Checkpoint:
+        """Ends the lease and keeps its first `length` tokens in place: no copy, no device work
+        (the partial page and the slot change owner; pages past `length` go back to the pool)."""
+        return self.pool.retire(lease, length)
+
     def copy(self, copies: DeviceCopies) -> None:
         """Performs a pool decision's page and slot copies on the stream, in order."""
         for src, dst in copies.pages:
