@@ -16,7 +16,7 @@ kernel and memset that touches the same pages.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,8 +241,18 @@ class Sequences:
             raise ApiError("no host tier: enable it first (Runtime.enable_host_tier)")
         return self._host
 
-    def _host_at(self, unit: int) -> int:
-        return self._host_base + unit * self._host_unit
+    def _host_copies(self, pairs: Iterable[tuple[int, int]], arenas: list[Arena], to_host: bool) -> None:
+        """(device object, host unit) pairs: each arena's object, side by side in the unit, copied
+        device-to-host (`to_host`) or back, on the stream."""
+        for obj, unit in pairs:
+            at = self._host_base + unit * self._host_unit
+            for a in arenas:
+                dev = a.base + obj * a.object_bytes
+                if to_host:
+                    drv.copy_dtoh_async(at, dev, a.object_bytes, self._stream)
+                else:
+                    drv.copy_htod_async(dev, at, a.object_bytes, self._stream)
+                at += a.object_bytes
 
     def park(self, checkpoint: Checkpoint) -> kern_pool.Parked:
         """Copies a checkpoint to the host tier (pages an earlier park of the chain left there are
@@ -253,17 +263,8 @@ class Sequences:
                 block cannot hold it; nothing was kept.
         """
         parked, copies = self.host.park(checkpoint)
-        for page, unit in copies.pages:
-            at = self._host_at(unit)
-            for a in self._paged():
-                drv.copy_dtoh_async(at, a.base + page * a.object_bytes, a.object_bytes, self._stream)
-                at += a.object_bytes
-        if copies.slot is not None:
-            slot, unit = copies.slot
-            at = self._host_at(unit)
-            for a in self._seq():
-                drv.copy_dtoh_async(at, a.base + slot * a.object_bytes, a.object_bytes, self._stream)
-                at += a.object_bytes
+        self._host_copies(copies.pages, self._paged(), to_host=True)
+        self._host_copies([copies.slot] if copies.slot is not None else [], self._seq(), to_host=True)
         return parked
 
     def wake(self, parked: kern_pool.Parked, length: int) -> Checkpoint:
@@ -276,17 +277,9 @@ class Sequences:
         """
         host = self.host
         checkpoint, copies = self._retry(lambda: host.wake(parked, length))
-        for unit, page in copies.pages:
-            at = self._host_at(unit)
-            for a in self._paged():
-                drv.copy_htod_async(a.base + page * a.object_bytes, at, a.object_bytes, self._stream)
-                at += a.object_bytes
-        if copies.slot is not None:
-            unit, slot = copies.slot
-            at = self._host_at(unit)
-            for a in self._seq():
-                drv.copy_htod_async(a.base + slot * a.object_bytes, at, a.object_bytes, self._stream)
-                at += a.object_bytes
+        self._host_copies([(page, unit) for unit, page in copies.pages], self._paged(), to_host=False)
+        slot = [(copies.slot[1], copies.slot[0])] if copies.slot is not None else []
+        self._host_copies(slot, self._seq(), to_host=False)
         return checkpoint
 
     def _zero_owned(self, lease: Lease) -> None:
