@@ -217,8 +217,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
                 | ({"gemv_pick": pick} if pick else {}))
     if variant in CARVEOUT_VARIANTS:
         carveout, picks = CARVEOUT_VARIANTS[variant]
-        return ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
-                | ({"gemv_pick": dict(picks)} if picks else {}) | ({"carveout": carveout} if carveout >= 0 else {}))
+        base = variant_options(gen, "fast", dict(picks) or None)
+        return base | ({"carveout": carveout} if carveout >= 0 else {})
     if variant in ("stream", "band"):
         pick_of = STREAM_PICK if variant == "stream" else BAND_PICK
         return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(pick_of)}
@@ -678,12 +678,12 @@ def chain_table(events: Sequence[tuple[str, float, float]], labels: Sequence[str
     idle = 0.0
     for i, (name, start, end) in enumerate(events):
         key = name[:60]
+        j = i % int(per_step) if use_labels else -1
         if use_labels:
-            j = i % int(per_step)
             key = labels[j] if j < len(labels) else "readback copy"
         if prev_end is not None:
             since = prev_end
-            if use_labels and i % int(per_step) == 0:
+            if j == 0:
                 idle += max(0.0, start - prev_end)
                 since = max(prev_end, start)
             sums[key] = sums.get(key, 0.0) + max(0.0, end - since)

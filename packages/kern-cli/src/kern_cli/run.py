@@ -371,8 +371,9 @@ class Session:
     @classmethod
     def open(cls, manifest: Path, kernels: Path, weights: Sequence[Path], *, gpu: int, capacity: int,
              log: Callable[[str], None] = lambda s: None,
-             progress: Callable[..., None] | None = None) -> Session:
-        """Load the manifest, kernels and weights onto `gpu` and return a ready session.
+             progress: Callable[..., None] | None = None, proto: Protocol | None = None) -> Session:
+        """Load the manifest, kernels and weights onto `gpu` and return a ready session; `proto`
+        is the manifest's serving protocol when the caller has read it already (else read here).
 
         Raises:
             NoGpuError: no NVIDIA driver or device.
@@ -382,7 +383,7 @@ class Session:
         import kern_runtime as kr
         from kern_runtime.errors import NoDriverError
 
-        proto = protocol_of(read_manifest(manifest))
+        proto = proto or protocol_of(read_manifest(manifest))
         try:
             rt = kr.Runtime.load(manifest, kernels, gpu=gpu, capacity=kr.Capacity(tokens=capacity, seqs=1))
         except NoDriverError as exc:
@@ -616,7 +617,7 @@ def execute(opts: RunOptions, out: TextIO) -> int:
         raise RunError(f"capacity {capacity} exceeds the model's reach of {proto.position_max + 1} positions")
     t0 = time.perf_counter()
     with Session.open(opts.manifest, opts.kernels, weights, gpu=opts.gpu, capacity=capacity, log=_log,
-                      progress=_Bar(sys.stderr)) as s:
+                      progress=_Bar(sys.stderr), proto=proto) as s:
         if not opts.eager:
             tc = time.perf_counter()
             graph = s.rt.capture(s.proto.step_program, s.proto.step_vars)

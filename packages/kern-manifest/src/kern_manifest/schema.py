@@ -303,8 +303,7 @@ else:
 
 
 def _validate_bound(value: object, info: ValidationInfo) -> int | float | Expr:
-    if isinstance(value, str):
-        value = _constants_of(info).get(value, value)
+    value = _constant(value, info)
     if isinstance(value, int | float) and not isinstance(value, bool):
         if isinstance(value, float) and not math.isfinite(value):
             raise PydanticCustomError(
