@@ -119,6 +119,9 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_tma_silu": (0, 512),
     "kern_gemv_bf16_b4": (-1, 128),
     "kern_gemv_bf16_b4_silu": (-1, 128),
+    "kern_gemv_bf16_d4": (-1, 128),
+    "kern_gemv_bf16_d8": (-1, 128),
+    "kern_gemv_bf16_d4_silu": (-1, 128),
     "kern_gemv_bf16_p4": (-2, 128),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
@@ -128,16 +131,17 @@ columns -1: a band entry, one resident wave of blocks that each sum a balanced b
 (GEMV_BAND); columns -2: a prefetched entry, whose blocks copy their columns' W rows into
 GEMV_P4_SMEM bytes of dynamic shared memory before the PDL wait. `gemv_launch` turns an entry and a
 shape into the launch."""
-SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu", "kern_gemv_bf16_b4_silu")
+SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu", "kern_gemv_bf16_b4_silu", "kern_gemv_bf16_d4_silu")
 """GEMV entries with SiLU-and-mul in their epilogue (gate_up only: W is [2n, k], y is `act`)."""
 GEMV_SMS = 132
 """Streaming multiprocessors the GEMV grids are sized for: the H200's (the kernels split the
 columns over any grid, so another GPU runs them correctly; only the balance changes)."""
 GEMV_TMA_BLOCKS = GEMV_SMS
 """Blocks of a streaming GEMV launch: one per SM."""
-GEMV_BAND: dict[str, int] = {"kern_gemv_bf16_b4": 7, "kern_gemv_bf16_b4_silu": 6}
+GEMV_BAND: dict[str, int] = {"kern_gemv_bf16_b4": 7, "kern_gemv_bf16_b4_silu": 6, "kern_gemv_bf16_d4": 4,
+                             "kern_gemv_bf16_d8": 4, "kern_gemv_bf16_d4_silu": 4}
 """Band entries -> blocks per SM their `__launch_bounds__` guarantee (registers: 72 and 80 of 64K
-per SM at 128 threads); a band launch runs ceil_div(n, ceil_div(n, GEMV_SMS * that)) blocks, so
+per SM at 128 threads for `_b4` / `_b4_silu`, at most 128 for the deep bands); a band launch runs ceil_div(n, ceil_div(n, GEMV_SMS * that)) blocks, so
 every block has its band from the start and bands differ by at most one column."""
 GEMV_TMA_SMEM = 196608
 """Dynamic shared memory of a streaming GEMV block (its ring of W stages): 192 KiB of the SM's
@@ -154,11 +158,12 @@ GEMV_PICK: dict[str, str] = {
     "o": "kern_gemv_bf16_s4",
     "gate_up": "kern_gemv_bf16_silu",
     "down": "kern_gemv_bf16_b4",
-    "lm_head": "kern_gemv_bf16_c2",
+    "lm_head": "kern_gemv_bf16_p4",
 }
 """The GEMV entry of each decode GEMM: the winners of `time_gemv.py --entries` on the H200
-(2026-11-29 12:06 UTC, docs/perf.md): split-k over the block's 4 warps, over balanced column bands
-(`_b4`) for qkv and down and one column per block (`_s4`) for o, 2 columns per warp for lm_head;
+(2026-11-29 12:06 and 14:36 UTC, docs/perf.md): split-k over the block's 4 warps, over balanced
+column bands (`_b4`) for qkv and down and one column per block (`_s4`) for o; lm_head's rows bulk-copied
+into shared memory (`_p4`: 177.7 us against `_c2`'s 184.0 alone, 168.1 against 185.9 in the step);
 gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes
 `act` (no kern_silu_mul in the decode step)."""
 FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")

@@ -23,7 +23,9 @@
    kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu), `-band` (`-fast` with the per-layer GEMMs on
    the balanced-band GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve50` /
    `-carve0` (`-fast` with every kernel's shared-memory carveout at 100 / 50 / 0 %), `-p4o` / `-p4o100` (o on the
-   prefetched kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere);
+   prefetched kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere), `-deep4` / `-deep8` (the
+   per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head on
+   kern_gemv_bf16_p4, and o on _d4 besides), `-picked` (`-fast` with --gemv-pick's entries);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -188,17 +190,25 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
     return path if ok else None
 
 
-CARVEOUT_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
+TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
     "carve100": (100, {}),
     "carve50": (50, {}),
     "carve0": (0, {}),
     "p4o": (-1, {"o": "kern_gemv_bf16_p4"}),
     "p4o100": (100, {"o": "kern_gemv_bf16_p4"}),
+    "deep4": (-1, {"qkv": "kern_gemv_bf16_d4", "o": "kern_gemv_bf16_d4", "gate_up": "kern_gemv_bf16_d4_silu",
+                   "down": "kern_gemv_bf16_d4"}),
+    "deep8": (-1, {"qkv": "kern_gemv_bf16_d8", "o": "kern_gemv_bf16_d8", "gate_up": "kern_gemv_bf16_d4_silu",
+                   "down": "kern_gemv_bf16_d8"}),
+    "lmp4": (-1, {"lm_head": "kern_gemv_bf16_p4"}),
+    "od4": (-1, {"lm_head": "kern_gemv_bf16_p4", "o": "kern_gemv_bf16_d4"}),
 }
 """`fast` with one shared-memory carveout for every kernel (-1: the driver's choice) and GEMV picks
 on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
-neighbours slower; the carveout is the suspect)."""
-VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", *CARVEOUT_VARIANTS)
+neighbours slower; a uniform carveout made every variant slower, fourth pass); the per-layer GEMMs
+on the deep bands (`_d4` / `_d8`, `_d4_silu`); lm_head on `_p4` (fastest at its shape, fourth pass), alone
+and with o on `_d4` (whose loads in flight before the PDL wait cover the attention)."""
+VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", *TRIAL_VARIANTS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -209,15 +219,18 @@ BAND_PICK = {"qkv": "kern_gemv_bf16_b4", "o": "kern_gemv_bf16_b4", "gate_up": "k
 
 
 def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None = None) -> dict[str, Any]:
-    """gen_qwen3.generate keywords of a variant; `pick` overrides GEMV_PICK for `fast`."""
+    """gen_qwen3.generate keywords of a variant; `pick` is the `picked` variant's GEMV_PICK override."""
     if variant == "gemv":
         return {"gemv": list(gen.GEMV_DEFAULT)}
+    if variant == "picked":
+        if not pick:
+            raise ValueError("variant 'picked' needs --gemv-pick PICK.json (time_gemv.py --entries writes one)")
+        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(pick)}
     if variant in ("fast", "nopdl"):
-        return ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
-                | ({"gemv_pick": pick} if pick else {}))
-    if variant in CARVEOUT_VARIANTS:
-        carveout, picks = CARVEOUT_VARIANTS[variant]
-        base = variant_options(gen, "fast", dict(picks) or None)
+        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
+    if variant in TRIAL_VARIANTS:
+        carveout, picks = TRIAL_VARIANTS[variant]
+        base = variant_options(gen, "fast") | ({"gemv_pick": dict(picks)} if picks else {})
         return base | ({"carveout": carveout} if carveout >= 0 else {})
     if variant in ("stream", "band"):
         pick_of = STREAM_PICK if variant == "stream" else BAND_PICK
@@ -765,7 +778,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"comma-separated manifest variants beside the all-cublasLt one ({','.join(VARIANTS)}; "
                          "default fast)")
     ap.add_argument("--gemv-pick", type=Path, default=None,
-                    help="JSON {gemm: entry} for the fast / nopdl variants (time_gemv.py --entries writes it)")
+                    help="JSON {gemm: entry} for the `picked` variant (time_gemv.py --entries writes it)")
     args = ap.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -402,8 +402,10 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                  int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
                  float scale) {
     kern_pdl_launch_dependents();
-    kern_pdl_wait();
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
+    // NOTE: seq_len, the block table and the k / v rows before the last token are read before the
+    // wait: no launch of a decode step writes them before this one (the step's q/k-norm launch
+    // writes only the last token's rows; the length advances after the step's argmax).
     const int len = *seq_len;
     const int pages = (len + page_tokens - 1) / page_tokens;
     const int group = nq / nkv;
@@ -412,7 +414,24 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     const int plan = clustered ? DEC_CLUSTER : splits;
     const int pps = max((pages + plan - 1) / plan, 1);
     const int used = (pages + pps - 1) / pps;
-    if (split >= (clustered ? DEC_CLUSTER : used)) return;
+    if (split >= (clustered ? DEC_CLUSTER : used)) {
+        kern_pdl_wait();
+        return;
+    }
+    if (split < used) {
+        // Pull the split's k / v rows (but the last token's) into L2 while the previous launches
+        // finish, so the fold's page-by-page loads after the wait hit L2 instead of DRAM.
+        const int t0 = min(split * pps * page_tokens, len);
+        const int t1 = min((split + 1) * pps * page_tokens, len - 1);
+        const int lines = head_dim * 2 / 128;  // 128-byte lines per k (or v) row
+        for (int i = threadIdx.x; i < (t1 - t0) * 2 * lines; i += blockDim.x) {
+            const int tok = t0 + i / (2 * lines);
+            const int rest = i % (2 * lines);
+            const bf16* row = paged.k_row(tok, blockIdx.x) + (rest >= lines ? paged.v_offset() : 0);
+            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(row + (rest % lines) * 64));
+        }
+    }
+    kern_pdl_wait();
     __shared__ float smem[DEC_SMEM_FLOATS];
     __shared__ float cl_o[DEC_CLUSTER_FLOATS];
     __shared__ float cl_lse[DEC_CLUSTER_HEADS];

@@ -33,6 +33,8 @@
 //                                        of columns in `_s4`'s order ("Balanced bands" below)
 //   kern_gemv_bf16_tma, _tma_silu        W through a shared-memory ring filled by bulk copies
 //                                        ("Streaming GEMV" below; measured slower, docs/kernels.md)
+//   kern_gemv_bf16_d4, _d8, _d4_silu     the balanced bands with 4 or 8 units of W loads in flight per
+//                                        lane ("Deep bands" below)
 //   kern_gemv_bf16_p4                    `_s4`'s sums; each block's W rows copied into shared memory
 //                                        before the PDL wait ("Prefetched GEMV" below; not picked)
 //
@@ -420,6 +422,113 @@ static __device__ __forceinline__ void gemv_band(const bf16* __restrict__ x, con
     });
 }
 
+// Deep bands: the balanced bands above with more W in flight. A column's k is cut into segments
+// of PPL pieces per lane (SEG = PPL * STEP elements); the block walks the units (column, segment)
+// of its band in order and keeps D units' loads in flight in a ring of registers, so a block has
+// D * PPL pieces per lane outstanding (the band entry has at most two columns' worth, ~2.5 pieces
+// each at k = 2560: too few to cover DRAM latency at one resident wave). The summation order of a
+// column is `_s4`'s (each lane adds its pieces in increasing order across segments, then the warp
+// shuffle, then the SPLIT warps in warp order): the same bits as `gemv_band_rows` and `_s<SPLIT>`.
+// Grid [any, 1, 1], block [SPLIT * 32, 1, 1].
+template <int SPLIT, int D, int PPL, int EPI, int R>
+static __device__ __forceinline__ void gemv_deep_rows(const bf16* __restrict__ x,
+                                                      const bf16* __restrict__ w,
+                                                      bf16* __restrict__ y, int n, int k,
+                                                      int y_stride) {
+    constexpr int NR = EPI == GEMV_SILU ? 2 : 1;
+    constexpr int STEP = 256 * SPLIT;
+    constexpr int SEG = STEP * PPL;
+    const int lane = threadIdx.x & 31;
+    const int part = threadIdx.x >> 5;
+    const int c0 = (int)((int64_t)blockIdx.x * n / gridDim.x);
+    const int c1 = (int)((int64_t)(blockIdx.x + 1) * n / gridDim.x);
+    kern_pdl_launch_dependents();
+    if (c0 >= c1) return;  // block-uniform: more blocks than columns
+    const int segs = (k + SEG - 1) / SEG;
+    const int units = (c1 - c0) * segs;
+    const int first = (part * 32 + lane) * 8;
+    // Unit u: column c0 + u / segs, pieces first + (u % segs) * SEG + p * STEP for p < PPL.
+    auto load_unit = [&](uint4 (&buf)[PPL][NR], int u) {
+        if (u >= units) return;  // block-uniform
+        const int c = c0 + u / segs;
+        const int base = first + (u % segs) * SEG;
+#pragma unroll
+        for (int p = 0; p < PPL; ++p) {
+            const int idx = base + p * STEP;
+#pragma unroll
+            for (int g = 0; g < NR; ++g)
+                buf[p][g] = idx < k ? ld_stream(w + ((size_t)g * n + c) * (size_t)k + idx)
+                                    : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    uint4 ring[D][PPL][NR];
+#pragma unroll
+    for (int i = 0; i < D; ++i) load_unit(ring[i], i);
+    // NOTE: weights are read before the wait (no launch of a step writes them); x and y after.
+    kern_pdl_wait();
+    __shared__ float sums[2][SPLIT][R * NR];
+    float acc[R][NR];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int g = 0; g < NR; ++g) acc[r][g] = 0.0f;
+#pragma unroll 1
+    for (int u0 = 0; u0 < units; u0 += D) {
+#pragma unroll
+        for (int i = 0; i < D; ++i) {
+            const int u = u0 + i;
+            if (u >= units) break;  // block-uniform
+            const int seg = u % segs;
+            const int base = first + seg * SEG;
+            gemv_fma_round<PPL, NR, STEP, R>(acc, ring[i], x, base, k);
+            // The slot is consumed: refill it D units ahead (D - 1 units stay in flight meanwhile).
+            load_unit(ring[i], u + D);
+            if (seg == segs - 1) {
+                const int c = c0 + u / segs;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int g = 0; g < NR; ++g) acc[r][g] = warp_sum(acc[r][g]);
+                // NOTE: two buffers: column c + 2 writes c's buffer only after column c + 1's
+                // barrier, which the reader of column c passes after its reads.
+                if (lane == 0) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+#pragma unroll
+                        for (int g = 0; g < NR; ++g) sums[c & 1][part][r * NR + g] = acc[r][g];
+                }
+                __syncthreads();
+                if (part == 0 && lane == 0) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float t[NR];
+#pragma unroll
+                        for (int g = 0; g < NR; ++g) {
+                            t[g] = 0.0f;
+#pragma unroll
+                            for (int s = 0; s < SPLIT; ++s) t[g] += sums[c & 1][s][r * NR + g];
+                        }
+                        gemv_epilogue<EPI>(y + (size_t)r * (size_t)y_stride + c, t[0], t[NR - 1]);
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int g = 0; g < NR; ++g) acc[r][g] = 0.0f;
+            }
+        }
+    }
+}
+
+template <int SPLIT, int D, int PPL, int EPI>
+static __device__ __forceinline__ void gemv_deep(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                 bf16* __restrict__ y, int rows, int n, int k,
+                                                 int y_stride) {
+    with_rows(rows, [&](auto r) {
+        gemv_deep_rows<SPLIT, D, PPL, EPI, decltype(r)::value>(x, w, y, n, k, y_stride);
+    });
+}
+
 // y[r, c] = bf16(sum_k x[r, k] * W[c, k]). Configuration: the GEMV_* macros.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
     kern_gemv_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w,
@@ -748,6 +857,33 @@ extern "C" __global__ void __launch_bounds__(128, 6)
     kern_gemv_bf16_b4_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
     gemv_band<4, 2, GEMV_SILU>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16_b4 (the same bits: `_s4`'s), with 4 units of 4 pieces per lane in flight
+// (deep bands above). Grid [any, 1, 1] (gen_qwen3 sizes it to one resident wave: at least 4 blocks
+// per SM fit), block [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128, 4)
+    kern_gemv_bf16_d4(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_deep<4, 4, 4, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// As kern_gemv_bf16_d4 with 8 units of 2 pieces per lane (finer units: less of the ring is idle
+// in a column's last, partial segment). Grid [any, 1, 1] (at least 4 blocks per SM fit), block
+// [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128, 4)
+    kern_gemv_bf16_d8(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_deep<4, 8, 2, GEMV_STORE>(x, w, y, rows, n, k, y_stride);
+}
+
+// kern_gemv_bf16_b4_silu's arithmetic (the same bits) on deep bands: 4 units of 2 pieces of the
+// gate and the up row per lane in flight. Grid [any, 1, 1] (at least 4 blocks per SM fit), block
+// [128, 1, 1].
+extern "C" __global__ void __launch_bounds__(128, 4)
+    kern_gemv_bf16_d4_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    gemv_deep<4, 4, 2, GEMV_SILU>(x, w, y, rows, n, k, y_stride);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -385,24 +385,34 @@ def _s4_case(k: Gemv, rows: int, n: int, kk: int, seed: int) -> tuple[torch.Tens
     return x, w, want
 
 
-@pytest.mark.parametrize(("rows", "n", "kk"), [*SHAPES_4B[:4], (4, 1001, 2568), (1, 37, 40), (3, 925, 4096)])
-def test_band_gemv_is_s4_bit_for_bit_on_any_grid(k: Gemv, rows: int, n: int, kk: int) -> None:
-    """kern_gemv_bf16_b4 sums each column in kern_gemv_bf16_s4's order: the same bits, whatever the
-    grid (the generator's one wave, 1 block, 7 blocks, a block per column, more blocks than columns)."""
+BAND_PLAIN = sorted(e for e in gen.GEMV_BAND if e not in gen.SILU_ENTRIES)
+BAND_SILU = sorted(e for e in gen.GEMV_BAND if e in gen.SILU_ENTRIES)
+
+
+@pytest.mark.parametrize("entry", BAND_PLAIN)
+@pytest.mark.parametrize(("rows", "n", "kk"), [*SHAPES_4B[:4], (4, 1001, 2568), (1, 37, 40), (3, 925, 4096),
+                                               (2, 77, 9736), (1, 5, 8)])
+def test_band_gemv_is_s4_bit_for_bit_on_any_grid(k: Gemv, entry: str, rows: int, n: int, kk: int) -> None:
+    """The band entries (`_b4`, the deep `_d4` / `_d8`) sum each column in kern_gemv_bf16_s4's order:
+    the same bits, whatever the grid (the generator's one wave, 1 block, 7 blocks, a block per
+    column, more blocks than columns) and whatever k (one partial segment, several, a ragged last one)."""
     x, w, want = _s4_case(k, rows, n, kk, seed=n * 3 + kk + rows)
-    grid0, threads, _smem = gen.gemv_launch("kern_gemv_bf16_b4", n, kk)
+    grid0, threads, _smem = gen.gemv_launch(entry, n, kk)
     for grid in (grid0, 1, 7, n, n + 5):
         y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-        k.launch("kern_gemv_bf16_b4", (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
+        k.launch(entry, (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
                  h.i32(n), h.i32(kk), h.i32(n))
         torch.cuda.synchronize()
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"grid {grid}"
 
 
-@pytest.mark.parametrize(("rows", "inter", "kk"), [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048)])
-def test_band_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
-    """kern_gemv_bf16_b4_silu: kern_gemv_bf16_s4 over [gate; up] then transformers' act(gate) * up, bit
-    for bit, on the generator's grid and on others; it writes only its band."""
+@pytest.mark.parametrize("entry", BAND_SILU)
+@pytest.mark.parametrize(("rows", "inter", "kk"), [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048),
+                                                   (2, 33, 5128)])
+def test_band_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, entry: str, rows: int, inter: int, kk: int) -> None:
+    """The band SiLU entries (`_b4_silu`, `_d4_silu`): kern_gemv_bf16_s4 over [gate; up] then
+    transformers' act(gate) * up, bit for bit, on the generator's grid and on others; each writes
+    only its band."""
     g = _gen(inter + 7 * rows)
     x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
     w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
@@ -412,7 +422,7 @@ def test_band_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, rows: int, inter: i
     off, width = 3, inter + 8
     sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
     buf = sentinel.clone()
-    k.gemv(x, w, buf.view(-1)[off:], width, entry="kern_gemv_bf16_b4_silu", n=inter)
+    k.gemv(x, w, buf.view(-1)[off:], width, entry=entry, n=inter)
     torch.cuda.synchronize()
     assert torch.equal(buf[:, off : off + inter].contiguous().view(torch.int16), want.contiguous().view(torch.int16))
     outside = torch.ones_like(buf, dtype=torch.bool)
@@ -420,7 +430,7 @@ def test_band_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, rows: int, inter: i
     assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
     for grid in (1, 7, inter + 3):
         y = torch.full((rows, inter), float("nan"), dtype=BF16, device=DEV)
-        k.launch("kern_gemv_bf16_b4_silu", (grid, 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
+        k.launch(entry, (grid, 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
                  h.i32(inter), h.i32(kk), h.i32(inter))
         torch.cuda.synchronize()
         assert torch.equal(y.view(torch.int16), want.contiguous().view(torch.int16)), f"grid {grid}"

@@ -252,7 +252,7 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     plain = gen.generate(shape, hashes, entries, model="t", feed=feed)
     ops = plain["ops"] | fast["ops"]
     assert {op for op in ops if op.startswith("gemv")} == {
-        "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_b4_256x768", "gemv_c2_4096x256"}
+        "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_b4_256x768", "gemv_p4_4096x256"}
     sigs = _c_params(src)
     for name, op in ops.items():
         for launch in op["impl"]["launches"]:
@@ -309,7 +309,7 @@ def test_decode_gemms_can_run_as_our_gemv() -> None:
     _verify(m)
     decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
     assert decode["l3.o"]["op"] == "gemv_s4_2560x4096" and decode["l3.qkv"]["op"] == "gemm"
-    assert decode["lm_head"] == {"label": "lm_head", "op": "gemv_c2_151936x2560",
+    assert decode["lm_head"] == {"label": "lm_head", "op": "gemv_p4_151936x2560",
                                  "args": [{"buf": "x"}, {"buf": "embed"}, {"buf": "logits"}]}
     assert m["ops"]["gemv_s4_2560x4096"]["impl"]["launches"][0]["grid"] == [2560, 1, 1]
     # gate_up runs the SiLU-and-mul GEMV: it reads the whole [2 * inter, hidden] weight, writes act.
@@ -333,7 +333,7 @@ def test_gemv_picks_follow_the_entry_table() -> None:
     for label, op, entry, grid in [("l0.qkv", "gemv_b4_6144x2560", "kern_gemv_bf16_b4", 878),
                                    ("l0.o", "gemv_s4_2560x4096", "kern_gemv_bf16_s4", 2560),
                                    ("l0.down", "gemv_b4_2560x9728", "kern_gemv_bf16_b4", 854),
-                                   ("lm_head", "gemv_c2_151936x2560", "kern_gemv_bf16_c2", 18992)]:
+                                   ("lm_head", "gemv_p4_151936x2560", "kern_gemv_bf16_p4", 25323)]:
         call = next(c for c in m["programs"]["decode"]["calls"] if c["label"] == label)
         launch = m["ops"][call["op"]]["impl"]["launches"][0]
         assert (call["op"], launch["entry"], launch["grid"][0]) == (op, entry, grid)
@@ -397,9 +397,9 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     assert {e: (-2, int(b)) for b, e in p4} == {e: gen.GEMV_ENTRIES[e] for e in prefetched} == {
         "kern_gemv_bf16_p4": (-2, 128)}
     # Band entries: block = SPLIT warps, and the blocks per SM their launch bounds promise.
-    bands = {e: (int(b), int(per_sm), int(split), epi) for b, per_sm, e, split, _unroll, epi in re.findall(
-        r"__launch_bounds__\((\d+), (\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_band<(\d+), (\d+), (\w+)>",
-        text)}
+    bands = {e: (int(b), int(per_sm), int(split), epi) for b, per_sm, e, split, epi in re.findall(
+        r"__launch_bounds__\((\d+), (\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_(?:band|deep)<(\d+), "
+        r"(?:\d+, )+(GEMV_\w+)>", text)}
     assert set(bands) == band == set(gen.GEMV_BAND)
     for e, (threads, per_sm, split, epi) in bands.items():
         assert gen.GEMV_ENTRIES[e] == (-1, threads) and threads == 32 * split and gen.GEMV_BAND[e] == per_sm

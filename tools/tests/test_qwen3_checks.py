@@ -114,7 +114,11 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "fast") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
     assert checks.variant_options(gen, "gemv") == {"gemv": list(gen.GEMV_DEFAULT)}
     assert checks.variant_options(gen, "nopdl", {"o": "kern_gemv_bf16"}) == {
-        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": False, "gemv_pick": {"o": "kern_gemv_bf16"}}
+        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": False}
+    assert checks.variant_options(gen, "picked", {"o": "kern_gemv_bf16"}) == {
+        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": {"o": "kern_gemv_bf16"}}
+    with pytest.raises(ValueError, match="--gemv-pick"):
+        checks.variant_options(gen, "picked")
     stream = checks.variant_options(gen, "stream")
     assert stream["pdl"] and stream["fuse"] and set(stream["gemv_pick"]) == set(gen.GEMV_GEMMS)
     assert set(stream["gemv_pick"].values()) == {"kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"}
@@ -125,11 +129,13 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "p4o100")["carveout"] == 100
     band = checks.variant_options(gen, "band")
     assert band["gemv_pick"]["gate_up"] == "kern_gemv_bf16_b4_silu" and band["gemv_pick"]["qkv"] == "kern_gemv_bf16_b4"
-    for v in ("stream", "band", "p4o100"):  # each generates a manifest the verifier accepts
+    deep = checks.variant_options(gen, "deep8")["gemv_pick"]
+    assert deep["gate_up"] == "kern_gemv_bf16_d4_silu" and deep["down"] == "kern_gemv_bf16_d8"
+    for v in ("stream", "band", "p4o100", "deep4"):  # each generates a manifest the verifier accepts
         m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "gemv",
                          "qwen3_core", "sampling"), "c" * 64), gen.entry_modules(TOOLS / "kernels-src"),
                          model="t", feed="device", **checks.variant_options(gen, v))
-        want = {"band": "gemv_b4_silu", "stream": "gemv_tma_silu", "p4o100": "gemv_p4_2560"}[v]
+        want = {"band": "gemv_b4_silu", "stream": "gemv_tma_silu", "p4o100": "gemv_p4_2560", "deep4": "gemv_d4_silu"}[v]
         assert any(c["op"].startswith(want) for c in m["programs"]["decode"]["calls"])
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")
