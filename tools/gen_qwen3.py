@@ -123,6 +123,7 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_d8": (-1, 128),
     "kern_gemv_bf16_d4_silu": (-1, 128),
     "kern_gemv_bf16_p4": (-2, 128),
+    "kern_gemv_bf16_p4_silu": (-2, 128),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
 ceil_div(n, columns). Columns 0: a streaming entry (W through a shared-memory ring filled by bulk
@@ -131,7 +132,8 @@ columns -1: a band entry, one resident wave of blocks that each sum a balanced b
 (GEMV_BAND); columns -2: a prefetched entry, whose blocks copy their columns' W rows into
 GEMV_P4_SMEM bytes of dynamic shared memory before the PDL wait. `gemv_launch` turns an entry and a
 shape into the launch."""
-SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu", "kern_gemv_bf16_b4_silu", "kern_gemv_bf16_d4_silu")
+SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu", "kern_gemv_bf16_b4_silu", "kern_gemv_bf16_d4_silu",
+                "kern_gemv_bf16_p4_silu")
 """GEMV entries with SiLU-and-mul in their epilogue (gate_up only: W is [2n, k], y is `act`)."""
 GEMV_SMS = 132
 """Streaming multiprocessors the GEMV grids are sized for: the H200's (the kernels split the
@@ -147,8 +149,9 @@ GEMV_TMA_SMEM = 196608
 """Dynamic shared memory of a streaming GEMV block (its ring of W stages): 192 KiB of the SM's
 227 KiB, leaving room for the small kernels that run beside it under PDL."""
 GEMV_P4_SMEM = 32768
-"""Shared-memory budget of a prefetched GEMV block (`_p4`): it owns max(1, min(n, budget // 2k))
-columns, so o (k 4096) runs 640 blocks of 4 columns, one resident wave at 7 blocks per SM."""
+"""Shared-memory budget of a prefetched GEMV block (`_p4`, `_p4_silu`): it owns max(1, min(n, budget //
+(rows * 2k))) columns (rows: 2 for `_p4_silu`'s gate and up), so lm_head (k 2560) runs 25323 blocks of 6
+columns and o (k 4096) 640 blocks of 4."""
 GEMV_P4_MAX_ROW = 227 * 1024
 """The most dynamic shared memory a block may have on sm_90: a `_p4` block holds at least one row."""
 GEMV_TMA_STAGE_CAP = 32768
@@ -160,12 +163,12 @@ GEMV_PICK: dict[str, str] = {
     "down": "kern_gemv_bf16_b4",
     "lm_head": "kern_gemv_bf16_p4",
 }
-"""The GEMV entry of each decode GEMM: the winners of `time_gemv.py --entries` on the H200
-(2026-11-29 12:06 and 14:36 UTC, docs/perf.md): split-k over the block's 4 warps, over balanced
-column bands (`_b4`) for qkv and down and one column per block (`_s4`) for o; lm_head's rows bulk-copied
-into shared memory (`_p4`: 177.7 us against `_c2`'s 184.0 alone, 168.1 against 185.9 in the step);
-gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and writes
-`act` (no kern_silu_mul in the decode step)."""
+"""The GEMV entry of each decode GEMM, by the step's critical path on the H200 (docs/perf.md, fourth
+pass): split-k over the block's 4 warps, over balanced column bands (`_b4`) for qkv and down and one
+column per block (`_s4`) for o; lm_head's rows bulk-copied into shared memory (`_p4`: 168-171 us in
+the step against `_c2`'s 185.9); gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and
+writes `act` (no kern_silu_mul in the decode step). `_p4` / `_p4_silu` for qkv, down and gate_up made
+those GEMVs faster (gate_up 28.4 -> 24.1 us) but the launches around them slower, the step by 89 us."""
 FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")
 """Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
 kern_kv_write), decode attention is one launch (its last block per kv head reduces; counters in a
@@ -590,11 +593,12 @@ def gemv_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
     if cols > 0:
         return -(-n // cols), threads, 0
     if cols == -2:
-        if 2 * k > GEMV_P4_MAX_ROW:
-            raise GenError(f"{entry}: a W row of {2 * k} bytes (k = {k}) exceeds a block's shared memory; "
-                           "pick another GEMV entry for this GEMM (--gemv-pick)")
-        per_block = max(1, min(n, GEMV_P4_SMEM // (2 * k)))
-        return -(-n // per_block), threads, per_block * 2 * k
+        column = (2 if entry in SILU_ENTRIES else 1) * 2 * k  # W bytes of one output column
+        if column > GEMV_P4_MAX_ROW:
+            raise GenError(f"{entry}: the W rows of one column, {column} bytes (k = {k}), exceed a block's shared "
+                           "memory; pick another GEMV entry for this GEMM (--gemv-pick)")
+        per_block = max(1, min(n, GEMV_P4_SMEM // column))
+        return -(-n // per_block), threads, per_block * column
     if cols < 0:
         per_block = -(-n // (GEMV_SMS * GEMV_BAND[entry]))
         return -(-n // per_block), threads, 0

@@ -25,7 +25,8 @@
    `-carve0` (`-fast` with every kernel's shared-memory carveout at 100 / 50 / 0 %), `-p4o` / `-p4o100` (o on the
    prefetched kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere), `-deep4` / `-deep8` (the
    per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head on
-   kern_gemv_bf16_p4, and o on _d4 besides), `-picked` (`-fast` with --gemv-pick's entries);
+   kern_gemv_bf16_p4, and o on _d4 besides), `-p4gu` / `-p4qd` / `-p4all` (gate_up on _p4_silu; qkv and
+   down on _p4; all three), `-picked` (`-fast` with --gemv-pick's entries);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -202,12 +203,16 @@ TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
                    "down": "kern_gemv_bf16_d8"}),
     "lmp4": (-1, {"lm_head": "kern_gemv_bf16_p4"}),
     "od4": (-1, {"lm_head": "kern_gemv_bf16_p4", "o": "kern_gemv_bf16_d4"}),
+    "p4gu": (-1, {"gate_up": "kern_gemv_bf16_p4_silu"}),
+    "p4qd": (-1, {"qkv": "kern_gemv_bf16_p4", "down": "kern_gemv_bf16_p4"}),
+    "p4all": (-1, {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu", "down": "kern_gemv_bf16_p4"}),
 }
 """`fast` with one shared-memory carveout for every kernel (-1: the driver's choice) and GEMV picks
 on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
 neighbours slower; a uniform carveout made every variant slower, fourth pass); the per-layer GEMMs
 on the deep bands (`_d4` / `_d8`, `_d4_silu`); lm_head on `_p4` (fastest at its shape, fourth pass), alone
-and with o on `_d4` (whose loads in flight before the PDL wait cover the attention)."""
+and with o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on `_p4_silu`, qkv
+and down on `_p4`."""
 VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", *TRIAL_VARIANTS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",

@@ -35,8 +35,8 @@
 //                                        ("Streaming GEMV" below; measured slower, docs/kernels.md)
 //   kern_gemv_bf16_d4, _d8, _d4_silu     the balanced bands with 4 or 8 units of W loads in flight per
 //                                        lane ("Deep bands" below)
-//   kern_gemv_bf16_p4                    `_s4`'s sums; each block's W rows copied into shared memory
-//                                        before the PDL wait ("Prefetched GEMV" below; not picked)
+//   kern_gemv_bf16_p4, _p4_silu          `_s4`'s sums; each block's W rows copied into shared memory
+//                                        before the PDL wait ("Prefetched GEMV" below; lm_head's pick)
 //
 // NOTE: the GEMV_* macros are fixed for the built cubin (docs/qwen3.md gives the grid with these
 // values); tools/tests/helpers/time_gemv.py builds other values only to compare them, and
@@ -95,12 +95,17 @@ static __device__ __forceinline__ void gemv_epilogue(bf16* out, float sum, float
     }
 }
 
-// A 16-byte streaming load of read-only data that is used once: no L1 allocation.
+// A 16-byte streaming load of read-only data that is used once: no L1 allocation, and L2
+// evict-first, so the weight stream does not push out of L2 what the small launches between the
+// GEMVs read (the residual, the KV pages): a miss there waits behind the next GEMV's weight
+// copies issued before its PDL wait. (The policy has no inputs: the compiler makes it once.)
 static __device__ __forceinline__ uint4 ld_stream(const bf16* p) {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+                 : "l"(p), "l"(policy));
     return v;
 }
 
@@ -887,32 +892,33 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 }
 
 // ------------------------------------------------------------------------------------------------
-// Prefetched GEMV (`_p4`), for a GEMV that follows a long latency-bound launch (o after the
-// attention): block b owns the nc consecutive columns [b * nc, b * nc + nc), nc = dynamic shared
-// bytes / 2k (the generator sizes nc so that the grid is one resident wave), and before
-// kern_pdl_wait it copies all of their W rows (one contiguous range) into its shared memory with
-// bulk copies. Under PDL the blocks are resident while the previous launch still runs, so the
-// weights land during it and the GEMV after the wait only reads shared memory and x. The 4 warps
-// split k of each column as kern_gemv_bf16_s4 does (lane l of warp s takes pieces s * 32 + l +
-// 128 j in order, 8 FMAs each), with the same warp shuffle and the same sum over the warps in warp
-// order: the same bits as `_s4`. A launch whose dynamic shared memory holds no row writes nothing.
-// Measured for o at the 4B shape (docs/perf.md, third pass): o 8.14 -> 4.44 us per layer, but the
-// step slower (3.527 against 3.255 ms), so not picked; kept for the carveout experiment.
-// Grid [ceil_div(n, nc), 1, 1], block [128, 1, 1], dynamic shared memory nc * 2k bytes.
+// Prefetched GEMV (`_p4`): block b owns the nc consecutive columns [b * nc, b * nc + nc), nc =
+// dynamic shared bytes / (NR * 2k), and before kern_pdl_wait it copies all of their W rows (NR
+// contiguous ranges: the columns' rows, and for the SiLU entry their up rows n further) into its
+// shared memory with bulk copies, completed on one mbarrier. Under PDL the blocks that are resident
+// while the previous launch still runs have their weights land during it; a multi-wave grid streams
+// with up to (shared memory per SM / block bytes) blocks' copies in flight per SM. The 4 warps split
+// k of each column as kern_gemv_bf16_s4 does (lane l of warp s takes pieces s * 32 + l + 128 j in
+// order, 8 FMAs each), with the same warp shuffle and the same sum over the warps in warp order:
+// the same bits as `_s4` (`_p4_silu`: as `_b4_silu`). A launch whose dynamic shared memory holds no
+// column writes nothing. Measured (docs/perf.md): lm_head 168.1 us in the step against `_c2`'s
+// 185.9 (picked); o 8.14 -> 4.44 us behind the attention, but its neighbours slower (not picked).
+// Grid [ceil_div(n, nc), 1, 1], block [128, 1, 1], dynamic shared memory nc * NR * 2k bytes.
 constexpr uint32_t P4_COPY = 16384;  // bytes per bulk copy
 
-template <int R>
+template <int EPI, int R>
 static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
                                                     const bf16* __restrict__ w,
                                                     bf16* __restrict__ y, int n, int k,
                                                     int y_stride) {
     constexpr int SPLIT = 4;
+    constexpr int NR = EPI == GEMV_SILU ? 2 : 1;
     extern __shared__ __align__(128) unsigned char p4_rows[];
     __shared__ __align__(8) uint64_t p4_bar;
-    __shared__ float sums[2][SPLIT][R];
+    __shared__ float sums[2][SPLIT][R * NR];
     kern_pdl_launch_dependents();
     const int64_t row_bytes = (int64_t)k * 2;
-    const int64_t nc = (int64_t)dynamic_smem_bytes() / row_bytes;
+    const int64_t nc = (int64_t)dynamic_smem_bytes() / (NR * row_bytes);
     const int64_t c0 = (int64_t)blockIdx.x * nc;
     if (nc < 1 || c0 >= n) return;  // block-uniform
     const int cols = (int)min(nc, (int64_t)n - c0);
@@ -921,13 +927,16 @@ static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
         mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         const uint32_t bytes = (uint32_t)(cols * row_bytes);
-        const uint32_t dst = smem_addr(p4_rows);
-        const char* src = reinterpret_cast<const char*>(w + c0 * k);
         const uint64_t policy = l2_evict_first();
-        mbar_expect_tx(bar, bytes);
+        mbar_expect_tx(bar, NR * bytes);
         // NOTE: weights are read before the wait (no launch of a step writes them); x and y after.
-        for (uint32_t off = 0; off < bytes; off += P4_COPY)
-            bulk_g2s(dst + off, src + off, min(P4_COPY, bytes - off), bar, policy);
+#pragma unroll
+        for (int g = 0; g < NR; ++g) {
+            const uint32_t dst = smem_addr(p4_rows) + (uint32_t)(g * nc * row_bytes);
+            const char* src = reinterpret_cast<const char*>(w + ((int64_t)g * n + c0) * k);
+            for (uint32_t off = 0; off < bytes; off += P4_COPY)
+                bulk_g2s(dst + off, src + off, min(P4_COPY, bytes - off), bar, policy);
+        }
     }
     __syncthreads();
     kern_pdl_wait();
@@ -937,38 +946,53 @@ static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
     mbar_wait(bar, 0);
 #pragma unroll 1
     for (int c = 0; c < cols; ++c) {
-        const uint4* row = reinterpret_cast<const uint4*>(p4_rows + c * row_bytes);
-        float acc[R];
+        const uint4* row[NR];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (int g = 0; g < NR; ++g) row[g] = reinterpret_cast<const uint4*>(p4_rows + (g * nc + c) * row_bytes);
+        float acc[R][NR];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int g = 0; g < NR; ++g) acc[r][g] = 0.0f;
 #pragma unroll 4
         for (int q = part * 32 + lane; q < pieces; q += SPLIT * 32) {
-            float wf[8];
-            unpack8(row[q], wf);
+            float wf[NR][8];
+#pragma unroll
+            for (int g = 0; g < NR; ++g) unpack8(row[g][q], wf[g]);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 float xf[8];
                 unpack8(ld_after_wait(x + (size_t)r * k + (size_t)q * 8), xf);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[r] = fmaf(xf[e], wf[e], acc[r]);
+                for (int g = 0; g < NR; ++g)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[r][g] = fmaf(xf[e], wf[g][e], acc[r][g]);
             }
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int g = 0; g < NR; ++g) acc[r][g] = warp_sum(acc[r][g]);
         // NOTE: two buffers: column c + 2 writes c's buffer only after column c + 1's barrier,
         // which the reader of column c passes after its reads.
         if (lane == 0) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) sums[c & 1][part][r] = acc[r];
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int g = 0; g < NR; ++g) sums[c & 1][part][r * NR + g] = acc[r][g];
         }
         __syncthreads();
         if (threadIdx.x == 0) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                float t = 0.0f;
+                float t[NR];
 #pragma unroll
-                for (int s = 0; s < SPLIT; ++s) t += sums[c & 1][s][r];
-                gemv_epilogue<GEMV_STORE>(y + (size_t)r * (size_t)y_stride + c0 + c, t, t);
+                for (int g = 0; g < NR; ++g) {
+                    t[g] = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < SPLIT; ++s) t[g] += sums[c & 1][s][r * NR + g];
+                }
+                gemv_epilogue<EPI>(y + (size_t)r * (size_t)y_stride + c0 + c, t[0], t[NR - 1]);
             }
         }
     }
@@ -980,5 +1004,14 @@ static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
 extern "C" __global__ void __launch_bounds__(128)
     kern_gemv_bf16_p4(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
-    with_rows(rows, [&](auto r) { gemv_p4_rows<decltype(r)::value>(x, w, y, n, k, y_stride); });
+    with_rows(rows, [&](auto r) { gemv_p4_rows<GEMV_STORE, decltype(r)::value>(x, w, y, n, k, y_stride); });
+}
+
+// kern_gemv_bf16_b4_silu's arithmetic (the same bits) with each block's gate and up rows copied
+// into shared memory before the PDL wait (W [2n, k]: gate rows, then up rows). Grid
+// [ceil_div(n, nc), 1, 1], block [128, 1, 1], dynamic shared memory nc * 2 * 2k bytes.
+extern "C" __global__ void __launch_bounds__(128)
+    kern_gemv_bf16_p4_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
+        bf16* __restrict__ y, int rows, int n, int k, int y_stride) {
+    with_rows(rows, [&](auto r) { gemv_p4_rows<GEMV_SILU, decltype(r)::value>(x, w, y, n, k, y_stride); });
 }

@@ -360,10 +360,11 @@ def test_streaming_gemv_is_deterministic_and_any_grid_covers_n(k: Gemv, entry: s
 
 
 @pytest.mark.parametrize(("entry", "threads", "smem"), [("kern_gemv_bf16_tma", 256, 4096),
-                                                    ("kern_gemv_bf16_p4", 128, 2 * 2560 - 16)])
+                                                    ("kern_gemv_bf16_p4", 128, 2 * 2560 - 16),
+                                                    ("kern_gemv_bf16_p4_silu", 128, 4 * 2560 - 16)])
 def test_gemv_without_room_for_its_rows_writes_nothing(k: Gemv, entry: str, threads: int, smem: int) -> None:
-    """Dynamic shared memory below one stage (`_tma`) or one W row (`_p4`): the launch returns
-    without touching y."""
+    """Dynamic shared memory below one stage (`_tma`), one W row (`_p4`) or one gate and up row
+    (`_p4_silu`): the launch returns without touching y."""
     g = _gen(5)
     x = torch.randn(1, 2560, generator=g, device=DEV).to(BF16)
     w = torch.randn(64, 2560, generator=g, device=DEV).to(BF16)
@@ -462,5 +463,27 @@ def test_prefetched_gemv_is_s4_bit_for_bit(k: Gemv, rows: int, n: int, kk: int) 
         grid = -(-n // cols) + 2
         k.launch("kern_gemv_bf16_p4", (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
                  h.i32(n), h.i32(kk), h.i32(n), shared_mem=cols * 2 * kk)
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"{cols} columns per block"
+
+
+@pytest.mark.parametrize(("rows", "inter", "kk"), [(1, 9728, 2560), (3, 1001, 264), (4, 5, 2048), (2, 33, 5128)])
+def test_prefetched_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
+    """kern_gemv_bf16_p4_silu: kern_gemv_bf16_s4 over [gate; up] then transformers' act(gate) * up,
+    bit for bit, for the generator's columns per block and for 1, 3 and every column per block (where
+    they fit); a grid larger than the columns leaves the rest alone."""
+    g = _gen(inter + 11 * rows)
+    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
+    w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
+    gu = torch.empty(rows, 2 * inter, device=DEV, dtype=BF16)
+    k.gemv(x, w, gu, 2 * inter, entry="kern_gemv_bf16_s4")
+    want = h.silu_mul_ref(gu).contiguous()
+    _grid, threads, smem0 = gen.gemv_launch("kern_gemv_bf16_p4_silu", inter, kk)
+    per_block = [smem0 // (4 * kk), 1, 3] + ([inter] if inter * 4 * kk <= 200 * 1024 else [])
+    for cols in per_block:
+        y = torch.full((rows, inter), float("nan"), dtype=BF16, device=DEV)
+        grid = -(-inter // cols) + 2
+        k.launch("kern_gemv_bf16_p4_silu", (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y),
+                 h.i32(rows), h.i32(inter), h.i32(kk), h.i32(inter), shared_mem=cols * 4 * kk)
         torch.cuda.synchronize()
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"{cols} columns per block"

@@ -395,7 +395,9 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     p4 = re.findall(r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*with_rows\(rows, "
                     r"\[&\]\(auto r\) \{ gemv_p4_rows<", text)
     assert {e: (-2, int(b)) for b, e in p4} == {e: gen.GEMV_ENTRIES[e] for e in prefetched} == {
-        "kern_gemv_bf16_p4": (-2, 128)}
+        "kern_gemv_bf16_p4": (-2, 128), "kern_gemv_bf16_p4_silu": (-2, 128)}
+    assert re.search(r"kern_gemv_bf16_p4_silu\([^)]*\)\s*\{\s*with_rows\(rows, \[&\]\(auto r\) \{ "
+                     r"gemv_p4_rows<GEMV_SILU,", text)
     # Band entries: block = SPLIT warps, and the blocks per SM their launch bounds promise.
     bands = {e: (int(b), int(per_sm), int(split), epi) for b, per_sm, e, split, epi in re.findall(
         r"__launch_bounds__\((\d+), (\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_(?:band|deep)<(\d+), "
@@ -521,7 +523,7 @@ def test_capture_that_cannot_be_mined_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_prefetched_gemv_launch_holds_its_columns_rows() -> None:
-    """A `_p4` launch gives each block max(1, min(n, GEMV_P4_SMEM // 2k)) columns and their rows of
+    """A `_p4` launch gives each block max(1, min(n, GEMV_P4_SMEM // 2k)) columns (`_p4_silu`: // 4k) and their rows of
     shared memory; o at the 4B shape is one resident wave; a row beyond a block's shared memory is
     refused when the manifest is generated."""
     assert gen.gemv_launch("kern_gemv_bf16_p4", 2560, 4096) == (640, 128, 32768)
@@ -530,8 +532,13 @@ def test_prefetched_gemv_launch_holds_its_columns_rows() -> None:
     grid, _threads, smem = gen.gemv_launch("kern_gemv_bf16_p4", 2560, 4096)
     assert grid <= gen.GEMV_SMS * (227 * 1024 // smem)
     gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 2)
-    with pytest.raises(gen.GenError, match="exceeds a block's shared memory"):
+    with pytest.raises(gen.GenError, match="exceed a block's shared memory"):
         gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 2 + 8)
+    # `_p4_silu`: a column is its gate and its up row.
+    assert gen.gemv_launch("kern_gemv_bf16_p4_silu", 9728, 2560) == (3243, 128, 3 * 2 * 5120)
+    gen.gemv_launch("kern_gemv_bf16_p4_silu", 10, gen.GEMV_P4_MAX_ROW // 4)
+    with pytest.raises(gen.GenError, match="exceed a block's shared memory"):
+        gen.gemv_launch("kern_gemv_bf16_p4_silu", 10, gen.GEMV_P4_MAX_ROW // 4 + 8)
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True,
                   gemv_pick={"o": "kern_gemv_bf16_p4"})
     _verify(m)

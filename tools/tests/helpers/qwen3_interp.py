@@ -245,7 +245,8 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_s2q4": k_gemv, "kern_gemv_bf16_s4q4": k_gemv, "kern_gemv_bf16_b4": k_gemv,
     "kern_gemv_bf16_tma": k_gemv, "kern_gemv_bf16_b4_silu": k_gemv_silu, "kern_gemv_bf16_tma_silu": k_gemv_silu,
     "kern_gemv_bf16_c2": k_gemv, "kern_gemv_bf16_p4": k_gemv, "kern_gemv_bf16_d4": k_gemv,
-    "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
+    "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
+    "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
     "kern_attn_decode": k_attn_decode, "kern_zero_i32": k_zero_i32,
 }  # fmt: skip
 

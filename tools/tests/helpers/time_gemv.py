@@ -11,6 +11,10 @@ timed (the pinned values are the ones docs/qwen3.md's grid uses).
 Usage: python3 tools/tests/helpers/time_gemv.py [out.md]
        python3 tools/tests/helpers/time_gemv.py --entries PICK.json [out.md]
        python3 tools/tests/helpers/time_gemv.py --tma [out.md]
+       python3 tools/tests/helpers/time_gemv.py --p4 [out.md]
+
+`--p4` times each decode GEMM's pick (gen_qwen3.GEMV_PICK) beside the prefetched entries (`_p4`,
+`_p4_silu` for gate_up) at several columns per block (P4_COLUMNS), checking their outputs.
 
 `--tma` times kern_gemv_bf16_tma built with other GEMV_TMA_CAP / GEMV_TMA_COPY / GEMV_TMA_HINT values
 and launched with other shared-memory sizes (TMA_VARIANTS), beside the pinned kern_gemv_bf16_s4.
@@ -331,7 +335,66 @@ def tma_main(out: Path | None) -> None:
         out.write_text(text)
 
 
+P4_COLUMNS = (1, 2, 3, 4, 6, 8, 12, 16)
+"""Columns per block `--p4` times the prefetched entries at (where their rows fit a block)."""
+
+
+def _p4_cells(ent: Entries, name: str, n: int, k: int) -> dict[str, float]:
+    """us per launch of one shape's pick and of `_p4` / `_p4_silu` at each of P4_COLUMNS."""
+    gemm = GEMM_OF[name]
+    silu = gemm == "gate_up"
+    pick = gen.GEMV_PICK[gemm]
+    fn = ent.fns["kern_gemv_bf16_p4_silu" if silu else "kern_gemv_bf16_p4"]
+    out_n = n // 2 if silu else n
+    column = (2 if silu else 1) * 2 * k
+    ws, x, y = operands(n, k)
+    times = {"pick": time_graph([lambda w=w: ent.launch(pick, x, w, y, out_n) for w in ws])}
+    ent.launch(pick, x, ws[0], y, out_n)
+    torch.cuda.synchronize()
+    want = y.clone()
+
+    def go(w: torch.Tensor, cols: int) -> None:
+        h.launch(fn, (-(-out_n // cols), 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(out_n),
+                 h.i32(k), h.i32(out_n), shared_mem=cols * column)
+
+    for c in P4_COLUMNS:
+        if c * column > gen.GEMV_P4_MAX_ROW:
+            continue
+        times[f"p4 x{c}"] = time_graph([lambda w=w, c=c: go(w, c) for w in ws])
+        go(ws[0], c)
+        torch.cuda.synchronize()
+        # NOTE: the picks and `_p4` sum in `_s4`'s order, except `_silu` (one warp per column).
+        if pick != "kern_gemv_bf16_silu":
+            assert torch.equal(y, want), f"{name}: p4 x{c} differs from {pick}"
+    return times
+
+
+def p4_main(out: Path | None) -> None:
+    """Each decode GEMM's pick (gen_qwen3.GEMV_PICK) beside `_p4` (`_p4_silu` for gate_up) at
+    P4_COLUMNS columns per block: the shared-memory budget per block is the knob."""
+    torch.manual_seed(0)
+    ent = Entries(Path(tempfile.mkdtemp(prefix="time_gemv_p4_")))
+    labels = ["pick", *(f"p4 x{c}" for c in P4_COLUMNS)]
+    lines = [f"device: {torch.cuda.get_device_name()}; {LAUNCHES} launches per graph, median of {REPLAYS}; "
+             "us per launch (GB/s of W); `p4 xC`: C columns per block", "",
+             "| shape (pick) | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for name, n, k, _per_step in SHAPES:
+        times = _p4_cells(ent, name, n, k)
+        torch.cuda.empty_cache()
+        nbytes = n * k * 2
+        cells = [f"{times[lb]:.2f} ({nbytes / times[lb] / 1e3:.0f})" if lb in times else "" for lb in labels]
+        pick = gen.GEMV_PICK[GEMM_OF[name]].removeprefix("kern_gemv_bf16")
+        lines.append(f"| {name} ({pick}) | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--p4":
+        p4_main(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--tma":
         tma_main(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
         sys.exit(0)
