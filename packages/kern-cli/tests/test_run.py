@@ -310,3 +310,44 @@ def test_a_malformed_manifest_is_one_line_and_exit_2(in_tmp: Path, monkeypatch: 
     assert "manifest m.json: /buffers/len/dtype" in err[0]
     with pytest.raises(run.RunError, match=r"missing\.json: No such file"):
         run.read_manifest(in_tmp / "missing.json")
+
+
+def test_session_sizes_the_pool_in_whole_pages_and_writes_only_pages_it_has(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--capacity 100 at 16-token pages: the runtime is asked for 112 tokens (7 pages) and the block
+    table holds pages 0..6, then page 0 (entries past the sequence are never read, but the runtime
+    refuses page numbers its pool does not have)."""
+    import numpy as np
+
+    import kern_runtime as kr
+
+    m = _manifest()
+    m["states"] = {"kv": {"bytes_per_token": 64}}
+    m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
+    path = in_tmp / "m.json"
+    path.write_text(json.dumps(m))
+    seen: dict[str, Any] = {}
+
+    class FakeRuntime:
+        def summary(self) -> str:
+            return "fake"
+
+        def load_weights(self, *args: object, **kw: object) -> None:
+            pass
+
+        def write_input(self, name: str, array: Any) -> None:
+            seen[name] = np.asarray(array).copy()
+
+        def close(self) -> None:
+            seen["closed"] = True
+
+    def load(manifest: Path, kernels: Path, *, gpu: int, capacity: kr.Capacity) -> FakeRuntime:
+        seen["capacity"] = capacity
+        return FakeRuntime()
+
+    monkeypatch.setattr(kr.Runtime, "load", staticmethod(load))
+    monkeypatch.setattr(kr.Safetensors, "open", staticmethod(lambda paths: None))
+    with run.Session.open(path, in_tmp, [in_tmp / "w.safetensors"], gpu=0, capacity=100) as s:
+        assert seen["capacity"] == kr.Capacity(tokens=112, seqs=1)
+        assert seen["bt"].tolist() == [*range(7), *[0] * 57] == s.table.tolist()
+    assert seen["closed"]

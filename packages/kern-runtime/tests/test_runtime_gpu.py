@@ -489,3 +489,22 @@ def test_pool_leases_checkpoints_and_restores_on_vmm(kdir: Path, sha: str, tmp_p
         assert rt.pool.remaps >= 1 and all(x.state_slot is not None for x in extra)
         with pytest.raises(kr.ApiError, match="outside"):
             rt.read_state("kv", -1, 8)
+
+
+def test_write_input_refuses_values_outside_the_domain_and_keeps_the_last_write(
+    kdir: Path, sha: str, tmp_path: Path
+) -> None:
+    """The block table indexes the pool's pages (`index_into` kv, stride 16): a page number the pool
+    does not have is a DomainError naming the element, and the buffer keeps the last good write."""
+    m = build.write_manifest(tmp_path / "p.json", manifests.pooled(sha))
+    with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=256, seqs=1)) as rt:
+        pages = rt.pool.pages_max
+        good = (np.arange(256, dtype=np.int32) * 7) % pages
+        rt.write_input("bt", good)
+        bad = good.copy()
+        bad[70] = pages
+        with pytest.raises(kr.DomainError, match=rf"input 'bt' element 70 is {pages}, outside its domain \[0, {pages - 1}\]"):
+            rt.write_input("bt", bad)
+        with pytest.raises(kr.DomainError, match="element 0 is -1"):
+            rt.write_input("bt", np.full(4, -1, np.int32))
+        np.testing.assert_array_equal(rt.read_buffer("bt").view(np.int32), good)

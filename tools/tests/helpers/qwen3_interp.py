@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from kern_manifest import parse_manifest
+from kern_runtime import domains as kr_domains
+
 F32 = np.float32
 _NP = {"bf16": F32, "f32": F32, "i64": np.int64, "i32": np.int32}
 _SIZE = {"bf16": 2, "f32": 4, "i64": 8, "i32": 4}
@@ -262,6 +265,7 @@ class Interp:
     def __init__(self, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray], capacity: int) -> None:
         self.m = manifest
         self.tensors = tensors
+        self.capacity = capacity
         env = {v: spec["max"] for v, spec in manifest["vars"].items()}
         self.mem: dict[str, np.ndarray] = {}
         for name, b in manifest["buffers"].items():
@@ -270,6 +274,9 @@ class Interp:
             if b["kind"] == "weight":
                 self.mem[name][:] = np.concatenate([tensors[s["tensor"]].reshape(-1) for s in b["bind"]])
         self.kv = np.zeros(capacity * manifest["states"]["kv"]["bytes_per_token"] // 2, dtype=F32)
+        # NOTE: kern_runtime's input-domain check, with the KV state holding `capacity` token slots.
+        self.domains = kr_domains.input_domains(
+            parse_manifest(json.dumps(manifest)), {"kv": kr_domains.StateUnits(capacity, f"{capacity} token slots")})
         self.scratch = {(op, s): np.zeros(int(np.prod(sc["shape"])), dtype=_NP[sc["dtype"]])
                         for op, spec in manifest["ops"].items() for s, sc in spec["impl"].get("scratch", {}).items()}
         for name, p in manifest["programs"].items():
@@ -279,6 +286,8 @@ class Interp:
     def write_input(self, name: str, values: Sequence[int] | np.ndarray) -> None:
         assert self.m["buffers"][name]["kind"] == "input"
         arr = np.asarray(values)
+        if name in self.domains:
+            kr_domains.check_domain(name, self.domains[name], arr)
         self.mem[name][: arr.size] = arr
 
     def read_output(self, name: str) -> np.ndarray:
@@ -327,7 +336,10 @@ def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tup
     import kern_cli.run as run
 
     proto = run.protocol_of(interp.m)
-    interp.write_input(proto.blocks, np.arange(proto.blocks_len))
+    table = np.zeros(proto.blocks_len, dtype=np.int64)
+    used = -(-interp.capacity // proto.page_tokens)
+    table[:used] = np.arange(used)  # the pages of `capacity` tokens; the rest page 0, never read
+    interp.write_input(proto.blocks, table)
 
     def stage(ids: Sequence[int], start: int) -> None:
         pos = np.arange(start, start + len(ids))

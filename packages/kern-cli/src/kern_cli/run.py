@@ -350,7 +350,7 @@ class Session:
 
     def __init__(self, rt: Any, proto: Protocol, capacity: int, pages: Sequence[int] | None = None) -> None:
         """Bind a loaded runtime; `pages` are the KV pages the sequence owns, in order (default:
-        pages 0, 1, 2, ...). Writes the block table."""
+        pages 0, 1, 2, ... for `capacity` tokens). Writes the block table."""
         reach = min(proto.blocks_len * proto.page_tokens,
                     proto.position_max + 1 if proto.position_max is not None else capacity)
         if capacity > reach:
@@ -360,11 +360,14 @@ class Session:
         self.capacity = capacity
         self.seen = 0
         self._last: tuple[int, int] | None = None  # the last prompt token and its position
-        table = np.arange(proto.blocks_len, dtype=np.int32)
-        if pages is not None:
-            if len(pages) > proto.blocks_len:
-                raise RunError(f"{len(pages)} pages do not fit the block table of {proto.blocks_len}")
-            table[: len(pages)] = np.asarray(pages, dtype=np.int32)
+        # NOTE: entries past the sequence's pages are never read; they hold page 0 so that every
+        # entry is a page the pool has (the runtime checks the block table's domain).
+        table = np.zeros(proto.blocks_len, dtype=np.int32)
+        if pages is None:
+            pages = range(-(-capacity // proto.page_tokens))
+        if len(pages) > proto.blocks_len:
+            raise RunError(f"{len(pages)} pages do not fit the block table of {proto.blocks_len}")
+        table[: len(pages)] = np.asarray(pages, dtype=np.int32)
         self.table = table
         rt.write_input(proto.blocks, table)
 
@@ -385,7 +388,9 @@ class Session:
 
         proto = proto or protocol_of(read_manifest(manifest))
         try:
-            rt = kr.Runtime.load(manifest, kernels, gpu=gpu, capacity=kr.Capacity(tokens=capacity, seqs=1))
+            # NOTE: the pool holds whole pages: room for `capacity` tokens is its pages rounded up.
+            tokens = -(-capacity // proto.page_tokens) * proto.page_tokens
+            rt = kr.Runtime.load(manifest, kernels, gpu=gpu, capacity=kr.Capacity(tokens=tokens, seqs=1))
         except NoDriverError as exc:
             raise NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from exc
         try:

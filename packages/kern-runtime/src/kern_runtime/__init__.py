@@ -6,11 +6,13 @@ weights; `run` / `issue` execute programs (eager / CUDA graph); `write_input` / 
 data. Errors are typed by who must act (see `kern_runtime.errors`).
 """
 
+from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .errors import (
     ApiError,
     BlasError,
     CallError,
     CudaError,
+    DomainError,
     KernelArtifactError,
     KernRuntimeError,
     ManifestError,
@@ -41,8 +43,10 @@ __all__ = [
     "Copy",
     "CudaError",
     "DeviceBlob",
+    "DomainError",
     "FileBlob",
     "Graph",
+    "InputDomain",
     "KernRuntimeError",
     "KernelArtifactError",
     "ManifestError",
@@ -54,9 +58,12 @@ __all__ = [
     "Runtime",
     "Safetensors",
     "Segment",
+    "StateUnits",
     "TensorInfo",
     "Tensors",
     "WeightArtifactError",
+    "check_domain",
+    "input_domains",
     "normalize_vars",
     "plan_bind",
 ]

@@ -2,7 +2,7 @@
 
 Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError, ManifestError.
 Kernel extractor (re-extract kernels): KernelArtifactError. Weight exporter (re-export weights):
-WeightArtifactError. Caller (API misuse): ApiError. Device (CUDA / BLAS at execution): CudaError,
+WeightArtifactError. Caller (API misuse): ApiError, DomainError (a write outside an input's domain). Device (CUDA / BLAS at execution): CudaError,
 NoDriverError, BlasError. CallError locates a failure inside a program's call table.
 """
 
@@ -13,6 +13,7 @@ __all__ = [
     "BlasError",
     "CallError",
     "CudaError",
+    "DomainError",
     "KernRuntimeError",
     "KernelArtifactError",
     "ManifestError",
@@ -49,6 +50,10 @@ class WeightArtifactError(KernRuntimeError):
 
 class ApiError(KernRuntimeError):
     """The caller used the API wrongly: unknown name, wrong kind, var out of range."""
+
+
+class DomainError(ApiError):
+    """A host write into an input buffer leaves the buffer's declared domain (caller)."""
 
 
 class CudaError(KernRuntimeError):

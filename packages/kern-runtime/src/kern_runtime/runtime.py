@@ -22,6 +22,7 @@ from ._loader import CHUNK_BYTES, Job, run_jobs
 from ._manifest import bind_segments, load_manifest
 from ._program import Resources, Step, Value, call_value, compile_program, gemm_shape
 from .blas import WORKSPACE_BYTES, Blas, GemmShape
+from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .errors import ApiError, CallError, KernelArtifactError, KernRuntimeError, ManifestError
 from .graphs import Graph, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
@@ -127,6 +128,7 @@ class Runtime:
         self._chunk = CHUNK_BYTES
         self._ranks: dict[str, int] = {}
         self._seqs: Sequences | None = None
+        self._domains: dict[str, InputDomain] = {}
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -185,6 +187,7 @@ class Runtime:
         self._resolve_launches()
         self._allocate_buffers(over)
         self._allocate_states()
+        self._domains = input_domains(self.manifest, self._state_units())
         self._allocate_scratch()
         self._check_externs()
         if over is not None:
@@ -279,6 +282,21 @@ class Runtime:
             for q in per_seq:
                 self._state_notes[q.name] = f"per-seq, {config.first_slots} slots (up to {config.slots_max}), pool chunk {_size(config.chunk)}"
         drv.stream_synchronize(self._stream)
+
+    def _state_units(self) -> dict[str, StateUnits]:
+        """What each allocated state holds, in the units an `index_into` domain counts."""
+        out: dict[str, StateUnits] = {}
+        config = self._seqs.config if self._seqs is not None else None
+        for name, st in self.manifest.states.items():
+            if st.bytes is not None:
+                out[name] = StateUnits(st.bytes, f"{st.bytes} bytes")
+            elif config is not None and st.bytes_per_token is not None:
+                out[name] = StateUnits(config.pages_max * config.unit,
+                                       f"{config.pages_max} pages of {config.unit} tokens")
+            elif config is not None and st.bytes_per_seq is not None:
+                out[name] = StateUnits(config.slots_max * st.bytes_per_seq,
+                                       f"{config.slots_max} slots of {st.bytes_per_seq} bytes")
+        return out
 
     def _allocate_scratch(self) -> None:
         env = self.manifest.var_max
@@ -653,7 +671,12 @@ class Runtime:
         return sorted(n for n, b in self.manifest.buffers.items() if b.kind == kind)
 
     def write_input(self, name: str, array: npt.ArrayLike) -> None:
-        """Copies `array` into the start of input `name` (a prefix write), ordered on the stream."""
+        """Copies `array` into the start of input `name` (a prefix write), ordered on the stream.
+
+        Raises:
+            ApiError: unknown or non-input buffer, wrong dtype, too many elements.
+            DomainError: an element outside the buffer's declared domain (nothing is written).
+        """
         buf, alloc, stage = self._io(name, "input")
         arr = np.ascontiguousarray(array)
         want = np.dtype(_NP_DTYPES[buf.dtype])
@@ -661,6 +684,9 @@ class Runtime:
             raise ApiError(f"input {name!r} is {buf.dtype}: pass a numpy {want} array, not {arr.dtype}")
         if arr.nbytes > alloc.nbytes:
             raise ApiError(f"input {name!r} holds {alloc.nbytes // want.itemsize} elements, got {arr.size}")
+        dom = self._domains.get(name)
+        if dom is not None:
+            check_domain(name, dom, arr)
         if stage.pending:
             drv.event_synchronize(stage.event)
         drv.host_view(stage.alloc.ptr, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8).data

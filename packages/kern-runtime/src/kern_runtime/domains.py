@@ -1,0 +1,127 @@
+"""Input domains: the bounds a host write into an input buffer must respect (reference design 1.4).
+
+A buffer's `domain` is either `{min?, max?}` (inclusive; an int, a float or an expression of the
+vars, evaluated at the vars' maxima as the verifier does) or `{index_into, stride?}`: the elements
+index `stride`-sized units of another buffer or a state, so they lie in [0, units // stride - 1]:
+- a buffer: rows (its first dimension at the vars' maxima);
+- a paged state (`bytes_per_token`): the token slots of the pool's pages (pages x tokens per page),
+  so a block table with stride = tokens per page holds page numbers the pool has;
+- a per-seq state (`bytes_per_seq`): byte lines over the pool's slots (slots x bytes per slot);
+- a fixed state (`bytes`): its bytes.
+`monotone` also requires a non-decreasing sequence. `input_domains` resolves every input buffer's
+domain once, at load; `check_domain` tests a write against it in O(n) and raises `DomainError`
+before anything is copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kern_manifest import Manifest
+from kern_manifest.expr import Expr
+
+from .errors import DomainError
+
+__all__ = ["InputDomain", "StateUnits", "check_domain", "input_domains"]
+
+
+@dataclass(frozen=True)
+class StateUnits:
+    """What the runtime holds of one state, for `index_into` bounds.
+
+    Attributes:
+        units: token slots (paged), bytes over all slots (per-seq) or bytes (fixed).
+        note: how `units` came about, for error messages ("256 pages of 16 tokens").
+    """
+
+    units: int
+    note: str
+
+
+@dataclass(frozen=True)
+class InputDomain:
+    """One input buffer's resolved domain.
+
+    Attributes:
+        lo: the least allowed element (None: unbounded below).
+        hi: the greatest allowed element (None: unbounded above).
+        monotone: elements must not decrease.
+        source: where the bounds come from, for error messages.
+    """
+
+    lo: int | float | None
+    hi: int | float | None
+    monotone: bool
+    source: str
+
+
+def _bound(value: int | float | Expr | None, env: Mapping[str, int]) -> int | float | None:
+    if value is None or isinstance(value, int | float):
+        return value
+    return value.eval(env)
+
+
+def input_domains(manifest: Manifest, states: Mapping[str, StateUnits]) -> dict[str, InputDomain]:
+    """Every input buffer with a domain -> its bounds; `states` describes the states the
+    runtime allocated (a state missing there cannot bound an index and is skipped)."""
+    env = manifest.var_max
+    out: dict[str, InputDomain] = {}
+    for name, buf in manifest.buffers.items():
+        dom = buf.domain
+        if buf.kind != "input" or dom is None:
+            continue
+        if dom.index_into is None:
+            lo, hi = _bound(dom.min, env), _bound(dom.max, env)
+            if lo is None and hi is None and not dom.monotone:
+                continue
+            out[name] = InputDomain(lo, hi, dom.monotone, f"min {lo}, max {hi}")
+            continue
+        target = dom.index_into
+        stride = dom.stride or 1
+        if target in manifest.buffers:
+            rows = manifest.buffers[target].shape[0].eval(env)
+            units, note = rows, f"buffer {target!r} of {rows} rows"
+        elif target in states:
+            units, note = states[target].units, f"state {target!r}: {states[target].note}"
+        else:
+            continue
+        out[name] = InputDomain(0, units // stride - 1, dom.monotone, f"index_into {note}, stride {stride}")
+    return out
+
+
+def check_domain(name: str, dom: InputDomain, array: npt.NDArray[Any]) -> None:
+    """Raises DomainError when `array` (the values about to be written into input `name`) leaves
+    `dom`: the first offending element and the allowed range, in one line."""
+    flat = array.reshape(-1)
+    if flat.size == 0:
+        return
+    bad: np.ndarray[Any, Any] | None = None
+    if dom.lo is not None or dom.hi is not None:
+        ok = np.ones(flat.shape, dtype=bool) if flat.dtype.kind != "f" else ~np.isnan(flat)
+        if dom.lo is not None:
+            ok &= flat >= dom.lo
+        if dom.hi is not None:
+            ok &= flat <= dom.hi
+        if not ok.all():
+            bad = np.flatnonzero(~ok)
+    if bad is not None:
+        i = int(bad[0])
+        lo = "-inf" if dom.lo is None else dom.lo
+        hi = "inf" if dom.hi is None else dom.hi
+        raise DomainError(
+            f"input {name!r} element {i} is {flat[i].item()}, outside its domain [{lo}, {hi}] "
+            f"({dom.source}); {bad.size} of {flat.size} elements are outside: write values in range"
+        )
+    if dom.monotone and flat.size > 1:
+        down = np.flatnonzero(flat[1:] < flat[:-1])
+        if down.size:
+            i = int(down[0]) + 1
+            raise DomainError(
+                f"input {name!r} element {i} is {flat[i].item()}, below element {i - 1} "
+                f"({flat[i - 1].item()}): its domain is monotone; write a non-decreasing sequence"
+            )
