@@ -230,7 +230,9 @@ class Qwen3Shape:
 
     @property
     def max_pages(self) -> int:
-        return -(-self.max_pos // PAGE_TOKENS)
+        """Block-table entries: the pages of positions 0 .. max_pos. The last one is the position after
+        the model's reach, which kern_decode_advance maps (reads) after the step at the last position."""
+        return self.max_pos // PAGE_TOKENS + 1
 
 
 def _int_field(cfg: Mapping[str, Any], key: str) -> int:

@@ -139,7 +139,7 @@ def test_inputs_outputs_and_vars() -> None:
     assert m["vars"] == {"tokens": {"max": 1024}}
     assert {k: (v["dtype"], v["shape"]) for k, v in b.items() if v["kind"] == "input"} == {
         "ids": ("i64", ["tokens"]), "positions": ("i64", ["tokens"]), "slots": ("i64", ["tokens"]),
-        "seq_len": ("i32", [1]), "block_table": ("i32", [40960 // 16]),
+        "seq_len": ("i32", [1]), "block_table": ("i32", [40960 // 16 + 1]),
     }
     assert {k: (v["dtype"], v["shape"]) for k, v in b.items() if v["kind"] == "output"} == {
         "logits": ("bf16", [1, 151936]), "next_token": ("i64", [1]),

@@ -203,6 +203,8 @@ def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray],
     assert s.generate(_prompt(200), STEPS, chunk=64) == references[200][0]
     with pytest.raises(run.RunError, match="do not fit the block table"):
         run.Session(s.rt, s.proto, 512, pages=list(range(s.proto.blocks_len + 1)))
+    with pytest.raises(run.RunError, match="31 pages hold 496 tokens; capacity 512 needs 32"):
+        run.Session(s.rt, s.proto, 512, pages=pages[:31])
 
 
 @pytest.mark.parametrize("feed", ["host", "device"])
@@ -266,3 +268,18 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
 def test_interpreter_models_every_generator_entry() -> None:
     """Any entry the generator can emit runs here, so a new GEMV entry cannot skip these checks."""
     assert set(ENTRIES) <= set(interp.KERNELS), sorted(set(ENTRIES) - set(interp.KERNELS))
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_a_sequence_fills_the_model_reach_to_the_last_position(weights: dict[str, np.ndarray], feed: str) -> None:
+    """Capacity = the model's reach (1024 positions): the step that writes position 1023 is the last;
+    the host-fed session does not stage a position-1024 input after it (outside the position
+    domain); one more step is refused."""
+    import kern_cli.run as run
+
+    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    s = run.Session(_InterpRuntime(interp.Interp(m, weights, capacity=1024)), run.protocol_of(m), capacity=1024)
+    tokens = s.generate(_prompt(1021), 4, chunk=512)  # 1020 prefilled, 4 steps
+    assert len(tokens) == 4 and s.seen == 1024
+    with pytest.raises(run.RunError, match="reached the capacity of 1024 tokens"):
+        s.step()

@@ -34,7 +34,7 @@ STATES = {"kv": StateUnits(256 * 16, "256 pages of 16 tokens"), "ssm": StateUnit
 
 def test_index_into_a_paged_state_bounds_page_numbers_by_the_pool() -> None:
     doms = input_domains(_manifest({}), STATES)
-    assert doms["bt"] == InputDomain(0, 255, False, "index_into state 'kv': 256 pages of 16 tokens, stride 16")
+    assert doms["bt"] == InputDomain(0, 255, False, "index_into state 'kv': 256 pages of 16 tokens, stride 16", "i32")
     check_domain("bt", doms["bt"], np.arange(256, dtype=np.int32))
     with pytest.raises(DomainError, match=r"input 'bt' element 256 is 256, outside its domain \[0, 255\]"):
         check_domain("bt", doms["bt"], np.arange(300, dtype=np.int32))
@@ -84,8 +84,38 @@ def test_min_max_bounds_take_expressions_at_the_vars_maxima_and_skip_empty_domai
         check_domain("temp", doms["temp"], np.array([2.5], np.float32))
 
 
-def test_a_state_the_runtime_did_not_allocate_bounds_nothing() -> None:
+def test_a_state_the_runtime_did_not_allocate_bounds_nothing_and_one_without_a_stride_is_refused() -> None:
     assert "bt" not in input_domains(_manifest({}), {})
+    with pytest.raises(ApiError, match="input 'bt' indexes state 'kv': 0 pages of 16 tokens in strides of 16: no index"):
+        input_domains(_manifest({}), {"kv": StateUnits(15, "0 pages of 16 tokens")})
+
+
+def _bf16_bits(values: list[float]) -> np.ndarray[Any, Any]:
+    return (np.array(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_float_bounds_compare_the_values_that_bf16_and_fp8_bits_stand_for() -> None:
+    m = _manifest({
+        "scale": {"dtype": "bf16", "shape": [4], "kind": "input", "domain": {"min": 0.0, "max": 1.0}},
+        "q": {"dtype": "fp8e4m3", "shape": [4], "kind": "input", "domain": {"min": -2.0, "max": 2.0}},
+        "e": {"dtype": "fp8e8m0", "shape": [4], "kind": "input", "domain": {"max": 4.0}},
+    })  # fmt: skip
+    doms = input_domains(m, STATES)
+    check_domain("scale", doms["scale"], _bf16_bits([0.0, 0.5, 1.0]))  # 0.5 is the bits 0x3f00
+    with pytest.raises(DomainError, match="element 1 is 1.5,"):
+        check_domain("scale", doms["scale"], _bf16_bits([0.5, 1.5]))
+    with pytest.raises(DomainError, match="element 0"):
+        check_domain("scale", doms["scale"], np.array([0x7FC0], np.uint16))  # a bf16 NaN
+    # e4m3: 0x38 = 1.0, 0xc0 = -2.0, 0x40 = 2.0, 0x48 = 4.0, 0x7f = NaN, 0x01 = 2^-9.
+    check_domain("q", doms["q"], np.array([0x38, 0xC0, 0x40, 0x01], np.uint8))
+    with pytest.raises(DomainError, match="element 1 is 4.0,"):
+        check_domain("q", doms["q"], np.array([0x38, 0x48], np.uint8))
+    with pytest.raises(DomainError, match="element 0 is nan"):
+        check_domain("q", doms["q"], np.array([0x7F], np.uint8))
+    # e8m0: the byte e is 2^(e - 127): 129 is 4.0, 130 is 8.0.
+    check_domain("e", doms["e"], np.array([0, 127, 129], np.uint8))
+    with pytest.raises(DomainError, match="element 0 is 8.0,"):
+        check_domain("e", doms["e"], np.array([130], np.uint8))
 
 
 def test_monotone_requires_a_non_decreasing_sequence() -> None:
@@ -95,6 +125,11 @@ def test_monotone_requires_a_non_decreasing_sequence() -> None:
     check_domain("starts", dom, np.array([0, 0, 3, 9], np.int32))
     with pytest.raises(DomainError, match="element 2 is 1, below element 1 \\(3\\)"):
         check_domain("starts", dom, np.array([0, 3, 1], np.int32))
+    floats = input_domains(_manifest({"ts": {"dtype": "f32", "shape": [8], "kind": "input",
+                                             "domain": {"monotone": True}}}), STATES)["ts"]  # fmt: skip
+    check_domain("ts", floats, np.array([-1.0, 0.5, 0.5], np.float32))
+    with pytest.raises(DomainError, match="element 1 is nan"):
+        check_domain("ts", floats, np.array([0.0, np.nan, 1.0], np.float32))
 
 
 def test_domain_error_is_an_api_error_and_empty_writes_pass() -> None:

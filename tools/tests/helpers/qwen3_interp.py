@@ -275,8 +275,9 @@ class Interp:
                 self.mem[name][:] = np.concatenate([tensors[s["tensor"]].reshape(-1) for s in b["bind"]])
         self.kv = np.zeros(capacity * manifest["states"]["kv"]["bytes_per_token"] // 2, dtype=F32)
         # NOTE: kern_runtime's input-domain check, with the KV state holding `capacity` token slots.
+        slots = -(-capacity // 16) * 16  # the runtime's pool holds whole 16-token pages
         self.domains = kr_domains.input_domains(
-            parse_manifest(json.dumps(manifest)), {"kv": kr_domains.StateUnits(capacity, f"{capacity} token slots")})
+            parse_manifest(json.dumps(manifest)), {"kv": kr_domains.StateUnits(slots, f"{slots} token slots")})
         self.scratch = {(op, s): np.zeros(int(np.prod(sc["shape"])), dtype=_NP[sc["dtype"]])
                         for op, spec in manifest["ops"].items() for s, sc in spec["impl"].get("scratch", {}).items()}
         for name, p in manifest["programs"].items():

@@ -363,10 +363,14 @@ class Session:
         # NOTE: entries past the sequence's pages are never read; they hold page 0 so that every
         # entry is a page the pool has (the runtime checks the block table's domain).
         table = np.zeros(proto.blocks_len, dtype=np.int32)
+        need = -(-capacity // proto.page_tokens)
         if pages is None:
-            pages = range(-(-capacity // proto.page_tokens))
+            pages = range(need)
         if len(pages) > proto.blocks_len:
             raise RunError(f"{len(pages)} pages do not fit the block table of {proto.blocks_len}")
+        if len(pages) < need:
+            raise RunError(f"{len(pages)} pages hold {len(pages) * proto.page_tokens} tokens; capacity {capacity} "
+                           f"needs {need}: pass more pages or a smaller capacity")
         table[: len(pages)] = np.asarray(pages, dtype=np.int32)
         self.table = table
         rt.write_input(proto.blocks, table)
@@ -469,7 +473,8 @@ class Session:
             self.rt.issue(self.proto.step_program, self.proto.step_vars)
         self.seen += 1
         token = int(self.rt.read_output(self.proto.next_token)[0])
-        if self.proto.start_program is None:
+        # NOTE: at capacity there is no next step to stage for (its position may be past the domain).
+        if self.proto.start_program is None and self.seen < self.capacity:
             self._stage([token], self.seen)
         return token
 

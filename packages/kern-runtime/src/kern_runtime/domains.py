@@ -8,9 +8,12 @@ index `stride`-sized units of another buffer or a state, so they lie in [0, unit
   so a block table with stride = tokens per page holds page numbers the pool has;
 - a per-seq state (`bytes_per_seq`): byte lines over the pool's slots (slots x bytes per slot);
 - a fixed state (`bytes`): its bytes.
-`monotone` also requires a non-decreasing sequence. `input_domains` resolves every input buffer's
-domain once, at load; `check_domain` tests a write against it in O(n) and raises `DomainError`
-before anything is copied.
+`monotone` also requires a non-decreasing sequence (of the elements written: a prefix write is
+not checked against the elements after it). Floating-point inputs are compared by value (bf16 and
+the fp8 formats arrive as their bits) and a NaN is always outside. A paged state's bound is its
+pool's capacity in pages: a page number below it may still be unmapped when the pool has given
+chunks to slots. `input_domains` resolves every input buffer's domain once, at load;
+`check_domain` tests a write against it in O(n) and raises `DomainError` before anything is copied.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy.typing as npt
 from kern_manifest import Manifest
 from kern_manifest.expr import Expr
 
-from .errors import DomainError
+from .errors import ApiError, DomainError
 
 __all__ = ["InputDomain", "StateUnits", "check_domain", "input_domains"]
 
@@ -58,6 +61,30 @@ class InputDomain:
     hi: int | float | None
     monotone: bool
     source: str
+    dtype: str = ""
+
+
+def _fp8_table(kind: str) -> npt.NDArray[np.float64]:
+    """The value of every byte of an fp8 format (NaN where the format has one)."""
+    b = np.arange(256)
+    if kind == "fp8e8m0":  # an unsigned power of two; 0xff is NaN
+        return np.where(b == 255, np.nan, np.exp2(b - 127.0))
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    exp, man = (b >> 3) & 0xF, b & 0x7
+    mag = np.where(exp == 0, np.exp2(-6.0) * man / 8.0, np.exp2(exp - 7.0) * (1.0 + man / 8.0))
+    return np.where((b & 0x7F) == 0x7F, np.nan, sign * mag)  # e4m3 (OCP "FN"): no infinities
+
+
+_FP8 = {kind: _fp8_table(kind) for kind in ("fp8e4m3", "fp8e8m0")}
+
+
+def _values(dtype: str, flat: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """The numbers the elements stand for: bf16 / fp8 bits decoded, every other dtype as it is."""
+    if dtype == "bf16":
+        return (flat.astype(np.uint32) << 16).view(np.float32)
+    if dtype in _FP8:
+        return _FP8[dtype][flat.astype(np.intp)]
+    return flat
 
 
 def _bound(value: int | float | Expr | None, env: Mapping[str, int]) -> int | float | None:
@@ -68,7 +95,11 @@ def _bound(value: int | float | Expr | None, env: Mapping[str, int]) -> int | fl
 
 def input_domains(manifest: Manifest, states: Mapping[str, StateUnits]) -> dict[str, InputDomain]:
     """Every input buffer with a domain -> its bounds; `states` describes the states the
-    runtime allocated (a state missing there cannot bound an index and is skipped)."""
+    runtime allocated (a state missing there cannot bound an index and is skipped).
+
+    Raises:
+        ApiError: an `index_into` target holds fewer units than one stride (no index is valid).
+    """
     env = manifest.var_max
     out: dict[str, InputDomain] = {}
     for name, buf in manifest.buffers.items():
@@ -79,7 +110,7 @@ def input_domains(manifest: Manifest, states: Mapping[str, StateUnits]) -> dict[
             lo, hi = _bound(dom.min, env), _bound(dom.max, env)
             if lo is None and hi is None and not dom.monotone:
                 continue
-            out[name] = InputDomain(lo, hi, dom.monotone, f"min {lo}, max {hi}")
+            out[name] = InputDomain(lo, hi, dom.monotone, f"min {lo}, max {hi}", buf.dtype)
             continue
         target = dom.index_into
         stride = dom.stride or 1
@@ -90,25 +121,27 @@ def input_domains(manifest: Manifest, states: Mapping[str, StateUnits]) -> dict[
             units, note = states[target].units, f"state {target!r}: {states[target].note}"
         else:
             continue
-        out[name] = InputDomain(0, units // stride - 1, dom.monotone, f"index_into {note}, stride {stride}")
+        if units < stride:
+            raise ApiError(f"input {name!r} indexes {note} in strides of {stride}: no index fits; "
+                           "raise the capacity (or the target's size)")
+        out[name] = InputDomain(0, units // stride - 1, dom.monotone, f"index_into {note}, stride {stride}", buf.dtype)
     return out
 
 
 def check_domain(name: str, dom: InputDomain, array: npt.NDArray[Any]) -> None:
     """Raises DomainError when `array` (the values about to be written into input `name`) leaves
     `dom`: the first offending element and the allowed range, in one line."""
-    flat = array.reshape(-1)
+    flat = _values(dom.dtype, array.reshape(-1))
     if flat.size == 0:
         return
     bad: np.ndarray[Any, Any] | None = None
-    if dom.lo is not None or dom.hi is not None:
-        ok = np.ones(flat.shape, dtype=bool) if flat.dtype.kind != "f" else ~np.isnan(flat)
-        if dom.lo is not None:
-            ok &= flat >= dom.lo
-        if dom.hi is not None:
-            ok &= flat <= dom.hi
-        if not ok.all():
-            bad = np.flatnonzero(~ok)
+    ok = np.ones(flat.shape, dtype=bool) if flat.dtype.kind != "f" else ~np.isnan(flat)
+    if dom.lo is not None:
+        ok &= flat >= dom.lo
+    if dom.hi is not None:
+        ok &= flat <= dom.hi
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
     if bad is not None:
         i = int(bad[0])
         lo = "-inf" if dom.lo is None else dom.lo
