@@ -152,8 +152,10 @@ GEMV_P4_SMEM = 32768
 """Shared-memory budget of a prefetched GEMV block (`_p4`, `_p4_silu`): it owns max(1, min(n, budget //
 (rows * 2k))) columns (rows: 2 for `_p4_silu`'s gate and up), so lm_head (k 2560) runs 25323 blocks of 6
 columns and o (k 4096) 640 blocks of 4."""
-GEMV_P4_MAX_ROW = 227 * 1024
-"""The most dynamic shared memory a block may have on sm_90: a `_p4` block holds at least one row."""
+GEMV_P4_MAX_ROW = 227 * 1024 - 1024
+"""The most dynamic shared memory a `_p4` block may have: sm_90's 227 KiB per block less 1 KiB for the
+entries' static shared memory (384-768 B: the mbarrier and the column sums); a block holds at least
+one column's rows."""
 GEMV_TMA_STAGE_CAP = 32768
 """gemv.cu's TMA_STAGE_CAP: a stage holds max(1, cap // (rows * 2k)) columns."""
 GEMV_PICK: dict[str, str] = {

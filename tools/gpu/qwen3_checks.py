@@ -792,14 +792,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gpu != 0:  # NOTE: torch and kern then both see the chosen GPU as device 0
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
     gpu = 0
-    rec = Recorder(out)
+    variants = [v for v in args.variants.split(",") if v]
+    if args.gemv_pick is not None and not args.gemv_pick.is_file():
+        ap.error(f"--gemv-pick {args.gemv_pick}: no such file")
+    if args.gemv_pick is not None and "picked" not in variants:
+        ap.error("--gemv-pick applies to the `picked` variant only: add picked to --variants")
+    pick = json.loads(args.gemv_pick.read_text()) if args.gemv_pick is not None else None
     gen = _load_gen()
+    for v in variants:  # NOTE: a bad variant fails here, before the kernels are built
+        variant_options(gen, v, pick)
+    rec = Recorder(out)
     hashes = build(rec)
     cfgs = configs()
-    variants = [v for v in args.variants.split(",") if v]
-    pick = json.loads(args.gemv_pick.read_text()) if args.gemv_pick and args.gemv_pick.is_file() else None
-    for v in variants:
-        variant_options(gen, v, pick)
     for name in [m for m in args.models.split(",") if m]:
         run_model(rec, gen, name, cfgs[name], hashes, gpu, bench=(name == "4b" and not args.no_bench),
                   variants=variants, pick=pick)

@@ -356,6 +356,29 @@ def test_pdl_marks_every_decode_launch_and_nothing_else() -> None:
         _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"], pdl=True)
 
 
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_nothing_before_the_attention_writes_what_it_reads_before_its_pdl_wait(feed: str) -> None:
+    """kern_attn_decode reads seq_len and the block table before its PDL wait, and that code may
+    overlap any launch back to the step's first (the only launch without PDL). So no call before an
+    attention may write those buffers: in the decode step only the advance, after the argmax, does."""
+    m = _manifest(QWEN3_4B_CONFIG, feed=feed, gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
+    calls = m["programs"]["decode"]["calls"]
+
+    def written(call: dict[str, Any]) -> set[str]:
+        params = m["ops"][call["op"]]["params"]
+        return {a["buf"] for p, a in zip(params, call["args"], strict=True)
+                if "buf" in a and p.split()[0] in ("out", "inout")}  # fmt: skip
+
+    attn = [i for i, c in enumerate(calls) if c["label"].endswith(".attn")]
+    assert len(attn) == 36
+    for i in attn:
+        _qkv, _kv, table, seq_len, *_ = calls[i]["args"]
+        before = set().union(*(written(c) for c in calls[:i]))
+        assert not before & {table["buf"], seq_len["buf"]}, calls[i]["label"]
+    writers = [c["label"] for c in calls if {"block_table", "step_len"} & written(c)]
+    assert writers == (["advance"] if feed == "device" else [])
+
+
 def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
     decode = m["programs"]["decode"]["calls"]

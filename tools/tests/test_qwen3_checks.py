@@ -181,3 +181,18 @@ def test_logits_within_bf16_noise_passes_at_the_measured_ratios_and_fails_beyond
         c = checks.Check("x")
         assert not checks.compare_logits_to_bf16_noise(c, rel, noise) and c.status == "FAIL"
         assert "no comparison" in c.detail
+
+
+def test_gemv_pick_is_refused_before_any_build_when_missing_or_without_the_picked_variant(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(checks, "build", lambda rec: pytest.fail("built kernels"))
+    pick = tmp_path / "pick.json"
+    with pytest.raises(SystemExit):
+        checks.main([str(tmp_path / "q"), "--variants", "picked", "--gemv-pick", str(pick)])
+    assert "no such file" in capsys.readouterr().err
+    pick.write_text('{"o": "kern_gemv_bf16"}')
+    with pytest.raises(SystemExit):
+        checks.main([str(tmp_path / "q"), "--variants", "fast", "--gemv-pick", str(pick)])
+    assert "applies to the `picked` variant only" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown variant"):
+        checks.main([str(tmp_path / "q"), "--variants", "turbo"])
