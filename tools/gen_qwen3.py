@@ -46,6 +46,8 @@ __all__ = [
     "PAGE_TOKENS",
     "PREFILL_BM",
     "PRESETS",
+    "QKN_ENTRIES",
+    "QKN_MAX_GROUP",
     "SILU_ENTRIES",
     "ConfigError",
     "GenError",
@@ -171,6 +173,11 @@ column per block (`_s4`) for o; lm_head's rows bulk-copied into shared memory (`
 the step against `_c2`'s 185.9); gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and
 writes `act` (no kern_silu_mul in the decode step). `_p4` / `_p4_silu` for qkv, down and gate_up made
 those GEMVs faster (gate_up 28.4 -> 24.1 us) but the launches around them slower, the step by 89 us."""
+QKN_MAX_GROUP = 32
+"""attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
+QKN_ENTRIES: tuple[str, ...] = ("kern_attn_decode_qkn",)
+"""The extra entry of `fuse_qkn=True` (attention_qkn.cu): decode attention that norms and rotates q
+and k and writes the step's k / v row itself, so the decode step has no q/k-norm launch."""
 FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")
 """Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
 kern_kv_write), decode attention is one launch (its last block per kv head reduces; counters in a
@@ -439,6 +446,26 @@ def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
             "params": ["out buffer<i32>", "i32"],
             "impl": {"launches": [_kernel(mods, "kern_zero_i32", [1, 1, 1], 32)]},
         },
+        **({"attn_decode_qkn": _qkn_op(s, mods, heads_out)} if "kern_attn_decode_qkn" in mods else {}),
+    }
+
+
+def _qkn_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
+    """kern_attn_decode_qkn: q/k norm + rope, the step's KV write and decode attention in one launch."""
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    launch = _kernel(
+        mods, "kern_attn_decode_qkn", [nkv, DECODE_SPLITS, 1], 128,
+        params=[BF16_IN, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state", "in buffer<i64>",
+                "in buffer<i32>", "in buffer<i32>", "out buffer<f32>", "out buffer<f32>", "inout buffer<i32>",
+                BF16_OUT, "i32", "i32", "i32", "i32", "i64", "i32", "f32", "f32"],
+        args=[*({"param": j} for j in range(10)), {"scratch": "part_o"}, {"scratch": "part_lse"}, {"param": 11},
+              {"param": 10}, _i32(nq), _i32(nkv), _i32(d), _i32(PAGE_TOKENS), _i64(s.page_stride),
+              _i32(DECODE_SPLITS), _f32(d**-0.5), _f32(s.eps)],
+    )
+    return {
+        "params": [BF16_IN, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state", "in buffer<i64>",
+                   "in buffer<i32>", "in buffer<i32>", BF16_OUT, "inout buffer<i32>"],
+        "impl": {"scratch": _split_scratch(nq, heads_out), "launches": [launch]},
     }
 
 
@@ -635,10 +662,15 @@ def _gemv_of(name: str, gemv: Picks) -> str | None:
 
 
 def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bool,
-                     gemv: Picks = MappingProxyType({}), fuse: bool = False) -> list[Json]:
+                     gemv: Picks = MappingProxyType({}), fuse: bool = False, qkn: bool = False) -> list[Json]:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     kv = {"state": "kv", "offset": s.kv_offset(i)} if i else {"state": "kv"}
     calls = [_gemm_call(f"l{i}.qkv", "x", f"l{i}.qkv", "qkv", s.qkv_rows, s.hidden, _gemv_of("qkv", gemv))]
+    if decode and qkn:
+        calls.append(_call(f"l{i}.attn", "attn_decode_qkn", _buf("qkv"), _buf(f"l{i}.q_norm"), _buf(f"l{i}.k_norm"),
+                           _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"), kv, _buf(io["slots"]),
+                           _buf("block_table"), _buf(io["seq_len"]), _buf("attn"), _buf("attn_count")))
+        return calls
     if fuse:
         calls.append(_call(f"l{i}.qk_norm_rope_kv", "qk_norm_rope_kv", _buf("qkv"), _buf(f"l{i}.q_norm"),
                            _buf(f"l{i}.k_norm"), _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"),
@@ -687,7 +719,7 @@ def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: Picks = MappingProxy
 
 
 def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
-                   gemv: Picks = MappingProxyType({}), fuse: bool = False) -> list[Json]:
+                   gemv: Picks = MappingProxyType({}), fuse: bool = False, qkn: bool = False) -> list[Json]:
     calls = [
         _call("embed", "embed", _buf(io["ids"]), _buf("embed"), _buf("h"), _i32(s.hidden)),
         _call("l0.in_norm", "rmsnorm", _buf("h"), _buf("l0.in_norm"), _buf("x"), _i32(s.hidden),
@@ -699,7 +731,7 @@ def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
             # NOTE: prefill writes only KV; the last layer's attention output is never read.
             calls += _attention_calls(s, i, io, decode=False, fuse=fuse)[:-1]
             break
-        calls += _attention_calls(s, i, io, decode=decode, gemv=gemv, fuse=fuse)
+        calls += _attention_calls(s, i, io, decode=decode, gemv=gemv, fuse=fuse, qkn=qkn)
         calls += _mlp_calls(s, i, "final_norm" if last else f"l{i + 1}.in_norm", gemv)
     return calls
 
@@ -727,7 +759,7 @@ def _start_calls() -> list[Json]:
     ]
 
 
-def _programs(s: Qwen3Shape, feed: str, gemv: Picks, fuse: bool = False) -> Json:
+def _programs(s: Qwen3Shape, feed: str, gemv: Picks, fuse: bool = False, qkn: bool = False) -> Json:
     half = s.head_dim // 2
     host = {k: k for k in STEP_CARRIES}
     step_io = host if feed == "host" else {k: v[0] for k, v in STEP_CARRIES.items()}
@@ -740,7 +772,7 @@ def _programs(s: Qwen3Shape, feed: str, gemv: Picks, fuse: bool = False) -> Json
         "prefill": {"batch": {"groups": 1, "rows": "tokens"},
                     "calls": _forward_calls(s, host, decode=False, fuse=fuse)},
         "decode": {"batch": {"groups": 1, "rows": 1}, "graph": True,
-                   "calls": _forward_calls(s, step_io, decode=True, gemv=gemv, fuse=fuse)
+                   "calls": _forward_calls(s, step_io, decode=True, gemv=gemv, fuse=fuse, qkn=qkn)
                    + _decode_tail(s, feed, gemv)},
     }
     if feed == "device":
@@ -776,6 +808,7 @@ def generate(
     pdl: bool = False,
     gemv_pick: Mapping[str, str] | None = None,
     carveout: int | None = None,
+    fuse_qkn: bool = False,
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -800,6 +833,8 @@ def generate(
             (tools/tests/helpers/time_gemv.py --entries writes the measured winners as JSON).
         carveout: every kernel launch's preferred shared-memory carveout, percent 0..100 (the
             manifest's launch `carveout`); None leaves it to the driver.
+        fuse_qkn: (with `fuse`) decode attention also norms and rotates q / k and writes the
+            step's KV row (`kern_attn_decode_qkn`): no q/k-norm launch in the decode step.
 
     Raises:
         GenError: an unknown GEMM name, or `pdl` without every decode GEMM as our GEMV.
@@ -813,11 +848,17 @@ def generate(
     if pdl and set(gemv) != set(GEMV_GEMMS):
         raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
                        "cannot sit in a PDL chain")
+    if fuse_qkn and not fuse:
+        raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
+    if fuse_qkn and shape.heads // shape.kv_heads > QKN_MAX_GROUP:
+        raise GenError(f"fuse_qkn holds at most {QKN_MAX_GROUP} query heads per kv head in shared memory "
+                       f"(attention_qkn.cu); this model has {shape.heads // shape.kv_heads}: drop --fuse-qkn")
     if carveout is not None and not 0 <= carveout <= 100:
         raise GenError(f"carveout {carveout}: give a percentage 0..100 (or none for the driver's choice)")
     picks = _picks(gemv, gemv_pick or {})
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
-              + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ()))
+              + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ())
+              + (QKN_ENTRIES if fuse_qkn else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
@@ -828,9 +869,10 @@ def generate(
     if not 1 <= chunk <= shape.max_pos:
         raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
     used = sorted({entries[e] for e in needed})
-    ops = _ops(shape, entries if fuse else {e: m for e, m in entries.items() if e not in FUSED_ENTRIES})
+    skip = (() if fuse else FUSED_ENTRIES) + (() if fuse_qkn else QKN_ENTRIES)
+    ops = _ops(shape, {e: m for e, m in entries.items() if e not in skip})
     ops |= _feed_ops(entries) if feed == "device" else {}
-    programs = _programs(shape, feed, picks, fuse)
+    programs = _programs(shape, feed, picks, fuse, fuse_qkn)
     used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
     gemv_ops = {_gemv_op_name(e, 1, 1).removesuffix("_1x1"): e for e in picks.values()}
     for op in sorted(o for o in used_ops if o.startswith("gemv")):
@@ -949,6 +991,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         f"'default' ({','.join(GEMV_DEFAULT)}) or 'all'; empty: all cublasLt")
     p.add_argument("--fuse", action="store_true",
                    help="q/k norm + rope writes the KV pages; decode attention in one launch")
+    p.add_argument("--fuse-qkn", action="store_true",
+                   help="with --fuse: decode attention also norms / rotates q and k and writes the KV row")
     p.add_argument("--gemv-pick", type=Path, default=None,
                    help="JSON {gemm: entry} overriding GEMV_PICK (time_gemv.py --entries writes one)")
     p.add_argument("--pdl", action="store_true",
@@ -1051,7 +1095,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         named = {"default": list(GEMV_DEFAULT), "all": list(GEMV_GEMMS)}
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
-                            chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl,
+                            chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
                             carveout=args.carveout)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:

@@ -26,7 +26,8 @@
    prefetched kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere), `-deep4` / `-deep8` (the
    per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head on
    kern_gemv_bf16_p4, and o on _d4 besides), `-p4gu` / `-p4qd` / `-p4all` (gate_up on _p4_silu; qkv and
-   down on _p4; all three), `-picked` (`-fast` with --gemv-pick's entries);
+   down on _p4; all three), `-qkn` (`-fast` with q/k norm + rope + KV write folded into the decode
+   attention, kern_attn_decode_qkn), `-picked` (`-fast` with --gemv-pick's entries);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -213,7 +214,7 @@ neighbours slower; a uniform carveout made every variant slower, fourth pass); t
 on the deep bands (`_d4` / `_d8`, `_d4_silu`); lm_head on `_p4` (fastest at its shape, fourth pass), alone
 and with o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on `_p4_silu`, qkv
 and down on `_p4`."""
-VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", *TRIAL_VARIANTS)
+VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", "qkn", *TRIAL_VARIANTS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -233,6 +234,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(pick)}
     if variant in ("fast", "nopdl"):
         return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
+    if variant == "qkn":
+        return variant_options(gen, "fast") | {"fuse_qkn": True}
     if variant in TRIAL_VARIANTS:
         carveout, picks = TRIAL_VARIANTS[variant]
         base = variant_options(gen, "fast") | ({"gemv_pick": dict(picks)} if picks else {})

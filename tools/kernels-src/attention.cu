@@ -219,6 +219,7 @@ __device__ __forceinline__ void decode_split_rows(const bf16* qkv, const PagedKV
 // ceil(seq_len / page_tokens) pages, pps = ceil(pages / splits); an empty split writes lse -inf.
 // part_o[s, h, :] is the split's normalized output, part_lse[s, h] its log2-sum-exp.
 // head_dim in {64, 128}; nq / nkv <= 8 or a multiple of 8. grid [nkv, splits], block [128].
+#ifndef KERN_ATTENTION_DEVICE_ONLY  // attention_qkn.cu includes this file for its device code
 extern "C" __global__ void __launch_bounds__(128)
 kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                          const int* __restrict__ block_table, const int* __restrict__ seq_len,
@@ -239,6 +240,7 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
     decode_split_rows(qkv, paged, tok0, tok1, part_o + row0 * head_dim, part_lse + row0, group,
                       scale * LOG2E, smem);
 }
+#endif
 
 // The reducing block of kern_attn_decode: out[h] for the `group` query heads from head0, over the
 // splits [0, used), with kern_attn_decode_reduce's arithmetic in its order (so the same bits).
@@ -388,20 +390,28 @@ __device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* c
 // NOTE: the cluster shape sits on this declaration only: the definition keeps the
 // `extern "C" __global__ void __launch_bounds__(N) kern_...(` form that tools/gen_qwen3.py and
 // tools/qwen3_mined.py read the ABI from; the attribute carries over to the definition.
+#ifndef KERN_ATTENTION_DEVICE_ONLY  // attention_qkn.cu includes this file for its device code
 extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)
 kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                  const int* __restrict__ block_table, const int* __restrict__ seq_len,
                  float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
                  int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
                  float scale);
+#endif
 
-extern "C" __global__ void __launch_bounds__(128)
-kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
-                 const int* __restrict__ block_table, const int* __restrict__ seq_len,
-                 float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
-                 int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
-                 float scale) {
-    kern_pdl_launch_dependents();
+// kern_attn_decode's body. `q_rows(tok0, tok1, len)` runs after the PDL wait in every block that
+// has a split to fold (block-uniform) and returns where query head h's row starts at h * head_dim:
+// the qkv row for kern_attn_decode, this block's shared copy for the fused q/k-norm entry
+// (attention_qkn.cu).
+template <typename QRows>
+static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ kv,
+                                                       const int* __restrict__ block_table,
+                                                       const int* __restrict__ seq_len, float* part_o,
+                                                       float* part_lse, int* counters,
+                                                       bf16* __restrict__ out, int nq, int nkv,
+                                                       int head_dim, int page_tokens,
+                                                       int64_t page_stride, int splits, float scale,
+                                                       QRows&& q_rows) {
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
     // NOTE: seq_len, the block table and the k / v rows before the last token are read before the
     // wait. Code before the wait may overlap every launch back to the stream's last launch without
@@ -441,6 +451,7 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
         const int tok0 = min(split * pps * page_tokens, len);
         const int tok1 = min((split + 1) * pps * page_tokens, len);
         const int64_t row0 = (int64_t)split * nq + blockIdx.x * group;
+        const bf16* qkv = q_rows(tok0, tok1, len);
         decode_split_rows(qkv, paged, tok0, tok1, clustered ? cl_o : part_o + row0 * head_dim,
                           clustered ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
     }
@@ -463,8 +474,22 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
+#ifndef KERN_ATTENTION_DEVICE_ONLY  // attention_qkn.cu includes this file for its device code
+extern "C" __global__ void __launch_bounds__(128)
+kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                 const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                 float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
+                 int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
+                 float scale) {
+    kern_pdl_launch_dependents();
+    attn_decode_run(kv, block_table, seq_len, part_o, part_lse, counters, out, nq, nkv, head_dim,
+                    page_tokens, page_stride, splits, scale, [&](int, int, int) { return qkv; });
+}
+#endif
+
 // out[0, h * D + d] = bf16(sum_s w_s part_o[s, h, d] / sum_s w_s), w_s = 2^(lse_s - max lse).
 // grid [nq], block [128].
+#ifndef KERN_ATTENTION_DEVICE_ONLY  // attention_qkn.cu includes this file for its device code
 extern "C" __global__ void kern_attn_decode_reduce(const float* __restrict__ part_o,
                                                    const float* __restrict__ part_lse,
                                                    bf16* __restrict__ out, int nq, int head_dim,
@@ -486,6 +511,7 @@ extern "C" __global__ void kern_attn_decode_reduce(const float* __restrict__ par
         out[(int64_t)h * head_dim + d] = to_bf(den > 0.0f ? num / den : 0.0f);
     }
 }
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // Prefill: causal attention of `rows` new query rows (row i at position seq_len - rows + i) over
@@ -664,6 +690,7 @@ __device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* 
 // out[i, h * D:(h + 1) * D] = softmax(q_i . K^T * scale, keys <= seq_len - rows + i) V, for the
 // `rows` rows of this call; their own k/v are already in the pages (kern_kv_write runs first).
 // head_dim in {64, 128}. grid [ceil_div(rows, 64), nq], block [128].
+#ifndef KERN_ATTENTION_DEVICE_ONLY  // attention_qkn.cu includes this file for its device code
 extern "C" __global__ void __launch_bounds__(128)
 kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                   const int* __restrict__ block_table, const int* __restrict__ seq_len,
@@ -680,3 +707,4 @@ kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
         prefill_impl<128>(qkv, paged, len, out, rows, nq, scale * LOG2E, smem);
     }
 }
+#endif

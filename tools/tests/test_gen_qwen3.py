@@ -30,7 +30,8 @@ def _load_gen() -> ModuleType:
 gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
-                for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES)}
+                for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
+                          *gen.QKN_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -250,7 +251,9 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
     fast = gen.generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
     plain = gen.generate(shape, hashes, entries, model="t", feed=feed)
-    ops = plain["ops"] | fast["ops"]
+    qkn = gen.generate(shape, hashes, entries, model="t", feed=feed, fuse=True, fuse_qkn=True)
+    ops = plain["ops"] | fast["ops"] | qkn["ops"]
+    assert "attn_decode_qkn" in ops
     assert {op for op in ops if op.startswith("gemv")} == {
         "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_b4_256x768", "gemv_p4_4096x256"}
     sigs = _c_params(src)
@@ -377,6 +380,31 @@ def test_nothing_before_the_attention_writes_what_it_reads_before_its_pdl_wait(f
         assert not before & {table["buf"], seq_len["buf"]}, calls[i]["label"]
     writers = [c["label"] for c in calls if {"block_table", "step_len"} & written(c)]
     assert writers == (["advance"] if feed == "device" else [])
+
+
+def test_fuse_qkn_folds_q_k_norm_into_the_decode_attention() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=True)
+    _verify(m)
+    decode = m["programs"]["decode"]["calls"]
+    assert len(decode) == 2 + 36 * 7 + 3  # no q/k-norm launch per layer
+    assert [c["label"] for c in decode[2:4]] == ["l0.qkv", "l0.attn"]
+    attn = decode[3]
+    assert attn["op"] == "attn_decode_qkn"
+    assert [a.get("buf", a.get("state")) for a in attn["args"]] == [
+        "qkv", "l0.q_norm", "l0.k_norm", "step_pos", "rope_cos", "rope_sin", "kv", "step_slot", "block_table",
+        "step_len", "attn", "attn_count"]
+    launch = m["ops"]["attn_decode_qkn"]["impl"]["launches"][0]
+    assert (launch["entry"], launch["grid"], launch["pdl"]) == ("kern_attn_decode_qkn", [8, gen.DECODE_SPLITS, 1], True)
+    assert launch["args"][-1] == {"f32": 1e-6}  # eps
+    # prefill keeps the q/k-norm launch that writes the pages
+    assert any(c["op"] == "qk_norm_rope_kv" for c in m["programs"]["prefill"]["calls"])
+    with pytest.raises(gen.GenError, match="needs fuse too"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", fuse_qkn=True)
+    wide = {**QWEN3_4B_CONFIG, "num_attention_heads": 64, "num_key_value_heads": 1}
+    with pytest.raises(gen.GenError, match="at most 32 query heads per kv head"):
+        _manifest(wide, feed="device", fuse=True, fuse_qkn=True)
+    text = (TOOLS / "kernels-src" / "attention_qkn.cu").read_text()
+    assert f"constexpr int QKN_MAX_GROUP = {gen.QKN_MAX_GROUP};" in text
 
 
 def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:

@@ -129,13 +129,16 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "p4o100")["carveout"] == 100
     band = checks.variant_options(gen, "band")
     assert band["gemv_pick"]["gate_up"] == "kern_gemv_bf16_b4_silu" and band["gemv_pick"]["qkv"] == "kern_gemv_bf16_b4"
+    assert checks.variant_options(gen, "qkn") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
+                                                  "fuse_qkn": True}
     deep = checks.variant_options(gen, "deep8")["gemv_pick"]
     assert deep["gate_up"] == "kern_gemv_bf16_d4_silu" and deep["down"] == "kern_gemv_bf16_d8"
-    for v in ("stream", "band", "p4o100", "deep4"):  # each generates a manifest the verifier accepts
-        m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "gemv",
+    for v in ("stream", "band", "p4o100", "deep4", "qkn"):  # each generates a manifest the verifier accepts
+        m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "attention_qkn", "gemv",
                          "qwen3_core", "sampling"), "c" * 64), gen.entry_modules(TOOLS / "kernels-src"),
                          model="t", feed="device", **checks.variant_options(gen, v))
-        want = {"band": "gemv_b4_silu", "stream": "gemv_tma_silu", "p4o100": "gemv_p4_2560", "deep4": "gemv_d4_silu"}[v]
+        want = {"band": "gemv_b4_silu", "stream": "gemv_tma_silu", "p4o100": "gemv_p4_2560", "deep4": "gemv_d4_silu",
+                "qkn": "attn_decode_qkn"}[v]
         assert any(c["op"].startswith(want) for c in m["programs"]["decode"]["calls"])
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")

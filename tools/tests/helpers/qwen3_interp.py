@@ -182,6 +182,17 @@ def k_attn_decode(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, part_o: Ptr,
     k_attn_decode_reduce(t, part_o, part_lse, out, nq, d, used)
 
 
+def k_attn_decode_qkn(t: int, qkv: Ptr, wq: Ptr, wk: Ptr, pos: Ptr, cos: Ptr, sin: Ptr, kv: Ptr, slots: Ptr,
+                      bt: Ptr, seq_len: Ptr, part_o: Ptr, part_lse: Ptr, counters: Ptr, out: Ptr, nq: int, nkv: int,
+                      d: int, p: int, page_stride: int, splits: int, scale: float, eps: float) -> None:
+    """kern_qk_norm_rope_kv then kern_attn_decode, leaving qkv as the GEMV wrote it (the kernel norms
+    and rotates its copies of q and k)."""
+    raw = _view(qkv, t * (nq + 2 * nkv) * d).copy()
+    k_qk_norm_rope_kv(t, qkv, wq, wk, pos, cos, sin, kv, slots, nq, nkv, d, eps, p, page_stride)
+    k_attn_decode(t, qkv, kv, bt, seq_len, part_o, part_lse, counters, out, nq, nkv, d, p, page_stride, splits, scale)
+    _view(qkv, raw.size)[:] = raw
+
+
 def k_zero_i32(t: int, dst: Ptr, n: int) -> None:
     _view(dst, n)[:] = 0
 
@@ -250,7 +261,7 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_c2": k_gemv, "kern_gemv_bf16_p4": k_gemv, "kern_gemv_bf16_d4": k_gemv,
     "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
-    "kern_attn_decode": k_attn_decode, "kern_zero_i32": k_zero_i32,
+    "kern_attn_decode": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
 }  # fmt: skip
 
 
