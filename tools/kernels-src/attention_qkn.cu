@@ -103,10 +103,11 @@ kern_attn_decode_qkn(const bf16* __restrict__ qkv, const bf16* __restrict__ wq,
                 v_dst[i] = v_src[i];
                 v_dst[i + half] = v_src[i + half];
             }
+            // NOTE: the fold may read the row through the read-only path (kv is const there): the
+            // stores must have reached L2 first, not only be ordered within the block.
+            __threadfence();
         }
-        // NOTE: the fold reads q_s and the rows written above with ordinary loads of this block.
-        __threadfence_block();
-        __syncthreads();
+        __syncthreads();  // q_s and the row are complete for every warp of the block
         return q_s - (int64_t)h * group * head_dim;  // head h * group + g at + (h * group + g) * D
     };
     attn_decode_run(kv, block_table, seq_len, part_o, part_lse, counters, out, nq, nkv, head_dim,
