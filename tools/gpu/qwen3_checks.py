@@ -692,11 +692,14 @@ def chain_table(events: Sequence[tuple[str, float, float]], labels: Sequence[str
     manifest's call labels when the activities per step match the decode program's launches (plus
     one readback copy), else to the kernel names. With labels, the time between two profiled steps
     when nothing runs (the host) is reported apart as idle: a step's first launch is charged from
-    its own start."""
+    its own start. `lead` is how long before the stream's previous activities ended an activity
+    started, on average (under PDL: its blocks were resident and waiting; negative: a gap), over
+    the activities that are not a step's first."""
     per_step = len(events) / reps if reps else 0
     use_labels = per_step in (len(labels), len(labels) + 1)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
+    leads: dict[str, list[float]] = {}
     prev_end = None
     idle = 0.0
     for i, (name, start, end) in enumerate(events):
@@ -709,16 +712,19 @@ def chain_table(events: Sequence[tuple[str, float, float]], labels: Sequence[str
             if j == 0:
                 idle += max(0.0, start - prev_end)
                 since = max(prev_end, start)
+            else:
+                leads.setdefault(key, []).append(prev_end - start)
             sums[key] = sums.get(key, 0.0) + max(0.0, end - since)
             counts[key] = counts.get(key, 0) + 1
         prev_end = end if prev_end is None else max(prev_end, end)
     total = sum(sums.values())
     lines = [f"critical path of {reps} steps ({'call labels' if use_labels else 'kernel names'}): "
              f"{total / max(reps, 1):.1f} us per step busy, {idle / max(reps, 1):.1f} us per step idle "
-             "(no GPU activity)", f"{'us/step':>9} {'n/step':>7} {'us each':>8}  call"]
+             "(no GPU activity)", f"{'us/step':>9} {'n/step':>7} {'us each':>8} {'lead us':>8}  call"]
     for key, us in sorted(sums.items(), key=lambda kv: -kv[1]):
         n = counts[key] / max(reps, 1)
-        lines.append(f"{us / max(reps, 1):9.1f} {n:7.1f} {us / max(counts[key], 1):8.2f}  {key}")
+        lead = f"{sum(leads[key]) / len(leads[key]):8.2f}" if key in leads else f"{'':>8}"
+        lines.append(f"{us / max(reps, 1):9.1f} {n:7.1f} {us / max(counts[key], 1):8.2f} {lead}  {key}")
     return "\n".join(lines)
 
 

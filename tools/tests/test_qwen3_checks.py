@@ -166,6 +166,11 @@ def test_chain_charges_each_activity_the_time_the_stream_advanced() -> None:
     assert rows == {"embed": 2.5, "gemv": 4.0, "argmax": 1.0, "copy": 1.0}
     head = text.splitlines()[0]
     assert "call labels" in head and "8.5 us per step busy" in head and "4.5 us per step idle" in head
+    # lead: b started 4 us before a ended (resident under PDL), c and the copy 0.5 us after b;
+    # a step's first launch has none.
+    leads = {" ".join(line.split()[4:]): line.split()[3] for line in text.splitlines()[2:]
+             if line.split()[3] != "embed"}
+    assert leads == {"gemv": "4.00", "argmax": "-0.50", "readback copy": "-0.50"}
     by_name = checks.chain_table(events[:-1], ["x"], reps=2)  # activities do not match: kernel names
     assert "kernel names" in by_name.splitlines()[0] and " b" in by_name
 
