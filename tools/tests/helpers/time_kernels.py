@@ -154,8 +154,13 @@ def cases(k: h.Kernels, ctx_pages: int) -> list[tuple[str, Callable[[], None], f
 
 
 def main(argv: list[str]) -> int:
+    import argparse
     import tempfile
 
+    ap = argparse.ArgumentParser(description="per-launch GPU time of kern's small kernels at the 4B shape")
+    ap.add_argument("out", nargs="?", type=Path, help="write the table here too (markdown)")
+    ap.add_argument("--only", default="", help="time just the rows whose name contains this")
+    args = ap.parse_args(argv[1:])
     k = h.Kernels(Path(tempfile.mkdtemp(prefix="kern-time-")))
     lines = [
         f"GPU: {torch.cuda.get_device_name()}; {LAUNCHES} launches per graph x {REPLAYS} replays",
@@ -163,17 +168,15 @@ def main(argv: list[str]) -> int:
         "| kernel | us / launch | GB/s (bytes moved / time) |",
         "|---|---|---|",
     ]
-    only = argv[argv.index("--only") + 1] if "--only" in argv else ""
-    argv = [a for i, a in enumerate(argv) if a != "--only" and (i == 0 or argv[i - 1] != "--only")]
     for name, body, nbytes in cases(k, 8192 // PAGE):
-        if only not in name:
+        if args.only not in name:
             continue
         us = time_graph(body)
         lines.append(f"| {name} | {us:.2f} | {nbytes / us / 1e3:.0f} |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    if len(argv) > 1:
-        Path(argv[1]).write_text(text)
+    if args.out is not None:
+        args.out.write_text(text)
     return 0
 
 
