@@ -28,7 +28,9 @@ static __device__ __forceinline__ void qkn_pair(float& x1, float& x2, int i, int
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int hw = half / 32;  // warps per head: 1 or 2
-    const float v = warp_sum(x1 * x1 + x2 * x2);
+    // NOTE: the contraction kern_qk_norm_rope's compiled code has (x2 * x2, then an FMA of x1 * x1),
+    // written out so that it does not depend on this file's optimizer.
+    const float v = warp_sum(__fmaf_rn(x1, x1, __fmul_rn(x2, x2)));
     __syncthreads();
     if (lane == 0) partial[warp] = v;
     __syncthreads();
@@ -64,6 +66,7 @@ kern_attn_decode_qkn(const bf16* __restrict__ qkv, const bf16* __restrict__ wq,
                      int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
                      float scale, float eps) {
     kern_pdl_launch_dependents();
+    if (nq / nkv > QKN_MAX_GROUP || (head_dim != 64 && head_dim != 128)) __trap();  // gen_qwen3 refuses these
     __shared__ __align__(16) bf16 q_s[QKN_MAX_GROUP * QKN_MAX_D];
     __shared__ float partial[4];
     const int half = head_dim / 2;
@@ -103,11 +106,10 @@ kern_attn_decode_qkn(const bf16* __restrict__ qkv, const bf16* __restrict__ wq,
                 v_dst[i] = v_src[i];
                 v_dst[i + half] = v_src[i + half];
             }
-            // NOTE: the fold may read the row through the read-only path (kv is const there): the
-            // stores must have reached L2 first, not only be ordered within the block.
-            __threadfence();
         }
-        __syncthreads();  // q_s and the row are complete for every warp of the block
+        // NOTE: the fold reads q_s and the row with ordinary loads (LDS / LDG, not the read-only
+        // path), so the barrier makes both visible to every warp of the block.
+        __syncthreads();
         return q_s - (int64_t)h * group * head_dim;  // head h * group + g at + (h * group + g) * D
     };
     attn_decode_run(kv, block_table, seq_len, part_o, part_lse, counters, out, nq, nkv, head_dim,

@@ -494,14 +494,16 @@ def test_one_launch_decode_attention_is_the_two_launch_pair(
 @pytest.mark.parametrize(("nq", "nkv", "d", "seq_len", "splits"), [
     (32, 8, 128, 1, 32), (32, 8, 128, 17, 32), (32, 8, 128, 128, 32), (32, 8, 128, 129, 32),
     (32, 8, 128, 395, 32), (32, 8, 128, 513, 32), (32, 8, 128, 8192, 32), (32, 8, 128, 129, 8),
-    (40, 8, 128, 128, 32), (64, 2, 128, 100, 32), (8, 1, 64, 531, 32), (24, 8, 64, 100, 32), (24, 8, 64, 1, 8)])
+    (40, 8, 128, 128, 32), (64, 2, 128, 100, 32), (8, 1, 64, 531, 32), (24, 8, 64, 100, 32), (24, 8, 64, 1, 8),
+    (8, 8, 128, 128, 32), (16, 8, 64, 100, 32), (16, 1, 128, 200, 32), (32, 1, 64, 50, 8), (40, 8, 64, 100, 32)])
 def test_decode_attention_with_q_k_norm_is_qk_norm_rope_kv_then_attention(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
 ) -> None:
     """kern_attn_decode_qkn (attention_qkn.cu) = kern_qk_norm_rope_kv then kern_attn_decode, bit for
     bit: the attention output and every page (the step's k / v row written by the split that holds
-    it), both combine paths, q/k head groups 1..32 and head_dim 64 / 128; qkv keeps the GEMV's raw
-    values and the counters are zero again."""
+    it), both combine paths, groups of 1, 2, 3, 4, 5, 8, 16 and 32 query heads per kv head, head_dim
+    64 and 128; qkv keeps the GEMV's raw values and the counters are zero again. Each launch gets its
+    own NaN scratch, so the fused one cannot pass on the pair's partials."""
     maxpos = 8192 + 16
     pages = math.ceil(seq_len / PAGE) + 3
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
@@ -513,7 +515,10 @@ def test_decode_attention_with_q_k_norm_is_qk_norm_rope_kv_then_attention(
     seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
     scale = d**-0.5
     counters = torch.zeros(nkv, dtype=torch.int32, device=DEV)
-    scratch = [torch.full((splits, nq, d), float("nan"), device=DEV), torch.full((splits, nq), float("nan"), device=DEV)]
+
+    def scratch() -> list[torch.Tensor]:
+        return [torch.full((splits, nq, d), float("nan"), device=DEV), torch.full((splits, nq), float("nan"), device=DEV)]
+
     geometry = (h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride), h.i32(splits), h.f32(scale))
     # the pair
     qkv_a, kv_a = qkv.clone(), h.Paged(kv.state.clone(), LAYERS, pages, PAGE, nkv, d)
@@ -522,15 +527,17 @@ def test_decode_attention_with_q_k_norm_is_qk_norm_rope_kv_then_attention(
              h.ptr(pos), h.ptr(cos), h.ptr(sin), layer_a, h.ptr(slots), h.i32(nq), h.i32(nkv), h.i32(d),
              h.f32(EPS), h.i32(PAGE), h.i64(kv_a.page_stride))
     pair = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
+    sa = scratch()
     k.launch("kern_attn_decode", (nkv, splits), (128,), h.ptr(qkv_a), layer_a, h.ptr(table), h.ptr(seq),
-             h.ptr(scratch[0]), h.ptr(scratch[1]), h.ptr(counters), h.ptr(pair), *geometry)
+             h.ptr(sa[0]), h.ptr(sa[1]), h.ptr(counters), h.ptr(pair), *geometry)
     torch.cuda.synchronize()
     # the fused launch
     qkv_b, kv_b = qkv.clone(), h.Paged(kv.state.clone(), LAYERS, pages, PAGE, nkv, d)
     one = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
+    sb = scratch()
     k.launch("kern_attn_decode_qkn", (nkv, splits), (128,), h.ptr(qkv_b), h.ptr(wq), h.ptr(wk), h.ptr(pos),
              h.ptr(cos), h.ptr(sin), h.ptr(kv_b.state, kv_b.layer_offset(LAYER)), h.ptr(slots), h.ptr(table),
-             h.ptr(seq), h.ptr(scratch[0]), h.ptr(scratch[1]), h.ptr(counters), h.ptr(one), *geometry, h.f32(EPS))
+             h.ptr(seq), h.ptr(sb[0]), h.ptr(sb[1]), h.ptr(counters), h.ptr(one), *geometry, h.f32(EPS))
     torch.cuda.synchronize()
     assert torch.equal(bits(one), bits(pair))
     assert torch.equal(bits(kv_b.state), bits(kv_a.state)), "the step's k / v row differs"

@@ -267,3 +267,17 @@ def test_nvcc_build_is_reproducible(tmp_path: Path) -> None:
         assert path.read_bytes() == second[module][0].read_bytes()
         assert path.read_bytes()[:4] == b"\x7fELF"
     assert NVCC_FLAGS == ("-cubin", "-arch=sm_90", "-O3")
+
+
+def test_a_change_to_an_included_source_rebuilds_the_module_that_includes_it(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    """gamma.cu includes beta.cu for its device code: editing beta.cu rebuilds both, not alpha."""
+    (src / "gamma.cu").write_text('#include "beta.cu"\nextern "C" __global__ void g() {}\n')
+    out = tmp_path / "out"
+    build_kernels(src, out, compiler=fake_nvcc)
+    build_kernels(src, out, compiler=fake_nvcc)
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "gamma.cu"]  # the second build was all cached
+    (src / "beta.cu").write_text('extern "C" __global__ void b2() {}\n')
+    build_kernels(src, out, compiler=fake_nvcc)
+    assert _calls(fake_nvcc)[3:] == ["beta.cu", "gamma.cu"]

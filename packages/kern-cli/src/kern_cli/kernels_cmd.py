@@ -93,7 +93,7 @@ def build_kernels(
     version = _compiler_version(compiler)
     headers = _headers_digest(src_dir)
     cache = _load_cache(out_dir)
-    keys = {m: _cache_key(p.read_bytes(), headers, version) for m, p in sources.items()}
+    keys = {m: _cache_key(_with_included_sources(p), headers, version) for m, p in sources.items()}
     stale = [m for m in sources if not _is_fresh(cache.get(m), keys[m], out_dir)]
     built = _compile_all(compiler, sources, stale)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -125,6 +125,23 @@ def _headers_digest(src_dir: Path) -> str:
     for path in sorted(p for p in src_dir.iterdir() if p.suffix in _HEADER_SUFFIXES):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+_INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"/]+\.cu)"', re.MULTILINE)
+
+
+def _with_included_sources(path: Path) -> bytes:
+    """A module's source followed by the `.cu` sources it includes from its own directory,
+    transitively (a module may include another for its device code); headers are keyed apart."""
+    seen: list[Path] = []
+    todo = [path]
+    while todo:
+        p = todo.pop()
+        if p in seen or not p.is_file():
+            continue
+        seen.append(p)
+        todo += [p.parent / m.decode() for m in _INCLUDE.findall(p.read_bytes())]
+    return b"\0".join(p.name.encode() + b"\0" + p.read_bytes() for p in seen)
 
 
 def _cache_key(source: bytes, headers: str, version: str) -> str:
