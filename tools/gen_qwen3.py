@@ -809,6 +809,7 @@ def generate(
     gemv_pick: Mapping[str, str] | None = None,
     carveout: int | None = None,
     fuse_qkn: bool = False,
+    pdl_off: Sequence[str] = (),
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -835,6 +836,9 @@ def generate(
             manifest's launch `carveout`); None leaves it to the driver.
         fuse_qkn: (with `fuse`) decode attention also norms and rotates q / k and writes the
             step's KV row (`kern_attn_decode_qkn`): no q/k-norm launch in the decode step.
+        pdl_off: (with `pdl`) decode GEMMs (of `GEMV_GEMMS`) launched without PDL, so their blocks
+            start only when the launch before them has finished (an experiment: does a GEMV's
+            early start slow the norm before it?).
 
     Raises:
         GenError: an unknown GEMM name, or `pdl` without every decode GEMM as our GEMV.
@@ -848,6 +852,8 @@ def generate(
     if pdl and set(gemv) != set(GEMV_GEMMS):
         raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
                        "cannot sit in a PDL chain")
+    if sorted(set(pdl_off) - set(GEMV_GEMMS)) or (pdl_off and not pdl):
+        raise GenError(f"pdl_off {list(pdl_off)}: name decode GEMMs ({', '.join(GEMV_GEMMS)}), together with pdl")
     if fuse_qkn and not fuse:
         raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
     if fuse_qkn and shape.heads // shape.kv_heads > QKN_MAX_GROUP:
@@ -882,6 +888,7 @@ def generate(
     ops = {name: op for name, op in ops.items() if name in used_ops}
     if pdl:
         _apply_pdl(ops, programs)
+        _drop_pdl(ops, programs, pdl_off)
     if carveout is not None:
         for launch in (la for op in ops.values() for la in op["impl"]["launches"] if "module" in la):
             launch["carveout"] = carveout
@@ -925,6 +932,24 @@ def _apply_pdl(ops: Json, programs: Json) -> None:
         renamed[op] = target
     for call in decode:
         call["op"] = renamed[call["op"]]
+
+
+def _drop_pdl(ops: Json, programs: Json, gemms: Sequence[str]) -> None:
+    """The decode calls of `gemms` (labels `l<i>.<gemm>` or `<gemm>`) launch without PDL, through
+    `<op>.nopdl` copies of their ops (so no other call loses PDL)."""
+    for call in programs["decode"]["calls"]:
+        if call["label"].rsplit(".", 1)[-1] not in gemms:
+            continue
+        target = f"{call['op']}.nopdl"
+        if target not in ops:
+            spec = json.loads(json.dumps(ops[call["op"]]))
+            for launch in spec["impl"]["launches"]:
+                launch.pop("pdl", None)
+            ops[target] = spec
+        call["op"] = target
+    used = {c["op"] for p in programs.values() for c in p["calls"]}
+    for op in [o for o in ops if o not in used]:
+        del ops[op]
 
 
 # --------------------------------------------------------------------------------------------

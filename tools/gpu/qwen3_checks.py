@@ -27,7 +27,8 @@
    per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head on
    kern_gemv_bf16_p4, and o on _d4 besides), `-p4gu` / `-p4qd` / `-p4all` (gate_up on _p4_silu; qkv and
    down on _p4; all three), `-qkn` (`-fast` with q/k norm + rope + KV write folded into the decode
-   attention, kern_attn_decode_qkn), `-picked` (`-fast` with --gemv-pick's entries);
+   attention, kern_attn_decode_qkn), `-gu_nopdl` / `-qkv_nopdl` (`-fast` with gate_up's or qkv's GEMV
+   launched without PDL: does its early start slow the norm before it?), `-picked` (`-fast` with --gemv-pick's entries);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -214,7 +215,9 @@ neighbours slower; a uniform carveout made every variant slower, fourth pass); t
 on the deep bands (`_d4` / `_d8`, `_d4_silu`); lm_head on `_p4` (fastest at its shape, fourth pass), alone
 and with o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on `_p4_silu`, qkv
 and down on `_p4`."""
-VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", "qkn", *TRIAL_VARIANTS)
+NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}
+"""`fast` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
+VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS, *TRIAL_VARIANTS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -236,6 +239,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
     if variant == "qkn":
         return variant_options(gen, "fast") | {"fuse_qkn": True}
+    if variant in NOPDL_VARIANTS:
+        return variant_options(gen, "fast") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
     if variant in TRIAL_VARIANTS:
         carveout, picks = TRIAL_VARIANTS[variant]
         base = variant_options(gen, "fast") | ({"gemv_pick": dict(picks)} if picks else {})

@@ -359,6 +359,21 @@ def test_pdl_marks_every_decode_launch_and_nothing_else() -> None:
         _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"], pdl=True)
 
 
+def test_pdl_off_launches_the_named_gemms_without_pdl_and_nothing_else() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True,
+                  pdl_off=["gate_up"])
+    _verify(m)
+    decode = m["programs"]["decode"]["calls"]
+    for c in decode[1:]:
+        pdl = [la.get("pdl") for la in m["ops"][c["op"]]["impl"]["launches"]]
+        assert pdl == ([None] if c["label"].endswith(".gate_up") else [True] * len(pdl)), c["label"]
+    assert sum(c["op"] == "gemv_silu_9728x2560.nopdl" for c in decode) == 36
+    assert "gemv_silu_9728x2560" not in m["ops"]  # no op is left that no call uses
+    for bad in (dict(pdl_off=["attn"], pdl=True), dict(pdl_off=["qkv"], pdl=False)):
+        with pytest.raises(gen.GenError, match="pdl_off"):
+            _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, **bad)
+
+
 @pytest.mark.parametrize("feed", ["host", "device"])
 def test_nothing_before_the_attention_writes_what_it_reads_before_its_pdl_wait(feed: str) -> None:
     """kern_attn_decode reads seq_len and the block table before its PDL wait, and that code may
