@@ -1016,6 +1016,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         f"'default' ({','.join(GEMV_DEFAULT)}) or 'all'; empty: all cublasLt")
     p.add_argument("--fuse", action="store_true",
                    help="q/k norm + rope writes the KV pages; decode attention in one launch")
+    p.add_argument("--pdl-off", default="", metavar="GEMMS",
+                   help="with --pdl: comma-separated decode GEMMs launched without PDL (an experiment)")
     p.add_argument("--fuse-qkn", action="store_true",
                    help="with --fuse: decode attention also norms / rotates q and k and writes the KV row")
     p.add_argument("--gemv-pick", type=Path, default=None,
@@ -1121,6 +1123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
+                            pdl_off=[g for g in args.pdl_off.split(",") if g],
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
                             carveout=args.carveout)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:

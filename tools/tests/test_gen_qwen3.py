@@ -290,6 +290,11 @@ def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pyt
     out = tmp_path / "qwen3-tiny.json"
     assert gen.main(["--preset", "qwen3-tiny", "-o", str(out)]) == 0
     assert json.loads(out.read_text()) == _manifest(QWEN3_TINY_CONFIG, feed="device") | {"model": "qwen3-tiny"}
+    flags = ["--gemv", "all", "--fuse", "--pdl", "--fuse-qkn", "--pdl-off", "gate_up,qkv"]
+    assert gen.main(["--preset", "qwen3-tiny", "-o", str(out), *flags]) == 0
+    assert json.loads(out.read_text()) == _manifest(
+        QWEN3_TINY_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=True,
+        pdl_off=["gate_up", "qkv"]) | {"model": "qwen3-tiny"}
 
 
 def test_examples_are_what_the_generator_writes() -> None:
