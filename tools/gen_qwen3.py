@@ -31,6 +31,7 @@ __all__ = [
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
     "FEEDS",
+    "FOLD_ENTRIES",
     "FUSED_ENTRIES",
     "GEMV_BAND",
     "GEMV_DEFAULT",
@@ -173,6 +174,13 @@ column per block (`_s4`) for o; lm_head's rows bulk-copied into shared memory (`
 the step against `_c2`'s 185.9); gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and
 writes `act` (no kern_silu_mul in the decode step). `_p4` / `_p4_silu` for qkv, down and gate_up made
 those GEMVs faster (gate_up 28.4 -> 24.1 us) but the launches around them slower, the step by 89 us."""
+FOLD_ENTRIES: dict[str, tuple[str, str]] = {
+    "qkv": ("kern_gemv_bf16_b4_n", "kern_gemv_bf16_b4"),
+    "gate_up": ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu"),
+}
+"""`fold_norm=True` (gemv_norm.cu): decode GEMM -> (the band GEMV with the add + RMSNorm before it in
+its prologue, the band entry whose grid it takes). The norm launches before qkv (the previous
+layer's next_norm) and before gate_up (post_norm) go; the residual alternates between `h` and `h2`."""
 QKN_MAX_GROUP = 32
 """attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
 QKN_ENTRIES: tuple[str, ...] = ("kern_attn_decode_qkn",)
@@ -567,11 +575,12 @@ def _weights(s: Qwen3Shape) -> Json:
     return out
 
 
-def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False) -> Json:
+def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False, fold: bool = False) -> Json:
     bf16 = "bf16"
     work = {
         "h": [s.hidden], "x": [s.hidden], "y": [s.hidden], "qkv": [s.qkv_rows],
         "attn": [s.heads * s.head_dim], "gu": [2 * s.inter], "act": [s.inter],
+        **({"h2": [s.hidden]} if fold else {}),
     }
     out: Json = {
         "ids": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "token",
@@ -810,6 +819,7 @@ def generate(
     carveout: int | None = None,
     fuse_qkn: bool = False,
     pdl_off: Sequence[str] = (),
+    fold_norm: bool = False,
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -836,6 +846,9 @@ def generate(
             manifest's launch `carveout`); None leaves it to the driver.
         fuse_qkn: (with `fuse`) decode attention also norms and rotates q / k and writes the
             step's KV row (`kern_attn_decode_qkn`): no q/k-norm launch in the decode step.
+        fold_norm: the add + RMSNorm before qkv and before gate_up runs in those GEMVs' prologue
+            (`FOLD_ENTRIES`, band layouts; needs both as our GEMV, gate_up on a SiLU entry): two
+            launches fewer per layer; the residual alternates between buffers `h` and `h2`.
         pdl_off: (with `pdl`) decode GEMMs (of `GEMV_GEMMS`) launched without PDL, so their blocks
             start only when the launch before them has finished (an experiment: does a GEMV's
             early start slow the norm before it?).
@@ -844,27 +857,15 @@ def generate(
         GenError: an unknown GEMM name, or `pdl` without every decode GEMM as our GEMV.
         KernelsError: an entry is missing, or its module has no hash.
     """
-    if feed not in FEEDS:
-        raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
-    unknown = sorted(set(gemv) - set(GEMV_GEMMS))
-    if unknown:
-        raise GenError(f"--gemv names {', '.join(unknown)}; choose from {', '.join(GEMV_GEMMS)}")
-    if pdl and set(gemv) != set(GEMV_GEMMS):
-        raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
-                       "cannot sit in a PDL chain")
-    if sorted(set(pdl_off) - set(GEMV_GEMMS)) or (pdl_off and not pdl):
-        raise GenError(f"pdl_off {list(pdl_off)}: name decode GEMMs ({', '.join(GEMV_GEMMS)}), together with pdl")
-    if fuse_qkn and not fuse:
-        raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
-    if fuse_qkn and shape.heads // shape.kv_heads > QKN_MAX_GROUP:
-        raise GenError(f"fuse_qkn holds at most {QKN_MAX_GROUP} query heads per kv head in shared memory "
-                       f"(attention_qkn.cu); this model has {shape.heads // shape.kv_heads}: drop --fuse-qkn")
-    if carveout is not None and not 0 <= carveout <= 100:
-        raise GenError(f"carveout {carveout}: give a percentage 0..100 (or none for the driver's choice)")
+    _check_options(shape, feed=feed, gemv=gemv, fuse=fuse, pdl=pdl, carveout=carveout, fuse_qkn=fuse_qkn,
+                   pdl_off=pdl_off, fold_norm=fold_norm)
     picks = _picks(gemv, gemv_pick or {})
+    if fold_norm and picks["gate_up"] not in SILU_ENTRIES:
+        raise GenError(f"fold_norm needs gate_up on a SiLU entry ({', '.join(SILU_ENTRIES)}), not {picks['gate_up']}")
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ())
-              + (QKN_ENTRIES if fuse_qkn else ()))
+              + (QKN_ENTRIES if fuse_qkn else ())
+              + (tuple(e for e, _band in FOLD_ENTRIES.values()) if fold_norm else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
@@ -885,6 +886,9 @@ def generate(
         prefix, shape_nk = op.rsplit("_", 1)
         n, k = (int(v) for v in shape_nk.split("x"))
         ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
+    if fold_norm:
+        _fold_norms(shape, entries, ops, programs)
+        used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
     ops = {name: op for name, op in ops.items() if name in used_ops}
     if pdl:
         _apply_pdl(ops, programs)
@@ -897,11 +901,35 @@ def generate(
         "model": model,
         "vars": {"tokens": {"max": chunk}},
         "states": {"kv": {"bytes_per_token": shape.kv_bytes_per_token}},
-        "buffers": _buffers(shape, feed, fuse),
+        "buffers": _buffers(shape, feed, fuse, fold_norm),
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
         "ops": ops,
         "programs": programs,
     }
+
+
+def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: bool, pdl: bool,
+                   carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool) -> None:
+    """GenError for a combination of `generate` options that cannot be built."""
+    if feed not in FEEDS:
+        raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
+    unknown = sorted(set(gemv) - set(GEMV_GEMMS))
+    if unknown:
+        raise GenError(f"--gemv names {', '.join(unknown)}; choose from {', '.join(GEMV_GEMMS)}")
+    if pdl and set(gemv) != set(GEMV_GEMMS):
+        raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
+                       "cannot sit in a PDL chain")
+    if sorted(set(pdl_off) - set(GEMV_GEMMS)) or (pdl_off and not pdl):
+        raise GenError(f"pdl_off {list(pdl_off)}: name decode GEMMs ({', '.join(GEMV_GEMMS)}), together with pdl")
+    if fold_norm and not {"qkv", "gate_up"} <= set(gemv):
+        raise GenError("fold_norm runs the norms inside the qkv and gate_up GEMVs: it needs both as our GEMV (--gemv)")
+    if fuse_qkn and not fuse:
+        raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
+    if fuse_qkn and shape.heads // shape.kv_heads > QKN_MAX_GROUP:
+        raise GenError(f"fuse_qkn holds at most {QKN_MAX_GROUP} query heads per kv head in shared memory "
+                       f"(attention_qkn.cu); this model has {shape.heads // shape.kv_heads}: drop --fuse-qkn")
+    if carveout is not None and not 0 <= carveout <= 100:
+        raise GenError(f"carveout {carveout}: give a percentage 0..100 (or none for the driver's choice)")
 
 
 def _picks(gemv: Sequence[str], override: Mapping[str, str]) -> dict[str, str]:
@@ -932,6 +960,45 @@ def _apply_pdl(ops: Json, programs: Json) -> None:
         renamed[op] = target
     for call in decode:
         call["op"] = renamed[call["op"]]
+
+
+def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], ops: Json, programs: Json) -> None:
+    """Each decode add + RMSNorm that a qkv or gate_up GEMV follows becomes that GEMV's prologue
+    (FOLD_ENTRIES): the pair is one call reading the residual from the current buffer and writing
+    the new residual to the other one (`h` / `h2` in turn); a norm that stays (the final one)
+    reads and updates the current buffer."""
+    calls = programs["decode"]["calls"]
+    out: list[Json] = []
+    cur, other = "h", "h2"
+    i = 0
+    while i < len(calls):
+        call = calls[i]
+        gemm = calls[i + 1]["label"].rsplit(".", 1)[-1] if i + 1 < len(calls) else ""
+        if call["op"] != "add_rmsnorm":
+            out.append(call)
+            i += 1
+            continue
+        _res, y_add, w_norm, *_rest = call["args"]
+        if gemm not in FOLD_ENTRIES:
+            out.append({**call, "args": [_buf(cur), *call["args"][1:]]})
+            i += 1
+            continue
+        gemv = calls[i + 1]
+        entry, band = FOLD_ENTRIES[gemm]
+        n, k = (s.qkv_rows, s.hidden) if gemm == "qkv" else (s.inter, s.hidden)
+        op = f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
+        if op not in ops:
+            grid, threads, _smem = gemv_launch(band, n, k)
+            io = [BF16_IN, BF16_IN, BF16_IN, BF16_OUT, BF16_IN, BF16_OUT]
+            launch = _kernel(mods, entry, [grid, 1, 1], threads, shared_mem=2 * 2 * k,
+                             params=[*io, "i32", "i32", "i32", "i32", "f32"],
+                             args=[*({"param": j} for j in range(6)), _i32(1), _i32(n), _i32(k), _i32(n), _f32(s.eps)])
+            ops[op] = {"params": io, "impl": {"launches": [launch]}}
+        _x, w, y = gemv["args"]
+        out.append(_call(gemv["label"], op, _buf(cur), y_add, w_norm, _buf(other), w, y))
+        cur, other = other, cur
+        i += 2
+    programs["decode"]["calls"] = out
 
 
 def _drop_pdl(ops: Json, programs: Json, gemms: Sequence[str]) -> None:
@@ -1018,6 +1085,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="q/k norm + rope writes the KV pages; decode attention in one launch")
     p.add_argument("--pdl-off", default="", metavar="GEMMS",
                    help="with --pdl: comma-separated decode GEMMs launched without PDL (an experiment)")
+    p.add_argument("--fold-norm", action="store_true",
+                   help="the add + RMSNorm before qkv and gate_up in those GEMVs' prologue (gemv_norm.cu)")
     p.add_argument("--fuse-qkn", action="store_true",
                    help="with --fuse: decode attention also norms / rotates q and k and writes the KV row")
     p.add_argument("--gemv-pick", type=Path, default=None,
@@ -1123,7 +1192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
-                            pdl_off=[g for g in args.pdl_off.split(",") if g],
+                            pdl_off=[g for g in args.pdl_off.split(",") if g], fold_norm=args.fold_norm,
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
                             carveout=args.carveout)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:

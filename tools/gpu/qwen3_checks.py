@@ -27,7 +27,8 @@
    per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head on
    kern_gemv_bf16_p4, and o on _d4 besides), `-p4gu` / `-p4qd` / `-p4all` (gate_up on _p4_silu; qkv and
    down on _p4; all three), `-qkn` (`-fast` with q/k norm + rope + KV write folded into the decode
-   attention, kern_attn_decode_qkn), `-gu_nopdl` / `-qkv_nopdl` (`-fast` with gate_up's or qkv's GEMV
+   attention, kern_attn_decode_qkn), `-fold` / `-qknfold` (`-fast` with the add + RMSNorm before qkv
+   and gate_up in those GEMVs' prologue, gemv_norm.cu; and with `-qkn` too), `-gu_nopdl` / `-qkv_nopdl` (`-fast` with gate_up's or qkv's GEMV
    launched without PDL: does its early start slow the norm before it?), `-picked` (`-fast` with --gemv-pick's entries);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
@@ -217,7 +218,8 @@ and with o on `_d4` (whose loads in flight before the PDL wait cover the attenti
 and down on `_p4`."""
 NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}
 """`fast` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
-VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS, *TRIAL_VARIANTS)
+VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", "qkn", "fold", "qknfold", *NOPDL_VARIANTS,
+            *TRIAL_VARIANTS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -239,6 +241,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
     if variant == "qkn":
         return variant_options(gen, "fast") | {"fuse_qkn": True}
+    if variant in ("fold", "qknfold"):
+        return variant_options(gen, "fast") | {"fold_norm": True} | ({"fuse_qkn": True} if variant == "qknfold" else {})
     if variant in NOPDL_VARIANTS:
         return variant_options(gen, "fast") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
     if variant in TRIAL_VARIANTS:

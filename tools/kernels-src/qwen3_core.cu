@@ -14,34 +14,7 @@ extern "C" __global__ void kern_embed(const int64_t* __restrict__ ids, const bf1
     for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) dst[c] = src[c];
 }
 
-// n = bf16(bf16(x * r) * w) for 8 elements.
-static __device__ __forceinline__ uint4 norm8(const uint4 xv, const uint4 wv, float r) {
-    float x[8], w[8], o[8];
-    unpack8(xv, x);
-    unpack8(wv, w);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = bf(x[i] * r) * w[i];
-    return pack8(o);
-}
-
-// bf16(a + b) for 8 elements (the residual add, rounded as torch rounds a bf16 sum).
-static __device__ __forceinline__ uint4 add8(const uint4 av, const uint4 bv) {
-    float a[8], b[8];
-    unpack8(av, a);
-    unpack8(bv, b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = bf(a[i] + b[i]);
-    return pack8(a);
-}
-
-static __device__ __forceinline__ float sumsq8(const uint4 v) {
-    float x[8];
-    unpack8(v, x);
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s += x[i] * x[i];
-    return s;
-}
+#include "row_ops.cuh"
 
 static __device__ __forceinline__ void norm_row(const bf16* x, const bf16* w, bf16* out, int hidden,
                                                 float eps, float sumsq) {

@@ -31,7 +31,7 @@ gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES)}
+                          *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()))}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -252,10 +252,12 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     fast = gen.generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
     plain = gen.generate(shape, hashes, entries, model="t", feed=feed)
     qkn = gen.generate(shape, hashes, entries, model="t", feed=feed, fuse=True, fuse_qkn=True)
-    ops = plain["ops"] | fast["ops"] | qkn["ops"]
-    assert "attn_decode_qkn" in ops
+    fold = gen.generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fold_norm=True)
+    ops = plain["ops"] | fast["ops"] | qkn["ops"] | fold["ops"]
+    assert "attn_decode_qkn" in ops and "gemv_b4_n_1024x256" in ops and "gemv_b4_silu_n_768x256" in ops
     assert {op for op in ops if op.startswith("gemv")} == {
-        "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_b4_256x768", "gemv_p4_4096x256"}
+        "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_b4_256x768", "gemv_p4_4096x256",
+        "gemv_b4_n_1024x256", "gemv_b4_silu_n_768x256"}
     sigs = _c_params(src)
     for name, op in ops.items():
         for launch in op["impl"]["launches"]:
@@ -290,11 +292,11 @@ def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pyt
     out = tmp_path / "qwen3-tiny.json"
     assert gen.main(["--preset", "qwen3-tiny", "-o", str(out)]) == 0
     assert json.loads(out.read_text()) == _manifest(QWEN3_TINY_CONFIG, feed="device") | {"model": "qwen3-tiny"}
-    flags = ["--gemv", "all", "--fuse", "--pdl", "--fuse-qkn", "--pdl-off", "gate_up,qkv"]
+    flags = ["--gemv", "all", "--fuse", "--pdl", "--fuse-qkn", "--pdl-off", "gate_up,qkv", "--fold-norm"]
     assert gen.main(["--preset", "qwen3-tiny", "-o", str(out), *flags]) == 0
     assert json.loads(out.read_text()) == _manifest(
         QWEN3_TINY_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=True,
-        pdl_off=["gate_up", "qkv"]) | {"model": "qwen3-tiny"}
+        pdl_off=["gate_up", "qkv"], fold_norm=True) | {"model": "qwen3-tiny"}
 
 
 def test_examples_are_what_the_generator_writes() -> None:
@@ -400,6 +402,36 @@ def test_nothing_before_the_attention_writes_what_it_reads_before_its_pdl_wait(f
         assert not before & {table["buf"], seq_len["buf"]}, calls[i]["label"]
     writers = [c["label"] for c in calls if {"block_table", "step_len"} & written(c)]
     assert writers == (["advance"] if feed == "device" else [])
+
+
+def test_fold_norm_runs_the_norms_in_the_following_gemvs_with_a_ping_pong_residual() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True)
+    _verify(m)
+    decode = m["programs"]["decode"]["calls"]
+    labels = [c["label"] for c in decode]
+    assert len(decode) == 2 + 36 * 8 + 3 - 71  # post_norm x36 and next_norm x35 folded
+    assert [lb for lb in labels if lb.endswith("_norm")] == ["l0.in_norm", "l35.next_norm"]
+    residuals = [(c["label"], c["args"][0]["buf"], c["args"][3]["buf"]) for c in decode
+                 if c["op"].startswith("gemv_b4_n") or c["op"].startswith("gemv_b4_silu_n")]
+    assert residuals[:3] == [("l0.gate_up", "h", "h2"), ("l1.qkv", "h2", "h"), ("l1.gate_up", "h", "h2")]
+    assert len(residuals) == 71 and all(a != b for _lb, a, b in residuals)
+    assert all(residuals[j][2] == residuals[j + 1][1] for j in range(70))  # each reads what the last wrote
+    final = decode[labels.index("l35.next_norm")]
+    assert final["args"][0] == {"buf": residuals[-1][2]} and final["args"][3] == {"buf": "x"}
+    gate_up = decode[labels.index("l3.gate_up")]
+    assert [a["buf"] for a in gate_up["args"]] == ["h", "y", "l3.post_norm", "h2", "l3.gate_up", "act"]
+    qkv = decode[labels.index("l3.qkv")]
+    assert [a["buf"] for a in qkv["args"]] == ["h2", "y", "l3.in_norm", "h", "l3.qkv", "qkv"]
+    launch = m["ops"][qkv["op"]]["impl"]["launches"][0]
+    assert (launch["entry"], launch["grid"][0], launch["shared_mem"]) == ("kern_gemv_bf16_b4_n", 878, 4 * 2560)
+    assert launch["pdl"] is True and launch["args"][-1] == {"f32": 1e-6}
+    assert "h2" in m["buffers"]
+    assert any(c["op"] == "add_rmsnorm" for c in m["programs"]["prefill"]["calls"])  # prefill keeps its norms
+    with pytest.raises(gen.GenError, match="needs both as our GEMV"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"], fold_norm=True)
+    with pytest.raises(gen.GenError, match="needs gate_up on a SiLU entry"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fold_norm=True,
+                  gemv_pick={"gate_up": "kern_gemv_bf16"})
 
 
 def test_fuse_qkn_folds_q_k_norm_into_the_decode_attention() -> None:

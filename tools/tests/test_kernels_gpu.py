@@ -700,3 +700,43 @@ def test_one_launch_decode_attention_refuses_splits_off_the_cluster(k: object, g
                  h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride), h.i32(splits), h.f32(d**-0.5))
     torch.cuda.synchronize()
     assert (out.float() == 5.0).all() and (po == 3.0).all() and (pl == 3.0).all() and not counters.any()
+
+
+@pytest.mark.parametrize(("entry", "band", "silu"), [("kern_gemv_bf16_b4_n", "kern_gemv_bf16_b4", False),
+                                                     ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu", True)])
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
+                                               (4, 33, 264), (3, 5, 2568)])
+def test_norm_folded_gemv_is_add_rmsnorm_then_the_band_gemv(
+    k: object, gen: torch.Generator, entry: str, band: str, silu: bool, rows: int, n: int, kk: int
+) -> None:
+    """gemv_norm.cu: kern_add_rmsnorm (256 threads) then the band GEMV of its output, bit for bit, on
+    several grids (the band's one wave, 1 block, 7, a block per column, more blocks than columns):
+    the GEMV's output, the new residual in res_out (res_in untouched); with less dynamic shared
+    memory than h and x need, it writes nothing."""
+    res = randn(rows, kk, gen=gen, scale=2.0)
+    y_add = randn(rows, kk, gen=gen)
+    w_norm = randn(kk, gen=gen)
+    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
+    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
+    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
+             h.f32(EPS))
+    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(band, (min(n, 924),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
+             h.i32(n))
+    torch.cuda.synchronize()
+    smem = 4 * rows * kk
+    for grid in (min(n, 924), 1, 7, n, n + 5):
+        res_b = res.clone()
+        res_out = torch.full_like(res, float("nan"))
+        got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        k.launch(entry, (grid,), (128,), h.ptr(res_b), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w),
+                 h.ptr(got), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
+        torch.cuda.synchronize()
+        assert torch.equal(bits(got), bits(want)), f"grid {grid}"
+        assert torch.equal(bits(res_out), bits(res_a)), f"grid {grid}: the new residual"
+        assert torch.equal(bits(res_b), bits(res)), "res_in must stay as it was"
+    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(entry, (7,), (128,), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_a), h.ptr(w), h.ptr(got),
+             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem - 16)
+    torch.cuda.synchronize()
+    assert got.isnan().all(), "no room for h and x: nothing written"

@@ -34,7 +34,7 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES)}
+                             *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()))}
 STEPS = 12
 
 
@@ -248,20 +248,21 @@ def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], reference
     assert tokens == want_tokens
 
 
-@pytest.mark.parametrize("qkn", [False, True])
+@pytest.mark.parametrize(("qkn", "fold"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
-                                            n: int, chunk: int, qkn: bool) -> None:
+                                            n: int, chunk: int, qkn: bool, fold: bool) -> None:
     """Every decode GEMM as our GEMV (gate_up with SiLU-and-mul), q/k norm + rope writing the pages,
     one-launch decode attention (counters zeroed by the load program), PDL launches; with `qkn` the
     decode attention also norms / rotates q and k and writes the step's KV row."""
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
-                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn)
+                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold)
     entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
     assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
     assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
+    assert any(op.startswith("gemv_b4_silu_n") for op in decode) == fold
     machine = interp.Interp(m, weights, capacity=512)
     tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
     want_tokens, want_first = references[n]

@@ -241,6 +241,25 @@ def k_gemv_silu(t: int, x: Ptr, w: Ptr, y: Ptr, rows: int, n: int, k: int, y_str
     _view(y, rows * y_stride).reshape(rows, y_stride)[:, :n] = g / (1 + np.exp(-g)) * u
 
 
+def _fold(t: int, res_in: Ptr, y_add: Ptr, w_norm: Ptr, res_out: Ptr, rows: int, k: int, eps: float) -> Ptr:
+    """kern_add_rmsnorm into res_out (res_in left as it is); returns the normed x (a fresh array)."""
+    h = _view(res_in, rows * k) + _view(y_add, rows * k)
+    _view(res_out, rows * k)[:] = h
+    return (_rms(h.reshape(rows, k), _view(w_norm, k), eps).reshape(-1).astype(F32), 0)
+
+
+def k_gemv_norm(t: int, res_in: Ptr, y_add: Ptr, w_norm: Ptr, res_out: Ptr, w: Ptr, y: Ptr, rows: int, n: int,
+                k: int, y_stride: int, eps: float) -> None:
+    """kern_add_rmsnorm (into res_out) then the GEMV of its output (gemv_norm.cu)."""
+    k_gemv(t, _fold(t, res_in, y_add, w_norm, res_out, rows, k, eps), w, y, rows, n, k, y_stride)
+
+
+def k_gemv_silu_norm(t: int, res_in: Ptr, y_add: Ptr, w_norm: Ptr, res_out: Ptr, w: Ptr, y: Ptr, rows: int,
+                     n: int, k: int, y_stride: int, eps: float) -> None:
+    """kern_add_rmsnorm (into res_out) then the gate/up GEMV with SiLU-and-mul (gemv_norm.cu)."""
+    k_gemv_silu(t, _fold(t, res_in, y_add, w_norm, res_out, rows, k, eps), w, y, rows, n, k, y_stride)
+
+
 def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: float) -> None:
     inv = (1.0 / np.power(np.float64(theta), np.arange(half) * 2 / (2 * half))).astype(F32)
     ang = np.arange(maxpos, dtype=F32)[:, None] * inv[None, :]
@@ -262,6 +281,7 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
     "kern_attn_decode": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
+    "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm,
 }  # fmt: skip
 
 
