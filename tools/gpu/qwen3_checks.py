@@ -206,6 +206,7 @@ TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
                    "down": "kern_gemv_bf16_d8"}),
     "lmp4": (-1, {"lm_head": "kern_gemv_bf16_p4"}),
     "od4": (-1, {"lm_head": "kern_gemv_bf16_p4", "o": "kern_gemv_bf16_d4"}),
+    "b4gu": (-1, {"gate_up": "kern_gemv_bf16_b4_silu"}),
     "p4gu": (-1, {"gate_up": "kern_gemv_bf16_p4_silu"}),
     "p4qd": (-1, {"qkv": "kern_gemv_bf16_p4", "down": "kern_gemv_bf16_p4"}),
     "p4all": (-1, {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu", "down": "kern_gemv_bf16_p4"}),
@@ -213,7 +214,8 @@ TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
 """`fast` with one shared-memory carveout for every kernel (-1: the driver's choice) and GEMV picks
 on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
 neighbours slower; a uniform carveout made every variant slower, fourth pass); the per-layer GEMMs
-on the deep bands (`_d4` / `_d8`, `_d4_silu`); lm_head on `_p4` (fastest at its shape, fourth pass), alone
+on the deep bands (`_d4` / `_d8`, `_d4_silu`); gate_up on `_b4_silu` (the `fold` variant's layout,
+without the fold); lm_head on `_p4` (fastest at its shape, fourth pass), alone
 and with o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on `_p4_silu`, qkv
 and down on `_p4`."""
 NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}

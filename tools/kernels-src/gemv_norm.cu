@@ -51,7 +51,7 @@ static __device__ __forceinline__ void add_norm_prologue(const bf16* __restrict_
         __syncthreads();
         const float total = warp_sum(lane < 8 ? partial[lane] : 0.0f);
         const float rn = rsqrtf(total / (float)k + eps);
-        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        for (int c = threadIdx.x; c < chunks; c += 128) {
             xs[c] = norm8(hs[c], ws[c], rn);
             if (writer) reinterpret_cast<uint4*>(res_out + (size_t)r * k)[c] = hs[c];
         }
@@ -67,15 +67,19 @@ static __device__ __forceinline__ void gemv_band_norm(const bf16* __restrict__ r
                                                       const bf16* __restrict__ w, bf16* __restrict__ y,
                                                       int rows, int n, int k, int y_stride, float eps) {
     extern __shared__ __align__(16) unsigned char norm_smem[];
+    if (blockDim.x != 128) __trap();  // the sum order emulates kern_add_rmsnorm with 4 warps of 2 threads each
     with_rows(rows, [&](auto rr) {
         constexpr int R = decltype(rr)::value;
         if (dynamic_smem_bytes() < (uint32_t)(2 * R * k * 2)) {
             kern_pdl_launch_dependents();
+            kern_pdl_wait();  // NOTE: so that the grid still completes after the launch before it
             return;  // block-uniform: no room for h and x
         }
         bf16* h_s = reinterpret_cast<bf16*>(norm_smem);
         bf16* x_s = h_s + (size_t)R * k;
         const bool writer = (int64_t)blockIdx.x * n / gridDim.x == 0 && (int64_t)(blockIdx.x + 1) * n / gridDim.x > 0;
+        // NOTE: gemv_band_rows' x is __restrict__ and the prologue writes it through h_s / x_s; its
+        // last __syncthreads (a compiler memory barrier too) orders those writes before every read.
         gemv_band_rows<4, UNROLL, EPI, R, true>(x_s, w, y, n, k, y_stride, [&] {
             add_norm_prologue<R>(res_in, y_add, w_norm, res_out, h_s, x_s, k, eps, writer);
         });

@@ -127,6 +127,7 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "p4o") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
                                                   "gemv_pick": {"o": "kern_gemv_bf16_p4"}}
     assert checks.variant_options(gen, "p4o100")["carveout"] == 100
+    assert checks.variant_options(gen, "b4gu")["gemv_pick"] == {"gate_up": "kern_gemv_bf16_b4_silu"}
     band = checks.variant_options(gen, "band")
     assert band["gemv_pick"]["gate_up"] == "kern_gemv_bf16_b4_silu" and band["gemv_pick"]["qkv"] == "kern_gemv_bf16_b4"
     assert checks.variant_options(gen, "qkn") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
