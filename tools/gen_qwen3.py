@@ -888,11 +888,11 @@ def generate(
         ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
     if fold_norm:
         _fold_norms(shape, entries, ops, programs)
-        used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
-    ops = {name: op for name, op in ops.items() if name in used_ops}
     if pdl:
         _apply_pdl(ops, programs)
         _drop_pdl(ops, programs, pdl_off)
+    used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
+    ops = {name: op for name, op in ops.items() if name in used_ops}
     if carveout is not None:
         for launch in (la for op in ops.values() for la in op["impl"]["launches"] if "module" in la):
             launch["carveout"] = carveout
@@ -1003,7 +1003,8 @@ def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], ops: Json, programs: Jso
 
 def _drop_pdl(ops: Json, programs: Json, gemms: Sequence[str]) -> None:
     """The decode calls of `gemms` (labels `l<i>.<gemm>` or `<gemm>`) launch without PDL, through
-    `<op>.nopdl` copies of their ops (so no other call loses PDL)."""
+    `<op>.nopdl` copies of their ops (so no other call loses PDL; `generate` drops the ops no call
+    uses any more)."""
     for call in programs["decode"]["calls"]:
         if call["label"].rsplit(".", 1)[-1] not in gemms:
             continue
@@ -1014,9 +1015,6 @@ def _drop_pdl(ops: Json, programs: Json, gemms: Sequence[str]) -> None:
                 launch.pop("pdl", None)
             ops[target] = spec
         call["op"] = target
-    used = {c["op"] for p in programs.values() for c in p["calls"]}
-    for op in [o for o in ops if o not in used]:
-        del ops[op]
 
 
 # --------------------------------------------------------------------------------------------
