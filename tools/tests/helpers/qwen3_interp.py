@@ -304,9 +304,11 @@ class Interp:
             self.mem[name] = np.zeros(n, dtype=_NP[b["dtype"]])
             if b["kind"] == "weight":
                 self.mem[name][:] = np.concatenate([tensors[s["tensor"]].reshape(-1) for s in b["bind"]])
-        self.kv = np.zeros(capacity * manifest["states"]["kv"]["bytes_per_token"] // 2, dtype=F32)
-        # NOTE: kern_runtime's input-domain check, with the KV state holding `capacity` token slots.
-        slots = -(-capacity // 16) * 16  # the runtime's pool holds whole 16-token pages
+        # NOTE: the runtime's pool holds whole pages (the block table's stride), as many as `capacity`
+        # tokens need; kern_runtime's input-domain check bounds the writes by those token slots.
+        page = next(b["domain"]["stride"] for b in manifest["buffers"].values() if b.get("fill") == "blocks")
+        slots = -(-capacity // page) * page
+        self.kv = np.zeros(slots * manifest["states"]["kv"]["bytes_per_token"] // 2, dtype=F32)
         self.domains = kr_domains.input_domains(
             parse_manifest(json.dumps(manifest)), {"kv": kr_domains.StateUnits(slots, f"{slots} token slots")})
         self.scratch = {(op, s): np.zeros(int(np.prod(sc["shape"])), dtype=_NP[sc["dtype"]])
