@@ -220,8 +220,16 @@ and with o on `_d4` (whose loads in flight before the PDL wait cover the attenti
 and down on `_p4`."""
 NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}
 """`fast` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
+FOLD_TRIALS: dict[str, dict[str, Any]] = {
+    "foldp4d": {"gemv_pick": {"down": "kern_gemv_bf16_p4"}},
+    "foldb4o": {"gemv_pick": {"o": "kern_gemv_bf16_b4"}},
+    "fold_onopdl": {"pdl_off": ["o"]},
+}
+"""`fold` with more generate keywords: down on `_p4` (its launch follows gate_up directly, with no
+norm between to slow), o on the balanced band, o launched without PDL (does o's early start slow the
+attention before it?)."""
 VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", "qkn", "fold", "qknfold", *NOPDL_VARIANTS,
-            *TRIAL_VARIANTS)
+            *TRIAL_VARIANTS, *FOLD_TRIALS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -245,6 +253,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         return variant_options(gen, "fast") | {"fuse_qkn": True}
     if variant in ("fold", "qknfold"):
         return variant_options(gen, "fast") | {"fold_norm": True} | ({"fuse_qkn": True} if variant == "qknfold" else {})
+    if variant in FOLD_TRIALS:
+        return variant_options(gen, "fold") | FOLD_TRIALS[variant]
     if variant in NOPDL_VARIANTS:
         return variant_options(gen, "fast") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
     if variant in TRIAL_VARIANTS:
