@@ -45,7 +45,7 @@ EXAMPLES = {
     "qwen3-4b": ["--preset", "qwen3-4b"],
     "qwen3-tiny": ["--preset", "qwen3-tiny"],
     "qwen3-4b-gemv": ["--preset", "qwen3-4b", "--gemv", "default"],
-    "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl"],
+    "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm"],
 }
 """examples/<name>.json -> its gen_qwen3 options (tools/tests/test_gen_qwen3.py checks the files)."""
 

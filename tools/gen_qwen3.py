@@ -107,7 +107,7 @@ GEMV_DEFAULT = ("o", "gate_up", "lm_head")
 """`--gemv default` (examples/qwen3-4b-gemv.json): the decode GEMMs where kern_gemv_bf16 beat cuBLAS
 on the H200 before the per-shape entries (docs/kernels.md, "GEMV for decode"). `--gemv all` takes
 every decode GEMM, so the decode chain holds no cuBLAS launch and can run with `--pdl`
-(examples/qwen3-4b-fast.json: `--gemv all --fuse --pdl`)."""
+(examples/qwen3-4b-fast.json: `--gemv all --fuse --pdl --fold-norm`)."""
 GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16": (4, 128),
     "kern_gemv_bf16_s2": (2, 128),
@@ -165,15 +165,17 @@ GEMV_PICK: dict[str, str] = {
     "qkv": "kern_gemv_bf16_b4",
     "o": "kern_gemv_bf16_s4",
     "gate_up": "kern_gemv_bf16_silu",
-    "down": "kern_gemv_bf16_b4",
+    "down": "kern_gemv_bf16_p4",
     "lm_head": "kern_gemv_bf16_p4",
 }
 """The GEMV entry of each decode GEMM, by the step's critical path on the H200 (docs/perf.md, fourth
-pass): split-k over the block's 4 warps, over balanced column bands (`_b4`) for qkv and down and one
-column per block (`_s4`) for o; lm_head's rows bulk-copied into shared memory (`_p4`: 168-171 us in
-the step against `_c2`'s 185.9); gate_up runs `_silu`, which applies SiLU-and-mul in its epilogue and
-writes `act` (no kern_silu_mul in the decode step). `_p4` / `_p4_silu` for qkv, down and gate_up made
-those GEMVs faster (gate_up 28.4 -> 24.1 us) but the launches around them slower, the step by 89 us."""
+and fifth passes): split-k over the block's 4 warps, over balanced column bands (`_b4`) for qkv and
+one column per block (`_s4`) for o; lm_head's and down's rows bulk-copied into shared memory (`_p4`:
+lm_head 168-171 us in the step against `_c2`'s 185.9; down 11.6 against `_b4`'s 14.2 behind gate_up,
+the step 30 us faster with `fold_norm`); gate_up runs `_silu`, which applies SiLU-and-mul in its
+epilogue and writes `act` (no kern_silu_mul in the decode step), or `_b4_silu_n` with `fold_norm`.
+`_p4` / `_p4_silu` for qkv and gate_up made those GEMVs faster (gate_up 28.4 -> 24.1 us) but the
+add + RMSNorm launch before each 3-4 us slower, the step by 41-89 us."""
 FOLD_ENTRIES: dict[str, tuple[str, str]] = {
     "qkv": ("kern_gemv_bf16_b4_n", "kern_gemv_bf16_b4"),
     "gate_up": ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu"),

@@ -17,19 +17,21 @@
    the other run's token's logit <= 4 bf16 ulps, reported); kern-run as a process (--output ids
    equals the in-process tokens; kern.toml + random checkpoint + text prompt); the same checks for
    each variant of --variants: `-gemv` (o, gate_up and lm_head as our GEMV, `--gemv default`),
-   `-fast` (every decode GEMM as our GEMV, fused q/k-norm+rope+KV write and one-launch decode
-   attention, PDL: `--gemv all --fuse --pdl`, examples/qwen3-4b-fast.json), `-nopdl` (the same
-   without PDL), `-stream` (`-fast` with every decode GEMM on the streaming GEMVs,
-   kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu), `-band` (`-fast` with the per-layer GEMMs on
-   the balanced-band GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve50` /
-   `-carve0` (`-fast` with every kernel's shared-memory carveout at 100 / 50 / 0 %), `-p4o` / `-p4o100` (o on the
-   prefetched kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere), `-deep4` / `-deep8` (the
-   per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head on
-   kern_gemv_bf16_p4, and o on _d4 besides), `-p4gu` / `-p4qd` / `-p4all` (gate_up on _p4_silu; qkv and
-   down on _p4; all three), `-qkn` (`-fast` with q/k norm + rope + KV write folded into the decode
-   attention, kern_attn_decode_qkn), `-fold` / `-qknfold` (`-fast` with the add + RMSNorm before qkv
-   and gate_up in those GEMVs' prologue, gemv_norm.cu; and with `-qkn` too), `-gu_nopdl` / `-qkv_nopdl` (`-fast` with gate_up's or qkv's GEMV
-   launched without PDL: does its early start slow the norm before it?), `-picked` (`-fast` with --gemv-pick's entries);
+   `-fast` (examples/qwen3-4b-fast.json, `--gemv all --fuse --pdl --fold-norm`: every decode GEMM
+   as our GEMV, fused q/k-norm+rope+KV write and one-launch decode attention, the add + RMSNorm
+   before qkv and gate_up in those GEMVs' prologue (gemv_norm.cu), PDL), `-unfolded` (the same
+   without the fold: the step before the fifth pass), `-nopdl` (`-fast` without PDL), `-qkn` (`-fast`
+   with q/k norm + rope + KV write folded into the decode attention, kern_attn_decode_qkn), `-b4d` /
+   `-b4o` / `-onopdl` (`-fast` with down or o on the balanced band kern_gemv_bf16_b4, or o launched
+   without PDL); on top of `-unfolded`: `-stream` (every decode GEMM on the streaming GEMVs,
+   kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu), `-band` (the per-layer GEMMs on the balanced-band
+   GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve50` / `-carve0` (every
+   kernel's shared-memory carveout at 100 / 50 / 0 %), `-p4o` / `-p4o100` (o on the prefetched
+   kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere), `-deep4` / `-deep8` (the
+   per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head
+   on kern_gemv_bf16_p4, and o on _d4 besides), `-b4gu` (gate_up on _b4_silu), `-p4gu` / `-p4qd` /
+   `-p4all` (gate_up on _p4_silu; qkv and down on _p4; all three), `-gu_nopdl` / `-qkv_nopdl` (gate_up's
+   or qkv's GEMV launched without PDL), `-picked` (--gemv-pick's entries);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -211,25 +213,25 @@ TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
     "p4qd": (-1, {"qkv": "kern_gemv_bf16_p4", "down": "kern_gemv_bf16_p4"}),
     "p4all": (-1, {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu", "down": "kern_gemv_bf16_p4"}),
 }
-"""`fast` with one shared-memory carveout for every kernel (-1: the driver's choice) and GEMV picks
-on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
+"""`unfolded` (the step before `fold_norm`) with one shared-memory carveout for every kernel (-1: the
+driver's choice) and GEMV picks on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
 neighbours slower; a uniform carveout made every variant slower, fourth pass); the per-layer GEMMs
-on the deep bands (`_d4` / `_d8`, `_d4_silu`); gate_up on `_b4_silu` (the `fold` variant's layout,
-without the fold); lm_head on `_p4` (fastest at its shape, fourth pass), alone
+on the deep bands (`_d4` / `_d8`, `_d4_silu`); gate_up on `_b4_silu` (`fast`'s layout without the
+fold); lm_head on `_p4` (fastest at its shape, fourth pass), alone
 and with o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on `_p4_silu`, qkv
 and down on `_p4`."""
 NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}
-"""`fast` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
-FOLD_TRIALS: dict[str, dict[str, Any]] = {
-    "foldp4d": {"gemv_pick": {"down": "kern_gemv_bf16_p4"}},
-    "foldb4o": {"gemv_pick": {"o": "kern_gemv_bf16_b4"}},
-    "fold_onopdl": {"pdl_off": ["o"]},
+"""`unfolded` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
+FAST_TRIALS: dict[str, dict[str, Any]] = {
+    "b4d": {"gemv_pick": {"down": "kern_gemv_bf16_b4"}},
+    "b4o": {"gemv_pick": {"o": "kern_gemv_bf16_b4"}},
+    "onopdl": {"pdl_off": ["o"]},
 }
-"""`fold` with more generate keywords: down on `_p4` (its launch follows gate_up directly, with no
-norm between to slow), o on the balanced band, o launched without PDL (does o's early start slow the
-attention before it?)."""
-VARIANTS = ("gemv", "fast", "nopdl", "stream", "band", "picked", "qkn", "fold", "qknfold", *NOPDL_VARIANTS,
-            *TRIAL_VARIANTS, *FOLD_TRIALS)
+"""`fast` with more generate keywords: down on the balanced band (its pick before the fifth pass),
+o on the balanced band, o launched without PDL (o's early start slows the attention before it by
+~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass)."""
+VARIANTS = ("gemv", "fast", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
+            *TRIAL_VARIANTS, *FAST_TRIALS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -246,20 +248,20 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
     if variant == "picked":
         if not pick:
             raise ValueError("variant 'picked' needs --gemv-pick PICK.json (time_gemv.py --entries writes one)")
-        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(pick)}
+        return variant_options(gen, "unfolded") | {"gemv_pick": dict(pick)}
+    if variant == "unfolded":
+        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
     if variant in ("fast", "nopdl"):
-        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": variant == "fast"}
+        return variant_options(gen, "unfolded") | {"pdl": variant == "fast", "fold_norm": True}
     if variant == "qkn":
         return variant_options(gen, "fast") | {"fuse_qkn": True}
-    if variant in ("fold", "qknfold"):
-        return variant_options(gen, "fast") | {"fold_norm": True} | ({"fuse_qkn": True} if variant == "qknfold" else {})
-    if variant in FOLD_TRIALS:
-        return variant_options(gen, "fold") | FOLD_TRIALS[variant]
+    if variant in FAST_TRIALS:
+        return variant_options(gen, "fast") | FAST_TRIALS[variant]
     if variant in NOPDL_VARIANTS:
-        return variant_options(gen, "fast") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
+        return variant_options(gen, "unfolded") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
     if variant in TRIAL_VARIANTS:
         carveout, picks = TRIAL_VARIANTS[variant]
-        base = variant_options(gen, "fast") | ({"gemv_pick": dict(picks)} if picks else {})
+        base = variant_options(gen, "unfolded") | ({"gemv_pick": dict(picks)} if picks else {})
         return base | ({"carveout": carveout} if carveout >= 0 else {})
     if variant in ("stream", "band"):
         pick_of = STREAM_PICK if variant == "stream" else BAND_PICK
