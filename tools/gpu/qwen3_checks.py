@@ -230,8 +230,13 @@ FAST_TRIALS: dict[str, dict[str, Any]] = {
 """`fast` with more generate keywords: down on the balanced band (its pick before the fifth pass),
 o on the balanced band, o launched without PDL (o's early start slows the attention before it by
 ~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass)."""
+SPLIT_VARIANTS = {"s64": 64, "s128": 128, "s256": 256}
+"""`fast` with the decode attention's grid at this many splits instead of gen_qwen3's DECODE_SPLITS
+(32). Beyond the cluster path (> 512 tokens) each block folds ceil(pages / splits) pages in turn, so
+at 8192 tokens the 8 x 32 blocks leave HBM mostly idle. A measurement knob: generate_manifest sets
+the generator's constant for the one generation."""
 VARIANTS = ("gemv", "fast", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
-            *TRIAL_VARIANTS, *FAST_TRIALS)
+            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS)
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
@@ -257,6 +262,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         return variant_options(gen, "fast") | {"fuse_qkn": True}
     if variant in FAST_TRIALS:
         return variant_options(gen, "fast") | FAST_TRIALS[variant]
+    if variant in SPLIT_VARIANTS:
+        return variant_options(gen, "fast") | {"decode_splits": SPLIT_VARIANTS[variant]}
     if variant in NOPDL_VARIANTS:
         return variant_options(gen, "unfolded") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
     if variant in TRIAL_VARIANTS:
@@ -282,8 +289,13 @@ def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, has
         src = ROOT / "tools" / "kernels-src"
         entries = gen.entry_modules(src)
         feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-        m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", feed=feed,
-                         **(options or {}))
+        kw = dict(options or {})
+        splits, saved = kw.pop("decode_splits", gen.DECODE_SPLITS), gen.DECODE_SPLITS
+        gen.DECODE_SPLITS = splits  # NOTE: SPLIT_VARIANTS' knob, for this generation only
+        try:
+            m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", feed=feed, **kw)
+        finally:
+            gen.DECODE_SPLITS = saved
         verify(parse_manifest(json.dumps(m)))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(m, indent=1) + "\n")

@@ -130,9 +130,10 @@ def cases(k: h.Kernels, ctx_pages: int) -> list[tuple[str, Callable[[], None], f
             add(f"attn_decode_reduce ctx={ctx} S={splits}", "kern_attn_decode_reduce", (NQ,), (128,),
                 splits * NQ * D * 4, p(po), p(pl), p(o), h.i32(NQ), h.i32(D), h.i32(splits))
     # The one-launch decode attention at both sides of its one-split limit (128 tokens), at the
-    # contexts kern bench's "ctx 128" rows decode at (~140-395), and at 8192.
-    for ctx in (128, 129, 256, 395, 8192):
-        splits = 32
+    # contexts kern bench's "ctx 128" rows decode at (~140-395); at 2048 and 8192, beyond the cluster
+    # path (> 512 tokens), where the grid's splits set the parallelism, a sweep of them.
+    attn_cases = [(ctx, 32) for ctx in (128, 129, 256, 395)] + [(c, s) for c in (2048, 8192) for s in (32, 64, 128, 256)]
+    for ctx, splits in attn_cases:
         seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
         po = torch.empty(splits, NQ, D, device="cuda")
         pl = torch.empty(splits, NQ, device="cuda")
