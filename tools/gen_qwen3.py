@@ -30,6 +30,9 @@ __all__ = [
     "DECODE_SPLITS",
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
+    "F32_ENTRIES",
+    "F32_GEMM_TILE",
+    "F32_GEMV_COLS",
     "FEEDS",
     "FOLD_ENTRIES",
     "FUSED_ENTRIES",
@@ -45,6 +48,7 @@ __all__ = [
     "GEMV_TMA_SMEM",
     "GEMV_TMA_STAGE_CAP",
     "PAGE_TOKENS",
+    "PRECISIONS",
     "PREFILL_BM",
     "PRESETS",
     "QKN_ENTRIES",
@@ -822,6 +826,7 @@ def generate(
     fuse_qkn: bool = False,
     pdl_off: Sequence[str] = (),
     fold_norm: bool = False,
+    precision: str = "bf16",
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
 
@@ -854,13 +859,18 @@ def generate(
         pdl_off: (with `pdl`) decode GEMMs (of `GEMV_GEMMS`) launched without PDL, so their blocks
             start only when the launch before them has finished (an experiment: does a GEMV's
             early start slow the norm before it?).
+        precision: "bf16" (transformers' bf16 rounding points) or "f32": the reference-precision
+            manifest (qwen3_f32.cu; activations, residual, logits and KV in float32, bf16 weights),
+            which takes none of the options above but `chunk` and `feed`.
 
     Raises:
         GenError: an unknown GEMM name, or `pdl` without every decode GEMM as our GEMV.
         KernelsError: an entry is missing, or its module has no hash.
     """
     _check_options(shape, feed=feed, gemv=gemv, fuse=fuse, pdl=pdl, carveout=carveout, fuse_qkn=fuse_qkn,
-                   pdl_off=pdl_off, fold_norm=fold_norm)
+                   pdl_off=pdl_off, fold_norm=fold_norm, precision=precision, gemv_pick=gemv_pick)
+    if precision == "f32":
+        return _generate_f32(shape, modules, entries, model=model, chunk=chunk, feed=feed)
     picks = _picks(gemv, gemv_pick or {})
     if fold_norm and picks["gate_up"] not in SILU_ENTRIES:
         raise GenError(f"fold_norm needs gate_up on a SiLU entry ({', '.join(SILU_ENTRIES)}), not {picks['gate_up']}")
@@ -911,10 +921,18 @@ def generate(
 
 
 def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: bool, pdl: bool,
-                   carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool) -> None:
+                   carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
+                   precision: str = "bf16", gemv_pick: Mapping[str, str] | None = None) -> None:
     """GenError for a combination of `generate` options that cannot be built."""
     if feed not in FEEDS:
         raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
+    if precision not in PRECISIONS:
+        raise GenError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    bf16_only = _f32_conflicts(gemv=gemv, fuse=fuse, pdl=pdl, gemv_pick=gemv_pick, carveout=carveout,
+                               fuse_qkn=fuse_qkn, pdl_off=pdl_off, fold_norm=fold_norm)
+    if precision == "f32" and bf16_only:
+        raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
+                       f"drop {', '.join(bf16_only)} (or use --precision bf16)")
     unknown = sorted(set(gemv) - set(GEMV_GEMMS))
     if unknown:
         raise GenError(f"--gemv names {', '.join(unknown)}; choose from {', '.join(GEMV_GEMMS)}")
@@ -1020,6 +1038,231 @@ def _drop_pdl(ops: Json, programs: Json, gemms: Sequence[str]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Reference precision (`precision="f32"`, docs/qwen3.md "Reference precision (f32)"): bf16 weights
+# bound as in the bf16 manifest; activations, residual, logits and the paged KV state in float32,
+# through qwen3_f32.cu's plain kernels (no GEMV picks, fusion options or PDL).
+
+PRECISIONS = ("bf16", "f32")
+F32_ENTRIES: tuple[str, ...] = (
+    "kern_f32_embed",
+    "kern_f32_rmsnorm",
+    "kern_f32_add_rmsnorm",
+    "kern_f32_qk_norm_rope_kv",
+    "kern_f32_attn",
+    "kern_f32_gemm",
+    "kern_f32_gemv",
+    "kern_f32_silu_mul",
+    "kern_f32_argmax_partial",
+    "kern_argmax_final",
+    "kern_f32_rope_table",
+)
+"""Entries every f32 manifest needs (module qwen3_f32, and sampling.cu's dtype-free argmax final
+stage); a device-fed one adds DEVICE_FEED_ENTRIES."""
+F32_GEMM_TILE = 64
+"""qwen3_f32.cu's F32_GEMM_BM / F32_GEMM_BN: kern_f32_gemm's grid is [ceil_div(n, 64), ceil_div(m, 64)]."""
+F32_GEMV_COLS = 8
+"""qwen3_f32.cu's F32_GEMV_WARPS: output columns per kern_f32_gemv block."""
+F32_ATTN_THREADS = 256
+"""qwen3_f32.cu's F32_ATT_WARPS * 32."""
+
+F32_IN, F32_OUT, F32_IO = "in buffer<f32>", "out buffer<f32>", "inout buffer<f32>"
+
+
+def _f32_kv_bytes_per_token(s: Qwen3Shape) -> int:
+    return s.layers * 2 * s.kv_heads * s.head_dim * 4
+
+
+def _f32_kv_arg(s: Qwen3Shape, layer: int) -> Json:
+    """The `kv` state at `layer`'s k block of page 0 (byte offset, f32 elements)."""
+    offset = layer * 2 * PAGE_TOKENS * s.kv_heads * s.head_dim * 4
+    return {"state": "kv", "offset": offset} if offset else {"state": "kv"}
+
+
+def _f32_row_op(mods: Mapping[str, str], entry: str, params: list[str], grid: Sequence[Any], block: int) -> Json:
+    return {"params": params, "impl": {"launches": [_kernel(mods, entry, grid, block)]}}
+
+
+def _f32_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    i64_in, i32_in = "in buffer<i64>", "in buffer<i32>"
+    return {
+        "embed": _f32_row_op(mods, "kern_f32_embed", [i64_in, BF16_IN, F32_OUT, "i32"], ["tokens", 1, 1], 256),
+        "rmsnorm": _f32_row_op(mods, "kern_f32_rmsnorm", [F32_IN, BF16_IN, F32_OUT, "i32", "f32"],
+                               ["tokens", 1, 1], 256),
+        "add_rmsnorm": _f32_row_op(mods, "kern_f32_add_rmsnorm", [F32_IO, F32_IN, BF16_IN, F32_OUT, "i32", "f32"],
+                                   ["tokens", 1, 1], 256),
+        "qk_norm_rope_kv": _f32_row_op(
+            mods, "kern_f32_qk_norm_rope_kv",
+            [F32_IO, BF16_IN, BF16_IN, i64_in, F32_IN, F32_IN, "inout state", i64_in, "i32", "i32", "i32", "f32",
+             "i32", "i64"], ["tokens", nq + 2 * nkv, 1], d // 2),
+        "attn": _f32_row_op(
+            mods, "kern_f32_attn",
+            [F32_IN, "in state", i32_in, i32_in, F32_OUT, "i32", "i32", "i32", "i32", "i32", "i64", "f32"],
+            ["tokens", nq, 1], F32_ATTN_THREADS),
+        "silu_mul": _f32_row_op(mods, "kern_f32_silu_mul", [F32_IN, F32_OUT, "i32"],
+                                ["tokens", -(-s.inter // 1024), 1], 256),
+        "argmax": _f32_argmax_op(s, mods),
+        "rope_table": _f32_row_op(mods, "kern_f32_rope_table", [F32_OUT, F32_OUT, "i32", "i32", "f32"],
+                                  [s.max_pos, 1, 1], min(d // 2, 1024)),
+    }
+
+
+def _f32_argmax_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
+    """Two stages as the bf16 argmax op: kern_f32_argmax_partial over the f32 logits, then
+    sampling.cu's kern_argmax_final over the partials (ties to the lowest index)."""
+    partial = _kernel(
+        mods, "kern_f32_argmax_partial", [ARGMAX_PARTS, 1, 1], 256,
+        params=[F32_IN, "out buffer<f32>", "out buffer<i32>", "i32"],
+        args=[{"param": 0}, {"scratch": "pval"}, {"scratch": "pidx"}, _i32(s.vocab)],
+    )
+    final = _kernel(
+        mods, "kern_argmax_final", [1, 1, 1], 256,
+        params=["in buffer<f32>", "in buffer<i32>", "out buffer<i64>", "i32"],
+        args=[{"scratch": "pval"}, {"scratch": "pidx"}, {"param": 1}, _i32(ARGMAX_PARTS)],
+    )
+    return {
+        "params": [F32_IN, "out buffer<i64>"],
+        "impl": {
+            "scratch": {"pval": {"dtype": "f32", "shape": [ARGMAX_PARTS]}, "pidx": {"dtype": "i32", "shape": [ARGMAX_PARTS]}},
+            "launches": [partial, final],
+        },
+    }
+
+
+def _f32_linear_op(mods: Mapping[str, str], entry: str, n: int, k: int) -> Json:
+    """y = x W^T for `m` rows (the call's 4th arg): kern_f32_gemm's tiles or kern_f32_gemv's columns."""
+    if entry == "kern_f32_gemm":
+        grid: list[Any] = [-(-n // F32_GEMM_TILE), {"ceil_div": ["tokens", F32_GEMM_TILE]}, 1]
+    else:
+        grid = [-(-n // F32_GEMV_COLS), 1, 1]
+    launch = _kernel(mods, entry, grid, 256, params=[F32_IN, BF16_IN, F32_OUT, "i32", "i32", "i32"],
+                     args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, _i32(n), _i32(k)])
+    return {"params": [F32_IN, BF16_IN, F32_OUT, "i32"], "impl": {"launches": [launch]}}
+
+
+def _f32_linear(label: str, x: str, w: str, y: str, n: int, k: int, decode: bool) -> Json:
+    """A linear call; its op (`gemv_f32_<n>x<k>` in decode, `gemm_f32_<n>x<k>` in prefill) is
+    built by `_f32_linear_ops`."""
+    kind = "gemv" if decode else "gemm"
+    return _call(label, f"{kind}_f32_{n}x{k}", _buf(x), _buf(w), _buf(y), TOKENS)
+
+
+def _f32_linear_ops(mods: Mapping[str, str], programs: Json) -> Json:
+    ops: Json = {}
+    for call in (c for p in programs.values() for c in p["calls"]):
+        kind, _f32, shape_nk = call["op"].partition("_f32_")
+        if _f32 and kind in ("gemm", "gemv"):
+            n, k = (int(v) for v in shape_nk.split("x"))
+            ops[call["op"]] = _f32_linear_op(mods, f"kern_f32_{kind}", n, k)
+    return ops
+
+
+def _f32_layer_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], next_norm: str, *, decode: bool,
+                     last: bool) -> list[Json]:
+    d, nq, nkv, h = s.head_dim, s.heads, s.kv_heads, s.hidden
+    kv = _f32_kv_arg(s, i)
+    calls = [
+        _f32_linear(f"l{i}.qkv", "x", f"l{i}.qkv", "qkv", s.qkv_rows, h, decode),
+        _call(f"l{i}.qk_norm_rope_kv", "qk_norm_rope_kv", _buf("qkv"), _buf(f"l{i}.q_norm"), _buf(f"l{i}.k_norm"),
+              _buf(io["positions"]), _buf("rope_cos"), _buf("rope_sin"), kv, _buf(io["slots"]), _i32(nq),
+              _i32(nkv), _i32(d), _f32(s.eps), _i32(PAGE_TOKENS), _i64(s.page_stride)),
+    ]
+    if last and not decode:
+        return calls  # NOTE: prefill writes only KV; the last layer's attention output is never read.
+    return [
+        *calls,
+        _call(f"l{i}.attn", "attn", _buf("qkv"), kv, _buf("block_table"), _buf(io["seq_len"]), _buf("attn"),
+              TOKENS, _i32(nq), _i32(nkv), _i32(d), _i32(PAGE_TOKENS), _i64(s.page_stride), _f32(d**-0.5)),
+        _f32_linear(f"l{i}.o", "attn", f"l{i}.o", "y", h, nq * d, decode),
+        _call(f"l{i}.post_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(f"l{i}.post_norm"), _buf("x"),
+              _i32(h), _f32(s.eps)),
+        _f32_linear(f"l{i}.gate_up", "x", f"l{i}.gate_up", "gu", 2 * s.inter, h, decode),
+        _call(f"l{i}.silu_mul", "silu_mul", _buf("gu"), _buf("act"), _i32(s.inter)),
+        _f32_linear(f"l{i}.down", "act", f"l{i}.down", "y", h, s.inter, decode),
+        _call(f"l{i}.next_norm", "add_rmsnorm", _buf("h"), _buf("y"), _buf(next_norm), _buf("x"), _i32(h),
+              _f32(s.eps)),
+    ]
+
+
+def _f32_forward(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool) -> list[Json]:
+    calls = [
+        _call("embed", "embed", _buf(io["ids"]), _buf("embed"), _buf("h"), _i32(s.hidden)),
+        _call("l0.in_norm", "rmsnorm", _buf("h"), _buf("l0.in_norm"), _buf("x"), _i32(s.hidden), _f32(s.eps)),
+    ]
+    for i in range(s.layers):
+        last = i == s.layers - 1
+        calls += _f32_layer_calls(s, i, io, "final_norm" if last else f"l{i + 1}.in_norm", decode=decode, last=last)
+    return calls
+
+
+def _f32_programs(s: Qwen3Shape, feed: str) -> Json:
+    host = {k: k for k in STEP_CARRIES}
+    step_io = host if feed == "host" else {k: v[0] for k, v in STEP_CARRIES.items()}
+    tail = [
+        _f32_linear("lm_head", "x", "embed" if s.tied else "lm_head", "logits", s.vocab, s.hidden, True),
+        _call("argmax", "argmax", _buf("logits"), _buf("next_token")),
+    ]
+    if feed == "device":
+        tail.append(_decode_tail(s, feed, {})[-1])  # kern_decode_advance over the carries
+    programs: Json = {
+        "load": {"once": True, "calls": [_call("rope_table", "rope_table", _buf("rope_cos"), _buf("rope_sin"),
+                                               _i32(s.max_pos), _i32(s.head_dim // 2), _f32(s.theta))]},
+        "prefill": {"batch": {"groups": 1, "rows": "tokens"}, "calls": _f32_forward(s, host, decode=False)},
+        "decode": {"batch": {"groups": 1, "rows": 1}, "graph": True,
+                   "calls": _f32_forward(s, step_io, decode=True) + tail},
+    }
+    if feed == "device":
+        programs["start"] = {"calls": _start_calls()}
+    return programs
+
+
+def _f32_buffers(s: Qwen3Shape, feed: str) -> Json:
+    out = _buffers(s, feed)
+    for name, b in out.items():
+        if b["kind"] in ("workspace", "output", "carry") and b["dtype"] == "bf16":
+            out[name] = {**b, "dtype": "f32"}
+    return out
+
+
+def _generate_f32(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str, str], *, model: str,
+                  chunk: int, feed: str) -> Json:
+    needed = F32_ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
+    missing = [e for e in needed if e not in entries]
+    if missing:
+        raise KernelsError(f"kernel sources define no {', '.join(missing)}: precision f32 needs qwen3_f32.cu "
+                           "(docs/qwen3.md)")
+    unhashed = sorted({entries[e] for e in needed} - set(modules))
+    if unhashed:
+        raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first")
+    _check_kernel_limits(shape)
+    if not 1 <= chunk <= shape.max_pos:
+        raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
+    programs = _f32_programs(shape, feed)
+    ops = _f32_ops(shape, entries) | (_feed_ops(entries) if feed == "device" else {}) | _f32_linear_ops(entries, programs)
+    used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
+    return {
+        "schema_version": 5,
+        "model": model,
+        "vars": {"tokens": {"max": chunk}},
+        "states": {"kv": {"bytes_per_token": _f32_kv_bytes_per_token(shape)}},
+        "buffers": _f32_buffers(shape, feed),
+        "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]}
+                    for m in sorted({entries[e] for e in needed})},
+        "ops": {name: op for name, op in ops.items() if name in used_ops},
+        "programs": programs,
+    }
+
+
+def _f32_conflicts(*, gemv: Sequence[str], fuse: bool, pdl: bool, gemv_pick: Mapping[str, str] | None,
+                   carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool) -> list[str]:
+    """The bf16-only options (as their command-line flags) that are set."""
+    flags = {"--gemv": bool(gemv), "--fuse": fuse, "--pdl": pdl, "--gemv-pick": bool(gemv_pick),
+             "--carveout": carveout is not None, "--fuse-qkn": fuse_qkn, "--pdl-off": bool(pdl_off),
+             "--fold-norm": fold_norm}
+    return [flag for flag, on in flags.items() if on]
+
+
+# --------------------------------------------------------------------------------------------
 # Facts read back from a manifest (benchmarks and tests use them).
 
 _DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "i8": 1, "u8": 1}
@@ -1101,6 +1344,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         "generator's constants must equal the mined ones, and the manifest is "
                         "checked against the mined entries, parameter tables, literals, grids and "
                         "wiring before it is written")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                   help="f32: the reference-precision manifest (qwen3_f32.cu: float32 activations, "
+                        "residual, logits and KV cache over the bf16 weights; no speed options)")
     p.add_argument("--feed", choices=FEEDS, default=None,
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
@@ -1194,7 +1440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
                             pdl_off=[g for g in args.pdl_off.split(",") if g], fold_norm=args.fold_norm,
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
-                            carveout=args.carveout)
+                            carveout=args.carveout, precision=args.precision)
     except (OSError, json.JSONDecodeError, GenError, KernelBuildError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()))}
+                             *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()), *gen.F32_ENTRIES)}
 STEPS = 12
 
 
@@ -289,3 +289,56 @@ def test_a_sequence_fills_the_model_reach_to_the_last_position(weights: dict[str
     assert len(tokens) == 4 and s.seen == 1024
     with pytest.raises(run.RunError, match="reached the capacity of 1024 tokens"):
         s.step()
+
+
+# --------------------------------------------------------------------------------------------
+# Reference precision (`precision="f32"`).
+
+
+def _f32_manifest(feed: str, chunk: int = 128) -> dict[str, Any]:
+    return gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=chunk, feed=feed,
+                        precision="f32")
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+@pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 512), (37, 1), (200, 97)])
+def test_f32_manifest_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
+                                        n: int, chunk: int) -> None:
+    """The f32 manifest (qwen3_f32.cu's entries, an f32 KV state of 4-byte elements) runs to the
+    reference's greedy tokens, its first-step logits equal to the float32 reference's up to
+    summation order."""
+    m = _f32_manifest(feed)
+    entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
+    assert entries <= {*gen.F32_ENTRIES, *gen.DEVICE_FEED_ENTRIES}
+    machine = interp.Interp(m, weights, capacity=512)
+    assert machine.kv_elem == 4
+    tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
+    want_tokens, want_first = references[n]
+    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-5
+    assert tokens == want_tokens
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_f32_chunked_prefill_gives_the_same_tokens(weights: dict[str, np.ndarray], feed: str) -> None:
+    m = _f32_manifest(feed, chunk=512)
+    runs = {chunk: interp.greedy(interp.Interp(m, weights, capacity=512), _prompt(200), STEPS, chunk)
+            for chunk in (512, 1, 97)}
+    assert runs[1][0] == runs[97][0] == runs[512][0]
+    for chunk in (1, 97):
+        assert np.linalg.norm(runs[chunk][1] - runs[512][1]) / np.linalg.norm(runs[512][1]) < 1e-5
+
+
+def test_f32_kv_layers_do_not_overlap(weights: dict[str, np.ndarray]) -> None:
+    """The f32 state holds 4-byte elements (bytes_per_token = L * 2 * NKV * D * 4) and the layers'
+    k / v rows do not overwrite each other: after 36 prefilled rows and one step, the first three
+    pages hold exactly 37 rows of every layer's k and v."""
+    m = _f32_manifest("host")
+    shape = gen.shape_from_config(CONFIG)
+    assert m["states"]["kv"]["bytes_per_token"] == shape.layers * 2 * shape.kv_heads * shape.head_dim * 4
+    machine = interp.Interp(m, weights, capacity=512)
+    interp.greedy(machine, _prompt(37), 1, 512)
+    per_page = shape.page_stride
+    written = np.flatnonzero(machine.kv)
+    # 36 prefilled rows + the decode row, in pages 0..2 (16 tokens a page), every layer, k and v
+    assert written.max() < 3 * per_page
+    assert written.size == 37 * shape.layers * 2 * shape.kv_heads * shape.head_dim

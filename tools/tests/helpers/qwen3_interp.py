@@ -267,6 +267,22 @@ def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: floa
     _view(sin, maxpos * half)[:] = np.sin(ang).reshape(-1)
 
 
+def k_linear(t: int, a: Ptr, w: Ptr, c: Ptr, m: int, n: int, k: int) -> None:
+    """c[m, n] = a[m, k] . w[n, k]^T (cublasLt's bf16 GEMM, kern_f32_gemm, kern_f32_gemv)."""
+    _view(c, m * n)[:] = (_view(a, m * k).reshape(m, k) @ _view(w, n * k).reshape(n, k).T).reshape(-1)
+
+
+# NOTE: the interpreter computes in float32 throughout, so qwen3_f32.cu's entries (f32 activations
+# and KV) share the bf16 entries' models where their parameters are the same.
+F32_KERNELS: dict[str, Callable[..., None]] = {
+    "kern_f32_embed": k_embed, "kern_f32_rmsnorm": k_rmsnorm, "kern_f32_add_rmsnorm": k_add_rmsnorm,
+    "kern_f32_qk_norm_rope_kv": k_qk_norm_rope_kv, "kern_f32_attn": k_attn_prefill, "kern_f32_gemm": k_linear,
+    "kern_f32_gemv": k_linear, "kern_f32_silu_mul": k_silu_mul, "kern_f32_argmax_partial": k_argmax_partial,
+    "kern_f32_rope_table": k_rope_table,
+}  # fmt: skip
+F32_STATE_ENTRIES = frozenset({"kern_f32_qk_norm_rope_kv", "kern_f32_attn"})
+"""Entries that address the `kv` state in 4-byte elements; every other state entry in bf16's 2."""
+
 KERNELS: dict[str, Callable[..., None]] = {
     "kern_embed": k_embed, "kern_rmsnorm": k_rmsnorm, "kern_add_rmsnorm": k_add_rmsnorm,
     "kern_qk_norm_rope": k_qk_norm_rope, "kern_kv_write": k_kv_write, "kern_attn_prefill": k_attn_prefill,
@@ -281,8 +297,18 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
     "kern_attn_decode": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
-    "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm,
+    "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm, **F32_KERNELS,
 }  # fmt: skip
+
+
+def kv_element_bytes(manifest: Mapping[str, Any]) -> int:
+    """Bytes of one `kv` state element, as the kernels that address the state read it (4 for the f32
+    entries, else 2); the manifest's kernels must agree."""
+    sizes = {4 if la["entry"] in F32_STATE_ENTRIES else 2
+             for op in manifest["ops"].values() for la in op["impl"]["launches"]
+             if any("state" in p for p in la.get("params", op["params"]))}
+    assert len(sizes) <= 1, f"kernels read the kv state with element sizes {sorted(sizes)}"
+    return sizes.pop() if sizes else 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,7 +334,8 @@ class Interp:
         # tokens need; kern_runtime's input-domain check bounds the writes by those token slots.
         page = next(b["domain"]["stride"] for b in manifest["buffers"].values() if b.get("fill") == "blocks")
         slots = -(-capacity // page) * page
-        self.kv = np.zeros(slots * manifest["states"]["kv"]["bytes_per_token"] // 2, dtype=F32)
+        self.kv_elem = kv_element_bytes(manifest)
+        self.kv = np.zeros(slots * manifest["states"]["kv"]["bytes_per_token"] // self.kv_elem, dtype=F32)
         self.domains = kr_domains.input_domains(
             parse_manifest(json.dumps(manifest)), {"kv": kr_domains.StateUnits(slots, f"{slots} token slots")})
         self.scratch = {(op, s): np.zeros(int(np.prod(sc["shape"])), dtype=_NP[sc["dtype"]])
@@ -333,7 +360,7 @@ class Interp:
             b = self.m["buffers"][a["buf"]]
             return (self.mem[a["buf"]], a.get("offset", 0) // _SIZE[b["dtype"]])
         if "state" in a:
-            return (self.kv, a.get("offset", 0) // 2)
+            return (self.kv, a.get("offset", 0) // self.kv_elem)
         if "var" in a:
             return env[a["var"]]
         ((_, value),) = a.items()
@@ -347,7 +374,7 @@ class Interp:
             for launch in op["impl"]["launches"]:
                 args = values if "args" not in launch else [self._launch_arg(call["op"], la, values) for la in launch["args"]]
                 if launch["entry"] == "extern:cublaslt_bf16_tn":
-                    self._gemm(*args)
+                    k_linear(env.get("tokens", 1), *args)
                 else:
                     KERNELS[launch["entry"]](env.get("tokens", 1), *args)
 
@@ -358,10 +385,6 @@ class Interp:
             return (self.scratch[(op, la["scratch"])], 0)
         ((_, value),) = la.items()
         return value
-
-    @staticmethod
-    def _gemm(a: Ptr, w: Ptr, c: Ptr, m: int, n: int, k: int) -> None:
-        _view(c, m * n)[:] = (_view(a, m * k).reshape(m, k) @ _view(w, n * k).reshape(n, k).T).reshape(-1)
 
 
 def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tuple[list[int], np.ndarray]:
