@@ -31,7 +31,7 @@ gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()))}
+                          *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()), *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -258,7 +258,10 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     assert {op for op in ops if op.startswith("gemv")} == {
         "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_p4_256x768", "gemv_p4_4096x256",
         "gemv_b4_n_1024x256", "gemv_b4_silu_n_768x256"}
-    sigs = _c_params(src)
+    _assert_abi(ops, _c_params(src))
+
+
+def _assert_abi(ops: dict[str, Any], sigs: dict[str, list[tuple[str, bool, bool]]]) -> None:
     for name, op in ops.items():
         for launch in op["impl"]["launches"]:
             if launch["entry"].startswith("extern:"):
@@ -677,3 +680,109 @@ def test_decode_splits_must_fill_the_attention_clusters(monkeypatch: pytest.Monk
     monkeypatch.setattr(gen, "DECODE_SPLITS", 12)
     with pytest.raises(gen.KernelsError, match="DECODE_SPLITS 12"):
         _manifest(QWEN3_TINY_CONFIG, feed="device")
+
+
+# --------------------------------------------------------------------------------------------
+# Reference precision (`precision="f32"`).
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+@pytest.mark.parametrize("config", [QWEN3_TINY_CONFIG, QWEN3_4B_CONFIG], ids=["tiny", "4b"])
+def test_f32_manifest_verifies(config: dict[str, Any], feed: str) -> None:
+    _verify(_manifest(config, feed=feed, precision="f32"))
+
+
+def test_f32_manifest_keeps_weights_bf16_and_everything_else_f32() -> None:
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", precision="f32")
+    b = m["buffers"]
+    assert {n: v for n, v in b.items() if v["kind"] == "weight"} == {
+        n: v for n, v in _manifest(QWEN3_4B_CONFIG)["buffers"].items() if v["kind"] == "weight"}
+    floats = {n: v["dtype"] for n, v in b.items() if v["kind"] != "weight" and v["dtype"] in ("bf16", "f32")}
+    assert floats == dict.fromkeys(("rope_cos", "rope_sin", "logits", "h", "x", "y", "qkv", "attn", "gu", "act"),
+                                   "f32")
+    assert {n: b[n]["dtype"] for n in ("ids", "positions", "slots", "seq_len", "block_table", "next_token")} == {
+        "ids": "i64", "positions": "i64", "slots": "i64", "seq_len": "i32", "block_table": "i32", "next_token": "i64"}
+    assert m["states"]["kv"] == {"bytes_per_token": 36 * 2 * 8 * 128 * 4}
+    writes = [c for c in m["programs"]["decode"]["calls"] if c["op"] == "qk_norm_rope_kv"]
+    assert [c["args"][6].get("offset", 0) for c in writes] == [i * 2 * 16 * 8 * 128 * 4 for i in range(36)]
+    assert writes[0]["args"][-1] == {"i64": 36 * 2 * 16 * 8 * 128}  # page stride in elements
+    assert writes[-1]["args"][6]["offset"] + 2 * 16 * 8 * 128 * 4 == 16 * m["states"]["kv"]["bytes_per_token"]
+    launches = [la for op in m["ops"].values() for la in op["impl"]["launches"]]
+    assert {la["entry"] for la in launches} == {*gen.F32_ENTRIES, *gen.DEVICE_FEED_ENTRIES}
+    assert not any("pdl" in la or "carveout" in la for la in launches)
+    assert set(m["modules"]) == {"qwen3_core", "qwen3_attn"}  # FAKE_ENTRIES' two fake modules
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_f32_programs_run_the_f32_ops_in_the_bf16_order(feed: str) -> None:
+    m = _manifest(QWEN3_TINY_CONFIG, feed=feed, precision="f32")
+    progs = m["programs"]
+    layer = ["qkv", "qk_norm_rope_kv", "attn", "o", "post_norm", "gate_up", "silu_mul", "down", "next_norm"]
+    labels = [c["label"] for c in progs["decode"]["calls"]]
+    tail = ["lm_head", "argmax", *(["advance"] if feed == "device" else [])]
+    assert labels == ["embed", "l0.in_norm", *(f"l{i}.{x}" for i in range(2) for x in layer), *tail]
+    # prefill stops after the last layer's KV write; its GEMMs tile any rows, decode's run the GEMV
+    assert [c["label"] for c in progs["prefill"]["calls"]][-2:] == ["l1.qkv", "l1.qk_norm_rope_kv"]
+    assert {c["op"] for c in progs["prefill"]["calls"] if c["label"].endswith("qkv")} == {"gemm_f32_1024x256"}
+    assert progs["decode"]["calls"][-len(tail)]["op"] == "gemv_f32_4096x256"
+    gemm = m["ops"]["gemm_f32_1024x256"]["impl"]["launches"][0]
+    assert (gemm["entry"], gemm["grid"]) == ("kern_f32_gemm", [16, {"ceil_div": ["tokens", 64]}, 1])
+    gemv = m["ops"]["gemv_f32_4096x256"]["impl"]["launches"][0]
+    assert (gemv["entry"], gemv["grid"]) == ("kern_f32_gemv", [512, 1, 1])
+    assert [c["op"] for c in progs["load"]["calls"]] == ["rope_table"]
+    assert m["ops"]["rope_table"]["impl"]["launches"][0]["entry"] == "kern_f32_rope_table"
+    assert progs["decode"]["graph"] is True and ("start" in progs) == (feed == "device")
+
+
+def test_f32_manifest_abi_matches_kernel_sources() -> None:
+    src = TOOLS / "kernels-src"
+    entries = gen.entry_modules(src)
+    assert entries["kern_f32_attn"] == "qwen3_f32" and entries["kern_argmax_final"] == "sampling"
+    hashes = dict.fromkeys(set(entries.values()), "c" * 64)
+    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="t", feed="device",
+                     precision="f32")
+    assert set(m["modules"]) == {"qwen3_f32", "sampling"}
+    _assert_abi(m["ops"], _c_params(src))
+
+
+@pytest.mark.parametrize(
+    ("option", "flag"),
+    [({"gemv": ["o"]}, "--gemv"), ({"fuse": True}, "--fuse"),
+     ({"gemv": list(gen.GEMV_GEMMS), "pdl": True}, "--pdl"),
+     ({"gemv": list(gen.GEMV_GEMMS), "fold_norm": True}, "--fold-norm"),
+     ({"fuse": True, "fuse_qkn": True}, "--fuse-qkn"), ({"carveout": 50}, "--carveout"),
+     ({"gemv_pick": {"o": "kern_gemv_bf16"}}, "--gemv-pick"),
+     ({"gemv": list(gen.GEMV_GEMMS), "pdl": True, "pdl_off": ["o"]}, "--pdl-off")],
+)
+def test_f32_refuses_the_bf16_speed_options(option: dict[str, Any], flag: str) -> None:
+    with pytest.raises(gen.GenError, match=f"precision f32 .* drop .*{flag}") as info:
+        _manifest(QWEN3_TINY_CONFIG, precision="f32", **option)
+    assert "\n" not in str(info.value)
+    _manifest(QWEN3_TINY_CONFIG, **option)  # the same options build at bf16
+
+
+def test_unknown_precision_and_missing_f32_kernels_are_refused() -> None:
+    with pytest.raises(gen.GenError, match="precision must be one of bf16, f32, got 'fp8'"):
+        _manifest(QWEN3_TINY_CONFIG, precision="fp8")
+    shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
+    partial = {k: v for k, v in FAKE_ENTRIES.items() if k != "kern_f32_attn"}
+    with pytest.raises(gen.KernelsError, match=r"kern_f32_attn: precision f32 needs qwen3_f32\.cu"):
+        gen.generate(shape, FAKE_HASHES, partial, model="t", precision="f32")
+    with pytest.raises(gen.KernelsError, match="qwen3_core"):
+        gen.generate(shape, {"qwen3_attn": "b" * 64}, FAKE_ENTRIES, model="t", precision="f32")
+    with pytest.raises(gen.GenError, match="chunk"):
+        gen.generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", chunk=0, precision="f32")
+
+
+def test_main_writes_the_f32_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(gen, "build_and_hash", lambda src, out: FAKE_HASHES)
+    monkeypatch.setattr(gen, "entry_modules", lambda src: FAKE_ENTRIES)
+    out = tmp_path / "qwen3-tiny-f32.json"
+    assert gen.main(["--preset", "qwen3-tiny", "-o", str(out), "--precision", "f32", "--feed", "host"]) == 0
+    assert json.loads(out.read_text()) == _manifest(QWEN3_TINY_CONFIG, feed="host", precision="f32") | {
+        "model": "qwen3-tiny-f32"}
+    capsys.readouterr()
+    assert gen.main(["--preset", "qwen3-tiny", "-o", str(tmp_path / "x.json"), "--precision", "f32", "--fuse"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "drop --fuse" in err[0] and not (tmp_path / "x.json").exists()
