@@ -31,10 +31,12 @@
    per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head
    on kern_gemv_bf16_p4, and o on _d4 besides), `-b4gu` (gate_up on _b4_silu), `-p4gu` / `-p4qd` /
    `-p4all` (gate_up on _p4_silu; qkv and down on _p4; all three), `-gu_nopdl` / `-qkv_nopdl` (gate_up's
-   or qkv's GEMV launched without PDL), `-picked` (--gemv-pick's entries);
+   or qkv's GEMV launched without PDL), `-picked` (--gemv-pick's entries); `-f32` (gen_qwen3
+   --precision f32, the reference-precision manifest: greedy tokens against transformers float32's,
+   a divergence passing only where its gap is <= 1/16 bf16 ulp; not benched);
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
-   manifest and each variant (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
+   manifest and each variant but `-f32` (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
    GEMMs); the per-kernel time of one decode step (OUTDIR/4b.decode_profile.txt,
    4b-fast.decode_profile.txt, ...) for docs/perf.md.
 
@@ -73,6 +75,10 @@ PROMPT_LENS = (1, 37, 709)
 CHUNKS = (512, 1, 97)
 NEAR_TIE_ULPS = 4.0
 LOGIT_REL_TOL = 1e-2
+F32_NEAR_TIE_ULPS = 1 / 16
+"""The near-tie rule of the f32 manifest against transformers float32 (greedy tokens, --chunk runs):
+a divergence passes only where the reference's top-1 minus top-2 gap is at most 1/16 bf16 ulp
+(2^-11..2^-12 relative), some 100x the f32 logits' error (~1e-5 relative L2)."""
 LOGIT_NOISE_FACTOR = 1.25
 """kern's first-step logits error against fp32 may be at most this multiple of transformers' own
 bf16 error on the same prompt (a regression guard beside the issue's absolute bound, which no bf16
@@ -236,8 +242,10 @@ SPLIT_VARIANTS = {"s64": 64, "s128": 128, "s256": 256}
 at 8192 tokens the 8 x 32 blocks leave HBM mostly idle. A measurement knob: generate_manifest sets
 the generator's constant for the one generation."""
 VARIANTS = ("gemv", "fast", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
-            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS)
-"""Manifest variants checked and benched beside the all-cublasLt one (`variant_options`)."""
+            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, "f32")
+"""Manifest variants checked and benched beside the all-cublasLt one (`variant_options`); `f32` (the
+reference-precision manifest, gen_qwen3 --precision f32) is checked against transformers float32's
+greedy tokens and never benched (`is_benched`)."""
 STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
                "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
 """The `stream` variant: `fast` with every decode GEMM on the streaming (bulk-copy ring) GEMVs."""
@@ -248,6 +256,8 @@ BAND_PICK = {"qkv": "kern_gemv_bf16_b4", "o": "kern_gemv_bf16_b4", "gate_up": "k
 
 def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None = None) -> dict[str, Any]:
     """gen_qwen3.generate keywords of a variant; `pick` is the `picked` variant's GEMV_PICK override."""
+    if variant == "f32":
+        return {"precision": "f32"}
     if variant == "gemv":
         return {"gemv": list(gen.GEMV_DEFAULT)}
     if variant == "picked":
@@ -337,6 +347,10 @@ class Reference:
     logits32: dict[int, np.ndarray]
     logits_bf16: dict[int, np.ndarray] = field(default_factory=dict[int, np.ndarray])
     """transformers' own bf16 first-step logits: its distance to float32 is the noise floor."""
+    tokens32: dict[int, list[int]] = field(default_factory=dict[int, list[int]])
+    """transformers float32's greedy tokens (when an f32 variant is checked)."""
+    gaps32_ulps: dict[int, list[float]] = field(default_factory=dict[int, list[float]])
+    """Their top-1 minus top-2 gaps, in bf16 ulps of the top-1 logit."""
 
 
 def _hf(path: Path, dtype: Any) -> Any:
@@ -386,7 +400,10 @@ def hf_logits32(model: Any, prompt: list[int]) -> np.ndarray:
     return out.logits[0, -1].float().cpu().numpy()
 
 
-def references(rec: Recorder, name: str, ckpt: Path, ps: dict[int, list[int]]) -> Reference | None:
+def references(rec: Recorder, name: str, ckpt: Path, ps: dict[int, list[int]],
+               f32_greedy: bool = False) -> Reference | None:
+    """transformers' references; with `f32_greedy` also float32's greedy tokens and gaps (the f32
+    variant's reference), whose first step gives the float32 logits."""
     import torch
 
     ref = Reference({}, {}, {})
@@ -401,7 +418,10 @@ def references(rec: Recorder, name: str, ckpt: Path, ps: dict[int, list[int]]) -
         _free()
         model = _hf(ckpt, torch.float32)
         for n, p in ps.items():
-            ref.logits32[n] = hf_logits32(model, p)
+            if f32_greedy:
+                ref.tokens32[n], ref.gaps32_ulps[n], ref.logits32[n] = hf_greedy(model, p, STEPS)
+            else:
+                ref.logits32[n] = hf_logits32(model, p)
         del model
         _free()
         c.data["min_gap_ulps"] = {n: round(min(g), 2) for n, g in ref.gaps_ulps.items()}
@@ -503,10 +523,10 @@ def compare_logits_to_bf16_noise(c: Check, rel: float, noise: float) -> bool:
     return True
 
 
-def compare_chunks(c: Check, chunk: int, got: list[int], base: KernRun) -> bool:
+def compare_chunks(c: Check, chunk: int, got: list[int], base: KernRun, tie_ulps: float = NEAR_TIE_ULPS) -> bool:
     """`got` (a --chunk `chunk` run) against the --chunk 512 run `base` (with every step's logits).
     Records exact equality; a divergence passes only at a near-tie of the base run: its top-1 logit
-    minus its logit of `got`'s token <= NEAR_TIE_ULPS bf16 ulps. Returns whether it passed."""
+    minus its logit of `got`'s token <= `tie_ulps` bf16 ulps. Returns whether it passed."""
     key = f"chunk{chunk}"
     if got == base.tokens:
         c.data[key] = {"identical": True}
@@ -519,29 +539,32 @@ def compare_chunks(c: Check, chunk: int, got: list[int], base: KernRun) -> bool:
                    "chunk512": base.tokens[j]}
     note = (f"--chunk {chunk} differs from --chunk 512 at step {j} ({got[j]} vs {base.tokens[j]}); "
             f"chunk-512 top-1 minus its logit of {got[j]}: {gap:.2f} bf16 ulps")
-    if gap <= NEAR_TIE_ULPS:
-        c.detail = "; ".join(x for x in (c.detail, f"{note} (near-tie, <= {NEAR_TIE_ULPS})") if x)
+    if gap <= tie_ulps:
+        c.detail = "; ".join(x for x in (c.detail, f"{note} (near-tie, <= {tie_ulps})") if x)
         return True
-    _fail(c, f"{note} (> {NEAR_TIE_ULPS})")
+    _fail(c, f"{note} (> {tie_ulps})")
     return False
 
 
-def compare_greedy(c: Check, got: list[int], ref: list[int], gaps: list[float]) -> None:
+def compare_greedy(c: Check, got: list[int], ref: list[int], gaps: list[float],
+                   tie_ulps: float = NEAR_TIE_ULPS) -> None:
     if got == ref:
         c.detail = f"{len(got)} tokens identical"
         return
     j = next(i for i, (a, b) in enumerate(zip(got, ref, strict=True)) if a != b)
     c.data |= {"diverge_at": j, "gap_ulps": round(gaps[j], 3), "kern": got[j], "transformers": ref[j]}
-    if gaps[j] <= NEAR_TIE_ULPS:
-        c.detail = (f"diverges at step {j} at a near-tie: transformers' top1-top2 gap {gaps[j]:.2f} bf16 ulps "
-                    f"(<= {NEAR_TIE_ULPS}); kern {got[j]} vs {ref[j]}")
+    if gaps[j] <= tie_ulps:
+        c.detail = (f"diverges at step {j} at a near-tie: transformers' top1-top2 gap {gaps[j]:.4g} bf16 ulps "
+                    f"(<= {tie_ulps}); kern {got[j]} vs {ref[j]}")
     else:
-        _fail(c, f"diverges at step {j}: kern {got[j]} vs transformers {ref[j]}, gap {gaps[j]:.2f} ulps "
-                 f"(> {NEAR_TIE_ULPS})")
+        _fail(c, f"diverges at step {j}: kern {got[j]} vs transformers {ref[j]}, gap {gaps[j]:.4g} ulps "
+                 f"(> {tie_ulps})")
 
 
 def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[int, list[int]],
-                ref: Reference | None, gpu: int) -> dict[int, list[int]]:
+                ref: Reference | None, gpu: int, f32: bool = False) -> dict[int, list[int]]:
+    """The checks of one manifest; `f32` (the reference-precision manifest): greedy tokens against
+    transformers float32's, and the near-tie rule at F32_NEAR_TIE_ULPS."""
     from kern_cli.run import Session, weight_files
 
     graph_tokens: dict[int, list[int]] = {}
@@ -556,14 +579,14 @@ def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[i
         return graph_tokens
     try:
         for n, p in ps.items():
-            _prompt_checks(rec, name, session, n, p, ref, graph_tokens)
+            _prompt_checks(rec, name, session, n, p, ref, graph_tokens, f32)
     finally:
         session.close()
     return graph_tokens
 
 
 def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: Reference | None,
-                   graph_tokens: dict[int, list[int]]) -> None:
+                   graph_tokens: dict[int, list[int]], f32: bool = False) -> None:
     base: KernRun | None = None
     with rec.check(f"{name}.p{n}.run") as c:
         base = kern_generate(s, p, chunk=512, eager=False, logits=True, all_logits=True)
@@ -573,7 +596,11 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
         return
     if ref is not None:
         with rec.check(f"{name}.p{n}.greedy_vs_transformers") as c:
-            compare_greedy(c, base.tokens, ref.tokens[n], ref.gaps_ulps[n])
+            if f32:
+                compare_greedy(c, base.tokens, ref.tokens32[n], ref.gaps32_ulps[n], F32_NEAR_TIE_ULPS)
+                c.detail = f"vs transformers float32: {c.detail}"
+            else:
+                compare_greedy(c, base.tokens, ref.tokens[n], ref.gaps_ulps[n])
         rel = noise = math.nan
         with rec.check(f"{name}.p{n}.logits_vs_fp32") as c:
             assert base.logits is not None
@@ -597,7 +624,7 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
     with rec.check(f"{name}.p{n}.chunks_512_1_97") as c:
         for chunk in CHUNKS[1:]:
             other = kern_generate(s, p, chunk=chunk, eager=False)
-            if not compare_chunks(c, chunk, other.tokens, base):
+            if not compare_chunks(c, chunk, other.tokens, base, F32_NEAR_TIE_ULPS if f32 else NEAR_TIE_ULPS):
                 break
         if c.status == "PENDING" and not c.detail:
             c.detail = "token streams identical"
@@ -860,24 +887,36 @@ def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], ha
     if ckpt is None or not hashes:
         return
     manifest = generate_manifest(rec, gen, name, ckpt, hashes)
-    labelled = [(f"{name}-{v}", generate_manifest(rec, gen, f"{name}-{v}", ckpt, hashes, variant_options(gen, v, pick)))
+    options = {v: variant_options(gen, v, pick) for v in variants}
+    labelled = [(f"{name}-{v}", generate_manifest(rec, gen, f"{name}-{v}", ckpt, hashes, options[v]), options[v])
                 for v in variants]
     ps = prompts(int(cfg["vocab_size"]))
-    ref = references(rec, name, ckpt, ps)
+    ref = references(rec, name, ckpt, ps, f32_greedy=any(is_f32(o) for o in options.values()))
     if manifest is None:
         return
     tokens = kern_checks(rec, name, manifest, ckpt, ps, ref, gpu)
     cli_checks(rec, name, manifest, ckpt, ps, tokens, gpu)
-    for label, m in labelled:
+    for label, m, opts in labelled:
         if m is not None:
-            kern_checks(rec, label, m, ckpt, ps, ref, gpu)
+            kern_checks(rec, label, m, ckpt, ps, ref, gpu, f32=is_f32(opts))
     if name == "4b":
         cli_default_check(rec, manifest, gpu)
     if bench:
-        for label, m in [(name, manifest), *labelled]:
+        for label, m in [(name, manifest), *((lb, m) for lb, m, opts in labelled if is_benched(opts))]:
             if m is not None:
                 kern_bench(rec, label, m, manifest, ckpt, gpu)
                 decode_profile(rec, label, m, ckpt, gpu)
+
+
+def is_f32(options: dict[str, Any]) -> bool:
+    """A variant's generate keywords build the reference-precision (f32) manifest."""
+    return options.get("precision") == "f32"
+
+
+def is_benched(options: dict[str, Any]) -> bool:
+    """kern bench and the decode profile run for every variant but the f32 one (a correctness mode:
+    its plain f32 kernels would only spend device time)."""
+    return not is_f32(options)
 
 
 def summarize(rec: Recorder) -> int:

@@ -231,3 +231,67 @@ def test_split_variant_sets_the_attention_grid_for_its_generation_only(tmp_path:
         assert op["impl"]["launches"][0]["grid"][1] == splits
         assert op["impl"]["scratch"]["part_lse"]["shape"][0] == splits
     assert gen.DECODE_SPLITS == default
+
+
+def test_f32_variant_is_the_reference_precision_manifest_and_is_not_benched() -> None:
+    gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
+    opts = checks.variant_options(gen, "f32")
+    assert opts == {"precision": "f32"} and "f32" in checks.VARIANTS
+    assert checks.is_f32(opts) and not checks.is_benched(opts)
+    assert all(checks.is_benched(checks.variant_options(gen, v)) for v in ("fast", "gemv", "qkn", "s128"))
+    m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("qwen3_f32", "sampling"), "c" * 64),
+                     gen.entry_modules(TOOLS / "kernels-src"), model="t", feed="device", **opts)
+    assert set(m["modules"]) == {"qwen3_f32", "sampling"}
+    assert any(c["op"].startswith("gemv_f32_") for c in m["programs"]["decode"]["calls"])
+    # NOTE: capacity 4096 of the 4B's f32 KV: 1.2 GB beside 8 GB of weights.
+    assert checks.CAPACITY * m["states"]["kv"]["bytes_per_token"] == 4096 * 294912
+
+
+def test_f32_near_tie_rule_is_tighter() -> None:
+    c = checks.Check("x")
+    checks.compare_greedy(c, [1, 5], [1, 6], [30.0, 0.5])
+    assert c.status == "PENDING"  # half a bf16 ulp is a near-tie at bf16
+    c = checks.Check("x")
+    checks.compare_greedy(c, [1, 5], [1, 6], [30.0, 0.5], checks.F32_NEAR_TIE_ULPS)
+    assert c.status == "FAIL" and "(> 0.0625)" in c.detail
+    c = checks.Check("x")
+    checks.compare_greedy(c, [1, 5], [1, 6], [30.0, 0.01], checks.F32_NEAR_TIE_ULPS)
+    assert c.status == "PENDING" and "near-tie" in c.detail
+    c = checks.Check("x")
+    # 8.0 has bf16 ulp 2^-4; the other token half an ulp below
+    assert not checks.compare_chunks(c, 97, [1, 9], _base([1, 2], 8.0, 8.0 - 2**-5, 9), checks.F32_NEAR_TIE_ULPS)
+    assert c.status == "FAIL"
+
+
+def test_run_model_checks_f32_against_float32_tokens_and_benches_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(checks, "write_checkpoint", lambda rec, name, cfg: tmp_path)
+    monkeypatch.setattr(checks, "generate_manifest",
+                        lambda rec, gen, name, ckpt, hashes, options=None: tmp_path / f"{name}.json")
+
+    def references(rec: object, name: str, ckpt: Path, ps: object, f32_greedy: bool = False) -> object:
+        calls.append(("references", str(f32_greedy)))
+        return "ref"
+
+    def kern_checks(rec: object, name: str, manifest: Path, ckpt: Path, ps: object, ref: object, gpu: int,
+                    f32: bool = False) -> dict[int, list[int]]:
+        calls.append(("kern_checks", name, str(f32)))
+        return {}
+
+    monkeypatch.setattr(checks, "references", references)
+    monkeypatch.setattr(checks, "kern_checks", kern_checks)
+    monkeypatch.setattr(checks, "cli_checks", lambda *a: None)
+    monkeypatch.setattr(checks, "cli_default_check", lambda *a: None)
+    monkeypatch.setattr(checks, "kern_bench", lambda rec, label, *a: calls.append(("bench", label)))
+    monkeypatch.setattr(checks, "decode_profile", lambda rec, label, *a: calls.append(("profile", label)))
+    checks.run_model(checks.Recorder(tmp_path / "out"), gen, "4b", checks.configs()["4b"], {"m": "c" * 64}, 0,
+                     bench=True, variants=["fast", "f32"])
+    assert calls == [("references", "True"), ("kern_checks", "4b", "False"), ("kern_checks", "4b-fast", "False"),
+                     ("kern_checks", "4b-f32", "True"), ("bench", "4b"), ("profile", "4b"), ("bench", "4b-fast"),
+                     ("profile", "4b-fast")]
+    calls.clear()
+    checks.run_model(checks.Recorder(tmp_path / "out"), gen, "4b", checks.configs()["4b"], {"m": "c" * 64}, 0,
+                     bench=False, variants=["fast"])
+    assert calls[0] == ("references", "False")
