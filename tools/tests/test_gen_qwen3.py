@@ -786,3 +786,26 @@ def test_main_writes_the_f32_manifest(tmp_path: Path, monkeypatch: pytest.Monkey
     assert gen.main(["--preset", "qwen3-tiny", "-o", str(tmp_path / "x.json"), "--precision", "f32", "--fuse"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "drop --fuse" in err[0] and not (tmp_path / "x.json").exists()
+
+
+def test_f32_programs_compile_in_the_runtime_on_the_host() -> None:
+    """kern_runtime stages every launch of the f32 manifest (f32 buffers, the f32 state's byte
+    offsets, grids over `tokens`) with stand-in addresses, no GPU."""
+    from kern_manifest import parse_manifest
+    from kern_runtime._program import Resources, compile_program
+
+    doc = _manifest(QWEN3_TINY_CONFIG, feed="device", precision="f32")
+    m = parse_manifest(json.dumps(doc))
+    buffers = {n: (0x10000000 * (i + 1), b.nbytes(m.var_max)) for i, (n, b) in enumerate(m.buffers.items())}
+    funcs = {(op, i): f"{op}#{i}" for op, o in m.ops.items() for i in range(len(o.impl.launches))}
+    scratch = {op: {s: 0x7000000000 + 4096 * j for j, s in enumerate(o.impl.scratch or {})} for op, o in m.ops.items()}
+    kv = 0x8000000000
+    res = Resources(m, buffers, {"kv": (kv, 1 << 30)}, scratch, funcs, None, {}, "stream")
+    prefill = {s.label: s.run.record for s in compile_program(res, "prefill", {"tokens": 97})}  # type: ignore[attr-defined]
+    assert prefill["l0.qkv"].grid == (16, 2, 1) and prefill["l1.qk_norm_rope_kv"].grid == (97, 8, 1)
+    assert prefill["l1.qk_norm_rope_kv"].args.slot(6) == (kv + 2 * 16 * 2 * 128 * 4).to_bytes(8, "little")
+    decode = [(s.label, s.run.record) for s in compile_program(res, "decode", {"tokens": 1})]  # type: ignore[attr-defined]
+    grids = {label: rec.grid for label, rec in decode}
+    assert grids["l0.attn"] == (1, 4, 1) and grids["lm_head"] == (512, 1, 1) and grids["l0.gate_up"] == (192, 1, 1)
+    assert [label for label, _ in decode].count("argmax") == 2
+    assert len(compile_program(res, "load", {})) == 1 and len(compile_program(res, "start", {})) == 4
