@@ -2,6 +2,7 @@
 
     python tools/gen_qwen3.py (CONFIG.json | --preset qwen3-4b|qwen3-tiny) -o OUT.json [--model NAME]
         [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048] [--feed device|host]
+        [--precision bf16|f32]
 
 builds tools/kernels-src into kernels/ (`build_kernels`, cached by hash), finds which module defines
 each entry, and writes the manifest. The layout, kernels and programs follow docs/qwen3.md:
@@ -10,6 +11,8 @@ logits + two-stage argmax into `next_token`) and, when device-fed, `start` (seed
 buffers from the staged inputs; the decode step ends with `kern_decode_advance`). Weights bind
 straight onto the Hugging Face checkpoint names (q/k/v and gate/up concatenated in the bind); a tied
 lm_head reads the embedding buffer. docs/run.md says how kern-run drives these programs.
+`--precision f32` writes the reference-precision manifest instead (qwen3_f32.cu: activations,
+residual, logits and the KV cache in float32 over the bf16 weights; docs/qwen3.md).
 """
 
 from __future__ import annotations
