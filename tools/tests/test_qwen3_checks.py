@@ -230,7 +230,7 @@ def test_split_variant_sets_the_attention_grid_for_its_generation_only(tmp_path:
         op = json.loads(path.read_text())["ops"]["attn_decode_fused"]
         assert op["impl"]["launches"][0]["grid"][1] == splits
         assert op["impl"]["scratch"]["part_lse"]["shape"][0] == splits
-    assert gen.DECODE_SPLITS == default
+    assert default == gen.DECODE_SPLITS
 
 
 def test_f32_variant_is_the_reference_precision_manifest_and_is_not_benched() -> None:
