@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -809,3 +810,21 @@ def test_f32_programs_compile_in_the_runtime_on_the_host() -> None:
     assert grids["l0.attn"] == (1, 4, 1) and grids["lm_head"] == (512, 1, 1) and grids["l0.gate_up"] == (192, 1, 1)
     assert [label for label, _ in decode].count("argmax") == 2
     assert len(compile_program(res, "load", {})) == 1 and len(compile_program(res, "start", {})) == 4
+
+
+def test_f32_launch_constants_match_qwen3_f32_cu() -> None:
+    text = (TOOLS / "kernels-src" / "qwen3_f32.cu").read_text()
+    defines = {name: int(v) for name, v in re.findall(r"#define (F32_\w+) (\d+)", text)}
+    assert defines["F32_GEMM_BM"] == defines["F32_GEMM_BN"] == gen.F32_GEMM_TILE
+    assert defines["F32_GEMV_WARPS"] == gen.F32_GEMV_COLS
+    assert defines["F32_ATT_WARPS"] * 32 == gen.F32_ATTN_THREADS
+    m = _manifest(QWEN3_4B_CONFIG, precision="f32")
+    blocks = {la["entry"]: la["block"][0] for op in m["ops"].values() for la in op["impl"]["launches"]}
+    # every entry's __launch_bounds__ admits the block the generator launches
+    limits: dict[str, int] = {}
+    for expr, entry in re.findall(r"__launch_bounds__\(([^)]*)\)\s*(kern_\w+)", text):
+        factors = [defines[f] if f in defines else int(f) for f in (x.strip() for x in expr.split("*"))]
+        limits[entry] = math.prod(factors)
+    assert set(limits) == {e for e in gen.F32_ENTRIES if e.startswith("kern_f32_")}
+    assert all(blocks[e] <= limits[e] for e in limits), (blocks, limits)
+    assert blocks["kern_f32_qk_norm_rope_kv"] == 64 and blocks["kern_f32_gemm"] == 256
