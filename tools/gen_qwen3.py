@@ -192,6 +192,12 @@ its prologue, the band entry whose grid it takes). The norm launches before qkv 
 layer's next_norm) and before gate_up (post_norm) go; the residual alternates between `h` and `h2`."""
 QKN_MAX_GROUP = 32
 """attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
+WIDE_ENTRIES: tuple[str, ...] = ("kern_attn_decode_wide",)
+"""The entry of `wide_attention=True` (attention_wide.cu): kern_attn_decode whose global path (beyond
+512 tokens) combines each cluster of 8 splits in distributed shared memory before the last block
+folds the clusters' partials, so the grid can take `DECODE_SPLITS_WIDE` splits."""
+DECODE_SPLITS_WIDE = 128
+"""Splits of the decode attention's grid with `wide_attention` (a multiple of DECODE_CLUSTER)."""
 QKN_ENTRIES: tuple[str, ...] = ("kern_attn_decode_qkn",)
 """The extra entry of `fuse_qkn=True` (attention_qkn.cu): decode attention that norms and rotates q
 and k and writes the step's k / v row itself, so the decode step has no q/k-norm launch."""
@@ -806,8 +812,8 @@ def _check_kernel_limits(s: Qwen3Shape) -> None:
         *([f"{group} query heads per kv head (needs <= 8 or a multiple of 8)"] if group > 8 and group % 8 else []),
         *([f"hidden_size {s.hidden} (needs a multiple of 8)"] if s.hidden % 8 else []),
         *([f"intermediate_size {s.inter} (needs a multiple of 8)"] if s.inter % 8 else []),
-        *([f"DECODE_SPLITS {DECODE_SPLITS} (kern_attn_decode needs a multiple of {DECODE_CLUSTER})"]
-          if DECODE_SPLITS % DECODE_CLUSTER else []),
+        *([f"DECODE_SPLITS {DECODE_SPLITS} / DECODE_SPLITS_WIDE {DECODE_SPLITS_WIDE} (kern_attn_decode needs "
+            f"multiples of {DECODE_CLUSTER})"] if DECODE_SPLITS % DECODE_CLUSTER or DECODE_SPLITS_WIDE % DECODE_CLUSTER else []),
     ]
     if problems:
         raise KernelsError("our kernels do not support " + "; ".join(problems))
@@ -829,6 +835,7 @@ def generate(
     fuse_qkn: bool = False,
     pdl_off: Sequence[str] = (),
     fold_norm: bool = False,
+    wide_attention: bool = False,
     precision: str = "bf16",
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
@@ -862,6 +869,9 @@ def generate(
         pdl_off: (with `pdl`) decode GEMMs (of `GEMV_GEMMS`) launched without PDL, so their blocks
             start only when the launch before them has finished (an experiment: does a GEMV's
             early start slow the norm before it?).
+        wide_attention: (with `fuse`, not with `fuse_qkn`) decode attention on
+            kern_attn_decode_wide at `DECODE_SPLITS_WIDE` splits: beyond 512 tokens each cluster
+            of 8 splits combines in shared memory first, so the last block folds 8x fewer partials.
         precision: "bf16" (transformers' bf16 rounding points) or "f32": the reference-precision
             manifest (qwen3_f32.cu; activations, residual, logits and KV in float32, bf16 weights),
             which takes none of the options above but `chunk` and `feed`.
@@ -872,6 +882,9 @@ def generate(
     """
     _check_options(shape, feed=feed, gemv=gemv, fuse=fuse, pdl=pdl, carveout=carveout, fuse_qkn=fuse_qkn,
                    pdl_off=pdl_off, fold_norm=fold_norm, precision=precision, gemv_pick=gemv_pick)
+    if wide_attention and (precision != "bf16" or not fuse or fuse_qkn):
+        raise GenError("wide_attention replaces the fused decode attention: it needs --fuse, without --fuse-qkn "
+                       "or --precision f32")
     if precision == "f32":
         return _generate_f32(shape, modules, entries, model=model, chunk=chunk, feed=feed)
     picks = _picks(gemv, gemv_pick or {})
@@ -879,7 +892,7 @@ def generate(
         raise GenError(f"fold_norm needs gate_up on a SiLU entry ({', '.join(SILU_ENTRIES)}), not {picks['gate_up']}")
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ())
-              + (QKN_ENTRIES if fuse_qkn else ())
+              + (QKN_ENTRIES if fuse_qkn else ()) + (WIDE_ENTRIES if wide_attention else ())
               + (tuple(e for e, _band in FOLD_ENTRIES.values()) if fold_norm else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
@@ -903,6 +916,8 @@ def generate(
         ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
     if fold_norm:
         _fold_norms(shape, entries, ops, programs)
+    if wide_attention:
+        _widen_attention(shape, entries, ops)
     if pdl:
         _apply_pdl(ops, programs)
         _drop_pdl(ops, programs, pdl_off)
@@ -1022,6 +1037,20 @@ def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], ops: Json, programs: Jso
         cur, other = other, cur
         i += 2
     programs["decode"]["calls"] = out
+
+
+def _widen_attention(s: Qwen3Shape, mods: Mapping[str, str], ops: Json) -> None:
+    """The fused decode attention op launches kern_attn_decode_wide (the same ABI as
+    kern_attn_decode) over DECODE_SPLITS_WIDE splits, its scratch sized to match (in place)."""
+    op = ops["attn_decode_fused"]
+    (launch,) = op["impl"]["launches"]
+    entry = WIDE_ENTRIES[0]
+    launch |= {"module": mods[entry], "entry": entry, "grid": [s.kv_heads, DECODE_SPLITS_WIDE, 1]}
+    assert launch["args"][13] == _i32(DECODE_SPLITS), "kern_attn_decode's `splits` is its 14th argument"
+    launch["args"][13] = _i32(DECODE_SPLITS_WIDE)
+    op["impl"]["scratch"] = {
+        name: {**buf, "shape": [DECODE_SPLITS_WIDE, *buf["shape"][1:]]} for name, buf in op["impl"]["scratch"].items()
+    }
 
 
 def _drop_pdl(ops: Json, programs: Json, gemms: Sequence[str]) -> None:
@@ -1335,6 +1364,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="the add + RMSNorm before qkv and gate_up in those GEMVs' prologue (gemv_norm.cu)")
     p.add_argument("--fuse-qkn", action="store_true",
                    help="with --fuse: decode attention also norms / rotates q and k and writes the KV row")
+    p.add_argument("--wide-attention", action="store_true",
+                   help="with --fuse: decode attention combines per cluster of 8 splits first (attention_wide.cu), "
+                        f"at {DECODE_SPLITS_WIDE} splits")
     p.add_argument("--gemv-pick", type=Path, default=None,
                    help="JSON {gemm: entry} overriding GEMV_PICK (time_gemv.py --entries writes one)")
     p.add_argument("--pdl", action="store_true",
@@ -1441,6 +1473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
+                            wide_attention=args.wide_attention,
                             pdl_off=[g for g in args.pdl_off.split(",") if g], fold_norm=args.fold_norm,
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
                             carveout=args.carveout, precision=args.precision)

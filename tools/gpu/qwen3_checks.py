@@ -236,11 +236,20 @@ FAST_TRIALS: dict[str, dict[str, Any]] = {
 """`fast` with more generate keywords: down on the balanced band (its pick before the fifth pass),
 o on the balanced band, o launched without PDL (o's early start slows the attention before it by
 ~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass)."""
-SPLIT_VARIANTS = {"s64": 64, "s128": 128, "s256": 256}
-"""`fast` with the decode attention's grid at this many splits instead of gen_qwen3's DECODE_SPLITS
-(32). Beyond the cluster path (> 512 tokens) each block folds ceil(pages / splits) pages in turn, so
-at 8192 tokens the 8 x 32 blocks leave HBM mostly idle. A measurement knob: generate_manifest sets
-the generator's constant for the one generation."""
+SPLIT_VARIANTS: dict[str, dict[str, Any]] = {
+    "s64": {"DECODE_SPLITS": 64},
+    "s128": {"DECODE_SPLITS": 128},
+    "s256": {"DECODE_SPLITS": 256},
+    "wide": {},
+    "wide64": {"DECODE_SPLITS_WIDE": 64},
+    "wide256": {"DECODE_SPLITS_WIDE": 256},
+}
+"""`fast` with the decode attention's grid at other splits (generator constants, set for the one
+generation by generate_manifest; a measurement knob). Beyond the cluster path (> 512 tokens) each
+block folds ceil(pages / splits) pages in turn, and the last block folds every split's partial:
+`s*` are kern_attn_decode at 64-256 splits (the fifth pass: slower, the last block's fold grows),
+`wide*` kern_attn_decode_wide (`wide_attention`: per-cluster combine first) at DECODE_SPLITS_WIDE
+(128) or the splits named."""
 VARIANTS = ("gemv", "fast", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
             *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, "f32")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`); `f32` (the
@@ -273,7 +282,9 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
     if variant in FAST_TRIALS:
         return variant_options(gen, "fast") | FAST_TRIALS[variant]
     if variant in SPLIT_VARIANTS:
-        return variant_options(gen, "fast") | {"decode_splits": SPLIT_VARIANTS[variant]}
+        wide = {"wide_attention": True} if variant.startswith("wide") else {}
+        consts = {"gen_consts": dict(SPLIT_VARIANTS[variant])} if SPLIT_VARIANTS[variant] else {}
+        return variant_options(gen, "fast") | wide | consts
     if variant in NOPDL_VARIANTS:
         return variant_options(gen, "unfolded") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
     if variant in TRIAL_VARIANTS:
@@ -300,12 +311,15 @@ def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, has
         entries = gen.entry_modules(src)
         feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
         kw = dict(options or {})
-        splits, saved = kw.pop("decode_splits", gen.DECODE_SPLITS), gen.DECODE_SPLITS
-        gen.DECODE_SPLITS = splits  # NOTE: SPLIT_VARIANTS' knob, for this generation only
+        consts: dict[str, Any] = kw.pop("gen_consts", {})
+        saved = {k: getattr(gen, k) for k in consts}  # NOTE: SPLIT_VARIANTS' knob, for this generation only
         try:
+            for k, v in consts.items():
+                setattr(gen, k, v)
             m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", feed=feed, **kw)
         finally:
-            gen.DECODE_SPLITS = saved
+            for k, v in saved.items():
+                setattr(gen, k, v)
         verify(parse_manifest(json.dumps(m)))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(m, indent=1) + "\n")

@@ -370,6 +370,41 @@ __device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* c
     }
 }
 
+// The two-level combine of kern_attn_decode_wide (attention_wide.cu): cluster block `rank` writes,
+// for its slice of i < group * head_dim, the cluster's combined row o[i] = sum_s w_s o_s / sum_s w_s
+// (w_s = 2^(lse_s - max lse), cluster_reduce's arithmetic in its order, left in f32) to
+// part_o[i] and, at each head's element 0, the cluster's log2-sum-exp max + log2(sum_s w_s) to
+// part_lse[head]: one partial of kern_attn_decode_partial's form for the cluster's `used` splits.
+__device__ __forceinline__ void cluster_partial(const float* cl_o, const float* cl_lse, float* part_o,
+                                                float* part_lse, int group, int head_dim, int used,
+                                                int rank) {
+    const int total = group * head_dim;
+    const int slice = (total + DEC_CLUSTER - 1) / DEC_CLUSTER;
+    const int end = min(total, (rank + 1) * slice);
+    for (int i = rank * slice + threadIdx.x; i < end; i += blockDim.x) {
+        const int g = i / head_dim;
+        float lse[DEC_CLUSTER], o[DEC_CLUSTER];
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            lse[s] = s < used ? cluster_load(cl_lse + g, s) : KERN_NEG_INF;
+            o[s] = s < used ? cluster_load(cl_o + i, s) : 0.0f;
+        }
+        float mx = KERN_NEG_INF;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            if (lse[s] == KERN_NEG_INF) continue;
+            const float w = exp2f(lse[s] - mx);
+            den += w;
+            num += w * o[s];
+        }
+        part_o[i] = num / den;  // used >= 1 split with tokens: den >= 1
+        if (i % head_dim == 0) part_lse[g] = mx + log2f(den);
+    }
+}
+
 // kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Clusters of DEC_CLUSTER (8)
 // blocks along grid y, so `splits` (grid y) must be a multiple of 8: the driver refuses any other
 // grid. Two split plans, chosen per launch from seq_len (uniform over the grid):
@@ -403,7 +438,7 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 // has a split to fold (block-uniform) and returns where query head h's row starts at h * head_dim:
 // the qkv row for kern_attn_decode, this block's shared copy for the fused q/k-norm entry
 // (attention_qkn.cu).
-template <typename QRows>
+template <bool WIDE = false, typename QRows>
 static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ kv,
                                                        const int* __restrict__ block_table,
                                                        const int* __restrict__ seq_len, float* part_o,
@@ -426,7 +461,11 @@ static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ 
     const int plan = clustered ? DEC_CLUSTER : splits;
     const int pps = max((pages + plan - 1) / plan, 1);
     const int used = (pages + pps - 1) / pps;
-    if (split >= (clustered ? DEC_CLUSTER : used)) {
+    // WIDE: the global plan's splits combine per cluster first (cluster_partial), then the last
+    // block over the clusters' partials, where a kv head's rows fit a cluster block's shared area.
+    const bool two_level = WIDE && !clustered && group * head_dim <= DEC_CLUSTER_FLOATS;
+    const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;  // two_level: those with a used split
+    if (split >= (clustered ? DEC_CLUSTER : two_level ? clusters * DEC_CLUSTER : used)) {
         kern_pdl_wait();
         return;
     }
@@ -452,8 +491,32 @@ static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ 
         const int tok1 = min((split + 1) * pps * page_tokens, len);
         const int64_t row0 = (int64_t)split * nq + blockIdx.x * group;
         const bf16* qkv = q_rows(tok0, tok1, len);
-        decode_split_rows(qkv, paged, tok0, tok1, clustered ? cl_o : part_o + row0 * head_dim,
-                          clustered ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
+        const bool in_smem = clustered || two_level;
+        decode_split_rows(qkv, paged, tok0, tok1, in_smem ? cl_o : part_o + row0 * head_dim,
+                          in_smem ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
+    }
+    if constexpr (WIDE) {
+        if (two_level) {
+            const int c = split / DEC_CLUSTER;
+            const int64_t crow0 = (int64_t)c * nq + blockIdx.x * group;
+            cluster_sync();
+            cluster_partial(cl_o, cl_lse, part_o + crow0 * head_dim, part_lse + crow0, group, head_dim,
+                            min(DEC_CLUSTER, used - c * DEC_CLUSTER), split % DEC_CLUSTER);
+            // NOTE: no block may exit while another can still read its shared memory.
+            cluster_sync();
+            __threadfence();
+            __syncthreads();
+            __shared__ int wide_last;
+            if (threadIdx.x == 0)
+                wide_last = atomicAdd(&counters[blockIdx.x], 1) == clusters * DEC_CLUSTER - 1;
+            __syncthreads();
+            if (!wide_last) return;
+            __threadfence();
+            decode_reduce_heads(part_o, part_lse, out, blockIdx.x * group, group, clusters, nq, head_dim,
+                                smem);
+            if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+            return;
+        }
     }
     if (clustered) {
         cluster_sync();

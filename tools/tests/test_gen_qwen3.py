@@ -32,7 +32,8 @@ gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()), *gen.F32_ENTRIES)}
+                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()),
+                          *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -254,7 +255,8 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     plain = gen.generate(shape, hashes, entries, model="t", feed=feed)
     qkn = gen.generate(shape, hashes, entries, model="t", feed=feed, fuse=True, fuse_qkn=True)
     fold = gen.generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fold_norm=True)
-    ops = plain["ops"] | fast["ops"] | qkn["ops"] | fold["ops"]
+    wide = gen.generate(shape, hashes, entries, model="t", feed=feed, fuse=True, wide_attention=True)
+    ops = plain["ops"] | fast["ops"] | qkn["ops"] | fold["ops"] | {"attn_decode_wide": wide["ops"]["attn_decode_fused"]}
     assert "attn_decode_qkn" in ops and "gemv_b4_n_1024x256" in ops and "gemv_b4_silu_n_768x256" in ops
     assert {op for op in ops if op.startswith("gemv")} == {
         "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_p4_256x768", "gemv_p4_4096x256",
@@ -288,6 +290,35 @@ def test_main_reports_a_failed_build_on_one_line(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gen_qwen3: ")
     assert not (tmp_path / "m.json").exists()
+
+
+def test_wide_attention_launches_the_two_level_entry_at_its_splits(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fast: dict[str, Any] = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True}
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", **fast, wide_attention=True)
+    _verify(m)
+    plain = _manifest(QWEN3_4B_CONFIG, feed="device", **fast)
+    op, was = m["ops"]["attn_decode_fused"], plain["ops"]["attn_decode_fused"]
+    (launch,), (old,) = op["impl"]["launches"], was["impl"]["launches"]
+    wide = gen.DECODE_SPLITS_WIDE
+    assert (launch["entry"], launch["grid"], launch["args"][13]) == ("kern_attn_decode_wide", [8, wide, 1], {"i32": wide})
+    assert {k: v for k, v in launch.items() if k not in ("entry", "grid", "args")} == {
+        k: v for k, v in old.items() if k not in ("entry", "grid", "args")}
+    assert launch["args"][:13] == old["args"][:13] and launch["args"][14:] == old["args"][14:]
+    assert op["impl"]["scratch"] == {"part_o": {"dtype": "f32", "shape": [wide, 32 * 128]},
+                                     "part_lse": {"dtype": "f32", "shape": [wide, 32]}}
+    assert {k: v for k, v in m.items() if k != "ops"} == {k: v for k, v in plain.items() if k != "ops"}
+    for bad in ({"fuse": False, "pdl": False, "gemv": [], "fold_norm": False}, {"fuse_qkn": True}):
+        with pytest.raises(gen.GenError, match="wide_attention replaces the fused decode attention"):
+            _manifest(QWEN3_4B_CONFIG, feed="device", **(fast | bad), wide_attention=True)
+    with pytest.raises(gen.GenError, match="wide_attention"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", precision="f32", wide_attention=True)
+    monkeypatch.setattr(gen, "build_and_hash", lambda src, out: FAKE_HASHES)
+    monkeypatch.setattr(gen, "entry_modules", lambda src: FAKE_ENTRIES)
+    out = tmp_path / "wide.json"
+    assert gen.main(["--preset", "qwen3-4b", "-o", str(out), "--gemv", "all", "--fuse", "--pdl", "--fold-norm",
+                     "--wide-attention", "--feed", "device"]) == 0
+    assert json.loads(out.read_text()) == m | {"model": "wide"}
 
 
 def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

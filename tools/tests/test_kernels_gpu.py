@@ -545,6 +545,58 @@ def test_decode_attention_with_q_k_norm_is_qk_norm_rope_kv_then_attention(
     assert not counters.any()
 
 
+@pytest.mark.parametrize(("nq", "nkv", "d", "seq_len", "splits"), [
+    (32, 8, 128, 128, 32), (32, 8, 128, 395, 32), (32, 8, 128, 512, 128), (32, 8, 128, 513, 32),
+    (32, 8, 128, 600, 256), (32, 8, 128, 1025, 64), (32, 8, 128, 2053, 128), (32, 8, 128, 4096, 128),
+    (32, 8, 128, 8192, 32), (32, 8, 128, 8192, 128), (32, 8, 128, 8192, 256), (8, 1, 64, 531, 32),
+    (24, 8, 64, 3000, 64), (40, 8, 128, 2000, 128), (16, 1, 128, 8192, 256), (64, 2, 128, 531, 32),
+    (64, 2, 128, 4000, 128)])
+def test_wide_decode_attention_combines_per_cluster_then_over_the_clusters(
+    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
+) -> None:
+    """kern_attn_decode_wide (attention_wide.cu): on the cluster path (up to 512 tokens) and on the
+    global path of groups wider than a cluster block's rows (group * head_dim > 2048) it is
+    kern_attn_decode bit for bit; on the two-level path (longer contexts) it writes one partial per
+    cluster of 8 splits (part_lse rows [0, ceil(used / 8)) and no others), its output agrees with
+    kern_attn_decode's to bf16 rounding (another f32 order over the same partial rows) and with the
+    reference attention, and three launches in a row leave the counters at zero. Edges: the last
+    cluster with 1 used split (2053 tokens at 128 splits: 65 used), 6 (600 at 256), groups 1, 3, 4,
+    5, 16 and 32, head_dim 64 and 128."""
+    pages = math.ceil(seq_len / PAGE) + 3
+    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
+    table = _block_table(pages, gen)
+    qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
+    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
+    scale = d**-0.5
+    layer = h.ptr(kv.state, kv.layer_offset(LAYER))
+    geometry = (h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride), h.i32(splits), h.f32(scale))
+    counters = torch.zeros(nkv, dtype=torch.int32, device=DEV)
+
+    def launch(entry: str) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
+        po, pl = torch.full((splits, nq, d), float("nan"), device=DEV), torch.full((splits, nq), float("nan"), device=DEV)
+        k.launch(entry, (nkv, splits), (128,), h.ptr(qkv), layer, h.ptr(table), h.ptr(seq), h.ptr(po), h.ptr(pl),
+                 h.ptr(counters), h.ptr(out), *geometry)
+        torch.cuda.synchronize()
+        assert not counters.any(), f"{entry} must set its counters back to 0"
+        return out, pl
+
+    flat, _ = launch("kern_attn_decode")
+    clustered = _clustered(seq_len, nq // nkv, d)
+    two_level = not clustered and (nq // nkv) * d <= DECODE_CLUSTER_FLOATS
+    for _ in range(3):
+        wide, pl = launch("kern_attn_decode_wide")
+        if not two_level:
+            assert torch.equal(bits(wide), bits(flat))
+            continue
+        clusters = math.ceil(_used_splits(seq_len, splits) / DECODE_CLUSTER)
+        assert not pl[:clusters].isnan().any() and pl[clusters:].isnan().all(), "one partial per used cluster"
+        torch.testing.assert_close(wide.float(), flat.float(), atol=1e-3, rtol=8e-3)
+    keys, vals = kv.gather(LAYER, table, seq_len)
+    ref = h.attention_ref(qkv[:, : nq * d].view(1, nq, d), keys, vals, torch.tensor([seq_len - 1], device=DEV), scale)
+    torch.testing.assert_close(wide.float(), ref, atol=4e-3, rtol=1e-2)
+
+
 def _prefill_case(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, prefix: int, rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -138,7 +138,10 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "qkv_nopdl")["pdl_off"] == ["qkv"]
     assert checks.variant_options(gen, "onopdl") == checks.variant_options(gen, "fast") | {"pdl_off": ["o"]}
     assert checks.variant_options(gen, "b4d")["gemv_pick"] == {"down": "kern_gemv_bf16_b4"}
-    assert checks.variant_options(gen, "s128") == checks.variant_options(gen, "fast") | {"decode_splits": 128}
+    assert checks.variant_options(gen, "s128") == checks.variant_options(gen, "fast") | {
+        "gen_consts": {"DECODE_SPLITS": 128}}
+    assert checks.variant_options(gen, "wide") == checks.variant_options(gen, "fast") | {"wide_attention": True}
+    assert checks.variant_options(gen, "wide64")["gen_consts"] == {"DECODE_SPLITS_WIDE": 64}
     deep = checks.variant_options(gen, "deep8")["gemv_pick"]
     assert deep["gate_up"] == "kern_gemv_bf16_d4_silu" and deep["down"] == "kern_gemv_bf16_d8"
     for v in ("stream", "band", "p4o100", "deep4", "qkn", "gu_nopdl", "b4d", "b4o", "onopdl", "fast", "unfolded"):  # each generates a manifest the verifier accepts
@@ -223,14 +226,15 @@ def test_split_variant_sets_the_attention_grid_for_its_generation_only(tmp_path:
     (ckpt / "config.json").write_text(json.dumps(checks.configs()["4b"]))
     hashes = dict.fromkeys(set(gen.entry_modules(TOOLS / "kernels-src").values()), "c" * 64)
     rec = checks.Recorder(tmp_path / "out")
-    default = gen.DECODE_SPLITS
-    for variant, splits in (("s128", 128), ("fast", default)):
+    default, wide = gen.DECODE_SPLITS, gen.DECODE_SPLITS_WIDE
+    for variant, entry, splits in (("s128", "kern_attn_decode", 128), ("fast", "kern_attn_decode", default),
+                                   ("wide64", "kern_attn_decode_wide", 64), ("wide", "kern_attn_decode_wide", wide)):
         path = checks.generate_manifest(rec, gen, f"4b-{variant}", ckpt, hashes, checks.variant_options(gen, variant))
         assert path is not None, rec.checks[-1].detail
         op = json.loads(path.read_text())["ops"]["attn_decode_fused"]
-        assert op["impl"]["launches"][0]["grid"][1] == splits
+        assert (op["impl"]["launches"][0]["entry"], op["impl"]["launches"][0]["grid"][1]) == (entry, splits)
         assert op["impl"]["scratch"]["part_lse"]["shape"][0] == splits
-    assert default == gen.DECODE_SPLITS
+    assert (default, wide) == (gen.DECODE_SPLITS, gen.DECODE_SPLITS_WIDE)
 
 
 def test_f32_variant_is_the_reference_precision_manifest_and_is_not_benched() -> None:

@@ -34,7 +34,8 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()), *gen.F32_ENTRIES)}
+                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()),
+                             *gen.F32_ENTRIES)}
 STEPS = 12
 
 
@@ -248,16 +249,22 @@ def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], reference
     assert tokens == want_tokens
 
 
-@pytest.mark.parametrize(("qkn", "fold"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(("qkn", "fold", "wide"), [(False, False, False), (True, False, False), (True, True, False),
+                                                   (False, True, True)])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
-                                            n: int, chunk: int, qkn: bool, fold: bool) -> None:
+                                            n: int, chunk: int, qkn: bool, fold: bool, wide: bool) -> None:
     """Every decode GEMM as our GEMV (gate_up with SiLU-and-mul), q/k norm + rope writing the pages,
     one-launch decode attention (counters zeroed by the load program), PDL launches; with `qkn` the
-    decode attention also norms / rotates q and k and writes the step's KV row."""
+    decode attention also norms / rotates q and k and writes the step's KV row; with `wide` it is
+    kern_attn_decode_wide at DECODE_SPLITS_WIDE splits, its partials sized to match."""
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
-                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold)
+                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold, wide_attention=wide)
+    attn = m["ops"]["attn_decode_qkn" if qkn else "attn_decode_fused"]["impl"]
+    assert (attn["launches"][0]["entry"] == "kern_attn_decode_wide") == wide
+    splits = gen.DECODE_SPLITS_WIDE if wide else gen.DECODE_SPLITS
+    assert attn["launches"][0]["grid"][1] == splits == attn["scratch"]["part_lse"]["shape"][0]
     entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
     assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}

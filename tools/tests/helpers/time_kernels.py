@@ -132,14 +132,18 @@ def cases(k: h.Kernels, ctx_pages: int) -> list[tuple[str, Callable[[], None], f
     # The one-launch decode attention at both sides of its one-split limit (128 tokens), at the
     # contexts kern bench's "ctx 128" rows decode at (~140-395); at 2048 and 8192, beyond the cluster
     # path (> 512 tokens), where the grid's splits set the parallelism, a sweep of them.
-    attn_cases = [(ctx, 32) for ctx in (128, 129, 256, 395)] + [(c, s) for c in (2048, 8192) for s in (32, 64, 128, 256)]
-    for ctx, splits in attn_cases:
+    # kern_attn_decode_wide (attention_wide.cu) over the same sweep: per-cluster combine first.
+    long = [(c, s) for c in (2048, 8192) for s in (32, 64, 128, 256)]
+    attn_cases = [("kern_attn_decode", ctx, 32) for ctx in (128, 129, 256, 395)] + [
+        (e, c, s) for e in ("kern_attn_decode", "kern_attn_decode_wide") for c, s in long]
+    for entry, ctx, splits in attn_cases:
         seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
         po = torch.empty(splits, NQ, D, device="cuda")
         pl = torch.empty(splits, NQ, device="cuda")
         counters = torch.zeros(NKV, dtype=torch.int32, device="cuda")
         o = rnd(1, NQ * D)
-        add(f"attn_decode (one launch) ctx={ctx} S={splits}", "kern_attn_decode", (NKV, splits), (128,),
+        label = "attn_decode (one launch)" if entry == "kern_attn_decode" else "attn_decode_wide"
+        add(f"{label} ctx={ctx} S={splits}", entry, (NKV, splits), (128,),
             ctx * NKV * D * 4, p(qkv1), lay, p(bt), p(seq), p(po), p(pl), p(counters), p(o), h.i32(NQ),
             h.i32(NKV), h.i32(D), h.i32(PAGE), ps, h.i32(splits), h.f32(D**-0.5))
     seq709 = torch.tensor([709], dtype=torch.int32, device="cuda")
