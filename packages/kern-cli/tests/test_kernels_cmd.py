@@ -56,8 +56,9 @@ def fake_nvcc(tmp_path: Path) -> tuple[str, ...]:
 
 
 def _calls(compiler: tuple[str, ...]) -> list[str]:
+    """The sources compiled so far, sorted (a build compiles its modules side by side)."""
     log = Path(compiler[1]).parent / "calls.log"
-    return log.read_text().split() if log.exists() else []
+    return sorted(log.read_text().split()) if log.exists() else []
 
 
 @pytest.fixture
@@ -90,7 +91,7 @@ def test_same_source_gives_same_bytes(
     first = build_kernels(src, tmp_path / "one", compiler=fake_nvcc)
     second = build_kernels(src, tmp_path / "two", compiler=fake_nvcc)
     assert {m: sha for m, (_, sha) in first.items()} == {m: sha for m, (_, sha) in second.items()}
-    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "alpha.cu", "beta.cu"]
+    assert _calls(fake_nvcc) == ["alpha.cu", "alpha.cu", "beta.cu", "beta.cu"]
 
 
 def test_rebuild_is_skipped_when_nothing_changed(
@@ -111,7 +112,7 @@ def test_source_change_rebuilds_only_that_module(
     first = build_kernels(src, out, compiler=fake_nvcc)
     (src / "beta.cu").write_text('extern "C" __global__ void b2() {}\n')
     second = build_kernels(src, out, compiler=fake_nvcc)
-    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu"]
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu"]  # the first build, then beta alone
     assert second["alpha"] == first["alpha"]
     assert second["beta"][1] != first["beta"][1]
     assert first["beta"][0].is_file(), "older cubins stay for manifests that pin them"
@@ -124,7 +125,7 @@ def test_header_change_rebuilds_every_module(
     build_kernels(src, out, compiler=fake_nvcc)
     (src / "common.cuh").write_text("// shared, edited\n")
     build_kernels(src, out, compiler=fake_nvcc)
-    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "alpha.cu", "beta.cu"]
+    assert _calls(fake_nvcc) == ["alpha.cu", "alpha.cu", "beta.cu", "beta.cu"]
 
 
 def test_compiler_version_is_part_of_the_key(
@@ -145,7 +146,7 @@ def test_deleted_cubin_is_rebuilt(src: Path, tmp_path: Path, fake_nvcc: tuple[st
     again = build_kernels(src, out, compiler=fake_nvcc)
     assert again == first
     assert first["alpha"][0].is_file()
-    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "alpha.cu"]
+    assert _calls(fake_nvcc) == ["alpha.cu", "alpha.cu", "beta.cu"]
 
 
 def test_corrupt_cache_record_only_costs_a_rebuild(
@@ -169,6 +170,20 @@ def test_compile_error_writes_nothing(
         build_kernels(src, out, compiler=fake_nvcc)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert first["alpha"][0].is_file()
+
+
+def test_of_several_failures_the_first_module_is_reported(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    """Modules compile side by side; the error names the first failing one in module order, and
+    only after every compile has finished (each ran: nothing is left running)."""
+    (src / "alpha.cu").write_text("#error planted\n")
+    (src / "beta.cu").write_text("#error planted\n")
+    (src / "gamma.cu").write_text('extern "C" __global__ void g() {}\n')
+    with pytest.raises(CompileError, match=r"^alpha\.cu failed to compile"):
+        build_kernels(src, tmp_path / "out", compiler=fake_nvcc)
+    assert _calls(fake_nvcc) == ["gamma.cu"]  # the failing ones exit before logging
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_compiler(src: Path, tmp_path: Path) -> None:
@@ -281,4 +296,4 @@ def test_a_change_to_an_included_source_rebuilds_the_module_that_includes_it(
     assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "gamma.cu"]  # the second build was all cached
     (src / "beta.cu").write_text('extern "C" __global__ void b2() {}\n')
     build_kernels(src, out, compiler=fake_nvcc)
-    assert _calls(fake_nvcc)[3:] == ["beta.cu", "gamma.cu"]
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu", "gamma.cu", "gamma.cu"]  # then beta and gamma

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,11 +176,14 @@ def _is_fresh(entry: _Entry | None, key: str, out_dir: Path) -> bool:
 def _compile_all(
     compiler: Sequence[str], sources: Mapping[str, Path], modules: Sequence[str]
 ) -> dict[str, bytes]:
-    built: dict[str, bytes] = {}
-    with tempfile.TemporaryDirectory(prefix="kern-kernels-") as tmp:
-        for module in modules:
-            built[module] = _compile_one(compiler, sources[module], Path(tmp) / f"{module}.cubin")
-    return built
+    """Every module in `modules`, compiled side by side (one nvcc process per module, at most one per
+    CPU); the first failure in `modules`' order is raised once all have finished."""
+    if not modules:
+        return {}
+    workers = min(len(modules), os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory(prefix="kern-kernels-") as tmp, ThreadPoolExecutor(workers) as pool:
+        jobs = {m: pool.submit(_compile_one, compiler, sources[m], Path(tmp) / f"{m}.cubin") for m in modules}
+        return {m: job.result() for m, job in jobs.items()}
 
 
 def _compile_one(compiler: Sequence[str], source: Path, out: Path) -> bytes:
