@@ -188,6 +188,46 @@ def test_chain_charges_each_activity_the_time_the_stream_advanced() -> None:
     assert "kernel names" in by_name.splitlines()[0] and " b" in by_name
 
 
+def test_f32_logits_bound_separates_reference_precision_from_bf16() -> None:
+    ref = np.linspace(-3.0, 3.0, 1000)
+    noise = np.cos(np.arange(1000.0))
+    bf16_like = ref + 2e-2 * noise * np.linalg.norm(ref) / np.linalg.norm(noise)  # the bf16 manifests' error
+    c = checks.Check("x")
+    assert checks.compare_logits_to_fp32(c, bf16_like, ref, 3e-2, checks.LOGIT_REL_TOL) == pytest.approx(2e-2)
+    assert c.status == "FAIL" and "tol 0.01" in c.detail
+    c = checks.Check("x")
+    near = ref + 5e-3 * noise * np.linalg.norm(ref) / np.linalg.norm(noise)
+    checks.compare_logits_to_fp32(c, near, ref, 3e-2, checks.LOGIT_REL_TOL)
+    assert c.status == "PENDING"  # within the bf16 bound, yet 400x the f32 manifest's measured error
+    c = checks.Check("x")
+    checks.compare_logits_to_fp32(c, near, ref, 3e-2, checks.F32_LOGIT_REL_TOL)
+    assert c.status == "FAIL" and c.data["argmax_equal"]
+    c = checks.Check("x")
+    f32_like = ref + 1.2e-5 * noise * np.linalg.norm(ref) / np.linalg.norm(noise)  # the H200's 709-token error
+    checks.compare_logits_to_fp32(c, f32_like, ref, 3e-2, checks.F32_LOGIT_REL_TOL)
+    assert c.status == "PENDING" and c.data["rel_l2"] == pytest.approx(1.2e-5)
+
+
+def test_prompt_checks_hold_the_f32_manifest_to_its_own_logits_bound(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    ref32 = np.linspace(-3.0, 3.0, 1000)
+    noise = np.cos(np.arange(1000.0))
+    got = ref32 + 5e-3 * noise * np.linalg.norm(ref32) / np.linalg.norm(noise)
+    tokens = [int(np.argmax(ref32))] * checks.STEPS
+    run = checks.KernRun(tokens, got, [got] * checks.STEPS)
+    monkeypatch.setattr(checks, "kern_generate", lambda *a, **k: run)
+    ref = checks.Reference({5: tokens}, {5: [9.0] * checks.STEPS}, {5: ref32}, {5: got}, {5: tokens},
+                           {5: [9.0] * checks.STEPS})
+    status: dict[bool, str] = {}
+    for f32 in (False, True):
+        rec = checks.Recorder(tmp_path / f"out{f32}")
+        checks._prompt_checks(rec, "m", None, 5, [1], ref, {}, f32)  # pyright: ignore[reportPrivateUsage]
+        (c,) = (c for c in rec.checks if c.name == "m.p5.logits_vs_fp32")
+        status[f32] = c.status
+        assert all(c.status == "PASS" for c in rec.checks if c.name != "m.p5.logits_vs_fp32")
+    assert status == {False: "PASS", True: "FAIL"}
+
+
 def test_logits_within_bf16_noise_passes_at_the_measured_ratios_and_fails_beyond() -> None:
     # The H200 run of 12:06 UTC: kern 2.36e-2 / 3.24e-2 / 3.80e-2 against transformers bf16
     # 2.26e-2 / 3.55e-2 / 4.53e-2 (ratios 1.04, 0.91, 0.84).
