@@ -535,10 +535,13 @@ def _attn_decode_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> J
     }
 
 
-def _argmax_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
+def _argmax_op(s: Qwen3Shape, mods: Mapping[str, str], partial_entry: str = "kern_argmax_partial",
+               logits: str = BF16_IN) -> Json:
+    """Two stages: `partial_entry` over the `logits` (bf16, or f32 with kern_f32_argmax_partial), then
+    sampling.cu's kern_argmax_final over the partials (ties to the lowest index)."""
     partial = _kernel(
-        mods, "kern_argmax_partial", [ARGMAX_PARTS, 1, 1], 256,
-        params=[BF16_IN, "out buffer<f32>", "out buffer<i32>", "i32"],
+        mods, partial_entry, [ARGMAX_PARTS, 1, 1], 256,
+        params=[logits, "out buffer<f32>", "out buffer<i32>", "i32"],
         args=[{"param": 0}, {"scratch": "pval"}, {"scratch": "pidx"}, _i32(s.vocab)],
     )
     final = _kernel(
@@ -547,7 +550,7 @@ def _argmax_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
         args=[{"scratch": "pval"}, {"scratch": "pidx"}, {"param": 1}, _i32(ARGMAX_PARTS)],
     )
     return {
-        "params": [BF16_IN, "out buffer<i64>"],
+        "params": [logits, "out buffer<i64>"],
         "impl": {
             "scratch": {
                 "pval": {"dtype": "f32", "shape": [ARGMAX_PARTS]},
@@ -881,10 +884,8 @@ def generate(
         KernelsError: an entry is missing, or its module has no hash.
     """
     _check_options(shape, feed=feed, gemv=gemv, fuse=fuse, pdl=pdl, carveout=carveout, fuse_qkn=fuse_qkn,
-                   pdl_off=pdl_off, fold_norm=fold_norm, precision=precision, gemv_pick=gemv_pick)
-    if wide_attention and (precision != "bf16" or not fuse or fuse_qkn):
-        raise GenError("wide_attention replaces the fused decode attention: it needs --fuse, without --fuse-qkn "
-                       "or --precision f32")
+                   pdl_off=pdl_off, fold_norm=fold_norm, precision=precision, gemv_pick=gemv_pick,
+                   wide_attention=wide_attention)
     if precision == "f32":
         return _generate_f32(shape, modules, entries, model=model, chunk=chunk, feed=feed)
     picks = _picks(gemv, gemv_pick or {})
@@ -940,14 +941,16 @@ def generate(
 
 def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: bool, pdl: bool,
                    carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
-                   precision: str = "bf16", gemv_pick: Mapping[str, str] | None = None) -> None:
+                   precision: str = "bf16", gemv_pick: Mapping[str, str] | None = None,
+                   wide_attention: bool = False) -> None:
     """GenError for a combination of `generate` options that cannot be built."""
     if feed not in FEEDS:
         raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
     if precision not in PRECISIONS:
         raise GenError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bf16_only = _f32_conflicts(gemv=gemv, fuse=fuse, pdl=pdl, gemv_pick=gemv_pick, carveout=carveout,
-                               fuse_qkn=fuse_qkn, pdl_off=pdl_off, fold_norm=fold_norm)
+                               fuse_qkn=fuse_qkn, pdl_off=pdl_off, fold_norm=fold_norm,
+                               wide_attention=wide_attention)
     if precision == "f32" and bf16_only:
         raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
                        f"drop {', '.join(bf16_only)} (or use --precision bf16)")
@@ -963,6 +966,8 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
         raise GenError("fold_norm runs the norms inside the qkv and gate_up GEMVs: it needs both as our GEMV (--gemv)")
     if fuse_qkn and not fuse:
         raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
+    if wide_attention and (not fuse or fuse_qkn):
+        raise GenError("wide_attention replaces the fused decode attention: it needs --fuse, without --fuse-qkn")
     if fuse_qkn and shape.heads // shape.kv_heads > QKN_MAX_GROUP:
         raise GenError(f"fuse_qkn holds at most {QKN_MAX_GROUP} query heads per kv head in shared memory "
                        f"(attention_qkn.cu); this model has {shape.heads // shape.kv_heads}: drop --fuse-qkn")
@@ -1133,31 +1138,9 @@ def _f32_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
             ["tokens", nq, 1], F32_ATTN_THREADS),
         "silu_mul": _f32_row_op(mods, "kern_f32_silu_mul", [F32_IN, F32_OUT, "i32"],
                                 ["tokens", -(-s.inter // 1024), 1], 256),
-        "argmax": _f32_argmax_op(s, mods),
+        "argmax": _argmax_op(s, mods, "kern_f32_argmax_partial", F32_IN),
         "rope_table": _f32_row_op(mods, "kern_f32_rope_table", [F32_OUT, F32_OUT, "i32", "i32", "f32"],
                                   [s.max_pos, 1, 1], min(d // 2, 1024)),
-    }
-
-
-def _f32_argmax_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
-    """Two stages as the bf16 argmax op: kern_f32_argmax_partial over the f32 logits, then
-    sampling.cu's kern_argmax_final over the partials (ties to the lowest index)."""
-    partial = _kernel(
-        mods, "kern_f32_argmax_partial", [ARGMAX_PARTS, 1, 1], 256,
-        params=[F32_IN, "out buffer<f32>", "out buffer<i32>", "i32"],
-        args=[{"param": 0}, {"scratch": "pval"}, {"scratch": "pidx"}, _i32(s.vocab)],
-    )
-    final = _kernel(
-        mods, "kern_argmax_final", [1, 1, 1], 256,
-        params=["in buffer<f32>", "in buffer<i32>", "out buffer<i64>", "i32"],
-        args=[{"scratch": "pval"}, {"scratch": "pidx"}, {"param": 1}, _i32(ARGMAX_PARTS)],
-    )
-    return {
-        "params": [F32_IN, "out buffer<i64>"],
-        "impl": {
-            "scratch": {"pval": {"dtype": "f32", "shape": [ARGMAX_PARTS]}, "pidx": {"dtype": "i32", "shape": [ARGMAX_PARTS]}},
-            "launches": [partial, final],
-        },
     }
 
 
@@ -1286,11 +1269,12 @@ def _generate_f32(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mappin
 
 
 def _f32_conflicts(*, gemv: Sequence[str], fuse: bool, pdl: bool, gemv_pick: Mapping[str, str] | None,
-                   carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool) -> list[str]:
+                   carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
+                   wide_attention: bool) -> list[str]:
     """The bf16-only options (as their command-line flags) that are set."""
     flags = {"--gemv": bool(gemv), "--fuse": fuse, "--pdl": pdl, "--gemv-pick": bool(gemv_pick),
              "--carveout": carveout is not None, "--fuse-qkn": fuse_qkn, "--pdl-off": bool(pdl_off),
-             "--fold-norm": fold_norm}
+             "--fold-norm": fold_norm, "--wide-attention": wide_attention}
     return [flag for flag, on in flags.items() if on]
 
 

@@ -311,7 +311,7 @@ def test_wide_attention_launches_the_two_level_entry_at_its_splits(tmp_path: Pat
     for bad in ({"fuse": False, "pdl": False, "gemv": [], "fold_norm": False}, {"fuse_qkn": True}):
         with pytest.raises(gen.GenError, match="wide_attention replaces the fused decode attention"):
             _manifest(QWEN3_4B_CONFIG, feed="device", **(fast | bad), wide_attention=True)
-    with pytest.raises(gen.GenError, match="wide_attention"):
+    with pytest.raises(gen.GenError, match=r"precision f32 .* drop --wide-attention"):
         _manifest(QWEN3_4B_CONFIG, feed="device", precision="f32", wide_attention=True)
     monkeypatch.setattr(gen, "build_and_hash", lambda src, out: FAKE_HASHES)
     monkeypatch.setattr(gen, "entry_modules", lambda src: FAKE_ENTRIES)
@@ -784,7 +784,8 @@ def test_f32_manifest_abi_matches_kernel_sources() -> None:
      ({"gemv": list(gen.GEMV_GEMMS), "fold_norm": True}, "--fold-norm"),
      ({"fuse": True, "fuse_qkn": True}, "--fuse-qkn"), ({"carveout": 50}, "--carveout"),
      ({"gemv_pick": {"o": "kern_gemv_bf16"}}, "--gemv-pick"),
-     ({"gemv": list(gen.GEMV_GEMMS), "pdl": True, "pdl_off": ["o"]}, "--pdl-off")],
+     ({"gemv": list(gen.GEMV_GEMMS), "pdl": True, "pdl_off": ["o"]}, "--pdl-off"),
+     ({"fuse": True, "wide_attention": True}, "--fuse, --wide-attention")],
 )
 def test_f32_refuses_the_bf16_speed_options(option: dict[str, Any], flag: str) -> None:
     with pytest.raises(gen.GenError, match=f"precision f32 .* drop .*{flag}") as info:
