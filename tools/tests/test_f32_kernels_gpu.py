@@ -231,9 +231,13 @@ def test_silu_mul(k: object, gen: torch.Generator, rows: int) -> None:
 
 @pytest.mark.parametrize("n", [151936, 4096, 100])
 def test_argmax_ties_go_to_the_lowest_index(k: object, gen: torch.Generator, n: int) -> None:
+    """Ties across the 64 partial blocks (kern_argmax_final's rule) and, from n // 3 + 1 on, inside
+    one partial block: the next lane, the next warp (+ 32) and the same thread's next pass (+ 256),
+    where the share ceil(n / 64) holds them (kern_f32_argmax_partial's rule)."""
     logits = randn(n, gen=gen)
     top = float(logits.max()) + 1.0
-    hits = sorted({n - 1, n // 2, n // 3 + 1})
+    lo = n // 3 + 1
+    hits = sorted({h for h in (n - 1, n // 2, lo + 256, lo + 32, lo + 1, lo) if h < n})
     logits[hits] = top
     pval = torch.full((64,), float("nan"), device=DEV)
     pidx = torch.zeros(64, dtype=torch.int32, device=DEV)

@@ -858,5 +858,9 @@ def test_f32_launch_constants_match_qwen3_f32_cu() -> None:
         factors = [defines[f] if f in defines else int(f) for f in (x.strip() for x in expr.split("*"))]
         limits[entry] = math.prod(factors)
     assert set(limits) == {e for e in gen.F32_ENTRIES if e.startswith("kern_f32_")}
-    assert all(blocks[e] <= limits[e] for e in limits), (blocks, limits)
-    assert blocks["kern_f32_qk_norm_rope_kv"] == 64 and blocks["kern_f32_gemm"] == 256
+    # NOTE: the GEMM (16 x 16 threads), GEMV (8 warps), attention (8 warps), SiLU and argmax (256-thread
+    # strides) index by a fixed block, so a smaller one would leave work undone; q/k norm takes
+    # head_dim / 2 (64 for the 4B), the row kernels any multiple of 32: every block is its bound.
+    assert {e: blocks[e] for e in limits if e != "kern_f32_rope_table"} == {
+        e: n for e, n in limits.items() if e != "kern_f32_rope_table"}
+    assert blocks["kern_f32_rope_table"] <= limits["kern_f32_rope_table"]
