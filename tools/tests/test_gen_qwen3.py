@@ -340,7 +340,7 @@ def test_examples_are_what_the_generator_writes() -> None:
     fast: dict[str, Any] = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True}
     shipped_sets = [("qwen3-4b", QWEN3_4B_CONFIG, {}), ("qwen3-tiny", QWEN3_TINY_CONFIG, {}),
                     ("qwen3-4b-gemv", QWEN3_4B_CONFIG, {"gemv": list(gen.GEMV_DEFAULT)}),
-                    ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast)]
+                    ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast), ("qwen3-4b-f32", QWEN3_4B_CONFIG, {"precision": "f32"})]
     for name, config, kw in shipped_sets:
         shipped = json.loads((root / "examples" / f"{name}.json").read_text())
         entries = gen.entry_modules(TOOLS / "kernels-src")

@@ -37,7 +37,7 @@ def test_step_weight_bytes_4b() -> None:
     h, inter, vocab, d = 2560, 9728, 151936, 128
     per_layer = 6144 * h + h * 4096 + 2 * inter * h + h * inter + 2 * h + 2 * d  # GEMMs + 4 norms
     expected = 2 * (36 * per_layer + vocab * h + h)  # tied lm_head on the embedding, final norm
-    for name in ("qwen3-4b", "qwen3-4b-gemv", "qwen3-4b-fast"):  # extern GEMMs or our GEMV alike
+    for name in ("qwen3-4b", "qwen3-4b-gemv", "qwen3-4b-fast", "qwen3-4b-f32"):  # extern GEMMs, our GEMV, f32
         assert bench.decode_weight_bytes(_example(name), "decode") == expected, name
 
 

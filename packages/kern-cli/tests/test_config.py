@@ -98,7 +98,10 @@ def test_repository_kern_toml_names_existing_files() -> None:
     assert (cfg.run.steps, cfg.run.chunk) == (32, 512)
 
 
-def test_repository_kern_toml_gemv_target() -> None:
+@pytest.mark.parametrize("name", ["qwen3-4b", "qwen3-4b-gemv", "qwen3-4b-fast", "qwen3-4b-f32"])
+def test_repository_kern_toml_targets_run_from_shipped_cubins(name: str) -> None:
     root = Path(__file__).resolve().parents[3]
-    t = load_config(root / "kern.toml").target("qwen3-4b-gemv")
+    t = load_config(root / "kern.toml").target(name)
     assert t is not None and t.manifest is not None and t.manifest.is_file() and t.weights == ()
+    pinned = json.loads(t.manifest.read_text())["modules"]
+    assert {(root / "kernels" / m["source"]).is_file() for m in pinned.values()} == {True}, name
