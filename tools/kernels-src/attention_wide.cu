@@ -12,7 +12,8 @@
 // Everything else is kern_attn_decode's (attn_decode_run): the split plan, the L2 prefetch before
 // the PDL wait, the cluster path up to 32 pages (bit-identical to kern_attn_decode there), the
 // global path for wider groups.
-// part_o / part_lse hold at least ceil(splits / 8) rows of partials; counters as kern_attn_decode's
+// part_o / part_lse hold `splits` rows, as kern_attn_decode's (the two-level path writes ceil(used / 8)
+// of them, the wider groups' global path up to `splits`); counters as kern_attn_decode's
 // (i32[nkv], zero before the first launch, zero again after each). grid [nkv, splits] (splits a
 // multiple of 8), block [128].
 #pragma nv_diag_suppress 177  // attention.cu's prefill helpers, unused here
