@@ -31,8 +31,7 @@
    GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve50` / `-carve0` (every
    kernel's shared-memory carveout at 100 / 50 / 0 %), `-p4o` / `-p4o100` (o on the prefetched
    kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere), `-deep4` / `-deep8` (the
-   per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-lmp4` / `-od4` (lm_head
-   on kern_gemv_bf16_p4, and o on _d4 besides), `-b4gu` (gate_up on _b4_silu), `-p4gu` / `-p4qd` /
+   per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-od4` (o on _d4), `-b4gu` (gate_up on _b4_silu), `-p4gu` / `-p4qd` /
    `-p4all` (gate_up on _p4_silu; qkv and down on _p4; all three), `-gu_nopdl` / `-qkv_nopdl` (gate_up's
    or qkv's GEMV launched without PDL), `-picked` (--gemv-pick's entries); `-f32` (gen_qwen3
    --precision f32, the reference-precision manifest: greedy tokens against transformers float32's,
@@ -222,8 +221,7 @@ TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
                    "down": "kern_gemv_bf16_d4"}),
     "deep8": (-1, {"qkv": "kern_gemv_bf16_d8", "o": "kern_gemv_bf16_d8", "gate_up": "kern_gemv_bf16_d4_silu",
                    "down": "kern_gemv_bf16_d8"}),
-    "lmp4": (-1, {"lm_head": "kern_gemv_bf16_p4"}),
-    "od4": (-1, {"lm_head": "kern_gemv_bf16_p4", "o": "kern_gemv_bf16_d4"}),
+    "od4": (-1, {"o": "kern_gemv_bf16_d4"}),
     "b4gu": (-1, {"gate_up": "kern_gemv_bf16_b4_silu"}),
     "p4gu": (-1, {"gate_up": "kern_gemv_bf16_p4_silu"}),
     "p4qd": (-1, {"qkv": "kern_gemv_bf16_p4", "down": "kern_gemv_bf16_p4"}),
@@ -233,9 +231,9 @@ TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
 driver's choice) and GEMV picks on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
 neighbours slower; a uniform carveout made every variant slower, fourth pass); the per-layer GEMMs
 on the deep bands (`_d4` / `_d8`, `_d4_silu`); gate_up on `_b4_silu` (`fast`'s layout without the
-fold); lm_head on `_p4` (fastest at its shape, fourth pass), alone
-and with o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on `_p4_silu`, qkv
-and down on `_p4`."""
+fold); o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on
+`_p4_silu`, qkv and down on `_p4` (down and lm_head are on `_p4` in GEMV_PICK since the fourth and
+fifth passes, so `p4qd` moves qkv only, and the fourth pass's `lmp4` is `unfolded` itself)."""
 NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}
 """`unfolded` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
 FAST_TRIALS: dict[str, dict[str, Any]] = {
