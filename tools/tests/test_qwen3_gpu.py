@@ -54,8 +54,10 @@ def _prompt(n: int) -> list[int]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 37, 709])
-def test_graph_eager_and_chunks_agree(tiny: dict[str, Any], n: int) -> None:
-    with _session(tiny) as s:
+@pytest.mark.parametrize("manifest", ["tiny", "tiny_f32"])
+def test_graph_eager_and_chunks_agree(request: pytest.FixtureRequest, manifest: str, n: int) -> None:
+    """The bf16 tiny manifest and its reference-precision (f32) twin alike."""
+    with _session(request.getfixturevalue(manifest)) as s:
         base = s.generate(_prompt(n), 64, chunk=512)
         assert len(base) == 64
         assert s.generate(_prompt(n), 64, chunk=512, eager=True) == base
@@ -122,17 +124,6 @@ def tiny_f32(tiny: dict[str, Any]) -> dict[str, Any]:
     manifest = tiny["tmp"] / "qwen3-tiny-f32.json"
     manifest.write_text(json.dumps(m))
     return {**tiny, "manifest": manifest}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n", [1, 37, 709])
-def test_f32_graph_eager_and_chunks_agree(tiny_f32: dict[str, Any], n: int) -> None:
-    with _session(tiny_f32) as s:
-        base = s.generate(_prompt(n), 64, chunk=512)
-        assert len(base) == 64
-        assert s.generate(_prompt(n), 64, chunk=512, eager=True) == base
-        assert s.generate(_prompt(n), 64, chunk=1) == base
-        assert s.generate(_prompt(n), 64, chunk=97) == base
 
 
 @pytest.mark.gpu
