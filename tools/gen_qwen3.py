@@ -37,6 +37,7 @@ __all__ = [
     "F32_GEMM_TILE",
     "F32_GEMV_COLS",
     "FEEDS",
+    "FOLDED",
     "FOLD_ENTRIES",
     "FUSED_ENTRIES",
     "GEMV_BAND",
@@ -46,6 +47,9 @@ __all__ = [
     "GEMV_P4_MAX_ROW",
     "GEMV_P4_SMEM",
     "GEMV_PICK",
+    "GEMV_RING_BLOCKS",
+    "GEMV_RING_MAX_STAGES",
+    "GEMV_RING_SMEM",
     "GEMV_SMS",
     "GEMV_TMA_BLOCKS",
     "GEMV_TMA_SMEM",
@@ -134,16 +138,19 @@ GEMV_ENTRIES: dict[str, tuple[int, int]] = {
     "kern_gemv_bf16_d4_silu": (-1, 128),
     "kern_gemv_bf16_p4": (-2, 128),
     "kern_gemv_bf16_p4_silu": (-2, 128),
+    "kern_gemv_bf16_r4": (-3, 128),
+    "kern_gemv_bf16_r4_silu": (-3, 128),
 }
 """GEMV entries (gemv.cu) -> (output columns per block, threads per block); grid x is
 ceil_div(n, columns). Columns 0: a streaming entry (W through a shared-memory ring filled by bulk
 copies), min(n, GEMV_TMA_BLOCKS) blocks with GEMV_TMA_SMEM bytes of dynamic shared memory each;
 columns -1: a band entry, one resident wave of blocks that each sum a balanced band of columns
 (GEMV_BAND); columns -2: a prefetched entry, whose blocks copy their columns' W rows into
-GEMV_P4_SMEM bytes of dynamic shared memory before the PDL wait. `gemv_launch` turns an entry and a
-shape into the launch."""
+GEMV_P4_SMEM bytes of dynamic shared memory before the PDL wait; columns -3: a ring entry (gemv_ring.cu),
+one resident wave of GEMV_RING_BLOCKS blocks per SM whose bands stream through a ring of
+shared-memory stages (GEMV_RING_SMEM bytes). `gemv_launch` turns an entry and a shape into the launch."""
 SILU_ENTRIES = ("kern_gemv_bf16_silu", "kern_gemv_bf16_tma_silu", "kern_gemv_bf16_b4_silu", "kern_gemv_bf16_d4_silu",
-                "kern_gemv_bf16_p4_silu")
+                "kern_gemv_bf16_p4_silu", "kern_gemv_bf16_r4_silu")
 """GEMV entries with SiLU-and-mul in their epilogue (gate_up only: W is [2n, k], y is `act`)."""
 GEMV_SMS = 132
 """Streaming multiprocessors the GEMV grids are sized for: the H200's (the kernels split the
@@ -166,6 +173,15 @@ GEMV_P4_MAX_ROW = 227 * 1024 - 1024
 """The most dynamic shared memory a `_p4` block may have: sm_90's 227 KiB per block less 1 KiB for the
 entries' static shared memory (384-768 B: the mbarrier and the column sums); a block holds at least
 one column's rows."""
+GEMV_RING_BLOCKS = 2
+"""Blocks per SM of a ring GEMV launch (`_r4`, `_r4_silu` and their folded forms): the grid is one
+wave of balanced bands, ceil_div(n, ceil_div(n, GEMV_SMS * that)) blocks."""
+GEMV_RING_SMEM = 65536
+"""Bytes of W stages per ring block: the ring has min(32, this // (rows * 2k), the band's columns)
+stages of one column's rows each (rows: 2 for the SiLU form), at least one; a folded (`_n`) launch
+adds 4k bytes for the norm's h and x in front of them."""
+GEMV_RING_MAX_STAGES = 32
+"""gemv_ring.cu's RING_MAX_STAGES: the mbarriers a ring block has."""
 GEMV_TMA_STAGE_CAP = 32768
 """gemv.cu's TMA_STAGE_CAP: a stage holds max(1, cap // (rows * 2k)) columns."""
 GEMV_PICK: dict[str, str] = {
@@ -188,8 +204,18 @@ FOLD_ENTRIES: dict[str, tuple[str, str]] = {
     "gate_up": ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu"),
 }
 """`fold_norm=True` (gemv_norm.cu): decode GEMM -> (the band GEMV with the add + RMSNorm before it in
-its prologue, the band entry whose grid it takes). The norm launches before qkv (the previous
-layer's next_norm) and before gate_up (post_norm) go; the residual alternates between `h` and `h2`."""
+its prologue, the band entry whose grid it takes): the fold of a GEMM whose pick has no folded form
+(`FOLDED`). The norm launches before qkv (the previous layer's next_norm) and before gate_up
+(post_norm) go; the residual alternates between `h` and `h2`."""
+FOLDED: dict[str, str] = {
+    "kern_gemv_bf16_b4": "kern_gemv_bf16_b4_n",
+    "kern_gemv_bf16_b4_silu": "kern_gemv_bf16_b4_silu_n",
+    "kern_gemv_bf16_r4": "kern_gemv_bf16_r4_n",
+    "kern_gemv_bf16_r4_silu": "kern_gemv_bf16_r4_silu_n",
+}
+"""GEMV entry -> its form with the add + RMSNorm in its prologue (gemv_norm.cu, gemv_ring.cu), which
+takes that entry's launch: with `fold_norm`, a qkv or gate_up pick listed here folds into its own
+layout (`--gemv-pick qkv=kern_gemv_bf16_r4` runs `_r4_n`), any other into FOLD_ENTRIES' band."""
 QKN_MAX_GROUP = 32
 """attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
 WIDE_ENTRIES: tuple[str, ...] = ("kern_attn_decode_wide",)
@@ -644,12 +670,23 @@ def _gemv_op_name(entry: str, n: int, k: int) -> str:
     return f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
 
 
-def gemv_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
+def gemv_launch(entry: str, n: int, k: int, folded: bool = False) -> tuple[int, int, int]:
     """(grid x, threads, dynamic shared bytes) of a GEMV entry's launch for n output columns of
-    depth k; GenError when a streaming entry's stage would not fit its shared memory."""
+    depth k (`folded`: of its FOLDED form, for one x row); GenError when a column's W rows would
+    not fit its shared memory."""
     cols, threads = GEMV_ENTRIES[entry]
+    norm = 2 * 2 * k if folded else 0  # h and x of one row, bf16
     if cols > 0:
         return -(-n // cols), threads, 0
+    if cols == -3:
+        column = (2 if entry in SILU_ENTRIES else 1) * 2 * k
+        if norm + column > GEMV_P4_MAX_ROW:
+            raise GenError(f"{entry}: one column's W rows ({column} bytes, k = {k}) and the norm's {norm} exceed a "
+                           "block's shared memory; pick another GEMV entry for this GEMM (--gemv-pick)")
+        per_block = -(-n // (GEMV_SMS * GEMV_RING_BLOCKS))
+        stages = max(1, min(GEMV_RING_MAX_STAGES, GEMV_RING_SMEM // column, per_block,
+                            (GEMV_P4_MAX_ROW - norm) // column))
+        return -(-n // per_block), threads, norm + stages * column
     if cols == -2:
         column = (2 if entry in SILU_ENTRIES else 1) * 2 * k  # W bytes of one output column
         if column > GEMV_P4_MAX_ROW:
@@ -659,7 +696,7 @@ def gemv_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
         return -(-n // per_block), threads, per_block * column
     if cols < 0:
         per_block = -(-n // (GEMV_SMS * GEMV_BAND[entry]))
-        return -(-n // per_block), threads, 0
+        return -(-n // per_block), threads, norm
     rows = 2 if entry in SILU_ENTRIES else 1
     stage = max(1, GEMV_TMA_STAGE_CAP // (rows * 2 * k)) * rows * 2 * k
     # NOTE: one f32 partial per 16-byte piece of a stage, for the one x row a decode launch has.
@@ -894,7 +931,7 @@ def generate(
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ())
               + (QKN_ENTRIES if fuse_qkn else ()) + (WIDE_ENTRIES if wide_attention else ())
-              + (tuple(e for e, _band in FOLD_ENTRIES.values()) if fold_norm else ()))
+              + (tuple(_fold_of(g, picks)[0] for g in FOLD_ENTRIES) if fold_norm else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
@@ -916,7 +953,7 @@ def generate(
         n, k = (int(v) for v in shape_nk.split("x"))
         ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
     if fold_norm:
-        _fold_norms(shape, entries, ops, programs)
+        _fold_norms(shape, entries, picks, ops, programs)
     if wide_attention:
         _widen_attention(shape, entries, ops)
     if pdl:
@@ -1005,9 +1042,15 @@ def _apply_pdl(ops: Json, programs: Json) -> None:
         call["op"] = renamed[call["op"]]
 
 
-def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], ops: Json, programs: Json) -> None:
+def _fold_of(gemm: str, picks: Picks) -> tuple[str, str]:
+    """(the folded entry, the entry whose launch it takes) of the qkv or gate_up GEMM."""
+    pick = picks[gemm]
+    return (FOLDED[pick], pick) if pick in FOLDED else FOLD_ENTRIES[gemm]
+
+
+def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json, programs: Json) -> None:
     """Each decode add + RMSNorm that a qkv or gate_up GEMV follows becomes that GEMV's prologue
-    (FOLD_ENTRIES): the pair is one call reading the residual from the current buffer and writing
+    (`_fold_of`: the pick's FOLDED form, else FOLD_ENTRIES' band): the pair is one call reading the residual from the current buffer and writing
     the new residual to the other one (`h` / `h2` in turn); a norm that stays (the final one)
     reads and updates the current buffer."""
     calls = programs["decode"]["calls"]
@@ -1027,13 +1070,13 @@ def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], ops: Json, programs: Jso
             i += 1
             continue
         gemv = calls[i + 1]
-        entry, band = FOLD_ENTRIES[gemm]
+        entry, layout = _fold_of(gemm, picks)
         n, k = (s.qkv_rows, s.hidden) if gemm == "qkv" else (s.inter, s.hidden)
         op = f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
         if op not in ops:
-            grid, threads, _smem = gemv_launch(band, n, k)
+            grid, threads, smem = gemv_launch(layout, n, k, folded=True)
             io = [BF16_IN, BF16_IN, BF16_IN, BF16_OUT, BF16_IN, BF16_OUT]
-            launch = _kernel(mods, entry, [grid, 1, 1], threads, shared_mem=2 * 2 * k,
+            launch = _kernel(mods, entry, [grid, 1, 1], threads, shared_mem=smem,
                              params=[*io, "i32", "i32", "i32", "i32", "f32"],
                              args=[*({"param": j} for j in range(6)), _i32(1), _i32(n), _i32(k), _i32(n), _f32(s.eps)])
             ops[op] = {"params": io, "impl": {"launches": [launch]}}

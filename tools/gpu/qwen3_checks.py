@@ -236,14 +236,24 @@ fold); o on `_d4` (whose loads in flight before the PDL wait cover the attention
 fifth passes, so `p4qd` moves qkv only, and the fourth pass's `lmp4` is `unfolded` itself)."""
 NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}
 """`unfolded` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
+RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu"}
+"""The ring GEMVs' picks for the folded GEMMs (with fold_norm they run as `_r4_n` / `_r4_silu_n`)."""
 FAST_TRIALS: dict[str, dict[str, Any]] = {
     "b4d": {"gemv_pick": {"down": "kern_gemv_bf16_b4"}},
     "b4o": {"gemv_pick": {"o": "kern_gemv_bf16_b4"}},
     "onopdl": {"pdl_off": ["o"]},
+    "ring": {"gemv_pick": dict(RING_PICK)},
+    "ringgu": {"gemv_pick": {"gate_up": RING_PICK["gate_up"]}},
+    "ring1": {"gemv_pick": dict(RING_PICK), "gen_consts": {"GEMV_RING_BLOCKS": 1, "GEMV_RING_SMEM": 131072}},
+    "ring3": {"gemv_pick": dict(RING_PICK), "gen_consts": {"GEMV_RING_BLOCKS": 3, "GEMV_RING_SMEM": 40960}},
+    "ringo": {"gemv_pick": {**RING_PICK, "o": "kern_gemv_bf16_r4"}},
 }
 """`fast` with more generate keywords: down on the balanced band (its pick before the fifth pass),
 o on the balanced band, o launched without PDL (o's early start slows the attention before it by
-~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass)."""
+~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass); qkv and gate_up on the ring GEMVs
+(gemv_ring.cu, folded into `_r4_n` / `_r4_silu_n`) at the generator's ring (GEMV_RING_BLOCKS blocks
+per SM, GEMV_RING_SMEM bytes of stages each), gate_up alone, one block of 128 KiB or three of 40
+KiB per SM, and o on the unfolded ring too."""
 SPLIT_VARIANTS: dict[str, dict[str, Any]] = {
     "s64": {"DECODE_SPLITS": 64},
     "s128": {"DECODE_SPLITS": 128},

@@ -10,7 +10,9 @@
 // buffer from res_in: every other block still reads res_in). Then the columns as the band entry
 // sums them, reading x from shared memory (`gemv_band_rows` with XS). rows 1..4; k % 8 == 0;
 // dynamic shared memory 2 * rows * k * 2 bytes (h and x), else the launch writes nothing.
+#ifndef KERN_GEMV_DEVICE_ONLY
 #define KERN_GEMV_DEVICE_ONLY
+#endif
 #include "gemv.cu"
 #include "row_ops.cuh"
 
@@ -86,6 +88,9 @@ static __device__ __forceinline__ void gemv_band_norm(const bf16* __restrict__ r
     });
 }
 
+// Entries. gemv_ring.cu includes this file with KERN_GEMV_NORM_DEVICE_ONLY for the device code above.
+#ifndef KERN_GEMV_NORM_DEVICE_ONLY
+
 // kern_add_rmsnorm(res_in + y_add -> res_out, w_norm) then kern_gemv_bf16_b4 of its output, in one
 // launch (the same bits as that pair, with res_out in place of the updated res). Grid [any, 1, 1]
 // (gen_qwen3 sizes it as `_b4`'s band), block [128, 1, 1], dynamic shared memory 4 * rows * k bytes.
@@ -104,3 +109,5 @@ extern "C" __global__ void __launch_bounds__(128, 6)
         bf16* __restrict__ y, int rows, int n, int k, int y_stride, float eps) {
     gemv_band_norm<2, GEMV_SILU>(res_in, y_add, w_norm, res_out, w, y, rows, n, k, y_stride, eps);
 }
+
+#endif  // KERN_GEMV_NORM_DEVICE_ONLY

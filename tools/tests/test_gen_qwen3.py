@@ -32,7 +32,7 @@ gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()),
+                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(),
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
@@ -527,8 +527,21 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     streaming = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == 0}
     band = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -1}
     prefetched = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -2}
+    ring = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -3}
     assert found == {e: v for e, v in gen.GEMV_ENTRIES.items()
-                     if e != "kern_gemv_bf16" and e not in streaming | band | prefetched}
+                     if e != "kern_gemv_bf16" and e not in streaming | band | prefetched | ring}
+    # The ring entries (gemv_ring.cu) and their folded forms: 4 warps, the epilogue their names say.
+    ring_text = (TOOLS / "kernels-src" / "gemv_ring.cu").read_text()
+    rings = {e: (int(b), epi, norm) for b, e, epi, norm in re.findall(
+        r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^{]*\{\s*with_rows\(rows, \[&\]\(auto r\) \{\s*"
+        r"gemv_ring_rows<(GEMV_\w+), decltype\(r\)::value, (true|false)>", ring_text)}
+    assert {e for e, (_b, _epi, norm) in rings.items() if norm == "false"} == ring
+    assert {e for e, (_b, _epi, norm) in rings.items() if norm == "true"} == {gen.FOLDED[e] for e in ring}
+    for e, (threads, epi, _norm) in rings.items():
+        base = e.removesuffix("_n")
+        assert gen.GEMV_ENTRIES[base] == (-3, threads) and threads == 128, e
+        assert (epi == "GEMV_SILU") == (base in gen.SILU_ENTRIES), e
+    assert f"constexpr int RING_MAX_STAGES = {gen.GEMV_RING_MAX_STAGES};" in ring_text
     # The prefetched entry: 4 warps (kern_gemv_bf16_s4's split), its rows in dynamic shared memory.
     p4 = re.findall(r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*with_rows\(rows, "
                     r"\[&\]\(auto r\) \{ gemv_p4_rows<", text)
@@ -565,6 +578,61 @@ def test_band_gemv_launch_is_one_balanced_wave() -> None:
             sizes = {(b + 1) * n // grid - b * n // grid for b in range(grid)}
             assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, (entry, n, sizes)
     assert gen.gemv_launch("kern_gemv_bf16_b4", 6144, 2560) == (878, 128, 0)
+
+
+def test_ring_gemv_launch_is_one_balanced_wave_with_its_stages() -> None:
+    """A ring launch is a band wave of GEMV_RING_BLOCKS blocks per SM; its dynamic shared memory is
+    whole stages of one column's rows (as many as GEMV_RING_SMEM holds, at most 32 and at most the
+    band's columns, at least one), after 4k bytes of h and x when folded; a column too long for a
+    block is refused when the manifest is generated."""
+    for entry, rows in (("kern_gemv_bf16_r4", 1), ("kern_gemv_bf16_r4_silu", 2)):
+        for n in (1, 7, 263, 264, 265, 2560, 6144, 9728, 151936):
+            for k in (64, 2560, 4096):
+                grid, threads, smem = gen.gemv_launch(entry, n, k)
+                per_block = -(-n // (gen.GEMV_SMS * gen.GEMV_RING_BLOCKS))
+                sizes = {(b + 1) * n // grid - b * n // grid for b in range(grid)}
+                assert threads == 128 and 1 <= grid <= min(n, gen.GEMV_SMS * gen.GEMV_RING_BLOCKS)
+                assert min(sizes) >= 1 and max(sizes) == per_block and max(sizes) - min(sizes) <= 1
+                column = rows * 2 * k
+                stages, rest = divmod(smem, column)
+                assert rest == 0 and 1 <= stages <= min(gen.GEMV_RING_MAX_STAGES, per_block)
+                assert stages == min(gen.GEMV_RING_MAX_STAGES, per_block, max(1, gen.GEMV_RING_SMEM // column))
+                grid_n, _t, smem_n = gen.gemv_launch(entry, n, k, folded=True)
+                assert (grid_n, smem_n) == (grid, 4 * k + smem)
+    assert gen.gemv_launch("kern_gemv_bf16_r4", 6144, 2560) == (256, 128, 12 * 5120)
+    assert gen.gemv_launch("kern_gemv_bf16_r4_silu", 9728, 2560, folded=True) == (263, 128, 4 * 2560 + 6 * 10240)
+    longest = gen.GEMV_P4_MAX_ROW // 2 // 8 * 8
+    assert gen.gemv_launch("kern_gemv_bf16_r4", 10, longest)[2] == 2 * longest
+    with pytest.raises(gen.GenError, match="exceed"):
+        gen.gemv_launch("kern_gemv_bf16_r4", 10, longest + 8)
+    with pytest.raises(gen.GenError, match="exceed"):
+        gen.gemv_launch("kern_gemv_bf16_r4_silu", 10, longest // 2 // 8 * 8, folded=True)
+
+
+def test_fold_norm_folds_a_ring_pick_into_its_ring_form() -> None:
+    """With fold_norm, qkv / gate_up picks that have a FOLDED form run it on their own launch (the
+    ring's, with the norm's 4k bytes in front); the default picks fold into the bands as before."""
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
+                  gemv_pick={"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu"})
+    _verify(m)
+    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
+    qkv, gate_up = decode["l3.qkv"], decode["l3.gate_up"]
+    assert (qkv["op"], gate_up["op"]) == ("gemv_r4_n_6144x2560", "gemv_r4_silu_n_9728x2560")
+    assert [a["buf"] for a in gate_up["args"]] == ["h", "y", "l3.post_norm", "h2", "l3.gate_up", "act"]
+    for op, entry, n in ((qkv["op"], "kern_gemv_bf16_r4_n", 6144), (gate_up["op"], "kern_gemv_bf16_r4_silu_n", 9728)):
+        launch = m["ops"][op]["impl"]["launches"][0]
+        grid, _threads, smem = gen.gemv_launch(entry.removesuffix("_n"), n, 2560, folded=True)
+        assert (launch["entry"], launch["grid"], launch["shared_mem"]) == (entry, [grid, 1, 1], smem)
+        assert launch["pdl"] is True and launch["args"][6:] == [{"i32": 1}, {"i32": n}, {"i32": 2560}, {"i32": n},
+                                                                {"f32": 1e-6}]
+    assert [lb for lb in decode if lb.endswith("_norm")] == ["l0.in_norm", "l35.next_norm"]
+    # l0.qkv follows the first layer's plain RMSNorm (no add, nothing to fold): the unfolded ring.
+    assert [lb for lb, c in decode.items() if c["op"].startswith(("gemv_r4_6144", "gemv_r4_silu_9728"))] == ["l0.qkv"]
+    # Only the picks with a folded form change: gate_up on `_silu` still folds into the band.
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
+                  gemv_pick={"qkv": "kern_gemv_bf16_r4"})
+    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
+    assert (decode["l3.qkv"]["op"], decode["l3.gate_up"]["op"]) == ("gemv_r4_n_6144x2560", "gemv_b4_silu_n_9728x2560")
 
 
 def test_streaming_gemv_launch_is_sized_for_its_ring() -> None:

@@ -792,3 +792,106 @@ def test_norm_folded_gemv_is_add_rmsnorm_then_the_band_gemv(
              h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem - 16)
     torch.cuda.synchronize()
     assert got.isnan().all(), "no room for h and x: nothing written"
+
+
+RING_GRIDS = ((264, 12), (1, 1), (1, 3), (7, 2), (7, 32), (-1, 1), (-5, 4))
+"""(grid, stages) of the ring GEMV tests: the generator's wave, one block whose ring wraps every
+column or every 3, 7 blocks, all 32 mbarriers, a block per column (-1: n), more blocks than columns
+(-5: n + 5)."""
+
+
+RING_SMEM_MAX = 220 * 1024
+"""Dynamic shared memory a ring test block takes at most (sm_90: 227 KiB less the static part)."""
+
+
+def _ring_launch(grid: int, stages: int, n: int, column: int, norm: int = 0) -> tuple[int, int]:
+    """(grid, dynamic shared bytes) of a RING_GRIDS case: as many of its stages as fit."""
+    stages = max(1, min(stages, (RING_SMEM_MAX - norm) // column))
+    return (n - grid - 1 if grid < 0 else grid), norm + stages * column
+
+
+def _gate_up_ref(k: object, x: torch.Tensor, w: torch.Tensor, inter: int) -> torch.Tensor:
+    """kern_gemv_bf16_s4 over [gate; up] then transformers' act(gate) * up: `_b4_silu`'s bits."""
+    gu = torch.empty(x.shape[0], 2 * inter, device=DEV, dtype=BF16)
+    k.launch("kern_gemv_bf16_s4", (2 * inter,), (128,), h.ptr(x), h.ptr(w), h.ptr(gu), h.i32(x.shape[0]),
+             h.i32(2 * inter), h.i32(x.shape[1]), h.i32(2 * inter))
+    return h.silu_mul_ref(gu).contiguous()
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 2560, 9728), (1, 9728, 2560), (4, 1001, 2568),
+                                               (2, 37, 40), (3, 925, 4096), (1, 5, 8)])
+def test_ring_gemv_is_s4_bit_for_bit_on_any_grid_and_ring(
+    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
+) -> None:
+    """gemv_ring.cu: `_r4` gives kern_gemv_bf16_s4's bits and `_r4_silu` `_b4_silu`'s (s4 over
+    [gate; up], then act(gate) * up), on any grid and any ring (stages that wrap every column, every
+    few, never); a grid larger than the columns leaves the rest alone; with less dynamic shared
+    memory than one stage the launch writes nothing."""
+    entry = "kern_gemv_bf16_r4_silu" if silu else "kern_gemv_bf16_r4"
+    x = randn(rows, kk, gen=gen)
+    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
+    if silu:
+        want = _gate_up_ref(k, x, w, n)
+    else:
+        want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        k.launch("kern_gemv_bf16_s4", (n,), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n),
+                 h.i32(kk), h.i32(n))
+    torch.cuda.synchronize()
+    column = (2 if silu else 1) * 2 * kk
+    for grid0, stages in RING_GRIDS:
+        grid, smem = _ring_launch(grid0, stages, n, column)
+        y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        k.launch(entry, (grid,), (128,), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n),
+                 shared_mem=smem)
+        torch.cuda.synchronize()
+        assert torch.equal(bits(y), bits(want)), f"grid {grid}, {smem} bytes"
+    y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(entry, (7,), (128,), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n),
+             shared_mem=column - 16)
+    torch.cuda.synchronize()
+    assert y.isnan().all(), "no room for a stage: nothing written"
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
+                                               (4, 33, 264), (3, 5, 2568)])
+def test_ring_norm_gemv_is_add_rmsnorm_then_the_band_gemv(
+    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
+) -> None:
+    """gemv_ring.cu's folded entries (`_r4_n`, `_r4_silu_n`): kern_add_rmsnorm then `_b4` /
+    `_b4_silu` of its output, bit for bit, on any grid and ring: the GEMV's output and the new
+    residual in res_out (res_in untouched); with room for h and x but not for one stage after them,
+    nothing is written, res_out included."""
+    entry, band = ("kern_gemv_bf16_r4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_r4_n",
+                                                                                        "kern_gemv_bf16_b4")
+    res = randn(rows, kk, gen=gen, scale=2.0)
+    y_add = randn(rows, kk, gen=gen)
+    w_norm = randn(kk, gen=gen)
+    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
+    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
+    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
+             h.f32(EPS))
+    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(band, (min(n, 792),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
+             h.i32(n))
+    torch.cuda.synchronize()
+    norm = 4 * rows * kk
+    column = (2 if silu else 1) * 2 * kk
+    for grid0, stages in RING_GRIDS:
+        grid, smem = _ring_launch(grid0, stages, n, column, norm)
+        res_b = res.clone()
+        res_out = torch.full_like(res, float("nan"))
+        got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        k.launch(entry, (grid,), (128,), h.ptr(res_b), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w),
+                 h.ptr(got), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
+        torch.cuda.synchronize()
+        assert torch.equal(bits(got), bits(want)), f"grid {grid}, {smem} bytes"
+        assert torch.equal(bits(res_out), bits(res_a)), f"grid {grid}, {smem} bytes: the new residual"
+        assert torch.equal(bits(res_b), bits(res)), "res_in must stay as it was"
+    res_out = torch.full_like(res, float("nan"))
+    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(entry, (7,), (128,), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w), h.ptr(got),
+             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=norm + column - 16)
+    torch.cuda.synchronize()
+    assert got.isnan().all() and res_out.isnan().all(), "no room for a stage: nothing written"

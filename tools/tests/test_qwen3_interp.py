@@ -34,7 +34,7 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *(f for f, _band in gen.FOLD_ENTRIES.values()),
+                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(),
                              *gen.F32_ENTRIES)}
 STEPS = 12
 
@@ -249,18 +249,25 @@ def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], reference
     assert tokens == want_tokens
 
 
-@pytest.mark.parametrize(("qkn", "fold", "wide"), [(False, False, False), (True, False, False), (True, True, False),
-                                                   (False, True, True)])
+RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu", "o": "kern_gemv_bf16_r4"}
+
+
+@pytest.mark.parametrize(("qkn", "fold", "wide", "pick"), [
+    (False, False, False, None), (True, False, False, None), (True, True, False, None), (False, True, True, None),
+    (False, True, False, RING_PICK)])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
-                                            n: int, chunk: int, qkn: bool, fold: bool, wide: bool) -> None:
+                                            n: int, chunk: int, qkn: bool, fold: bool, wide: bool,
+                                            pick: dict[str, str] | None) -> None:
     """Every decode GEMM as our GEMV (gate_up with SiLU-and-mul), q/k norm + rope writing the pages,
     one-launch decode attention (counters zeroed by the load program), PDL launches; with `qkn` the
     decode attention also norms / rotates q and k and writes the step's KV row; with `wide` it is
-    kern_attn_decode_wide at DECODE_SPLITS_WIDE splits, its partials sized to match."""
+    kern_attn_decode_wide at DECODE_SPLITS_WIDE splits, its partials sized to match; with `pick` the
+    ring GEMVs (gemv_ring.cu), qkv and gate_up folded into their ring forms."""
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
-                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold, wide_attention=wide)
+                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold, wide_attention=wide,
+                     gemv_pick=pick)
     attn = m["ops"]["attn_decode_qkn" if qkn else "attn_decode_fused"]["impl"]
     assert (attn["launches"][0]["entry"] == "kern_attn_decode_wide") == wide
     splits = gen.DECODE_SPLITS_WIDE if wide else gen.DECODE_SPLITS
@@ -269,7 +276,9 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
     assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
-    assert any(op.startswith("gemv_b4_silu_n") for op in decode) == fold
+    folded = "gemv_r4_silu_n" if pick else "gemv_b4_silu_n"
+    assert any(op.startswith(folded) for op in decode) == fold
+    assert any(op.startswith("gemv_r4_n") for op in decode) == bool(pick)
     machine = interp.Interp(m, weights, capacity=512)
     tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
     want_tokens, want_first = references[n]

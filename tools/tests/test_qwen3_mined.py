@@ -40,6 +40,9 @@ SHAPE = gen.shape_from_config(QWEN3_TINY_CONFIG)
 ENTRIES = gen.entry_modules(TOOLS / "kernels-src")
 TYPES = mined.entry_param_types()
 SHAS = {m: f"{i + 1:x}" * 64 for i, m in enumerate(sorted(set(ENTRIES.values())))}
+assert len(SHAS) < 14, "one hex digit per module, and 'e' is the cuBLAS module's"
+CUBLAS_MODULE = len(SHAS) + 1
+"""The capture's module id of the cuBLAS library module (ours are 1 .. len(SHAS))."""
 PROMPTS = (6, 23, 64, 157)
 CHUNK = 96
 P, SPLITS, PARTS, BM = 16, 32, 64, 64
@@ -102,7 +105,7 @@ class Synth:
         self._line(entry, module, grid, block, params)
 
     def gemm(self) -> None:
-        self._line("nvjet_tst_128x64", 9, (4, 1, 1), 128, None)
+        self._line("nvjet_tst_128x64", CUBLAS_MODULE, (4, 1, 1), 128, None)
 
     def _line(self, symbol: str, module: int, grid: tuple[int, int, int], block: int, params: Any) -> None:
         self.t_ns += 6000
@@ -225,7 +228,7 @@ def write_capture(root: Path, breaks: Breaks | None = None) -> list[list[int]]:
     pid.mkdir(parents=True)
     (pid / "launches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in donor.w.lines))
     mods = [{"id": k + 1, "sha256": SHAS[m], "bytes": 100, "functions": []} for k, m in enumerate(sorted(SHAS))]
-    mods.append({"id": 9, "sha256": "e" * 64, "bytes": 100, "functions": ["nvjet_tst_128x64"]})
+    mods.append({"id": CUBLAS_MODULE, "sha256": "e" * 64, "bytes": 100, "functions": ["nvjet_tst_128x64"]})
     for m in mods:
         (pid / f"module_{m['id']}.cubin").write_bytes(b"\x7fELF")
     (pid / "modules.jsonl").write_text("".join(json.dumps(m) + "\n" for m in mods))

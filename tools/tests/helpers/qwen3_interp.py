@@ -297,7 +297,9 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
     "kern_attn_decode": k_attn_decode, "kern_attn_decode_wide": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
-    "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm, **F32_KERNELS,
+    "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_r4": k_gemv,
+    "kern_gemv_bf16_r4_silu": k_gemv_silu, "kern_gemv_bf16_r4_n": k_gemv_norm,
+    "kern_gemv_bf16_r4_silu_n": k_gemv_silu_norm, **F32_KERNELS,
 }  # fmt: skip
 
 
