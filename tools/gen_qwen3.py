@@ -54,6 +54,7 @@ __all__ = [
     "GEMV_TMA_BLOCKS",
     "GEMV_TMA_SMEM",
     "GEMV_TMA_STAGE_CAP",
+    "LATE_ENTRIES",
     "PAGE_TOKENS",
     "PRECISIONS",
     "PREFILL_BM",
@@ -222,6 +223,10 @@ WIDE_ENTRIES: tuple[str, ...] = ("kern_attn_decode_wide",)
 """The entry of `wide_attention=True` (attention_wide.cu): kern_attn_decode whose global path (beyond
 512 tokens) combines each cluster of 8 splits in distributed shared memory before the last block
 folds the clusters' partials, so the grid can take `DECODE_SPLITS_WIDE` splits."""
+LATE_ENTRIES: dict[str, str] = {"kern_attn_decode": "kern_attn_decode_late",
+                                 "kern_attn_decode_wide": "kern_attn_decode_wide_late"}
+"""The decode attention entries of `late_trigger=True` (attention_wide.cu): the same bits, but their
+blocks let the next launch start only once they have folded their splits, not at their start."""
 DECODE_SPLITS_WIDE = 128
 """Splits of the decode attention's grid with `wide_attention` (a multiple of DECODE_CLUSTER)."""
 QKN_ENTRIES: tuple[str, ...] = ("kern_attn_decode_qkn",)
@@ -876,6 +881,7 @@ def generate(
     pdl_off: Sequence[str] = (),
     fold_norm: bool = False,
     wide_attention: bool = False,
+    late_trigger: bool = False,
     precision: str = "bf16",
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
@@ -912,6 +918,9 @@ def generate(
         wide_attention: (with `fuse`, not with `fuse_qkn`) decode attention on
             kern_attn_decode_wide at `DECODE_SPLITS_WIDE` splits: beyond 512 tokens each cluster
             of 8 splits combines in shared memory first, so the last block folds 8x fewer partials.
+        late_trigger: (with `fuse` and `pdl`, not with `fuse_qkn`) the decode attention's blocks let
+            the next launch (o's GEMV) start only once they have folded their splits
+            (`LATE_ENTRIES`), so o's early weight loads queue behind the attention's KV loads.
         precision: "bf16" (transformers' bf16 rounding points) or "f32": the reference-precision
             manifest (qwen3_f32.cu; activations, residual, logits and KV in float32, bf16 weights),
             which takes none of the options above but `chunk` and `feed`.
@@ -922,7 +931,7 @@ def generate(
     """
     _check_options(shape, feed=feed, gemv=gemv, fuse=fuse, pdl=pdl, carveout=carveout, fuse_qkn=fuse_qkn,
                    pdl_off=pdl_off, fold_norm=fold_norm, precision=precision, gemv_pick=gemv_pick,
-                   wide_attention=wide_attention)
+                   wide_attention=wide_attention, late_trigger=late_trigger)
     if precision == "f32":
         return _generate_f32(shape, modules, entries, model=model, chunk=chunk, feed=feed)
     picks = _picks(gemv, gemv_pick or {})
@@ -931,6 +940,7 @@ def generate(
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ())
               + (QKN_ENTRIES if fuse_qkn else ()) + (WIDE_ENTRIES if wide_attention else ())
+              + ((LATE_ENTRIES[WIDE_ENTRIES[0] if wide_attention else "kern_attn_decode"],) if late_trigger else ())
               + (tuple(_fold_of(g, picks)[0] for g in FOLD_ENTRIES) if fold_norm else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
@@ -956,6 +966,10 @@ def generate(
         _fold_norms(shape, entries, picks, ops, programs)
     if wide_attention:
         _widen_attention(shape, entries, ops)
+    if late_trigger:
+        (launch,) = ops["attn_decode_fused"]["impl"]["launches"]
+        late = LATE_ENTRIES[launch["entry"]]
+        launch |= {"module": entries[late], "entry": late}
     if pdl:
         _apply_pdl(ops, programs)
         _drop_pdl(ops, programs, pdl_off)
@@ -979,7 +993,7 @@ def generate(
 def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: bool, pdl: bool,
                    carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
                    precision: str = "bf16", gemv_pick: Mapping[str, str] | None = None,
-                   wide_attention: bool = False) -> None:
+                   wide_attention: bool = False, late_trigger: bool = False) -> None:
     """GenError for a combination of `generate` options that cannot be built."""
     if feed not in FEEDS:
         raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
@@ -987,7 +1001,7 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
         raise GenError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bf16_only = _f32_conflicts(gemv=gemv, fuse=fuse, pdl=pdl, gemv_pick=gemv_pick, carveout=carveout,
                                fuse_qkn=fuse_qkn, pdl_off=pdl_off, fold_norm=fold_norm,
-                               wide_attention=wide_attention)
+                               wide_attention=wide_attention, late_trigger=late_trigger)
     if precision == "f32" and bf16_only:
         raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
                        f"drop {', '.join(bf16_only)} (or use --precision bf16)")
@@ -1005,6 +1019,9 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
         raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
     if wide_attention and (not fuse or fuse_qkn):
         raise GenError("wide_attention replaces the fused decode attention: it needs --fuse, without --fuse-qkn")
+    if late_trigger and (not fuse or fuse_qkn or not pdl):
+        raise GenError("late_trigger moves the fused decode attention's PDL trigger: it needs --fuse and --pdl, "
+                       "without --fuse-qkn")
     if fuse_qkn and shape.heads // shape.kv_heads > QKN_MAX_GROUP:
         raise GenError(f"fuse_qkn holds at most {QKN_MAX_GROUP} query heads per kv head in shared memory "
                        f"(attention_qkn.cu); this model has {shape.heads // shape.kv_heads}: drop --fuse-qkn")
@@ -1313,11 +1330,11 @@ def _generate_f32(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mappin
 
 def _f32_conflicts(*, gemv: Sequence[str], fuse: bool, pdl: bool, gemv_pick: Mapping[str, str] | None,
                    carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
-                   wide_attention: bool) -> list[str]:
+                   wide_attention: bool, late_trigger: bool = False) -> list[str]:
     """The bf16-only options (as their command-line flags) that are set."""
     flags = {"--gemv": bool(gemv), "--fuse": fuse, "--pdl": pdl, "--gemv-pick": bool(gemv_pick),
              "--carveout": carveout is not None, "--fuse-qkn": fuse_qkn, "--pdl-off": bool(pdl_off),
-             "--fold-norm": fold_norm, "--wide-attention": wide_attention}
+             "--fold-norm": fold_norm, "--wide-attention": wide_attention, "--late-trigger": late_trigger}
     return [flag for flag, on in flags.items() if on]
 
 
@@ -1394,6 +1411,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--wide-attention", action="store_true",
                    help="with --fuse: decode attention combines per cluster of 8 splits first (attention_wide.cu), "
                         f"at {DECODE_SPLITS_WIDE} splits")
+    p.add_argument("--late-trigger", action="store_true",
+                   help="with --fuse --pdl: the decode attention lets o's GEMV start only after its fold "
+                        "(attention_wide.cu's _late entries)")
     p.add_argument("--gemv-pick", type=Path, default=None,
                    help="JSON {gemm: entry} overriding GEMV_PICK (time_gemv.py --entries writes one)")
     p.add_argument("--pdl", action="store_true",
@@ -1500,7 +1520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gemv = named.get(args.gemv) or [g for g in args.gemv.split(",") if g]
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
-                            wide_attention=args.wide_attention,
+                            wide_attention=args.wide_attention, late_trigger=args.late_trigger,
                             pdl_off=[g for g in args.pdl_off.split(",") if g], fold_norm=args.fold_norm,
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
                             carveout=args.carveout, precision=args.precision)

@@ -247,13 +247,17 @@ FAST_TRIALS: dict[str, dict[str, Any]] = {
     "ring1": {"gemv_pick": dict(RING_PICK), "gen_consts": {"GEMV_RING_BLOCKS": 1, "GEMV_RING_SMEM": 131072}},
     "ring3": {"gemv_pick": dict(RING_PICK), "gen_consts": {"GEMV_RING_BLOCKS": 3, "GEMV_RING_SMEM": 40960}},
     "ringo": {"gemv_pick": {**RING_PICK, "o": "kern_gemv_bf16_r4"}},
+    "latep4o": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_p4"}},
+    "latero": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_r4"}},
 }
 """`fast` with more generate keywords: down on the balanced band (its pick before the fifth pass),
 o on the balanced band, o launched without PDL (o's early start slows the attention before it by
 ~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass); qkv and gate_up on the ring GEMVs
 (gemv_ring.cu, folded into `_r4_n` / `_r4_silu_n`) at the generator's ring (GEMV_RING_BLOCKS blocks
 per SM, GEMV_RING_SMEM bytes of stages each), gate_up alone, one block of 128 KiB or three of 40
-KiB per SM, and o on the unfolded ring too."""
+KiB per SM, and o on the unfolded ring too; the late-trigger attention (`late_trigger`) with o's
+weights bulk-copied before its wait (`_p4`, which slowed the attention when it started at the
+attention's start: third pass) or streamed through the ring."""
 SPLIT_VARIANTS: dict[str, dict[str, Any]] = {
     "s64": {"DECODE_SPLITS": 64},
     "s128": {"DECODE_SPLITS": 128},
@@ -261,13 +265,16 @@ SPLIT_VARIANTS: dict[str, dict[str, Any]] = {
     "wide": {},
     "wide64": {"DECODE_SPLITS_WIDE": 64},
     "wide256": {"DECODE_SPLITS_WIDE": 256},
+    "late": {},
+    "widelate": {},
 }
 """`fast` with the decode attention's grid at other splits (generator constants, set for the one
 generation by generate_manifest; a measurement knob). Beyond the cluster path (> 512 tokens) each
 block folds ceil(pages / splits) pages in turn, and the last block folds every split's partial:
 `s*` are kern_attn_decode at 64-256 splits (the fifth pass: slower, the last block's fold grows),
 `wide*` kern_attn_decode_wide (`wide_attention`: per-cluster combine first) at DECODE_SPLITS_WIDE
-(128) or the splits named."""
+(128) or the splits named; `late` / `widelate` those attentions with the PDL trigger after their fold
+(`late_trigger`: o's early weight loads queue behind the attention's KV loads)."""
 VARIANTS = ("gemv", "fast", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
             *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, "f32")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`); `f32` (the
@@ -301,6 +308,7 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         return variant_options(gen, "fast") | FAST_TRIALS[variant]
     if variant in SPLIT_VARIANTS:
         wide = {"wide_attention": True} if variant.startswith("wide") else {}
+        wide |= {"late_trigger": True} if variant.endswith("late") else {}
         consts = {"gen_consts": dict(SPLIT_VARIANTS[variant])} if SPLIT_VARIANTS[variant] else {}
         return variant_options(gen, "fast") | wide | consts
     if variant in NOPDL_VARIANTS:

@@ -437,8 +437,11 @@ kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 // kern_attn_decode's body. `q_rows(tok0, tok1, len)` runs after the PDL wait in every block that
 // has a split to fold (block-uniform) and returns where query head h's row starts at h * head_dim:
 // the qkv row for kern_attn_decode, this block's shared copy for the fused q/k-norm entry
-// (attention_qkn.cu).
-template <bool WIDE = false, typename QRows>
+// (attention_qkn.cu). LATE: the entry did not call kern_pdl_launch_dependents at its start; every
+// block that stays calls it once its split is folded (blocks that return early count as exited),
+// so the next launch's blocks start, and issue their loads, behind this launch's KV loads
+// (attention_wide.cu's `_late` entries).
+template <bool WIDE = false, bool LATE = false, typename QRows>
 static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ kv,
                                                        const int* __restrict__ block_table,
                                                        const int* __restrict__ seq_len, float* part_o,
@@ -495,6 +498,7 @@ static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ 
         decode_split_rows(qkv, paged, tok0, tok1, in_smem ? cl_o : part_o + row0 * head_dim,
                           in_smem ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
     }
+    if constexpr (LATE) kern_pdl_launch_dependents();
     if constexpr (WIDE) {
         if (two_level) {
             const int c = split / DEC_CLUSTER;

@@ -20,6 +20,24 @@
 #define KERN_ATTENTION_DEVICE_ONLY
 #include "attention.cu"
 
+// The `_late` entries: kern_attn_decode and kern_attn_decode_wide (the same bits) that let the next
+// launch start only once their blocks have folded their splits, not at their start, so the next
+// GEMV's weight loads (issued before its own PDL wait) queue behind this launch's KV loads instead
+// of ahead of them.
+extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)
+kern_attn_decode_late(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                      const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                      float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
+                      int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
+                      float scale);
+
+extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)
+kern_attn_decode_wide_late(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                           const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                           float* part_o, float* part_lse, int* counters, bf16* __restrict__ out,
+                           int nq, int nkv, int head_dim, int page_tokens, int64_t page_stride,
+                           int splits, float scale);
+
 extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)
 kern_attn_decode_wide(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                       const int* __restrict__ block_table, const int* __restrict__ seq_len,
@@ -36,4 +54,24 @@ kern_attn_decode_wide(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     kern_pdl_launch_dependents();
     attn_decode_run<true>(kv, block_table, seq_len, part_o, part_lse, counters, out, nq, nkv, head_dim,
                           page_tokens, page_stride, splits, scale, [&](int, int, int) { return qkv; });
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+kern_attn_decode_late(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                      const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                      float* part_o, float* part_lse, int* counters, bf16* __restrict__ out, int nq,
+                      int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
+                      float scale) {
+    attn_decode_run<false, true>(kv, block_table, seq_len, part_o, part_lse, counters, out, nq, nkv, head_dim,
+                                 page_tokens, page_stride, splits, scale, [&](int, int, int) { return qkv; });
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+kern_attn_decode_wide_late(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                           const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                           float* part_o, float* part_lse, int* counters, bf16* __restrict__ out,
+                           int nq, int nkv, int head_dim, int page_tokens, int64_t page_stride,
+                           int splits, float scale) {
+    attn_decode_run<true, true>(kv, block_table, seq_len, part_o, part_lse, counters, out, nq, nkv, head_dim,
+                                page_tokens, page_stride, splits, scale, [&](int, int, int) { return qkv; });
 }

@@ -32,7 +32,7 @@ gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(),
+                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(),
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
@@ -469,6 +469,25 @@ def test_fold_norm_runs_the_norms_in_the_following_gemvs_with_a_ping_pong_residu
                   gemv_pick={"gate_up": "kern_gemv_bf16"})
 
 
+def test_late_trigger_launches_the_late_attention_entries() -> None:
+    """late_trigger swaps the fused decode attention for its `_late` entry (the wide one's with
+    wide_attention), same grid and arguments; it needs fuse and pdl, and not fuse_qkn."""
+    every = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True}
+    base = _manifest(QWEN3_4B_CONFIG, feed="device", **every)
+    for wide, entry in ((False, "kern_attn_decode_late"), (True, "kern_attn_decode_wide_late")):
+        m = _manifest(QWEN3_4B_CONFIG, feed="device", **every, wide_attention=wide, late_trigger=True)
+        _verify(m)
+        plain = _manifest(QWEN3_4B_CONFIG, feed="device", **every, wide_attention=wide)
+        (launch,) = m["ops"]["attn_decode_fused"]["impl"]["launches"]
+        (want,) = plain["ops"]["attn_decode_fused"]["impl"]["launches"]
+        assert launch == want | {"entry": entry, "module": FAKE_ENTRIES[entry]} and launch["pdl"] is True
+        assert m["programs"] == plain["programs"] and m["ops"].keys() == plain["ops"].keys()
+    assert m["programs"]["decode"] == base["programs"]["decode"]
+    for bad in ({"pdl": False}, {"fuse_qkn": True}):
+        with pytest.raises(gen.GenError, match="late_trigger moves"):
+            _manifest(QWEN3_4B_CONFIG, feed="device", **(every | bad), late_trigger=True)
+
+
 def test_fuse_qkn_folds_q_k_norm_into_the_decode_attention() -> None:
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=True)
     _verify(m)
@@ -853,7 +872,8 @@ def test_f32_manifest_abi_matches_kernel_sources() -> None:
      ({"fuse": True, "fuse_qkn": True}, "--fuse-qkn"), ({"carveout": 50}, "--carveout"),
      ({"gemv_pick": {"o": "kern_gemv_bf16"}}, "--gemv-pick"),
      ({"gemv": list(gen.GEMV_GEMMS), "pdl": True, "pdl_off": ["o"]}, "--pdl-off"),
-     ({"fuse": True, "wide_attention": True}, "--fuse, --wide-attention")],
+     ({"fuse": True, "wide_attention": True}, "--fuse, --wide-attention"),
+     ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "late_trigger": True}, "--pdl, --late-trigger")],
 )
 def test_f32_refuses_the_bf16_speed_options(option: dict[str, Any], flag: str) -> None:
     with pytest.raises(gen.GenError, match=f"precision f32 .* drop .*{flag}") as info:

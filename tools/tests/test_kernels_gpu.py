@@ -561,7 +561,8 @@ def test_wide_decode_attention_combines_per_cluster_then_over_the_clusters(
     kern_attn_decode's to bf16 rounding (another f32 order over the same partial rows) and with the
     reference attention, and three launches in a row leave the counters at zero. Edges: the last
     cluster with 1 used split (2053 tokens at 128 splits: 65 used), 6 (600 at 256), groups 1, 3, 4,
-    5, 16 and 32, head_dim 64 and 128."""
+    5, 16 and 32, head_dim 64 and 128. kern_attn_decode_late / kern_attn_decode_wide_late give their
+    plain entries' bits."""
     pages = math.ceil(seq_len / PAGE) + 3
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
     table = _block_table(pages, gen)
@@ -595,6 +596,10 @@ def test_wide_decode_attention_combines_per_cluster_then_over_the_clusters(
     keys, vals = kv.gather(LAYER, table, seq_len)
     ref = h.attention_ref(qkv[:, : nq * d].view(1, nq, d), keys, vals, torch.tensor([seq_len - 1], device=DEV), scale)
     torch.testing.assert_close(wide.float(), ref, atol=4e-3, rtol=1e-2)
+    # The `_late` entries (the PDL trigger after the fold) compute exactly what their plain entries do.
+    for _ in range(2):
+        assert torch.equal(bits(launch("kern_attn_decode_late")[0]), bits(flat))
+        assert torch.equal(bits(launch("kern_attn_decode_wide_late")[0]), bits(wide))
 
 
 def _prefill_case(

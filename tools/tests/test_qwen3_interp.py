@@ -34,7 +34,7 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(),
+                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(),
                              *gen.F32_ENTRIES)}
 STEPS = 12
 
@@ -252,30 +252,34 @@ def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], reference
 RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu", "o": "kern_gemv_bf16_r4"}
 
 
-@pytest.mark.parametrize(("qkn", "fold", "wide", "pick"), [
-    (False, False, False, None), (True, False, False, None), (True, True, False, None), (False, True, True, None),
-    (False, True, False, RING_PICK)])
+@pytest.mark.parametrize(("qkn", "fold", "wide", "extra"), [
+    (False, False, False, {}), (True, False, False, {}), (True, True, False, {}), (False, True, True, {}),
+    (False, True, False, {"gemv_pick": RING_PICK}), (False, True, True, {"late_trigger": True})])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
                                             n: int, chunk: int, qkn: bool, fold: bool, wide: bool,
-                                            pick: dict[str, str] | None) -> None:
+                                            extra: dict[str, Any]) -> None:
     """Every decode GEMM as our GEMV (gate_up with SiLU-and-mul), q/k norm + rope writing the pages,
     one-launch decode attention (counters zeroed by the load program), PDL launches; with `qkn` the
     decode attention also norms / rotates q and k and writes the step's KV row; with `wide` it is
-    kern_attn_decode_wide at DECODE_SPLITS_WIDE splits, its partials sized to match; with `pick` the
-    ring GEMVs (gemv_ring.cu), qkv and gate_up folded into their ring forms."""
+    kern_attn_decode_wide at DECODE_SPLITS_WIDE splits, its partials sized to match; `extra`: the
+    ring GEMVs (gemv_ring.cu, qkv and gate_up folded into their ring forms), the late-trigger
+    attention entry."""
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
                      gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold, wide_attention=wide,
-                     gemv_pick=pick)
+                     **extra)
     attn = m["ops"]["attn_decode_qkn" if qkn else "attn_decode_fused"]["impl"]
-    assert (attn["launches"][0]["entry"] == "kern_attn_decode_wide") == wide
+    late = extra.get("late_trigger", False)
+    assert attn["launches"][0]["entry"].startswith("kern_attn_decode_wide") == wide
+    assert attn["launches"][0]["entry"].endswith("_late") == late
     splits = gen.DECODE_SPLITS_WIDE if wide else gen.DECODE_SPLITS
     assert attn["launches"][0]["grid"][1] == splits == attn["scratch"]["part_lse"]["shape"][0]
     entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
     assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
     assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
+    pick = extra.get("gemv_pick")
     folded = "gemv_r4_silu_n" if pick else "gemv_b4_silu_n"
     assert any(op.startswith(folded) for op in decode) == fold
     assert any(op.startswith("gemv_r4_n") for op in decode) == bool(pick)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,31 @@ def test_smem_cluster_and_tensormap(kdir: Path, sha: str, tmp_path: Path) -> Non
         np.testing.assert_array_equal(rt.read_output("sy"), sx[::-1])
         np.testing.assert_array_equal(rt.read_output("ranks"), [(i % 4) * 100 + 4 for i in range(8)])
         np.testing.assert_array_equal(rt.read_output("tout"), 2 * tin.ravel() + 5)
+
+
+def test_one_entry_launched_by_two_ops_gets_the_larger_shared_memory(kdir: Path, sha: str, tmp_path: Path) -> None:
+    """Two ops launch one entry with different dynamic shared memory, the larger one first in the
+    manifest: the function's limit is the larger (the later op must not lower it), and both run."""
+    doc = manifests.features(sha)
+    small = json.loads(json.dumps(doc["ops"]["reverse"]))
+    small["impl"]["launches"][0]["shared_mem"] = 50000
+    doc["ops"] = {"reverse": doc["ops"]["reverse"], "reverse_small": small}
+    doc["buffers"] = {"sx": doc["buffers"]["sx"], "sy": doc["buffers"]["sy"],
+                      "sz": {"dtype": "f32", "shape": [12500], "kind": "output"}}
+    doc["programs"] = {"main": {"calls": [
+        {"op": "reverse", "args": [{"buf": "sx"}, {"buf": "sy"}, {"i32": 16384}]},
+        {"op": "reverse_small", "args": [{"buf": "sx"}, {"buf": "sz"}, {"i32": 12500}]}]}}
+    m = build.write_manifest(tmp_path / "two.json", doc)
+    attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    with kr.Runtime.load(m, kdir) as rt:
+        funcs = rt._funcs  # pyright: ignore[reportPrivateUsage]
+        assert {drv.func_attribute(f, attr) for f in funcs.values()} == {65536}
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        sx = np.arange(16384, dtype=np.float32)
+        rt.write_input("sx", sx)
+        rt.run("main", {})
+        np.testing.assert_array_equal(rt.read_output("sy"), sx[::-1])
+        np.testing.assert_array_equal(rt.read_output("sz"), sx[:12500][::-1])
 
 
 def test_carveout_sets_the_function_attribute(kdir: Path, sha: str, tmp_path: Path) -> None:

@@ -202,6 +202,9 @@ class Runtime:
 
     def _resolve_launches(self) -> None:
         bounds = self.manifest.var_bounds
+        # NOTE: the dynamic shared-memory limit is the function's, not the launch's: launches of one
+        # entry from several ops (different shapes) need the largest of their sizes.
+        smem: dict[tuple[str, str], tuple[Any, int]] = {}
         for op_name, op in self.manifest.ops.items():
             for li, launch in enumerate(op.impl.launches):
                 if not isinstance(launch, KernelLaunch):
@@ -209,13 +212,15 @@ class Runtime:
                 params = launch.params if launch.params is not None else op.params
                 func = self._modules[launch.module].resolve(launch.entry, [str(p) for p in params])
                 self._funcs[(op_name, li)] = func
-                smem_hi = launch.shared_mem.range(bounds)[1]
-                if smem_hi > _SMEM_DEFAULT:
-                    drv.func_set_dynamic_smem(func, smem_hi)
+                key = (launch.module, launch.entry)
+                smem[key] = (func, max(smem.get(key, (func, 0))[1], launch.shared_mem.range(bounds)[1]))
                 if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
                     drv.func_set_non_portable_cluster(func)
                 if launch.carveout is not None:
                     drv.func_set_carveout(func, launch.carveout)
+        for func, hi in smem.values():
+            if hi > _SMEM_DEFAULT:
+                drv.func_set_dynamic_smem(func, hi)
 
     def _allocate_buffers(self, over: Resident | None) -> None:
         for name, buf in self.manifest.buffers.items():
