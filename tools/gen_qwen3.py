@@ -62,6 +62,7 @@ __all__ = [
     "QKN_ENTRIES",
     "QKN_MAX_GROUP",
     "SILU_ENTRIES",
+    "TAIL_OF",
     "ConfigError",
     "GenError",
     "KernelsError",
@@ -217,6 +218,9 @@ FOLDED: dict[str, str] = {
 """GEMV entry -> its form with the add + RMSNorm in its prologue (gemv_norm.cu, gemv_ring.cu), which
 takes that entry's launch: with `fold_norm`, a qkv or gate_up pick listed here folds into its own
 layout (`--gemv-pick qkv=kern_gemv_bf16_r4` runs `_r4_n`), any other into FOLD_ENTRIES' band."""
+TAIL_OF: dict[str, str] = {"kern_gemv_bf16_s4": "kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_an"}
+"""`norm_tail=True` (gemv_tail.cu): GEMV entry -> its form with the add + RMSNorm after it run by its
+last block, on the entry's launch (its dynamic shared memory at least h and x: 4n bytes)."""
 QKN_MAX_GROUP = 32
 """attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
 WIDE_ENTRIES: tuple[str, ...] = ("kern_attn_decode_wide",)
@@ -496,12 +500,14 @@ def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
                 "launches": [fused],
             },
         },
-        "zero_i32": {
-            "params": ["out buffer<i32>", "i32"],
-            "impl": {"launches": [_kernel(mods, "kern_zero_i32", [1, 1, 1], 32)]},
-        },
+        "zero_i32": _zero_op(mods),
         **({"attn_decode_qkn": _qkn_op(s, mods, heads_out)} if "kern_attn_decode_qkn" in mods else {}),
     }
+
+
+def _zero_op(mods: Mapping[str, str]) -> Json:
+    """zero_i32(buf, n): the load program's reset of the block counters (attention, norm tails)."""
+    return {"params": ["out buffer<i32>", "i32"], "impl": {"launches": [_kernel(mods, "kern_zero_i32", [1, 1, 1], 32)]}}
 
 
 def _qkn_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
@@ -624,7 +630,7 @@ def _weights(s: Qwen3Shape) -> Json:
     return out
 
 
-def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False, fold: bool = False) -> Json:
+def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False, fold: bool = False, tail: bool = False) -> Json:
     bf16 = "bf16"
     work = {
         "h": [s.hidden], "x": [s.hidden], "y": [s.hidden], "qkv": [s.qkv_rows],
@@ -654,6 +660,8 @@ def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False, fold: bool = False) -
             out[carry] = {"dtype": dtype, "shape": [1], "kind": "carry"}
     if fuse:
         out["attn_count"] = {"dtype": "i32", "shape": [s.kv_heads], "kind": "carry"}
+    if tail:
+        out["norm_count"] = {"dtype": "i32", "shape": [1], "kind": "carry"}
     out.update(_weights(s))
     return out
 
@@ -882,6 +890,7 @@ def generate(
     fold_norm: bool = False,
     wide_attention: bool = False,
     late_trigger: bool = False,
+    norm_tail: bool = False,
     precision: str = "bf16",
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
@@ -921,6 +930,10 @@ def generate(
         late_trigger: (with `fuse` and `pdl`, not with `fuse_qkn`) the decode attention's blocks let
             the next launch (o's GEMV) start only once they have folded their splits
             (`LATE_ENTRIES`), so o's early weight loads queue behind the attention's KV loads.
+        norm_tail: each decode add + RMSNorm runs in the last block of the o or down GEMV before it
+            (`TAIL_OF`: o and down must be on `_s4` or `_p4`; not with `fold_norm`), which writes
+            x for the GEMV after it: the GEMVs after the norms (qkv, gate_up, lm_head) read a
+            finished x and need no prologue; the residual alternates between `h` and `h2`.
         precision: "bf16" (transformers' bf16 rounding points) or "f32": the reference-precision
             manifest (qwen3_f32.cu; activations, residual, logits and KV in float32, bf16 weights),
             which takes none of the options above but `chunk` and `feed`.
@@ -931,17 +944,21 @@ def generate(
     """
     _check_options(shape, feed=feed, gemv=gemv, fuse=fuse, pdl=pdl, carveout=carveout, fuse_qkn=fuse_qkn,
                    pdl_off=pdl_off, fold_norm=fold_norm, precision=precision, gemv_pick=gemv_pick,
-                   wide_attention=wide_attention, late_trigger=late_trigger)
+                   wide_attention=wide_attention, late_trigger=late_trigger, norm_tail=norm_tail)
     if precision == "f32":
         return _generate_f32(shape, modules, entries, model=model, chunk=chunk, feed=feed)
     picks = _picks(gemv, gemv_pick or {})
+    if norm_tail and any(picks[g] not in TAIL_OF for g in ("o", "down")):
+        raise GenError(f"norm_tail runs the norms in the o and down GEMVs' last blocks: they need an entry with a "
+                       f"tail ({', '.join(TAIL_OF)}), not o {picks['o']} / down {picks['down']}")
     if fold_norm and picks["gate_up"] not in SILU_ENTRIES:
         raise GenError(f"fold_norm needs gate_up on a SiLU entry ({', '.join(SILU_ENTRIES)}), not {picks['gate_up']}")
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ())
               + (QKN_ENTRIES if fuse_qkn else ()) + (WIDE_ENTRIES if wide_attention else ())
               + ((LATE_ENTRIES[WIDE_ENTRIES[0] if wide_attention else "kern_attn_decode"],) if late_trigger else ())
-              + (tuple(_fold_of(g, picks)[0] for g in FOLD_ENTRIES) if fold_norm else ()))
+              + (tuple(_fold_of(g, picks)[0] for g in FOLD_ENTRIES) if fold_norm else ())
+              + ((*(TAIL_OF[picks[g]] for g in ("o", "down")), "kern_zero_i32") if norm_tail else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
         raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
@@ -964,6 +981,8 @@ def generate(
         ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
     if fold_norm:
         _fold_norms(shape, entries, picks, ops, programs)
+    if norm_tail:
+        _tail_norms(shape, entries, picks, ops, programs)
     if wide_attention:
         _widen_attention(shape, entries, ops)
     if late_trigger:
@@ -983,7 +1002,7 @@ def generate(
         "model": model,
         "vars": {"tokens": {"max": chunk}},
         "states": {"kv": {"bytes_per_token": shape.kv_bytes_per_token}},
-        "buffers": _buffers(shape, feed, fuse, fold_norm),
+        "buffers": _buffers(shape, feed, fuse, fold_norm or norm_tail, norm_tail),
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
         "ops": ops,
         "programs": programs,
@@ -993,7 +1012,7 @@ def generate(
 def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: bool, pdl: bool,
                    carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
                    precision: str = "bf16", gemv_pick: Mapping[str, str] | None = None,
-                   wide_attention: bool = False, late_trigger: bool = False) -> None:
+                   wide_attention: bool = False, late_trigger: bool = False, norm_tail: bool = False) -> None:
     """GenError for a combination of `generate` options that cannot be built."""
     if feed not in FEEDS:
         raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
@@ -1001,7 +1020,7 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
         raise GenError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bf16_only = _f32_conflicts(gemv=gemv, fuse=fuse, pdl=pdl, gemv_pick=gemv_pick, carveout=carveout,
                                fuse_qkn=fuse_qkn, pdl_off=pdl_off, fold_norm=fold_norm,
-                               wide_attention=wide_attention, late_trigger=late_trigger)
+                               wide_attention=wide_attention, late_trigger=late_trigger, norm_tail=norm_tail)
     if precision == "f32" and bf16_only:
         raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
                        f"drop {', '.join(bf16_only)} (or use --precision bf16)")
@@ -1019,6 +1038,10 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
         raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
     if wide_attention and (not fuse or fuse_qkn):
         raise GenError("wide_attention replaces the fused decode attention: it needs --fuse, without --fuse-qkn")
+    if norm_tail and fold_norm:
+        raise GenError("norm_tail and fold_norm both move the decode norms (into the GEMV before / after them): pick one")
+    if norm_tail and not {"o", "down"} <= set(gemv):
+        raise GenError("norm_tail runs the norms in the o and down GEMVs: it needs both as our GEMV (--gemv)")
     if late_trigger and (not fuse or fuse_qkn or not pdl):
         raise GenError("late_trigger moves the fused decode attention's PDL trigger: it needs --fuse and --pdl, "
                        "without --fuse-qkn")
@@ -1102,6 +1125,52 @@ def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json,
         cur, other = other, cur
         i += 2
     programs["decode"]["calls"] = out
+
+
+def tail_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
+    """(grid x, threads, dynamic shared bytes) of TAIL_OF[entry] for n outputs of depth k: the
+    entry's launch with room for the norm's h and x (4n bytes) in its dynamic shared memory (a `_p4`
+    block then holds as many columns as that fits)."""
+    grid, threads, smem = gemv_launch(entry, n, k)
+    smem = max(smem, 4 * n)
+    if GEMV_ENTRIES[entry][0] == -2:
+        grid = -(-n // (smem // (2 * k)))
+    return grid, threads, smem
+
+
+def _tail_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json, programs: Json) -> None:
+    """Each decode add + RMSNorm right after an o or down GEMV becomes that GEMV's tail (TAIL_OF): the
+    pair is one call that reads the residual from the current buffer and writes the new one to the
+    other (`h` / `h2` in turn) and the normed x where the norm wrote it."""
+    calls = programs["decode"]["calls"]
+    out: list[Json] = []
+    cur, other = "h", "h2"
+    for call in calls:
+        prev = out[-1] if out else None
+        gemm = prev["label"].rsplit(".", 1)[-1] if prev else ""
+        if call["op"] != "add_rmsnorm" or gemm not in ("o", "down"):
+            out.append(call if call["op"] != "add_rmsnorm" else {**call, "args": [_buf(cur), *call["args"][1:]]})
+            continue
+        assert prev is not None
+        _res, y_add, w_norm, x_norm, *_rest = call["args"]
+        x, w, y = prev["args"]
+        assert y == y_add, "the norm adds the GEMV's output"
+        entry = TAIL_OF[picks[gemm]]
+        n, k = (s.hidden, s.heads * s.head_dim) if gemm == "o" else (s.hidden, s.inter)
+        op = f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
+        if op not in ops:
+            grid, threads, smem = tail_launch(picks[gemm], n, k)
+            io = [BF16_IN, BF16_IN, BF16_OUT, BF16_IN, BF16_IN, BF16_OUT, BF16_OUT, "inout buffer<i32>"]
+            launch = _kernel(mods, entry, [grid, 1, 1], threads, shared_mem=smem,
+                             params=[BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32", "i32", *io[3:], "f32"],
+                             args=[*({"param": j} for j in range(3)), _i32(1), _i32(n), _i32(k), _i32(n),
+                                   *({"param": j} for j in range(3, 8)), _f32(s.eps)])
+            ops[op] = {"params": io, "impl": {"launches": [launch]}}
+        out[-1] = _call(prev["label"], op, x, w, y, _buf(cur), w_norm, _buf(other), x_norm, _buf("norm_count"))
+        cur, other = other, cur
+    programs["decode"]["calls"] = out
+    ops.setdefault("zero_i32", _zero_op(mods))
+    programs["load"]["calls"].append(_call("norm_count", "zero_i32", _buf("norm_count"), _i32(1)))
 
 
 def _widen_attention(s: Qwen3Shape, mods: Mapping[str, str], ops: Json) -> None:
@@ -1330,11 +1399,12 @@ def _generate_f32(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mappin
 
 def _f32_conflicts(*, gemv: Sequence[str], fuse: bool, pdl: bool, gemv_pick: Mapping[str, str] | None,
                    carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
-                   wide_attention: bool, late_trigger: bool = False) -> list[str]:
+                   wide_attention: bool, late_trigger: bool = False, norm_tail: bool = False) -> list[str]:
     """The bf16-only options (as their command-line flags) that are set."""
     flags = {"--gemv": bool(gemv), "--fuse": fuse, "--pdl": pdl, "--gemv-pick": bool(gemv_pick),
              "--carveout": carveout is not None, "--fuse-qkn": fuse_qkn, "--pdl-off": bool(pdl_off),
-             "--fold-norm": fold_norm, "--wide-attention": wide_attention, "--late-trigger": late_trigger}
+             "--fold-norm": fold_norm, "--wide-attention": wide_attention, "--late-trigger": late_trigger,
+             "--norm-tail": norm_tail}
     return [flag for flag, on in flags.items() if on]
 
 
@@ -1411,6 +1481,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--wide-attention", action="store_true",
                    help="with --fuse: decode attention combines per cluster of 8 splits first (attention_wide.cu), "
                         f"at {DECODE_SPLITS_WIDE} splits")
+    p.add_argument("--norm-tail", action="store_true",
+                   help="the add + RMSNorm after o and down in those GEMVs' last block (gemv_tail.cu); "
+                        "not with --fold-norm")
     p.add_argument("--late-trigger", action="store_true",
                    help="with --fuse --pdl: the decode attention lets o's GEMV start only after its fold "
                         "(attention_wide.cu's _late entries)")
@@ -1521,6 +1594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
                             wide_attention=args.wide_attention, late_trigger=args.late_trigger,
+                            norm_tail=args.norm_tail,
                             pdl_off=[g for g in args.pdl_off.split(",") if g], fold_norm=args.fold_norm,
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
                             carveout=args.carveout, precision=args.precision)

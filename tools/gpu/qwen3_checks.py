@@ -258,6 +258,14 @@ per SM, GEMV_RING_SMEM bytes of stages each), gate_up alone, one block of 128 Ki
 KiB per SM, and o on the unfolded ring too; the late-trigger attention (`late_trigger`) with o's
 weights bulk-copied before its wait (`_p4`, which slowed the attention when it started at the
 attention's start: third pass) or streamed through the ring."""
+TAIL_VARIANTS: dict[str, dict[str, str]] = {
+    "tail": {"gate_up": "kern_gemv_bf16_p4_silu"},
+    "tailb4gu": {"gate_up": "kern_gemv_bf16_b4_silu"},
+    "tailp4q": {"gate_up": "kern_gemv_bf16_p4_silu", "qkv": "kern_gemv_bf16_p4"},
+}
+"""`unfolded` with `norm_tail` (the add + RMSNorm in the last block of the o / down GEMV before it,
+gemv_tail.cu) and these picks over GEMV_PICK: gate_up on the prefetched `_p4_silu` (its rows
+bulk-copied before its wait, with no norm prologue to wait for), on the band, and qkv on `_p4` too."""
 SPLIT_VARIANTS: dict[str, dict[str, Any]] = {
     "s64": {"DECODE_SPLITS": 64},
     "s128": {"DECODE_SPLITS": 128},
@@ -276,7 +284,7 @@ block folds ceil(pages / splits) pages in turn, and the last block folds every s
 (128) or the splits named; `late` / `widelate` those attentions with the PDL trigger after their fold
 (`late_trigger`: o's early weight loads queue behind the attention's KV loads)."""
 VARIANTS = ("gemv", "fast", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
-            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, "f32")
+            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, *TAIL_VARIANTS, "f32")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`); `f32` (the
 reference-precision manifest, gen_qwen3 --precision f32) is checked against transformers float32's
 greedy tokens and never benched (`is_benched`)."""
@@ -311,6 +319,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         wide |= {"late_trigger": True} if variant.endswith("late") else {}
         consts = {"gen_consts": dict(SPLIT_VARIANTS[variant])} if SPLIT_VARIANTS[variant] else {}
         return variant_options(gen, "fast") | wide | consts
+    if variant in TAIL_VARIANTS:
+        return variant_options(gen, "unfolded") | {"norm_tail": True, "gemv_pick": dict(TAIL_VARIANTS[variant])}
     if variant in NOPDL_VARIANTS:
         return variant_options(gen, "unfolded") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
     if variant in TRIAL_VARIANTS:

@@ -32,7 +32,7 @@ gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(),
+                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(),
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
@@ -469,6 +469,50 @@ def test_fold_norm_runs_the_norms_in_the_following_gemvs_with_a_ping_pong_residu
                   gemv_pick={"gate_up": "kern_gemv_bf16"})
 
 
+def test_norm_tail_runs_the_norms_in_the_gemvs_before_them_with_a_ping_pong_residual() -> None:
+    """norm_tail: every decode add + RMSNorm (the 36 post-attention, 35 next-layer and the final one)
+    becomes the tail of the o or down GEMV before it, which reads the residual from one of `h` /
+    `h2` and writes it to the other, and writes x where the norm did; the GEMVs after the norms
+    read x; the load program zeroes the block counter."""
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, norm_tail=True,
+                  gemv_pick={"gate_up": "kern_gemv_bf16_p4_silu"})
+    _verify(m)
+    decode = m["programs"]["decode"]["calls"]
+    labels = [c["label"] for c in decode]
+    assert len(decode) == 2 + 36 * 8 + 3 - 72 and [lb for lb in labels if lb.endswith("_norm")] == ["l0.in_norm"]
+    tails = [(c["label"], c["args"][3]["buf"], c["args"][5]["buf"]) for c in decode if "_an_" in c["op"]]
+    assert tails[:3] == [("l0.o", "h", "h2"), ("l0.down", "h2", "h"), ("l1.o", "h", "h2")] and len(tails) == 72
+    assert all(tails[j][2] == tails[j + 1][1] for j in range(71))  # each reads what the last wrote
+    by = {c["label"]: c for c in decode}
+    assert [a["buf"] for a in by["l3.o"]["args"]] == ["attn", "l3.o", "y", "h", "l3.post_norm", "h2", "x", "norm_count"]
+    assert [a["buf"] for a in by["l35.down"]["args"]] == ["act", "l35.down", "y", "h2", "final_norm", "h", "x",
+                                                          "norm_count"]
+    assert [a["buf"] for a in by["l3.gate_up"]["args"]] == ["x", "l3.gate_up", "act"]
+    assert by["l3.qkv"]["op"] == "gemv_b4_6144x2560" and by["lm_head"]["args"][0] == {"buf": "x"}
+    for op, entry, k in ((by["l3.o"]["op"], "kern_gemv_bf16_s4_an", 4096), (by["l3.down"]["op"], "kern_gemv_bf16_p4_an", 9728)):
+        (launch,) = m["ops"][op]["impl"]["launches"]
+        grid, _threads, smem = gen.tail_launch(entry.removesuffix("_an"), 2560, k)
+        assert (launch["entry"], launch["grid"], launch["shared_mem"]) == (entry, [grid, 1, 1], smem)
+        assert launch["pdl"] is True and launch["args"][3:7] == [{"i32": 1}, {"i32": 2560}, {"i32": k}, {"i32": 2560}]
+    assert gen.tail_launch("kern_gemv_bf16_s4", 2560, 4096) == (2560, 128, 4 * 2560)
+    assert gen.tail_launch("kern_gemv_bf16_p4", 2560, 9728) == gen.gemv_launch("kern_gemv_bf16_p4", 2560, 9728)
+    assert gen.tail_launch("kern_gemv_bf16_p4", 8192, 512) == (-(-8192 // (32768 // 1024)), 128, 32768)
+    assert gen.tail_launch("kern_gemv_bf16_p4", 16384, 512) == (16384 // 64, 128, 65536)  # h and x need 64 KiB
+    assert m["buffers"]["norm_count"] == {"dtype": "i32", "shape": [1], "kind": "carry"} and "h2" in m["buffers"]
+    assert {"label": "norm_count", "op": "zero_i32", "args": [{"buf": "norm_count"}, {"i32": 1}]} in m["programs"]["load"]["calls"]
+    # Without fuse the load program still gets its zeroing op.
+    plain = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), norm_tail=True)
+    _verify(plain)
+    assert "zero_i32" in plain["ops"] and "attn_count" not in plain["buffers"]
+    with pytest.raises(gen.GenError, match="pick one"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), norm_tail=True, fold_norm=True)
+    with pytest.raises(gen.GenError, match="needs both as our GEMV"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up"], norm_tail=True)
+    with pytest.raises(gen.GenError, match="need an entry with a tail"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), norm_tail=True,
+                  gemv_pick={"o": "kern_gemv_bf16_b4"})
+
+
 def test_late_trigger_launches_the_late_attention_entries() -> None:
     """late_trigger swaps the fused decode attention for its `_late` entry (the wide one's with
     wide_attention), same grid and arguments; it needs fuse and pdl, and not fuse_qkn."""
@@ -873,7 +917,8 @@ def test_f32_manifest_abi_matches_kernel_sources() -> None:
      ({"gemv_pick": {"o": "kern_gemv_bf16"}}, "--gemv-pick"),
      ({"gemv": list(gen.GEMV_GEMMS), "pdl": True, "pdl_off": ["o"]}, "--pdl-off"),
      ({"fuse": True, "wide_attention": True}, "--fuse, --wide-attention"),
-     ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "late_trigger": True}, "--pdl, --late-trigger")],
+     ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "late_trigger": True}, "--pdl, --late-trigger"),
+     ({"gemv": list(gen.GEMV_GEMMS), "norm_tail": True}, "--gemv, --norm-tail")],
 )
 def test_f32_refuses_the_bf16_speed_options(option: dict[str, Any], flag: str) -> None:
     with pytest.raises(gen.GenError, match=f"precision f32 .* drop .*{flag}") as info:

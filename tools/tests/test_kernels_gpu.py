@@ -799,6 +799,61 @@ def test_norm_folded_gemv_is_add_rmsnorm_then_the_band_gemv(
     assert got.isnan().all(), "no room for h and x: nothing written"
 
 
+
+@pytest.mark.parametrize("entry", ["kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4_an"])
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 2560, 4096), (1, 2560, 9728), (2, 77 * 8, 264), (4, 40, 2568),
+                                               (3, 8, 40)])
+def test_tail_gemv_is_the_gemv_then_add_rmsnorm(
+    k: object, gen: torch.Generator, entry: str, rows: int, n: int, kk: int
+) -> None:
+    """gemv_tail.cu: the GEMV (`_s4` / `_p4`, bit for bit), then kern_add_rmsnorm in its last block:
+    x_out and the new residual in res_out bit for bit (res_in untouched), on several grids (a
+    `_p4` block holding 1, 3 or every column), three launches in a row each leaving the block
+    counter at zero; without room for h and x, or with y_stride != n, nothing is written."""
+    base = entry.removesuffix("_an")
+    x = randn(rows, kk, gen=gen)
+    w = randn(n, kk, gen=gen, scale=0.05)
+    res = randn(rows, n, gen=gen, scale=2.0)
+    w_norm = randn(n, gen=gen)
+    y_want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch("kern_gemv_bf16_s4", (n,), (128,), h.ptr(x), h.ptr(w), h.ptr(y_want), h.i32(rows), h.i32(n), h.i32(kk),
+             h.i32(n))
+    res_want, x_want = res.clone(), torch.empty(rows, n, dtype=BF16, device=DEV)
+    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_want), h.ptr(y_want), h.ptr(w_norm), h.ptr(x_want),
+             h.i32(n), h.f32(EPS))
+    torch.cuda.synchronize()
+    norm = 4 * rows * n
+    if base == "kern_gemv_bf16_s4":
+        launches = [(n, norm), (n, norm + 4096)]
+    else:
+        column = 2 * kk
+        launches = [(-(-n // max(1, max(norm, c * column) // column)), max(norm, c * column)) for c in (1, 3, n)
+                    if max(norm, c * column) <= 200 * 1024]
+    counter = torch.zeros(1, dtype=torch.int32, device=DEV)
+
+    def run(grid: int, smem: int, y_stride: int = n) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        res_in = res.clone()
+        y = torch.full((rows, y_stride), float("nan"), dtype=BF16, device=DEV)
+        res_out = torch.full_like(res, float("nan"))
+        x_out = torch.full_like(res, float("nan"))
+        k.launch(entry, (grid,), (128,), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(kk),
+                 h.i32(y_stride), h.ptr(res_in), h.ptr(w_norm), h.ptr(res_out), h.ptr(x_out), h.ptr(counter),
+                 h.f32(EPS), shared_mem=smem)
+        torch.cuda.synchronize()
+        assert torch.equal(bits(res_in), bits(res)), "res_in must stay as it was"
+        return y, res_out, x_out, counter.clone()
+
+    for grid, smem in launches:
+        for _ in range(3):
+            y, res_out, x_out, count = run(grid, smem)
+            assert not count.any(), f"grid {grid}: the counter must be back at 0"
+            assert torch.equal(bits(y), bits(y_want)), f"grid {grid}, {smem} bytes: y"
+            assert torch.equal(bits(res_out), bits(res_want)), f"grid {grid}, {smem} bytes: the new residual"
+            assert torch.equal(bits(x_out), bits(x_want)), f"grid {grid}, {smem} bytes: x"
+    for smem, y_stride in ((norm - 16, n), (launches[0][1], n + 8)):
+        y, res_out, x_out, count = run(launches[0][0], max(smem, 2 * kk) if y_stride != n else smem, y_stride)
+        assert y.isnan().all() and res_out.isnan().all() and x_out.isnan().all() and not count.any()
+
 RING_GRIDS = ((264, 12), (1, 1), (1, 3), (7, 2), (7, 32), (-1, 1), (-5, 4))
 """(grid, stages) of the ring GEMV tests: the generator's wave, one block whose ring wraps every
 column or every 3, 7 blocks, all 32 mbarriers, a block per column (-1: n), more blocks than columns

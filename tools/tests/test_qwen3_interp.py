@@ -34,7 +34,7 @@ interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(),
+                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(),
                              *gen.F32_ENTRIES)}
 STEPS = 12
 
@@ -254,7 +254,8 @@ RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu", "o
 
 @pytest.mark.parametrize(("qkn", "fold", "wide", "extra"), [
     (False, False, False, {}), (True, False, False, {}), (True, True, False, {}), (False, True, True, {}),
-    (False, True, False, {"gemv_pick": RING_PICK}), (False, True, True, {"late_trigger": True})])
+    (False, True, False, {"gemv_pick": RING_PICK}), (False, True, True, {"late_trigger": True}),
+    (False, False, False, {"norm_tail": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}})])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
@@ -265,7 +266,7 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     decode attention also norms / rotates q and k and writes the step's KV row; with `wide` it is
     kern_attn_decode_wide at DECODE_SPLITS_WIDE splits, its partials sized to match; `extra`: the
     ring GEMVs (gemv_ring.cu, qkv and gate_up folded into their ring forms), the late-trigger
-    attention entry."""
+    attention entry, the norms in the o / down GEMVs' last blocks (gemv_tail.cu)."""
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
                      gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold, wide_attention=wide,
                      **extra)
@@ -280,15 +281,18 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
     assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
     pick = extra.get("gemv_pick")
-    folded = "gemv_r4_silu_n" if pick else "gemv_b4_silu_n"
+    folded = "gemv_r4_silu_n" if pick == RING_PICK else "gemv_b4_silu_n"
     assert any(op.startswith(folded) for op in decode) == fold
-    assert any(op.startswith("gemv_r4_n") for op in decode) == bool(pick)
+    assert any(op.startswith("gemv_r4_n") for op in decode) == (pick == RING_PICK)
+    assert any("_an_" in op for op in decode) == extra.get("norm_tail", False)
     machine = interp.Interp(m, weights, capacity=512)
     tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
     want_tokens, want_first = references[n]
     assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
     assert tokens == want_tokens
     assert not machine.mem["attn_count"].any()
+    assert ("norm_count" in machine.mem) == extra.get("norm_tail", False)
+    assert not machine.mem.get("norm_count", np.zeros(1)).any()
 
 
 def test_interpreter_models_every_generator_entry() -> None:

@@ -260,6 +260,15 @@ def k_gemv_silu_norm(t: int, res_in: Ptr, y_add: Ptr, w_norm: Ptr, res_out: Ptr,
     k_gemv_silu(t, _fold(t, res_in, y_add, w_norm, res_out, rows, k, eps), w, y, rows, n, k, y_stride)
 
 
+def k_gemv_tail(t: int, x: Ptr, w: Ptr, y: Ptr, rows: int, n: int, k: int, y_stride: int, res_in: Ptr, w_norm: Ptr,
+                res_out: Ptr, x_out: Ptr, counter: Ptr, eps: float) -> None:
+    """The GEMV of x, then kern_add_rmsnorm(res_in + y -> res_out, w_norm -> x_out) in its last block
+    (gemv_tail.cu); the block counter ends at zero."""
+    k_gemv(t, x, w, y, rows, n, k, y_stride)
+    _view(x_out, rows * n)[:] = _view(_fold(t, res_in, y, w_norm, res_out, rows, n, eps), rows * n)
+    _view(counter, 1)[:] = 0
+
+
 def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: float) -> None:
     inv = (1.0 / np.power(np.float64(theta), np.arange(half) * 2 / (2 * half))).astype(F32)
     ang = np.arange(maxpos, dtype=F32)[:, None] * inv[None, :]
@@ -300,7 +309,8 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_attn_decode_wide_late": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
     "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_r4": k_gemv,
     "kern_gemv_bf16_r4_silu": k_gemv_silu, "kern_gemv_bf16_r4_n": k_gemv_norm,
-    "kern_gemv_bf16_r4_silu_n": k_gemv_silu_norm, **F32_KERNELS,
+    "kern_gemv_bf16_r4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_s4_an": k_gemv_tail,
+    "kern_gemv_bf16_p4_an": k_gemv_tail, **F32_KERNELS,
 }  # fmt: skip
 
 
