@@ -219,6 +219,9 @@ FOLDED: dict[str, str] = {
 takes that entry's launch: with `fold_norm`, a qkv or gate_up pick listed here folds into its own
 layout (`--gemv-pick qkv=kern_gemv_bf16_r4` runs `_r4_n`), any other into FOLD_ENTRIES' band."""
 TAIL_OF: dict[str, str] = {"kern_gemv_bf16_s4": "kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_an"}
+TAIL_GROUP, TAIL_STRIDE = 64, 32
+"""gemv_tail.cu's two-level block counter: a first-level counter per TAIL_GROUP blocks, TAIL_STRIDE
+i32 apart, after the top one (`tail_counters`)."""
 """`norm_tail=True` (gemv_tail.cu): GEMV entry -> its form with the add + RMSNorm after it run by its
 last block, on the entry's launch (its dynamic shared memory at least h and x: 4n bytes)."""
 QKN_MAX_GROUP = 32
@@ -630,7 +633,7 @@ def _weights(s: Qwen3Shape) -> Json:
     return out
 
 
-def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False, fold: bool = False, tail: bool = False) -> Json:
+def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False, fold: bool = False) -> Json:
     bf16 = "bf16"
     work = {
         "h": [s.hidden], "x": [s.hidden], "y": [s.hidden], "qkv": [s.qkv_rows],
@@ -660,8 +663,6 @@ def _buffers(s: Qwen3Shape, feed: str, fuse: bool = False, fold: bool = False, t
             out[carry] = {"dtype": dtype, "shape": [1], "kind": "carry"}
     if fuse:
         out["attn_count"] = {"dtype": "i32", "shape": [s.kv_heads], "kind": "carry"}
-    if tail:
-        out["norm_count"] = {"dtype": "i32", "shape": [1], "kind": "carry"}
     out.update(_weights(s))
     return out
 
@@ -981,8 +982,9 @@ def generate(
         ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
     if fold_norm:
         _fold_norms(shape, entries, picks, ops, programs)
+    buffers = _buffers(shape, feed, fuse, fold_norm or norm_tail)
     if norm_tail:
-        _tail_norms(shape, entries, picks, ops, programs)
+        _tail_norms(shape, entries, picks, ops, programs, buffers)
     if wide_attention:
         _widen_attention(shape, entries, ops)
     if late_trigger:
@@ -1002,7 +1004,7 @@ def generate(
         "model": model,
         "vars": {"tokens": {"max": chunk}},
         "states": {"kv": {"bytes_per_token": shape.kv_bytes_per_token}},
-        "buffers": _buffers(shape, feed, fuse, fold_norm or norm_tail, norm_tail),
+        "buffers": buffers,
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
         "ops": ops,
         "programs": programs,
@@ -1138,7 +1140,13 @@ def tail_launch(entry: str, n: int, k: int) -> tuple[int, int, int]:
     return grid, threads, smem
 
 
-def _tail_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json, programs: Json) -> None:
+def tail_counters(grid: int) -> int:
+    """i32 of the block counter a tail launch of `grid` blocks needs (gemv_tail.cu)."""
+    return 1 + TAIL_STRIDE * -(-grid // TAIL_GROUP)
+
+
+def _tail_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json, programs: Json,
+                buffers: Json) -> None:
     """Each decode add + RMSNorm right after an o or down GEMV becomes that GEMV's tail (TAIL_OF): the
     pair is one call that reads the residual from the current buffer and writes the new one to the
     other (`h` / `h2` in turn) and the normed x where the norm wrote it."""
@@ -1170,7 +1178,10 @@ def _tail_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json,
         cur, other = other, cur
     programs["decode"]["calls"] = out
     ops.setdefault("zero_i32", _zero_op(mods))
-    programs["load"]["calls"].append(_call("norm_count", "zero_i32", _buf("norm_count"), _i32(1)))
+    count = max(tail_counters(la["grid"][0]) for op in ops.values() for la in op["impl"]["launches"]
+                if la.get("entry", "").endswith("_an"))
+    buffers["norm_count"] = {"dtype": "i32", "shape": [count], "kind": "carry"}
+    programs["load"]["calls"].append(_call("norm_count", "zero_i32", _buf("norm_count"), _i32(count)))
 
 
 def _widen_attention(s: Qwen3Shape, mods: Mapping[str, str], ops: Json) -> None:

@@ -6,16 +6,24 @@
 // adding it leaves gemv.cu's and gemv_norm.cu's cubins as they were.
 //
 // Every block runs its entry's GEMV body (the same bits as that entry: `_s4`, `_p4`), then fences
-// its y writes and counts itself in *counter; the block that counts last (all of y is written)
+// its y writes and counts itself, in two levels so that no counter takes more than TAIL_GROUP
+// same-address atomics (one counter for thousands of blocks serialises them at its L2 slice: ~7 us
+// per launch on the H200, docs/perf.md): block b counts in counter[1 + (b / TAIL_GROUP) *
+// TAIL_STRIDE]; the block that completes a group sets that counter back to 0 and counts the group
+// in counter[0]; the block that completes the last group (all of y is written)
 // computes h = bf16(res_in + y) and x = bf16(bf16(h * r) * w_norm) in kern_add_rmsnorm's order
 // (add_norm_prologue's 128-thread emulation: the same bits), writes h to res_out (another buffer
 // than res_in, as gemv_norm.cu's entries) and x to x_out, and sets *counter back to 0, so the
 // counter (i32, zero before the first launch) is zero again between launches. The norm is over
-// the GEMV's n outputs: y has row stride n (y_stride == n), x_out and res_out [rows, n].
+// the GEMV's n outputs: y has row stride n (y_stride == n), x_out and res_out [rows, n]. `counter`
+// holds 1 + TAIL_STRIDE * ceil(grid / TAIL_GROUP) i32.
 // rows 1..4; blocks of 128 threads; the dynamic shared memory holds at least h and x
 // (4 * rows * n bytes; `_p4` reuses its rows' area for them), else the launch writes nothing.
 #define KERN_GEMV_NORM_DEVICE_ONLY
 #include "gemv_norm.cu"
+
+constexpr int TAIL_GROUP = 64;   // blocks per first-level counter
+constexpr int TAIL_STRIDE = 32;  // i32 between first-level counters: one 128-byte line each
 
 // The last block's add + RMSNorm after the GEMV (above); every block of the grid calls it once.
 template <int R>
@@ -26,7 +34,18 @@ static __device__ __forceinline__ void add_norm_tail(const bf16* res_in, const b
     kern_pdl_wait();  // NOTE: a block whose body had no column may not have waited; the norm reads res_in
     __threadfence();  // this block's y writes, before its count
     __syncthreads();
-    if (threadIdx.x == 0) tail_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    if (threadIdx.x == 0) {
+        const int group = (int)blockIdx.x / TAIL_GROUP;
+        const int groups = ((int)gridDim.x + TAIL_GROUP - 1) / TAIL_GROUP;
+        int* count = counter + 1 + group * TAIL_STRIDE;
+        bool last = false;
+        if (atomicAdd(count, 1) == min(TAIL_GROUP, (int)gridDim.x - group * TAIL_GROUP) - 1) {
+            *count = 0;       // no block of this launch counts here again
+            __threadfence();  // the group's y writes (seen through its atomics), before the group's count
+            last = atomicAdd(counter, 1) == groups - 1;
+        }
+        tail_last = last;
+    }
     __syncthreads();
     if (!tail_last) return;
     __threadfence();  // every other block's y writes, before this block's reads

@@ -498,8 +498,11 @@ def test_norm_tail_runs_the_norms_in_the_gemvs_before_them_with_a_ping_pong_resi
     assert gen.tail_launch("kern_gemv_bf16_p4", 2560, 9728) == gen.gemv_launch("kern_gemv_bf16_p4", 2560, 9728)
     assert gen.tail_launch("kern_gemv_bf16_p4", 8192, 512) == (-(-8192 // (32768 // 1024)), 128, 32768)
     assert gen.tail_launch("kern_gemv_bf16_p4", 16384, 512) == (16384 // 64, 128, 65536)  # h and x need 64 KiB
-    assert m["buffers"]["norm_count"] == {"dtype": "i32", "shape": [1], "kind": "carry"} and "h2" in m["buffers"]
-    assert {"label": "norm_count", "op": "zero_i32", "args": [{"buf": "norm_count"}, {"i32": 1}]} in m["programs"]["load"]["calls"]
+    # The two-level block counter: the top one, then one per 64 blocks of the widest tail grid, 32 i32 apart.
+    assert gen.tail_counters(2560) == 1 + 32 * 40 and gen.tail_counters(64) == 33 and gen.tail_counters(65) == 65
+    count = gen.tail_counters(2560)
+    assert m["buffers"]["norm_count"] == {"dtype": "i32", "shape": [count], "kind": "carry"} and "h2" in m["buffers"]
+    assert {"label": "norm_count", "op": "zero_i32", "args": [{"buf": "norm_count"}, {"i32": count}]} in m["programs"]["load"]["calls"]
     # Without fuse the load program still gets its zeroing op.
     plain = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), norm_tail=True)
     _verify(plain)

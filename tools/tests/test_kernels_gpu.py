@@ -809,7 +809,7 @@ def test_tail_gemv_is_the_gemv_then_add_rmsnorm(
     """gemv_tail.cu: the GEMV (`_s4` / `_p4`, bit for bit), then kern_add_rmsnorm in its last block:
     x_out and the new residual in res_out bit for bit (res_in untouched), on several grids (a
     `_p4` block holding 1, 3 or every column), three launches in a row each leaving the block
-    counter at zero; without room for h and x, or with y_stride != n, nothing is written."""
+    counter (both levels) at zero; without room for h and x, or with y_stride != n, nothing is written."""
     base = entry.removesuffix("_an")
     x = randn(rows, kk, gen=gen)
     w = randn(n, kk, gen=gen, scale=0.05)
@@ -829,7 +829,7 @@ def test_tail_gemv_is_the_gemv_then_add_rmsnorm(
         column = 2 * kk
         launches = [(-(-n // max(1, max(norm, c * column) // column)), max(norm, c * column)) for c in (1, 3, n)
                     if max(norm, c * column) <= 200 * 1024]
-    counter = torch.zeros(1, dtype=torch.int32, device=DEV)
+    counter = torch.zeros(1 + 32 * -(-n // 64), dtype=torch.int32, device=DEV)  # gen_qwen3.tail_counters(grid <= n)
 
     def run(grid: int, smem: int, y_stride: int = n) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         res_in = res.clone()
