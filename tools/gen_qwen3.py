@@ -214,8 +214,10 @@ FOLDED: dict[str, str] = {
     "kern_gemv_bf16_b4_silu": "kern_gemv_bf16_b4_silu_n",
     "kern_gemv_bf16_r4": "kern_gemv_bf16_r4_n",
     "kern_gemv_bf16_r4_silu": "kern_gemv_bf16_r4_silu_n",
+    "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_n",
+    "kern_gemv_bf16_p4_silu": "kern_gemv_bf16_p4_silu_n",
 }
-"""GEMV entry -> its form with the add + RMSNorm in its prologue (gemv_norm.cu, gemv_ring.cu), which
+"""GEMV entry -> its form with the add + RMSNorm in its prologue (gemv_norm.cu, gemv_ring.cu, gemv_pnorm.cu), which
 takes that entry's launch: with `fold_norm`, a qkv or gate_up pick listed here folds into its own
 layout (`--gemv-pick qkv=kern_gemv_bf16_r4` runs `_r4_n`), any other into FOLD_ENTRIES' band."""
 TAIL_OF: dict[str, str] = {"kern_gemv_bf16_s4": "kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_an"}
@@ -703,11 +705,11 @@ def gemv_launch(entry: str, n: int, k: int, folded: bool = False) -> tuple[int, 
         return -(-n // per_block), threads, norm + stages * column
     if cols == -2:
         column = (2 if entry in SILU_ENTRIES else 1) * 2 * k  # W bytes of one output column
-        if column > GEMV_P4_MAX_ROW:
-            raise GenError(f"{entry}: the W rows of one column, {column} bytes (k = {k}), exceed a block's shared "
-                           "memory; pick another GEMV entry for this GEMM (--gemv-pick)")
+        if norm + column > GEMV_P4_MAX_ROW:
+            raise GenError(f"{entry}: the W rows of one column, {column} bytes (k = {k}), and the norm's {norm} exceed "
+                           "a block's shared memory; pick another GEMV entry for this GEMM (--gemv-pick)")
         per_block = max(1, min(n, GEMV_P4_SMEM // column))
-        return -(-n // per_block), threads, per_block * column
+        return -(-n // per_block), threads, per_block * column + norm
     if cols < 0:
         per_block = -(-n // (GEMV_SMS * GEMV_BAND[entry]))
         return -(-n // per_block), threads, norm

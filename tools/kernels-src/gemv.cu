@@ -775,11 +775,14 @@ static __device__ __forceinline__ void gemv_tma(const bf16* __restrict__ x, cons
 // Grid [ceil_div(n, nc), 1, 1], block [128, 1, 1], dynamic shared memory nc * NR * 2k bytes.
 constexpr uint32_t P4_COPY = 16384;  // bytes per bulk copy
 
-template <int EPI, int R>
+// XS (gemv_pnorm.cu): the last `reserve` bytes of dynamic shared memory are not for rows; after its
+// wait each block with columns runs prologue(), which writes x there, and reads x from it.
+template <int EPI, int R, bool XS = false, typename Prologue = decltype(nullptr)>
 static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
                                                     const bf16* __restrict__ w,
                                                     bf16* __restrict__ y, int n, int k,
-                                                    int y_stride) {
+                                                    int y_stride, uint32_t reserve = 0,
+                                                    Prologue prologue = nullptr) {
     constexpr int SPLIT = 4;
     constexpr int NR = EPI == GEMV_SILU ? 2 : 1;
     extern __shared__ __align__(128) unsigned char p4_rows[];
@@ -787,7 +790,7 @@ static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
     __shared__ float sums[2][SPLIT][R * NR];
     kern_pdl_launch_dependents();
     const int64_t row_bytes = (int64_t)k * 2;
-    const int64_t nc = (int64_t)dynamic_smem_bytes() / (NR * row_bytes);
+    const int64_t nc = (int64_t)(dynamic_smem_bytes() - reserve) / (NR * row_bytes);
     const int64_t c0 = (int64_t)blockIdx.x * nc;
     if (nc < 1 || c0 >= n) return;  // block-uniform
     const int cols = (int)min(nc, (int64_t)n - c0);
@@ -809,6 +812,7 @@ static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
     }
     __syncthreads();
     kern_pdl_wait();
+    if constexpr (XS) prologue();  // x, in shared memory, is written here
     const int lane = threadIdx.x & 31;
     const int part = threadIdx.x >> 5;
     const int pieces = k / 8;
@@ -831,7 +835,11 @@ static __device__ __forceinline__ void gemv_p4_rows(const bf16* __restrict__ x,
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 float xf[8];
-                unpack8(ld_after_wait(x + (size_t)r * k + (size_t)q * 8), xf);
+                if constexpr (XS) {
+                    unpack8(reinterpret_cast<const uint4*>(x + (size_t)r * k)[q], xf);
+                } else {
+                    unpack8(ld_after_wait(x + (size_t)r * k + (size_t)q * 8), xf);
+                }
 #pragma unroll
                 for (int g = 0; g < NR; ++g)
 #pragma unroll

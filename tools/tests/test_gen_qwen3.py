@@ -694,6 +694,18 @@ def test_fold_norm_folds_a_ring_pick_into_its_ring_form() -> None:
     assert [lb for lb in decode if lb.endswith("_norm")] == ["l0.in_norm", "l35.next_norm"]
     # l0.qkv follows the first layer's plain RMSNorm (no add, nothing to fold): the unfolded ring.
     assert [lb for lb, c in decode.items() if c["op"].startswith(("gemv_r4_6144", "gemv_r4_silu_9728"))] == ["l0.qkv"]
+    # The prefetched picks fold into gemv_pnorm.cu's forms: their columns' rows, then h and x.
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
+                  gemv_pick={"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu"})
+    _verify(m)
+    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
+    assert (decode["l3.qkv"]["op"], decode["l3.gate_up"]["op"]) == ("gemv_p4_n_6144x2560", "gemv_p4_silu_n_9728x2560")
+    (launch,) = m["ops"]["gemv_p4_silu_n_9728x2560"]["impl"]["launches"]
+    assert (launch["entry"], launch["grid"], launch["shared_mem"]) == ("kern_gemv_bf16_p4_silu_n", [3243, 1, 1],
+                                                                       3 * 4 * 2560 + 4 * 2560)
+    assert gen.gemv_launch("kern_gemv_bf16_p4", 6144, 2560, folded=True) == (1024, 128, 6 * 5120 + 4 * 2560)
+    with pytest.raises(gen.GenError, match="exceed"):
+        gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 6 // 8 * 8 + 8, folded=True)
     # Only the picks with a folded form change: gate_up on `_silu` still folds into the band.
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
                   gemv_pick={"qkv": "kern_gemv_bf16_r4"})

@@ -854,6 +854,53 @@ def test_tail_gemv_is_the_gemv_then_add_rmsnorm(
         y, res_out, x_out, count = run(launches[0][0], max(smem, 2 * kk) if y_stride != n else smem, y_stride)
         assert y.isnan().all() and res_out.isnan().all() and x_out.isnan().all() and not count.any()
 
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
+                                               (4, 33, 264), (3, 5, 2568)])
+def test_prefetched_norm_gemv_is_add_rmsnorm_then_the_gemv(
+    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
+) -> None:
+    """gemv_pnorm.cu (`_p4_n`, `_p4_silu_n`): kern_add_rmsnorm then `_b4` / `_b4_silu` of its output,
+    bit for bit, with 1, 3 and 6 columns per block (a grid with blocks past the columns): the GEMV's
+    output and the new residual in res_out (res_in untouched); with room for h and x but not for
+    one column besides, nothing is written."""
+    entry, band = ("kern_gemv_bf16_p4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_p4_n",
+                                                                                        "kern_gemv_bf16_b4")
+    res = randn(rows, kk, gen=gen, scale=2.0)
+    y_add = randn(rows, kk, gen=gen)
+    w_norm = randn(kk, gen=gen)
+    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
+    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
+    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
+             h.f32(EPS))
+    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(band, (min(n, 792),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
+             h.i32(n))
+    torch.cuda.synchronize()
+    norm = 4 * rows * kk
+    column = (2 if silu else 1) * 2 * kk
+    for cols in (1, 3, 6):
+        smem = min(cols, n) * column + norm
+        if smem > RING_SMEM_MAX:
+            continue
+        grid = -(-n // min(cols, n)) + 2
+        res_b = res.clone()
+        res_out = torch.full_like(res, float("nan"))
+        got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+        k.launch(entry, (grid,), (128,), h.ptr(res_b), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w),
+                 h.ptr(got), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
+        torch.cuda.synchronize()
+        assert torch.equal(bits(got), bits(want)), f"{cols} columns per block"
+        assert torch.equal(bits(res_out), bits(res_a)), f"{cols} columns per block: the new residual"
+        assert torch.equal(bits(res_b), bits(res)), "res_in must stay as it was"
+    res_out = torch.full_like(res, float("nan"))
+    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(entry, (7,), (128,), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w), h.ptr(got),
+             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=norm + column - 16)
+    torch.cuda.synchronize()
+    assert got.isnan().all() and res_out.isnan().all(), "no room for a column: nothing written"
+
 RING_GRIDS = ((264, 12), (1, 1), (1, 3), (7, 2), (7, 32), (-1, 1), (-5, 4))
 """(grid, stages) of the ring GEMV tests: the generator's wave, one block whose ring wraps every
 column or every 3, 7 blocks, all 32 mbarriers, a block per column (-1: n), more blocks than columns

@@ -255,7 +255,8 @@ RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu", "o
 @pytest.mark.parametrize(("qkn", "fold", "wide", "extra"), [
     (False, False, False, {}), (True, False, False, {}), (True, True, False, {}), (False, True, True, {}),
     (False, True, False, {"gemv_pick": RING_PICK}), (False, True, True, {"late_trigger": True}),
-    (False, False, False, {"norm_tail": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}})])
+    (False, False, False, {"norm_tail": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}}),
+    (False, True, False, {"gemv_pick": {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu"}})])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
@@ -281,7 +282,8 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
     assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
     pick = extra.get("gemv_pick")
-    folded = "gemv_r4_silu_n" if pick == RING_PICK else "gemv_b4_silu_n"
+    folded = {"kern_gemv_bf16_r4_silu": "gemv_r4_silu_n", "kern_gemv_bf16_p4_silu": "gemv_p4_silu_n"}.get(
+        (pick or {}).get("gate_up", ""), "gemv_b4_silu_n")
     assert any(op.startswith(folded) for op in decode) == fold
     assert any(op.startswith("gemv_r4_n") for op in decode) == (pick == RING_PICK)
     assert any("_an_" in op for op in decode) == extra.get("norm_tail", False)
