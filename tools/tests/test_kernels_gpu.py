@@ -759,6 +759,24 @@ def test_one_launch_decode_attention_refuses_splits_off_the_cluster(k: object, g
     assert (out.float() == 5.0).all() and (po == 3.0).all() and (pl == 3.0).all() and not counters.any()
 
 
+def _norm_gemv_case(k: object, gen: torch.Generator, band: str, rows: int, n: int,
+                    kk: int) -> tuple[torch.Tensor, ...]:
+    """res, y_add, w_norm, W ([2n, kk] for a SiLU band) and what kern_add_rmsnorm then `band` give:
+    the new residual and the GEMV's output, the bits every folded-norm GEMV must give."""
+    res = randn(rows, kk, gen=gen, scale=2.0)
+    y_add = randn(rows, kk, gen=gen)
+    w_norm = randn(kk, gen=gen)
+    w = randn(2 * n if band.endswith("_silu") else n, kk, gen=gen, scale=0.05)
+    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
+    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
+             h.f32(EPS))
+    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(band, (min(n, 792),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
+             h.i32(n))
+    torch.cuda.synchronize()
+    return res, y_add, w_norm, w, res_a, want
+
+
 @pytest.mark.parametrize(("entry", "band", "silu"), [("kern_gemv_bf16_b4_n", "kern_gemv_bf16_b4", False),
                                                      ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu", True)])
 @pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
@@ -770,17 +788,7 @@ def test_norm_folded_gemv_is_add_rmsnorm_then_the_band_gemv(
     several grids (the band's one wave, 1 block, 7, a block per column, more blocks than columns):
     the GEMV's output, the new residual in res_out (res_in untouched); with less dynamic shared
     memory than h and x need, it writes nothing."""
-    res = randn(rows, kk, gen=gen, scale=2.0)
-    y_add = randn(rows, kk, gen=gen)
-    w_norm = randn(kk, gen=gen)
-    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
-    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
-    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
-             h.f32(EPS))
-    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(band, (min(n, 924),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
-             h.i32(n))
-    torch.cuda.synchronize()
+    res, y_add, w_norm, w, res_a, want = _norm_gemv_case(k, gen, band, rows, n, kk)
     smem = 4 * rows * kk
     for grid in (min(n, 924), 1, 7, n, n + 5):
         res_b = res.clone()
@@ -867,17 +875,7 @@ def test_prefetched_norm_gemv_is_add_rmsnorm_then_the_gemv(
     one column besides, nothing is written."""
     entry, band = ("kern_gemv_bf16_p4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_p4_n",
                                                                                         "kern_gemv_bf16_b4")
-    res = randn(rows, kk, gen=gen, scale=2.0)
-    y_add = randn(rows, kk, gen=gen)
-    w_norm = randn(kk, gen=gen)
-    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
-    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
-    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
-             h.f32(EPS))
-    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(band, (min(n, 792),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
-             h.i32(n))
-    torch.cuda.synchronize()
+    res, y_add, w_norm, w, res_a, want = _norm_gemv_case(k, gen, band, rows, n, kk)
     norm = 4 * rows * kk
     column = (2 if silu else 1) * 2 * kk
     for cols in (1, 3, 6):
@@ -972,17 +970,7 @@ def test_ring_norm_gemv_is_add_rmsnorm_then_the_band_gemv(
     nothing is written, res_out included."""
     entry, band = ("kern_gemv_bf16_r4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_r4_n",
                                                                                         "kern_gemv_bf16_b4")
-    res = randn(rows, kk, gen=gen, scale=2.0)
-    y_add = randn(rows, kk, gen=gen)
-    w_norm = randn(kk, gen=gen)
-    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
-    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
-    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
-             h.f32(EPS))
-    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(band, (min(n, 792),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
-             h.i32(n))
-    torch.cuda.synchronize()
+    res, y_add, w_norm, w, res_a, want = _norm_gemv_case(k, gen, band, rows, n, kk)
     norm = 4 * rows * kk
     column = (2 if silu else 1) * 2 * kk
     for grid0, stages in RING_GRIDS:
