@@ -777,6 +777,30 @@ def _norm_gemv_case(k: object, gen: torch.Generator, band: str, rows: int, n: in
     return res, y_add, w_norm, w, res_a, want
 
 
+def _run_folded(k: object, entry: str, case: tuple[torch.Tensor, ...], n: int, kk: int, grid: int,
+                smem: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A folded-norm GEMV launch on `_norm_gemv_case`'s inputs: (its y, its res_out), both NaN where it
+    wrote nothing; res_in must come back untouched."""
+    res, y_add, w_norm, w, _res_a, _want = case
+    rows = res.shape[0]
+    res_in = res.clone()
+    res_out = torch.full_like(res, float("nan"))
+    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
+    k.launch(entry, (grid,), (128,), h.ptr(res_in), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w), h.ptr(got),
+             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
+    torch.cuda.synchronize()
+    assert torch.equal(bits(res_in), bits(res)), "res_in must stay as it was"
+    return got, res_out
+
+
+def _assert_folded(k: object, entry: str, case: tuple[torch.Tensor, ...], n: int, kk: int, grid: int, smem: int,
+                   what: str) -> None:
+    """The launch gives `_norm_gemv_case`'s bits: the GEMV's output and the new residual."""
+    got, res_out = _run_folded(k, entry, case, n, kk, grid, smem)
+    assert torch.equal(bits(got), bits(case[5])), what
+    assert torch.equal(bits(res_out), bits(case[4])), f"{what}: the new residual"
+
+
 @pytest.mark.parametrize(("entry", "band", "silu"), [("kern_gemv_bf16_b4_n", "kern_gemv_bf16_b4", False),
                                                      ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu", True)])
 @pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
@@ -788,24 +812,12 @@ def test_norm_folded_gemv_is_add_rmsnorm_then_the_band_gemv(
     several grids (the band's one wave, 1 block, 7, a block per column, more blocks than columns):
     the GEMV's output, the new residual in res_out (res_in untouched); with less dynamic shared
     memory than h and x need, it writes nothing."""
-    res, y_add, w_norm, w, res_a, want = _norm_gemv_case(k, gen, band, rows, n, kk)
+    case = _norm_gemv_case(k, gen, band, rows, n, kk)
     smem = 4 * rows * kk
     for grid in (min(n, 924), 1, 7, n, n + 5):
-        res_b = res.clone()
-        res_out = torch.full_like(res, float("nan"))
-        got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-        k.launch(entry, (grid,), (128,), h.ptr(res_b), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w),
-                 h.ptr(got), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
-        torch.cuda.synchronize()
-        assert torch.equal(bits(got), bits(want)), f"grid {grid}"
-        assert torch.equal(bits(res_out), bits(res_a)), f"grid {grid}: the new residual"
-        assert torch.equal(bits(res_b), bits(res)), "res_in must stay as it was"
-    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(entry, (7,), (128,), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_a), h.ptr(w), h.ptr(got),
-             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem - 16)
-    torch.cuda.synchronize()
-    assert got.isnan().all(), "no room for h and x: nothing written"
-
+        _assert_folded(k, entry, case, n, kk, grid, smem, f"grid {grid}")
+    got, res_out = _run_folded(k, entry, case, n, kk, 7, smem - 16)
+    assert got.isnan().all() and res_out.isnan().all(), "no room for h and x: nothing written"
 
 
 @pytest.mark.parametrize("entry", ["kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4_an"])
@@ -875,28 +887,14 @@ def test_prefetched_norm_gemv_is_add_rmsnorm_then_the_gemv(
     one column besides, nothing is written."""
     entry, band = ("kern_gemv_bf16_p4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_p4_n",
                                                                                         "kern_gemv_bf16_b4")
-    res, y_add, w_norm, w, res_a, want = _norm_gemv_case(k, gen, band, rows, n, kk)
+    case = _norm_gemv_case(k, gen, band, rows, n, kk)
     norm = 4 * rows * kk
     column = (2 if silu else 1) * 2 * kk
     for cols in (1, 3, 6):
         smem = min(cols, n) * column + norm
-        if smem > RING_SMEM_MAX:
-            continue
-        grid = -(-n // min(cols, n)) + 2
-        res_b = res.clone()
-        res_out = torch.full_like(res, float("nan"))
-        got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-        k.launch(entry, (grid,), (128,), h.ptr(res_b), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w),
-                 h.ptr(got), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
-        torch.cuda.synchronize()
-        assert torch.equal(bits(got), bits(want)), f"{cols} columns per block"
-        assert torch.equal(bits(res_out), bits(res_a)), f"{cols} columns per block: the new residual"
-        assert torch.equal(bits(res_b), bits(res)), "res_in must stay as it was"
-    res_out = torch.full_like(res, float("nan"))
-    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(entry, (7,), (128,), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w), h.ptr(got),
-             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=norm + column - 16)
-    torch.cuda.synchronize()
+        if smem <= RING_SMEM_MAX:
+            _assert_folded(k, entry, case, n, kk, -(-n // min(cols, n)) + 2, smem, f"{cols} columns per block")
+    got, res_out = _run_folded(k, entry, case, n, kk, 7, norm + column - 16)
     assert got.isnan().all() and res_out.isnan().all(), "no room for a column: nothing written"
 
 RING_GRIDS = ((264, 12), (1, 1), (1, 3), (7, 2), (7, 32), (-1, 1), (-5, 4))
@@ -970,23 +968,11 @@ def test_ring_norm_gemv_is_add_rmsnorm_then_the_band_gemv(
     nothing is written, res_out included."""
     entry, band = ("kern_gemv_bf16_r4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_r4_n",
                                                                                         "kern_gemv_bf16_b4")
-    res, y_add, w_norm, w, res_a, want = _norm_gemv_case(k, gen, band, rows, n, kk)
+    case = _norm_gemv_case(k, gen, band, rows, n, kk)
     norm = 4 * rows * kk
     column = (2 if silu else 1) * 2 * kk
     for grid0, stages in RING_GRIDS:
         grid, smem = _ring_launch(grid0, stages, n, column, norm)
-        res_b = res.clone()
-        res_out = torch.full_like(res, float("nan"))
-        got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-        k.launch(entry, (grid,), (128,), h.ptr(res_b), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w),
-                 h.ptr(got), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
-        torch.cuda.synchronize()
-        assert torch.equal(bits(got), bits(want)), f"grid {grid}, {smem} bytes"
-        assert torch.equal(bits(res_out), bits(res_a)), f"grid {grid}, {smem} bytes: the new residual"
-        assert torch.equal(bits(res_b), bits(res)), "res_in must stay as it was"
-    res_out = torch.full_like(res, float("nan"))
-    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(entry, (7,), (128,), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w), h.ptr(got),
-             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=norm + column - 16)
-    torch.cuda.synchronize()
+        _assert_folded(k, entry, case, n, kk, grid, smem, f"grid {grid}, {smem} bytes")
+    got, res_out = _run_folded(k, entry, case, n, kk, 7, norm + column - 16)
     assert got.isnan().all() and res_out.isnan().all(), "no room for a stage: nothing written"
