@@ -62,7 +62,9 @@ __all__ = [
     "QKN_ENTRIES",
     "QKN_MAX_GROUP",
     "SILU_ENTRIES",
+    "TAIL_GROUP",
     "TAIL_OF",
+    "TAIL_STRIDE",
     "ConfigError",
     "GenError",
     "KernelsError",
@@ -75,6 +77,8 @@ __all__ = [
     "generate",
     "main",
     "shape_from_config",
+    "tail_counters",
+    "tail_launch",
 ]
 
 Json = dict[str, Any]
@@ -221,11 +225,11 @@ FOLDED: dict[str, str] = {
 takes that entry's launch: with `fold_norm`, a qkv or gate_up pick listed here folds into its own
 layout (`--gemv-pick qkv=kern_gemv_bf16_r4` runs `_r4_n`), any other into FOLD_ENTRIES' band."""
 TAIL_OF: dict[str, str] = {"kern_gemv_bf16_s4": "kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_an"}
+"""`norm_tail=True` (gemv_tail.cu): GEMV entry -> its form with the add + RMSNorm after it run by its
+last block, on the entry's launch (its dynamic shared memory at least h and x: 4n bytes)."""
 TAIL_GROUP, TAIL_STRIDE = 64, 32
 """gemv_tail.cu's two-level block counter: a first-level counter per TAIL_GROUP blocks, TAIL_STRIDE
 i32 apart, after the top one (`tail_counters`)."""
-"""`norm_tail=True` (gemv_tail.cu): GEMV entry -> its form with the add + RMSNorm after it run by its
-last block, on the entry's launch (its dynamic shared memory at least h and x: 4n bytes)."""
 QKN_MAX_GROUP = 32
 """attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
 WIDE_ENTRIES: tuple[str, ...] = ("kern_attn_decode_wide",)
@@ -1094,9 +1098,9 @@ def _fold_of(gemm: str, picks: Picks) -> tuple[str, str]:
 
 def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json, programs: Json) -> None:
     """Each decode add + RMSNorm that a qkv or gate_up GEMV follows becomes that GEMV's prologue
-    (`_fold_of`: the pick's FOLDED form, else FOLD_ENTRIES' band): the pair is one call reading the residual from the current buffer and writing
-    the new residual to the other one (`h` / `h2` in turn); a norm that stays (the final one)
-    reads and updates the current buffer."""
+    (`_fold_of`: the pick's FOLDED form, else FOLD_ENTRIES' band): the pair is one call reading the
+    residual from the current buffer and writing the new residual to the other one (`h` / `h2` in
+    turn); a norm that stays (the final one) reads and updates the current buffer."""
     calls = programs["decode"]["calls"]
     out: list[Json] = []
     cur, other = "h", "h2"

@@ -499,6 +499,9 @@ def test_norm_tail_runs_the_norms_in_the_gemvs_before_them_with_a_ping_pong_resi
     assert gen.tail_launch("kern_gemv_bf16_p4", 8192, 512) == (-(-8192 // (32768 // 1024)), 128, 32768)
     assert gen.tail_launch("kern_gemv_bf16_p4", 16384, 512) == (16384 // 64, 128, 65536)  # h and x need 64 KiB
     # The two-level block counter: the top one, then one per 64 blocks of the widest tail grid, 32 i32 apart.
+    tail_text = (TOOLS / "kernels-src" / "gemv_tail.cu").read_text()
+    assert f"constexpr int TAIL_GROUP = {gen.TAIL_GROUP};" in tail_text
+    assert f"constexpr int TAIL_STRIDE = {gen.TAIL_STRIDE};" in tail_text
     assert gen.tail_counters(2560) == 1 + 32 * 40 and gen.tail_counters(64) == 33 and gen.tail_counters(65) == 65
     count = gen.tail_counters(2560)
     assert m["buffers"]["norm_count"] == {"dtype": "i32", "shape": [count], "kind": "carry"} and "h2" in m["buffers"]
