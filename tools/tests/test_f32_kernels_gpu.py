@@ -5,29 +5,14 @@ as relative errors (the embedding gather and the argmax are exact)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 cupy = pytest.importorskip("cupy")
 
+from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 
-def _load_harness() -> ModuleType:
-    path = Path(__file__).parent / "helpers" / "kernel_harness.py"
-    spec = importlib.util.spec_from_file_location("kern_tools_kernel_harness", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-h = _load_harness()
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 DEV = "cuda"
 EPS = 1e-6

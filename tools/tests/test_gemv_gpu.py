@@ -5,36 +5,18 @@ compares is checked too, so whichever one the docs pin is covered."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
+from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 
-def _load(name: str) -> ModuleType:
-    path = Path(__file__).parent / "helpers" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"kern_tools_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+import gen_qwen3 as gen  # noqa: E402
 
-
-h = _load("kernel_harness")
-_gen_spec = importlib.util.spec_from_file_location(
-    "kern_tools_gen_qwen3", h.REPO / "tools" / "gen_qwen3.py"
-)
-assert _gen_spec is not None and _gen_spec.loader is not None
-gen = importlib.util.module_from_spec(_gen_spec)
-sys.modules[_gen_spec.name] = gen
-_gen_spec.loader.exec_module(gen)
 BF16 = torch.bfloat16
 DEV = "cuda"
 

@@ -3,32 +3,20 @@ the shapes, the Hugging Face tensor names and the kernel sources' signatures."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+import gen_qwen3 as gen
 from kern_cli.checkpoint import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, qwen3_tensor_shapes
 
 TOOLS = Path(__file__).resolve().parents[1]
 
 
-def _load_gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_qwen3", TOOLS / "gen_qwen3.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_qwen3"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _load_gen()
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,

@@ -4,11 +4,7 @@ are exact up to the f32 reduction order of mean(x^2), which the test bounds expl
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -16,18 +12,8 @@ torch = pytest.importorskip("torch")
 cupy = pytest.importorskip("cupy")
 transformers = pytest.importorskip("transformers")
 
+from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 
-def _load_harness() -> ModuleType:
-    path = Path(__file__).parent / "helpers" / "kernel_harness.py"
-    spec = importlib.util.spec_from_file_location("kern_tools_kernel_harness", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-h = _load_harness()
 BF16 = torch.bfloat16
 DEV = "cuda"
 EPS = 1e-6

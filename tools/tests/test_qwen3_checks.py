@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import qwen3_checks as checks
 
 TOOLS = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("qwen3_checks", TOOLS / "gpu" / "qwen3_checks.py")
-assert _spec is not None and _spec.loader is not None
-checks = importlib.util.module_from_spec(_spec)
-sys.modules["qwen3_checks"] = checks
-_spec.loader.exec_module(checks)
 
 
 def test_bf16_ulp() -> None:

@@ -3,12 +3,10 @@ and transformers are installed) greedy tokens and first-step logits against tran
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,21 +14,11 @@ import pytest
 TOOLS = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    import gen_qwen3 as gen
     from kern_cli.checkpoint import QWEN3_TINY_CONFIG, random_checkpoint
     from kern_cli.kernels_cmd import build_kernels
-
-    gen = _load("gen_qwen3", TOOLS / "gen_qwen3.py")
     tmp = tmp_path_factory.mktemp("qwen3")
     hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
     entries = gen.entry_modules(TOOLS / "kernels-src")
@@ -84,10 +72,9 @@ def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import numpy as np
+    import qwen3_checks as checks
 
     from kern_cli.checkpoint import QWEN3_TINY_CONFIG
-
-    checks = _load("qwen3_checks", TOOLS / "gpu" / "qwen3_checks.py")
     rec = checks.Recorder(tiny["tmp"] / "out")
     ckpt = checks.write_checkpoint(rec, "tiny", dict(QWEN3_TINY_CONFIG))
     assert ckpt is not None, rec.checks[-1].detail
@@ -113,10 +100,9 @@ def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def tiny_f32(tiny: dict[str, Any]) -> dict[str, Any]:
     """The f32 manifest of the tiny model, its cubins in the tiny fixture's kernels dir."""
+    import gen_qwen3 as gen
     from kern_cli.checkpoint import QWEN3_TINY_CONFIG
     from kern_cli.kernels_cmd import build_kernels
-
-    gen = _load("gen_qwen3", TOOLS / "gen_qwen3.py")
     hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tiny["kernels"]).items()}
     entries = gen.entry_modules(TOOLS / "kernels-src")
     m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="qwen3-tiny-f32",
@@ -134,11 +120,10 @@ def test_f32_tiny_matches_transformers_float32(tiny_f32: dict[str, Any]) -> None
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import numpy as np
+    import qwen3_checks as checks
 
     from kern_cli.checkpoint import QWEN3_TINY_CONFIG
     from kern_cli.run import Session, weight_files
-
-    checks = _load("qwen3_checks", TOOLS / "gpu" / "qwen3_checks.py")
     rec = checks.Recorder(tiny_f32["tmp"] / "out")  # NOTE: reuses the checkpoint test_tiny_matches_transformers wrote
     ckpt = checks.write_checkpoint(rec, "tiny", dict(QWEN3_TINY_CONFIG))
     assert ckpt is not None, rec.checks[-1].detail

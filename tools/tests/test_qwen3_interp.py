@@ -4,31 +4,19 @@ order, offsets, KV layout, block table, chunked prefill, host and device step fe
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import qwen3_interp as interp
 
+import gen_qwen3 as gen
 from kern_cli.checkpoint import QWEN3_TINY_CONFIG, random_checkpoint
 
 TOOLS = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _load("gen_qwen3", TOOLS / "gen_qwen3.py")
-interp = _load("qwen3_interp", TOOLS / "tests" / "helpers" / "qwen3_interp.py")
 
 # NOTE: an untied variant with GQA group 2 and a 3rd layer exercises lm_head and layer offsets.
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
@@ -113,7 +101,7 @@ def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], re
     assert rt.calls.count(("run", "prefill")) == 3  # 199 tokens in chunks of 97
     assert (("run", "start") in rt.calls) == (feed == "device")
     # the GPU script's kern path on the same session: first-step logits and the near-tie rule
-    checks = _load("qwen3_checks", TOOLS / "gpu" / "qwen3_checks.py")
+    import qwen3_checks as checks
     got = checks.kern_generate(s, _prompt(37), chunk=512, eager=True, logits=True)
     want_tokens, want_first = interp.reference_greedy(CONFIG, s.rt.machine.tensors, _prompt(37), checks.STEPS)
     assert np.linalg.norm(got.logits - want_first) / np.linalg.norm(want_first) < 1e-4

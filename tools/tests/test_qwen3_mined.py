@@ -6,35 +6,23 @@ manifests that disagree."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import struct
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+import gen_qwen3 as gen
+import qwen3_mined as mined
 from kern_cli.checkpoint import QWEN3_TINY_CONFIG
 
 TOOLS = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mined = _load("qwen3_mined")
-gen = _load("gen_qwen3")
 
 SHAPE = gen.shape_from_config(QWEN3_TINY_CONFIG)
 ENTRIES = gen.entry_modules(TOOLS / "kernels-src")
