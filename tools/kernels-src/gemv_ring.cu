@@ -62,11 +62,12 @@ static __device__ __forceinline__ void gemv_ring_rows(const bf16* __restrict__ x
     const int c0 = (int)((int64_t)blockIdx.x * n / gridDim.x);
     const int c1 = (int)((int64_t)(blockIdx.x + 1) * n / gridDim.x);
     if (stages < 1 || c0 >= c1) {  // block-uniform
-        kern_pdl_wait();  // NOTE: the grid completes only after the launch before it, as every GEMV's
+        kern_pdl_wait();  // NOTE: so that the grid completes only after the launch before it
         return;
     }
     const int cols = c1 - c0;
-    // NOTE: 128-byte aligned stages after the norm area (norm_bytes is a multiple of 32: k % 8 == 0).
+    // NOTE: the stages start 16-byte aligned after the norm area, as the bulk copies need (norm_bytes
+    // is a multiple of 32: k % 8 == 0).
     const uint32_t ring = smem_addr(ring_smem) + norm_bytes;
     const uint64_t policy = l2_evict_first();
     if (threadIdx.x == 0) {
