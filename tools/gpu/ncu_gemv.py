@@ -1,0 +1,75 @@
+"""Launches the decode GEMV entries once each at the Qwen3-4B shapes, for Nsight Compute to read
+their hardware counters (memory workload, warp stall reasons, occupancy). Run under ncu on a GPU
+host whose runtime exposes the counters (the lent H200's Firecracker: `--clock-control none`):
+
+    ncu --clock-control none -k "regex:^kern_gemv_bf16_" --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section LaunchStats --csv --page details python3 tools/gpu/ncu_gemv.py > ncu.csv
+
+(tools/gpu/perf-pass's `ncu` stage). Each case is launched twice, the grid, block and dynamic
+shared memory of gen_qwen3.gemv_launch, on random bf16 x and W (never zeros); ncu flushes the caches
+before each of its replay passes, so W comes from DRAM as in a decode step. This script prints to
+stderr only: stdout is ncu's CSV.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CASES: tuple[tuple[str, str, int, int], ...] = (
+    ("qkv", "kern_gemv_bf16_b4", 6144, 2560),
+    ("qkv", "kern_gemv_bf16_p4", 6144, 2560),
+    ("o", "kern_gemv_bf16_s4", 2560, 4096),
+    ("gate_up", "kern_gemv_bf16_b4_silu", 9728, 2560),
+    ("gate_up", "kern_gemv_bf16_p4_silu", 9728, 2560),
+    ("down", "kern_gemv_bf16_b4", 2560, 9728),
+    ("down", "kern_gemv_bf16_p4", 2560, 9728),
+    ("lm_head", "kern_gemv_bf16_p4", 151936, 2560),
+)
+"""(GEMM, GEMV entry, n, k): the fast step's picks (band, one column per block, prefetched) and the
+`_p4` alternatives they are compared with (docs/perf.md: 3.1-3.5 TB/s against 4.2-4.5)."""
+
+
+def load_gen() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_qwen3", ROOT / "tools" / "gen_qwen3.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_qwen3"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    sys.path.insert(0, str(ROOT / "tools" / "tests" / "helpers"))
+    import kernel_harness as h
+    import torch
+
+    gen = load_gen()
+    out = Path(os.environ.get("KERN_TEST_KERNELS") or tempfile.mkdtemp(prefix="kern-ncu-"))
+    k = h.Kernels(out)
+    g = torch.Generator(device="cuda")
+    g.manual_seed(7)
+    for gemm, entry, n, kk in CASES:
+        rows = 2 * n if entry in gen.SILU_ENTRIES else n
+        grid, threads, smem = gen.gemv_launch(entry, n, kk)
+        x = torch.randn(1, kk, generator=g, device="cuda").to(torch.bfloat16)
+        w = (torch.randn(rows, kk, generator=g, device="cuda") * 0.05).to(torch.bfloat16)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2):
+            k.launch(entry, (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(n),
+                     h.i32(kk), h.i32(n), shared_mem=smem)
+        torch.cuda.synchronize()
+        print(f"{gemm}: {entry} {n}x{kk}, grid {grid} x {threads}, {smem} B shared, W {rows * kk * 2 / 1e6:.1f} MB",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

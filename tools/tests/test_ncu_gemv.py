@@ -1,0 +1,33 @@
+"""tools/gpu/ncu_gemv.py's cases (the decode GEMVs Nsight Compute profiles) on the CPU: each is a GEMV
+entry the generator can launch at that GEMM's shape, and tools/gpu/perf-pass runs the script under
+ncu with the clocks left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ncu_gemv
+
+import gen_qwen3 as gen
+
+SHAPES = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (9728, 2560), "down": (2560, 9728),
+          "lm_head": (151936, 2560)}
+
+
+def test_cases_are_launchable_gemv_entries_at_their_gemm_shapes() -> None:
+    assert {gemm for gemm, *_ in ncu_gemv.CASES} == set(gen.GEMV_GEMMS)
+    for gemm, entry, n, k in ncu_gemv.CASES:
+        assert (n, k) == SHAPES[gemm] and entry in gen.GEMV_ENTRIES
+        assert (entry in gen.SILU_ENTRIES) == (gemm == "gate_up")
+        grid, threads, smem = gen.gemv_launch(entry, n, k)
+        assert grid >= 1 and threads == 128 and smem <= gen.GEMV_P4_MAX_ROW
+    # The fast step's picks are among them (GEMV_PICK, with the fold's band for gate_up).
+    picks = {**gen.GEMV_PICK, "gate_up": gen.FOLD_ENTRIES["gate_up"][1]}
+    assert {(g, e) for g, e, *_ in ncu_gemv.CASES} >= set(picks.items())
+
+
+def test_perf_pass_runs_it_under_ncu_with_the_clocks_left_alone() -> None:
+    text = (Path(ncu_gemv.ROOT) / "tools" / "gpu" / "perf-pass").read_text()
+    lines = text[text.index("stage ncu"):].splitlines()
+    stage = " ".join(lines[: next(i for i, line in enumerate(lines) if not line.endswith("\\")) + 1])
+    assert "--clock-control none" in stage and "tools/gpu/ncu_gemv.py" in stage and "--csv" in stage
