@@ -31,6 +31,8 @@ __all__ = [
     "ARGMAX_PARTS",
     "DECODE_CLUSTER",
     "DECODE_SPLITS",
+    "DEFER_ENTRIES",
+    "DEFER_MAX_K",
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
     "F32_ENTRIES",
@@ -42,6 +44,7 @@ __all__ = [
     "FUSED_ENTRIES",
     "GEMV_BAND",
     "GEMV_DEFAULT",
+    "GEMV_DEFER_BLOCKS",
     "GEMV_ENTRIES",
     "GEMV_GEMMS",
     "GEMV_P4_MAX_ROW",
@@ -72,6 +75,7 @@ __all__ = [
     "build_and_hash",
     "decode_gemm_shapes",
     "decode_weight_bytes",
+    "defer_launch",
     "entry_modules",
     "gemv_launch",
     "generate",
@@ -224,6 +228,14 @@ FOLDED: dict[str, str] = {
 """GEMV entry -> its form with the add + RMSNorm in its prologue (gemv_norm.cu, gemv_ring.cu, gemv_pnorm.cu), which
 takes that entry's launch: with `fold_norm`, a qkv or gate_up pick listed here folds into its own
 layout (`--gemv-pick qkv=kern_gemv_bf16_r4` runs `_r4_n`), any other into FOLD_ENTRIES' band."""
+DEFER_ENTRIES: dict[str, str] = {"qkv": "kern_gemv_bf16_b4_d", "gate_up": "kern_gemv_bf16_b4_silu_d"}
+"""`fold_norm=True, defer_norm=True` (gemv_defer.cu): decode GEMM -> the band GEMV that applies the
+add + RMSNorm before it as r * (W (h * w_norm)), r in its epilogue, so nothing stands between its
+PDL wait and its first FMA but one load of h; one wave of GEMV_DEFER_BLOCKS blocks per SM."""
+GEMV_DEFER_BLOCKS = 4
+"""Blocks per SM of a deferred-norm band launch (`__launch_bounds__(128, 4)`: 106 / 122 registers)."""
+DEFER_MAX_K = 4096
+"""gemv_defer.cu's k limit (DEFER_MAXP 16-byte pieces per thread of 128)."""
 TAIL_OF: dict[str, str] = {"kern_gemv_bf16_s4": "kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_an"}
 """`norm_tail=True` (gemv_tail.cu): GEMV entry -> its form with the add + RMSNorm after it run by its
 last block, on the entry's launch (its dynamic shared memory at least h and x: 4n bytes)."""
@@ -898,6 +910,7 @@ def generate(
     wide_attention: bool = False,
     late_trigger: bool = False,
     norm_tail: bool = False,
+    defer_norm: bool = False,
     precision: str = "bf16",
 ) -> Json:
     """Build the manifest (a JSON object) for one Qwen3 shape.
@@ -941,6 +954,9 @@ def generate(
             (`TAIL_OF`: o and down must be on `_s4` or `_p4`; not with `fold_norm`), which writes
             x for the GEMV after it: the GEMVs after the norms (qkv, gate_up, lm_head) read a
             finished x and need no prologue; the residual alternates between `h` and `h2`.
+        defer_norm: (with `fold_norm`) qkv and gate_up fold the norm as r * (W (h * w_norm)), the
+            scale r in their epilogue (`DEFER_ENTRIES`, gemv_defer.cu): not the bits of the norm
+            launch + GEMV (one bf16 rounding of x fewer); hidden size at most DEFER_MAX_K.
         precision: "bf16" (transformers' bf16 rounding points) or "f32": the reference-precision
             manifest (qwen3_f32.cu; activations, residual, logits and KV in float32, bf16 weights),
             which takes none of the options above but `chunk` and `feed`.
@@ -951,7 +967,8 @@ def generate(
     """
     _check_options(shape, feed=feed, gemv=gemv, fuse=fuse, pdl=pdl, carveout=carveout, fuse_qkn=fuse_qkn,
                    pdl_off=pdl_off, fold_norm=fold_norm, precision=precision, gemv_pick=gemv_pick,
-                   wide_attention=wide_attention, late_trigger=late_trigger, norm_tail=norm_tail)
+                   wide_attention=wide_attention, late_trigger=late_trigger, norm_tail=norm_tail,
+                   defer_norm=defer_norm)
     if precision == "f32":
         return _generate_f32(shape, modules, entries, model=model, chunk=chunk, feed=feed)
     picks = _picks(gemv, gemv_pick or {})
@@ -964,7 +981,7 @@ def generate(
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if fuse else ())
               + (QKN_ENTRIES if fuse_qkn else ()) + (WIDE_ENTRIES if wide_attention else ())
               + ((LATE_ENTRIES[WIDE_ENTRIES[0] if wide_attention else "kern_attn_decode"],) if late_trigger else ())
-              + (tuple(_fold_of(g, picks)[0] for g in FOLD_ENTRIES) if fold_norm else ())
+              + (tuple(_fold_of(g, picks, defer_norm)[0] for g in FOLD_ENTRIES) if fold_norm else ())
               + ((*(TAIL_OF[picks[g]] for g in ("o", "down")), "kern_zero_i32") if norm_tail else ()))
     missing = [e for e in needed if e not in entries]
     if missing:
@@ -987,7 +1004,7 @@ def generate(
         n, k = (int(v) for v in shape_nk.split("x"))
         ops[op] = _gemv_op(entries, gemv_ops[prefix], n, k)
     if fold_norm:
-        _fold_norms(shape, entries, picks, ops, programs)
+        _fold_norms(shape, entries, picks, ops, programs, defer_norm)
     buffers = _buffers(shape, feed, fuse, fold_norm or norm_tail)
     if norm_tail:
         _tail_norms(shape, entries, picks, ops, programs, buffers)
@@ -1020,7 +1037,8 @@ def generate(
 def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: bool, pdl: bool,
                    carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
                    precision: str = "bf16", gemv_pick: Mapping[str, str] | None = None,
-                   wide_attention: bool = False, late_trigger: bool = False, norm_tail: bool = False) -> None:
+                   wide_attention: bool = False, late_trigger: bool = False, norm_tail: bool = False,
+                   defer_norm: bool = False) -> None:
     """GenError for a combination of `generate` options that cannot be built."""
     if feed not in FEEDS:
         raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {feed!r}")
@@ -1028,7 +1046,8 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
         raise GenError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     bf16_only = _f32_conflicts(gemv=gemv, fuse=fuse, pdl=pdl, gemv_pick=gemv_pick, carveout=carveout,
                                fuse_qkn=fuse_qkn, pdl_off=pdl_off, fold_norm=fold_norm,
-                               wide_attention=wide_attention, late_trigger=late_trigger, norm_tail=norm_tail)
+                               wide_attention=wide_attention, late_trigger=late_trigger, norm_tail=norm_tail,
+                               defer_norm=defer_norm)
     if precision == "f32" and bf16_only:
         raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
                        f"drop {', '.join(bf16_only)} (or use --precision bf16)")
@@ -1040,16 +1059,11 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
                        "cannot sit in a PDL chain")
     if sorted(set(pdl_off) - set(GEMV_GEMMS)) or (pdl_off and not pdl):
         raise GenError(f"pdl_off {list(pdl_off)}: name decode GEMMs ({', '.join(GEMV_GEMMS)}), together with pdl")
-    if fold_norm and not {"qkv", "gate_up"} <= set(gemv):
-        raise GenError("fold_norm runs the norms inside the qkv and gate_up GEMVs: it needs both as our GEMV (--gemv)")
+    _check_norm_options(shape, gemv=gemv, fold_norm=fold_norm, norm_tail=norm_tail, defer_norm=defer_norm)
     if fuse_qkn and not fuse:
         raise GenError("fuse_qkn folds q/k norm into the fused decode attention: it needs fuse too (--fuse)")
     if wide_attention and (not fuse or fuse_qkn):
         raise GenError("wide_attention replaces the fused decode attention: it needs --fuse, without --fuse-qkn")
-    if norm_tail and fold_norm:
-        raise GenError("norm_tail and fold_norm both move the decode norms (into the GEMV before / after them): pick one")
-    if norm_tail and not {"o", "down"} <= set(gemv):
-        raise GenError("norm_tail runs the norms in the o and down GEMVs: it needs both as our GEMV (--gemv)")
     if late_trigger and (not fuse or fuse_qkn or not pdl):
         raise GenError("late_trigger moves the fused decode attention's PDL trigger: it needs --fuse and --pdl, "
                        "without --fuse-qkn")
@@ -1058,6 +1072,22 @@ def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: b
                        f"(attention_qkn.cu); this model has {shape.heads // shape.kv_heads}: drop --fuse-qkn")
     if carveout is not None and not 0 <= carveout <= 100:
         raise GenError(f"carveout {carveout}: give a percentage 0..100 (or none for the driver's choice)")
+
+
+def _check_norm_options(shape: Qwen3Shape, *, gemv: Sequence[str], fold_norm: bool, norm_tail: bool,
+                        defer_norm: bool) -> None:
+    """GenError for a combination of the options that move the decode norms that cannot be built."""
+    if fold_norm and not {"qkv", "gate_up"} <= set(gemv):
+        raise GenError("fold_norm runs the norms inside the qkv and gate_up GEMVs: it needs both as our GEMV (--gemv)")
+    if defer_norm and not fold_norm:
+        raise GenError("defer_norm is a way to fold the norms into qkv and gate_up: it needs --fold-norm too")
+    if defer_norm and shape.hidden > DEFER_MAX_K:
+        raise GenError(f"defer_norm keeps a row of {shape.hidden} in registers; gemv_defer.cu holds at most "
+                       f"{DEFER_MAX_K}: drop --defer-norm")
+    if norm_tail and fold_norm:
+        raise GenError("norm_tail and fold_norm both move the decode norms (into the GEMV before / after them): pick one")
+    if norm_tail and not {"o", "down"} <= set(gemv):
+        raise GenError("norm_tail runs the norms in the o and down GEMVs: it needs both as our GEMV (--gemv)")
 
 
 def _picks(gemv: Sequence[str], override: Mapping[str, str]) -> dict[str, str]:
@@ -1090,13 +1120,24 @@ def _apply_pdl(ops: Json, programs: Json) -> None:
         call["op"] = renamed[call["op"]]
 
 
-def _fold_of(gemm: str, picks: Picks) -> tuple[str, str]:
-    """(the folded entry, the entry whose launch it takes) of the qkv or gate_up GEMM."""
+def _fold_of(gemm: str, picks: Picks, defer: bool = False) -> tuple[str, str]:
+    """(the folded entry, the entry whose launch it takes, "" for the deferred-norm band's) of the
+    qkv or gate_up GEMM."""
+    if defer:
+        return DEFER_ENTRIES[gemm], ""
     pick = picks[gemm]
     return (FOLDED[pick], pick) if pick in FOLDED else FOLD_ENTRIES[gemm]
 
 
-def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json, programs: Json) -> None:
+def defer_launch(n: int) -> tuple[int, int, int]:
+    """(grid x, threads, dynamic shared bytes) of a deferred-norm band launch for n columns: one
+    wave of GEMV_DEFER_BLOCKS blocks per SM whose bands differ by at most one column."""
+    per_block = -(-n // (GEMV_SMS * GEMV_DEFER_BLOCKS))
+    return -(-n // per_block), 128, 0
+
+
+def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json, programs: Json,
+                defer: bool = False) -> None:
     """Each decode add + RMSNorm that a qkv or gate_up GEMV follows becomes that GEMV's prologue
     (`_fold_of`: the pick's FOLDED form, else FOLD_ENTRIES' band): the pair is one call reading the
     residual from the current buffer and writing the new residual to the other one (`h` / `h2` in
@@ -1118,13 +1159,13 @@ def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json,
             i += 1
             continue
         gemv = calls[i + 1]
-        entry, layout = _fold_of(gemm, picks)
+        entry, layout = _fold_of(gemm, picks, defer)
         n, k = (s.qkv_rows, s.hidden) if gemm == "qkv" else (s.inter, s.hidden)
         op = f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
         if op not in ops:
-            grid, threads, smem = gemv_launch(layout, n, k, folded=True)
+            grid, threads, smem = defer_launch(n) if defer else gemv_launch(layout, n, k, folded=True)
             io = [BF16_IN, BF16_IN, BF16_IN, BF16_OUT, BF16_IN, BF16_OUT]
-            launch = _kernel(mods, entry, [grid, 1, 1], threads, shared_mem=smem,
+            launch = _kernel(mods, entry, [grid, 1, 1], threads, **({"shared_mem": smem} if smem else {}),
                              params=[*io, "i32", "i32", "i32", "i32", "f32"],
                              args=[*({"param": j} for j in range(6)), _i32(1), _i32(n), _i32(k), _i32(n), _f32(s.eps)])
             ops[op] = {"params": io, "impl": {"launches": [launch]}}
@@ -1416,12 +1457,13 @@ def _generate_f32(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mappin
 
 def _f32_conflicts(*, gemv: Sequence[str], fuse: bool, pdl: bool, gemv_pick: Mapping[str, str] | None,
                    carveout: int | None, fuse_qkn: bool, pdl_off: Sequence[str], fold_norm: bool,
-                   wide_attention: bool, late_trigger: bool = False, norm_tail: bool = False) -> list[str]:
+                   wide_attention: bool, late_trigger: bool = False, norm_tail: bool = False,
+                   defer_norm: bool = False) -> list[str]:
     """The bf16-only options (as their command-line flags) that are set."""
     flags = {"--gemv": bool(gemv), "--fuse": fuse, "--pdl": pdl, "--gemv-pick": bool(gemv_pick),
              "--carveout": carveout is not None, "--fuse-qkn": fuse_qkn, "--pdl-off": bool(pdl_off),
              "--fold-norm": fold_norm, "--wide-attention": wide_attention, "--late-trigger": late_trigger,
-             "--norm-tail": norm_tail}
+             "--norm-tail": norm_tail, "--defer-norm": defer_norm}
     return [flag for flag, on in flags.items() if on]
 
 
@@ -1498,6 +1540,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--wide-attention", action="store_true",
                    help="with --fuse: decode attention combines per cluster of 8 splits first (attention_wide.cu), "
                         f"at {DECODE_SPLITS_WIDE} splits")
+    p.add_argument("--defer-norm", action="store_true",
+                   help="with --fold-norm: qkv and gate_up apply the norm's scale in their epilogue (gemv_defer.cu)")
     p.add_argument("--norm-tail", action="store_true",
                    help="the add + RMSNorm after o and down in those GEMVs' last block (gemv_tail.cu); "
                         "not with --fold-norm")
@@ -1611,7 +1655,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         manifest = generate(shape, modules, entries, model=args.model or args.out.stem,
                             chunk=args.chunk, feed=feed, gemv=gemv, fuse=args.fuse, pdl=args.pdl, fuse_qkn=args.fuse_qkn,
                             wide_attention=args.wide_attention, late_trigger=args.late_trigger,
-                            norm_tail=args.norm_tail,
+                            norm_tail=args.norm_tail, defer_norm=args.defer_norm,
                             pdl_off=[g for g in args.pdl_off.split(",") if g], fold_norm=args.fold_norm,
                             gemv_pick=json.loads(args.gemv_pick.read_text()) if args.gemv_pick else None,
                             carveout=args.carveout, precision=args.precision)

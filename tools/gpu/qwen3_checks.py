@@ -249,6 +249,7 @@ FAST_TRIALS: dict[str, dict[str, Any]] = {
     "ringo": {"gemv_pick": {**RING_PICK, "o": "kern_gemv_bf16_r4"}},
     "latep4o": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_p4"}},
     "p4gun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}},
+    "defer": {"defer_norm": True},
     "p4qgun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu", "qkv": "kern_gemv_bf16_p4"}},
     "latero": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_r4"}},
 }
@@ -260,7 +261,8 @@ per SM, GEMV_RING_SMEM bytes of stages each), gate_up alone, one block of 128 Ki
 KiB per SM, and o on the unfolded ring too; the late-trigger attention (`late_trigger`) with o's
 weights bulk-copied before its wait (`_p4`, which slowed the attention when it started at the
 attention's start: third pass) or streamed through the ring; gate_up (and qkv) on `_p4` with the
-norm in every block's prologue while its rows land (gemv_pnorm.cu, folded `_p4_silu_n` / `_p4_n`)."""
+norm in every block's prologue while its rows land (gemv_pnorm.cu, folded `_p4_silu_n` / `_p4_n`);
+qkv and gate_up with the norm's scale in their epilogue (`defer_norm`, gemv_defer.cu)."""
 TAIL_VARIANTS: dict[str, dict[str, str]] = {
     "tail": {"gate_up": "kern_gemv_bf16_p4_silu"},
     "tailb4gu": {"gate_up": "kern_gemv_bf16_b4_silu"},

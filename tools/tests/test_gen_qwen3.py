@@ -20,7 +20,7 @@ TOOLS = Path(__file__).resolve().parents[1]
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(),
+                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(),
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
@@ -507,6 +507,36 @@ def test_norm_tail_runs_the_norms_in_the_gemvs_before_them_with_a_ping_pong_resi
                   gemv_pick={"o": "kern_gemv_bf16_b4"})
 
 
+def test_defer_norm_folds_into_the_deferred_bands() -> None:
+    """fold_norm + defer_norm: qkv and gate_up run gemv_defer.cu's entries on one wave of
+    GEMV_DEFER_BLOCKS blocks per SM (no dynamic shared memory), with the fold's arguments; it needs
+    fold_norm and a hidden size the registers hold."""
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
+                  defer_norm=True)
+    _verify(m)
+    base = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True)
+    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
+    was = {c["label"]: c for c in base["programs"]["decode"]["calls"]}
+    assert decode.keys() == was.keys()
+    for label, op, entry, n in (("l3.qkv", "gemv_b4_d_6144x2560", "kern_gemv_bf16_b4_d", 6144),
+                                ("l3.gate_up", "gemv_b4_silu_d_9728x2560", "kern_gemv_bf16_b4_silu_d", 9728)):
+        assert decode[label]["op"] == op and decode[label]["args"] == was[label]["args"]
+        (launch,) = m["ops"][op]["impl"]["launches"]
+        per_block = -(-n // (gen.GEMV_SMS * gen.GEMV_DEFER_BLOCKS))
+        assert gen.defer_launch(n) == (-(-n // per_block), 128, 0)
+        assert (launch["entry"], launch["grid"], launch["block"]) == (entry, [gen.defer_launch(n)[0], 1, 1], [128, 1, 1])
+        assert "shared_mem" not in launch and launch["pdl"] is True
+        assert launch["args"][6:] == [{"i32": 1}, {"i32": n}, {"i32": 2560}, {"i32": n}, {"f32": 1e-6}]
+    text = (TOOLS / "kernels-src" / "gemv_defer.cu").read_text()
+    assert f"constexpr int DEFER_MAXP = {gen.DEFER_MAX_K // 1024};" in text
+    assert text.count(f"__launch_bounds__(128, {gen.GEMV_DEFER_BLOCKS})") == 2
+    with pytest.raises(gen.GenError, match="needs --fold-norm too"):
+        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), defer_norm=True)
+    with pytest.raises(gen.GenError, match="holds at most 4096"):
+        _manifest({**QWEN3_4B_CONFIG, "hidden_size": 5120}, feed="device", gemv=list(gen.GEMV_GEMMS), fold_norm=True,
+                  defer_norm=True)
+
+
 def test_late_trigger_launches_the_late_attention_entries() -> None:
     """late_trigger swaps the fused decode attention for its `_late` entry (the wide one's with
     wide_attention), same grid and arguments; it needs fuse and pdl, and not fuse_qkn."""
@@ -924,7 +954,8 @@ def test_f32_manifest_abi_matches_kernel_sources() -> None:
      ({"gemv": list(gen.GEMV_GEMMS), "pdl": True, "pdl_off": ["o"]}, "--pdl-off"),
      ({"fuse": True, "wide_attention": True}, "--fuse, --wide-attention"),
      ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "late_trigger": True}, "--pdl, --late-trigger"),
-     ({"gemv": list(gen.GEMV_GEMMS), "norm_tail": True}, "--gemv, --norm-tail")],
+     ({"gemv": list(gen.GEMV_GEMMS), "norm_tail": True}, "--gemv, --norm-tail"),
+     ({"gemv": list(gen.GEMV_GEMMS), "fold_norm": True, "defer_norm": True}, "--fold-norm, --defer-norm")],
 )
 def test_f32_refuses_the_bf16_speed_options(option: dict[str, Any], flag: str) -> None:
     with pytest.raises(gen.GenError, match=f"precision f32 .* drop .*{flag}") as info:

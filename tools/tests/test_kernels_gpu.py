@@ -883,6 +883,44 @@ def test_prefetched_norm_gemv_is_add_rmsnorm_then_the_gemv(
     got, res_out = _run_folded(k, entry, case, n, kk, 7, norm + column - 16)
     assert got.isnan().all() and res_out.isnan().all(), "no room for a column: nothing written"
 
+
+def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (2, 77, 4096), (1, 300, 256),
+                                               (2, 5, 2568), (1, 33, 40)])
+def test_deferred_norm_gemv_is_the_norm_then_the_gemv_to_bf16_rounding(
+    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
+) -> None:
+    """gemv_defer.cu (`_b4_d`, `_b4_silu_d`): r * (W (h * w_norm)) with r in the epilogue. The new
+    residual in res_out is kern_add_rmsnorm's, bit for bit (res_in untouched); the output is the same
+    bits on every grid (the generator's wave, 1, 7, a block per column, more blocks than columns)
+    and at least as close to a float64 reference of the norm and the GEMV as kern_add_rmsnorm + the
+    band GEMV is (relative L2, with 25 % slack); rows outside 1..2 or k above 4096 write nothing."""
+    entry, band = ("kern_gemv_bf16_b4_silu_d", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_b4_d",
+                                                                                        "kern_gemv_bf16_b4")
+    case = _norm_gemv_case(k, gen, band, rows, n, kk)
+    _res, _y_add, w_norm, w, res_a, want = case
+    h64 = res_a.double()
+    x64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + EPS) * w_norm.double()
+    g64 = x64 @ w.double().T
+    ref = torch.nn.functional.silu(g64[:, :n]) * g64[:, n:] if silu else g64
+    per_block = -(-n // (132 * 4))
+    outs = []
+    for grid in (-(-n // per_block), 1, 7, n, n + 5):
+        got, res_out = _run_folded(k, entry, case, n, kk, grid, 0)
+        assert torch.equal(bits(res_out), bits(res_a)), f"grid {grid}: the new residual"
+        assert not got.isnan().any(), f"grid {grid}: every column written"
+        outs.append(got)
+    assert all(torch.equal(bits(o), bits(outs[0])) for o in outs[1:]), "the same bits on every grid"
+    assert _rel_l2(outs[0], ref) <= 1.25 * _rel_l2(want, ref) + 1e-4, (_rel_l2(outs[0], ref), _rel_l2(want, ref))
+    for bad_rows, bad_k in ((1, 4104), (3, 256)):  # k beyond the registers' 4096; 3 rows
+        bad = _norm_gemv_case(k, gen, band, bad_rows, 8, bad_k)
+        got, res_out = _run_folded(k, entry, bad, 8, bad_k, 3, 0)
+        assert got.isnan().all() and res_out.isnan().all(), f"rows {bad_rows}, k {bad_k}: nothing written"
+
 RING_GRIDS = ((264, 12), (1, 1), (1, 3), (7, 2), (7, 32), (-1, 1), (-5, 4))
 """(grid, stages) of the ring GEMV tests: the generator's wave, one block whose ring wraps every
 column or every 3, 7 blocks, all 32 mbarriers, a block per column (-1: n), more blocks than columns

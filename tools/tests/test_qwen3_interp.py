@@ -22,7 +22,7 @@ TOOLS = Path(__file__).resolve().parents[1]
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(),
+                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(),
                              *gen.F32_ENTRIES)}
 STEPS = 12
 
@@ -244,7 +244,8 @@ RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu", "o
     (False, False, False, {}), (True, False, False, {}), (True, True, False, {}), (False, True, True, {}),
     (False, True, False, {"gemv_pick": RING_PICK}), (False, True, True, {"late_trigger": True}),
     (False, False, False, {"norm_tail": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}}),
-    (False, True, False, {"gemv_pick": {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu"}})])
+    (False, True, False, {"gemv_pick": {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu"}}),
+    (False, True, False, {"defer_norm": True})])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
@@ -271,7 +272,7 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
     pick = extra.get("gemv_pick")
     folded = {"kern_gemv_bf16_r4_silu": "gemv_r4_silu_n", "kern_gemv_bf16_p4_silu": "gemv_p4_silu_n"}.get(
-        (pick or {}).get("gate_up", ""), "gemv_b4_silu_n")
+        (pick or {}).get("gate_up", ""), "gemv_b4_silu_d" if extra.get("defer_norm") else "gemv_b4_silu_n")
     assert any(op.startswith(folded) for op in decode) == fold
     assert any(op.startswith("gemv_r4_n") for op in decode) == (pick == RING_PICK)
     assert any("_an_" in op for op in decode) == extra.get("norm_tail", False)
