@@ -33,6 +33,7 @@ __all__ = [
     "DECODE_SPLITS",
     "DEFER_ENTRIES",
     "DEFER_MAX_K",
+    "DEFER_P4",
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
     "F32_ENTRIES",
@@ -232,6 +233,9 @@ DEFER_ENTRIES: dict[str, str] = {"qkv": "kern_gemv_bf16_b4_d", "gate_up": "kern_
 """`fold_norm=True, defer_norm=True` (gemv_defer.cu): decode GEMM -> the band GEMV that applies the
 add + RMSNorm before it as r * (W (h * w_norm)), r in its epilogue, so nothing stands between its
 PDL wait and its first FMA but one load of h; one wave of GEMV_DEFER_BLOCKS blocks per SM."""
+DEFER_P4: dict[str, str] = {"kern_gemv_bf16_p4": "kern_gemv_bf16_p4_d", "kern_gemv_bf16_p4_silu": "kern_gemv_bf16_p4_silu_d"}
+"""With `defer_norm`, a qkv / gate_up pick on a prefetched entry folds into its deferred form
+(gemv_defer.cu), on that entry's launch (its rows' shared memory only)."""
 GEMV_DEFER_BLOCKS = 4
 """Blocks per SM of a deferred-norm band launch (`__launch_bounds__(128, 4)`: 106 / 122 registers)."""
 DEFER_MAX_K = 4096
@@ -955,8 +959,9 @@ def generate(
             x for the GEMV after it: the GEMVs after the norms (qkv, gate_up, lm_head) read a
             finished x and need no prologue; the residual alternates between `h` and `h2`.
         defer_norm: (with `fold_norm`) qkv and gate_up fold the norm as r * (W (h * w_norm)), the
-            scale r in their epilogue (`DEFER_ENTRIES`, gemv_defer.cu): not the bits of the norm
-            launch + GEMV (one bf16 rounding of x fewer); hidden size at most DEFER_MAX_K.
+            scale r in their epilogue (`DEFER_ENTRIES`, or `DEFER_P4` for a `_p4` pick;
+            gemv_defer.cu): not the bits of the norm launch + GEMV (one bf16 rounding of x fewer);
+            hidden size at most DEFER_MAX_K.
         precision: "bf16" (transformers' bf16 rounding points) or "f32": the reference-precision
             manifest (qwen3_f32.cu; activations, residual, logits and KV in float32, bf16 weights),
             which takes none of the options above but `chunk` and `feed`.
@@ -1123,9 +1128,9 @@ def _apply_pdl(ops: Json, programs: Json) -> None:
 def _fold_of(gemm: str, picks: Picks, defer: bool = False) -> tuple[str, str]:
     """(the folded entry, the entry whose launch it takes, "" for the deferred-norm band's) of the
     qkv or gate_up GEMM."""
-    if defer:
-        return DEFER_ENTRIES[gemm], ""
     pick = picks[gemm]
+    if defer:
+        return (DEFER_P4[pick], pick) if pick in DEFER_P4 else (DEFER_ENTRIES[gemm], "")
     return (FOLDED[pick], pick) if pick in FOLDED else FOLD_ENTRIES[gemm]
 
 
@@ -1163,7 +1168,10 @@ def _fold_norms(s: Qwen3Shape, mods: Mapping[str, str], picks: Picks, ops: Json,
         n, k = (s.qkv_rows, s.hidden) if gemm == "qkv" else (s.inter, s.hidden)
         op = f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}"
         if op not in ops:
-            grid, threads, smem = defer_launch(n) if defer else gemv_launch(layout, n, k, folded=True)
+            if defer and not layout:
+                grid, threads, smem = defer_launch(n)
+            else:
+                grid, threads, smem = gemv_launch(layout, n, k, folded=not defer)
             io = [BF16_IN, BF16_IN, BF16_IN, BF16_OUT, BF16_IN, BF16_OUT]
             launch = _kernel(mods, entry, [grid, 1, 1], threads, **({"shared_mem": smem} if smem else {}),
                              params=[*io, "i32", "i32", "i32", "i32", "f32"],

@@ -20,7 +20,7 @@ TOOLS = Path(__file__).resolve().parents[1]
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(),
+                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
@@ -527,6 +527,13 @@ def test_defer_norm_folds_into_the_deferred_bands() -> None:
         assert (launch["entry"], launch["grid"], launch["block"]) == (entry, [gen.defer_launch(n)[0], 1, 1], [128, 1, 1])
         assert "shared_mem" not in launch and launch["pdl"] is True
         assert launch["args"][6:] == [{"i32": 1}, {"i32": n}, {"i32": 2560}, {"i32": n}, {"f32": 1e-6}]
+    # A prefetched gate_up pick folds into its deferred form, on `_p4_silu`'s own launch.
+    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
+                  defer_norm=True, gemv_pick={"gate_up": "kern_gemv_bf16_p4_silu"})
+    _verify(m)
+    (launch,) = m["ops"]["gemv_p4_silu_d_9728x2560"]["impl"]["launches"]
+    grid, _threads, smem = gen.gemv_launch("kern_gemv_bf16_p4_silu", 9728, 2560)
+    assert (launch["entry"], launch["grid"], launch["shared_mem"]) == ("kern_gemv_bf16_p4_silu_d", [grid, 1, 1], smem)
     text = (TOOLS / "kernels-src" / "gemv_defer.cu").read_text()
     assert f"constexpr int DEFER_MAXP = {gen.DEFER_MAX_K // 1024};" in text
     assert text.count(f"__launch_bounds__(128, {gen.GEMV_DEFER_BLOCKS})") == 2

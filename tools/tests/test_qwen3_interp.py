@@ -22,7 +22,7 @@ TOOLS = Path(__file__).resolve().parents[1]
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(),
+                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
                              *gen.F32_ENTRIES)}
 STEPS = 12
 
@@ -245,7 +245,8 @@ RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu", "o
     (False, True, False, {"gemv_pick": RING_PICK}), (False, True, True, {"late_trigger": True}),
     (False, False, False, {"norm_tail": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}}),
     (False, True, False, {"gemv_pick": {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu"}}),
-    (False, True, False, {"defer_norm": True})])
+    (False, True, False, {"defer_norm": True}),
+    (False, True, False, {"defer_norm": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}})])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
@@ -271,8 +272,9 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
     assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
     pick = extra.get("gemv_pick")
-    folded = {"kern_gemv_bf16_r4_silu": "gemv_r4_silu_n", "kern_gemv_bf16_p4_silu": "gemv_p4_silu_n"}.get(
-        (pick or {}).get("gate_up", ""), "gemv_b4_silu_d" if extra.get("defer_norm") else "gemv_b4_silu_n")
+    form = "_d" if extra.get("defer_norm") else "_n"  # the deferred or the prologue fold
+    folded = {"kern_gemv_bf16_r4_silu": "gemv_r4_silu", "kern_gemv_bf16_p4_silu": "gemv_p4_silu"}.get(
+        (pick or {}).get("gate_up", ""), "gemv_b4_silu") + form
     assert any(op.startswith(folded) for op in decode) == fold
     assert any(op.startswith("gemv_r4_n") for op in decode) == (pick == RING_PICK)
     assert any("_an_" in op for op in decode) == extra.get("norm_tail", False)

@@ -312,7 +312,8 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_r4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_s4_an": k_gemv_tail,
     "kern_gemv_bf16_p4_an": k_gemv_tail, "kern_gemv_bf16_p4_n": k_gemv_norm,
     "kern_gemv_bf16_p4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_b4_d": k_gemv_norm,
-    "kern_gemv_bf16_b4_silu_d": k_gemv_silu_norm, **F32_KERNELS,
+    "kern_gemv_bf16_b4_silu_d": k_gemv_silu_norm, "kern_gemv_bf16_p4_d": k_gemv_norm,
+    "kern_gemv_bf16_p4_silu_d": k_gemv_silu_norm, **F32_KERNELS,
 }  # fmt: skip
 
 
