@@ -1,4 +1,5 @@
-// Band GEMVs with the add + RMSNorm before them deferred to their epilogue (`_d`): RMSNorm's scale r
+// GEMVs with the add + RMSNorm before them deferred to their epilogue (`_d`; band and prefetched
+// forms, the latter below `gemv_p4_defer_rows`): RMSNorm's scale r
 // is one number per row, so W (h * r * w_norm) = r * (W (h * w_norm)). Where gemv_norm.cu's
 // prologue must finish the norm (sum of squares, block reduction, x into shared memory) before a
 // block's first FMA, here a block, after its PDL wait, loads its threads' pieces of h =
