@@ -14,12 +14,10 @@ stderr only: stdout is ncu's CSV.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,21 +35,13 @@ CASES: tuple[tuple[str, str, int, int], ...] = (
 `_p4` alternatives they are compared with (docs/perf.md: 3.1-3.5 TB/s against 4.2-4.5)."""
 
 
-def load_gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_qwen3", ROOT / "tools" / "gen_qwen3.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_qwen3"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def main() -> int:
-    sys.path.insert(0, str(ROOT / "tools" / "tests" / "helpers"))
+    sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tools" / "tests" / "helpers")]
     import kernel_harness as h
     import torch
 
-    gen = load_gen()
+    import gen_qwen3 as gen
+
     out = Path(os.environ.get("KERN_TEST_KERNELS") or tempfile.mkdtemp(prefix="kern-ncu-"))
     k = h.Kernels(out)
     g = torch.Generator(device="cuda")

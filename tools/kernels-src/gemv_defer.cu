@@ -250,6 +250,20 @@ static __device__ __forceinline__ void gemv_p4_defer_rows(const bf16* __restrict
     }
 }
 
+// Calls f(std::integral_constant<int, R>{}) for R = rows in 1..2 (a thread keeps its pieces of every
+// row in registers); other row counts write nothing, after the PDL wait.
+template <typename F>
+static __device__ __forceinline__ void defer_with_rows(int rows, F&& f) {
+    if (rows == 1) {
+        f(std::integral_constant<int, 1>{});
+    } else if (rows == 2) {
+        f(std::integral_constant<int, 2>{});
+    } else {
+        kern_pdl_launch_dependents();
+        kern_pdl_wait();  // NOTE: so that the grid completes only after the launch before it
+    }
+}
+
 // kern_add_rmsnorm(res_in + y_add -> res_out, w_norm) then the GEMV of its output (kern_gemv_bf16_b4's
 // layout), with the norm's scale applied to each column sum (above). Grid [any, 1, 1], block
 // [128, 1, 1].
@@ -257,13 +271,9 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     kern_gemv_bf16_b4_d(const bf16* __restrict__ res_in, const bf16* __restrict__ y_add,
         const bf16* __restrict__ w_norm, bf16* __restrict__ res_out, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride, float eps) {
-    if (rows < 1 || rows > 2) {
-        kern_pdl_launch_dependents();
-        kern_pdl_wait();  // NOTE: so that the grid completes only after the launch before it
-        return;
-    }
-    if (rows == 1) gemv_defer_rows<GEMV_STORE, 1>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
-    if (rows == 2) gemv_defer_rows<GEMV_STORE, 2>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    defer_with_rows(rows, [&](auto r) {
+        gemv_defer_rows<GEMV_STORE, decltype(r)::value>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    });
 }
 
 // The same before kern_gemv_bf16_b4_silu's epilogue (W [2n, k]: gate rows, then up rows; the gate
@@ -272,13 +282,9 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     kern_gemv_bf16_b4_silu_d(const bf16* __restrict__ res_in, const bf16* __restrict__ y_add,
         const bf16* __restrict__ w_norm, bf16* __restrict__ res_out, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride, float eps) {
-    if (rows < 1 || rows > 2) {
-        kern_pdl_launch_dependents();
-        kern_pdl_wait();  // NOTE: so that the grid completes only after the launch before it
-        return;
-    }
-    if (rows == 1) gemv_defer_rows<GEMV_SILU, 1>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
-    if (rows == 2) gemv_defer_rows<GEMV_SILU, 2>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    defer_with_rows(rows, [&](auto r) {
+        gemv_defer_rows<GEMV_SILU, decltype(r)::value>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    });
 }
 
 // The prefetched forms: kern_gemv_bf16_p4's launch (grid [ceil_div(n, nc), 1, 1], block [128, 1, 1],
@@ -287,13 +293,9 @@ extern "C" __global__ void __launch_bounds__(128)
     kern_gemv_bf16_p4_d(const bf16* __restrict__ res_in, const bf16* __restrict__ y_add,
         const bf16* __restrict__ w_norm, bf16* __restrict__ res_out, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride, float eps) {
-    if (rows < 1 || rows > 2) {
-        kern_pdl_launch_dependents();
-        kern_pdl_wait();  // NOTE: so that the grid completes only after the launch before it
-        return;
-    }
-    if (rows == 1) gemv_p4_defer_rows<GEMV_STORE, 1>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
-    if (rows == 2) gemv_p4_defer_rows<GEMV_STORE, 2>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    defer_with_rows(rows, [&](auto r) {
+        gemv_p4_defer_rows<GEMV_STORE, decltype(r)::value>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    });
 }
 
 // The same before kern_gemv_bf16_p4_silu's epilogue (dynamic shared memory nc * 4k bytes).
@@ -301,11 +303,7 @@ extern "C" __global__ void __launch_bounds__(128)
     kern_gemv_bf16_p4_silu_d(const bf16* __restrict__ res_in, const bf16* __restrict__ y_add,
         const bf16* __restrict__ w_norm, bf16* __restrict__ res_out, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride, float eps) {
-    if (rows < 1 || rows > 2) {
-        kern_pdl_launch_dependents();
-        kern_pdl_wait();  // NOTE: so that the grid completes only after the launch before it
-        return;
-    }
-    if (rows == 1) gemv_p4_defer_rows<GEMV_SILU, 1>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
-    if (rows == 2) gemv_p4_defer_rows<GEMV_SILU, 2>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    defer_with_rows(rows, [&](auto r) {
+        gemv_p4_defer_rows<GEMV_SILU, decltype(r)::value>(res_in, y_add, w_norm, res_out, w, y, n, k, y_stride, eps);
+    });
 }
