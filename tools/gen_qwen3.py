@@ -988,15 +988,8 @@ def generate(
               + ((LATE_ENTRIES[WIDE_ENTRIES[0] if wide_attention else "kern_attn_decode"],) if late_trigger else ())
               + (tuple(_fold_of(g, picks, defer_norm)[0] for g in FOLD_ENTRIES) if fold_norm else ())
               + ((*(TAIL_OF[picks[g]] for g in ("o", "down")), "kern_zero_i32") if norm_tail else ()))
-    missing = [e for e in needed if e not in entries]
-    if missing:
-        raise KernelsError(f"kernel sources define no {', '.join(missing)}: see docs/qwen3.md")
-    unhashed = sorted({entries[e] for e in needed} - set(modules))
-    if unhashed:
-        raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first (with --capture: the capture ran none of their kernels)")
-    _check_kernel_limits(shape)
-    if not 1 <= chunk <= shape.max_pos:
-        raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
+    _check_needed(shape, modules, entries, needed, chunk, missing_hint="see docs/qwen3.md",
+                  unhashed_hint="build the kernels first (with --capture: the capture ran none of their kernels)")
     used = sorted({entries[e] for e in needed})
     skip = (() if fuse else FUSED_ENTRIES) + (() if fuse_qkn else QKN_ENTRIES)
     ops = _ops(shape, {e: m for e, m in entries.items() if e not in skip})
@@ -1037,6 +1030,21 @@ def generate(
         "ops": ops,
         "programs": programs,
     }
+
+
+def _check_needed(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str, str], needed: Sequence[str],
+                  chunk: int, *, missing_hint: str, unhashed_hint: str) -> None:
+    """KernelsError when a needed entry is not in the kernel sources or its module has no hash;
+    GenError when the shape exceeds what the kernels hold or the chunk is out of range."""
+    missing = [e for e in needed if e not in entries]
+    if missing:
+        raise KernelsError(f"kernel sources define no {', '.join(missing)}: {missing_hint}")
+    unhashed = sorted({entries[e] for e in needed} - set(modules))
+    if unhashed:
+        raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: {unhashed_hint}")
+    _check_kernel_limits(shape)
+    if not 1 <= chunk <= shape.max_pos:
+        raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
 
 
 def _check_options(shape: Qwen3Shape, *, feed: str, gemv: Sequence[str], fuse: bool, pdl: bool,
@@ -1437,16 +1445,9 @@ def _f32_buffers(s: Qwen3Shape, feed: str) -> Json:
 def _generate_f32(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str, str], *, model: str,
                   chunk: int, feed: str) -> Json:
     needed = F32_ENTRIES + (DEVICE_FEED_ENTRIES if feed == "device" else ())
-    missing = [e for e in needed if e not in entries]
-    if missing:
-        raise KernelsError(f"kernel sources define no {', '.join(missing)}: precision f32 needs qwen3_f32.cu "
-                           "(docs/qwen3.md)")
-    unhashed = sorted({entries[e] for e in needed} - set(modules))
-    if unhashed:
-        raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: build the kernels first")
-    _check_kernel_limits(shape)
-    if not 1 <= chunk <= shape.max_pos:
-        raise GenError(f"chunk {chunk} must be in [1, {shape.max_pos}]")
+    _check_needed(shape, modules, entries, needed, chunk,
+                  missing_hint="precision f32 needs qwen3_f32.cu (docs/qwen3.md)",
+                  unhashed_hint="build the kernels first")
     programs = _f32_programs(shape, feed)
     ops = _f32_ops(shape, entries) | (_feed_ops(entries) if feed == "device" else {}) | _f32_linear_ops(entries, programs)
     used_ops = {c["op"] for p in programs.values() for c in p["calls"]}
