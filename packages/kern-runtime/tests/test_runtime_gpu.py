@@ -245,6 +245,29 @@ def test_one_entry_launched_by_two_ops_gets_the_larger_shared_memory(kdir: Path,
         np.testing.assert_array_equal(rt.read_output("sz"), sx[:12500][::-1])
 
 
+def test_static_and_dynamic_shared_memory_past_48k_opt_in(kdir: Path, sha: str, tmp_path: Path) -> None:
+    """`rt_tma_tile` has about 1 KiB of static shared memory; a launch of it with exactly 48 KiB of
+    dynamic shared memory passes the 48 KiB default only together with the static part, so the
+    runtime must still raise the function's limit (it did not when it compared the launch with
+    48 KiB alone), and the kernel computes as before."""
+    doc = manifests.features(sha)
+    doc["ops"]["tma"]["impl"]["launches"][0]["shared_mem"] = 48 << 10
+    m = build.write_manifest(tmp_path / "f.json", doc)
+    attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    with kr.Runtime.load(m, kdir) as rt:
+        funcs = rt._funcs  # pyright: ignore[reportPrivateUsage]
+        tma = next(f for (op, _), f in funcs.items() if op == "tma")
+        assert drv.func_attribute(tma, attr) == 48 << 10
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        sx = np.arange(16384, dtype=np.float32)
+        tin = np.random.default_rng(2).standard_normal((64, 32)).astype(np.float32)
+        rt.write_input("sx", sx)
+        rt.write_input("tin", tin)
+        rt.run("main", {})
+        np.testing.assert_array_equal(rt.read_output("sy"), sx[::-1])
+        np.testing.assert_array_equal(rt.read_output("tout"), 2 * tin.ravel() + 5)
+
+
 def test_carveout_sets_the_function_attribute(kdir: Path, sha: str, tmp_path: Path) -> None:
     """A launch's `carveout` becomes its function's preferred shared-memory carveout; the kernels
     still compute the same (it is only a hint)."""

@@ -71,7 +71,7 @@ class Kernels:
         self, name: str, grid: tuple[int, ...], block: tuple[int, ...], *args: object, shared_mem: int = 0
     ) -> None:
         """Launches on torch's current stream (so torch graph capture records it); `shared_mem`
-        bytes of dynamic shared memory (above 48 KiB the entry's opt-in attribute is raised)."""
+        bytes of dynamic shared memory (past the entry's default the opt-in attribute is raised)."""
         launch(self.fn(name), grid, block, *args, shared_mem=shared_mem)
 
 
@@ -79,8 +79,9 @@ def launch(
     fn: cp.RawKernel, grid: tuple[int, ...], block: tuple[int, ...], *args: object, shared_mem: int = 0
 ) -> None:
     """Launches `fn` on torch's current stream (so torch graph capture records it) with `shared_mem`
-    bytes of dynamic shared memory (above 48 KiB the entry's opt-in attribute is raised first)."""
-    if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
+    bytes of dynamic shared memory (past the entry's default, 48 KiB less its static part, the opt-in
+    attribute is raised first)."""
+    if fn.max_dynamic_shared_size_bytes < shared_mem:
         fn.max_dynamic_shared_size_bytes = shared_mem
     with _torch_stream():
         fn(grid, block, args, shared_mem=shared_mem)

@@ -289,6 +289,11 @@ def func_attribute(func: Any, attr: Any) -> int:
     return int(check("cuFuncGetAttribute", cu.cuFuncGetAttribute(attr, func)))
 
 
+def func_max_dynamic_smem(func: Any) -> int:
+    """The dynamic shared memory a launch of `func` may take now (by default 48 KiB less its static part)."""
+    return func_attribute(func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+
+
 def func_set_dynamic_smem(func: Any, nbytes: int) -> None:
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     _call(cu.cuFuncSetAttribute, func, attr, nbytes)

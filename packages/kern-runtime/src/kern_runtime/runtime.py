@@ -36,7 +36,6 @@ _NP_DTYPES: Mapping[str, Any] = {
     "bf16": np.uint16, "f16": np.float16, "f32": np.float32, "fp8e4m3": np.uint8, "fp8e8m0": np.uint8,
     "i8": np.int8, "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "u8": np.uint8,
 }  # fmt: skip
-_SMEM_DEFAULT = 48 << 10
 Progress = Callable[[int, int], None]
 
 
@@ -218,8 +217,10 @@ class Runtime:
                     drv.func_set_non_portable_cluster(func)
                 if launch.carveout is not None:
                     drv.func_set_carveout(func, launch.carveout)
+        # NOTE: the opt-in is needed once static + dynamic passes 48 KiB, so compare with the
+        # function's own limit (48 KiB less its static shared memory), not with 48 KiB.
         for func, hi in smem.values():
-            if hi > _SMEM_DEFAULT:
+            if hi > drv.func_max_dynamic_smem(func):
                 drv.func_set_dynamic_smem(func, hi)
 
     def _allocate_buffers(self, over: Resident | None) -> None:
