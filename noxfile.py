@@ -45,7 +45,7 @@ EXAMPLES = {
     "qwen3-4b": ["--preset", "qwen3-4b"],
     "qwen3-tiny": ["--preset", "qwen3-tiny"],
     "qwen3-4b-gemv": ["--preset", "qwen3-4b", "--gemv", "default"],
-    "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm"],
+    "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm"],
     "qwen3-4b-f32": ["--preset", "qwen3-4b", "--precision", "f32"],
 }
 """examples/<name>.json -> its gen_qwen3 options (tools/tests/test_gen_qwen3.py checks the files)."""

@@ -17,11 +17,12 @@
    the other run's token's logit <= 4 bf16 ulps, reported); kern-run as a process (--output ids
    equals the in-process tokens; kern.toml + random checkpoint + text prompt); the same checks for
    each variant of --variants: `-gemv` (o, gate_up and lm_head as our GEMV, `--gemv default`),
-   `-fast` (examples/qwen3-4b-fast.json, `--gemv all --fuse --pdl --fold-norm`: every decode GEMM
-   as our GEMV, fused q/k-norm+rope+KV write and one-launch decode attention, the add + RMSNorm
-   before qkv and gate_up in those GEMVs' prologue (gemv_norm.cu), PDL), `-unfolded` (the same
-   without the fold; down stays on GEMV_PICK's `_p4`, where the step before the fifth pass had
-   `_b4`), `-nopdl` (`-fast` without PDL), `-qkn` (`-fast`
+   `-fast` (examples/qwen3-4b-fast.json, `--gemv all --fuse --pdl --fold-norm --defer-norm`: every
+   decode GEMM as our GEMV, fused q/k-norm+rope+KV write and one-launch decode attention, the add +
+   RMSNorm before qkv and gate_up in those GEMVs, the norm's scale in their epilogue (gemv_defer.cu),
+   PDL), `-fold` (the fast step before the seventh pass: the norm in the GEMVs' prologue,
+   gemv_norm.cu), `-unfolded` (without the fold; down stays on GEMV_PICK's `_p4`, where the step
+   before the fifth pass had `_b4`), `-nopdl` (`-fast` without PDL), `-qkn` (`-fast`
    with q/k norm + rope + KV write folded into the decode attention, kern_attn_decode_qkn), `-b4d` /
    `-b4o` / `-onopdl` (`-fast` with down or o on the balanced band kern_gemv_bf16_b4, or o launched
    without PDL), `-s64` / `-s128` / `-s256` (`-fast` with kern_attn_decode at 64-256 splits),
@@ -249,12 +250,12 @@ FAST_TRIALS: dict[str, dict[str, Any]] = {
     "ringo": {"gemv_pick": {**RING_PICK, "o": "kern_gemv_bf16_r4"}},
     "latep4o": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_p4"}},
     "p4gun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}},
-    "defer": {"defer_norm": True},
     "deferp4": {"defer_norm": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}},
     "p4qgun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu", "qkv": "kern_gemv_bf16_p4"}},
     "latero": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_r4"}},
 }
-"""`fast` with more generate keywords: down on the balanced band (its pick before the fifth pass),
+"""`fold` (the fast step they were measured against, before the seventh pass made `defer_norm` the
+default) with more generate keywords: down on the balanced band (its pick before the fifth pass),
 o on the balanced band, o launched without PDL (o's early start slows the attention before it by
 ~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass); qkv and gate_up on the ring GEMVs
 (gemv_ring.cu, folded into `_r4_n` / `_r4_silu_n`) at the generator's ring (GEMV_RING_BLOCKS blocks
@@ -263,8 +264,7 @@ KiB per SM, and o on the unfolded ring too; the late-trigger attention (`late_tr
 weights bulk-copied before its wait (`_p4`, which slowed the attention when it started at the
 attention's start: third pass) or streamed through the ring; gate_up (and qkv) on `_p4` with the
 norm in every block's prologue while its rows land (gemv_pnorm.cu, folded `_p4_silu_n` / `_p4_n`);
-qkv and gate_up with the norm's scale in their epilogue (`defer_norm`, gemv_defer.cu), gate_up on the
-prefetched form of it (`_p4_silu_d`)."""
+gate_up on the prefetched form of the deferred norm (`_p4_silu_d` with `defer_norm`, gemv_defer.cu)."""
 TAIL_VARIANTS: dict[str, dict[str, str]] = {
     "tail": {"gate_up": "kern_gemv_bf16_p4_silu"},
     "tailb4gu": {"gate_up": "kern_gemv_bf16_b4_silu"},
@@ -290,7 +290,7 @@ block folds ceil(pages / splits) pages in turn, and the last block folds every s
 `wide*` kern_attn_decode_wide (`wide_attention`: per-cluster combine first) at DECODE_SPLITS_WIDE
 (128) or the splits named; `late` / `widelate` those attentions with the PDL trigger after their fold
 (`late_trigger`: o's early weight loads queue behind the attention's KV loads)."""
-VARIANTS = ("gemv", "fast", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
+VARIANTS = ("gemv", "fast", "fold", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
             *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, *TAIL_VARIANTS, "f32")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`); `f32` (the
 reference-precision manifest, gen_qwen3 --precision f32) is checked against transformers float32's
@@ -315,12 +315,13 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         return variant_options(gen, "unfolded") | {"gemv_pick": dict(pick)}
     if variant == "unfolded":
         return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
-    if variant in ("fast", "nopdl"):
-        return variant_options(gen, "unfolded") | {"pdl": variant == "fast", "fold_norm": True}
+    if variant in ("fast", "nopdl", "fold"):
+        return variant_options(gen, "unfolded") | {"pdl": variant != "nopdl", "fold_norm": True,
+                                                   "defer_norm": variant != "fold"}
     if variant == "qkn":
         return variant_options(gen, "fast") | {"fuse_qkn": True}
     if variant in FAST_TRIALS:
-        return variant_options(gen, "fast") | FAST_TRIALS[variant]
+        return variant_options(gen, "fold") | FAST_TRIALS[variant]
     if variant in SPLIT_VARIANTS:
         wide = {"wide_attention": True} if variant.startswith("wide") else {}
         wide |= {"late_trigger": True} if variant.endswith("late") else {}

@@ -325,7 +325,8 @@ def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pyt
 def test_examples_are_what_the_generator_writes() -> None:
     """examples/ are regenerated artifacts: same structure as a fresh generation (hashes aside)."""
     root = TOOLS.parent
-    fast: dict[str, Any] = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True}
+    fast: dict[str, Any] = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True,
+                            "defer_norm": True}
     shipped_sets = [("qwen3-4b", QWEN3_4B_CONFIG, {}), ("qwen3-tiny", QWEN3_TINY_CONFIG, {}),
                     ("qwen3-4b-gemv", QWEN3_4B_CONFIG, {"gemv": list(gen.GEMV_DEFAULT)}),
                     ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast), ("qwen3-4b-f32", QWEN3_4B_CONFIG, {"precision": "f32"})]

@@ -106,11 +106,11 @@ def test_chunk_divergence_without_a_tie_fails() -> None:
 def test_variants_generate_what_the_examples_ship() -> None:
     gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
     assert checks.variant_options(gen, "fast") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
-                                                   "fold_norm": True}
+                                                   "fold_norm": True, "defer_norm": True}
     assert checks.variant_options(gen, "unfolded") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
     assert checks.variant_options(gen, "gemv") == {"gemv": list(gen.GEMV_DEFAULT)}
     assert checks.variant_options(gen, "nopdl", {"o": "kern_gemv_bf16"}) == {
-        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": False, "fold_norm": True}
+        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": False, "fold_norm": True, "defer_norm": True}
     assert checks.variant_options(gen, "picked", {"o": "kern_gemv_bf16"}) == {
         "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": {"o": "kern_gemv_bf16"}}
     with pytest.raises(ValueError, match="--gemv-pick"):
@@ -127,10 +127,11 @@ def test_variants_generate_what_the_examples_ship() -> None:
     band = checks.variant_options(gen, "band")
     assert band["gemv_pick"]["gate_up"] == "kern_gemv_bf16_b4_silu" and band["gemv_pick"]["qkv"] == "kern_gemv_bf16_b4"
     assert checks.variant_options(gen, "qkn") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
-                                                  "fold_norm": True, "fuse_qkn": True}
+                                                  "fold_norm": True, "defer_norm": True, "fuse_qkn": True}
+    assert checks.variant_options(gen, "fold") == checks.variant_options(gen, "fast") | {"defer_norm": False}
     assert checks.variant_options(gen, "gu_nopdl")["pdl_off"] == ["gate_up"]
     assert checks.variant_options(gen, "qkv_nopdl")["pdl_off"] == ["qkv"]
-    assert checks.variant_options(gen, "onopdl") == checks.variant_options(gen, "fast") | {"pdl_off": ["o"]}
+    assert checks.variant_options(gen, "onopdl") == checks.variant_options(gen, "fold") | {"pdl_off": ["o"]}
     assert checks.variant_options(gen, "b4d")["gemv_pick"] == {"down": "kern_gemv_bf16_b4"}
     assert checks.variant_options(gen, "s128") == checks.variant_options(gen, "fast") | {
         "gen_consts": {"DECODE_SPLITS": 128}}
@@ -143,18 +144,19 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "ring3") == checks.variant_options(gen, "ring") | {
         "gen_consts": {"GEMV_RING_BLOCKS": 3, "GEMV_RING_SMEM": 40960}}
     for v in ("stream", "band", "p4o100", "deep4", "qkn", "gu_nopdl", "b4d", "b4o", "onopdl", "fast", "unfolded",
-              "ring", "ringgu", "ringo", "late", "widelate", "tail", "tailp4q", "p4qgun", "defer"):  # each generates a manifest the verifier accepts
+              "ring", "ringgu", "ringo", "late", "widelate", "tail", "tailp4q", "p4qgun", "fold", "deferp4", "nopdl"):  # each generates a manifest the verifier accepts
         m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "attention_qkn", "gemv", "gemv_norm",
                          "gemv_ring", "gemv_tail", "gemv_pnorm", "gemv_defer", "attention_wide", "qwen3_core",
                          "sampling"), "c" * 64), gen.entry_modules(TOOLS / "kernels-src"),
                          model="t", feed="device", **checks.variant_options(gen, v))
         want = {"band": "gemv_b4_silu", "stream": "gemv_tma_silu", "p4o100": "gemv_p4_2560", "deep4": "gemv_d4_silu",
                 "qkn": "attn_decode_qkn", "gu_nopdl": "gemv_silu_9728x2560.nopdl",
-                "b4d": "gemv_b4_2560x9728", "fast": "gemv_b4_silu_n_9728x2560", "unfolded": "gemv_p4_2560x9728",
+                "b4d": "gemv_b4_2560x9728", "fast": "gemv_b4_silu_d_9728x2560", "fold": "gemv_b4_silu_n_9728x2560", "unfolded": "gemv_p4_2560x9728",
                 "b4o": "gemv_b4_2560x4096", "onopdl": "gemv_s4_2560x4096.nopdl", "ring": "gemv_r4_n_6144x2560",
                 "ringgu": "gemv_r4_silu_n_9728x2560", "ringo": "gemv_r4_2560x4096", "late": "attn_decode_fused",
                 "widelate": "attn_decode_fused", "tail": "gemv_s4_an_2560x4096", "tailp4q": "gemv_p4_6144x2560",
-                "p4qgun": "gemv_p4_silu_n_9728x2560", "defer": "gemv_b4_silu_d_9728x2560"}[v]
+                "p4qgun": "gemv_p4_silu_n_9728x2560", "deferp4": "gemv_p4_silu_d_9728x2560",
+                "nopdl": "gemv_b4_silu_d_9728x2560"}[v]
         assert any(c["op"].startswith(want) for c in m["programs"]["decode"]["calls"])
     with pytest.raises(ValueError, match="unknown variant"):
         checks.variant_options(gen, "turbo")
