@@ -286,6 +286,9 @@ def func_param_layout(func: Any) -> list[tuple[int, int]]:
 
 
 def func_attribute(func: Any, attr: Any) -> int:
+    # NOTE: under lazy loading (the driver's default) an enumerated function is loaded at its first
+    # launch or set attribute; a query before that is CUDA_ERROR_FUNCTION_NOT_LOADED, so load it.
+    _call(cu.cuFuncLoad, func)
     return int(check("cuFuncGetAttribute", cu.cuFuncGetAttribute(attr, func)))
 
 
