@@ -16,14 +16,16 @@ SHAPES = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (9728, 2560), "down
 
 def test_cases_are_launchable_gemv_entries_at_their_gemm_shapes() -> None:
     assert {gemm for gemm, *_ in ncu_gemv.CASES} == set(gen.GEMV_GEMMS)
+    deferred = set(gen.DEFER_ENTRIES.values())
     for gemm, entry, n, k in ncu_gemv.CASES:
-        assert (n, k) == SHAPES[gemm] and entry in gen.GEMV_ENTRIES
-        assert (entry in gen.SILU_ENTRIES) == (gemm == "gate_up")
-        grid, threads, smem = gen.gemv_launch(entry, n, k)
+        assert (n, k) == SHAPES[gemm] and (entry in gen.GEMV_ENTRIES or gen.DEFER_ENTRIES.get(gemm) == entry)
+        assert ("_silu" in entry) == (gemm == "gate_up")
+        grid, threads, smem = gen.defer_launch(n) if entry in deferred else gen.gemv_launch(entry, n, k)
         assert grid >= 1 and threads == 128 and smem <= gen.GEMV_P4_MAX_ROW
-    # The fast step's picks are among them (GEMV_PICK, with the fold's band for gate_up).
-    picks = {**gen.GEMV_PICK, "gate_up": gen.FOLD_ENTRIES["gate_up"][1]}
-    assert {(g, e) for g, e, *_ in ncu_gemv.CASES} >= set(picks.items())
+    # The fast step's picks are among them (GEMV_PICK, with the deferred-norm bands for qkv and
+    # gate_up), and the band they replaced.
+    picks = {**gen.GEMV_PICK, **gen.DEFER_ENTRIES}
+    assert {(g, e) for g, e, *_ in ncu_gemv.CASES} >= set(picks.items()) | {("gate_up", "kern_gemv_bf16_b4_silu")}
 
 
 def test_perf_pass_runs_it_under_ncu_with_the_clocks_left_alone() -> None:
