@@ -251,6 +251,7 @@ FAST_TRIALS: dict[str, dict[str, Any]] = {
     "latep4o": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_p4"}},
     "p4gun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}},
     "deferp4": {"defer_norm": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}},
+    "deferp4q": {"defer_norm": True, "gemv_pick": {"qkv": "kern_gemv_bf16_p4"}},
     "p4qgun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu", "qkv": "kern_gemv_bf16_p4"}},
     "latero": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_r4"}},
 }
@@ -264,7 +265,8 @@ KiB per SM, and o on the unfolded ring too; the late-trigger attention (`late_tr
 weights bulk-copied before its wait (`_p4`, which slowed the attention when it started at the
 attention's start: third pass) or streamed through the ring; gate_up (and qkv) on `_p4` with the
 norm in every block's prologue while its rows land (gemv_pnorm.cu, folded `_p4_silu_n` / `_p4_n`);
-gate_up on the prefetched form of the deferred norm (`_p4_silu_d` with `defer_norm`, gemv_defer.cu)."""
+gate_up or qkv on the prefetched form of the deferred norm (`_p4_silu_d` / `_p4_d` with `defer_norm`,
+gemv_defer.cu)."""
 TAIL_VARIANTS: dict[str, dict[str, str]] = {
     "tail": {"gate_up": "kern_gemv_bf16_p4_silu"},
     "tailb4gu": {"gate_up": "kern_gemv_bf16_b4_silu"},

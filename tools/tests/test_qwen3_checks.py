@@ -144,7 +144,7 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "ring3") == checks.variant_options(gen, "ring") | {
         "gen_consts": {"GEMV_RING_BLOCKS": 3, "GEMV_RING_SMEM": 40960}}
     for v in ("stream", "band", "p4o100", "deep4", "qkn", "gu_nopdl", "b4d", "b4o", "onopdl", "fast", "unfolded",
-              "ring", "ringgu", "ringo", "late", "widelate", "tail", "tailp4q", "p4qgun", "fold", "deferp4", "nopdl"):  # each generates a manifest the verifier accepts
+              "ring", "ringgu", "ringo", "late", "widelate", "tail", "tailp4q", "p4qgun", "fold", "deferp4", "deferp4q", "nopdl"):  # each generates a manifest the verifier accepts
         m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "attention_qkn", "gemv", "gemv_norm",
                          "gemv_ring", "gemv_tail", "gemv_pnorm", "gemv_defer", "attention_wide", "qwen3_core",
                          "sampling"), "c" * 64), gen.entry_modules(TOOLS / "kernels-src"),
@@ -155,7 +155,7 @@ def test_variants_generate_what_the_examples_ship() -> None:
                 "b4o": "gemv_b4_2560x4096", "onopdl": "gemv_s4_2560x4096.nopdl", "ring": "gemv_r4_n_6144x2560",
                 "ringgu": "gemv_r4_silu_n_9728x2560", "ringo": "gemv_r4_2560x4096", "late": "attn_decode_fused",
                 "widelate": "attn_decode_fused", "tail": "gemv_s4_an_2560x4096", "tailp4q": "gemv_p4_6144x2560",
-                "p4qgun": "gemv_p4_silu_n_9728x2560", "deferp4": "gemv_p4_silu_d_9728x2560",
+                "p4qgun": "gemv_p4_silu_n_9728x2560", "deferp4": "gemv_p4_silu_d_9728x2560", "deferp4q": "gemv_p4_d_6144x2560",
                 "nopdl": "gemv_b4_silu_d_9728x2560"}[v]
         assert any(c["op"].startswith(want) for c in m["programs"]["decode"]["calls"])
     with pytest.raises(ValueError, match="unknown variant"):
