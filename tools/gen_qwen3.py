@@ -1142,10 +1142,11 @@ def _fold_of(gemm: str, picks: Picks, defer: bool = False) -> tuple[str, str]:
     return (FOLDED[pick], pick) if pick in FOLDED else FOLD_ENTRIES[gemm]
 
 
-def defer_launch(n: int) -> tuple[int, int, int]:
+def defer_launch(n: int, blocks_per_sm: int | None = None) -> tuple[int, int, int]:
     """(grid x, threads, dynamic shared bytes) of a deferred-norm band launch for n columns: one
-    wave of GEMV_DEFER_BLOCKS blocks per SM whose bands differ by at most one column."""
-    per_block = -(-n // (GEMV_SMS * GEMV_DEFER_BLOCKS))
+    wave of `blocks_per_sm` (default GEMV_DEFER_BLOCKS) blocks per SM whose bands differ by at most
+    one column."""
+    per_block = -(-n // (GEMV_SMS * (blocks_per_sm or GEMV_DEFER_BLOCKS)))
     return -(-n // per_block), 128, 0
 
 

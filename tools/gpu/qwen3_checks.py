@@ -267,6 +267,11 @@ attention's start: third pass) or streamed through the ring; gate_up (and qkv) o
 norm in every block's prologue while its rows land (gemv_pnorm.cu, folded `_p4_silu_n` / `_p4_n`);
 gate_up or qkv on the prefetched form of the deferred norm (`_p4_silu_d` / `_p4_d` with `defer_norm`,
 gemv_defer.cu)."""
+DEFER_GRID_VARIANTS = {"defer1": 1, "defer2": 2, "defer3": 3}
+"""`fast` with the deferred-norm bands (qkv, gate_up) at 1-3 blocks per SM instead of
+GEMV_DEFER_BLOCKS' 4 (one wave either way, each block owning more columns): whether a band that
+leaves part of each SM's register file free streams as fast, so that the next launch's blocks can
+become resident, and issue their weight loads, while it runs (docs/perf.md, seventh pass)."""
 TAIL_VARIANTS: dict[str, dict[str, str]] = {
     "tail": {"gate_up": "kern_gemv_bf16_p4_silu"},
     "tailb4gu": {"gate_up": "kern_gemv_bf16_b4_silu"},
@@ -293,7 +298,7 @@ block folds ceil(pages / splits) pages in turn, and the last block folds every s
 (128) or the splits named; `late` / `widelate` those attentions with the PDL trigger after their fold
 (`late_trigger`: o's early weight loads queue behind the attention's KV loads)."""
 VARIANTS = ("gemv", "fast", "fold", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
-            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, *TAIL_VARIANTS, "f32")
+            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, *DEFER_GRID_VARIANTS, *TAIL_VARIANTS, "f32")
 """Manifest variants checked and benched beside the all-cublasLt one (`variant_options`); `f32` (the
 reference-precision manifest, gen_qwen3 --precision f32) is checked against transformers float32's
 greedy tokens and never benched (`is_benched`)."""
@@ -329,6 +334,8 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         wide |= {"late_trigger": True} if variant.endswith("late") else {}
         consts = {"gen_consts": dict(SPLIT_VARIANTS[variant])} if SPLIT_VARIANTS[variant] else {}
         return variant_options(gen, "fast") | wide | consts
+    if variant in DEFER_GRID_VARIANTS:
+        return variant_options(gen, "fast") | {"gen_consts": {"GEMV_DEFER_BLOCKS": DEFER_GRID_VARIANTS[variant]}}
     if variant in TAIL_VARIANTS:
         return variant_options(gen, "unfolded") | {"norm_tail": True, "gemv_pick": dict(TAIL_VARIANTS[variant])}
     if variant in NOPDL_VARIANTS:

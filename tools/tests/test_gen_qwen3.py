@@ -525,6 +525,7 @@ def test_defer_norm_folds_into_the_deferred_bands() -> None:
         (launch,) = m["ops"][op]["impl"]["launches"]
         per_block = -(-n // (gen.GEMV_SMS * gen.GEMV_DEFER_BLOCKS))
         assert gen.defer_launch(n) == (-(-n // per_block), 128, 0)
+        assert gen.defer_launch(n, 2)[0] == -(-n // -(-n // (gen.GEMV_SMS * 2))) <= gen.GEMV_SMS * 2
         assert (launch["entry"], launch["grid"], launch["block"]) == (entry, [gen.defer_launch(n)[0], 1, 1], [128, 1, 1])
         assert "shared_mem" not in launch and launch["pdl"] is True
         assert launch["args"][6:] == [{"i32": 1}, {"i32": n}, {"i32": 2560}, {"i32": n}, {"f32": 1e-6}]

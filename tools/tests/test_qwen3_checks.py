@@ -139,6 +139,8 @@ def test_variants_generate_what_the_examples_ship() -> None:
     assert checks.variant_options(gen, "wide64")["gen_consts"] == {"DECODE_SPLITS_WIDE": 64}
     assert checks.variant_options(gen, "late") == checks.variant_options(gen, "fast") | {"late_trigger": True}
     assert checks.variant_options(gen, "widelate") == checks.variant_options(gen, "wide") | {"late_trigger": True}
+    assert checks.variant_options(gen, "defer2") == checks.variant_options(gen, "fast") | {
+        "gen_consts": {"GEMV_DEFER_BLOCKS": 2}}
     deep = checks.variant_options(gen, "deep8")["gemv_pick"]
     assert deep["gate_up"] == "kern_gemv_bf16_d4_silu" and deep["down"] == "kern_gemv_bf16_d8"
     assert checks.variant_options(gen, "ring3") == checks.variant_options(gen, "ring") | {
@@ -344,3 +346,26 @@ def test_run_model_checks_f32_against_float32_tokens_and_benches_the_rest(
     checks.run_model(checks.Recorder(tmp_path / "out"), gen, "4b", checks.configs()["4b"], {"m": "c" * 64}, 0,
                      bench=False, variants=["fast"])
     assert calls[0] == ("references", "False")
+
+
+def test_defer_grid_variants_launch_the_deferred_bands_at_fewer_blocks_per_sm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`defer1`-`defer3` set GEMV_DEFER_BLOCKS for their generation: the qkv and gate_up bands run
+    one wave of that many blocks per SM (each block a longer band), the rest of the step as `fast`."""
+    gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
+    shape = gen.shape_from_config(checks.configs()["4b"])
+    hashes = dict.fromkeys(("attention", "gemv", "gemv_defer", "qwen3_core", "sampling"), "c" * 64)
+    entries = gen.entry_modules(TOOLS / "kernels-src")
+
+    def grids(variant: str) -> dict[str, int]:
+        kw = checks.variant_options(gen, variant)
+        with monkeypatch.context() as mp:
+            for name, value in kw.pop("gen_consts", {}).items():
+                mp.setattr(gen, name, value)
+            m = gen.generate(shape, hashes, entries, model="t", feed="device", **kw)
+        return {op: m["ops"][op]["impl"]["launches"][0]["grid"][0] for op in m["ops"] if op.startswith("gemv_")}
+
+    fast, two = grids("fast"), grids("defer2")
+    assert fast["gemv_b4_silu_d_9728x2560"] == 512 and fast["gemv_b4_d_6144x2560"] == 512
+    # 9728 columns over 264 slots: 37 per block, 263 blocks; 6144: 24 per block, 256 blocks.
+    assert two["gemv_b4_silu_d_9728x2560"] == 263 and two["gemv_b4_d_6144x2560"] == 256
+    assert {op: g for op, g in two.items() if "_d_" not in op} == {op: g for op, g in fast.items() if "_d_" not in op}

@@ -12,6 +12,10 @@ Usage: python3 tools/tests/helpers/time_gemv.py [out.md]
        python3 tools/tests/helpers/time_gemv.py --entries PICK.json [out.md]
        python3 tools/tests/helpers/time_gemv.py --tma [out.md]
        python3 tools/tests/helpers/time_gemv.py --p4 [out.md]
+       python3 tools/tests/helpers/time_gemv.py --defer [out.md]
+
+`--defer` times the deferred-norm bands (qkv's `_b4_d`, gate_up's `_b4_silu_d`) at 1-4 blocks per SM
+(DEFER_BLOCKS), beside the band without a norm, checking that every grid gives the same bits.
 
 `--p4` times each decode GEMM's pick (gen_qwen3.GEMV_PICK) beside the prefetched entries (`_p4`,
 `_p4_silu` for gate_up) at several columns per block (P4_COLUMNS), checking their outputs.
@@ -390,7 +394,69 @@ def p4_main(out: Path | None) -> None:
         out.write_text(text)
 
 
+DEFER_SHAPES = (("qkv 6144x2560", "kern_gemv_bf16_b4_d", "kern_gemv_bf16_b4", 6144, 6144),
+                ("gate_up 19456x2560", "kern_gemv_bf16_b4_silu_d", "kern_gemv_bf16_b4_silu", 19456, 9728))
+"""(shape, deferred-norm band, the band without a norm, W rows, output columns) that `--defer` times."""
+DEFER_BLOCKS = (1, 2, 3, 4)
+"""Blocks per SM `--defer` launches the deferred-norm bands at (one wave; gen_qwen3's is GEMV_DEFER_BLOCKS)."""
+
+
+def _defer_row(k: h.Kernels, name: str, entry: str, band: str, rows: int, n: int) -> str:
+    """One `--defer` table row: the deferred-norm band at each of DEFER_BLOCKS, then `band`."""
+    kk = 2560
+    ws, x, y_all = operands(rows, kk)
+    y = y_all[:, :n]
+    res, y_add = torch.randn_like(x), torch.randn_like(x)
+    w_norm, res_out = (torch.rand_like(x) + 0.5).view(-1), torch.empty_like(x)
+    fn, bfn = k.fn(entry), k.fn(band)
+
+    def deferred(w: torch.Tensor, grid: int) -> None:
+        h.launch(fn, (grid, 1, 1), (128, 1, 1), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out),
+                 h.ptr(w), h.ptr(y), h.i32(1), h.i32(n), h.i32(kk), h.i32(n), h.f32(1e-6))
+
+    band_grid, threads, smem = gen.gemv_launch(band, n, kk)
+
+    def plain(w: torch.Tensor) -> None:
+        h.launch(bfn, (band_grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(n),
+                 h.i32(kk), h.i32(n), shared_mem=smem)
+
+    cells: list[float] = []
+    want: torch.Tensor | None = None
+    for b in DEFER_BLOCKS:
+        grid = gen.defer_launch(n, b)[0]
+        cells.append(time_graph([lambda w=w, g=grid: deferred(w, g) for w in ws]))
+        deferred(ws[0], grid)
+        torch.cuda.synchronize()
+        want = y.clone() if want is None else want
+        assert torch.equal(y, want), f"{name}: {b} blocks per SM gives other bits"
+    cells.append(time_graph([lambda w=w: plain(w) for w in ws]))
+    text = " | ".join(f"{us:.2f} ({rows * kk * 2 / us / 1e3:.0f})" for us in cells)
+    return f"| {name} ({entry.removeprefix('kern_gemv_bf16')}, {fn.num_regs} registers) | {text} |"
+
+
+def defer_main(out: Path | None) -> None:
+    """The deferred-norm bands (gemv_defer.cu) at DEFER_BLOCKS blocks per SM, beside the band with
+    no norm at gen_qwen3's grid: whether a band that leaves part of each SM free streams as fast
+    (then the next GEMV's blocks could be resident, loading weights, while it runs). Alone, no PDL:
+    each launch waits for the one before it. Every grid must give the same bits."""
+    torch.manual_seed(0)
+    k = h.Kernels(Path(tempfile.mkdtemp(prefix="time_gemv_defer_")))
+    labels = [*(f"{b}/SM" for b in DEFER_BLOCKS), "band, no norm"]
+    lines = [f"device: {torch.cuda.get_device_name()}; {LAUNCHES} launches per graph, median of {REPLAYS}; "
+             "us per launch (GB/s of W); `B/SM`: the deferred-norm band at B blocks per SM (one wave)", "",
+             "| shape (entry) | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for name, entry, band, rows, n in DEFER_SHAPES:
+        lines.append(_defer_row(k, name, entry, band, rows, n))
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out is not None:
+        out.write_text(text)
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--defer":
+        defer_main(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--p4":
         p4_main(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
         sys.exit(0)
