@@ -40,15 +40,6 @@ class HostNode:
         self.alive = True
 
 
-def _host_chain(tip: HostNode | None) -> list[HostNode]:
-    out: list[HostNode] = []
-    while tip is not None:
-        out.append(tip)
-        tip = tip.parent
-    out.reverse()
-    return out
-
-
 class _HostStore:
     __slots__ = ("length", "paged", "refs", "slot", "tail", "tip")
 
@@ -94,7 +85,7 @@ class Parked:
     def units(self) -> tuple[HostUnit, ...]:
         """Host units of the pages in token order (chain, then the partial page)."""
         self._host._mine(self)
-        pages = [n.unit for n in _host_chain(self._store.tip)]
+        pages = [n.unit for n in chain(self._store.tip)]
         return tuple(pages + ([self._store.tail] if self._store.tail is not None else []))
 
     @property
@@ -264,7 +255,7 @@ class Host:
         k, part = divmod(length, unit)
         n = k + (part > 0) if hs.paged else 0
         pages, slots = self.pool._take(n, int(hs.slot is not None))
-        hnodes = _host_chain(hs.tip)
+        hnodes = chain(hs.tip)
         tip: Node | None = None
         pairs: list[tuple[HostUnit, PageId]] = []
         for j in range(k if hs.paged else 0):

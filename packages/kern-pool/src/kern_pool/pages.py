@@ -9,7 +9,7 @@ copies the runtime performs on its stream) and `Remap` plans (unmaps, maps, acce
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
 from kern_pool._kinds import Kind, Status
 from kern_pool.chunks import ChunkMap, Map, PageId, PoolConfig, Remap, SlotId, Unmap, grants
@@ -67,9 +67,17 @@ class Node:
         self.twin: HostNode | None = None
 
 
-def chain(tip: Node | None) -> list[Node]:
-    """The nodes from the root to `tip`, in page order."""
-    out: list[Node] = []
+class _Linked(Protocol):
+    @property
+    def parent(self) -> Self | None: ...
+
+
+_N = TypeVar("_N", bound=_Linked)
+
+
+def chain(tip: _N | None) -> list[_N]:
+    """The nodes from the root to `tip`, in page order (a device chain, or its host twin's)."""
+    out: list[_N] = []
     while tip is not None:
         out.append(tip)
         tip = tip.parent
