@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 __all__ = ["FORMS", "Fit", "fit_samples"]
 
@@ -28,17 +28,7 @@ Form = Literal[
     "underdetermined",
     "unfit",
 ]
-FORMS: tuple[Form, ...] = (
-    "const",
-    "tokens",
-    "mul",
-    "ceil_div",
-    "mul_ceil_div",
-    "ceil_div_mul",
-    "affine",
-    "underdetermined",
-    "unfit",
-)
+FORMS: tuple[Form, ...] = get_args(Form)
 DIVISORS = tuple(2**k for k in range(1, 17))
 
 
