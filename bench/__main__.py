@@ -12,17 +12,9 @@ import sys
 from pathlib import Path
 
 import bench
+from kern_cli.bench_cmd import table as _table
 
 OUT = Path("out/bench")
-
-
-def _table(rows: list[dict[str, object]]) -> str:
-    keys = ["name", "value", "unit", "target", "peer"]
-    cells = [[str(r.get(k, "")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 import kern_runtime as kr
+from kern_cli.bench_cmd import table as _table
 from kern_runtime import _driver as drv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,15 +221,6 @@ def bench_issue(work: Path) -> list[dict[str, Any]]:
         {"name": "run() host time, 1 eager launch", "value": round(eager, 2), "unit": "us", "target": "", "peer": ""},
         {"name": "read_output 8 bytes (sync + D2H)", "value": round(small, 2), "unit": "us", "target": "", "peer": ""},
     ]
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    keys = ["name", "value", "unit", "target", "peer"]
-    cells = [[str(r.get(k, "")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
