@@ -453,6 +453,7 @@ def defer_main(out: Path | None) -> None:
     if out is not None:
         out.write_text(text)
 
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--defer":
         defer_main(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
