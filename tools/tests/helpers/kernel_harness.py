@@ -81,7 +81,7 @@ def launch(
     """Launches `fn` on torch's current stream (so torch graph capture records it) with `shared_mem`
     bytes of dynamic shared memory (past the entry's default, 48 KiB less its static part, the opt-in
     attribute is raised first)."""
-    if fn.max_dynamic_shared_size_bytes < shared_mem:
+    if shared_mem > 0 and fn.max_dynamic_shared_size_bytes < shared_mem:
         fn.max_dynamic_shared_size_bytes = shared_mem
     with _torch_stream():
         fn(grid, block, args, shared_mem=shared_mem)

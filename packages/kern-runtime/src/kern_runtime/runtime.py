@@ -218,9 +218,10 @@ class Runtime:
                 if launch.carveout is not None:
                     drv.func_set_carveout(func, launch.carveout)
         # NOTE: the opt-in is needed once static + dynamic passes 48 KiB, so compare with the
-        # function's own limit (48 KiB less its static shared memory), not with 48 KiB.
+        # function's own limit (48 KiB less its static shared memory), not with 48 KiB; a function
+        # no launch gives dynamic shared memory is not queried (nor loaded) at all.
         for func, hi in smem.values():
-            if hi > drv.func_max_dynamic_smem(func):
+            if hi > 0 and hi > drv.func_max_dynamic_smem(func):
                 drv.func_set_dynamic_smem(func, hi)
 
     def _allocate_buffers(self, over: Resident | None) -> None:
