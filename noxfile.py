@@ -1,4 +1,4 @@
-"""Developer sessions: tests, lint, benchmarks, and the offline wheelhouse for GPU hosts."""
+"""Nox targets: tests, lint, benchmarks, examples, and the offline wheelhouse for GPU hosts."""
 
 from __future__ import annotations
 
