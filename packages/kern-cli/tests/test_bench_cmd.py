@@ -46,6 +46,10 @@ def test_program_without_gemms_is_an_error() -> None:
         bench.gemm_only_manifest(_example("qwen3-tiny"), "load")
 
 
+def test_table_of_no_rows_is_the_header() -> None:
+    assert bench.table([]).split() == ["name", "value", "unit", "target", "peer"]
+
+
 def test_table_aligns_columns() -> None:
     text = bench.table([bench._row("a", 1.23456, "ms", 2.9, "x"), bench._row("long_name", 10, "GB")])
     lines = text.splitlines()
@@ -59,35 +63,89 @@ def _parse(*argv: str) -> object:
     return build_parser().parse_args(["bench", *argv])
 
 
-@pytest.mark.parametrize(
-    ("argv", "word"),
-    [
-        (("--contexts", "128,x"), "comma-separated"),
-        (("--contexts", "0"), "positive"),
-        (("--steps", "50"), "at least 200"),
-        (("--floor-manifest", "/nonexistent.json"), "no such file"),
-    ],
-)
-def test_bad_options_exit_2(argv: tuple[str, ...], word: str, monkeypatch: pytest.MonkeyPatch,
-                            capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    monkeypatch.setattr(run, "device_count", lambda: 1)
-    monkeypatch.setattr(bench, "probe_gpu", lambda gpu: None)
-    weights = tmp_path / "w.safetensors"
-    weights.write_bytes(b"")
-    args = _parse("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--weights", str(weights), *argv)
-    assert args.handler(args) == 2  # type: ignore[attr-defined]
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and word in err[0]
+SOURCES = ROOT / "tools" / "kernels-src"
+TINY = ("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--kernel-sources", str(SOURCES))
 
 
-def test_no_gpu_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def none() -> int:
         raise run.NoGpuError("no NVIDIA GPU on this machine (test)")
 
     monkeypatch.setattr(run, "device_count", none)
-    args = _parse("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (("--contexts", "128,x"), "kern bench: --contexts must be comma-separated integers, got '128,x'"),
+        (("--contexts", "0"), "kern bench: --contexts needs positive integers, got '0'"),
+        (("--steps", "10"), f"kern bench: --steps must be at least {bench.MIN_STEPS} (the median needs them), got 10"),
+        (("--chunk", "0"), "kern bench: --chunk must be at least 1, got 0"),
+        (("--prefill", "0"), "kern bench: --prefill must be at least 1, got 0"),
+        (("--prefill-reps", "0"), "kern bench: --prefill-reps must be at least 1, got 0"),
+        (("--floor-manifest", "/nonexistent.json"), "kern bench: --floor-manifest /nonexistent.json: no such file"),
+        (("--weights", "/nonexistent"), "kern bench: weights /nonexistent: no such file or directory"),
+        (("--kernels", "/nonexistent", "--kernel-sources", "/nosrc"),
+         "kern bench: kernels directory /nonexistent does not exist and the kernel sources /nosrc do not exist"),
+        (("--manifest", "/nonexistent.json"), "kern bench: --manifest /nonexistent.json: no such file"),
+        (("--capacity", "0"), "kern bench: --capacity must be at least 1, got 0"),
+    ],
+)
+def test_bad_options_exit_2_before_the_gpu(argv: tuple[str, ...], line: str, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _no_gpu(monkeypatch)
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    args = _parse(*TINY, "--weights", str(weights), *argv)
     assert args.handler(args) == 2  # type: ignore[attr-defined]
-    assert capsys.readouterr().err.startswith("kern bench: no NVIDIA GPU")
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.strip().splitlines() == [line]
+
+
+def test_a_floor_without_gemms_is_refused_before_the_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _no_gpu(monkeypatch)
+    m = _example("qwen3-tiny")
+    m["programs"]["decode"]["calls"] = [c for c in m["programs"]["decode"]["calls"] if c["op"] != "gemm"]
+    (tmp_path / "floor.json").write_text(json.dumps(m))
+    args = _parse(*TINY, "--floor-manifest", str(tmp_path / "floor.json"))
+    assert args.handler(args) == 2  # type: ignore[attr-defined]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "kern bench: program 'decode' has no extern (GEMM) call to time"]
+
+
+def test_no_gpu_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _no_gpu(monkeypatch)
+    args = _parse(*TINY)
+    assert args.handler(args) == 2  # type: ignore[attr-defined]
+    assert capsys.readouterr().err.strip().splitlines() == ["kern bench: no NVIDIA GPU on this machine (test)"]
+
+
+@pytest.mark.parametrize("flag", ["--prompt", "--prompt-ids", "--output", "--tokenizer", "--eager"])
+def test_bench_offers_no_flag_it_would_ignore(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_cli.main import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["bench", "--help"])
+    assert info.value.code == 0 and flag not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        _parse(flag, "1")
+    assert info.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+def test_bench_chunk_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(bench, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(bench, "bench_session", lambda load, **kw: seen.update(kw, load=load) or [bench._row("r", 1.0, "ms")])
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    args = _parse(*TINY, "--weights", str(weights), "--chunk", "97", "--steps", "300", "--gpu", "0")
+    assert args.handler(args) == 0  # type: ignore[attr-defined]
+    assert capsys.readouterr().out.splitlines()[1].split() == ["r", "1.0", "ms"]
+    assert (seen["chunk"], seen["steps"], seen["contexts"], seen["prefill"]) == (97, 300, [128, 8192], 709)
+    assert seen["load"].weights == (weights,)  # type: ignore[attr-defined]
 
 
 def test_gemv_variant_floor_counts_only_its_extern_calls() -> None:

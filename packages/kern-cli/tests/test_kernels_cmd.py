@@ -221,7 +221,9 @@ def test_cli_prints_module_and_sha(
     wrapper.write_text(f'#!/bin/sh\nexec "{fake_nvcc[0]}" "{fake_nvcc[1]}" "$@"\n')
     wrapper.chmod(0o755)
     out = tmp_path / "out"
-    code = kern_main.main(["kernels", "--src", str(src), "--out", str(out), "--nvcc", str(wrapper)])
+    code = kern_main.main(
+        ["kernels", "--all", "--kernel-sources", str(src), "--out", str(out), "--nvcc", str(wrapper)]
+    )
     assert code == 0
     lines = capsys.readouterr().out.splitlines()
     built = build_kernels(src, out, compiler=fake_nvcc)
@@ -230,10 +232,115 @@ def test_cli_prints_module_and_sha(
 
 def test_cli_bad_input_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = kern_main.main(
-        ["kernels", "--src", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]
+        ["kernels", "--all", "--kernel-sources", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]
     )
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_module_filter_builds_only_those(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    """An unselected module is never compiled, so one that fails cannot block the build."""
+    (src / "broken.cu").write_text("#error planted\n")
+    out = tmp_path / "out"
+    built = build_kernels(src, out, compiler=fake_nvcc, modules=["beta"])
+    assert list(built) == ["beta"] and _calls(fake_nvcc) == ["beta.cu"]
+    assert sorted(p.name for p in out.glob("*.cubin")) == [built["beta"][0].name]
+    again = build_kernels(src, out, compiler=fake_nvcc, modules={"alpha", "beta"})
+    assert list(again) == ["alpha", "beta"] and again["beta"] == built["beta"]
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu"]  # beta was cached
+    assert build_kernels(src, out, compiler=fake_nvcc, modules=[]) == {}
+    with pytest.raises(CompileError, match=r"broken\.cu"):
+        build_kernels(src, out, compiler=fake_nvcc)  # no filter: every module, as before
+
+
+def test_a_module_without_source_is_named(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]
+) -> None:
+    with pytest.raises(KernelSourceError, match=r"no source for module\(s\) gamma in .* \(modules there: alpha, beta\)"):
+        build_kernels(src, tmp_path / "out", compiler=fake_nvcc, modules=["alpha", "gamma"])
+    assert _calls(fake_nvcc) == []
+
+
+def _wrapper(tmp_path: Path, fake_nvcc: tuple[str, ...]) -> Path:
+    wrapper = tmp_path / "tool" / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec "{fake_nvcc[0]}" "{fake_nvcc[1]}" "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.fixture
+def project(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A kern.toml whose two targets pin alpha and beta (one each, in kernels/), with a broken,
+    unpinned module beside them in the sources."""
+    (src / "broken.cu").write_text("#error planted\n")
+    (tmp_path / "m").mkdir()
+    for name, module in (("a", "alpha"), ("b", "beta")):
+        pins = {"modules": {module: {"source": f"{module}.cubin", "sha256": "0" * 64}}}
+        (tmp_path / "m" / f"{name}.json").write_text(json.dumps({**_MINIMAL, **pins}))
+    (tmp_path / "kern.toml").write_text(
+        '[targets.a]\nmanifest = "m/a.json"\nkernels = "kernels"\n'
+        '[targets.b]\nmanifest = "m/b.json"\nkernels = "kernels"\n[kernels]\nsources = "src"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+_MINIMAL = {"schema_version": 5, "model": "t", "vars": {}, "buffers": {}, "ops": {}, "programs": {}}
+
+
+def test_cli_builds_the_modules_kern_toml_pins(
+    project: Path, fake_nvcc: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert kern_main.main(["kernels", "--nvcc", str(_wrapper(project, fake_nvcc))]) == 0
+    captured = capsys.readouterr()
+    assert [ln.split()[0] for ln in captured.out.splitlines()] == ["alpha", "beta"]
+    assert captured.err.splitlines() == [
+        f"kern kernels: building the modules pinned by target(s) a, b: alpha, beta into {project / 'kernels'}"
+    ]
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu"]  # broken.cu is pinned by nobody
+
+
+def test_cli_named_modules_and_all(
+    project: Path, fake_nvcc: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nvcc = str(_wrapper(project, fake_nvcc))
+    assert kern_main.main(["kernels", "beta", "--nvcc", nvcc]) == 0
+    assert [ln.split()[0] for ln in capsys.readouterr().out.splitlines()] == ["beta"]
+    assert kern_main.main(["kernels", "--all", "--nvcc", nvcc]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("kern kernels: broken.cu failed to compile")
+    assert kern_main.main(["kernels", "gamma", "--nvcc", nvcc]) == 2
+    assert "no source for module(s) gamma" in capsys.readouterr().err
+    assert kern_main.main(["kernels", "beta", "--all"]) == 2
+    assert capsys.readouterr().err == "kern kernels: name modules or pass --all, not both\n"
+
+
+@pytest.mark.parametrize(
+    ("toml", "argv", "line"),
+    [
+        ('[targets.a]\nmanifest = "a.json"\n', [],
+         "kern kernels: no kernel sources: pass --kernel-sources DIR or set [kernels] sources in kern.toml"),
+        ("[kernels]\nsources = 'src'\n", [],
+         "kern kernels: no kern.toml target pins a module: name the modules to build, pass --all, "
+         "or --config a kern.toml with [targets]"),
+        ('[targets.a]\nmanifest = "missing.json"\n[kernels]\nsources = "src"\n', [],
+         "kern kernels: target a: manifest {tmp}/missing.json: No such file or directory"),
+        ("", ["--config", "nope.toml"], "kern kernels: --config nope.toml: no such file"),
+        ("", ["--from", "d", "m.json", "alpha"],
+         "kern kernels: --from copies what MANIFEST pins: name no modules and no --all with it"),
+    ],
+)
+def test_cli_bad_configuration_is_one_line(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    toml: str, argv: list[str], line: str,
+) -> None:
+    (tmp_path / "kern.toml").write_text(toml)
+    monkeypatch.chdir(tmp_path)
+    assert kern_main.main(["kernels", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [line.format(tmp=tmp_path)]
 
 
 def _dump_and_manifest(tmp_path: Path, data: bytes) -> tuple[Path, Path, str]:

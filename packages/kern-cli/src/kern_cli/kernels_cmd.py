@@ -1,6 +1,7 @@
-"""`kern kernels`: build tools/kernels-src/*.cu into sm_90 cubins named <module>-<sha12>.cubin.
+"""`kern kernels`: build kernel sources (`.cu` modules) into sm_90 cubins named <module>-<sha12>.cubin.
 
-A module is one `.cu` file and one cubin. Builds are reproducible (fixed flags, no line info, the
+The sources come from `--kernel-sources` or kern.toml's `[kernels] sources`; by default only the
+modules the manifests of kern.toml's targets pin are built. A module is one `.cu` file and one cubin. Builds are reproducible (fixed flags, no line info, the
 source compiled by its bare name from its own directory) and cached: a module is rebuilt only when
 the hash of (its source, every header beside it, the flags, the compiler's version) changes.
 """
@@ -16,10 +17,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from kern_cli.config import ConfigError, KernConfig, config_for
 
 __all__ = [
     "CACHE_FILE",
@@ -30,6 +33,7 @@ __all__ = [
     "KernelBuildError",
     "KernelSourceError",
     "build_kernels",
+    "pinned_by_targets",
     "register",
 ]
 
@@ -70,27 +74,33 @@ class _Entry:
 
 
 def build_kernels(
-    src_dir: Path, out_dir: Path, *, compiler: Sequence[str] = DEFAULT_COMPILER
+    src_dir: Path,
+    out_dir: Path,
+    *,
+    compiler: Sequence[str] = DEFAULT_COMPILER,
+    modules: Collection[str] | None = None,
 ) -> dict[str, tuple[Path, str]]:
-    """Builds every `*.cu` under `src_dir` into `out_dir/<module>-<sha12>.cubin`.
+    """Builds the `*.cu` modules under `src_dir` into `out_dir/<module>-<sha12>.cubin`.
 
     Modules whose cache key is unchanged and whose cubin is still in place are not rebuilt. Either
-    every module builds and `out_dir` is updated, or nothing in `out_dir` changes.
+    every selected module builds and `out_dir` is updated, or nothing in `out_dir` changes; a
+    module outside the selection is neither compiled nor able to fail the build.
 
     Args:
         src_dir: directory of `.cu` modules and the headers they include.
         out_dir: where cubins and the cache record go (created if missing).
         compiler: command prefix of the compiler, `nvcc` by default.
+        modules: the modules to build (`.cu` stems); None builds every module in `src_dir`.
 
     Returns:
-        module -> (cubin path, sha256 hex of the cubin bytes), sorted by module.
+        module -> (cubin path, sha256 hex of the cubin bytes) of the selected modules, sorted.
 
     Raises:
-        KernelSourceError: no sources or a bad module name.
+        KernelSourceError: no sources, a bad module name, or a selected module with no source.
         CompilerNotFoundError: the compiler cannot be run.
         CompileError: a module failed to compile (nothing written).
     """
-    sources = _sources(src_dir)
+    sources = _select(_sources(src_dir), modules, src_dir)
     version = _compiler_version(compiler)
     headers = _headers_digest(src_dir)
     cache = _load_cache(out_dir)
@@ -119,6 +129,17 @@ def _sources(src_dir: Path) -> dict[str, Path]:
                 f"module name {module!r} in {src_dir}: use letters, digits and '_' only"
             )
     return found
+
+
+def _select(sources: Mapping[str, Path], modules: Collection[str] | None, src_dir: Path) -> dict[str, Path]:
+    if modules is None:
+        return dict(sources)
+    unknown = sorted(set(modules) - set(sources))
+    if unknown:
+        raise KernelSourceError(
+            f"no source for module(s) {', '.join(unknown)} in {src_dir} (modules there: {', '.join(sources)})"
+        )
+    return {m: p for m, p in sources.items() if m in modules}
 
 
 def _headers_digest(src_dir: Path) -> str:
@@ -222,8 +243,66 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _default_src() -> Path:
-    return Path("tools") / "kernels-src"
+class _UsageError(Exception):
+    """Bad `kern kernels` arguments or configuration (exit 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    out: Path
+    modules: tuple[str, ...] | None  # None: every module in the sources
+
+
+def pinned_by_targets(config: KernConfig, out: Path | None) -> dict[Path, dict[str, list[str]]]:
+    """kernels directory -> module -> the targets whose manifests pin it (`out` replaces every
+    target's kernels directory when given).
+
+    Raises:
+        ConfigError: a target's manifest is missing or does not parse.
+    """
+    from kern_manifest import ManifestRejected, parse_manifest
+
+    plan: dict[Path, dict[str, list[str]]] = {}
+    for name, target in config.targets.items():
+        if target.manifest is None:
+            continue
+        try:
+            modules = parse_manifest(target.manifest.read_bytes()).modules
+        except OSError as exc:
+            raise ConfigError(f"target {name}: manifest {target.manifest}: {exc.strerror or exc}") from None
+        except ManifestRejected as exc:
+            raise ConfigError(f"target {name}: manifest {target.manifest}: {exc.line()}") from None
+        kernels = out or target.kernels or target.manifest.parent.parent / "kernels"
+        for module in modules:
+            plan.setdefault(kernels, {}).setdefault(module, []).append(name)
+    return plan
+
+
+def _plan(args: argparse.Namespace, config: KernConfig, log: Callable[[str], None]) -> list[_Job]:
+    if args.all and args.modules:
+        raise _UsageError("name modules or pass --all, not both")
+    if args.all or args.modules:
+        modules = None if args.all else tuple(dict.fromkeys(args.modules))
+        dirs = {t.kernels for t in config.targets.values() if t.kernels is not None}
+        outs = [args.out] if args.out else sorted(dirs) or [Path("kernels")]
+        return [_Job(o, modules) for o in outs]
+    plan = pinned_by_targets(config, args.out)
+    if not plan:
+        raise _UsageError("no kern.toml target pins a module: name the modules to build, pass --all, "
+                          "or --config a kern.toml with [targets]")
+    jobs: list[_Job] = []
+    for out, pins in sorted(plan.items()):
+        targets = sorted({t for names in pins.values() for t in names})
+        log(f"building the modules pinned by target(s) {', '.join(targets)}: {', '.join(sorted(pins))} into {out}")
+        jobs.append(_Job(out, tuple(sorted(pins))))
+    return jobs
+
+
+def _sources_dir(args: argparse.Namespace, config: KernConfig) -> Path:
+    src: Path | None = args.sources or config.kernel_sources
+    if src is None:
+        raise _UsageError("no kernel sources: pass --kernel-sources DIR or set [kernels] sources in kern.toml")
+    return src
 
 
 def register(
@@ -231,10 +310,23 @@ def register(
 ) -> None:
     """Adds `kern kernels` to the `kern` dispatcher."""
     parser = subparsers.add_parser(
-        "kernels", help="build tools/kernels-src/*.cu into sm_90 cubins (cached by hash)"
+        "kernels",
+        help="build the kernel modules kern.toml's manifests pin into sm_90 cubins (cached by hash)",
+        description="Build kernel modules (.cu files of the kernel sources) into sm_90 cubins named "
+        "<module>-<sha12>.cubin. With no MODULE and no --all: the modules the manifests of "
+        "kern.toml's targets pin, each into its target's kernels directory.",
     )
-    parser.add_argument("--src", type=Path, default=_default_src(), help="directory of .cu modules")
-    parser.add_argument("--out", type=Path, default=Path("kernels"), help="cubin output directory")
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help="a module to build (a .cu file's stem)")
+    parser.add_argument("--all", action="store_true", help="build every module in the kernel sources")
+    parser.add_argument("--config", type=Path, help="kern.toml (default: the nearest one upward)")
+    parser.add_argument(
+        "--kernel-sources", dest="sources", type=Path,
+        help="directory of .cu modules (default: kern.toml [kernels] sources)",
+    )
+    parser.add_argument(
+        "--out", type=Path,
+        help="cubin output directory (default: each target's kernels directory, else kernels/)",
+    )
     parser.add_argument(
         "--nvcc", default=shutil.which("nvcc") or "nvcc", help="the nvcc to build with"
     )
@@ -249,19 +341,30 @@ def register(
     parser.set_defaults(handler=_handle)
 
 
+def _log(msg: str) -> None:
+    print(f"kern kernels: {msg}", file=sys.stderr, flush=True)
+
+
 def _handle(args: argparse.Namespace) -> int:
     if args.extract is not None:
-        return _extract(args.extract[0], args.extract[1], args.out)
+        if args.modules or args.all:
+            _log("--from copies what MANIFEST pins: name no modules and no --all with it")
+            return 2
+        return _extract(args.extract[0], args.extract[1], args.out or Path("kernels"))
     try:
-        built = build_kernels(args.src, args.out, compiler=(args.nvcc,))
+        config = config_for(args.config, Path.cwd())
+        src = _sources_dir(args, config)
+        jobs = _plan(args, config, _log)
+        built = {j.out: build_kernels(src, j.out, compiler=(args.nvcc,), modules=j.modules) for j in jobs}
     except CompilerNotFoundError as exc:
-        print(f"kern kernels: {exc}", file=sys.stderr)
+        _log(str(exc))
         return 1
-    except KernelBuildError as exc:
-        print(f"kern kernels: {exc}", file=sys.stderr)
+    except (KernelBuildError, ConfigError, _UsageError) as exc:
+        _log(str(exc))
         return 2
-    for module, (path, sha) in built.items():
-        print(f"{module} {sha} {path}")
+    for result in built.values():
+        for module, (path, sha) in result.items():
+            print(f"{module} {sha} {path}")
     return 0
 
 

@@ -1,8 +1,10 @@
 """The runtime's error tree, one class per party that must act.
 
-Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError, ManifestError.
-Kernel extractor (re-extract kernels): KernelArtifactError. Weight exporter (re-export weights):
-WeightArtifactError. Caller (API misuse): ApiError, DomainError (a write outside an input's domain). Device (CUDA / BLAS at execution): CudaError,
+Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError, ManifestError,
+ServingRolesError (no serving roles for a session). Kernel extractor (re-extract kernels):
+KernelArtifactError. Weight exporter (re-export weights): WeightArtifactError. Caller (API misuse):
+ApiError, DomainError (a write outside an input's domain), InputFileError (a named file is missing),
+SessionError (a session asked for what it cannot do). Device (CUDA / BLAS at execution): CudaError,
 NoDriverError, BlasError. CallError locates a failure inside a program's call table.
 """
 
@@ -14,12 +16,15 @@ __all__ = [
     "CallError",
     "CudaError",
     "DomainError",
+    "InputFileError",
     "KernRuntimeError",
     "KernelArtifactError",
     "ManifestError",
     "ManifestParseError",
     "ManifestVerifyError",
     "NoDriverError",
+    "ServingRolesError",
+    "SessionError",
     "WeightArtifactError",
 ]
 
@@ -40,6 +45,11 @@ class ManifestError(KernRuntimeError):
     """The manifest is well-formed but asks for something this runtime cannot do (provider)."""
 
 
+class ServingRolesError(KernRuntimeError):
+    """The manifest lacks a role a session needs: a buffer `fill`, the chunk or the step program
+    (provider)."""
+
+
 class KernelArtifactError(KernRuntimeError):
     """A kernel module is missing, has the wrong hash, or its ABI differs (re-extract kernels)."""
 
@@ -54,6 +64,15 @@ class ApiError(KernRuntimeError):
 
 class DomainError(ApiError):
     """A host write into an input buffer leaves the buffer's declared domain (caller)."""
+
+
+class InputFileError(ApiError):
+    """A file or directory the caller named is missing or holds nothing usable (caller)."""
+
+
+class SessionError(ApiError):
+    """A session was asked for what it cannot do: an empty or out-of-range prompt, more tokens
+    than its capacity, a rewind before any prefill, pages that do not fit (caller)."""
 
 
 class CudaError(KernRuntimeError):

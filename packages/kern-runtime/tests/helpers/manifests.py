@@ -209,3 +209,33 @@ def pooled(sha: str) -> Json:
             {"op": "stamp", "args": [{"state": "ssm", "offset": 1 << 19}, {"buf": "bt"}, {"i64": 9}, {"u8": 1},
                                      {"i32": 128}]}]}},
     }  # fmt: skip
+
+
+def serving(sha: str = "ab" * 32) -> Json:
+    """The serving roles of one sequence and nothing else: a token/position/slot/seq_len/block
+    table input each, the next-token output, a once program, a chunk and a step program."""
+
+    def buf(dtype: str, shape: list[Any], kind: str, fill: str | None = None) -> Json:
+        return {"dtype": dtype, "shape": shape, "kind": kind, **({"fill": fill} if fill else {})}
+
+    return {
+        "schema_version": 5,
+        "model": "serving",
+        "vars": {"tokens": {"max": 256}},
+        "buffers": {
+            "ids": buf("i64", ["tokens"], "input", "token"),
+            "pos": buf("i64", ["tokens"], "input", "position"),
+            "sl": buf("i64", ["tokens"], "input", "slot"),
+            "len": buf("i32", [1], "input", "seq_len"),
+            "bt": buf("i32", [64], "input", "blocks"),
+            "nt": buf("i64", [1], "output", "tokens"),
+            "w": buf("bf16", [4], "weight"),
+        },
+        "modules": {"core": {"source": "core.cubin", "sha256": sha}},
+        "ops": {},
+        "programs": {
+            "load": {"once": True, "calls": []},
+            "chunk": {"batch": {"groups": 1, "rows": "tokens"}, "calls": []},
+            "step": {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": []},
+        },
+    }

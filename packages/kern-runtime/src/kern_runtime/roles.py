@@ -1,0 +1,152 @@
+"""A manifest's serving roles: which buffers and programs a sequence is served through.
+
+Buffer `fill`s say which input carries token ids, positions, KV slots, the sequence length and the
+block table, and which output carries the next token; program `batch` shapes say which program takes
+prefill chunks (rows = a var) and which is the one-row decode step. Everything here is pure (plain
+JSON in, plain values out) and runs on any machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputFileError, ManifestParseError, ServingRolesError, SessionError
+
+__all__ = ["ServingRoles", "prefill_chunks", "read_manifest", "serving_roles"]
+
+_INPUT_ROLES = ("token", "position", "slot", "seq_len", "blocks")
+
+
+@dataclass(frozen=True, slots=True)
+class ServingRoles:
+    """Buffer and program names by serving role, read from a manifest's `fill` and `batch`."""
+
+    token: str
+    position: str
+    slot: str
+    seq_len: str
+    blocks: str
+    blocks_len: int
+    next_token: str
+    chunk_program: str
+    chunk_var: str
+    chunk_max: int
+    step_program: str
+    step_vars: Mapping[str, int] = field(default_factory=dict[str, int])
+    start_program: str | None = None
+    """A plain program (no batch, once or derive) that seeds device-fed step inputs; when None,
+    the host writes the step's inputs before every step."""
+    token_max: int | None = None
+    """The largest token id the model takes (the token input's domain max), when declared."""
+    page_tokens: int = 1
+    """Tokens per KV page: the block table's domain stride (1 when undeclared)."""
+    position_max: int | None = None
+    """The largest position the model takes (the position input's domain max), when declared."""
+
+    def reach(self, capacity: int) -> int:
+        """The most positions one sequence can hold: the block table's pages and the position
+        input's domain (`capacity` itself when neither bounds it further)."""
+        positions = self.position_max + 1 if self.position_max is not None else capacity
+        return min(self.blocks_len * self.page_tokens, positions)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest file as plain JSON with its wire-only constants expanded (kern_manifest's parse;
+    meaning is checked when the runtime loads it).
+
+    Raises:
+        InputFileError: the file cannot be read.
+        ManifestParseError: a parse problem (the first one; `kern manifest verify` lists all).
+    """
+    from kern_manifest import ManifestRejected, manifest_to_json, parse_manifest
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"manifest {path}: {exc.strerror or exc}") from None
+    try:
+        return manifest_to_json(parse_manifest(data))
+    except ManifestRejected as exc:
+        problems = list(exc.problems)
+        first = problems[0].line() if problems else exc.line()
+        more = f" (and {len(problems) - 1} more: kern manifest verify {path})" if len(problems) > 1 else ""
+        raise ManifestParseError(f"manifest {path}: {first}{more}") from None
+
+
+def _fills(manifest: Mapping[str, Any]) -> dict[str, str]:
+    fills: dict[str, list[str]] = {}
+    for name, buf in manifest.get("buffers", {}).items():
+        if "fill" in buf:
+            fills.setdefault(buf["fill"], []).append(name)
+    for role in (*_INPUT_ROLES, "tokens"):
+        if len(fills.get(role, [])) != 1:
+            raise ServingRolesError(
+                f"manifest needs exactly one buffer with fill {role!r}, found {fills.get(role, [])}")
+    return {role: names[0] for role, names in fills.items()}
+
+
+def _programs(manifest: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    programs: Mapping[str, Any] = manifest.get("programs", {})
+    chunk = [n for n, p in programs.items() if isinstance(p.get("batch", {}).get("rows"), str)]
+    step = [n for n, p in programs.items() if p.get("batch", {}).get("rows") == 1]
+    if len(chunk) != 1 or len(step) != 1:
+        raise ServingRolesError(f"manifest needs one chunk program (batch rows = a var) and one step "
+                                f"program (rows = 1); found {chunk} and {step}")
+    plain = [n for n, p in programs.items() if not (p.get("batch") or p.get("once") or p.get("derive"))]
+    if len(plain) > 1:
+        raise ServingRolesError(
+            f"manifest has several plain programs {plain}; at most one (the step seed) is allowed")
+    return chunk[0], step[0], plain[0] if plain else None
+
+
+def _domain_max(buf: Mapping[str, Any]) -> int | None:
+    bound = (buf.get("domain") or {}).get("max")
+    return bound if isinstance(bound, int) and not isinstance(bound, bool) else None
+
+
+def _count(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def serving_roles(manifest: Mapping[str, Any]) -> ServingRoles:
+    """Find the serving roles a single-sequence greedy run needs (`manifest` as plain JSON, e.g.
+    from `read_manifest`).
+
+    Raises:
+        ServingRolesError: a role is missing or declared twice, or there is no chunk or step program.
+    """
+    fills = _fills(manifest)
+    chunk, step, start = _programs(manifest)
+    buffers = manifest["buffers"]
+    var = manifest["programs"][chunk]["batch"]["rows"]
+    if var not in manifest.get("vars", {}):
+        raise ServingRolesError(f"chunk program {chunk!r} takes rows = {var!r}, which is no declared var")
+    blocks = buffers[fills["blocks"]]
+    return ServingRoles(
+        token=fills["token"], position=fills["position"], slot=fills["slot"],
+        seq_len=fills["seq_len"], blocks=fills["blocks"], blocks_len=_count(blocks["shape"]),
+        next_token=fills["tokens"], chunk_program=chunk, chunk_var=var,
+        chunk_max=int(manifest["vars"][var]["max"]), step_program=step,
+        step_vars={v: 1 for v in manifest.get("vars", {})},
+        start_program=start,
+        token_max=_domain_max(buffers[fills["token"]]),
+        page_tokens=int((blocks.get("domain") or {}).get("stride") or 1),
+        position_max=_domain_max(buffers[fills["position"]]),
+    )
+
+
+def prefill_chunks(prompt_len: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) ranges covering the first prompt_len - 1 tokens in chunks of at most `chunk`.
+
+    Raises:
+        SessionError: `chunk` is below 1 or `prompt_len` is negative.
+    """
+    if chunk < 1 or prompt_len < 0:
+        raise SessionError(f"prefill chunks need chunk >= 1 and a prompt length >= 0, got {chunk} and {prompt_len}")
+    return [(a, min(a + chunk, prompt_len - 1)) for a in range(0, prompt_len - 1, chunk)]

@@ -1,0 +1,96 @@
+"""Serving roles from manifest JSON, prefill chunk plans and manifest files (no GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kern_runtime as kr
+
+from .helpers.manifests import serving
+
+
+def test_roles_from_fills_and_batches() -> None:
+    r = kr.serving_roles(serving())
+    assert (r.token, r.position, r.slot, r.seq_len, r.blocks, r.next_token) == ("ids", "pos", "sl", "len", "bt", "nt")
+    assert (r.chunk_program, r.chunk_var, r.chunk_max, r.step_program, r.blocks_len) == ("chunk", "tokens", 256, "step", 64)
+    assert r.step_vars == {"tokens": 1}
+    assert (r.start_program, r.token_max, r.position_max, r.page_tokens) == (None, None, None, 1)
+
+
+def test_roles_read_domains() -> None:
+    m = serving()
+    m["buffers"]["ids"]["domain"] = {"min": 0, "max": 4095}
+    m["buffers"]["pos"]["domain"] = {"min": 0, "max": 99}
+    m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
+    r = kr.serving_roles(m)
+    assert (r.token_max, r.position_max, r.page_tokens) == (4095, 99, 16)
+    assert r.reach(4096) == 100  # the position bound is tighter than 64 pages of 16
+    m["buffers"]["pos"].pop("domain")
+    assert kr.serving_roles(m).reach(4096) == 64 * 16
+    assert kr.serving_roles(serving()).reach(30) == 30  # nothing bounds it below the block table
+
+
+def test_roles_find_the_step_seed_program() -> None:
+    m = serving()
+    m["programs"]["start"] = {"calls": []}
+    assert kr.serving_roles(m).start_program == "start"
+    m["programs"]["other"] = {"calls": []}
+    with pytest.raises(kr.ServingRolesError, match="several plain programs"):
+        kr.serving_roles(m)
+
+
+@pytest.mark.parametrize(
+    ("edit", "word"),
+    [
+        (lambda m: m["buffers"]["sl"].pop("fill"), "fill 'slot'"),
+        (lambda m: m["buffers"]["w"].update(fill="token"), r"fill 'token', found \['ids', 'w'\]"),
+        (lambda m: m["programs"]["chunk"]["batch"].update(rows=1), "one chunk program"),
+        (lambda m: m["programs"].pop("step"), "one step program"),
+        (lambda m: m["programs"]["chunk"]["batch"].update(rows="rows"), "'rows', which is no declared var"),
+    ],
+)
+def test_roles_errors(edit: object, word: str) -> None:
+    m = serving()
+    edit(m)  # type: ignore[operator]
+    with pytest.raises(kr.ServingRolesError, match=word):
+        kr.serving_roles(m)
+    assert not issubclass(kr.ServingRolesError, kr.ApiError)  # the provider acts, not the caller
+
+
+def test_prefill_chunks_cover_all_but_the_last_token() -> None:
+    assert kr.prefill_chunks(1, 512) == []
+    assert kr.prefill_chunks(2, 512) == [(0, 1)]
+    assert kr.prefill_chunks(709, 512) == [(0, 512), (512, 708)]
+    assert kr.prefill_chunks(709, 97)[-1] == (679, 708) and len(kr.prefill_chunks(709, 97)) == 8
+    assert kr.prefill_chunks(37, 1) == [(i, i + 1) for i in range(36)]
+
+
+@pytest.mark.parametrize(("length", "chunk"), [(10, 0), (10, -3), (-1, 4)])
+def test_prefill_chunks_refuse_bad_sizes(length: int, chunk: int) -> None:
+    with pytest.raises(kr.SessionError, match="chunk >= 1"):
+        kr.prefill_chunks(length, chunk)
+
+
+def test_read_manifest_expands_constants(tmp_path: Path) -> None:
+    m = serving()
+    m["constants"] = {"BLOCKS": 64, "TOP": 99}
+    m["buffers"]["bt"]["shape"] = ["BLOCKS"]
+    m["buffers"]["pos"]["domain"] = {"min": 0, "max": "TOP"}
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    roles = kr.serving_roles(kr.read_manifest(tmp_path / "m.json"))
+    assert roles.blocks_len == 64 and roles.position_max == 99
+
+
+def test_read_manifest_errors(tmp_path: Path) -> None:
+    with pytest.raises(kr.InputFileError, match=r"missing\.json: No such file"):
+        kr.read_manifest(tmp_path / "missing.json")
+    m = serving()
+    m["buffers"]["len"]["dtype"] = "int33"
+    m["buffers"]["ids"]["dtype"] = "int34"
+    (tmp_path / "bad.json").write_text(json.dumps(m))
+    with pytest.raises(kr.ManifestParseError, match=r"bad\.json: /buffers/\w+/dtype.*\(and 1 more: kern manifest verify"):
+        kr.read_manifest(tmp_path / "bad.json")
+    assert issubclass(kr.InputFileError, kr.ApiError)
