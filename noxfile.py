@@ -56,7 +56,7 @@ def examples(session: nox.Session) -> None:
     """Rebuild kernels/ from tools/kernels-src, regenerate examples/ from it, and delete the cubins
     in kernels/ that no example pins any more."""
     _sync(session)
-    session.run("kern", "kernels")
+    session.run("kern", "kernels", "--all")
     for name, options in EXAMPLES.items():
         session.run("python", "tools/gen_qwen3.py", *options, "--feed", "device", "-o", f"examples/{name}.json")
     pinned = {
