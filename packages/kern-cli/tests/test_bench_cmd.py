@@ -64,7 +64,8 @@ def _parse(*argv: str) -> object:
 
 
 SOURCES = ROOT / "tools" / "kernels-src"
-TINY = ("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--kernel-sources", str(SOURCES))
+TINY = ("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--kernel-sources", str(SOURCES),
+        "--contexts", "128,1024")  # NOTE: within the tiny model's 4,096 positions
 
 
 def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,6 +90,7 @@ def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
          "kern bench: kernels directory /nonexistent does not exist and the kernel sources /nosrc do not exist"),
         (("--manifest", "/nonexistent.json"), "kern bench: --manifest /nonexistent.json: no such file"),
         (("--capacity", "0"), "kern bench: --capacity must be at least 1, got 0"),
+        (("--contexts", "128,5000"), "kern bench: capacity 5632 exceeds the model's reach of 4096 positions"),
     ],
 )
 def test_bad_options_exit_2_before_the_gpu(argv: tuple[str, ...], line: str, monkeypatch: pytest.MonkeyPatch,
@@ -144,7 +146,7 @@ def test_bench_chunk_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_pa
     args = _parse(*TINY, "--weights", str(weights), "--chunk", "97", "--steps", "300", "--gpu", "0")
     assert args.handler(args) == 0  # type: ignore[attr-defined]
     assert capsys.readouterr().out.splitlines()[1].split() == ["r", "1.0", "ms"]
-    assert (seen["chunk"], seen["steps"], seen["contexts"], seen["prefill"]) == (97, 300, [128, 8192], 709)
+    assert (seen["chunk"], seen["steps"], seen["contexts"], seen["prefill"]) == (97, 300, [128, 1024], 709)
     assert seen["load"].weights == (weights,)  # type: ignore[attr-defined]
 
 

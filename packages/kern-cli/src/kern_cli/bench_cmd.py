@@ -254,6 +254,11 @@ def check_bench_options(*, contexts: Sequence[int], steps: int, prefill: int, pr
         raise BenchError(f"--floor-manifest {floor_manifest}: no such file")
 
 
+def _capacity(load: LoadOptions, contexts: Sequence[int], steps: int, prefill: int) -> int:
+    reach = max([*contexts, prefill]) + 2 * steps + 32  # NOTE: device-fed replays advance too
+    return max(load.capacity or 0, -(-reach // 256) * 256)
+
+
 def _floor(manifest: Mapping[str, Any], floor_manifest: Path | None) -> Mapping[str, Any]:
     import kern_runtime as kr
 
@@ -288,8 +293,7 @@ def bench_session(
                         chunk=chunk, floor_manifest=floor_manifest)
     inputs = check_inputs(load)
     floor = _floor(inputs.manifest, floor_manifest)
-    reach = max([*contexts, prefill]) + 2 * steps + 32  # NOTE: device-fed replays advance too
-    capacity = max(load.capacity or 0, -(-reach // 256) * 256)
+    capacity = _capacity(load, contexts, steps, prefill)
     kr.check_capacity(inputs.roles, capacity)
     if inputs.weights is None:
         raise RunError("kern bench needs weights: pass --weights or use default_weights()")
@@ -340,6 +344,8 @@ def _ints(text: str) -> list[int]:
 
 
 def _bench_args(args: argparse.Namespace) -> tuple[LoadOptions, dict[str, Any]]:
+    import kern_runtime as kr
+
     load = resolve_load(args, config_for(args.config, Path.cwd()))
     options: dict[str, Any] = {
         "contexts": _ints(args.contexts), "steps": DEFAULT_BENCH_STEPS if args.steps is None else args.steps,
@@ -349,6 +355,7 @@ def _bench_args(args: argparse.Namespace) -> tuple[LoadOptions, dict[str, Any]]:
     check_bench_options(**options)
     inputs = check_inputs(load)
     _floor(inputs.manifest, args.floor_manifest)
+    kr.check_capacity(inputs.roles, _capacity(load, options["contexts"], options["steps"], options["prefill"]))
     return load, options
 
 
@@ -381,7 +388,7 @@ def register(subparsers: Any) -> None:
     """Add `kern bench` to the `kern` dispatcher."""
     p = subparsers.add_parser("bench", help="decode and prefill timings on one GPU",
                               description=__doc__.splitlines()[0] if __doc__ else None)
-    add_load_flags(p)
+    add_load_flags(p, capacity_help="KV tokens at least (default: what the contexts, steps and prefill reach)")
     p.add_argument("--steps", type=int,
                    help=f"timed decode steps per context (>= {MIN_STEPS}, default {DEFAULT_BENCH_STEPS})")
     p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_BENCH_CHUNK})")

@@ -101,7 +101,8 @@ class RunOptions:
     tokenizer: str
 
 
-def add_load_flags(p: argparse.ArgumentParser) -> None:
+def add_load_flags(p: argparse.ArgumentParser, *, capacity_help: str = "KV tokens (default: the run's reach, "
+                   "at least 4096)") -> None:
     """Add the target, file, GPU and capacity flags shared by `kern run` and `kern bench`."""
     p.add_argument("target", nargs="?", help="a target named in kern.toml (default: its default)")
     p.add_argument("--config", type=Path, help="kern.toml (default: the nearest one upward)")
@@ -111,7 +112,7 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
                    help="kernel sources to build missing cubins from (default: kern.toml [kernels] sources)")
     p.add_argument("--weights", type=Path, nargs="+", help="checkpoint directory or .safetensors files")
     p.add_argument("--gpu", type=int, help="device ordinal (default 0)")
-    p.add_argument("--capacity", type=int, help="KV tokens (default: the run's reach, at least 4096)")
+    p.add_argument("--capacity", type=int, help=capacity_help)
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
