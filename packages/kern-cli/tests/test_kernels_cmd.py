@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kern_cli import main as kern_main
+from kern_cli.config import load_config
 from kern_cli.kernels_cmd import (
     CACHE_FILE,
     NVCC_FLAGS,
@@ -390,6 +391,26 @@ def test_nvcc_build_is_reproducible(tmp_path: Path) -> None:
         assert path.read_bytes() == second[module][0].read_bytes()
         assert path.read_bytes()[:4] == b"\x7fELF"
     assert NVCC_FLAGS == ("-cubin", "-arch=sm_90", "-O3")
+
+
+@pytest.mark.gpu
+def test_kern_kernels_in_the_repo_builds_exactly_the_pinned_cubins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plain `kern kernels` from the repo's kern.toml: the modules its targets' manifests pin, each
+    with the sha256 the manifest pins, and nothing else."""
+    nvcc = shutil.which("nvcc")
+    assert nvcc is not None, "nvcc must be on PATH on GPU hosts"
+    monkeypatch.chdir(REPO)
+    assert kern_main.main(["kernels", "--out", str(tmp_path), "--nvcc", nvcc]) == 0
+    built = {ln.split()[0]: ln.split()[1] for ln in capsys.readouterr().out.splitlines()}
+    pinned: dict[str, str] = {}
+    for target in load_config(REPO / "kern.toml").targets.values():
+        assert target.manifest is not None
+        for module, entry in json.loads(target.manifest.read_text())["modules"].items():
+            pinned[module] = entry["sha256"]
+    assert built == pinned
+    assert sorted(p.stem.rsplit("-", 1)[0] for p in tmp_path.glob("*.cubin")) == sorted(pinned)
 
 
 def test_a_change_to_an_included_source_rebuilds_the_module_that_includes_it(
