@@ -325,3 +325,14 @@ def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
     assert run.decode_text(tok, [785, 6722]) == "The capital"
     assert run.decode_text(tok, [785, 151935, 6722, 151934]) == (
         "The<|unknown:151935|> capital<|unknown:151934|>")
+
+
+def test_a_checkpoint_that_cannot_be_written_is_a_run_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kern_cli.checkpoint import CheckpointError
+
+    def full(config: object, **kw: object) -> tuple[Path, bool]:
+        raise CheckpointError("cannot write /nope: No space left on device")
+
+    monkeypatch.setattr(run, "random_checkpoint", full)
+    with pytest.raises(run.RunError, match="^cannot write /nope: No space left on device$"):
+        run.default_weights(lambda s: None)
