@@ -334,5 +334,5 @@ def test_a_checkpoint_that_cannot_be_written_is_a_run_error(monkeypatch: pytest.
         raise CheckpointError("cannot write /nope: No space left on device")
 
     monkeypatch.setattr(run, "random_checkpoint", full)
-    with pytest.raises(run.RunError, match="^cannot write /nope: No space left on device$"):
+    with pytest.raises(run.RunError, match=r"^cannot write /nope: No space left on device$"):
         run.default_weights(lambda s: None)
