@@ -205,7 +205,7 @@ def bench_issue(work: Path) -> list[dict[str, Any]]:
     with kr.Runtime.load(manifest, kdir) as rt:
         rt.load_weights(kr.Safetensors.parse(struct.pack("<Q", 2) + b"{}"))
         rt.write_input("x", np.ones(128, np.float32))
-        graph = rt.capture("step", {})
+        graph = rt.capture_graph("step", {})
         stream = rt._stream  # pyright: ignore[reportPrivateUsage]
         n = 2000
         issue = _per_call_us(lambda: rt.issue("step", {}), n)

@@ -68,7 +68,7 @@ def _smoke(model: str, kdir: Path, root: Path, steps: int) -> dict[str, Any]:
     ckpt, _ = random_checkpoint(config, seed=0, name=model, root=root)
     result: dict[str, Any] = {"manifest": str(manifest.relative_to(ROOT))}
     t0 = time.perf_counter()
-    with kr.Runtime.load(manifest, kdir, capacity=kr.Capacity(tokens=4096)) as rt:
+    with kr.Runtime.load(manifest, kdir, capacity=kr.Capacity(tokens=4096, seqs=1)) as rt:
         t1 = time.perf_counter()
         moved = rt.load_weights(kr.Safetensors.open(ckpt))
         t2 = time.perf_counter()

@@ -79,7 +79,7 @@ class _InterpRuntime:
     def synchronize(self) -> None:
         pass
 
-    def capture(self, program: str, vars: dict[str, int]) -> Any:
+    def capture_graph(self, program: str, vars: dict[str, int]) -> Any:
         from types import SimpleNamespace
 
         return SimpleNamespace(launches=len(self.machine.m["programs"][program]["calls"]))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from cuda.bindings import driver as cu
 
+import kern_pool
 import kern_runtime as kr
 from kern_manifest import ManifestParse, ManifestRejected, ManifestVerify
 from kern_runtime import _driver as drv
@@ -51,6 +53,33 @@ def test_runtime_load_without_driver(monkeypatch: pytest.MonkeyPatch, tmp_path) 
         kr.Runtime.load(path, tmp_path)
 
 
+def test_capacity_is_the_pool_s() -> None:
+    assert kr.Capacity is kern_pool.Capacity
+    assert kern_pool.Capacity(tokens=4096, seqs=1) == kr.DEFAULT_CAPACITY
+
+
+@pytest.mark.parametrize(
+    ("capacity", "line"),
+    [
+        (kern_pool.Capacity(tokens=None, seqs=1), r"^Capacity\(tokens=None\) \(all free memory\) is not supported by Runtime\.load; pass tokens=N, the tokens to hold$"),
+        (kern_pool.Capacity(tokens=0, seqs=1), "^capacity needs tokens >= 1 and seqs >= 1"),
+        (kern_pool.Capacity(tokens=16, seqs=0), "^capacity needs tokens >= 1 and seqs >= 1"),
+    ],
+)
+def test_capacity_the_runtime_cannot_hold_is_a_caller_error_before_the_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capacity: kern_pool.Capacity, line: str
+) -> None:
+    def touched(_flags: int) -> object:
+        raise AssertionError("the driver was reached")
+
+    monkeypatch.setattr(drv, "_initialized", False)
+    monkeypatch.setattr(drv.cu, "cuInit", touched)
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(manifests.chain("ab" * 32, calls=2)))
+    with pytest.raises(kr.ApiError, match=line):
+        kr.Runtime.load(path, tmp_path, capacity=capacity)
+
+
 def test_rejections_map_to_provider_errors() -> None:
     parse = ManifestRejected([ManifestParse("/x", "bad", "fix"), ManifestVerify("/y", "worse", "fix")])
     verify = ManifestRejected([ManifestVerify("/y", "worse", "fix")])
@@ -74,7 +103,7 @@ def test_call_error_locates_the_call() -> None:
 
 
 def test_error_tree() -> None:
-    for cls in (kr.ManifestParseError, kr.ManifestVerifyError, kr.ManifestError, kr.KernelArtifactError,
+    for cls in (kr.ManifestParseError, kr.ManifestVerifyError, kr.ManifestUnsupportedError, kr.KernelArtifactError,
                 kr.WeightArtifactError, kr.ApiError, kr.CallError, kr.CudaError, kr.BlasError):  # fmt: skip
         assert issubclass(cls, kr.KernRuntimeError)
         assert cls.__name__ in kr.__all__

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from kern_runtime import ManifestError
+from kern_runtime import ManifestUnsupportedError
 from kern_runtime.launch import ArgBlock, encode_value, pack_bytes
 
 
@@ -22,7 +22,7 @@ def test_scalars_encode_little_endian() -> None:
 
 @pytest.mark.parametrize(("kind", "value"), [("i32", 1 << 31), ("u8", 256), ("u8", -1), ("ptr", -1), ("i32", 1.5)])
 def test_out_of_range_scalars_are_manifest_errors(kind: str, value: float) -> None:
-    with pytest.raises(ManifestError):
+    with pytest.raises(ManifestUnsupportedError):
         encode_value(kind, value, "op x")
 
 
@@ -42,5 +42,5 @@ def test_slots_are_u64_aligned_and_pointed_at() -> None:
 def test_pack_places_fields_and_zero_fills() -> None:
     raw = pack_bytes(16, [(0, b"\x01\x02"), (8, struct.pack("<i", -1))])
     assert raw == b"\x01\x02" + bytes(6) + b"\xff\xff\xff\xff" + bytes(4)
-    with pytest.raises(ManifestError, match="overruns"):
+    with pytest.raises(ManifestUnsupportedError, match="overruns"):
         pack_bytes(8, [(4, bytes(8))])

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kern_manifest import parse_manifest
-from kern_runtime import ManifestError
+from kern_runtime import ManifestUnsupportedError
 from kern_runtime import _program as program
 from kern_runtime._program import Resources, compile_program, gemm_shape
 
@@ -85,7 +85,7 @@ def test_gemm_shapes_map_strides_and_kinds() -> None:
     assert gemm_shape("extern:cublaslt_bf16_tn", [7, 256, 512]) == program.GemmShape(7, 256, 512, 256, 512, False, False)
     assert gemm_shape("extern:cublaslt_bf16_tn_acc", [7, 256, 512, 384, 640]).accumulate
     assert gemm_shape("extern:cublas_bf16_tn_f32", [1, 2, 3]).out_f32
-    with pytest.raises(ManifestError, match="bf16 GEMMs only"):
+    with pytest.raises(ManifestUnsupportedError, match="bf16 GEMMs only"):
         gemm_shape("extern:cublaslt_fp8_tn", [1, 2, 3])
-    with pytest.raises(ManifestError, match="not available"):
+    with pytest.raises(ManifestUnsupportedError, match="not available"):
         compile_program(_resources(manifests.gemm()), "plain", {"m": 4})

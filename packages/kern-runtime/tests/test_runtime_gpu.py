@@ -303,7 +303,7 @@ def test_graph_replay_equals_eager_over_400_launches(kdir: Path, sha: str, tmp_p
         assert not np.array_equal(rt.read_output("y"), eager)
         rt.write_input("x", x)
         rt.issue("chain", {})
-        graph = rt.capture("chain", {})
+        graph = rt.capture_graph("chain", {})
         assert graph.launches == 400
         np.testing.assert_array_equal(rt.read_output("y"), eager)
         rt.replay(graph, {})
@@ -313,8 +313,8 @@ def test_graph_replay_equals_eager_over_400_launches(kdir: Path, sha: str, tmp_p
 
 def test_graph_vars_must_match_capture(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
     rt, _ = basic
-    g = rt.capture("main", {"n": 8})
-    assert rt.capture("main", {"n": 8}) is g
+    g = rt.capture_graph("main", {"n": 8})
+    assert rt.capture_graph("main", {"n": 8}) is g
     with pytest.raises(kr.ApiError, match="captured at"):
         rt.replay(g, {"n": 9})
 
@@ -376,7 +376,7 @@ def test_gemm_graph_capture(gemm_rt: tuple[kr.Runtime, np.ndarray]) -> None:
     rt.write_input("a", ab)
     rt.run("plain", {"m": 7})
     eager = rt.read_buffer("c").copy()
-    rt.replay(rt.capture("plain", {"m": 7}), {"m": 7})
+    rt.replay(rt.capture_graph("plain", {"m": 7}), {"m": 7})
     np.testing.assert_array_equal(rt.read_buffer("c"), eager)
 
 

@@ -14,11 +14,11 @@ from kern_runtime import (
     FileBlob,
     MemoryBlob,
     Safetensors,
-    Segment,
+    TensorWindow,
     WeightArtifactError,
     plan_bind,
 )
-from kern_runtime.weights import Interleave
+from kern_runtime.weights import RowInterleave
 
 
 def _st_bytes(tensors: dict[str, np.ndarray]) -> bytes:
@@ -58,7 +58,7 @@ def test_parse_reads_dtype_shape_and_bytes() -> None:
 def test_full_tensor_is_one_contiguous_copy() -> None:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     st = Safetensors.parse(_st_bytes({"a": a}))
-    copies = plan_bind("buf", "f32", 48, [Segment("a")], st)
+    copies = plan_bind("buf", "f32", 48, [TensorWindow("a")], st)
     assert [(c.src_offset, c.dst_offset, c.width, c.height) for c in copies] == [(0, 0, 48, 1)]
 
 
@@ -67,7 +67,7 @@ def test_concatenation_and_row_window() -> None:
     b = np.arange(100, 108, dtype=np.float32).reshape(2, 4)
     data = _st_bytes({"a": a, "b": b})
     st = Safetensors.parse(data)
-    copies = plan_bind("buf", "f32", 16 * 3, [Segment("a", rows=(1, 3)), Segment("b", rows=(0, 1))], st)
+    copies = plan_bind("buf", "f32", 16 * 3, [TensorWindow("a", rows=(1, 3)), TensorWindow("b", rows=(0, 1))], st)
     out = bytearray(48)
     _apply(copies, out, data)
     assert np.frombuffer(bytes(out), np.float32).tolist() == [*a[1:3].ravel(), *b[0].ravel()]
@@ -76,7 +76,7 @@ def test_concatenation_and_row_window() -> None:
 def test_column_window_is_strided() -> None:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     data = _st_bytes({"a": a})
-    copies = plan_bind("buf", "f32", 3 * 2 * 4, [Segment("a", cols=(1, 3))], Safetensors.parse(data))
+    copies = plan_bind("buf", "f32", 3 * 2 * 4, [TensorWindow("a", cols=(1, 3))], Safetensors.parse(data))
     assert len(copies) == 1 and copies[0].height == 3 and copies[0].src_pitch == 16 and copies[0].width == 8
     out = bytearray(24)
     _apply(copies, out, data)
@@ -87,7 +87,7 @@ def test_interleave_alternates_row_blocks() -> None:
     g = np.arange(8, dtype=np.float32).reshape(4, 2)
     u = -np.arange(8, dtype=np.float32).reshape(4, 2) - 1
     data = _st_bytes({"g": g, "u": u})
-    copies = plan_bind("gu", "f32", 64, [Segment("g", interleave=Interleave("u", 2))], Safetensors.parse(data))
+    copies = plan_bind("gu", "f32", 64, [TensorWindow("g", interleave=RowInterleave("u", 2))], Safetensors.parse(data))
     out = bytearray(64)
     _apply(copies, out, data)
     expect = np.concatenate([g[0:2], u[0:2], g[2:4], u[2:4]]).ravel()
@@ -97,21 +97,21 @@ def test_interleave_alternates_row_blocks() -> None:
 def test_adjacent_runs_merge_into_one_copy() -> None:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     st = Safetensors.parse(_st_bytes({"a": a}))
-    copies = plan_bind("buf", "f32", 48, [Segment("a", rows=(0, 1)), Segment("a", rows=(1, 3))], st)
+    copies = plan_bind("buf", "f32", 48, [TensorWindow("a", rows=(0, 1)), TensorWindow("a", rows=(1, 3))], st)
     assert len(copies) == 1 and copies[0].width == 48
 
 
 @pytest.mark.parametrize(
     ("segments", "nbytes", "match"),
     [
-        ([Segment("missing")], 48, "no tensor 'missing'"),
-        ([Segment("a")], 40, "holds 40 bytes but its bind segments give 48"),
-        ([Segment("a", rows=(2, 5))], 48, "outside tensor 'a'"),
-        ([Segment("a", interleave=Interleave("c", 2))], 48, "differ in shape"),
-        ([Segment("a", rows=(0, 3), interleave=Interleave("a", 2))], 96, "blocks of 2"),
+        ([TensorWindow("missing")], 48, "no tensor 'missing'"),
+        ([TensorWindow("a")], 40, "holds 40 bytes but its bind segments give 48"),
+        ([TensorWindow("a", rows=(2, 5))], 48, "outside tensor 'a'"),
+        ([TensorWindow("a", interleave=RowInterleave("c", 2))], 48, "differ in shape"),
+        ([TensorWindow("a", rows=(0, 3), interleave=RowInterleave("a", 2))], 96, "blocks of 2"),
     ],
 )
-def test_bad_binds_are_weight_artifact_errors(segments: list[Segment], nbytes: int, match: str) -> None:
+def test_bad_binds_are_weight_artifact_errors(segments: list[TensorWindow], nbytes: int, match: str) -> None:
     st = Safetensors.parse(_st_bytes({"a": np.zeros((3, 4), np.float32), "c": np.zeros((4, 3), np.float32)}))
     with pytest.raises(WeightArtifactError, match=match):
         plan_bind("buf", "f32", nbytes, segments, st)
@@ -120,7 +120,7 @@ def test_bad_binds_are_weight_artifact_errors(segments: list[Segment], nbytes: i
 def test_dtype_mismatch_names_both_dtypes() -> None:
     st = Safetensors.parse(_st_bytes({"a": np.zeros((3, 4), np.float32)}))
     with pytest.raises(WeightArtifactError, match="buffer 'buf' is bf16 but tensor 'a' is f32"):
-        plan_bind("buf", "bf16", 24, [Segment("a")], st)
+        plan_bind("buf", "bf16", 24, [TensorWindow("a")], st)
 
 
 def test_open_shards_and_refuse_duplicates(tmp_path: Path) -> None:

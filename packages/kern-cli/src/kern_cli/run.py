@@ -455,7 +455,7 @@ def execute(opts: RunOptions, out: TextIO) -> int:
     with _open(opts, inputs, capacity) as s:
         if not opts.eager:
             tc = time.perf_counter()
-            graph = s.rt.capture(s.roles.step_program, s.roles.step_vars)
+            graph = s.rt.capture_graph(s.roles.step_program, s.roles.step_vars)
             _log(f"graph {s.roles.step_program}: {graph.launches} launches captured in "
                  f"{1e3 * (time.perf_counter() - tc):.0f} ms; each step is one replay")
         t1 = time.perf_counter()

@@ -1,12 +1,14 @@
 """kern_runtime: the CUDA executor for verified kern manifests.
 
 `Runtime.load(manifest, kernels_dir, gpu=, capacity=)` verifies a manifest, loads its kernel
-modules by sha256, allocates buffers and states; `load_weights(Safetensors.open(paths))` fills the
-weights; `run` / `issue` execute programs (eager / CUDA graph); `write_input` / `read_output` move
-data. `Session` runs one sequence on it (chunked prefill, greedy decode steps) through the serving
-roles a manifest declares (`serving_roles`). Errors are typed by who must act (see
-`kern_runtime.errors`).
+modules by sha256, allocates buffers and states (`capacity` is a `kern_pool.Capacity`, re-exported
+here); `load_weights(Safetensors.open(paths))` fills the weights; `run` / `issue` execute programs
+(eager / CUDA graph); `write_input` / `read_output` move data. `Session` runs one sequence on it
+(chunked prefill, greedy decode steps) through the serving roles a manifest declares
+(`serving_roles`). Errors are typed by who must act (see `kern_runtime.errors`).
 """
+
+from kern_pool import Capacity
 
 from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .errors import (
@@ -18,8 +20,8 @@ from .errors import (
     InputFileError,
     KernelArtifactError,
     KernRuntimeError,
-    ManifestError,
     ManifestParseError,
+    ManifestUnsupportedError,
     ManifestVerifyError,
     NoDriverError,
     ServingRolesError,
@@ -28,21 +30,23 @@ from .errors import (
 )
 from .graphs import Graph, normalize_vars
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
-from .runtime import Capacity, Resident, Runtime
+from .runtime import DEFAULT_CAPACITY, Resident, Runtime
 from .session import Session, check_capacity, check_prompt, weight_files
 from .weights import (
     Copy,
     DeviceBlob,
     FileBlob,
     MemoryBlob,
+    RowInterleave,
     Safetensors,
-    Segment,
     TensorInfo,
     Tensors,
+    TensorWindow,
     plan_bind,
 )
 
 __all__ = [
+    "DEFAULT_CAPACITY",
     "ApiError",
     "BlasError",
     "CallError",
@@ -57,21 +61,22 @@ __all__ = [
     "InputFileError",
     "KernRuntimeError",
     "KernelArtifactError",
-    "ManifestError",
     "ManifestParseError",
+    "ManifestUnsupportedError",
     "ManifestVerifyError",
     "MemoryBlob",
     "NoDriverError",
     "Resident",
+    "RowInterleave",
     "Runtime",
     "Safetensors",
-    "Segment",
     "ServingRoles",
     "ServingRolesError",
     "Session",
     "SessionError",
     "StateUnits",
     "TensorInfo",
+    "TensorWindow",
     "Tensors",
     "WeightArtifactError",
     "check_capacity",

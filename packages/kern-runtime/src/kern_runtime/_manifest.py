@@ -10,7 +10,7 @@ import kern_manifest as km
 from kern_manifest import Buffer, Manifest, ManifestParse, ManifestRejected, RankRanges, RankTensors
 
 from .errors import ApiError, ManifestParseError, ManifestVerifyError
-from .weights import Interleave, Segment
+from .weights import RowInterleave, TensorWindow
 
 __all__ = ["bind_segments", "load_manifest", "map_rejection"]
 
@@ -66,13 +66,13 @@ def _range(buffer: str, raw: tuple[int, int] | RankRanges | None, ranks: Mapping
     return (pick[0], pick[1])
 
 
-def bind_segments(name: str, buf: Buffer, ranks: Mapping[str, int]) -> list[Segment]:
-    """The buffer's bind resolved for this rank, as the planner's Segments."""
-    out: list[Segment] = []
+def bind_segments(name: str, buf: Buffer, ranks: Mapping[str, int]) -> list[TensorWindow]:
+    """The buffer's bind resolved for this rank, as the planner's TensorWindows."""
+    out: list[TensorWindow] = []
     for seg in buf.bind or ():
         tensor = seg.tensor
         if isinstance(tensor, RankTensors):
             tensor = tensor.tensors[_rank_pick(name, tensor.group, ranks, len(tensor.tensors))]
-        inter = Interleave(seg.interleave.with_, seg.interleave.rows) if seg.interleave else None
-        out.append(Segment(tensor, _range(name, seg.rows, ranks), _range(name, seg.cols, ranks), inter))
+        inter = RowInterleave(seg.interleave.with_, seg.interleave.rows) if seg.interleave else None
+        out.append(TensorWindow(tensor, _range(name, seg.rows, ranks), _range(name, seg.cols, ranks), inter))
     return out

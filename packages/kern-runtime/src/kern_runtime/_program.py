@@ -46,7 +46,7 @@ from kern_manifest.schema import (
 
 from . import _driver as drv
 from .blas import Blas, GemmShape
-from .errors import ManifestError
+from .errors import ManifestUnsupportedError
 from .launch import ArgBlock, KernelRecord, encode_value, pack_bytes
 
 __all__ = ["Resources", "Step", "Value", "call_value", "compile_program", "gemm_shape"]
@@ -93,7 +93,7 @@ def call_value(res: Resources, arg: object, env: Mapping[str, int], where: str) 
         table = res.buffers if isinstance(arg, BufArg) else res.states
         name = arg.buf if isinstance(arg, BufArg) else arg.state
         if name not in table:
-            raise ManifestError(f"{where}: {name!r} has no memory in this runtime (peer or unloaded source)")
+            raise ManifestUnsupportedError(f"{where}: {name!r} has no memory in this runtime (peer or unloaded source)")
         ptr, size = table[name]
         off = arg.offset.eval(env)
         return Value(ptr=ptr + off, room=size - off)
@@ -105,7 +105,7 @@ def call_value(res: Resources, arg: object, env: Mapping[str, int], where: str) 
         return Value(scalar=_literal(arg))
     if isinstance(arg, RankArg):
         return Value(scalar=res.ranks.get(arg.rank, 0))
-    raise ManifestError(f"{where}: unsupported call arg {arg!r}")
+    raise ManifestUnsupportedError(f"{where}: unsupported call arg {arg!r}")
 
 
 def _literal(arg: I32Arg | I64Arg | U8Arg | F32Arg) -> int | float:
@@ -121,12 +121,12 @@ def _literal(arg: I32Arg | I64Arg | U8Arg | F32Arg) -> int | float:
 def _encode(ptype: ParamType, v: Value, where: str) -> bytes:
     if ptype.is_pointer:
         if v.ptr is None:
-            raise ManifestError(f"{where}: pointer param got a scalar")
+            raise ManifestUnsupportedError(f"{where}: pointer param got a scalar")
         return encode_value("ptr", v.ptr, where)
     if ptype.kind == "bytes":
-        raise ManifestError(f"{where}: bytes<{ptype.size}> param needs a pack arg")
+        raise ManifestUnsupportedError(f"{where}: bytes<{ptype.size}> param needs a pack arg")
     if v.scalar is None:
-        raise ManifestError(f"{where}: scalar param got a pointer")
+        raise ManifestUnsupportedError(f"{where}: scalar param got a pointer")
     return encode_value(str(ptype.dtype), v.scalar, where)
 
 
@@ -170,7 +170,7 @@ class _Compiler:
         if isinstance(arg, PackArg):
             fields = [self._field(op_name, op, f, values, where) for f in arg.pack.fields]
             return pack_bytes(arg.pack.size, fields, where)
-        raise ManifestError(f"{where}: unsupported launch arg {arg!r}")
+        raise ManifestUnsupportedError(f"{where}: unsupported launch arg {arg!r}")
 
     def _field(self, op_name: str, op: Op, f: object, values: Sequence[Value], where: str) -> tuple[int, bytes]:
         if isinstance(f, PackTensormap):
@@ -198,12 +198,12 @@ class _Compiler:
             return at, _width(f.expr.eval(self.env), width or 4, True, where)
         if isinstance(f, PackRank):
             return at, _width(self.res.ranks.get(f.rank, 0), width or 4, True, where)
-        raise ManifestError(f"{where}: unsupported pack field {f!r}")
+        raise ManifestUnsupportedError(f"{where}: unsupported pack field {f!r}")
 
     def tensormap(self, t: Tensormap, values: Sequence[Value], where: str) -> bytes:
         v = values[t.param]
         if v.ptr is None:
-            raise ManifestError(f"{where}: tensormap param {t.param} is not a pointer")
+            raise ManifestUnsupportedError(f"{where}: tensormap param {t.param} is not a pointer")
         dims = [d.eval(self.env) for d in t.dims]
         strides = [s.eval(self.env) for s in t.strides]
         if dims and dims[-1] == 0:
@@ -230,12 +230,12 @@ class _Compiler:
     ) -> tuple[Callable[[], None], Mapping[str, int]]:
         blas = self.res.blas
         if blas is None or not launch.entry.startswith("extern:cubl"):
-            raise ManifestError(f"{where}: {launch.entry} is not available in this runtime")
+            raise ManifestUnsupportedError(f"{where}: {launch.entry} is not available in this runtime")
         args = launch.args if launch.args is not None else tuple(ParamArg(param=i) for i in range(len(values)))
         vals = [self._extern_value(a, values, where) for a in args]
         a, w, c = (vals[i].ptr for i in range(3))
         if a is None or w is None or c is None:
-            raise ManifestError(f"{where}: GEMM a/w/c must be buffers")
+            raise ManifestUnsupportedError(f"{where}: GEMM a/w/c must be buffers")
         shape = gemm_shape(launch.entry, [int(v.scalar or 0) for v in vals[3:]], where)
         plan = blas.plan(shape, _algo_tuple(launch))
         stream = int(self.res.stream)
@@ -250,7 +250,7 @@ class _Compiler:
             return Value(scalar=self.env[arg.var])
         if isinstance(arg, ExprArg):
             return Value(scalar=arg.expr.eval(self.env))
-        raise ManifestError(f"{where}: unsupported extern arg {arg!r}")
+        raise ManifestUnsupportedError(f"{where}: unsupported extern arg {arg!r}")
 
 
 def _algo_tuple(launch: ExternLaunch) -> tuple[int, ...] | None:
@@ -263,9 +263,9 @@ def _algo_tuple(launch: ExternLaunch) -> tuple[int, ...] | None:
 def gemm_shape(entry: str, scalars: Sequence[int], where: str = "") -> GemmShape:
     """The GemmShape of an extern GEMM from its scalar args [m, n, k, ldc?, lda?]."""
     if entry not in ("extern:cublaslt_bf16_tn", "extern:cublaslt_bf16_tn_acc", "extern:cublas_bf16_tn_f32"):
-        raise ManifestError(f"{where}: {entry} is not supported by this runtime (bf16 GEMMs only)")
+        raise ManifestUnsupportedError(f"{where}: {entry} is not supported by this runtime (bf16 GEMMs only)")
     if len(scalars) < 3:
-        raise ManifestError(f"{where}: {entry} needs m, n, k")
+        raise ManifestUnsupportedError(f"{where}: {entry} needs m, n, k")
     m, n, k = scalars[:3]
     ldc = scalars[3] if len(scalars) > 3 else n
     lda = scalars[4] if len(scalars) > 4 else k
@@ -276,7 +276,7 @@ def _width(value: int, width: int, signed: bool, where: str) -> bytes:
     try:
         return value.to_bytes(width, "little", signed=signed and value < 0)
     except OverflowError:
-        raise ManifestError(f"{where}: pack value {value} does not fit {width} bytes") from None
+        raise ManifestUnsupportedError(f"{where}: pack value {value} does not fit {width} bytes") from None
 
 
 def _inside(when: Any, env: Mapping[str, int]) -> bool:

@@ -1,11 +1,12 @@
 """The runtime's error tree, one class per party that must act.
 
-Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError, ManifestError,
-ServingRolesError (no serving roles for a session). Kernel extractor (re-extract kernels):
-KernelArtifactError. Weight exporter (re-export weights): WeightArtifactError. Caller (API misuse):
-ApiError, DomainError (a write outside an input's domain), InputFileError (a named file is missing),
-SessionError (a session asked for what it cannot do). Device (CUDA / BLAS at execution): CudaError,
-NoDriverError, BlasError. CallError locates a failure inside a program's call table.
+Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError,
+ManifestUnsupportedError, ServingRolesError (no serving roles for a session). Kernel extractor
+(re-extract kernels): KernelArtifactError. Weight exporter (re-export weights): WeightArtifactError.
+Caller (API misuse): ApiError, DomainError (a write outside an input's domain), InputFileError (a
+named file is missing), SessionError (a session asked for what it cannot do). Device (CUDA / BLAS
+at execution): CudaError, NoDriverError, BlasError. CallError locates a failure inside a program's
+call table.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ __all__ = [
     "InputFileError",
     "KernRuntimeError",
     "KernelArtifactError",
-    "ManifestError",
     "ManifestParseError",
+    "ManifestUnsupportedError",
     "ManifestVerifyError",
     "NoDriverError",
     "ServingRolesError",
@@ -41,7 +42,7 @@ class ManifestVerifyError(KernRuntimeError):
     """The manifest parsed but failed the verifier (provider)."""
 
 
-class ManifestError(KernRuntimeError):
+class ManifestUnsupportedError(KernRuntimeError):
     """The manifest is well-formed but asks for something this runtime cannot do (provider)."""
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ManifestError
+from .errors import ManifestUnsupportedError
 
 __all__ = ["ArgBlock", "KernelRecord", "encode_value", "pack_bytes"]
 
@@ -29,10 +29,10 @@ def encode_value(kind: str, value: int | float, where: str = "") -> bytes:
         if kind == "f32":
             return struct.pack(fmt, float(value))
         if isinstance(value, float):
-            raise ManifestError(f"{where}: {kind} arg got the float {value}")
+            raise ManifestUnsupportedError(f"{where}: {kind} arg got the float {value}")
         return struct.pack(fmt, value)
     except struct.error:
-        raise ManifestError(f"{where}: value {value} does not fit {kind}") from None
+        raise ManifestUnsupportedError(f"{where}: value {value} does not fit {kind}") from None
 
 
 def pack_bytes(size: int, fields: Sequence[tuple[int, bytes]], where: str = "") -> bytes:
@@ -40,7 +40,7 @@ def pack_bytes(size: int, fields: Sequence[tuple[int, bytes]], where: str = "") 
     out = bytearray(size)
     for at, raw in fields:
         if at < 0 or at + len(raw) > size:
-            raise ManifestError(f"{where}: pack field at {at} of {len(raw)} bytes overruns {size} bytes")
+            raise ManifestUnsupportedError(f"{where}: pack field at {at} of {len(raw)} bytes overruns {size} bytes")
         out[at : at + len(raw)] = raw
     return bytes(out)
 

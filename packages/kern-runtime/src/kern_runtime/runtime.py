@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,7 @@ import numpy.typing as npt
 import kern_pool
 from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest
 from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg, VarArg
+from kern_pool import Capacity
 
 from . import _driver as drv
 from . import memory
@@ -23,14 +24,20 @@ from ._manifest import bind_segments, load_manifest
 from ._program import Resources, Step, Value, call_value, compile_program, gemm_shape
 from .blas import WORKSPACE_BYTES, Blas, GemmShape
 from .domains import InputDomain, StateUnits, check_domain, input_domains
-from .errors import ApiError, CallError, KernelArtifactError, KernRuntimeError, ManifestError
+from .errors import (
+    ApiError,
+    CallError,
+    KernelArtifactError,
+    KernRuntimeError,
+    ManifestUnsupportedError,
+)
 from .graphs import Graph, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
 from .memory import Allocation
 from .sequences import Sequences, pool_layout
 from .weights import Tensors, plan_bind
 
-__all__ = ["Capacity", "Resident", "Runtime"]
+__all__ = ["DEFAULT_CAPACITY", "Resident", "Runtime"]
 
 _NP_DTYPES: Mapping[str, Any] = {
     "bf16": np.uint16, "f16": np.float16, "f32": np.float32, "fp8e4m3": np.uint8, "fp8e8m0": np.uint8,
@@ -39,12 +46,20 @@ _NP_DTYPES: Mapping[str, Any] = {
 Progress = Callable[[int, int], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    """The caller's own numbers: tokens held in paged states, live sequences in per-seq states."""
+DEFAULT_CAPACITY: Final = Capacity(tokens=4096, seqs=1)
+"""What `Runtime.load` holds when no capacity is given: 4096 tokens, one live sequence."""
 
-    tokens: int = 4096
-    seqs: int = 1
+
+def _capacity_tokens(cap: Capacity) -> int:
+    """The tokens a runtime sizes its states for; the one-line caller error where it cannot."""
+    if cap.tokens is None:
+        raise ApiError(
+            "Capacity(tokens=None) (all free memory) is not supported by Runtime.load; "
+            "pass tokens=N, the tokens to hold"
+        )
+    if cap.tokens < 1 or cap.seqs < 1:
+        raise ApiError(f"capacity needs tokens >= 1 and seqs >= 1, got {cap}")
+    return cap.tokens
 
 
 @dataclass(slots=True)
@@ -103,6 +118,7 @@ class Runtime:
         self.manifest = manifest
         self.gpu = gpu
         self.capacity = capacity
+        self._tokens = _capacity_tokens(capacity)
         self._stack = ExitStack()
         self._weights: dict[str, _Weight] = {}
         self._buffers: dict[str, Allocation] = {}
@@ -148,18 +164,17 @@ class Runtime:
             manifest: a path to a manifest file, or a parsed kern_manifest model (verified here).
             kernels_dir: the directory holding module files (matched by sha256, not by name).
             gpu: the device ordinal.
-            capacity: tokens for paged states, live sequences for per-seq states.
+            capacity: tokens for paged states, live sequences for per-seq states (a
+                `kern_pool.Capacity`; `DEFAULT_CAPACITY` when not given). `tokens=None` is refused.
             over: weights kept from another runtime on the same GPU; identical ones are claimed.
             ranks: this rank's index in each topology group (0 where not given).
 
         Raises:
-            ManifestParseError, ManifestVerifyError, ManifestError, KernelArtifactError,
+            ManifestParseError, ManifestVerifyError, ManifestUnsupportedError, KernelArtifactError,
             ApiError, CudaError, BlasError. A failed load releases everything it allocated.
         """
         model = load_manifest(manifest)
-        cap = capacity or Capacity()
-        if cap.tokens < 1 or cap.seqs < 1:
-            raise ApiError(f"capacity needs tokens >= 1 and seqs >= 1, got {cap}")
+        cap = DEFAULT_CAPACITY if capacity is None else capacity
         if over is not None and over.gpu != gpu:
             raise ApiError(f"load_over: resident weights live on gpu {over.gpu}, not {gpu}")
         rt = cls(model, gpu, cap)
@@ -227,7 +242,7 @@ class Runtime:
     def _allocate_buffers(self, over: Resident | None) -> None:
         for name, buf in self.manifest.buffers.items():
             if buf.kind == "peer":
-                raise ManifestError(f"buffer {name!r}: peer buffers need import_peers, which this runtime lacks")
+                raise ManifestUnsupportedError(f"buffer {name!r}: peer buffers need import_peers, which this runtime lacks")
             if buf.kind == "source":
                 continue
             nbytes = self.manifest.buffer_max_bytes(name)
@@ -269,17 +284,17 @@ class Runtime:
         for name, st in self.manifest.states.items():
             if st.bytes is None:
                 continue
-            nbytes, chunk, note = memory.state_size(st, self.capacity.tokens, self.capacity.seqs, 1, gran)
+            nbytes, chunk, note = memory.state_size(st, self._tokens, self.capacity.seqs, 1, gran)
             alloc = memory.vmm(self._stack, self._dev, nbytes, chunk)
             drv.memset_async(alloc.ptr, alloc.nbytes, self._stream)
             self._states[name] = alloc
             self._state_notes[name] = note
         paged, per_seq, unit, row = pool_layout(self.manifest)
         if paged or per_seq:
-            tokens = max(self.capacity.tokens // unit * unit, unit)
+            tokens = max(self._tokens // unit * unit, unit)
             config = kern_pool.pool_config(
                 paged, per_seq, unit=unit, row_pages=row or -(-tokens // unit),
-                capacity=kern_pool.Capacity(tokens, self.capacity.seqs),
+                capacity=Capacity(tokens=tokens, seqs=self.capacity.seqs),
             )  # fmt: skip
             self._seqs = Sequences(self._stack, self._dev, self._stream, config)
             for name, (base, reserved) in self._seqs.spans.items():
@@ -489,17 +504,17 @@ class Runtime:
         key = self._key(program, vars)
         self._execute(program, self._compile(program, key))
 
-    def capture(self, program: str, vars: Mapping[str, int]) -> Graph:
+    def capture_graph(self, program: str, vars: Mapping[str, int]) -> Graph:
         """The CUDA graph of `program` at these vars (captured on first use, then cached)."""
         self._live()
         self._program(program)
         key = self._key(program, vars)
         graph = self._graphs.get((program, key))
         if graph is None:
-            graph = self._capture(program, key)
+            graph = self._capture_graph(program, key)
         return graph
 
-    def _capture(self, program: str, key: VarKey) -> Graph:
+    def _capture_graph(self, program: str, key: VarKey) -> Graph:
         steps = self._compile(program, key)
         drv.begin_capture(self._stream)
         try:
@@ -535,7 +550,7 @@ class Runtime:
             drv.graph_launch(graph.exec_, self._stream)
             return
         if program in self.manifest.programs and self.manifest.programs[program].graph:
-            drv.graph_launch(self.capture(program, vars).exec_, self._stream)
+            drv.graph_launch(self.capture_graph(program, vars).exec_, self._stream)
         else:
             self.run(program, vars)
 
@@ -829,7 +844,7 @@ def _lit(arg: object, env: Mapping[str, int]) -> int:
         return env[arg.var]
     if isinstance(arg, ExprArg):
         return arg.expr.eval(env)
-    raise ManifestError(f"extern arg {arg!r} is not an integer")
+    raise ManifestUnsupportedError(f"extern arg {arg!r} is not an integer")
 
 
 def _var_ends(manifest: Manifest, reads: frozenset[str], launch: ExternLaunch) -> list[dict[str, int]]:

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kern_pool import Capacity
+
 from .errors import InputFileError, SessionError
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
-from .runtime import Capacity, Progress, Runtime
+from .runtime import Progress, Runtime
 from .weights import Safetensors
 
 __all__ = ["Session", "check_capacity", "check_prompt", "weight_files"]

@@ -2,8 +2,9 @@
 
 A `Tensors` gives, by name, a tensor's dtype, shape and bytes (`MemoryBlob`, `FileBlob` or
 `DeviceBlob`). `Safetensors` implements it over one or many shards, reading headers only.
-`plan_bind` is the pure step: a buffer's bind segments become a list of `Copy`s (with exact
-coverage, dtype and shape checked) before any byte moves; `weights_loader` performs them.
+`plan_bind` is the pure step: a buffer's bind segments, resolved for this rank as `TensorWindow`s,
+become a list of `Copy`s (with exact coverage, dtype and shape checked) before any byte moves;
+`weights_loader` performs them.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ __all__ = [
     "Copy",
     "DeviceBlob",
     "FileBlob",
-    "Interleave",
     "MemoryBlob",
+    "RowInterleave",
     "Safetensors",
-    "Segment",
     "TensorInfo",
+    "TensorWindow",
     "Tensors",
     "plan_bind",
 ]
@@ -235,21 +236,21 @@ def _add(tensors: dict[str, TensorInfo], info: TensorInfo, where: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Interleave:
-    """Alternate blocks of `rows` rows of the segment's tensor and of `with_`."""
+class RowInterleave:
+    """Alternate blocks of `rows` rows of the window's tensor and of `with_` (same shape)."""
 
     with_: str
     rows: int
 
 
 @dataclass(frozen=True, slots=True)
-class Segment:
+class TensorWindow:
     """One bind segment, resolved for this rank: a tensor's rows x cols window (half-open)."""
 
     tensor: str
     rows: tuple[int, int] | None = None
     cols: tuple[int, int] | None = None
-    interleave: Interleave | None = None
+    interleave: RowInterleave | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +280,7 @@ def _lookup(tensors: Tensors, buffer: str, name: str) -> TensorInfo:
     return info
 
 
-def _window(buffer: str, info: TensorInfo, seg: Segment) -> tuple[int, int, int, int]:
+def _window(buffer: str, info: TensorInfo, seg: TensorWindow) -> tuple[int, int, int, int]:
     nrows, ncols = info.matrix
     r0, r1 = seg.rows if seg.rows is not None else (0, nrows)
     c0, c1 = seg.cols if seg.cols is not None else (0, ncols)
@@ -300,7 +301,7 @@ def _rect(info: TensorInfo, r0: int, r1: int, c0: int, c1: int, dst: int) -> Cop
     return Copy(info, r0 * pitch + c0 * esize, pitch, dst, width, r1 - r0)
 
 
-def _segment_copies(buffer: str, dtype: str, tensors: Tensors, seg: Segment, dst: int) -> list[Copy]:
+def _segment_copies(buffer: str, dtype: str, tensors: Tensors, seg: TensorWindow, dst: int) -> list[Copy]:
     info = _lookup(tensors, buffer, seg.tensor)
     _check_dtype(buffer, dtype, info)
     r0, r1, c0, c1 = _window(buffer, info, seg)
@@ -335,7 +336,7 @@ def _check_dtype(buffer: str, dtype: str, info: TensorInfo) -> None:
 
 
 def plan_bind(
-    buffer: str, dtype: str, nbytes: int, segments: Sequence[Segment], tensors: Tensors
+    buffer: str, dtype: str, nbytes: int, segments: Sequence[TensorWindow], tensors: Tensors
 ) -> list[Copy]:
     """Turns a buffer's bind into copies, checking dtype, windows and exact coverage.
 
