@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kern_mining.analyze import Analysis, analyze
-from kern_mining.dump import Dump, Launch, load_dump
+from kern_mining.dump import Dump, RecordedLaunch, load_dump
 from kern_mining.fit import Fit, fit_samples
 
 __all__ = [
@@ -270,10 +270,10 @@ def entry_param_types(src_dir: Path = KERNELS_SRC) -> dict[str, tuple[str, ...]]
 @dataclass
 class _Run:
     program: str
-    launches: list[Launch]
+    launches: list[RecordedLaunch]
 
 
-def _segment(launches: Iterable[Launch], notes: list[str]) -> list[_Run]:
+def _segment(launches: Iterable[RecordedLaunch], notes: list[str]) -> list[_Run]:
     runs: list[_Run] = []
     stray: Counter[str] = Counter()
     for la in launches:
@@ -320,7 +320,7 @@ def _decode_scalar(kind: str, raw: int) -> int | float:
     return raw - (1 << bits) if raw >> (bits - 1) else raw
 
 
-def _sample(la: Launch, forward: int, tokens: int) -> Sample:
+def _sample(la: RecordedLaunch, forward: int, tokens: int) -> Sample:
     """`forward` is the position of the run's first launch in time order."""
     assert isinstance(la.params, tuple)
     return Sample(
@@ -334,7 +334,7 @@ def _sample(la: Launch, forward: int, tokens: int) -> Sample:
     )
 
 
-def _param_facts(entry: str, la: Launch, samples: Sequence[Sample], types: tuple[str, ...]) -> tuple[ParamFact, ...]:
+def _param_facts(entry: str, la: RecordedLaunch, samples: Sequence[Sample], types: tuple[str, ...]) -> tuple[ParamFact, ...]:
     assert isinstance(la.params, tuple)
     out: list[ParamFact] = []
     for i, (p, kind) in enumerate(zip(la.params, types, strict=True)):
@@ -350,7 +350,7 @@ def _param_facts(entry: str, la: Launch, samples: Sequence[Sample], types: tuple
     return tuple(out)
 
 
-def _check_layout(entry: str, la: Launch, types: dict[str, tuple[str, ...]], problems: list[str]) -> bool:
+def _check_layout(entry: str, la: RecordedLaunch, types: dict[str, tuple[str, ...]], problems: list[str]) -> bool:
     if not isinstance(la.params, tuple):
         problems.append(f"{entry}: launched without a flat parameter layout ({la.params!r}); "
                         "launch it with kernelParams so the capture can record its arguments")
@@ -642,7 +642,7 @@ class _Wiring:
 # ----------------------------------------------------------------------------- entry
 
 
-def _analyzer_tokens(dump: Dump, ours: tuple[Launch, ...], analysis: Analysis | None,
+def _analyzer_tokens(dump: Dump, ours: tuple[RecordedLaunch, ...], analysis: Analysis | None,
                      notes: list[str]) -> tuple[int | None, ...]:
     if analysis is None:
         try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kern_cli.config import ConfigError, find_config, load_config
+from kern_cli.config import KernTomlError, find_config, load_config
 
 TOML = """
 target = "b"
@@ -73,14 +73,14 @@ def test_find_config_walks_up(tmp_path: Path) -> None:
 )
 def test_bad_config_is_one_typed_line(tmp_path: Path, text: str, word: str) -> None:
     (tmp_path / "kern.toml").write_text(text)
-    with pytest.raises(ConfigError, match=word) as info:
+    with pytest.raises(KernTomlError, match=word) as info:
         load_config(tmp_path / "kern.toml")
     assert "\n" not in str(info.value).strip()
 
 
 def test_unknown_target_lists_known(tmp_path: Path) -> None:
     (tmp_path / "kern.toml").write_text(TOML)
-    with pytest.raises(ConfigError, match="declared: a, b"):
+    with pytest.raises(KernTomlError, match="declared: a, b"):
         load_config(tmp_path / "kern.toml").target("c")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import kern_cli.run as run
-from kern_cli.config import ConfigError
+from kern_cli.config import KernTomlError
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -88,9 +88,9 @@ def test_flag_beats_toml_beats_default(in_tmp: Path) -> None:
 def test_explicit_config_and_target(in_tmp: Path) -> None:
     (in_tmp / "c.toml").write_text('[targets.a]\nmanifest = "a.json"\n[targets.b]\nmanifest = "b.json"\n')
     assert run.resolve_options(_args("b", "--config", "c.toml")).load.manifest == in_tmp / "b.json"
-    with pytest.raises(ConfigError, match="no target 'z'"):
+    with pytest.raises(KernTomlError, match="no target 'z'"):
         run.resolve_options(_args("z", "--config", "c.toml"))
-    with pytest.raises(ConfigError, match="no such file"):
+    with pytest.raises(KernTomlError, match="no such file"):
         run.resolve_options(_args("--config", "missing.toml"))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers.dumps import launch, synthetic, write_dump
 
-from kern_mining.dump import Launch, load_dump, resolve_dump_dir
+from kern_mining.dump import RecordedLaunch, load_dump, resolve_dump_dir
 from kern_mining.errors import AmbiguousDumpError, CorruptDumpError, EmptyDumpError
 
 
@@ -25,7 +25,7 @@ def test_loads_a_synthetic_dump_from_its_capture_root(tmp_path: Path) -> None:
 
 def test_launch_records_have_no_instance_dict(tmp_path: Path) -> None:
     pid, _ = synthetic(tmp_path)
-    first: Launch = load_dump(pid).launches[0]
+    first: RecordedLaunch = load_dump(pid).launches[0]
     assert not hasattr(first, "__dict__")
 
 

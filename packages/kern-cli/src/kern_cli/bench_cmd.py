@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kern_cli.config import ConfigError, config_for
+from kern_cli.config import KernTomlError, config_for
 from kern_cli.run import (
     LoadOptions,
     RunError,
@@ -371,7 +371,7 @@ def _handle(args: argparse.Namespace) -> int:
         if not load.weights:
             load = replace(load, weights=default_weights(log))
         rows = bench_session(load, **options, log=log)
-    except (RunError, ConfigError, BenchError, *runtime_input_errors()) as exc:
+    except (RunError, KernTomlError, BenchError, *runtime_input_errors()) as exc:
         print(f"kern bench: {exc}", file=sys.stderr)
         return 2
     except KernRuntimeError as exc:

@@ -29,8 +29,8 @@ from typing import Any
 
 __all__ = [
     "CONFIG_NAME",
-    "ConfigError",
     "KernConfig",
+    "KernTomlError",
     "RunDefaults",
     "Target",
     "config_for",
@@ -46,8 +46,9 @@ _RUN = {"prompt", "steps", "chunk"}
 _KERNELS = {"sources", "dumps"}
 
 
-class ConfigError(Exception):
-    """kern.toml is unreadable or names an unknown key, target or a wrongly typed value."""
+class KernTomlError(Exception):
+    """kern.toml is unreadable, names an unknown key or target, a wrongly typed value, or a target
+    whose manifest is missing or does not parse."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ class KernConfig:
         """The named target, else the default one; None when the file declares no target.
 
         Raises:
-            ConfigError: `name` is not declared.
+            KernTomlError: `name` is not declared.
         """
         chosen = name or self.default_target
         if chosen is None:
@@ -95,7 +96,7 @@ class KernConfig:
         if chosen not in self.targets:
             known = ", ".join(sorted(self.targets)) or "none"
             where = self.path or CONFIG_NAME
-            raise ConfigError(f"{where}: no target {chosen!r} (declared: {known})")
+            raise KernTomlError(f"{where}: no target {chosen!r} (declared: {known})")
         return self.targets[chosen]
 
 
@@ -110,7 +111,7 @@ def find_config(start: Path) -> Path | None:
 def _unknown(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(table) - allowed)
     if extra:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)} (allowed: {', '.join(sorted(allowed))})")
+        raise KernTomlError(f"{where}: unknown key(s) {', '.join(extra)} (allowed: {', '.join(sorted(allowed))})")
 
 
 def _typed(where: str, table: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -118,15 +119,15 @@ def _typed(where: str, table: Mapping[str, Any], key: str, kind: type) -> Any:
     if value is None:
         return None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{where}: {key} must be a {kind.__name__}, got {value!r}")
+        raise KernTomlError(f"{where}: {key} must be a {kind.__name__}, got {value!r}")
     if kind is int and value < 0:
-        raise ConfigError(f"{where}: {key} must not be negative, got {value}")
+        raise KernTomlError(f"{where}: {key} must not be negative, got {value}")
     return value
 
 
 def _table(where: str, value: Any) -> Mapping[str, Any]:
     if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a table")
+        raise KernTomlError(f"{where} must be a table")
     return value
 
 
@@ -149,7 +150,7 @@ def _target(name: str, raw: Any, res: _Resolver, where: str) -> Target:
     if isinstance(weights, str):
         weights = [weights]
     if not isinstance(weights, list) or not all(isinstance(w, str) for w in weights):
-        raise ConfigError(f"{here}: weights must be a path or a list of paths")
+        raise KernTomlError(f"{here}: weights must be a path or a list of paths")
     return Target(
         name=name,
         manifest=res.path(_typed(here, t, "manifest", str)),
@@ -164,12 +165,12 @@ def load_config(path: Path) -> KernConfig:
     """Parse one kern.toml.
 
     Raises:
-        ConfigError: unreadable file, TOML syntax, unknown keys or wrong types.
+        KernTomlError: unreadable file, TOML syntax, unknown keys or wrong types.
     """
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        raise KernTomlError(f"{path}: {exc}") from exc
     where = str(path)
     _unknown(where, raw, _TOP)
     res = _Resolver(path.resolve().parent)
@@ -201,11 +202,11 @@ def config_for(explicit: Path | None, start: Path) -> KernConfig:
     from `start` upward, else the empty config.
 
     Raises:
-        ConfigError: `explicit` is not a file, or the file is malformed.
+        KernTomlError: `explicit` is not a file, or the file is malformed.
     """
     if explicit is not None:
         if not explicit.is_file():
-            raise ConfigError(f"--config {explicit}: no such file")
+            raise KernTomlError(f"--config {explicit}: no such file")
         return load_config(explicit)
     found = find_config(start)
     return load_config(found) if found else KernConfig()

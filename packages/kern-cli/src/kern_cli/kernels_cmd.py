@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kern_cli.config import ConfigError, KernConfig, config_for
+from kern_cli.config import KernConfig, KernTomlError, config_for
 
 __all__ = [
     "CACHE_FILE",
@@ -258,7 +258,7 @@ def pinned_by_targets(config: KernConfig, out: Path | None) -> dict[Path, dict[s
     target's kernels directory when given).
 
     Raises:
-        ConfigError: a target's manifest is missing or does not parse.
+        KernTomlError: a target's manifest is missing or does not parse.
     """
     from kern_manifest import ManifestRejected, parse_manifest
 
@@ -269,9 +269,9 @@ def pinned_by_targets(config: KernConfig, out: Path | None) -> dict[Path, dict[s
         try:
             modules = parse_manifest(target.manifest.read_bytes()).modules
         except OSError as exc:
-            raise ConfigError(f"target {name}: manifest {target.manifest}: {exc.strerror or exc}") from None
+            raise KernTomlError(f"target {name}: manifest {target.manifest}: {exc.strerror or exc}") from None
         except ManifestRejected as exc:
-            raise ConfigError(f"target {name}: manifest {target.manifest}: {exc.line()}") from None
+            raise KernTomlError(f"target {name}: manifest {target.manifest}: {exc.line()}") from None
         kernels = out or target.kernels or target.manifest.parent.parent / "kernels"
         for module in modules:
             plan.setdefault(kernels, {}).setdefault(module, []).append(name)
@@ -359,7 +359,7 @@ def _handle(args: argparse.Namespace) -> int:
     except CompilerNotFoundError as exc:
         _log(str(exc))
         return 1
-    except (KernelBuildError, ConfigError, _UsageError) as exc:
+    except (KernelBuildError, KernTomlError, _UsageError) as exc:
         _log(str(exc))
         return 2
     for result in built.values():

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kern_cli.checkpoint import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
-from kern_cli.config import ConfigError, KernConfig, Target, config_for
+from kern_cli.config import KernConfig, KernTomlError, Target, config_for
 
 if TYPE_CHECKING:
     from kern_runtime import ServingRoles, Session
@@ -150,7 +150,7 @@ def resolve_load(args: argparse.Namespace, cfg: KernConfig) -> LoadOptions:
 
     Raises:
         RunError: no manifest, or a value out of range.
-        ConfigError: kern.toml names no such target.
+        KernTomlError: kern.toml names no such target.
     """
     target = cfg.target(args.target) or Target(name="")
     manifest = args.manifest or target.manifest
@@ -174,7 +174,7 @@ def resolve_options(args: argparse.Namespace) -> RunOptions:
 
     Raises:
         RunError: a required path is missing or a value is out of range.
-        ConfigError: kern.toml is malformed or names no such target.
+        KernTomlError: kern.toml is malformed or names no such target.
     """
     cfg = config_for(args.config, Path.cwd())
     load = resolve_load(args, cfg)
@@ -477,7 +477,7 @@ def _handle(args: argparse.Namespace) -> int:
 
     try:
         return execute(resolve_options(args), sys.stdout)
-    except (RunError, ConfigError, *runtime_input_errors()) as exc:
+    except (RunError, KernTomlError, *runtime_input_errors()) as exc:
         print(f"kern-run: {exc}", file=sys.stderr)
         return 2
     except KernRuntimeError as exc:

@@ -42,13 +42,13 @@ from kern_manifest.schema import (
     ScratchArg,
 )
 
-__all__ = ["ImplFlow", "Key", "OpChecks", "Step"]
+__all__ = ["ImplFlow", "Key", "LaunchAccess", "OpChecks"]
 
 Key = tuple[str, int | str]
 
 
 @dataclass(slots=True)
-class Step:
+class LaunchAccess:
     """The reads and writes of one launch (keys: ("param", i) or ("scratch", name))."""
 
     reads: set[Key] = field(default_factory=set[Key])
@@ -71,10 +71,10 @@ class ImplFlow:
         self.early_reads: list[tuple[str, int]] = []
         self.index = 0
 
-    def step(self) -> Step:
-        return Step()
+    def step(self) -> LaunchAccess:
+        return LaunchAccess()
 
-    def commit(self, step: Step) -> None:
+    def commit(self, step: LaunchAccess) -> None:
         for key in sorted(step.reads, key=str):
             if key[0] == "scratch" and key not in self.written:
                 self.early_reads.append((str(key[1]), self.index))
@@ -325,7 +325,7 @@ class OpChecks(Base):
         param: ParamType,
         at: str,
         bounds: Mapping[str, tuple[int, int]],
-        step: Step,
+        step: LaunchAccess,
         info: OpInfo,
     ) -> None:
         if isinstance(arg, ParamArg):
@@ -337,7 +337,7 @@ class OpChecks(Base):
         else:
             self.scalar_arg(arg, param, at, bounds)
 
-    def forward(self, op: Op, index: int, param: ParamType, at: str, step: Step) -> None:
+    def forward(self, op: Op, index: int, param: ParamType, at: str, step: LaunchAccess) -> None:
         if index >= len(op.params):
             self.err(
                 at + "/param",
@@ -362,7 +362,7 @@ class OpChecks(Base):
         if iface.is_pointer:
             step.touch(("param", index), param.reads, param.writes)
 
-    def scratch_arg(self, op: Op, name: str, param: ParamType, at: str, step: Step) -> None:
+    def scratch_arg(self, op: Op, name: str, param: ParamType, at: str, step: LaunchAccess) -> None:
         sc = op.impl.scratch.get(name)
         if sc is None:
             self.err(
@@ -387,7 +387,7 @@ class OpChecks(Base):
         param: ParamType,
         at: str,
         bounds: Mapping[str, tuple[int, int]],
-        step: Step,
+        step: LaunchAccess,
         info: OpInfo,
     ) -> None:
         if param.kind != "bytes":
@@ -427,7 +427,7 @@ class OpChecks(Base):
         f: object,
         at: str,
         bounds: Mapping[str, tuple[int, int]],
-        step: Step,
+        step: LaunchAccess,
         info: OpInfo,
     ) -> int | None:
         if isinstance(f, PackTensormap):
@@ -470,7 +470,7 @@ class OpChecks(Base):
             return None
         return width
 
-    def pack_param(self, op: Op, f: PackParam, at: str, step: Step) -> int | None:
+    def pack_param(self, op: Op, f: PackParam, at: str, step: LaunchAccess) -> int | None:
         if f.param >= len(op.params):
             self.err(
                 at + "/param",
@@ -487,7 +487,7 @@ class OpChecks(Base):
         return self.width_is(f.width if f.width is not None else natural, (natural,), at)
 
     def tensormap_field(
-        self, op: Op, f: PackTensormap, at: str, step: Step, info: OpInfo
+        self, op: Op, f: PackTensormap, at: str, step: LaunchAccess, info: OpInfo
     ) -> int | None:
         tm = f.tensormap
         tat = at + "/tensormap"

@@ -26,7 +26,15 @@ from kern_mining.capture import (
     find_toolchain,
     run_capture,
 )
-from kern_mining.dump import Dump, Launch, ModuleRecord, Param, Pointer, load_dump, resolve_dump_dir
+from kern_mining.dump import (
+    Dump,
+    ModuleRecord,
+    Param,
+    Pointer,
+    RecordedLaunch,
+    load_dump,
+    resolve_dump_dir,
+)
 from kern_mining.errors import (
     AmbiguousDumpError,
     CaptureBuildError,
@@ -61,13 +69,13 @@ __all__ = [
     "Fit",
     "ForwardPass",
     "KernelConflictError",
-    "Launch",
     "ManifestModulesError",
     "MiningError",
     "MissingModuleError",
     "ModuleRecord",
     "Param",
     "Pointer",
+    "RecordedLaunch",
     "Site",
     "SkippedWindow",
     "TokensReference",

@@ -41,7 +41,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
-from kern_mining.dump import Dump, Launch, load_dump
+from kern_mining.dump import Dump, RecordedLaunch, load_dump
 from kern_mining.fit import Fit, fit_samples
 
 __all__ = [
@@ -250,7 +250,7 @@ def _gap_threshold(gaps: Sequence[float], floor_ns: float) -> float:
 
 
 def _windows(
-    launches: Sequence[Launch], floor_ns: float
+    launches: Sequence[RecordedLaunch], floor_ns: float
 ) -> tuple[list[tuple[int, int]], list[int]]:
     """Request windows, and launch times with load gaps taken out.
 
@@ -399,13 +399,13 @@ SiteKey = tuple[str, int]
 
 
 def _align_sites(
-    launches: Sequence[Launch], forwards: list[tuple[int, int]]
-) -> dict[SiteKey, list[Launch | None]]:
+    launches: Sequence[RecordedLaunch], forwards: list[tuple[int, int]]
+) -> dict[SiteKey, list[RecordedLaunch | None]]:
     per_symbol: dict[str, list[list[int]]] = defaultdict(lambda: [[] for _ in forwards])
     for f, (first, last) in enumerate(forwards):
         for i in range(first, last + 1):
             per_symbol[launches[i].symbol][f].append(i)
-    sites: dict[SiteKey, list[Launch | None]] = {}
+    sites: dict[SiteKey, list[RecordedLaunch | None]] = {}
     for symbol, per_forward in per_symbol.items():
         counts = Counter(len(p) for p in per_forward if p)
         mode = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
@@ -414,7 +414,7 @@ def _align_sites(
             for f, p in enumerate(per_forward)
         ]
         ref = _reference_positions(rel, mode)
-        columns: list[list[Launch | None]] = [[None] * len(forwards) for _ in range(mode)]
+        columns: list[list[RecordedLaunch | None]] = [[None] * len(forwards) for _ in range(mode)]
         for f, p in enumerate(per_forward):
             pairs = (
                 [(k, k) for k in range(mode)]
@@ -436,7 +436,7 @@ def _align_sites(
 @dataclass
 class _SiteData:
     key: SiteKey
-    column: list[Launch | None]
+    column: list[RecordedLaunch | None]
     grid: list[list[tuple[int, int]]] = field(default_factory=list[list[tuple[int, int]]])
     scalars: dict[int, list[tuple[int, int]]] = field(
         default_factory=dict[int, list[tuple[int, int]]]
@@ -446,7 +446,7 @@ class _SiteData:
     )
 
 
-def _site_data(key: SiteKey, column: list[Launch | None]) -> _SiteData:
+def _site_data(key: SiteKey, column: list[RecordedLaunch | None]) -> _SiteData:
     data = _SiteData(key, column, grid=[[], [], []])
     pointer_params: set[int] = set()
     for la in column:
@@ -564,8 +564,8 @@ def _classify(sites: list[_SiteData]) -> dict[tuple[SiteKey, int], PointerClass 
 # ------------------------------------------------------------------------------ ABI
 
 
-def _abi(launches: Sequence[Launch]) -> list[AbiEntry]:
-    by_symbol: dict[str, list[Launch]] = defaultdict(list)
+def _abi(launches: Sequence[RecordedLaunch]) -> list[AbiEntry]:
+    by_symbol: dict[str, list[RecordedLaunch]] = defaultdict(list)
     for la in launches:
         by_symbol[la.symbol].append(la)
     entries: list[AbiEntry] = []
@@ -687,7 +687,7 @@ Segmentation = tuple[list[tuple[tuple[int, int], list[tuple[int, int]]]], list[S
 
 
 def _find_forwards(
-    launches: Sequence[Launch], config: AnalyzeConfig
+    launches: Sequence[RecordedLaunch], config: AnalyzeConfig
 ) -> tuple[str, list[tuple[tuple[int, int], list[tuple[int, int]]]], list[SkippedWindow]]:
     """Try each frequent symbol as the core of burst segmentation and each symbol present in
     at least half the windows as the first kernel of a forward; keep the segmentation that looks

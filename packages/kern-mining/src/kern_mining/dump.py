@@ -21,10 +21,10 @@ from kern_mining.errors import AmbiguousDumpError, CorruptDumpError, EmptyDumpEr
 __all__ = [
     "UNKNOWN_LAYOUT",
     "Dump",
-    "Launch",
     "ModuleRecord",
     "Param",
     "Pointer",
+    "RecordedLaunch",
     "find_process_dirs",
     "load_dump",
     "resolve_dump_dir",
@@ -62,7 +62,7 @@ Params = tuple[Param, ...] | Literal["unknown-layout"] | None
 
 
 @dataclass(slots=True, frozen=True)
-class Launch:
+class RecordedLaunch:
     """One kernel launch, as recorded on return of cuLaunchKernel / cuLaunchKernelEx."""
 
     index: int
@@ -93,7 +93,7 @@ class Dump:
     """A loaded process dump; `notes` says what was dropped or is missing."""
 
     path: Path
-    launches: tuple[Launch, ...]
+    launches: tuple[RecordedLaunch, ...]
     modules: dict[int, ModuleRecord]
     notes: tuple[str, ...]
 
@@ -176,7 +176,7 @@ def _params(value: Any) -> Params:
     return tuple(_param(p) for p in value)
 
 
-def _launch(index: int, rec: Any) -> Launch:
+def _launch(index: int, rec: Any) -> RecordedLaunch:
     if not isinstance(rec, dict):
         raise ValueError("a launch must be a JSON object")
     symbol = rec["symbol"]
@@ -186,7 +186,7 @@ def _launch(index: int, rec: Any) -> Launch:
     if module is not None and (not isinstance(module, int) or isinstance(module, bool)):
         raise ValueError("'module' must be an integer or null")
     cluster = rec["cluster"]
-    return Launch(
+    return RecordedLaunch(
         index=index,
         t_ns=_int(rec, "t_ns"),
         symbol=symbol,
@@ -199,7 +199,7 @@ def _launch(index: int, rec: Any) -> Launch:
     )
 
 
-def _read_launches(path: Path, notes: list[str]) -> list[Launch]:
+def _read_launches(path: Path, notes: list[str]) -> list[RecordedLaunch]:
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
@@ -209,7 +209,7 @@ def _read_launches(path: Path, notes: list[str]) -> list[Launch]:
     complete = text.endswith("\n")
     if complete:
         lines.pop()
-    launches: list[Launch] = []
+    launches: list[RecordedLaunch] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
