@@ -1,10 +1,13 @@
-"""Repository-wide pytest hooks: `gpu` tests run wherever a CUDA device exists."""
+"""Repository-wide pytest hooks: `gpu` tests run wherever a CUDA device exists.
+
+The device count and the skip reason live in tools/tests/helpers/gpu_deps.py, beside `gpu_import`,
+which fails a gpu test whose modules are missing on a machine with a device.
+"""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
+from helpers.gpu_deps import NO_DEVICE, cuda_device_count
 from hypothesis import HealthCheck, settings
 
 # NOTE: CI runs on 2 shared cores; a property's speed is not what it asserts. Tests that set their
@@ -13,26 +16,10 @@ settings.register_profile("kern", deadline=None, suppress_health_check=[HealthCh
 settings.load_profile("kern")
 
 
-@functools.cache
-def _cuda_device_count() -> int:
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return 0
-    try:
-        (err,) = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return 0
-        err, count = driver.cuDeviceGetCount()
-    except Exception:  # no driver library at all (cuda-pathfinder raises)
-        return 0
-    return int(count) if err == driver.CUresult.CUDA_SUCCESS else 0
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _cuda_device_count() > 0:
+    if cuda_device_count() > 0:
         return
-    skip = pytest.mark.skip(reason="no CUDA device on this machine")
+    skip = pytest.mark.skip(reason=NO_DEVICE)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.gpu_deps import gpu_import
 
 CAPTURE = Path(__file__).resolve().parents[1] / "capture"
 
@@ -24,7 +25,7 @@ def _run(script: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]
 @pytest.mark.gpu
 @pytest.mark.parametrize("workload", ["qwen3", "torch_loop"])
 def test_capture_of_a_process_nobody_here_wrote(tmp_path: Path, workload: str) -> None:
-    pytest.importorskip("transformers")
+    gpu_import("transformers")
     result = _run("gpu_capture.py", tmp_path, "--only", workload)
     summary = json.loads((tmp_path / "summary.json").read_text())[workload]
     assert summary.get("requests_and_tokens_exact") is True, (summary, result.stdout[-2000:])
@@ -34,7 +35,7 @@ def test_capture_of_a_process_nobody_here_wrote(tmp_path: Path, workload: str) -
 
 @pytest.mark.gpu
 def test_capture_of_the_donor_mines_the_generator_facts(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    gpu_import("torch")
     result = _run("donor_capture.py", tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert all(v == "ok" for v in summary["steps"].values()), summary["steps"]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.gpu_deps import gpu_import
 
-torch = pytest.importorskip("torch")
-cupy = pytest.importorskip("cupy")
+torch = gpu_import("torch")
+cupy = gpu_import("cupy")
 
 from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 

@@ -9,9 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.gpu_deps import gpu_import
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("cupy")
+torch = gpu_import("torch")
+gpu_import("cupy")
 
 from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 

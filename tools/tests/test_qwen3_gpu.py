@@ -1,5 +1,5 @@
-"""Qwen3 tiny on the GPU: graph == eager, --chunk 512 == 1 == 97, kern-run's ids, and (where torch
-and transformers are installed) greedy tokens and first-step logits against transformers."""
+"""Qwen3 tiny on the GPU: graph == eager, --chunk 512 == 1 == 97, kern-run's ids, and greedy tokens
+and first-step logits against transformers (torch and transformers: the `gpu-test` group)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.gpu_deps import gpu_import
 
 TOOLS = Path(__file__).resolve().parents[1]
 
@@ -69,8 +70,8 @@ def test_kern_run_prints_the_same_ids(tiny: dict[str, Any]) -> None:
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
 def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    gpu_import("torch")
+    gpu_import("transformers")
     import numpy as np
     import qwen3_checks as checks
 
@@ -117,8 +118,8 @@ def tiny_f32(tiny: dict[str, Any]) -> dict[str, Any]:
 def test_f32_tiny_matches_transformers_float32(tiny_f32: dict[str, Any]) -> None:
     """Greedy tokens equal transformers float32's for 64 steps (a divergence only at a gap of at
     most 1/16 bf16 ulp), first-step logits within F32_LOGIT_REL_TOL (1e-4) relative L2 (printed)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    gpu_import("torch")
+    gpu_import("transformers")
     import numpy as np
     import qwen3_checks as checks
 
