@@ -42,7 +42,7 @@ def test_missing_module_on_a_machine_with_a_device_fails_with_one_line() -> None
         "torch is missing: run the GPU tests with "
         "`uv run --locked --group gpu --group gpu-test pytest -m gpu`"
     )
-    assert info.value.pytrace is False
+    assert info.value.pytrace is False and info.value.__context__ is None
 
 
 def test_missing_module_without_a_device_skips_like_the_gpu_marker() -> None:

@@ -60,8 +60,10 @@ def gpu_import(
     try:
         return importer(name)
     except ImportError as exc:
-        if devices() == 0:
-            pytest.skip(NO_DEVICE, allow_module_level=True)
-        if isinstance(exc, ModuleNotFoundError) and exc.name in (name, name.partition(".")[0]):
-            pytest.fail(missing_line(name), pytrace=False)
-        raise
+        error = exc
+    # NOTE: outside the except clause, so that the failure shows its one line, not the import's.
+    if devices() == 0:
+        pytest.skip(NO_DEVICE, allow_module_level=True)
+    if isinstance(error, ModuleNotFoundError) and error.name in (name, name.partition(".")[0]):
+        pytest.fail(missing_line(name), pytrace=False)
+    raise error
