@@ -194,3 +194,11 @@ def test_unknown_subcommand_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
         "kern-mine: argument {capture,analyze,build}: invalid choice: 'frob'"
         " (choose from 'capture', 'analyze', 'build') (see kern-mine --help)"
     )
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        mine.main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out == f"kern-mine {version('kern-cli')}\n"
