@@ -71,7 +71,8 @@ class _Verifier(BufferChecks, OpChecks, ProgramChecks):
 
 
 def check(manifest: Manifest) -> list[ManifestVerify]:
-    """Every problem with a parsed manifest's meaning, in document order of discovery."""
+    """Every problem with a parsed manifest's meaning, in document order of discovery; those that
+    follow from a var max or group size below 1 are counted in that problem's `follows` instead."""
     return _Verifier(manifest).run()
 
 
