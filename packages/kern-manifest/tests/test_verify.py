@@ -3,6 +3,7 @@ typed problem at the right JSON pointer."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -854,3 +855,123 @@ def test_paged_state_offset_unbounded_without_page_size() -> None:
     drop(doc, "/buffers/slots/domain/stride")
     put(doc, f"{DECODE}/4/args/1/offset", 1 << 20)
     assert problems(doc) == []
+
+
+def _lines(doc: Json) -> list[str]:
+    return [p.line() for p in problems(doc)]
+
+
+def test_var_max_0_is_one_problem_with_what_follows_folded_in() -> None:
+    doc = tiny()
+    doc["vars"]["tokens"]["max"] = 0
+    assert _lines(doc) == [
+        "/vars/tokens/max: var max 0 < 1 (vars range over [1, max]; use max >= 1)"
+        " (and 13 problems that follow from it)"
+    ]
+    (root,) = problems(doc)
+    assert root.follows == 13 and root.message == "var max 0 < 1"
+
+
+def test_a_fold_keeps_problems_of_other_causes() -> None:
+    doc = tiny()
+    doc["vars"]["tokens"]["max"] = 0
+    doc["ops"]["embed"]["impl"]["launches"][0]["block"] = [2048, 1, 1]
+    assert _lines(doc) == [
+        "/vars/tokens/max: var max 0 < 1 (vars range over [1, max]; use max >= 1)"
+        " (and 13 problems that follow from it)",
+        "/ops/embed/impl/launches/0/block: block [2048, 1, 1] outside CUDA limits"
+        " (each dim >= 1; x, y <= 1024; z <= 64)",
+    ]
+
+
+def test_each_broken_var_carries_its_own_followers() -> None:
+    doc = full()
+    doc["vars"]["tokens"]["max"] = 0
+    doc["vars"]["seqs"]["max"] = 0
+    assert _lines(doc) == [
+        "/vars/tokens/max: var max 0 < 1 (vars range over [1, max]; use max >= 1)"
+        " (and 25 problems that follow from it)",
+        "/vars/seqs/max: var max 0 < 1 (vars range over [1, max]; use max >= 1)"
+        " (and 4 problems that follow from it)",
+    ]
+
+
+def test_group_size_0_is_one_problem() -> None:
+    doc = full()
+    doc["topology"]["groups"]["tp"] = 0
+    assert _lines(doc) == [
+        "/topology/groups/tp: group size 0 < 1 (a group has at least one rank)"
+        " (and 3 problems that follow from it)"
+    ]
+
+
+def test_a_when_on_a_broken_var_follows_from_it() -> None:
+    doc = tiny()
+    doc["vars"]["tokens"]["max"] = 0
+    doc["ops"]["embed"]["impl"]["launches"][0]["when"] = {"var": "tokens", "max": 8}
+    assert _lines(doc) == [
+        "/vars/tokens/max: var max 0 < 1 (vars range over [1, max]; use max >= 1)"
+        " (and 14 problems that follow from it)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "pointer",
+    [
+        "/ops/norm/impl/launches/1/args/0/pack/fields/0/tensormap/dims/1",
+        "/buffers/lens/domain/max",
+    ],
+)
+def test_a_divisor_that_is_always_0_is_a_problem_not_a_crash(pointer: str) -> None:
+    doc = put(full(), pointer, {"ceil_div": [256, {"min": ["tokens", 0]}]})
+    assert _lines(doc) == [
+        f"{pointer}: divisor {{'min': ['tokens', 0]}} can be 0"
+        " (keep ceil_div divisors >= 1 at the var bounds)"
+    ]
+
+
+def _rename_buffer(doc: Json, old: str, new: str) -> Json:
+    doc["buffers"][new] = doc["buffers"].pop(old)
+    for program in doc["programs"].values():
+        for call in program["calls"]:
+            for arg in call["args"]:
+                if arg.get("buf") == old:
+                    arg["buf"] = new
+    return doc
+
+
+def test_a_buffer_may_not_share_a_state_name() -> None:
+    doc = _rename_buffer(tiny(), "h", "kv")
+    assert _lines(doc) == [
+        "/buffers/kv: buffer 'kv' has the name of a state"
+        " (rename one: index_into and of name a buffer or a state)"
+    ]
+
+
+def test_call_labels_are_unique_within_a_program() -> None:
+    doc = tiny()
+    doc["programs"]["decode"]["calls"][3]["label"] = "embed"
+    assert _lines(doc) == [
+        "/programs/decode/calls/3/label: label 'embed' again (first at call 0)"
+        " (give each call of a program its own label)"
+    ]
+
+
+def test_the_same_label_in_two_programs_is_fine() -> None:
+    doc = tiny()
+    doc["programs"]["again"] = copy.deepcopy(doc["programs"]["decode"])
+    assert _lines(doc) == []
+
+
+def test_names_with_control_characters_are_echoed_escaped() -> None:
+    doc = _rename_buffer(tiny(), "h", "a\x1b[2J\u202e")
+    doc["buffers"]["spare\n"] = {"dtype": "u8", "shape": [4], "kind": "workspace"}
+    doc["programs"]["decode"]["calls"][4]["args"][1]["buf"] = "b\x07"
+    lines = _lines(doc)
+    assert lines == [
+        "/programs/decode/calls/4/args/1/buf: unknown buffer 'b\\x07' (declare it under /buffers"
+        " (declared: a\\x1b[2J\\u202e, emb, ids, logits, next_token, norm_w, slots, spare\\n, x))",
+        "/buffers/next_token: unused buffer 'next_token' (remove it or reference it)",
+        "/buffers/spare\\n: unused buffer 'spare\\n' (remove it or reference it)",
+    ]
+    assert all(line.isprintable() for line in lines)

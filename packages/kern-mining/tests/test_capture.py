@@ -91,6 +91,15 @@ def test_an_empty_or_unstartable_command_is_a_capture_error(tmp_path: Path) -> N
         run_capture([str(tmp_path / "no-such-program")], tmp_path, library=tmp_path / "fake.so")
 
 
+def test_an_output_that_is_a_file_is_a_capture_error(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    with pytest.raises(CaptureError) as info:
+        run_capture([sys.executable, "-c", "pass"], taken, library=tmp_path / "fake.so")
+    assert str(info.value) == f"{taken}: cannot create the capture directory (File exists)"
+    assert taken.read_text() == "x"
+
+
 @pytest.mark.gpu
 def test_the_record_writer_under_a_fake_driver(tmp_path: Path) -> None:
     toolchain = find_toolchain()

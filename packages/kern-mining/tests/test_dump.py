@@ -168,3 +168,23 @@ def test_a_broken_gzip_file_is_corrupt(tmp_path: Path) -> None:
     (d / "launches.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(CorruptDumpError, match="not a readable gzip"):
         load_dump(d)
+
+
+def test_a_modules_file_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
+    d = write_dump(tmp_path / "d", [launch(0)])
+    good = (d / "modules.jsonl").read_bytes()
+    (d / "modules.jsonl").write_bytes(good + b"\xff\xfe\n")
+    with pytest.raises(CorruptDumpError) as info:
+        load_dump(d)
+    assert str(info.value) == (
+        f"{d / 'modules.jsonl'}:2: not UTF-8 text (byte {len(good)}); re-capture or cut the file before this line"
+    )
+
+
+@pytest.mark.parametrize("name", ["launches.jsonl", "modules.jsonl"])
+def test_json_nested_too_deeply_is_corrupt(tmp_path: Path, name: str) -> None:
+    d = write_dump(tmp_path / "d", [launch(0)])
+    (d / name).write_text("[" * 100_000 + "\n")
+    with pytest.raises(CorruptDumpError) as info:
+        load_dump(d)
+    assert str(info.value) == f"{d / name}:1: JSON nested too deeply; re-capture or cut the file before this line"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kern_pool import sim
 from kern_pool.sim import SplitMix64, Workload, main, simulate
 
 KEYS = {
@@ -67,3 +68,82 @@ def test_bad_knobs_exit_2_with_one_line(args: list[str], capsys: pytest.CaptureF
 def test_splitmix_is_fixed() -> None:
     rng = SplitMix64(0)
     assert [rng.next() for _ in range(2)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    try:
+        code = main(["--quiet", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.count("\n") == 1
+    return captured.err.rstrip("\n")
+
+
+WORKLOAD = "(sessions x longest session + system prompts)"
+POOL = "raise --unit or --state-bytes, or lower --tokens"
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--tokens", "99999999999999999999"], "--tokens 99999999999999999999 is over 9223372036854775807"),
+        (["--bytes-per-token", "999999999999999999999"], "--bytes-per-token 999999999999999999999 is over 9223372036854775807"),
+        (["--host-tokens", "99999999999999999999"], "--host-tokens 99999999999999999999 is over 9223372036854775807"),
+        (["--tokens", "-5"], "--tokens must be positive"),
+        (["--batch", "0"], "--batch must be positive"),
+        (["--state-bytes", "-1"], "--system-len, --host-tokens and --state-bytes must not be negative"),
+        (["--zipf", "nan"], "--zipf must be a finite number in [0, 10], got nan"),
+        (["--zipf", "inf"], "--zipf must be a finite number in [0, 10], got inf"),
+        (["--zipf", "-0.5"], "--zipf must be a finite number in [0, 10], got -0.5"),
+        (["--zipf", "1e308"], "--zipf must be a finite number in [0, 10], got 1e+308"),
+        (["--seed", "-1"], "--seed -1 is outside [0, 2**64)"),
+        (["--seed", str(1 << 64)], f"--seed {1 << 64} is outside [0, 2**64)"),
+        (["--sessions", "999999999999"],
+         f"the workload is 2944000000001152 tokens {WORKLOAD}, over 16777216: lower --sessions, --turns or the lengths"),
+        (["--system-len", "99999999999"],
+         f"the workload is 20400000383796 tokens {WORKLOAD}, over 16777216: lower --sessions, --turns or the lengths"),
+        (["--tokens", str(1 << 30)],
+         "the device budget is 158329674399744 bytes (--tokens x --bytes-per-token, plus --state-bytes per slot),"
+         " over 1099511627776 (1 TiB): lower them"),
+        (["--tokens", str(1 << 30), "--unit", "1", "--bytes-per-token", "1"],
+         f"the pool would hold 1073741824 pages and 0 slots, over 4194304 in all: {POOL}"),
+        (["--state-bytes", "1"], f"the pool would hold 4124 pages and 9730785280 slots, over 4194304 in all: {POOL}"),
+        (["--unit", "99999999999"], "1 page(s) and 0 slot(s) exceed the pool's whole budget"),
+        (["--tokens", "abc"], "argument --tokens: invalid int value: 'abc' (see kern-pool-sim --help)"),
+        (["--zipf", "skewed"], "argument --zipf: invalid float value: 'skewed' (see kern-pool-sim --help)"),
+        (["--zipf"], "argument --zipf: expected one argument (see kern-pool-sim --help)"),
+        (["--frob"], "unrecognized arguments: --frob (see kern-pool-sim --help)"),
+    ],
+)
+def test_nonsense_knobs_are_refused_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], line: str) -> None:
+    assert _refused(capsys, argv) == f"kern-pool-sim: {line}"
+
+
+def _no_run(*args: object) -> None:
+    raise AssertionError("--json is checked before the run")
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [("missing/f.json", "{t}: directory {tmp}/missing does not exist"), (".", "{t}: is a directory"),
+     ("file/f.json", "{t}: directory {tmp}/file is not a directory")],
+    ids=["missing-directory", "a-directory", "under-a-file"],
+)
+def test_json_to_a_bad_path_is_refused_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], target: str, why: str
+) -> None:
+    (tmp_path / "file").write_text("x")
+    path = tmp_path / target
+    monkeypatch.setattr(sim, "simulate", _no_run)
+    line = _refused(capsys, ["--json", str(path)])
+    assert line == "kern-pool-sim: --json " + why.format(t=path, tmp=tmp_path)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out == f"kern-pool-sim {version('kern-pool')}\n"

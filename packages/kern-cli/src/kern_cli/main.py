@@ -3,7 +3,8 @@
 Each subcommand module exposes `register(subparsers)`, which adds its parser and sets
 `handler=callable(args) -> int` as a default. Handlers print results to stdout, logs to stderr, and
 return the exit status (0 ok, 2 for bad input); they never let a traceback reach the user for errors
-the packages raise on purpose.
+the packages raise on purpose. Errors follow `kern_cli.console`'s rule: one `kern <subcommand>:
+message` line on stderr.
 """
 
 from __future__ import annotations
@@ -13,21 +14,25 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from kern_cli.console import Parser, add_version, quiet_ends
+
 # NOTE: subcommand modules, imported lazily so `kern manifest` never loads CUDA libraries.
 SUBCOMMANDS: tuple[str, ...] = ("manifest_cmd", "run", "kernels_cmd", "bench_cmd", "mine")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kern", description="kern: manifests, runs, kernels, benchmarks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="kern", description="kern: manifests, runs, kernels, benchmarks")
+    add_version(parser, "kern")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(f"kern_cli.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `kern`."""
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    return quiet_ends(f"kern {args.command}", lambda: int(args.handler(args)))
 
 
 if __name__ == "__main__":

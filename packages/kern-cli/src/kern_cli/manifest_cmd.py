@@ -1,23 +1,37 @@
 """`kern manifest verify FILE`, `kern manifest digest FILE` and `kern manifest expand FILE`.
 
 verify: exit 0 and a short summary (vars, buffers by kind with bytes at the vars' maxima, states,
-modules, ops, programs with call counts) on stdout; exit 2 and one `error: <pointer>: <message>
-(<hint>)` line per problem on stderr. digest: the sha256 of the canonical JSON of a manifest that
-verifies. expand: that canonical JSON itself (wire-only constants replaced by their numbers,
-defaults left out), indented, on stdout. None ever shows a traceback for bad input.
+modules, ops, programs with call counts) on stdout; exit 2 and one `kern manifest: <pointer>:
+<message> (<hint>)` line per problem on stderr (the first `PROBLEM_LIMIT`, then `... and N more
+problems`), then `kern manifest: FILE: N problems`. digest: the sha256 of the canonical JSON of a
+manifest that verifies. expand: that canonical JSON itself (wire-only constants replaced by their
+numbers, defaults left out), indented, on stdout. A file that is missing, not a regular file or
+over `MAX_BYTES` is one `kern manifest: FILE: ...` line before anything is read. None ever shows a
+traceback for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-from kern_manifest import Manifest, ManifestRejected, digest, load_manifest, manifest_to_json
+from kern_cli.console import fail
+from kern_manifest import (
+    Manifest,
+    ManifestRejected,
+    digest,
+    load_manifest,
+    manifest_to_json,
+    printable,
+)
 
-__all__ = ["format_bytes", "register", "summary"]
+__all__ = ["MAX_BYTES", "PROG", "format_bytes", "register", "summary"]
+
+PROG = "kern manifest"
+MAX_BYTES = 256 << 20
+"""The largest manifest file read (a Qwen3-4B manifest is 0.3 MB)."""
 
 _KIND_ORDER = ("input", "output", "weight", "source", "workspace", "carry", "peer")
 
@@ -27,7 +41,7 @@ def register(
 ) -> None:
     """Adds `kern manifest {verify,digest,expand}` to the `kern` dispatcher."""
     parser = subparsers.add_parser("manifest", help="verify a manifest or print its digest")
-    sub = parser.add_subparsers(dest="manifest_command", required=True)
+    sub = parser.add_subparsers(dest="manifest_command", metavar="{verify,digest,expand}", required=True)
     verify = sub.add_parser("verify", help="check a manifest and summarise it")
     verify.add_argument("file", type=Path, help="manifest JSON file")
     verify.set_defaults(handler=_verify)
@@ -74,21 +88,41 @@ def summary(manifest: Manifest) -> list[str]:
             flags.append(f"batch {program.batch.groups}x{program.batch.rows}")
         extra = f" ({', '.join(flags)})" if flags else ""
         lines.append(f"  {name:<16} {len(program.calls):>5} calls{extra}")
-    return lines
+    return [printable(line) for line in lines]
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        if not path.exists():
+            fail(PROG, f"{path}: no such file")
+            return None
+        if not path.is_file():
+            fail(PROG, f"{path}: " + ("is a directory" if path.is_dir() else "not a regular file"))
+            return None
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            fail(PROG, f"{path}: {format_bytes(size)}, over the {format_bytes(MAX_BYTES)} a manifest may be")
+            return None
+        return path.read_bytes()
+    except OSError as exc:
+        fail(PROG, f"{path}: cannot read ({exc.strerror or exc})")
+        return None
 
 
 def _load(path: Path) -> Manifest | None:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        print(f"error: {path}: cannot read ({exc.strerror or exc})", file=sys.stderr)
+    data = _read(path)
+    if data is None:
         return None
     try:
         return load_manifest(data)
     except ManifestRejected as exc:
-        for problem in exc.problems:
-            print(f"error: {problem.line()}", file=sys.stderr)
-        print(f"{path}: {len(exc.problems)} problem(s)", file=sys.stderr)
+        for line in exc.lines():
+            fail(PROG, line)
+        fail(PROG, f"{path}: {_plural(len(exc.problems), 'problem')}")
         return None
 
 
@@ -96,7 +130,7 @@ def _verify(args: argparse.Namespace) -> int:
     manifest = _load(args.file)
     if manifest is None:
         return 2
-    print(f"{args.file}: ok")
+    print(printable(f"{args.file}: ok"))
     for line in summary(manifest):
         print(line)
     return 0
@@ -106,7 +140,7 @@ def _digest(args: argparse.Namespace) -> int:
     manifest = _load(args.file)
     if manifest is None:
         return 2
-    print(f"{digest(manifest)}  {args.file}")
+    print(printable(f"{digest(manifest)}  {args.file}"))
     return 0
 
 

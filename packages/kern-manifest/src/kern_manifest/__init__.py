@@ -13,12 +13,15 @@ from kern_manifest.digest import (
     digest_text,
 )
 from kern_manifest.errors import (
+    PROBLEM_LIMIT,
     ExprError,
     ManifestError,
     ManifestParse,
     ManifestRejected,
     ManifestVerify,
     escape_pointer,
+    printable,
+    problem_lines,
 )
 from kern_manifest.expr import (
     OPERATORS,
@@ -113,6 +116,7 @@ __all__ = [
     "OPERATORS",
     "OUTPUT_FILLS",
     "PACK_DEFAULT_WIDTH",
+    "PROBLEM_LIMIT",
     "SCALAR_BYTES",
     "SCALAR_TYPES",
     "SCHEMA_VERSION",
@@ -188,5 +192,7 @@ __all__ = [
     "parse_expr",
     "parse_manifest",
     "parse_param",
+    "printable",
+    "problem_lines",
     "verify",
 ]

@@ -42,6 +42,7 @@ __all__ = [
     "Base",
     "Limits",
     "OpInfo",
+    "Root",
     "Use",
     "names",
     "ptr",
@@ -88,6 +89,10 @@ TENSORMAP_NIBBLES: Final[Mapping[str, int]] = {
     "f16": 4, "bf16": 4, "f32": 8, "tf32": 8, "u4": 1, "u4packed": 1,
 }  # fmt: skip
 ALGO_EXTERNS: Final = ("extern:cublaslt_bf16_tn", "extern:cublaslt_bf16_tn_acc")
+
+
+Root = tuple[str, str]
+"""A root cause other problems follow from: ("var", name) or ("group", name)."""
 
 
 def ptr(*parts: str | int) -> str:
@@ -144,9 +149,32 @@ class Base:
         self.extents: dict[str, int | None] = {}
         self.fills: dict[str, str] = {}
         self.carveouts: dict[tuple[str, str], tuple[int, str]] = {}
+        self.roots: dict[Root, int] = {}
+        self.follows: dict[Root, int] = {}
 
     def err(self, pointer: str, message: str, hint: str) -> None:
         self.problems.append(ManifestVerify(pointer, message, hint))
+
+    def root(self, cause: Root, pointer: str, message: str, hint: str) -> None:
+        """Reports a problem that later ones follow from; `follow(cause)` counts those."""
+        self.roots[cause] = len(self.problems)
+        self.err(pointer, message, hint)
+
+    def follow(self, cause: Root) -> None:
+        self.follows[cause] = self.follows.get(cause, 0) + 1
+
+    def folded(self) -> list[ManifestVerify]:
+        """The problems, each root carrying the count of the problems that follow from it."""
+        out = list(self.problems)
+        for cause, n in self.follows.items():
+            i = self.roots[cause]
+            p = out[i]
+            out[i] = ManifestVerify(p.pointer, p.message, p.hint, n)
+        return out
+
+    def broken_var(self, names: Iterable[str]) -> Root | None:
+        """The first var of `names` whose bounds are broken (max < 1), as a root cause."""
+        return next((("var", n) for n in sorted(names) if ("var", n) in self.roots), None)
 
     def known(self, expr: Expr, at: str) -> bool:
         """Marks the expression's vars used; reports undeclared ones."""
@@ -165,10 +193,24 @@ class Base:
     ) -> tuple[int, int] | None:
         if not self.known(expr, at):
             return None
+        cause = self.broken_var(expr.vars)
+        if cause is not None:
+            self.follow(cause)
+            return None
         try:
             return expr.range(bounds or self.bounds)
         except ExprError as exc:
             self.err(at, exc.message, exc.hint)
+            return None
+
+    def at_max(self, expr: Expr) -> int | None:
+        """The value at the vars' maxima; None where it has none (unknown or broken vars, a zero
+        divisor): the check that ranges the expression reports those."""
+        if expr.vars - self.vmax.keys() or self.broken_var(expr.vars) is not None:
+            return None
+        try:
+            return expr.eval(self.vmax)
+        except ExprError:
             return None
 
     def fits(

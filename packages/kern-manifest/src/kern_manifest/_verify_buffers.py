@@ -60,14 +60,16 @@ class BufferChecks(Base):
             self.err("/model", "empty model label", "name the model")
         for name, var in m.vars.items():
             if var.max < 1:
-                self.err(
+                self.root(
+                    ("var", name),
                     ptr("vars", name, "max"),
                     f"var max {var.max} < 1",
                     "vars range over [1, max]; use max >= 1",
                 )
         for name, size in self.groups.items():
             if size < 1:
-                self.err(
+                self.root(
+                    ("group", name),
                     ptr("topology", "groups", name),
                     f"group size {size} < 1",
                     "a group has at least one rank",
@@ -112,6 +114,12 @@ class BufferChecks(Base):
 
     def buffer(self, name: str, buf: Buffer) -> None:
         at = ptr("buffers", name)
+        if name in self.m.states:
+            self.err(
+                at,
+                f"buffer {name!r} has the name of a state",
+                "rename one: index_into and of name a buffer or a state",
+            )
         size = self.shape(buf.shape, buf.dtype, at + "/shape")
         if size is not None:
             self.sizes[name] = size
@@ -153,7 +161,7 @@ class BufferChecks(Base):
             self.err(
                 at, "peer buffer without group", "name the topology group whose ranks it addresses"
             )
-        elif self.group_ref(buf.group, at + "/group"):
+        elif self.group_ok(buf.group, at + "/group"):
             size = self.groups[buf.group]
             if len(buf.shape) != 1 or buf.shape[0].const != size:
                 self.err(
@@ -226,8 +234,17 @@ class BufferChecks(Base):
                 "interleave blocks of at least one row",
             )
 
+    def group_ok(self, name: str, at: str) -> bool:
+        """`group_ref`, and False (counted as following) for a group whose size is < 1."""
+        if not self.group_ref(name, at):
+            return False
+        if ("group", name) in self.roots:
+            self.follow(("group", name))
+            return False
+        return True
+
     def rank_table(self, group: str, count: int, at: str) -> None:
-        if self.group_ref(group, at + "/group") and count != self.groups[group]:
+        if self.group_ok(group, at + "/group") and count != self.groups[group]:
             self.err(
                 at,
                 f"{count} entries for group {group!r} of {self.groups[group]} ranks",
@@ -292,9 +309,9 @@ class BufferChecks(Base):
                 self.err(at, f"float bound {bound} on a buffer of {dtype}", "use an integer bound")
             return bound
         if isinstance(bound, Expr):
-            if not self.known(bound, at):
+            value = self.at_max(bound) if self.range(bound, at) is not None else None
+            if value is None:
                 return None
-            value = bound.eval(self.vmax)
         else:
             value = bound
         if integer and not DTYPE_RANGE[dtype][0] <= value <= DTYPE_RANGE[dtype][1]:

@@ -147,6 +147,9 @@ class OpChecks(Base):
         when = launch.when
         if when is None or not self.var_ref(when.var, at + "/when/var"):
             return self.bounds
+        if ("var", when.var) in self.roots:
+            self.follow(("var", when.var))
+            return self.bounds
         top = self.vmax[when.var]
         lo = 1 if when.min is None else when.min
         hi = top if when.max is None else when.max
@@ -521,9 +524,10 @@ class OpChecks(Base):
                 "one box extent per dim, each 1..256",
             )
         for i, d in enumerate(tm.dims):
-            self.known(d, f"{tat}/dims/{i}")
+            self.range(d, f"{tat}/dims/{i}")
         for i, s in enumerate(tm.strides):
-            if self.known(s, f"{tat}/strides/{i}") and (s.divisor == 0 or s.divisor % 16):
+            span = self.range(s, f"{tat}/strides/{i}")
+            if span is not None and (s.divisor == 0 or s.divisor % 16):
                 self.err(
                     f"{tat}/strides/{i}",
                     "stride is not always a non-zero multiple of 16",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 from kern_manifest._verify_base import (
     STATE_ALIGN,
@@ -107,8 +108,20 @@ class ProgramChecks(Base):
         if not program.calls:
             self.err(at + "/calls", "program with no calls", "give it at least one call")
         flow = ProgramFlow(self, name, program, at)
+        labels: dict[str, int] = {}
         for i, call in enumerate(program.calls):
+            if call.label is not None:
+                self.label(call.label, i, labels, f"{at}/calls/{i}/label")
             self.call(call, f"{at}/calls/{i}", flow)
+
+    def label(self, label: str, index: int, seen: dict[str, int], at: str) -> None:
+        first = seen.setdefault(label, index)
+        if first != index:
+            self.err(
+                at,
+                f"label {label!r} again (first at call {first})",
+                "give each call of a program its own label",
+            )
 
     def flags(self, program: Program, at: str) -> None:
         if program.derive and (program.once or program.graph or program.batch is not None):
@@ -263,26 +276,25 @@ class ProgramChecks(Base):
         for param, tm in info.tensormaps:
             if param != index or tm.wrap or not tm.dims or tm.dims[-1].const == 0:
                 continue
-            if (
-                any(d.vars - self.vmax.keys() for d in (*tm.dims, *tm.strides))
-                or len(tm.strides) != len(tm.dims) - 1
-            ):
+            dims = [self.at_max(d) for d in tm.dims]
+            strides = [self.at_max(s) for s in tm.strides]
+            if len(strides) != len(dims) - 1 or None in dims or None in strides:
                 continue
-            dims = [d.eval(self.vmax) for d in tm.dims]
-            strides = [s.eval(self.vmax) for s in tm.strides]
-            footprint = -(-dims[0] * TENSORMAP_NIBBLES[tm.dtype] // 2)
-            footprint += sum((d - 1) * s for d, s in zip(dims[1:], strides, strict=True))
-            room = (
-                size - arg.offset.eval(self.vmax)
-                if not (arg.offset.vars - self.vmax.keys())
-                else size
-            )
+            footprint = self.footprint(tm.dtype, cast("list[int]", dims), cast("list[int]", strides))
+            offset = self.at_max(arg.offset)
+            room = size if offset is None else size - offset
             if footprint > room:
                 self.err(
                     at,
                     f"tensormap footprint {footprint} bytes exceeds the {room} bytes past the offset",
                     "shrink the tensormap dims or pass a larger buffer",
                 )
+
+    @staticmethod
+    def footprint(dtype: str, dims: list[int], strides: list[int]) -> int:
+        """Bytes a tensormap spans: the packed first dim plus (dim - 1) strides of the rest."""
+        first = -(-dims[0] * TENSORMAP_NIBBLES[dtype] // 2)
+        return first + sum((d - 1) * s for d, s in zip(dims[1:], strides, strict=True))
 
     def coverage(self) -> None:
         for name, buf in self.m.buffers.items():

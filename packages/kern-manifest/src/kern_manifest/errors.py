@@ -11,25 +11,72 @@ pointer (RFC 6901, "" for the whole document), says what is wrong in one line an
   the first.
 - `ExprError`: an expression cannot be evaluated for the given var values (unknown var, division by
   zero). Raised by `Expr.eval` / `Expr.range`; the verifier turns these into `ManifestVerify`.
+
+Rendered lines are printable: control and other non-printable characters in echoed names show as
+Python escapes (`\\x1b`, `\\u202e`), so a line never spans two terminal lines or moves the cursor.
+A problem that others follow from (a var whose max is 0 breaks every size that reads it) carries
+`follows`, the number of problems folded into it. `problem_lines` renders at most `PROBLEM_LIMIT`
+problems and one `... and N more problems` line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 __all__ = [
+    "PROBLEM_LIMIT",
     "ExprError",
     "ManifestError",
     "ManifestParse",
     "ManifestRejected",
     "ManifestVerify",
     "escape_pointer",
+    "printable",
+    "problem_lines",
 ]
+
+PROBLEM_LIMIT: Final = 50
+"""How many problems `problem_lines` (and `kern manifest`) show before `... and N more problems`."""
+
+_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def escape_pointer(token: str | int) -> str:
     """Escapes one reference token for a JSON pointer (`~` -> `~0`, `/` -> `~1`)."""
     return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def printable(text: str) -> str:
+    """`text` with every non-printable character written as its Python escape (`\\x1b`, `\\n`)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def problem_lines(problems: Sequence[ManifestError], limit: int = PROBLEM_LIMIT) -> list[str]:
+    """The first `limit` problems' lines, then `... and N more problems` if there are more.
+
+    Raises:
+        ValueError: `limit` is below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    lines = [p.line() for p in problems[:limit]]
+    if len(problems) > limit:
+        lines.append(f"... and {_count(len(problems) - limit, 'more problem')}")
+    return lines
 
 
 class ManifestError(Exception):
@@ -39,21 +86,28 @@ class ManifestError(Exception):
         pointer: JSON pointer to the offending field ("" is the whole document).
         message: what is wrong, one line.
         hint: what to do about it, one line.
+        follows: how many further problems follow from this one and are not listed.
     """
 
-    def __init__(self, pointer: str, message: str, hint: str) -> None:
+    def __init__(self, pointer: str, message: str, hint: str, follows: int = 0) -> None:
         self.pointer = pointer
         self.message = message
         self.hint = hint
+        self.follows = follows
         super().__init__(self.line())
 
     def line(self) -> str:
-        """The one-line rendering: `<pointer>: <message> (<hint>)`; the root shows as `/`."""
+        """`<pointer>: <message> (<hint>)`, the root shown as `/`, non-printables escaped; then
+        `(and N problems that follow from it)` when `follows` is set."""
         where = self.pointer or "/"
-        return f"{where}: {self.message} ({self.hint})" if self.hint else f"{where}: {self.message}"
+        text = f"{where}: {self.message} ({self.hint})" if self.hint else f"{where}: {self.message}"
+        if self.follows:
+            verb = "follows" if self.follows == 1 else "follow"
+            text += f" (and {_count(self.follows, 'problem')} that {verb} from it)"
+        return printable(text)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.pointer, self.message, self.hint))
+        return (type(self), (self.pointer, self.message, self.hint, self.follows))
 
 
 class ManifestParse(ManifestError):
@@ -80,7 +134,11 @@ class ManifestRejected(ManifestError):
 
     def line(self) -> str:
         """`manifest rejected: N problems (<first problem>)`."""
-        return f"{self.message} ({self.hint})" if self.hint else self.message
+        return printable(f"{self.message} ({self.hint})" if self.hint else self.message)
+
+    def lines(self, limit: int = PROBLEM_LIMIT) -> list[str]:
+        """Every problem's line, capped as `problem_lines` caps them."""
+        return problem_lines(self.problems, limit)
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.problems,))

@@ -5,9 +5,10 @@
 verifies. All static checks are made at the var bounds (every var in [1, max]; a launch's `when`
 narrows its var). The checks, by section:
 
-- header: model label; var max >= 1; group sizes >= 1; each state has exactly one size >= 1;
+- header: model label; var max >= 1; group sizes >= 1 (every problem that follows from a var
+  max or group size below 1 is folded into that one problem: `ManifestError.follows`); each state has exactly one size >= 1;
   module sha256 (64 lowercase hex) and source (`hf:org/repo/path[@rev]`, `https://...` or a file).
-- buffers: shapes resolve, every dim >= 1, bytes fit in 63 bits at the maxima; placement host only
+- buffers: no buffer named like a state; shapes resolve, every dim >= 1, bytes fit in 63 bits at the maxima; placement host only
   for weights; export not on host buffers or peers; `of`/`group` only on peers; peer rules (u64
   [group size], `of` an export buffer or a state, no domain); bind only (and always) on
   weight/source, with sane ranges and rank tables; fill roles on i32/i64 input/output buffers,
@@ -20,7 +21,7 @@ narrows its var). The checks, by section:
   collectives take `{"rank": g}`; impl dataflow: no writes through `in`, every `out` written,
   scratch written before read, no unused scratch.
 - programs: flag exclusions (derive excludes once/batch/graph, once excludes batch/graph), batch
-  shape; calls: op resolves, args match the interface (dtype, state, ranges), byte offsets aligned
+  shape; calls: labels unique within the program, op resolves, args match the interface (dtype, state, ranges), byte offsets aligned
   and in bounds at the maxima, tensormap footprints in bounds; dataflow: no read before write of
   workspace or output within a program, no writes to input, weight (outside derive) or source or
   peer, sources read only by derive programs, derive touches no state/input/output/peer and no
@@ -66,11 +67,12 @@ class _Verifier(BufferChecks, OpChecks, ProgramChecks):
             self.program(name, program)
         self.coverage()
         self.unused()
-        return self.problems
+        return self.folded()
 
 
 def check(manifest: Manifest) -> list[ManifestVerify]:
-    """Every problem with a parsed manifest's meaning, in document order of discovery."""
+    """Every problem with a parsed manifest's meaning, in document order of discovery; those that
+    follow from a var max or group size below 1 are counted in that problem's `follows` instead."""
     return _Verifier(manifest).run()
 
 

@@ -209,15 +209,18 @@ def run_capture(
     """Run `command` with the capture attached; each CUDA process writes out_dir/pid<N>/.
 
     Raises:
-        CaptureError: the command is empty or cannot be started.
+        CaptureError: the command is empty or cannot be started, or `out_dir` cannot be made.
         ToolchainNotFoundError, CaptureBuildError: see `build_library`.
     """
     if not command:
         raise CaptureError(
             "no command to capture: give it after `--`, e.g. kern-mine capture -o DIR -- python x.py"
         )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CaptureError(f"{out_dir}: cannot create the capture directory ({exc.strerror})") from exc
     library = library or build_library()
-    out_dir.mkdir(parents=True, exist_ok=True)
     before = set(find_process_dirs(out_dir))
     try:
         proc = subprocess.run(

@@ -136,6 +136,13 @@ def _corrupt(path: Path, line: int, why: str) -> CorruptDumpError:
     return CorruptDumpError(f"{path}:{line}: {why}; re-capture or cut the file before this line")
 
 
+def _json_line(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def _int(rec: dict[str, Any], key: str) -> int:
     value = rec[key]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -215,7 +222,7 @@ def _read_launches(path: Path, notes: list[str]) -> list[RecordedLaunch]:
             continue
         last = number == len(lines)
         try:
-            launches.append(_launch(len(launches), json.loads(line)))
+            launches.append(_launch(len(launches), _json_line(line)))
         except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
             if last and not complete:
                 notes.append(f"launches.jsonl: dropped the truncated last line {number} ({exc})")
@@ -245,11 +252,17 @@ def _read_modules(base: Path, notes: list[str]) -> dict[int, ModuleRecord]:
         notes.append("modules.jsonl is missing: launches cannot be tied to cubins")
         return {}
     modules: dict[int, ModuleRecord] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise _corrupt(path, line, f"not UTF-8 text (byte {exc.start})") from exc
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            record = _module(json.loads(line), base)
+            record = _module(_json_line(line), base)
         except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
             raise _corrupt(path, number, str(exc)) from exc
         modules[record.id] = record

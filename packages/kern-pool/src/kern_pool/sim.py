@@ -5,6 +5,12 @@ looks the prompt up in the prefix index, restores (or wakes) what it can, leases
 "decodes" an answer, retires the lease into a checkpoint and inserts it under the new history.
 Sessions are picked with Zipf weights, `batch` turns at a time. Every decision is kern_pool's;
 the workload comes from a local SplitMix64 generator, so the same arguments give the same run.
+
+Knobs are checked before anything runs (`Workload.check`): counts positive, sizes not negative,
+`--zipf` finite in [0, 10], `--seed` in [0, 2**64), every integer within i64, at most
+`MAX_WORKLOAD_TOKENS` tokens of sessions and system prompts, a pool of at most `MAX_POOL_OBJECTS`
+pages and slots in at most `MAX_DEVICE_BYTES`; `--json FILE` must be writable before the run.
+Errors are one `kern-pool-sim: message` line, exit 2.
 """
 
 from __future__ import annotations
@@ -12,24 +18,47 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from itertools import accumulate
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import NoReturn, TextIO, TypeVar
 
-from kern_pool.chunks import Capacity, PagedState, SeqState, pool_config
+from kern_pool.chunks import Capacity, PagedState, PoolConfig, SeqState, pool_config
 from kern_pool.errors import Busy, HostFull, PoolError, Remapping
 from kern_pool.host import Host, Parked
 from kern_pool.pages import Checkpoint, Lease, Pool
 from kern_pool.prefix import Prefix
 
-__all__ = ["Figures", "SimError", "Workload", "main", "simulate"]
+__all__ = [
+    "MAX_DEVICE_BYTES",
+    "MAX_POOL_OBJECTS",
+    "MAX_WORKLOAD_TOKENS",
+    "MAX_ZIPF",
+    "Figures",
+    "SimError",
+    "Workload",
+    "main",
+    "simulate",
+]
 
 T = TypeVar("T")
 _MASK = (1 << 64) - 1
+_I64_MAX = (1 << 63) - 1
 VOCAB = 151_000
+MAX_WORKLOAD_TOKENS = 1 << 24
+"""Most tokens a workload may generate: sessions x the longest session, plus the system prompts."""
+MAX_POOL_OBJECTS = 1 << 22
+"""Most pages plus slots a simulated pool may hold (each is host bookkeeping)."""
+MAX_DEVICE_BYTES = 1 << 40
+"""Largest simulated device budget (1 TiB)."""
+MAX_ZIPF = 10.0
+"""Largest Zipf exponent (beyond it every turn goes to the same session)."""
+PROG = "kern-pool-sim"
 
 
 class SimError(PoolError):
@@ -82,12 +111,29 @@ class Workload:
     state_bytes: int = 0
 
     def check(self) -> None:
-        """Raises SimError naming the first bad knob."""
+        """Raises SimError naming the first bad knob (see the module docstring for the limits)."""
+        for name in ("seed", "sessions", "turns", "system_prompts", "system_len", "prompt_len", "answer_len",
+                     "batch", "tokens", "unit", "host_tokens", "bytes_per_token", "state_bytes"):
+            value: object = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SimError(f"{_flag(name)} must be an integer, got {value!r}")
+            if value > _I64_MAX and name != "seed":
+                raise SimError(f"{_flag(name)} {value} is over {_I64_MAX}")
         for name in ("sessions", "turns", "system_prompts", "prompt_len", "answer_len", "batch", "tokens", "unit", "bytes_per_token"):
             if getattr(self, name) <= 0:
-                raise SimError(f"--{name.replace('_', '-')} must be positive")
-        if self.system_len < 0 or self.host_tokens < 0 or self.state_bytes < 0 or self.zipf < 0:
-            raise SimError("--system-len, --host-tokens, --state-bytes and --zipf must not be negative")
+                raise SimError(f"{_flag(name)} must be positive")
+        if self.system_len < 0 or self.host_tokens < 0 or self.state_bytes < 0:
+            raise SimError("--system-len, --host-tokens and --state-bytes must not be negative")
+        if not 0 <= self.seed <= _MASK:
+            raise SimError(f"--seed {self.seed} is outside [0, 2**64)")
+        if not (math.isfinite(self.zipf) and 0 <= self.zipf <= MAX_ZIPF):
+            raise SimError(f"--zipf must be a finite number in [0, {MAX_ZIPF:g}], got {self.zipf!r}")
+        tokens = self.sessions * self.longest + self.system_prompts * self.system_len
+        if tokens > MAX_WORKLOAD_TOKENS:
+            raise SimError(
+                f"the workload is {tokens} tokens (sessions x longest session + system prompts), over "
+                f"{MAX_WORKLOAD_TOKENS}: lower --sessions, --turns or the lengths"
+            )
 
     @property
     def longest(self) -> int:
@@ -127,15 +173,36 @@ class _Turn:
     full: list[int]
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _pool_config(w: Workload) -> PoolConfig:
+    """The pool for a checked workload, refused when it is beyond what is simulated."""
+    per_seq = (SeqState("state", w.state_bytes),) if w.state_bytes else ()
+    row = -(-w.longest // w.unit)
+    cfg = pool_config(
+        (PagedState("kv", w.bytes_per_token),), per_seq, unit=w.unit, row_pages=row,
+        capacity=Capacity(w.tokens, w.batch),
+    )
+    budget = cfg.chunks * cfg.chunk
+    if budget > MAX_DEVICE_BYTES:
+        raise SimError(
+            f"the device budget is {budget} bytes (--tokens x --bytes-per-token, plus --state-bytes per slot),"
+            f" over {MAX_DEVICE_BYTES} (1 TiB): lower them"
+        )
+    if cfg.pages_max + cfg.slots_max > MAX_POOL_OBJECTS:
+        raise SimError(
+            f"the pool would hold {cfg.pages_max} pages and {cfg.slots_max} slots, over {MAX_POOL_OBJECTS} in all:"
+            " raise --unit or --state-bytes, or lower --tokens"
+        )
+    return cfg
+
+
 class _Sim:
     def __init__(self, w: Workload) -> None:
         w.check()
-        per_seq = (SeqState("state", w.state_bytes),) if w.state_bytes else ()
-        row = -(-w.longest // w.unit)
-        cfg = pool_config(
-            (PagedState("kv", w.bytes_per_token),), per_seq, unit=w.unit, row_pages=row,
-            capacity=Capacity(w.tokens, w.batch),
-        )
+        cfg = _pool_config(w)
         self.w = w
         self.pool, _ = Pool.create(cfg)
         page_bytes = w.unit * w.bytes_per_token
@@ -292,16 +359,47 @@ _HELP = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argparse errors as one `kern-pool-sim: message (see kern-pool-sim --help)` line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: {message} (see {PROG} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _version() -> str:
+    try:
+        return f"{PROG} {version('kern-pool')}"
+    except PackageNotFoundError:
+        return f"{PROG} unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kern-pool-sim", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--version", action="version", version=_version())
     defaults = Workload()
     for name in Workload.__dataclass_fields__:
         value = getattr(defaults, name)
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value,
+        p.add_argument(_flag(name), type=type(value), default=value,
                        metavar=type(value).__name__.upper(), help=f"{_HELP[name]} (default {value})")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _output_problem(path: Path) -> str | None:
+    """Why `path` cannot be written, or None (nothing is written)."""
+    try:
+        if path.is_dir():
+            return f"{path}: is a directory"
+        if not path.parent.is_dir():
+            missing = not path.parent.exists()
+            return f"{path}: directory {path.parent} " + ("does not exist" if missing else "is not a directory")
+        if not os.access(path if path.exists() else path.parent, os.W_OK):
+            return f"{path}: not writable"
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    return None
 
 
 def _table(figures: Figures) -> str:
@@ -313,15 +411,37 @@ def _table(figures: Figures) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: run, print the table, optionally write `--json FILE`."""
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     workload = Workload(**{k: getattr(args, k) for k in Workload.__dataclass_fields__})
+    problem = _output_problem(args.json) if args.json is not None else None
+    if problem is not None:
+        return _fail(f"--json {problem}")
     try:
         figures = simulate(workload, None if args.quiet else sys.stderr)
     except PoolError as exc:
-        print(f"kern-pool-sim: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     print(_table(figures))
+    sys.stdout.flush()
     if args.json is not None:
-        args.json.write_text(json.dumps(asdict(figures), indent=2, sort_keys=True) + "\n")
+        try:
+            args.json.write_text(json.dumps(asdict(figures), indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            return _fail(f"--json {args.json}: cannot write ({exc.strerror or exc})")
     return 0
 
 

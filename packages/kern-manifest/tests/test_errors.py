@@ -1,0 +1,90 @@
+"""kern_manifest.errors: one printable line per problem, folded followers, capped listings."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from helpers.manifests import tiny
+
+from kern_manifest import (
+    PROBLEM_LIMIT,
+    ManifestRejected,
+    ManifestVerify,
+    parse_manifest,
+    printable,
+    problem_lines,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain name", "plain name"),
+        ("a\x1b[31mred", "a\\x1b[31mred"),
+        ("two\nlines\r\tend", "two\\nlines\\r\\tend"),
+        ("bell\x07 del\x7f", "bell\\x07 del\\x7f"),
+        ("rtl\u202eoverride", "rtl\\u202eoverride"),
+        ("surrogate\ud800", "surrogate\\ud800"),
+        ("emoji \U0001f600 and \U000e0001", "emoji \U0001f600 and \\U000e0001"),
+        ("ünïcödé", "ünïcödé"),
+    ],
+)
+def test_printable_escapes_only_what_a_terminal_would_act_on(text: str, shown: str) -> None:
+    assert printable(text) == shown
+    assert printable(shown) == shown
+
+
+def test_a_line_is_always_printable() -> None:
+    problem = ManifestVerify("/buffers/a\x1b[2J", "unused buffer 'x'\n", "remove\u202eit")
+    assert problem.line() == "/buffers/a\\x1b[2J: unused buffer 'x'\\n (remove\\u202eit)"
+    assert problem.pointer == "/buffers/a\x1b[2J"
+    assert str(problem) == problem.line()
+
+
+@pytest.mark.parametrize(
+    ("follows", "tail"),
+    [(0, ""), (1, " (and 1 problem that follows from it)"), (7, " (and 7 problems that follow from it)")],
+)
+def test_followers_fold_into_their_root(follows: int, tail: str) -> None:
+    problem = ManifestVerify("/vars/n/max", "var max 0 < 1", "use max >= 1", follows)
+    assert problem.line() == "/vars/n/max: var max 0 < 1 (use max >= 1)" + tail
+    again = pickle.loads(pickle.dumps(problem))
+    assert again.line() == problem.line() and again.follows == follows
+
+
+def _rejected(count: int) -> ManifestRejected:
+    doc = tiny()
+    for i in range(count):
+        doc[f"f{i}"] = 1
+    with pytest.raises(ManifestRejected) as info:
+        parse_manifest(json.dumps(doc))
+    return info.value
+
+
+def test_200000_unknown_fields_list_the_first_50_then_a_count() -> None:
+    rejected = _rejected(200_000)
+    assert len(rejected.problems) == 200_000
+    lines = rejected.lines()
+    assert PROBLEM_LIMIT == 50 and len(lines) == 51
+    assert lines[0] == "/f0: unknown field 'f0' (remove it: unknown fields are rejected (see docs/manifest.md))"
+    assert lines[49] == "/f49: unknown field 'f49' (remove it: unknown fields are rejected (see docs/manifest.md))"
+    assert lines[50] == "... and 199950 more problems"
+    assert rejected.line() == (
+        "manifest rejected: 200000 problems "
+        "(/f0: unknown field 'f0' (remove it: unknown fields are rejected (see docs/manifest.md)))"
+    )
+
+
+@pytest.mark.parametrize(("count", "limit", "tail"), [(3, 3, None), (4, 3, "... and 1 more problem"), (2, 1, "... and 1 more problem")])
+def test_problem_lines_cap(count: int, limit: int, tail: str | None) -> None:
+    problems = [ManifestVerify(f"/p{i}", "bad", "") for i in range(count)]
+    lines = problem_lines(problems, limit)
+    assert lines[:limit] == [f"/p{i}: bad" for i in range(min(count, limit))]
+    assert lines[limit:] == ([] if tail is None else [tail])
+
+
+def test_problem_lines_refuses_a_limit_below_1() -> None:
+    with pytest.raises(ValueError, match="limit must be at least 1, got 0"):
+        problem_lines([], 0)
