@@ -15,12 +15,12 @@ import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kern_cli.checkpoint import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
 from kern_cli.config import KernConfig, KernTomlError, Target, config_for
+from kern_cli.console import Parser, add_version, quiet_ends
 
 if TYPE_CHECKING:
     from kern_runtime import ServingRoles, Session
@@ -487,8 +487,8 @@ def _handle(args: argparse.Namespace) -> int:
 
 def build_parser(prog: str = "kern-run") -> argparse.ArgumentParser:
     """The kern-run argument parser."""
-    p = argparse.ArgumentParser(prog=prog, description="greedy generation for one sequence on kern")
-    p.add_argument("--version", action="version", version=f"%(prog)s {version('kern-cli')}")
+    p = Parser(prog=prog, description="greedy generation for one sequence on kern")
+    add_version(p, prog)
     add_run_flags(p)
     p.set_defaults(handler=_handle)
     return p
@@ -505,7 +505,7 @@ def register(subparsers: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of `kern-run`."""
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    return quiet_ends("kern-run", lambda: int(args.handler(args)))
 
 
 if __name__ == "__main__":
