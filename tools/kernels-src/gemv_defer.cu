@@ -19,8 +19,7 @@
 // k % 8 == 0 and k <= 1024 * DEFER_MAXP (4096); otherwise the launch writes nothing.
 // Grid [any, 1, 1] (gen_qwen3 sizes it to one resident wave: at least 4 blocks per SM fit), block
 // [128, 1, 1], no dynamic shared memory.
-#define KERN_GEMV_NORM_DEVICE_ONLY
-#include "gemv_norm.cu"
+#include "gemv_norm.cuh"
 
 constexpr int DEFER_MAXP = 4;  // 16-byte pieces of a k row per thread: k <= 4 * 128 * 8
 constexpr int DEFER_STEP = 1024;  // elements between a thread's pieces (4 warps of 32 lanes x 8)

@@ -8,8 +8,7 @@
 // rows 1..4; k % 8 == 0; dynamic shared memory: nc columns' rows (nc * NR * 2k bytes, NR 2 for the
 // SiLU form), then h and x (4 * rows * k bytes); less than one column and h and x writes nothing.
 // Grid [ceil_div(n, nc), 1, 1], block [128, 1, 1].
-#define KERN_GEMV_NORM_DEVICE_ONLY
-#include "gemv_norm.cu"
+#include "gemv_norm.cuh"
 
 template <int EPI>
 static __device__ __forceinline__ void gemv_p4_norm(const bf16* __restrict__ res_in, const bf16* __restrict__ y_add,

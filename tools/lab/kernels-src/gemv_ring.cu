@@ -23,8 +23,7 @@
 // rows 1..4 (others write nothing); k % 8 == 0, x / W / y 16-byte aligned as gemv.cu. A launch
 // whose dynamic shared memory holds no stage (after the norm area) writes nothing.
 // Grid [any, 1, 1] (one wave of bands), block [128, 1, 1].
-#define KERN_GEMV_NORM_DEVICE_ONLY
-#include "gemv_norm.cu"
+#include "gemv_norm.cuh"
 
 constexpr int RING_MAX_STAGES = 32;
 

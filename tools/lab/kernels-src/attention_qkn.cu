@@ -13,8 +13,7 @@
 // stay as the GEMV wrote them (no later launch of the step reads them).
 // head_dim 64 or 128; nq / nkv <= 32 (and <= 8 or a multiple of 8, as kern_attn_decode). grid [nkv, splits] (splits a multiple of 8), block [128].
 #pragma nv_diag_suppress 177  // attention.cu's prefill helpers, unused here
-#define KERN_ATTENTION_DEVICE_ONLY
-#include "attention.cu"
+#include "attention.cuh"
 
 constexpr int QKN_MAX_GROUP = 32;  // query heads per kv head held in shared memory (gen_qwen3 checks)
 constexpr int QKN_MAX_D = 128;

@@ -17,8 +17,7 @@
 // (i32[nkv], zero before the first launch, zero again after each). grid [nkv, splits] (splits a
 // multiple of 8), block [128].
 #pragma nv_diag_suppress 177  // attention.cu's prefill helpers, unused here
-#define KERN_ATTENTION_DEVICE_ONLY
-#include "attention.cu"
+#include "attention.cuh"
 
 // The `_late` entries: kern_attn_decode and kern_attn_decode_wide (the same bits) that let the next
 // launch start only once their blocks have folded their splits, not at their start, so the next

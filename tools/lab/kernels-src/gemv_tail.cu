@@ -20,8 +20,7 @@
 // holds 1 + TAIL_STRIDE * ceil(grid / TAIL_GROUP) i32.
 // rows 1..4; blocks of 128 threads; the dynamic shared memory holds at least h and x
 // (4 * rows * n bytes; `_p4` reuses its rows' area for them), else the launch writes nothing.
-#define KERN_GEMV_NORM_DEVICE_ONLY
-#include "gemv_norm.cu"
+#include "gemv_norm.cuh"
 
 constexpr int TAIL_GROUP = 64;   // blocks per first-level counter
 constexpr int TAIL_STRIDE = 32;  // i32 between first-level counters: one 128-byte line each

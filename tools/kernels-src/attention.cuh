@@ -1,0 +1,665 @@
+// Paged attention for Qwen3-style GQA: split-KV decode (partials + reduce) and causal prefill.
+// KV layout (docs/qwen3.md): `kv` points at this layer's k block of page 0; a page holds
+// [k|v][page_tokens][nkv][head_dim] for this layer, pages `page_stride` elements apart, and the
+// logical page j of the sequence is physical page block_table[j].
+// Softmax runs in f32 in log2 units (scores times scale * log2(e)); outputs round to bf16 once.
+#pragma once
+#include "kern_common.cuh"
+
+#define LOG2E 1.4426950408889634f
+
+struct PagedKV {
+    const bf16* kv;
+    const int* block_table;
+    int nkv;
+    int head_dim;
+    int page_tokens;
+    int64_t page_stride;
+
+    // Address of token `tok`'s k row for kv head `head`; v is at + v_offset().
+    __device__ __forceinline__ const bf16* k_row(int tok, int head) const {
+        const int64_t page = block_table[tok / page_tokens];
+        return kv + page * page_stride + ((int64_t)(tok % page_tokens) * nkv + head) * head_dim;
+    }
+    __device__ __forceinline__ int64_t v_offset() const {
+        return (int64_t)page_tokens * nkv * head_dim;
+    }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Decode: one block per (kv head, split) serves the kv head's query heads, GC of them per pass.
+// Warp w takes tokens w, w + 4, ...; lane l owns elements [l * EPL, (l + 1) * EPL) of a head.
+
+constexpr int DEC_WARPS = 4;
+constexpr int DEC_UNROLL = 4;
+
+template <int EPL>
+__device__ __forceinline__ void load_row(const bf16* p, float* out) {
+    if constexpr (EPL == 4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        out[0] = __uint_as_float(v.x << 16);
+        out[1] = __uint_as_float(v.x & 0xffff0000u);
+        out[2] = __uint_as_float(v.y << 16);
+        out[3] = __uint_as_float(v.y & 0xffff0000u);
+    } else {
+        const uint32_t v = *reinterpret_cast<const uint32_t*>(p);
+        out[0] = __uint_as_float(v << 16);
+        out[1] = __uint_as_float(v & 0xffff0000u);
+    }
+}
+
+template <int EPL, int GC>
+struct DecodeState {
+    float m[GC];
+    float l[GC];
+    float acc[GC][EPL];
+};
+
+// Folds up to DEC_UNROLL tokens (n valid) into the warp's running softmax state.
+template <int EPL, int GC>
+__device__ __forceinline__ void decode_fold(DecodeState<EPL, GC>& st, const float (&q)[GC][EPL],
+                                            const float (&k)[DEC_UNROLL][EPL],
+                                            const float (&v)[DEC_UNROLL][EPL], int n,
+                                            float scale_log2) {
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+        float s[DEC_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; ++u) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) d += q[g][e] * k[u][e];
+            s[u] = d;
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; ++u) s[u] = warp_sum(s[u]) * scale_log2;
+        float mx = st.m[g];
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; ++u)
+            if (u < n) mx = fmaxf(mx, s[u]);
+        const float alpha = exp2f(st.m[g] - mx);
+        st.m[g] = mx;
+        st.l[g] *= alpha;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) st.acc[g][e] *= alpha;
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; ++u) {
+            const float p = u < n ? exp2f(s[u] - mx) : 0.0f;
+            st.l[g] += p;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) st.acc[g][e] += p * v[u][e];
+        }
+    }
+}
+
+// Cross-warp combine area: m and l per (warp, head), then acc per (warp, head, element).
+constexpr int DEC_MAX_GC = 8;
+constexpr int DEC_MAX_D = 128;
+constexpr int DEC_SMEM_FLOATS = DEC_WARPS * DEC_MAX_GC * (2 + DEC_MAX_D);
+
+// Folds tokens [tok0, tok1) for the GC query heads from head0 and writes each head g's normalized
+// output row to o_rows[g * D ..] and its log2-sum-exp to lse_rows[g] (global partials or, in
+// kern_attn_decode's cluster path, this block's shared memory: generic stores).
+template <int EPL, int GC>
+__device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int tok0, int tok1,
+                             float* o_rows, float* lse_rows, float scale_log2, float* smem) {
+    constexpr int D = EPL * 32;
+    float(*sm_m)[GC] = reinterpret_cast<float(*)[GC]>(smem);
+    float(*sm_l)[GC] = reinterpret_cast<float(*)[GC]>(smem + DEC_WARPS * GC);
+    float(*sm_acc)[GC][D] = reinterpret_cast<float(*)[GC][D]>(smem + 2 * DEC_WARPS * GC);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    float q[GC][EPL];
+#pragma unroll
+    for (int g = 0; g < GC; ++g) load_row<EPL>(qkv + (int64_t)(head0 + g) * D + lane * EPL, q[g]);
+    DecodeState<EPL, GC> st;
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+        st.m[g] = KERN_NEG_INF;
+        st.l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) st.acc[g][e] = 0.0f;
+    }
+    const int head = blockIdx.x;
+    for (int t = tok0 + warp; t < tok1; t += DEC_WARPS * DEC_UNROLL) {
+        float k[DEC_UNROLL][EPL], v[DEC_UNROLL][EPL];
+        int n = 0;
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; ++u) {
+            const int tok = t + u * DEC_WARPS;
+            if (tok < tok1) {
+                const bf16* kp = kv.k_row(tok, head) + lane * EPL;
+                load_row<EPL>(kp, k[u]);
+                load_row<EPL>(kp + kv.v_offset(), v[u]);
+                n = u + 1;
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) k[u][e] = v[u][e] = 0.0f;
+            }
+        }
+        decode_fold<EPL, GC>(st, q, k, v, n, scale_log2);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+        if (lane == 0) {
+            sm_m[warp][g] = st.m[g];
+            sm_l[warp][g] = st.l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) sm_acc[warp][g][lane * EPL + e] = st.acc[g][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < GC * D; i += blockDim.x) {
+        const int g = i / D;
+        const int d = i % D;
+        float mx = KERN_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, sm_m[w][g]);
+        float l = 0.0f, o = 0.0f;
+        if (mx != KERN_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                const float f = exp2f(sm_m[w][g] - mx);
+                l += sm_l[w][g] * f;
+                o += sm_acc[w][g][d] * f;
+            }
+        }
+        o_rows[g * D + d] = l > 0.0f ? o / l : 0.0f;
+        if (d == 0) lse_rows[g] = l > 0.0f ? mx + log2f(l) : KERN_NEG_INF;
+    }
+}
+
+// The kv head blockIdx.x's `group` query heads, GC per pass; rows[h * head_dim ..] / lse[h] for
+// its query head h < group.
+template <int EPL, int GC>
+__device__ void decode_split(const bf16* qkv, const PagedKV& kv, int tok0, int tok1, float* rows,
+                             float* lse, int group, float scale_log2, float* smem) {
+    for (int h = 0; h < group; h += GC) {
+        decode_heads<EPL, GC>(qkv, kv, blockIdx.x * group + h, tok0, tok1, rows + h * EPL * 32,
+                              lse + h, scale_log2, smem);
+        __syncthreads();
+    }
+}
+
+template <int EPL>
+__device__ void decode_dispatch_group(const bf16* qkv, const PagedKV& kv, int tok0, int tok1,
+                                      float* rows, float* lse, int group, float scale_log2,
+                                      float* smem) {
+    switch (group) {
+#define KERN_GROUP_CASE(G)                                                                      \
+    case G:                                                                                     \
+        decode_split<EPL, G>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);          \
+        return;
+        KERN_GROUP_CASE(1)
+        KERN_GROUP_CASE(2)
+        KERN_GROUP_CASE(3)
+        KERN_GROUP_CASE(4)
+        KERN_GROUP_CASE(5)
+        KERN_GROUP_CASE(6)
+        KERN_GROUP_CASE(7)
+#undef KERN_GROUP_CASE
+        default:
+            // NOTE: groups above 8 must be multiples of 8 (checked by the generator).
+            decode_split<EPL, 8>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);
+    }
+}
+
+// One block's split: rows / lse of the kv head blockIdx.x's query heads (head_dim 64 or 128).
+__device__ __forceinline__ void decode_split_rows(const bf16* qkv, const PagedKV& kv, int tok0,
+                                                  int tok1, float* rows, float* lse, int group,
+                                                  float scale_log2, float* smem) {
+    if (kv.head_dim == 64) {
+        decode_dispatch_group<2>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);
+    } else {
+        decode_dispatch_group<4>(qkv, kv, tok0, tok1, rows, lse, group, scale_log2, smem);
+    }
+}
+
+
+// The reducing block of kern_attn_decode: out[h] for the `group` query heads from head0, over the
+// splits [0, used), with kern_attn_decode_reduce's arithmetic in its order (so the same bits).
+// The weights 2^(lse - max) go through shared memory first; then each thread sums 4 heads of one
+// element with the loads of 4 splits in flight, instead of a chain of dependent L2 round trips.
+// The partials are read through L2 (__ldcg): other blocks wrote them during this launch.
+__device__ __forceinline__ void decode_reduce_heads(const float* part_o, const float* part_lse,
+                                                    bf16* out, int head0, int group, int used,
+                                                    int nq, int head_dim, float* smem) {
+    constexpr int G4 = 4;
+    const int nw = used * group;
+    if (nw + group > DEC_SMEM_FLOATS) {
+        // NOTE: more splits x heads than the shared area holds: the plain loop.
+        for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
+            const int h = head0 + i / head_dim;
+            const int d = i % head_dim;
+            float mx = KERN_NEG_INF;
+            for (int s = 0; s < used; ++s) mx = fmaxf(mx, __ldcg(part_lse + s * nq + h));
+            float num = 0.0f, den = 0.0f;
+            for (int s = 0; s < used; ++s) {
+                const float w = exp2f(__ldcg(part_lse + s * nq + h) - mx);
+                den += w;
+                num += w * __ldcg(part_o + ((int64_t)s * nq + h) * head_dim + d);
+            }
+            out[(int64_t)h * head_dim + d] = to_bf(num / den);
+        }
+        return;
+    }
+    float* wts = smem;       // wts[s * group + g]: lse, then 2^(lse - max) of head head0 + g
+    float* den = smem + nw;  // den[g] = sum over s of wts, in split order
+    for (int i = threadIdx.x; i < nw; i += blockDim.x)
+        wts[i] = __ldcg(part_lse + (i / group) * nq + head0 + i % group);
+    __syncthreads();
+    for (int g = threadIdx.x; g < group; g += blockDim.x) {
+        float mx = KERN_NEG_INF;
+        for (int s = 0; s < used; ++s) mx = fmaxf(mx, wts[s * group + g]);
+        float sum = 0.0f;
+        for (int s = 0; s < used; ++s) {
+            const float w = exp2f(wts[s * group + g] - mx);
+            wts[s * group + g] = w;
+            sum += w;
+        }
+        den[g] = sum;
+    }
+    __syncthreads();
+    const int quads = (group + G4 - 1) / G4;
+    for (int i = threadIdx.x; i < quads * head_dim; i += blockDim.x) {
+        const int d = i % head_dim;
+        const int g0 = i / head_dim * G4;
+        float num[G4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int s = 0; s < used; ++s) {
+#pragma unroll
+            for (int gg = 0; gg < G4; ++gg) {
+                if (g0 + gg < group) {
+                    const float o = __ldcg(part_o + ((int64_t)s * nq + head0 + g0 + gg) * head_dim + d);
+                    num[gg] += wts[s * group + g0 + gg] * o;
+                }
+            }
+        }
+#pragma unroll
+        for (int gg = 0; gg < G4; ++gg)
+            if (g0 + gg < group)
+                out[(int64_t)(head0 + g0 + gg) * head_dim + d] = to_bf(num[gg] / den[g0 + gg]);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Thread-block clusters (sm_90) for kern_attn_decode: the DEC_CLUSTER splits of a cluster combine
+// through distributed shared memory instead of global partials, a fence and an atomic counter.
+// Every thread of the cluster reaches each cluster_sync().
+
+constexpr int DEC_CLUSTER = 8;            // blocks per cluster along grid y (the portable maximum)
+constexpr int DEC_CLUSTER_PAGES = 4;      // pages per split at most on the cluster path
+constexpr int DEC_CLUSTER_FLOATS = 2048;  // a kv head's partial rows: group * head_dim floats
+constexpr int DEC_CLUSTER_HEADS = DEC_CLUSTER_FLOATS / 64;
+
+// barrier.cluster with release / acquire: shared-memory writes before it are visible to every
+// block of the cluster after it. NOTE: not .aligned: threads may reach it from divergent code.
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile(
+        "barrier.cluster.arrive.release;\n\t"
+        "barrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// The f32 at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
+static __device__ __forceinline__ float cluster_load(const float* p, int rank) {
+    const uint32_t local = (uint32_t)__cvta_generic_to_shared(p);
+    uint32_t remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+// Cluster block `rank` writes out[head0 * head_dim + i] for its slice of i < group * head_dim from
+// the partial rows of splits [0, used) in the shared memory of cluster blocks 0 .. used - 1, with
+// kern_attn_decode_reduce's arithmetic in its order over DEC_CLUSTER splits (so the same bits as
+// kern_attn_decode_partial + kern_attn_decode_reduce at splits = DEC_CLUSTER); all of a thread's
+// remote loads are in flight together.
+__device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* cl_lse, bf16* out,
+                                               int head0, int group, int head_dim, int used,
+                                               int rank) {
+    const int total = group * head_dim;
+    const int slice = (total + DEC_CLUSTER - 1) / DEC_CLUSTER;
+    const int end = min(total, (rank + 1) * slice);
+    for (int i = rank * slice + threadIdx.x; i < end; i += blockDim.x) {
+        const int g = i / head_dim;
+        float lse[DEC_CLUSTER], o[DEC_CLUSTER];
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            lse[s] = s < used ? cluster_load(cl_lse + g, s) : KERN_NEG_INF;
+            o[s] = s < used ? cluster_load(cl_o + i, s) : 0.0f;
+        }
+        float mx = KERN_NEG_INF;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            if (lse[s] == KERN_NEG_INF) continue;
+            const float w = exp2f(lse[s] - mx);
+            den += w;
+            num += w * o[s];
+        }
+        out[(int64_t)head0 * head_dim + i] = to_bf(den > 0.0f ? num / den : 0.0f);
+    }
+}
+
+// The two-level combine of kern_attn_decode_wide (attention_wide.cu): cluster block `rank` writes,
+// for its slice of i < group * head_dim, the cluster's combined row o[i] = sum_s w_s o_s / sum_s w_s
+// (w_s = 2^(lse_s - max lse), cluster_reduce's arithmetic in its order, left in f32) to
+// part_o[i] and, at each head's element 0, the cluster's log2-sum-exp max + log2(sum_s w_s) to
+// part_lse[head]: one partial of kern_attn_decode_partial's form for the cluster's `used` splits.
+__device__ __forceinline__ void cluster_partial(const float* cl_o, const float* cl_lse, float* part_o,
+                                                float* part_lse, int group, int head_dim, int used,
+                                                int rank) {
+    const int total = group * head_dim;
+    const int slice = (total + DEC_CLUSTER - 1) / DEC_CLUSTER;
+    const int end = min(total, (rank + 1) * slice);
+    for (int i = rank * slice + threadIdx.x; i < end; i += blockDim.x) {
+        const int g = i / head_dim;
+        float lse[DEC_CLUSTER], o[DEC_CLUSTER];
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            lse[s] = s < used ? cluster_load(cl_lse + g, s) : KERN_NEG_INF;
+            o[s] = s < used ? cluster_load(cl_o + i, s) : 0.0f;
+        }
+        float mx = KERN_NEG_INF;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int s = 0; s < DEC_CLUSTER; ++s) {
+            if (lse[s] == KERN_NEG_INF) continue;
+            const float w = exp2f(lse[s] - mx);
+            den += w;
+            num += w * o[s];
+        }
+        part_o[i] = num / den;  // used >= 1 split with tokens: den >= 1
+        if (i % head_dim == 0) part_lse[g] = mx + log2f(den);
+    }
+}
+
+
+// kern_attn_decode's body. `q_rows(tok0, tok1, len)` runs after the PDL wait in every block that
+// has a split to fold (block-uniform) and returns where query head h's row starts at h * head_dim:
+// the qkv row for kern_attn_decode, this block's shared copy for the fused q/k-norm entry
+// (attention_qkn.cu). LATE: the entry did not call kern_pdl_launch_dependents at its start; every
+// block that stays calls it once its split is folded (blocks that return early count as exited),
+// so the next launch's blocks start, and issue their loads, behind this launch's KV loads
+// (attention_wide.cu's `_late` entries).
+template <bool WIDE = false, bool LATE = false, typename QRows>
+static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ kv,
+                                                       const int* __restrict__ block_table,
+                                                       const int* __restrict__ seq_len, float* part_o,
+                                                       float* part_lse, int* counters,
+                                                       bf16* __restrict__ out, int nq, int nkv,
+                                                       int head_dim, int page_tokens,
+                                                       int64_t page_stride, int splits, float scale,
+                                                       QRows&& q_rows) {
+    const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
+    // NOTE: seq_len, the block table and the k / v rows before the last token are read before the
+    // wait. Code before the wait may overlap every launch back to the stream's last launch without
+    // PDL, so none of those may write them: gen_qwen3 launches a decode step's first kernel without
+    // PDL, and within the step only q/k-norm writes k / v (the last token's rows) and only the
+    // advance, after the argmax, writes the length and reads the table (test_gen_qwen3 checks it).
+    const int len = *seq_len;
+    const int pages = (len + page_tokens - 1) / page_tokens;
+    const int group = nq / nkv;
+    const int split = blockIdx.y;
+    const bool clustered = pages <= DEC_CLUSTER * DEC_CLUSTER_PAGES && group * head_dim <= DEC_CLUSTER_FLOATS;
+    const int plan = clustered ? DEC_CLUSTER : splits;
+    const int pps = max((pages + plan - 1) / plan, 1);
+    const int used = (pages + pps - 1) / pps;
+    // WIDE: the global plan's splits combine per cluster first (cluster_partial), then the last
+    // block over the clusters' partials, where a kv head's rows fit a cluster block's shared area.
+    const bool two_level = WIDE && !clustered && group * head_dim <= DEC_CLUSTER_FLOATS;
+    const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;  // two_level: those with a used split
+    if (split >= (clustered ? DEC_CLUSTER : two_level ? clusters * DEC_CLUSTER : used)) {
+        kern_pdl_wait();
+        return;
+    }
+    if (split < used) {
+        // Pull the split's k / v rows (but the last token's) into L2 while the previous launches
+        // finish, so the fold's page-by-page loads after the wait hit L2 instead of DRAM.
+        const int t0 = min(split * pps * page_tokens, len);
+        const int t1 = min((split + 1) * pps * page_tokens, len - 1);
+        const int lines = head_dim * 2 / 128;  // 128-byte lines per k (or v) row
+        for (int i = threadIdx.x; i < (t1 - t0) * 2 * lines; i += blockDim.x) {
+            const int tok = t0 + i / (2 * lines);
+            const int rest = i % (2 * lines);
+            const bf16* row = paged.k_row(tok, blockIdx.x) + (rest >= lines ? paged.v_offset() : 0);
+            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(row + (rest % lines) * 64));
+        }
+    }
+    kern_pdl_wait();
+    __shared__ float smem[DEC_SMEM_FLOATS];
+    __shared__ float cl_o[DEC_CLUSTER_FLOATS];
+    __shared__ float cl_lse[DEC_CLUSTER_HEADS];
+    if (split < used) {
+        const int tok0 = min(split * pps * page_tokens, len);
+        const int tok1 = min((split + 1) * pps * page_tokens, len);
+        const int64_t row0 = (int64_t)split * nq + blockIdx.x * group;
+        const bf16* qkv = q_rows(tok0, tok1, len);
+        const bool in_smem = clustered || two_level;
+        decode_split_rows(qkv, paged, tok0, tok1, in_smem ? cl_o : part_o + row0 * head_dim,
+                          in_smem ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
+    }
+    if constexpr (LATE) kern_pdl_launch_dependents();
+    if constexpr (WIDE) {
+        if (two_level) {
+            const int c = split / DEC_CLUSTER;
+            const int64_t crow0 = (int64_t)c * nq + blockIdx.x * group;
+            cluster_sync();
+            cluster_partial(cl_o, cl_lse, part_o + crow0 * head_dim, part_lse + crow0, group, head_dim,
+                            min(DEC_CLUSTER, used - c * DEC_CLUSTER), split % DEC_CLUSTER);
+            // NOTE: no block may exit while another can still read its shared memory.
+            cluster_sync();
+            __threadfence();
+            __syncthreads();
+            __shared__ int wide_last;
+            if (threadIdx.x == 0)
+                wide_last = atomicAdd(&counters[blockIdx.x], 1) == clusters * DEC_CLUSTER - 1;
+            __syncthreads();
+            if (!wide_last) return;
+            __threadfence();
+            decode_reduce_heads(part_o, part_lse, out, blockIdx.x * group, group, clusters, nq, head_dim,
+                                smem);
+            if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+            return;
+        }
+    }
+    if (clustered) {
+        cluster_sync();
+        cluster_reduce(cl_o, cl_lse, out, blockIdx.x * group, group, head_dim, used, split);
+        // NOTE: no block may exit while another can still read its shared memory.
+        cluster_sync();
+        return;
+    }
+    // Publish this block's partials, then count it; the last of the kv head's blocks reduces.
+    __threadfence();
+    __syncthreads();
+    __shared__ int is_last;
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == used - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    decode_reduce_heads(part_o, part_lse, out, blockIdx.x * group, group, used, nq, head_dim, smem);
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+
+
+
+// ------------------------------------------------------------------------------------------------
+// Prefill: causal attention of `rows` new query rows (row i at position seq_len - rows + i) over
+// every cached token, tensor cores (mma.m16n8k16 bf16 -> f32), flash-style online softmax.
+// Block = 4 warps x 16 query rows of one query head; keys in tiles of PF_BN from the pages.
+
+constexpr int PF_BM = 64;
+constexpr int PF_BN = 64;
+
+static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t pair_u16(const bf16* lo, const bf16* hi) {
+    return (uint32_t)__bfloat16_as_ushort(*lo) | ((uint32_t)__bfloat16_as_ushort(*hi) << 16);
+}
+
+template <int D>
+struct PrefillTile {
+    static constexpr int LD = D + 8;  // NOTE: padding keeps the fragment loads bank-conflict free.
+    bf16 k[PF_BN][LD];
+    bf16 v[PF_BN][LD];
+};
+
+template <int D>
+__device__ __forceinline__ void prefill_load_tile(PrefillTile<D>& tile, const PagedKV& kv, int kb,
+                                                  int len, int head) {
+    constexpr int CH = D / 8;
+    for (int c = threadIdx.x; c < PF_BN * CH; c += blockDim.x) {
+        const int key = c / CH;
+        const int ch = c % CH;
+        const int tok = kb + key;
+        uint4 kval = make_uint4(0, 0, 0, 0), vval = make_uint4(0, 0, 0, 0);
+        if (tok < len) {
+            const bf16* kp = kv.k_row(tok, head) + ch * 8;
+            kval = *reinterpret_cast<const uint4*>(kp);
+            vval = *reinterpret_cast<const uint4*>(kp + kv.v_offset());
+        }
+        *reinterpret_cast<uint4*>(&tile.k[key][ch * 8]) = kval;
+        *reinterpret_cast<uint4*>(&tile.v[key][ch * 8]) = vval;
+    }
+}
+
+// Masks and scales one score tile, updates the running max / sum, and turns scores into P.
+__device__ __forceinline__ void prefill_softmax(float (&s)[PF_BN / 8][4], float (&m)[2],
+                                                float (&l)[2], float (&alpha)[2], int kb,
+                                                const int (&qpos)[2], float scale_log2) {
+    const int tq = threadIdx.x & 3;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = kb + nt * 8 + 2 * tq + (e & 1);
+            const int r = e >> 1;
+            const float v = key <= qpos[r] ? s[nt][e] * scale_log2 : KERN_NEG_INF;
+            s[nt][e] = v;
+            mx[r] = fmaxf(mx[r], v);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        alpha[r] = exp2f(m[r] - mx[r]);
+        m[r] = mx[r];
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(s[nt][e] - m[e >> 1]);
+            s[nt][e] = p;
+            l[e >> 1] += p;
+        }
+    }
+}
+
+template <int D>
+__device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* out, int rows,
+                             int nq, float scale_log2, uint4* smem) {
+    PrefillTile<D>& tile = *reinterpret_cast<PrefillTile<D>*>(smem);
+    constexpr int KS = D / 16;
+    constexpr int NO = D / 8;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int tq = lane & 3;
+    const int h = blockIdx.y;
+    const int head = h / (nq / kv.nkv);
+    const int m0 = blockIdx.x * PF_BM;
+    const int64_t qstride = (int64_t)(nq + 2 * kv.nkv) * D;
+    const int base = len - rows;
+    const int r_lo = m0 + warp * 16 + g;
+    const int rr[2] = {min(r_lo, rows - 1), min(r_lo + 8, rows - 1)};
+    const int qpos[2] = {base + rr[0], base + rr[1]};
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int col = ks * 16 + 2 * tq + (i >> 1) * 8;
+            qa[ks][i] = *reinterpret_cast<const uint32_t*>(qkv + rr[i & 1] * qstride +
+                                                           (int64_t)h * D + col);
+        }
+    }
+    float o[NO][4];
+#pragma unroll
+    for (int nt = 0; nt < NO; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m[2] = {KERN_NEG_INF, KERN_NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+    const int kv_end = base + min(m0 + PF_BM, rows);
+    for (int kb = 0; kb < kv_end; kb += PF_BN) {
+        __syncthreads();
+        prefill_load_tile<D>(tile, kv, kb, len, head);
+        __syncthreads();
+        float s[PF_BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < PF_BN / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const bf16* kr = &tile.k[nt * 8 + g][ks * 16 + 2 * tq];
+                mma_bf16(s[nt], qa[ks], *reinterpret_cast<const uint32_t*>(kr),
+                         *reinterpret_cast<const uint32_t*>(kr + 8));
+            }
+        }
+        prefill_softmax(s, m, l, alpha, kb, qpos, scale_log2);
+#pragma unroll
+        for (int nt = 0; nt < NO; ++nt) {
+            o[nt][0] *= alpha[0];
+            o[nt][1] *= alpha[0];
+            o[nt][2] *= alpha[1];
+            o[nt][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < PF_BN / 16; ++kk) {
+            const uint32_t pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]),
+                                    pack2(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            const int key = kk * 16 + 2 * tq;
+#pragma unroll
+            for (int nt = 0; nt < NO; ++nt) {
+                const int col = nt * 8 + g;
+                const uint32_t b0 = pair_u16(&tile.v[key][col], &tile.v[key + 1][col]);
+                const uint32_t b1 = pair_u16(&tile.v[key + 8][col], &tile.v[key + 9][col]);
+                mma_bf16(o[nt], pa, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    const int rows_out[2] = {r_lo, r_lo + 8};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (rows_out[r] >= rows) continue;
+        const float inv = 1.0f / l[r];
+        bf16* dst = out + (int64_t)rows_out[r] * nq * D + (int64_t)h * D + 2 * tq;
+#pragma unroll
+        for (int nt = 0; nt < NO; ++nt) {
+            *reinterpret_cast<uint32_t*>(dst + nt * 8) =
+                pack2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+        }
+    }
+}
