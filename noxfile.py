@@ -10,7 +10,15 @@ import nox
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests", "lint"]
 
-PACKAGES = ["kern-manifest", "kern-pool", "kern-runtime", "kern-mining", "kern-cli"]
+PACKAGES = {
+    "kern-manifest": "packages/kern-manifest",
+    "kern-pool": "packages/kern-pool",
+    "kern-runtime": "packages/kern-runtime",
+    "kern-mining": "packages/kern-mining",
+    "kern-cli": "packages/kern-cli",
+    "kern-qwen3": "tools/qwen3",
+}
+"""Distribution -> its project directory (the wheelhouse builds each one's wheel)."""
 
 
 def _sync(session: nox.Session) -> None:
@@ -48,7 +56,7 @@ EXAMPLES = {
     "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm"],
     "qwen3-4b-f32": ["--preset", "qwen3-4b", "--precision", "f32"],
 }
-"""examples/<name>.json -> its gen_qwen3 options (tools/tests/test_gen_qwen3.py checks the files)."""
+"""examples/<name>.json -> its kern-qwen3 options (tools/qwen3/tests/test_examples.py checks the files)."""
 
 
 @nox.session
@@ -58,7 +66,7 @@ def examples(session: nox.Session) -> None:
     _sync(session)
     session.run("kern", "kernels", "--all")
     for name, options in EXAMPLES.items():
-        session.run("python", "tools/gen_qwen3.py", *options, "--feed", "device", "-o", f"examples/{name}.json")
+        session.run("kern-qwen3", *options, "--feed", "device", "-o", f"examples/{name}.json")
     pinned = {
         mod["source"]
         for path in Path("examples").glob("*.json")
@@ -97,8 +105,8 @@ def wheelhouse(session: nox.Session) -> None:
     python = session.posargs[0] if session.posargs else "3.12"
     out = session.posargs[1] if len(session.posargs) > 1 else "wheelhouse"
     session.run("rm", "-rf", out, external=True)
-    for pkg in PACKAGES:
-        session.run("uv", "build", "--wheel", "--quiet", "--out-dir", out, f"packages/{pkg}", external=True)
+    for project in PACKAGES.values():
+        session.run("uv", "build", "--wheel", "--quiet", "--out-dir", out, project, external=True)
     platforms = [arg for p in MANYLINUX for arg in ("--platform", p)]
     pins = [f"{n}=={v}" for n, v in _locked_versions(HOST_MISSING).items()]
     session.run(

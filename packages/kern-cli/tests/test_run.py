@@ -313,7 +313,7 @@ def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert run.default_weights(logs.append) == (tmp_path / "ck",)
     assert "wrote a seeded random Qwen3-4B checkpoint" in logs[0] and str(tmp_path / "ck") in logs[0]
     assert "using the seeded random Qwen3-4B checkpoint" in logs[1]
-    from kern_cli.checkpoint import QWEN3_4B_CONFIG
+    from kern_qwen3 import QWEN3_4B_CONFIG
 
     assert calls[0]["config"] == QWEN3_4B_CONFIG and calls[0]["seed"] == 0
 
@@ -328,7 +328,7 @@ def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
 
 
 def test_a_checkpoint_that_cannot_be_written_is_a_run_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kern_cli.checkpoint import CheckpointError
+    from kern_qwen3 import CheckpointError
 
     def full(config: object, **kw: object) -> tuple[Path, bool]:
         raise CheckpointError("cannot write /nope: No space left on device")

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from kern_cli.checkpoint import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
 from kern_cli.config import KernConfig, KernTomlError, Target, config_for
 from kern_cli.console import Parser, add_version, quiet_ends
+from kern_qwen3 import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
 
 if TYPE_CHECKING:
     from kern_runtime import ServingRoles, Session

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from kern_cli.checkpoint import (
+from kern_qwen3.checkpoint import (
     QWEN3_4B_CONFIG,
     QWEN3_TINY_CONFIG,
     CheckpointError,
@@ -126,7 +126,7 @@ def test_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 
 def test_files_hold_tensor_values(tmp_path: Path) -> None:
-    from kern_cli.checkpoint import tensor_values
+    from kern_qwen3.checkpoint import tensor_values
 
     root, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=4, name="tiny", root=tmp_path)
     part = _read(next(root.glob("*.safetensors")))

@@ -1,4 +1,4 @@
-"""Mined facts for tools/gen_qwen3.py: what a capture of our Qwen3 kernels says about their entries,
+"""Mined facts for the generator: what a capture of our Qwen3 kernels says about their entries,
 parameter tables, literals, grids and wiring, asserted before a manifest is written.
 
     facts = mined_facts(Path("cap"))             # raises WiringError listing every failed check
@@ -53,12 +53,14 @@ __all__ = [
     "Sample",
     "WiringError",
     "check_against",
+    "constants_problems",
     "entry_param_types",
     "generator_constants",
     "mined_facts",
 ]
 
-KERNELS_SRC = Path(__file__).resolve().parent / "kernels-src"
+KERNELS_SRC = Path("tools/kernels-src")
+"""The product's kernel sources, relative to the working directory (the repository root)."""
 
 ROLES: dict[str, tuple[str, ...]] = {
     "kern_embed": ("ids", "table", "out", "hidden"),
@@ -710,7 +712,7 @@ def mined_facts(capture_dir: Path, analysis: Analysis | None = None, *,
 
 @dataclass(frozen=True, slots=True)
 class GeneratorConstants:
-    """The numbers tools/gen_qwen3.py hard-codes, as the capture shows them."""
+    """The numbers the generator hard-codes, as the capture shows them."""
 
     page_tokens: int
     decode_splits: int
@@ -742,6 +744,20 @@ def generator_constants(facts: MinedQwen3) -> GeneratorConstants:
                 bm = la.grid[0].fit.c
     return GeneratorConstants(int(sc["page_tokens"]), int(sc["splits"]), bm, int(sc["argmax_parts"]),
                               MappingProxyType(shas))
+
+
+def constants_problems(consts: GeneratorConstants) -> list[str]:
+    """Where the generator's constants (PAGE_TOKENS, DECODE_SPLITS, PREFILL_BM, ARGMAX_PARTS)
+    differ from the mined ones; empty: they agree."""
+    from kern_qwen3.entries import ARGMAX_PARTS, DECODE_SPLITS, PREFILL_BM
+    from kern_qwen3.shape import PAGE_TOKENS
+
+    ours = {"page_tokens": PAGE_TOKENS, "decode_splits": DECODE_SPLITS, "argmax_parts": ARGMAX_PARTS}
+    problems = [f"{k} is {v} here but {getattr(consts, k)} in the capture"
+                for k, v in ours.items() if getattr(consts, k) != v]
+    if consts.prefill_bm is not None and consts.prefill_bm != PREFILL_BM:
+        problems.append(f"prefill_bm is {PREFILL_BM} here but {consts.prefill_bm} in the capture")
+    return problems
 
 
 # --------------------------------------------------------------------------- check_against

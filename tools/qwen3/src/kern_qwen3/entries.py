@@ -1,0 +1,192 @@
+"""The kernel entries a Qwen3 manifest launches, and which module (source file) defines each."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from types import MappingProxyType
+
+from kern_qwen3.errors import KernelsError
+
+__all__ = [
+    "ARGMAX_PARTS",
+    "DECODE_CLUSTER",
+    "DECODE_SPLITS",
+    "DEFER_ENTRIES",
+    "DEFER_MAX_K",
+    "DEFER_P4",
+    "DEVICE_FEED_ENTRIES",
+    "ENTRIES",
+    "FUSED_ENTRIES",
+    "GEMV_DEFAULT",
+    "GEMV_ENTRIES",
+    "GEMV_GEMMS",
+    "GEMV_PICK",
+    "PREFILL_BM",
+    "GemvEntry",
+    "Layout",
+    "entry_modules",
+    "silu_entries",
+]
+
+DECODE_SPLITS = 32
+"""Split-KV partitions of the decode attention (grid y of kern_attn_decode_partial and
+kern_attn_decode). A multiple of DECODE_CLUSTER: kern_attn_decode runs in clusters of that many
+blocks along y, and the driver refuses any other grid."""
+DECODE_CLUSTER = 8
+"""attention.cuh's DEC_CLUSTER: kern_attn_decode's `__cluster_dims__(1, 8, 1)`."""
+PREFILL_BM = 64
+"""Query rows per block of kern_attn_prefill (grid x = ceil_div(tokens, PREFILL_BM))."""
+ARGMAX_PARTS = 64
+"""Blocks of the first argmax stage."""
+
+ENTRIES: tuple[str, ...] = (
+    "kern_embed",
+    "kern_rmsnorm",
+    "kern_add_rmsnorm",
+    "kern_qk_norm_rope",
+    "kern_kv_write",
+    "kern_attn_decode_partial",
+    "kern_attn_decode_reduce",
+    "kern_attn_prefill",
+    "kern_silu_mul",
+    "kern_argmax_partial",
+    "kern_argmax_final",
+    "kern_rope_table",
+)
+"""Entries every manifest needs."""
+DEVICE_FEED_ENTRIES: tuple[str, ...] = ("kern_decode_advance", "kern_copy_i64", "kern_copy_i32")
+"""Extra entries of `feed="device"`: the step's inputs live in carry buffers that a `start`
+program seeds from the host inputs and `kern_decode_advance` moves on (the verifier forbids kernels
+writing input buffers)."""
+FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")
+"""Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
+kern_kv_write), decode attention is one launch (its last block per kv head reduces; counters in a
+carry buffer that the load program zeroes)."""
+
+GEMV_GEMMS = ("qkv", "o", "gate_up", "down", "lm_head")
+"""Decode GEMMs (m = 1) that `--gemv` may move from cublasLt to our GEMV kernels (gemv.cu)."""
+GEMV_DEFAULT = ("o", "gate_up", "lm_head")
+"""`--gemv default` (examples/qwen3-4b-gemv.json): the decode GEMMs where kern_gemv_bf16 beat cuBLAS
+on the H200 before the per-shape entries (docs/kernels.md, "GEMV for decode"). `--gemv all` takes
+every decode GEMM, so the decode chain holds no cuBLAS launch and can run with `--pdl`
+(examples/qwen3-4b-fast.json: `--gemv all --fuse --pdl --fold-norm --defer-norm`)."""
+
+
+class Layout(Enum):
+    """How a GEMV entry spreads the output columns over its grid (`gemv.gemv_launch` sizes it)."""
+
+    COLUMNS = "columns"
+    """A fixed number of output columns per block: grid x = ceil_div(n, columns)."""
+    STREAM = "stream"
+    """W through a shared-memory ring filled by bulk copies: min(n, GEMV_TMA_BLOCKS) blocks with
+    GEMV_TMA_SMEM bytes of dynamic shared memory each."""
+    BAND = "band"
+    """One resident wave of blocks that each sum a balanced band of columns (`GemvEntry.per_sm`)."""
+    PREFETCH = "prefetch"
+    """Blocks copy their columns' W rows into GEMV_P4_SMEM bytes of dynamic shared memory before the
+    PDL wait."""
+    RING = "ring"
+    """One resident wave of GEMV_RING_BLOCKS blocks per SM whose bands stream through a ring of
+    shared-memory stages (GEMV_RING_SMEM bytes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GemvEntry:
+    """A GEMV entry's launch shape: its layout, threads per block, output columns per block
+    (COLUMNS), blocks per SM its `__launch_bounds__` guarantee (BAND), and whether it applies
+    SiLU-and-mul in its epilogue (gate_up only: W is [2n, k], y is `act`)."""
+
+    layout: Layout
+    threads: int
+    columns: int = 0
+    per_sm: int = 0
+    silu: bool = False
+
+
+def _columns(columns: int, threads: int = 128, *, silu: bool = False) -> GemvEntry:
+    return GemvEntry(Layout.COLUMNS, threads, columns=columns, silu=silu)
+
+
+def _band(per_sm: int, *, silu: bool = False) -> GemvEntry:
+    return GemvEntry(Layout.BAND, 128, per_sm=per_sm, silu=silu)
+
+
+GEMV_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({
+    "kern_gemv_bf16": _columns(4),
+    "kern_gemv_bf16_s2": _columns(2),
+    "kern_gemv_bf16_s4": _columns(1),
+    "kern_gemv_bf16_s8": _columns(1, 256),
+    "kern_gemv_bf16_c2": _columns(8),
+    "kern_gemv_bf16_q4": _columns(16),
+    "kern_gemv_bf16_s2q4": _columns(8),
+    "kern_gemv_bf16_s4q4": _columns(4),
+    "kern_gemv_bf16_silu": _columns(4, silu=True),
+    "kern_gemv_bf16_tma": GemvEntry(Layout.STREAM, 512),
+    "kern_gemv_bf16_tma_silu": GemvEntry(Layout.STREAM, 512, silu=True),
+    "kern_gemv_bf16_b4": _band(7),
+    "kern_gemv_bf16_b4_silu": _band(6, silu=True),
+    "kern_gemv_bf16_d4": _band(4),
+    "kern_gemv_bf16_d8": _band(4),
+    "kern_gemv_bf16_d4_silu": _band(4, silu=True),
+    "kern_gemv_bf16_p4": GemvEntry(Layout.PREFETCH, 128),
+    "kern_gemv_bf16_p4_silu": GemvEntry(Layout.PREFETCH, 128, silu=True),
+})
+"""The GEMV entries of gemv.cu -> their launch shape (`gemv.gemv_launch` turns an entry and a
+GEMM's n, k into the launch). Band blocks per SM: registers 72 and 80 of 64K per SM at 128 threads
+for `_b4` / `_b4_silu`, at most 128 for the deep bands."""
+
+GEMV_PICK: Mapping[str, str] = MappingProxyType({
+    "qkv": "kern_gemv_bf16_b4",
+    "o": "kern_gemv_bf16_s4",
+    "gate_up": "kern_gemv_bf16_silu",
+    "down": "kern_gemv_bf16_p4",
+    "lm_head": "kern_gemv_bf16_p4",
+})
+"""The GEMV entry of each decode GEMM, by the step's critical path on the H200 (docs/perf.md):
+split-k over the block's 4 warps, over balanced column bands (`_b4`) for qkv and one column per
+block (`_s4`) for o; lm_head's and down's rows bulk-copied into shared memory (`_p4`); gate_up runs
+`_silu`, which applies SiLU-and-mul in its epilogue and writes `act` (no kern_silu_mul in the decode
+step)."""
+
+DEFER_ENTRIES: Mapping[str, str] = MappingProxyType({
+    "qkv": "kern_gemv_bf16_b4_d", "gate_up": "kern_gemv_bf16_b4_silu_d"})
+"""`fold_norm` + `defer_norm` (gemv_defer.cu): decode GEMM -> the band GEMV that applies the add +
+RMSNorm before it as r * (W (h * w_norm)), r in its epilogue, so nothing stands between its PDL
+wait and its first FMA but one load of h; one wave of GEMV_DEFER_BLOCKS blocks per SM."""
+DEFER_P4: Mapping[str, str] = MappingProxyType({
+    "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_d", "kern_gemv_bf16_p4_silu": "kern_gemv_bf16_p4_silu_d"})
+"""With `defer_norm`, a qkv / gate_up pick on a prefetched entry folds into its deferred form
+(gemv_defer.cu), on that entry's launch (its rows' shared memory only)."""
+DEFER_MAX_K = 4096
+"""gemv_defer.cu's k limit (DEFER_MAXP 16-byte pieces per thread of 128)."""
+
+
+def silu_entries(table: Mapping[str, GemvEntry]) -> tuple[str, ...]:
+    """The entries of `table` with SiLU-and-mul in their epilogue, in table order."""
+    return tuple(name for name, entry in table.items() if entry.silu)
+
+
+_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"
+_GLOBAL = re.compile(rf"__global__\s+{_BOUNDS}void\s+{_BOUNDS}(kern_\w+)\s*\(")
+
+
+def entry_modules(*src_dirs: Path) -> dict[str, str]:
+    """Map each `kern_*` kernel entry to the module (source file stem) that defines it.
+
+    Raises:
+        KernelsError: an entry is defined twice, or a directory cannot be read.
+    """
+    found: dict[str, str] = {}
+    for src_dir in src_dirs:
+        if not src_dir.is_dir():
+            raise KernelsError(f"kernel source directory {src_dir} does not exist (give --kernels-src)")
+        for path in sorted(src_dir.glob("*.cu")):
+            for entry in _GLOBAL.findall(path.read_text(encoding="utf-8", errors="replace")):
+                if entry in found and found[entry] != path.stem:
+                    raise KernelsError(f"{entry} is defined in both {found[entry]}.cu and {path.name}")
+                found[entry] = path.stem
+    return found

@@ -1,0 +1,176 @@
+"""The ops of a bf16 manifest: one per kernel, interface = the kernel's ABI (docs/qwen3.md), except
+the two-launch attention and argmax ops, whose partials live in impl scratch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kern_qwen3._json import BF16_IN, BF16_IO, BF16_OUT, Json, f32, i32, i64, kernel
+from kern_qwen3.entries import ARGMAX_PARTS, DECODE_SPLITS, PREFILL_BM
+from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
+
+__all__ = ["argmax_op", "base_ops", "feed_ops", "split_scratch", "zero_op"]
+
+
+def base_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    heads_out = nq * d
+    ops: Json = {
+        "embed": {
+            "params": ["in buffer<i64>", BF16_IN, BF16_OUT, "i32"],
+            "impl": {"launches": [kernel(mods, "kern_embed", ["tokens", 1, 1], 256)]},
+        },
+        "rmsnorm": {
+            "params": [BF16_IN, BF16_IN, BF16_OUT, "i32", "f32"],
+            "impl": {"launches": [kernel(mods, "kern_rmsnorm", ["tokens", 1, 1], 256)]},
+        },
+        "add_rmsnorm": {
+            "params": [BF16_IO, BF16_IN, BF16_IN, BF16_OUT, "i32", "f32"],
+            "impl": {"launches": [kernel(mods, "kern_add_rmsnorm", ["tokens", 1, 1], 256)]},
+        },
+        "qk_norm_rope": {
+            "params": [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN,
+                       "i32", "i32", "i32", "f32"],
+            "impl": {"launches": [kernel(mods, "kern_qk_norm_rope", ["tokens", nq + nkv, 1], d // 2)]},
+        },
+        "kv_write": {
+            "params": [BF16_IN, "inout state", "in buffer<i64>", "i32", "i32", "i32", "i32", "i64"],
+            "impl": {"launches": [kernel(mods, "kern_kv_write", ["tokens", nkv, 1], 32)]},
+        },
+        "attn_prefill": {
+            "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT,
+                       "i32", "i32", "i32", "i32", "i32", "i64", "f32"],
+            "impl": {"launches": [kernel(
+                mods, "kern_attn_prefill", [{"ceil_div": ["tokens", PREFILL_BM]}, nq, 1], 128)]},
+        },
+        "silu_mul": {
+            "params": [BF16_IN, BF16_OUT, "i32"],
+            "impl": {"launches": [kernel(
+                mods, "kern_silu_mul", ["tokens", -(-s.inter // 1024), 1], 128)]},
+        },
+        "gemm": {
+            "params": [BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32"],
+            "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]},
+        },
+        "attn_decode": _attn_decode_op(s, mods, heads_out),
+        **(_fused_ops(s, mods, heads_out) if "kern_attn_decode" in mods else {}),
+        "argmax": argmax_op(s, mods),
+        "rope_table": {
+            "params": [BF16_OUT, BF16_OUT, "i32", "i32", "f32"],
+            "impl": {"launches": [kernel(mods, "kern_rope_table", [s.max_pos, 1, 1], min(d // 2, 1024))]},
+        },
+    }
+    return ops
+
+
+def split_scratch(nq: int, heads_out: int) -> Json:
+    """The split-KV decode attention's f32 partial outputs and log-sum-exps (impl-private)."""
+    return {
+        "part_o": {"dtype": "f32", "shape": [DECODE_SPLITS, heads_out]},
+        "part_lse": {"dtype": "f32", "shape": [DECODE_SPLITS, nq]},
+    }
+
+
+def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    fused = kernel(
+        mods, "kern_attn_decode", [nkv, DECODE_SPLITS, 1], 128,
+        params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
+                "out buffer<f32>", "inout buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32", "i64",
+                "i32", "f32"],
+        args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
+              {"scratch": "part_lse"}, {"param": 5}, {"param": 4}, i32(nq), i32(nkv), i32(d),
+              i32(PAGE_TOKENS), i64(s.page_stride), i32(DECODE_SPLITS), f32(d**-0.5)],
+    )
+    return {
+        "qk_norm_rope_kv": {
+            "params": [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state",
+                       "in buffer<i64>", "i32", "i32", "i32", "f32", "i32", "i64"],
+            "impl": {"launches": [kernel(mods, "kern_qk_norm_rope_kv", ["tokens", nq + 2 * nkv, 1], d // 2)]},
+        },
+        "attn_decode_fused": {
+            "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT, "inout buffer<i32>"],
+            "impl": {
+                "scratch": split_scratch(nq, heads_out),
+                "launches": [fused],
+            },
+        },
+        "zero_i32": zero_op(mods),
+    }
+
+
+def zero_op(mods: Mapping[str, str]) -> Json:
+    """zero_i32(buf, n): the load program's reset of the block counters (attention, norm tails)."""
+    return {"params": ["out buffer<i32>", "i32"], "impl": {"launches": [kernel(mods, "kern_zero_i32", [1, 1, 1], 32)]}}
+
+
+
+def feed_ops(mods: Mapping[str, str]) -> Json:
+    return {
+        "decode_advance": {
+            "params": ["in buffer<i64>", "inout buffer<i64>", "inout buffer<i64>", "inout buffer<i64>",
+                       "inout buffer<i32>", "in buffer<i32>", "i32"],
+            "impl": {"launches": [kernel(mods, "kern_decode_advance", [1, 1, 1], 32)]},
+        },
+        "copy_i64": {
+            "params": ["in buffer<i64>", "out buffer<i64>", "i32"],
+            "impl": {"launches": [kernel(mods, "kern_copy_i64", [1, 1, 1], 32)]},
+        },
+        "copy_i32": {
+            "params": ["in buffer<i32>", "out buffer<i32>", "i32"],
+            "impl": {"launches": [kernel(mods, "kern_copy_i32", [1, 1, 1], 32)]},
+        },
+    }
+
+
+def _attn_decode_op(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    partial = kernel(
+        mods, "kern_attn_decode_partial", [nkv, DECODE_SPLITS, 1], 128,
+        params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
+                "out buffer<f32>", "i32", "i32", "i32", "i32", "i64", "i32", "f32"],
+        args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
+              {"scratch": "part_lse"}, i32(nq), i32(nkv), i32(d), i32(PAGE_TOKENS),
+              i64(s.page_stride), i32(DECODE_SPLITS), f32(d**-0.5)],
+    )
+    reduce = kernel(
+        mods, "kern_attn_decode_reduce", [nq, 1, 1], 128,
+        params=["in buffer<f32>", "in buffer<f32>", BF16_OUT, "i32", "i32", "i32"],
+        args=[{"scratch": "part_o"}, {"scratch": "part_lse"}, {"param": 4}, i32(nq), i32(d),
+              i32(DECODE_SPLITS)],
+    )
+    return {
+        "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT],
+        "impl": {
+            "scratch": split_scratch(nq, heads_out),
+            "launches": [partial, reduce],
+        },
+    }
+
+
+def argmax_op(s: Qwen3Shape, mods: Mapping[str, str], partial_entry: str = "kern_argmax_partial",
+               logits: str = BF16_IN) -> Json:
+    """Two stages: `partial_entry` over the `logits` (bf16, or f32 with kern_f32_argmax_partial), then
+    sampling.cu's kern_argmax_final over the partials (ties to the lowest index)."""
+    partial = kernel(
+        mods, partial_entry, [ARGMAX_PARTS, 1, 1], 256,
+        params=[logits, "out buffer<f32>", "out buffer<i32>", "i32"],
+        args=[{"param": 0}, {"scratch": "pval"}, {"scratch": "pidx"}, i32(s.vocab)],
+    )
+    final = kernel(
+        mods, "kern_argmax_final", [1, 1, 1], 256,
+        params=["in buffer<f32>", "in buffer<i32>", "out buffer<i64>", "i32"],
+        args=[{"scratch": "pval"}, {"scratch": "pidx"}, {"param": 1}, i32(ARGMAX_PARTS)],
+    )
+    return {
+        "params": [logits, "out buffer<i64>"],
+        "impl": {
+            "scratch": {
+                "pval": {"dtype": "f32", "shape": [ARGMAX_PARTS]},
+                "pidx": {"dtype": "i32", "shape": [ARGMAX_PARTS]},
+            },
+            "launches": [partial, final],
+        },
+    }
+
+

@@ -1,0 +1,134 @@
+"""What to generate: the options of one manifest as a frozen `Plan`, validated in one place, with
+its rewrite passes as an explicit ordered list."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from kern_qwen3._json import Json
+from kern_qwen3.entries import GEMV_ENTRIES, GEMV_GEMMS, GEMV_PICK, GemvEntry, silu_entries
+from kern_qwen3.errors import GenError
+from kern_qwen3.shape import Qwen3Shape
+
+__all__ = ["DEFAULT_CHUNK", "FEEDS", "PRECISIONS", "Context", "Feed", "Pass", "Plan", "Precision"]
+
+DEFAULT_CHUNK = 2048
+"""The largest prefill chunk when a plan names none (the `tokens` var's max)."""
+Feed = Literal["host", "device"]
+FEEDS: tuple[Feed, ...] = ("host", "device")
+Precision = Literal["bf16", "f32"]
+PRECISIONS: tuple[Precision, ...] = ("bf16", "f32")
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a pass reads besides the manifest: the shape, the plan, the resolved GEMV picks and
+    kernel entry -> module."""
+
+    shape: Qwen3Shape
+    plan: Plan
+    picks: Mapping[str, str]
+    entries: Mapping[str, str]
+
+
+class Pass(Protocol):
+    """A rewrite of a generated manifest (its `buffers`, `ops` and `programs`, in place), run in the
+    plan's order before the ops no call uses are dropped and the modules are pinned."""
+
+    @property
+    def name(self) -> str:
+        """The pass's name in error messages."""
+        ...
+
+    def needs(self, plan: Plan, shape: Qwen3Shape) -> tuple[str, ...]:
+        """The kernel entries the pass launches.
+
+        Raises:
+            GenError: the pass cannot apply to this plan and shape (one line saying why).
+        """
+        ...
+
+    def __call__(self, manifest: Json, ctx: Context) -> None:
+        """Rewrites `manifest` in place."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The options of one manifest.
+
+    Attributes:
+        chunk: the largest prefill chunk (the `tokens` var's max).
+        feed: "host": the caller writes the step's four inputs before every decode step;
+            "device": decode reads carry buffers that the `start` program seeds and
+            `kern_decode_advance` moves on, so the host only replays and reads 8 bytes.
+        precision: "bf16" (transformers' bf16 rounding points) or "f32": the reference-precision
+            manifest (qwen3_f32.cu; activations, residual, logits and KV in float32, bf16 weights),
+            which takes none of the speed options.
+        gemv: decode GEMMs (of GEMV_GEMMS) that run as our GEMV (the entry `picks` names) instead
+            of cublasLt; prefill always uses cublasLt.
+        fuse: q/k norm + rope writes the KV pages itself (`kern_qk_norm_rope_kv`, prefill and
+            decode) and decode attention is one launch (`kern_attn_decode`).
+        picks: decode GEMM -> its GEMV entry (an entry of `table`).
+        table: the GEMV entries the picks may name, with their launch shapes.
+        passes: the rewrites run on the generated manifest, in order (`passes.plan_passes` builds
+            the product's).
+    """
+
+    chunk: int = DEFAULT_CHUNK
+    feed: Feed = "host"
+    precision: Precision = "bf16"
+    gemv: tuple[str, ...] = ()
+    fuse: bool = False
+    picks: Mapping[str, str] = field(default_factory=lambda: dict(GEMV_PICK))
+    table: Mapping[str, GemvEntry] = field(default_factory=lambda: dict(GEMV_ENTRIES))
+    passes: tuple[Pass, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._check_basics()
+        self._check_gemv()
+        if self.precision == "f32" and self.bf16_options():
+            raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
+                           f"drop {', '.join(self.bf16_options())} (or use precision bf16)")
+
+    def _check_basics(self) -> None:
+        if self.feed not in FEEDS:
+            raise GenError(f"feed must be one of {', '.join(FEEDS)}, got {self.feed!r}")
+        if self.precision not in PRECISIONS:
+            raise GenError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if isinstance(self.chunk, bool) or self.chunk < 1:
+            raise GenError(f"chunk {self.chunk!r} must be a positive integer")
+
+    def _check_gemv(self) -> None:
+        unknown = sorted(set(self.gemv) - set(GEMV_GEMMS))
+        if unknown:
+            raise GenError(f"gemv names {', '.join(unknown)}; choose from {', '.join(GEMV_GEMMS)}")
+        silu = silu_entries(self.table)
+        bad_gemm = sorted(set(self.picks) - set(GEMV_GEMMS))
+        bad_entry = sorted(e for e in self.picks.values() if e not in self.table)
+        misplaced = sorted(g for g, e in self.picks.items() if e in silu and g != "gate_up")
+        missing = sorted(g for g in self.gemv if g not in self.picks)
+        if bad_gemm or bad_entry or misplaced or missing:
+            raise GenError(f"picks: unknown GEMM(s) {bad_gemm}, unknown entries {bad_entry}, a SiLU entry "
+                           f"({', '.join(silu)}) outside gate_up {misplaced}, or no pick for {missing}; "
+                           f"entries: {', '.join(self.table)}")
+
+    def bf16_options(self) -> list[str]:
+        """The bf16-only options that are set (gemv, fuse, passes by name)."""
+        return [*(["gemv"] if self.gemv else []), *(["fuse"] if self.fuse else []), *(p.name for p in self.passes)]
+
+    def picked(self) -> dict[str, str]:
+        """Decode GEMM -> its GEMV entry, for the GEMMs in `gemv`."""
+        return {g: self.picks[g] for g in self.gemv}
+
+    def needs(self, shape: Qwen3Shape) -> tuple[str, ...]:
+        """The entries the passes launch, in pass order.
+
+        Raises:
+            GenError: a pass cannot apply to this plan and shape, or the chunk exceeds the model.
+        """
+        if self.chunk > shape.max_pos:
+            raise GenError(f"chunk {self.chunk} must be in [1, {shape.max_pos}]")
+        return tuple(e for p in self.passes for e in p.needs(self, shape))
