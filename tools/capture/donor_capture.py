@@ -45,9 +45,10 @@ sys.path.insert(0, str(TOOLS))
 
 import gen_qwen3  # noqa: E402
 import qwen3_mined  # noqa: E402
-from kern_cli.checkpoint import QWEN3_TINY_CONFIG  # noqa: E402
+
 from kern_cli.kernels_cmd import build_kernels  # noqa: E402
 from kern_mining import analyze, analyze_dir, build_library, find_toolchain, load_dump, run_capture  # noqa: E402
+from kern_qwen3 import QWEN3_TINY_CONFIG  # noqa: E402
 
 DONOR = TOOLS / "donor" / "run_donor.py"
 Json = dict[str, Any]

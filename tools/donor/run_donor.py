@@ -4,7 +4,7 @@ engine runs them, so that a capture of it can feed tools/gen_qwen3.py (tools/qwe
     python tools/donor/run_donor.py [--kernels DIR] [--layers N] [--chunk N] [--prompts 6,23,64,157]
         [--expected FILE] [--timing FILE]
 
-A tiny Qwen3 (kern_cli.checkpoint.QWEN3_TINY_CONFIG, layers overridable) with random bf16
+A tiny Qwen3 (kern_qwen3.QWEN3_TINY_CONFIG, layers overridable) with random bf16
 weights held as torch tensors (fused qkv and gate_up), one paged KV pool laid out as docs/qwen3.md
 says ([page][layer][k|v][P][NKV][D]), preallocated workspaces sized for the largest chunk, a block
 table, slots and seq_len. GEMMs go through torch.mm (cuBLAS); every other kernel is ours, loaded
@@ -39,8 +39,8 @@ from cuda.bindings import driver as cu
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "packages" / "kern-cli" / "src"))
 
-from kern_cli.checkpoint import QWEN3_TINY_CONFIG  # noqa: E402
 from kern_cli.kernels_cmd import build_kernels  # noqa: E402
+from kern_qwen3 import QWEN3_TINY_CONFIG  # noqa: E402
 
 BF16 = torch.bfloat16
 DEV = "cuda"

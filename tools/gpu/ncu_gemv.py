@@ -40,10 +40,9 @@ they are compared with (docs/perf.md: 3.1-3.5 TB/s against 4.2-4.5)."""
 
 def main() -> int:
     sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tools" / "tests" / "helpers")]
+    import gen_qwen3 as gen
     import kernel_harness as h
     import torch
-
-    import gen_qwen3 as gen
 
     out = Path(os.environ.get("KERN_TEST_KERNELS") or tempfile.mkdtemp(prefix="kern-ncu-"))
     k = h.Kernels(out)

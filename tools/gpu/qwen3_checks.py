@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib.util
 import inspect
 import io
 import json
@@ -99,12 +98,22 @@ DEVICE = "cuda"
 
 
 def _load_gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_qwen3", ROOT / "tools" / "gen_qwen3.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_qwen3"] = module
-    spec.loader.exec_module(module)
-    return module
+    import kern_qwen3
+
+    return kern_qwen3
+
+
+def plan_of(gen: ModuleType, options: dict[str, Any], feed: str) -> Any:
+    """The kern_qwen3 Plan of a variant's options (`variant_options`)."""
+    kw = dict(options)
+    blocks = kw.pop("defer_blocks", None)
+    fold, defer, pdl = kw.pop("fold_norm", False), kw.pop("defer_norm", False), kw.pop("pdl", False)
+    picks = {**gen.GEMV_PICK, **kw.pop("gemv_pick", {})}
+    passes = list(gen.plan_passes(fold_norm=fold, defer_norm=defer, pdl=pdl))
+    if blocks is not None:
+        passes[0] = gen.DeferNorms(blocks_per_sm=blocks)
+    return gen.Plan(feed=feed, gemv=tuple(kw.pop("gemv", ())), fuse=kw.pop("fuse", False), picks=picks,
+                    passes=tuple(passes), **kw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,7 +191,7 @@ def build(rec: Recorder) -> dict[str, str]:
 
 
 def configs() -> dict[str, dict[str, Any]]:
-    from kern_cli.checkpoint import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG
+    from kern_qwen3 import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG
 
     return {"tiny": dict(QWEN3_TINY_CONFIG), "4b": dict(QWEN3_4B_CONFIG)}
 
@@ -335,7 +344,7 @@ def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None =
         consts = {"gen_consts": dict(SPLIT_VARIANTS[variant])} if SPLIT_VARIANTS[variant] else {}
         return variant_options(gen, "fast") | wide | consts
     if variant in DEFER_GRID_VARIANTS:
-        return variant_options(gen, "fast") | {"gen_consts": {"GEMV_DEFER_BLOCKS": DEFER_GRID_VARIANTS[variant]}}
+        return variant_options(gen, "fast") | {"defer_blocks": DEFER_GRID_VARIANTS[variant]}
     if variant in TAIL_VARIANTS:
         return variant_options(gen, "unfolded") | {"norm_tail": True, "gemv_pick": dict(TAIL_VARIANTS[variant])}
     if variant in NOPDL_VARIANTS:
@@ -363,16 +372,8 @@ def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, has
         src = ROOT / "tools" / "kernels-src"
         entries = gen.entry_modules(src)
         feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-        kw = dict(options or {})
-        consts: dict[str, Any] = kw.pop("gen_consts", {})
-        saved = {k: getattr(gen, k) for k in consts}  # NOTE: SPLIT_VARIANTS' knob, for this generation only
-        try:
-            for k, v in consts.items():
-                setattr(gen, k, v)
-            m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", feed=feed, **kw)
-        finally:
-            for k, v in saved.items():
-                setattr(gen, k, v)
+        m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}",
+                         plan=plan_of(gen, options or {}, feed))
         verify(parse_manifest(json.dumps(m)))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(m, indent=1) + "\n")

@@ -61,7 +61,7 @@ def _decode(rt: kr.Runtime, steps: int, graph: bool) -> tuple[list[int], float]:
 
 
 def _smoke(model: str, kdir: Path, root: Path, steps: int) -> dict[str, Any]:
-    from kern_cli.checkpoint import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, random_checkpoint
+    from kern_qwen3 import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, random_checkpoint
 
     config = {"tiny": QWEN3_TINY_CONFIG, "4b": QWEN3_4B_CONFIG}[model]
     manifest = ROOT / f"examples/qwen3-{model}.json"

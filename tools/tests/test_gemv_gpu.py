@@ -16,7 +16,7 @@ gpu_import("cupy")
 
 from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 
-import gen_qwen3 as gen  # noqa: E402
+import kern_qwen3 as gen  # noqa: E402
 
 BF16 = torch.bfloat16
 DEV = "cuda"

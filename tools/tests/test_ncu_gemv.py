@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ncu_gemv
 
-import gen_qwen3 as gen
+import kern_qwen3 as gen
 
 SHAPES = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (9728, 2560), "down": (2560, 9728),
           "lm_head": (151936, 2560)}

@@ -17,14 +17,16 @@ TOOLS = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import gen_qwen3 as gen
-    from kern_cli.checkpoint import QWEN3_TINY_CONFIG, random_checkpoint
+    from helpers.qwen3_options import generate as _generate
+
+    import kern_qwen3 as gen
     from kern_cli.kernels_cmd import build_kernels
+    from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
     tmp = tmp_path_factory.mktemp("qwen3")
     hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
     entries = gen.entry_modules(TOOLS / "kernels-src")
     feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="qwen3-tiny", feed=feed)
+    m = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="qwen3-tiny", feed=feed)
     manifest = tmp / "qwen3-tiny.json"
     manifest.write_text(json.dumps(m))
     ckpt, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=5, name="tiny", root=tmp)
@@ -75,7 +77,7 @@ def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
     import numpy as np
     import qwen3_checks as checks
 
-    from kern_cli.checkpoint import QWEN3_TINY_CONFIG
+    from kern_qwen3 import QWEN3_TINY_CONFIG
     rec = checks.Recorder(tiny["tmp"] / "out")
     ckpt = checks.write_checkpoint(rec, "tiny", dict(QWEN3_TINY_CONFIG))
     assert ckpt is not None, rec.checks[-1].detail
@@ -101,12 +103,14 @@ def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def tiny_f32(tiny: dict[str, Any]) -> dict[str, Any]:
     """The f32 manifest of the tiny model, its cubins in the tiny fixture's kernels dir."""
-    import gen_qwen3 as gen
-    from kern_cli.checkpoint import QWEN3_TINY_CONFIG
+    from helpers.qwen3_options import generate as _generate
+
+    import kern_qwen3 as gen
     from kern_cli.kernels_cmd import build_kernels
+    from kern_qwen3 import QWEN3_TINY_CONFIG
     hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tiny["kernels"]).items()}
     entries = gen.entry_modules(TOOLS / "kernels-src")
-    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="qwen3-tiny-f32",
+    m = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="qwen3-tiny-f32",
                      feed="device", precision="f32")
     manifest = tiny["tmp"] / "qwen3-tiny-f32.json"
     manifest.write_text(json.dumps(m))
@@ -123,7 +127,7 @@ def test_f32_tiny_matches_transformers_float32(tiny_f32: dict[str, Any]) -> None
     import numpy as np
     import qwen3_checks as checks
 
-    from kern_cli.checkpoint import QWEN3_TINY_CONFIG
+    from kern_qwen3 import QWEN3_TINY_CONFIG
     from kern_runtime import Session, weight_files
     rec = checks.Recorder(tiny_f32["tmp"] / "out")  # NOTE: reuses the checkpoint test_tiny_matches_transformers wrote
     ckpt = checks.write_checkpoint(rec, "tiny", dict(QWEN3_TINY_CONFIG))

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import qwen3_interp as interp
+from helpers.qwen3_options import generate as _generate
 
-import gen_qwen3 as gen
-from kern_cli.checkpoint import QWEN3_TINY_CONFIG, random_checkpoint
+import kern_qwen3 as gen
+from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 
 TOOLS = Path(__file__).resolve().parents[1]
 
@@ -22,7 +23,7 @@ TOOLS = Path(__file__).resolve().parents[1]
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
+                             *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
                              *gen.F32_ENTRIES)}
 STEPS = 12
 
@@ -46,7 +47,7 @@ def references(weights: dict[str, np.ndarray]) -> dict[int, tuple[list[int], np.
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 512), (37, 1), (200, 64), (200, 97)])
 def test_manifest_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
                                     n: int, chunk: int) -> None:
-    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     machine = interp.Interp(m, weights, capacity=512)
     tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
     want_tokens, want_first = references[n]
@@ -93,7 +94,7 @@ def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], re
                                               feed: str) -> None:
     import kern_runtime as kr
 
-    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
     s = kr.Session(rt, kr.serving_roles(m), capacity=512)
     assert s.generate(_prompt(200), STEPS, chunk=97) == references[200][0]
@@ -113,7 +114,7 @@ def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], re
 def _interp_session(weights: dict[str, np.ndarray], feed: str) -> Any:
     import kern_runtime as kr
 
-    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), kr.serving_roles(m), capacity=512)
     return s, m
 
@@ -188,7 +189,7 @@ def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray],
     through the block table, and the device advance maps the next position through it too."""
     import kern_runtime as kr
 
-    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     pages = list(np.random.default_rng(3).permutation(32))  # 512 tokens of capacity = 32 pages
     s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), kr.serving_roles(m), 512, pages=pages)
     assert s.roles.page_tokens == 16
@@ -231,7 +232,7 @@ def test_capacity_beyond_the_model_reach_is_refused(weights: dict[str, np.ndarra
 @pytest.mark.parametrize("gemv", [["o", "gate_up", "lm_head"], list(gen.GEMV_GEMMS)])
 def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any],
                                        gemv: list[str]) -> None:
-    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128,
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128,
                      feed="device", gemv=gemv)
     tokens, first = interp.greedy(interp.Interp(m, weights, capacity=512), _prompt(37), STEPS, 16)
     want_tokens, want_first = references[37]
@@ -239,55 +240,32 @@ def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], reference
     assert tokens == want_tokens
 
 
-RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu", "o": "kern_gemv_bf16_r4"}
-
-
-@pytest.mark.parametrize(("qkn", "fold", "wide", "extra"), [
-    (False, False, False, {}), (True, False, False, {}), (True, True, False, {}), (False, True, True, {}),
-    (False, True, False, {"gemv_pick": RING_PICK}), (False, True, True, {"late_trigger": True}),
-    (False, False, False, {"norm_tail": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}}),
-    (False, True, False, {"gemv_pick": {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu"}}),
-    (False, True, False, {"defer_norm": True}),
-    (False, True, False, {"defer_norm": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}})])
+@pytest.mark.parametrize(("fold", "extra"), [
+    (False, {}), (True, {}), (True, {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}})])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
-                                            n: int, chunk: int, qkn: bool, fold: bool, wide: bool,
-                                            extra: dict[str, Any]) -> None:
+                                            n: int, chunk: int, fold: bool, extra: dict[str, Any]) -> None:
     """Every decode GEMM as our GEMV (gate_up with SiLU-and-mul), q/k norm + rope writing the pages,
-    one-launch decode attention (counters zeroed by the load program), PDL launches; with `qkn` the
-    decode attention also norms / rotates q and k and writes the step's KV row; with `wide` it is
-    kern_attn_decode_wide at DECODE_SPLITS_WIDE splits, its partials sized to match; `extra`: the
-    ring GEMVs (gemv_ring.cu, qkv and gate_up folded into their ring forms), the late-trigger
-    attention entry, the norms in the o / down GEMVs' last blocks (gemv_tail.cu)."""
-    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
-                     gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=qkn, fold_norm=fold, wide_attention=wide,
-                     **extra)
-    attn = m["ops"]["attn_decode_qkn" if qkn else "attn_decode_fused"]["impl"]
-    late = extra.get("late_trigger", False)
-    assert attn["launches"][0]["entry"].startswith("kern_attn_decode_wide") == wide
-    assert attn["launches"][0]["entry"].endswith("_late") == late
-    splits = gen.DECODE_SPLITS_WIDE if wide else gen.DECODE_SPLITS
-    assert attn["launches"][0]["grid"][1] == splits == attn["scratch"]["part_lse"]["shape"][0]
+    one-launch decode attention (counters zeroed by the load program), PDL launches; with `fold`
+    the norms before qkv and gate_up deferred into those GEMVs (gemv_defer.cu)."""
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
+                  gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=fold, defer_norm=fold, **extra)
+    attn = m["ops"]["attn_decode_fused"]["impl"]
+    assert attn["launches"][0]["grid"][1] == gen.DECODE_SPLITS == attn["scratch"]["part_lse"]["shape"][0]
     entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
     assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
-    assert ("attn_decode_qkn" in decode) == qkn and ("qk_norm_rope_kv.pdl" in decode) != qkn
+    assert "qk_norm_rope_kv.pdl" in decode
     pick = extra.get("gemv_pick")
-    form = "_d" if extra.get("defer_norm") else "_n"  # the deferred or the prologue fold
-    folded = {"kern_gemv_bf16_r4_silu": "gemv_r4_silu", "kern_gemv_bf16_p4_silu": "gemv_p4_silu"}.get(
-        (pick or {}).get("gate_up", ""), "gemv_b4_silu") + form
+    folded = {"kern_gemv_bf16_p4_silu": "gemv_p4_silu"}.get((pick or {}).get("gate_up", ""), "gemv_b4_silu") + "_d"
     assert any(op.startswith(folded) for op in decode) == fold
-    assert any(op.startswith("gemv_r4_n") for op in decode) == (pick == RING_PICK)
-    assert any("_an_" in op for op in decode) == extra.get("norm_tail", False)
     machine = interp.Interp(m, weights, capacity=512)
     tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
     want_tokens, want_first = references[n]
     assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
     assert tokens == want_tokens
     assert not machine.mem["attn_count"].any()
-    assert ("norm_count" in machine.mem) == extra.get("norm_tail", False)
-    assert not machine.mem.get("norm_count", np.zeros(1)).any()
 
 
 def test_interpreter_models_every_generator_entry() -> None:
@@ -302,7 +280,7 @@ def test_a_sequence_fills_the_model_reach_to_the_last_position(weights: dict[str
     domain); one more step is refused."""
     import kern_runtime as kr
 
-    m = gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=1024)), kr.serving_roles(m), capacity=1024)
     tokens = s.generate(_prompt(1021), 4, chunk=512)  # 1020 prefilled, 4 steps
     assert len(tokens) == 4 and s.seen == 1024
@@ -315,7 +293,7 @@ def test_a_sequence_fills_the_model_reach_to_the_last_position(weights: dict[str
 
 
 def _f32_manifest(feed: str, chunk: int = 128) -> dict[str, Any]:
-    return gen.generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=chunk, feed=feed,
+    return _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=chunk, feed=feed,
                         precision="f32")
 
 

@@ -29,7 +29,7 @@ from kern_qwen3.passes import plan_passes
 from kern_qwen3.plan import DEFAULT_CHUNK, FEEDS, PRECISIONS, Plan
 from kern_qwen3.shape import PRESETS, preset, shape_from_config
 
-__all__ = ["PROG", "build_and_hash", "captured_modules", "main", "read_config"]
+__all__ = ["PROG", "against_capture", "build_and_hash", "captured_modules", "main", "read_config"]
 
 PROG = "kern-qwen3"
 
@@ -160,7 +160,7 @@ def _generate(args: argparse.Namespace) -> Json:
     return generate(shape, modules, entries, model=args.model or args.out.stem, plan=plan)
 
 
-def _against_capture(manifest: Json, capture: Path) -> list[str]:
+def against_capture(manifest: Json, capture: Path) -> list[str]:
     from kern_mining import DumpError
     from kern_qwen3 import mined
 
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     if args.capture is not None:
-        problems = _against_capture(manifest, args.capture)
+        problems = against_capture(manifest, args.capture)
         for line in problems:
             print(f"{PROG}: capture {args.capture}: {line}", file=sys.stderr)
         if problems:

@@ -10,23 +10,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.qwen3_options import generate as _generate
 
-import gen_qwen3 as gen
-from kern_cli.checkpoint import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, qwen3_tensor_shapes
+import kern_qwen3 as gen
+from kern_qwen3 import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, cli, qwen3_tensor_shapes
 
-TOOLS = Path(__file__).resolve().parents[1]
+TOOLS = Path(__file__).resolve().parents[2]
 
 
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.QKN_ENTRIES, *gen.WIDE_ENTRIES, *gen.FOLDED.values(), *gen.LATE_ENTRIES.values(), *gen.TAIL_OF.values(), *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
+                          *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
 def _manifest(config: dict[str, Any] | Any, **kw: Any) -> dict[str, Any]:
-    return gen.generate(gen.shape_from_config(config), FAKE_HASHES, FAKE_ENTRIES, model="t", **kw)
+    return _generate(gen.shape_from_config(config), FAKE_HASHES, FAKE_ENTRIES, model="t", **kw)
 
 
 def _verify(manifest: dict[str, Any]) -> None:
@@ -171,11 +172,11 @@ def test_kernel_errors() -> None:
     shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
     partial = {k: v for k, v in FAKE_ENTRIES.items() if k != "kern_argmax_final"}
     with pytest.raises(gen.KernelsError, match="kern_argmax_final"):
-        gen.generate(shape, FAKE_HASHES, partial, model="t")
+        _generate(shape, FAKE_HASHES, partial, model="t")
     with pytest.raises(gen.KernelsError, match="qwen3_attn"):
-        gen.generate(shape, {"qwen3_core": "a" * 64}, FAKE_ENTRIES, model="t")
+        _generate(shape, {"qwen3_core": "a" * 64}, FAKE_ENTRIES, model="t")
     with pytest.raises(gen.GenError, match="chunk"):
-        gen.generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", chunk=0)
+        _generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", chunk=0)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +206,7 @@ def test_entry_modules_scans_sources(tmp_path: Path) -> None:
 def test_main_reports_bad_config_on_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({**QWEN3_TINY_CONFIG, "model_type": "gpt2"}))
-    assert gen.main([str(cfg), "-o", str(tmp_path / "m.json")]) == 2
+    assert cli.main([str(cfg), "-o", str(tmp_path / "m.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model_type" in err[0]
     assert not (tmp_path / "m.json").exists()
@@ -239,16 +240,14 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
     hashes = dict.fromkeys(set(entries.values()), "c" * 64)
     shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
-    fast = gen.generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
-    plain = gen.generate(shape, hashes, entries, model="t", feed=feed)
-    qkn = gen.generate(shape, hashes, entries, model="t", feed=feed, fuse=True, fuse_qkn=True)
-    fold = gen.generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fold_norm=True)
-    wide = gen.generate(shape, hashes, entries, model="t", feed=feed, fuse=True, wide_attention=True)
-    ops = plain["ops"] | fast["ops"] | qkn["ops"] | fold["ops"] | {"attn_decode_wide": wide["ops"]["attn_decode_fused"]}
-    assert "attn_decode_qkn" in ops and "gemv_b4_n_1024x256" in ops and "gemv_b4_silu_n_768x256" in ops
+    fast = _generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
+    plain = _generate(shape, hashes, entries, model="t", feed=feed)
+    fold = _generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fold_norm=True,
+                     defer_norm=True)
+    ops = plain["ops"] | fast["ops"] | fold["ops"]
     assert {op for op in ops if op.startswith("gemv")} == {
         "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_p4_256x768", "gemv_p4_4096x256",
-        "gemv_b4_n_1024x256", "gemv_b4_silu_n_768x256"}
+        "gemv_b4_d_1024x256", "gemv_b4_silu_d_768x256"}
     _assert_abi(ops, _c_params(src))
 
 
@@ -274,52 +273,23 @@ def _assert_abi(ops: dict[str, Any], sigs: dict[str, list[tuple[str, bool, bool]
 def test_main_reports_a_failed_build_on_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(dict(QWEN3_TINY_CONFIG)))
-    assert gen.main([str(cfg), "-o", str(tmp_path / "m.json"), "--kernels-src", str(tmp_path / "nosrc")]) == 2
+    assert cli.main([str(cfg), "-o", str(tmp_path / "m.json"), "--kernels-src", str(tmp_path / "nosrc")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("gen_qwen3: ")
+    assert len(err) == 1 and err[0].startswith("kern-qwen3: ")
     assert not (tmp_path / "m.json").exists()
 
 
-def test_wide_attention_launches_the_two_level_entry_at_its_splits(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    fast: dict[str, Any] = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True}
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", **fast, wide_attention=True)
-    _verify(m)
-    plain = _manifest(QWEN3_4B_CONFIG, feed="device", **fast)
-    op, was = m["ops"]["attn_decode_fused"], plain["ops"]["attn_decode_fused"]
-    (launch,), (old,) = op["impl"]["launches"], was["impl"]["launches"]
-    wide = gen.DECODE_SPLITS_WIDE
-    assert (launch["entry"], launch["grid"], launch["args"][13]) == ("kern_attn_decode_wide", [8, wide, 1], {"i32": wide})
-    assert {k: v for k, v in launch.items() if k not in ("entry", "grid", "args")} == {
-        k: v for k, v in old.items() if k not in ("entry", "grid", "args")}
-    assert launch["args"][:13] == old["args"][:13] and launch["args"][14:] == old["args"][14:]
-    assert op["impl"]["scratch"] == {"part_o": {"dtype": "f32", "shape": [wide, 32 * 128]},
-                                     "part_lse": {"dtype": "f32", "shape": [wide, 32]}}
-    assert {k: v for k, v in m.items() if k != "ops"} == {k: v for k, v in plain.items() if k != "ops"}
-    for bad in ({"fuse": False, "pdl": False, "gemv": [], "fold_norm": False}, {"fuse_qkn": True}):
-        with pytest.raises(gen.GenError, match="wide_attention replaces the fused decode attention"):
-            _manifest(QWEN3_4B_CONFIG, feed="device", **(fast | bad), wide_attention=True)
-    with pytest.raises(gen.GenError, match=r"precision f32 .* drop --wide-attention"):
-        _manifest(QWEN3_4B_CONFIG, feed="device", precision="f32", wide_attention=True)
-    monkeypatch.setattr(gen, "build_and_hash", lambda src, out: FAKE_HASHES)
-    monkeypatch.setattr(gen, "entry_modules", lambda src: FAKE_ENTRIES)
-    out = tmp_path / "wide.json"
-    assert gen.main(["--preset", "qwen3-4b", "-o", str(out), "--gemv", "all", "--fuse", "--pdl", "--fold-norm",
-                     "--wide-attention", "--feed", "device"]) == 0
-    assert json.loads(out.read_text()) == m | {"model": "wide"}
-
-
 def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gen, "build_and_hash", lambda src, out: FAKE_HASHES)
-    monkeypatch.setattr(gen, "entry_modules", lambda src: FAKE_ENTRIES)
+    monkeypatch.setattr(cli, "build_and_hash", lambda src, out: FAKE_HASHES)
+    monkeypatch.setattr(cli, "entry_modules", lambda src: FAKE_ENTRIES)
     out = tmp_path / "qwen3-tiny.json"
-    assert gen.main(["--preset", "qwen3-tiny", "-o", str(out)]) == 0
+    assert cli.main(["--preset", "qwen3-tiny", "-o", str(out)]) == 0
     assert json.loads(out.read_text()) == _manifest(QWEN3_TINY_CONFIG, feed="device") | {"model": "qwen3-tiny"}
-    flags = ["--gemv", "all", "--fuse", "--pdl", "--fuse-qkn", "--pdl-off", "gate_up,qkv", "--fold-norm"]
-    assert gen.main(["--preset", "qwen3-tiny", "-o", str(out), *flags]) == 0
+    flags = ["--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm"]
+    assert cli.main(["--preset", "qwen3-tiny", "-o", str(out), *flags]) == 0
     assert json.loads(out.read_text()) == _manifest(
-        QWEN3_TINY_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=True,
-        pdl_off=["gate_up", "qkv"], fold_norm=True) | {"model": "qwen3-tiny"}
+        QWEN3_TINY_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
+        defer_norm=True) | {"model": "qwen3-tiny"}
 
 
 def test_examples_are_what_the_generator_writes() -> None:
@@ -334,7 +304,7 @@ def test_examples_are_what_the_generator_writes() -> None:
         shipped = json.loads((root / "examples" / f"{name}.json").read_text())
         entries = gen.entry_modules(TOOLS / "kernels-src")
         hashes = {m: v["sha256"] for m, v in shipped["modules"].items()}
-        fresh = gen.generate(gen.shape_from_config(config), hashes, entries, model=name, feed="device", **kw)
+        fresh = _generate(gen.shape_from_config(config), hashes, entries, model=name, feed="device", **kw)
         assert shipped == fresh
 
 
@@ -390,21 +360,6 @@ def test_pdl_marks_every_decode_launch_and_nothing_else() -> None:
         _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"], pdl=True)
 
 
-def test_pdl_off_launches_the_named_gemms_without_pdl_and_nothing_else() -> None:
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True,
-                  pdl_off=["gate_up"])
-    _verify(m)
-    decode = m["programs"]["decode"]["calls"]
-    for c in decode[1:]:
-        pdl = [la.get("pdl") for la in m["ops"][c["op"]]["impl"]["launches"]]
-        assert pdl == ([None] if c["label"].endswith(".gate_up") else [True] * len(pdl)), c["label"]
-    assert sum(c["op"] == "gemv_silu_9728x2560.nopdl" for c in decode) == 36
-    assert "gemv_silu_9728x2560" not in m["ops"]  # no op is left that no call uses
-    for bad in (dict(pdl_off=["attn"], pdl=True), dict(pdl_off=["qkv"], pdl=False)):
-        with pytest.raises(gen.GenError, match="pdl_off"):
-            _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, **bad)
-
-
 @pytest.mark.parametrize("feed", ["host", "device"])
 def test_nothing_before_the_attention_writes_what_it_reads_before_its_pdl_wait(feed: str) -> None:
     """kern_attn_decode reads seq_len and the block table before its PDL wait, and that code may
@@ -428,86 +383,6 @@ def test_nothing_before_the_attention_writes_what_it_reads_before_its_pdl_wait(f
     assert writers == (["advance"] if feed == "device" else [])
 
 
-def test_fold_norm_runs_the_norms_in_the_following_gemvs_with_a_ping_pong_residual() -> None:
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True)
-    _verify(m)
-    decode = m["programs"]["decode"]["calls"]
-    labels = [c["label"] for c in decode]
-    assert len(decode) == 2 + 36 * 8 + 3 - 71  # post_norm x36 and next_norm x35 folded
-    assert [lb for lb in labels if lb.endswith("_norm")] == ["l0.in_norm", "l35.next_norm"]
-    residuals = [(c["label"], c["args"][0]["buf"], c["args"][3]["buf"]) for c in decode
-                 if c["op"].startswith("gemv_b4_n") or c["op"].startswith("gemv_b4_silu_n")]
-    assert residuals[:3] == [("l0.gate_up", "h", "h2"), ("l1.qkv", "h2", "h"), ("l1.gate_up", "h", "h2")]
-    assert len(residuals) == 71 and all(a != b for _lb, a, b in residuals)
-    assert all(residuals[j][2] == residuals[j + 1][1] for j in range(70))  # each reads what the last wrote
-    final = decode[labels.index("l35.next_norm")]
-    assert final["args"][0] == {"buf": residuals[-1][2]} and final["args"][3] == {"buf": "x"}
-    gate_up = decode[labels.index("l3.gate_up")]
-    assert [a["buf"] for a in gate_up["args"]] == ["h", "y", "l3.post_norm", "h2", "l3.gate_up", "act"]
-    qkv = decode[labels.index("l3.qkv")]
-    assert [a["buf"] for a in qkv["args"]] == ["h2", "y", "l3.in_norm", "h", "l3.qkv", "qkv"]
-    launch = m["ops"][qkv["op"]]["impl"]["launches"][0]
-    assert (launch["entry"], launch["grid"][0], launch["shared_mem"]) == ("kern_gemv_bf16_b4_n", 878, 4 * 2560)
-    assert launch["pdl"] is True and launch["args"][-1] == {"f32": 1e-6}
-    assert "h2" in m["buffers"]
-    assert any(c["op"] == "add_rmsnorm" for c in m["programs"]["prefill"]["calls"])  # prefill keeps its norms
-    with pytest.raises(gen.GenError, match="needs both as our GEMV"):
-        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up", "lm_head"], fold_norm=True)
-    with pytest.raises(gen.GenError, match="needs gate_up on a SiLU entry"):
-        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fold_norm=True,
-                  gemv_pick={"gate_up": "kern_gemv_bf16"})
-
-
-def test_norm_tail_runs_the_norms_in_the_gemvs_before_them_with_a_ping_pong_residual() -> None:
-    """norm_tail: every decode add + RMSNorm (the 36 post-attention, 35 next-layer and the final one)
-    becomes the tail of the o or down GEMV before it, which reads the residual from one of `h` /
-    `h2` and writes it to the other, and writes x where the norm did; the GEMVs after the norms
-    read x; the load program zeroes the block counter."""
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, norm_tail=True,
-                  gemv_pick={"gate_up": "kern_gemv_bf16_p4_silu"})
-    _verify(m)
-    decode = m["programs"]["decode"]["calls"]
-    labels = [c["label"] for c in decode]
-    assert len(decode) == 2 + 36 * 8 + 3 - 72 and [lb for lb in labels if lb.endswith("_norm")] == ["l0.in_norm"]
-    tails = [(c["label"], c["args"][3]["buf"], c["args"][5]["buf"]) for c in decode if "_an_" in c["op"]]
-    assert tails[:3] == [("l0.o", "h", "h2"), ("l0.down", "h2", "h"), ("l1.o", "h", "h2")] and len(tails) == 72
-    assert all(tails[j][2] == tails[j + 1][1] for j in range(71))  # each reads what the last wrote
-    by = {c["label"]: c for c in decode}
-    assert [a["buf"] for a in by["l3.o"]["args"]] == ["attn", "l3.o", "y", "h", "l3.post_norm", "h2", "x", "norm_count"]
-    assert [a["buf"] for a in by["l35.down"]["args"]] == ["act", "l35.down", "y", "h2", "final_norm", "h", "x",
-                                                          "norm_count"]
-    assert [a["buf"] for a in by["l3.gate_up"]["args"]] == ["x", "l3.gate_up", "act"]
-    assert by["l3.qkv"]["op"] == "gemv_b4_6144x2560" and by["lm_head"]["args"][0] == {"buf": "x"}
-    for op, entry, k in ((by["l3.o"]["op"], "kern_gemv_bf16_s4_an", 4096), (by["l3.down"]["op"], "kern_gemv_bf16_p4_an", 9728)):
-        (launch,) = m["ops"][op]["impl"]["launches"]
-        grid, _threads, smem = gen.tail_launch(entry.removesuffix("_an"), 2560, k)
-        assert (launch["entry"], launch["grid"], launch["shared_mem"]) == (entry, [grid, 1, 1], smem)
-        assert launch["pdl"] is True and launch["args"][3:7] == [{"i32": 1}, {"i32": 2560}, {"i32": k}, {"i32": 2560}]
-    assert gen.tail_launch("kern_gemv_bf16_s4", 2560, 4096) == (2560, 128, 4 * 2560)
-    assert gen.tail_launch("kern_gemv_bf16_p4", 2560, 9728) == gen.gemv_launch("kern_gemv_bf16_p4", 2560, 9728)
-    assert gen.tail_launch("kern_gemv_bf16_p4", 8192, 512) == (-(-8192 // (32768 // 1024)), 128, 32768)
-    assert gen.tail_launch("kern_gemv_bf16_p4", 16384, 512) == (16384 // 64, 128, 65536)  # h and x need 64 KiB
-    # The two-level block counter: the top one, then one per 64 blocks of the widest tail grid, 32 i32 apart.
-    tail_text = (TOOLS / "kernels-src" / "gemv_tail.cu").read_text()
-    assert f"constexpr int TAIL_GROUP = {gen.TAIL_GROUP};" in tail_text
-    assert f"constexpr int TAIL_STRIDE = {gen.TAIL_STRIDE};" in tail_text
-    assert gen.tail_counters(2560) == 1 + 32 * 40 and gen.tail_counters(64) == 33 and gen.tail_counters(65) == 65
-    count = gen.tail_counters(2560)
-    assert m["buffers"]["norm_count"] == {"dtype": "i32", "shape": [count], "kind": "carry"} and "h2" in m["buffers"]
-    assert {"label": "norm_count", "op": "zero_i32", "args": [{"buf": "norm_count"}, {"i32": count}]} in m["programs"]["load"]["calls"]
-    # Without fuse the load program still gets its zeroing op.
-    plain = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), norm_tail=True)
-    _verify(plain)
-    assert "zero_i32" in plain["ops"] and "attn_count" not in plain["buffers"]
-    with pytest.raises(gen.GenError, match="pick one"):
-        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), norm_tail=True, fold_norm=True)
-    with pytest.raises(gen.GenError, match="needs both as our GEMV"):
-        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=["o", "gate_up"], norm_tail=True)
-    with pytest.raises(gen.GenError, match="need an entry with a tail"):
-        _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), norm_tail=True,
-                  gemv_pick={"o": "kern_gemv_bf16_b4"})
-
-
 def test_defer_norm_folds_into_the_deferred_bands() -> None:
     """fold_norm + defer_norm: qkv and gate_up run gemv_defer.cu's entries on one wave of
     GEMV_DEFER_BLOCKS blocks per SM (no dynamic shared memory), with the fold's arguments; it needs
@@ -515,13 +390,14 @@ def test_defer_norm_folds_into_the_deferred_bands() -> None:
     m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
                   defer_norm=True)
     _verify(m)
-    base = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True)
+    base = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)
     decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
     was = {c["label"]: c for c in base["programs"]["decode"]["calls"]}
-    assert decode.keys() == was.keys()
+    norms = {f"l{i}.post_norm" for i in range(36)} | {f"l{i}.next_norm" for i in range(35)}
+    assert decode.keys() == was.keys() - norms  # every norm before qkv and gate_up folds in
     for label, op, entry, n in (("l3.qkv", "gemv_b4_d_6144x2560", "kern_gemv_bf16_b4_d", 6144),
                                 ("l3.gate_up", "gemv_b4_silu_d_9728x2560", "kern_gemv_bf16_b4_silu_d", 9728)):
-        assert decode[label]["op"] == op and decode[label]["args"] == was[label]["args"]
+        assert decode[label]["op"] == op and len(decode[label]["args"]) == 6
         (launch,) = m["ops"][op]["impl"]["launches"]
         per_block = -(-n // (gen.GEMV_SMS * gen.GEMV_DEFER_BLOCKS))
         assert gen.defer_launch(n) == (-(-n // per_block), 128, 0)
@@ -544,50 +420,6 @@ def test_defer_norm_folds_into_the_deferred_bands() -> None:
     with pytest.raises(gen.GenError, match="holds at most 4096"):
         _manifest({**QWEN3_4B_CONFIG, "hidden_size": 5120}, feed="device", gemv=list(gen.GEMV_GEMMS), fold_norm=True,
                   defer_norm=True)
-
-
-def test_late_trigger_launches_the_late_attention_entries() -> None:
-    """late_trigger swaps the fused decode attention for its `_late` entry (the wide one's with
-    wide_attention), same grid and arguments; it needs fuse and pdl, and not fuse_qkn."""
-    every = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True}
-    base = _manifest(QWEN3_4B_CONFIG, feed="device", **every)
-    for wide, entry in ((False, "kern_attn_decode_late"), (True, "kern_attn_decode_wide_late")):
-        m = _manifest(QWEN3_4B_CONFIG, feed="device", **every, wide_attention=wide, late_trigger=True)
-        _verify(m)
-        plain = _manifest(QWEN3_4B_CONFIG, feed="device", **every, wide_attention=wide)
-        (launch,) = m["ops"]["attn_decode_fused"]["impl"]["launches"]
-        (want,) = plain["ops"]["attn_decode_fused"]["impl"]["launches"]
-        assert launch == want | {"entry": entry, "module": FAKE_ENTRIES[entry]} and launch["pdl"] is True
-        assert m["programs"] == plain["programs"] and m["ops"].keys() == plain["ops"].keys()
-    assert m["programs"]["decode"] == base["programs"]["decode"]
-    for bad in ({"pdl": False}, {"fuse_qkn": True}):
-        with pytest.raises(gen.GenError, match="late_trigger moves"):
-            _manifest(QWEN3_4B_CONFIG, feed="device", **(every | bad), late_trigger=True)
-
-
-def test_fuse_qkn_folds_q_k_norm_into_the_decode_attention() -> None:
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fuse_qkn=True)
-    _verify(m)
-    decode = m["programs"]["decode"]["calls"]
-    assert len(decode) == 2 + 36 * 7 + 3  # no q/k-norm launch per layer
-    assert [c["label"] for c in decode[2:4]] == ["l0.qkv", "l0.attn"]
-    attn = decode[3]
-    assert attn["op"] == "attn_decode_qkn"
-    assert [a.get("buf", a.get("state")) for a in attn["args"]] == [
-        "qkv", "l0.q_norm", "l0.k_norm", "step_pos", "rope_cos", "rope_sin", "kv", "step_slot", "block_table",
-        "step_len", "attn", "attn_count"]
-    launch = m["ops"]["attn_decode_qkn"]["impl"]["launches"][0]
-    assert (launch["entry"], launch["grid"], launch["pdl"]) == ("kern_attn_decode_qkn", [8, gen.DECODE_SPLITS, 1], True)
-    assert launch["args"][-1] == {"f32": 1e-6}  # eps
-    # prefill keeps the q/k-norm launch that writes the pages
-    assert any(c["op"] == "qk_norm_rope_kv" for c in m["programs"]["prefill"]["calls"])
-    with pytest.raises(gen.GenError, match="needs fuse too"):
-        _manifest(QWEN3_4B_CONFIG, feed="device", fuse_qkn=True)
-    wide = {**QWEN3_4B_CONFIG, "num_attention_heads": 64, "num_key_value_heads": 1}
-    with pytest.raises(gen.GenError, match="at most 32 query heads per kv head"):
-        _manifest(wide, feed="device", fuse=True, fuse_qkn=True)
-    text = (TOOLS / "kernels-src" / "attention_qkn.cu").read_text()
-    assert f"constexpr int QKN_MAX_GROUP = {gen.QKN_MAX_GROUP};" in text
 
 
 def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
@@ -614,133 +446,55 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     (warps, columns per group, unroll, split) and launch bounds in gemv.cu."""
     import re
 
-    text = (TOOLS / "kernels-src" / "gemv.cu").read_text()
+    text = (TOOLS / "kernels-src" / "gemv.cu").read_text() + (TOOLS / "kernels-src" / "gemv.cuh").read_text()
     found = {}
     for bounds, entry, warps, cols, _unroll, split in re.findall(
             r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv(?:_seq)?<(\d+), (\d+), (\d+), (\d+)", text):
         assert int(bounds) == int(warps) * 32, entry
         found[entry] = (int(warps) // int(split) * int(cols), int(bounds))
-    streaming = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == 0}
-    band = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -1}
-    prefetched = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -2}
-    ring = {e for e, (cols, _threads) in gen.GEMV_ENTRIES.items() if cols == -3}
-    assert found == {e: v for e, v in gen.GEMV_ENTRIES.items()
-                     if e != "kern_gemv_bf16" and e not in streaming | band | prefetched | ring}
-    # The ring entries (gemv_ring.cu) and their folded forms: 4 warps, the epilogue their names say.
-    ring_text = (TOOLS / "kernels-src" / "gemv_ring.cu").read_text()
-    rings = {e: (int(b), epi, norm) for b, e, epi, norm in re.findall(
-        r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^{]*\{\s*with_rows\(rows, \[&\]\(auto r\) \{\s*"
-        r"gemv_ring_rows<(GEMV_\w+), decltype\(r\)::value, (true|false)>", ring_text)}
-    assert {e for e, (_b, _epi, norm) in rings.items() if norm == "false"} == ring
-    assert {e for e, (_b, _epi, norm) in rings.items() if norm == "true"} == {gen.FOLDED[e] for e in ring}
-    for e, (threads, epi, _norm) in rings.items():
-        base = e.removesuffix("_n")
-        assert gen.GEMV_ENTRIES[base] == (-3, threads) and threads == 128, e
-        assert (epi == "GEMV_SILU") == (base in gen.SILU_ENTRIES), e
-    assert f"constexpr int RING_MAX_STAGES = {gen.GEMV_RING_MAX_STAGES};" in ring_text
+    table = {e: (v.columns, v.threads) for e, v in gen.GEMV_ENTRIES.items()}
+    by = {layout: {e for e, v in gen.GEMV_ENTRIES.items() if v.layout is layout} for layout in gen.Layout}
+    streaming, band, prefetched = by[gen.Layout.STREAM], by[gen.Layout.BAND], by[gen.Layout.PREFETCH]
+    assert not by[gen.Layout.RING]  # the ring entries are the lab's
+    assert found == {e: table[e] for e in by[gen.Layout.COLUMNS] if e != "kern_gemv_bf16"}
+    silu = set(gen.silu_entries(gen.GEMV_ENTRIES))
     # The prefetched entry: 4 warps (kern_gemv_bf16_s4's split), its rows in dynamic shared memory.
     p4 = re.findall(r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*with_rows\(rows, "
                     r"\[&\]\(auto r\) \{ gemv_p4_rows<", text)
-    assert {e: (-2, int(b)) for b, e in p4} == {e: gen.GEMV_ENTRIES[e] for e in prefetched} == {
-        "kern_gemv_bf16_p4": (-2, 128), "kern_gemv_bf16_p4_silu": (-2, 128)}
+    assert {e: int(b) for b, e in p4} == {e: gen.GEMV_ENTRIES[e].threads for e in prefetched} == {
+        "kern_gemv_bf16_p4": 128, "kern_gemv_bf16_p4_silu": 128}
     assert re.search(r"kern_gemv_bf16_p4_silu\([^)]*\)\s*\{\s*with_rows\(rows, \[&\]\(auto r\) \{ "
                      r"gemv_p4_rows<GEMV_SILU,", text)
     # Band entries: block = SPLIT warps, and the blocks per SM their launch bounds promise.
     bands = {e: (int(b), int(per_sm), int(split), epi) for b, per_sm, e, split, epi in re.findall(
         r"__launch_bounds__\((\d+), (\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_(?:band|deep)<(\d+), "
         r"(?:\d+, )+(GEMV_\w+)>", text)}
-    assert set(bands) == band == set(gen.GEMV_BAND)
+    assert set(bands) == band
     for e, (threads, per_sm, split, epi) in bands.items():
-        assert gen.GEMV_ENTRIES[e] == (-1, threads) and threads == 32 * split and gen.GEMV_BAND[e] == per_sm
-        assert (epi == "GEMV_SILU") == (e in gen.SILU_ENTRIES)
-    assert gen.GEMV_ENTRIES["kern_gemv_bf16"] == (4, 128)  # the GEMV_* macros as built (docs/qwen3.md)
+        v = gen.GEMV_ENTRIES[e]
+        assert v.threads == threads == 32 * split and v.per_sm == per_sm
+        assert (epi == "GEMV_SILU") == (e in silu)
+    assert table["kern_gemv_bf16"] == (4, 128)  # the GEMV_* macros as built (docs/qwen3.md)
     # The streaming entries: 8 warps, the stage cap the generator sizes launches with.
     assert re.search(r"constexpr int TMA_WARPS = 16;", text)
     assert re.search(rf"#define GEMV_TMA_CAP {gen.GEMV_TMA_STAGE_CAP}\n", text)
     tma = dict(re.findall(r"__launch_bounds__\(TMA_WARPS \* 32, 1\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_tma<(\w+)>",
                           text))
     assert tma == {"kern_gemv_bf16_tma": "GEMV_STORE", "kern_gemv_bf16_tma_silu": "GEMV_SILU"}
-    assert streaming == set(tma) and {e for e in gen.SILU_ENTRIES if e in streaming} == {"kern_gemv_bf16_tma_silu"}
-    assert all(gen.GEMV_ENTRIES[e][1] == 512 for e in streaming)
+    assert streaming == set(tma) and {e for e in silu if e in streaming} == {"kern_gemv_bf16_tma_silu"}
+    assert all(gen.GEMV_ENTRIES[e].threads == 512 for e in streaming)
 
 
 def test_band_gemv_launch_is_one_balanced_wave() -> None:
     """A band launch has at most GEMV_SMS x (blocks per SM) blocks, every block gets a band, and
     bands differ by at most one column."""
-    for entry, per_sm in gen.GEMV_BAND.items():
+    for entry, per_sm in ((e, v.per_sm) for e, v in gen.GEMV_ENTRIES.items() if v.layout is gen.Layout.BAND):
         for n in (1, 7, 924, 925, 2560, 6144, 9728, 151936):
             grid, threads, smem = gen.gemv_launch(entry, n, 2560)
             assert threads == 128 and smem == 0 and 1 <= grid <= min(n, gen.GEMV_SMS * per_sm)
             sizes = {(b + 1) * n // grid - b * n // grid for b in range(grid)}
             assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, (entry, n, sizes)
     assert gen.gemv_launch("kern_gemv_bf16_b4", 6144, 2560) == (878, 128, 0)
-
-
-def test_ring_gemv_launch_is_one_balanced_wave_with_its_stages() -> None:
-    """A ring launch is a band wave of GEMV_RING_BLOCKS blocks per SM; its dynamic shared memory is
-    whole stages of one column's rows (as many as GEMV_RING_SMEM holds, at most 32 and at most the
-    band's columns, at least one), after 4k bytes of h and x when folded; a column too long for a
-    block is refused when the manifest is generated."""
-    for entry, rows in (("kern_gemv_bf16_r4", 1), ("kern_gemv_bf16_r4_silu", 2)):
-        for n in (1, 7, 263, 264, 265, 2560, 6144, 9728, 151936):
-            for k in (64, 2560, 4096):
-                grid, threads, smem = gen.gemv_launch(entry, n, k)
-                per_block = -(-n // (gen.GEMV_SMS * gen.GEMV_RING_BLOCKS))
-                sizes = {(b + 1) * n // grid - b * n // grid for b in range(grid)}
-                assert threads == 128 and 1 <= grid <= min(n, gen.GEMV_SMS * gen.GEMV_RING_BLOCKS)
-                assert min(sizes) >= 1 and max(sizes) == per_block and max(sizes) - min(sizes) <= 1
-                column = rows * 2 * k
-                stages, rest = divmod(smem, column)
-                assert rest == 0 and 1 <= stages <= min(gen.GEMV_RING_MAX_STAGES, per_block)
-                assert stages == min(gen.GEMV_RING_MAX_STAGES, per_block, max(1, gen.GEMV_RING_SMEM // column))
-                grid_n, _t, smem_n = gen.gemv_launch(entry, n, k, folded=True)
-                assert (grid_n, smem_n) == (grid, 4 * k + smem)
-    assert gen.gemv_launch("kern_gemv_bf16_r4", 6144, 2560) == (256, 128, 12 * 5120)
-    assert gen.gemv_launch("kern_gemv_bf16_r4_silu", 9728, 2560, folded=True) == (263, 128, 4 * 2560 + 6 * 10240)
-    longest = gen.GEMV_P4_MAX_ROW // 2 // 8 * 8
-    assert gen.gemv_launch("kern_gemv_bf16_r4", 10, longest)[2] == 2 * longest
-    with pytest.raises(gen.GenError, match="exceed"):
-        gen.gemv_launch("kern_gemv_bf16_r4", 10, longest + 8)
-    with pytest.raises(gen.GenError, match="exceed"):
-        gen.gemv_launch("kern_gemv_bf16_r4_silu", 10, longest // 2 // 8 * 8, folded=True)
-
-
-def test_fold_norm_folds_a_ring_pick_into_its_ring_form() -> None:
-    """With fold_norm, qkv / gate_up picks that have a FOLDED form run it on their own launch (the
-    ring's, with the norm's 4k bytes in front); the default picks fold into the bands as before."""
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
-                  gemv_pick={"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu"})
-    _verify(m)
-    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
-    qkv, gate_up = decode["l3.qkv"], decode["l3.gate_up"]
-    assert (qkv["op"], gate_up["op"]) == ("gemv_r4_n_6144x2560", "gemv_r4_silu_n_9728x2560")
-    assert [a["buf"] for a in gate_up["args"]] == ["h", "y", "l3.post_norm", "h2", "l3.gate_up", "act"]
-    for op, entry, n in ((qkv["op"], "kern_gemv_bf16_r4_n", 6144), (gate_up["op"], "kern_gemv_bf16_r4_silu_n", 9728)):
-        launch = m["ops"][op]["impl"]["launches"][0]
-        grid, _threads, smem = gen.gemv_launch(entry.removesuffix("_n"), n, 2560, folded=True)
-        assert (launch["entry"], launch["grid"], launch["shared_mem"]) == (entry, [grid, 1, 1], smem)
-        assert launch["pdl"] is True and launch["args"][6:] == [{"i32": 1}, {"i32": n}, {"i32": 2560}, {"i32": n},
-                                                                {"f32": 1e-6}]
-    assert [lb for lb in decode if lb.endswith("_norm")] == ["l0.in_norm", "l35.next_norm"]
-    # l0.qkv follows the first layer's plain RMSNorm (no add, nothing to fold): the unfolded ring.
-    assert [lb for lb, c in decode.items() if c["op"].startswith(("gemv_r4_6144", "gemv_r4_silu_9728"))] == ["l0.qkv"]
-    # The prefetched picks fold into gemv_pnorm.cu's forms: their columns' rows, then h and x.
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
-                  gemv_pick={"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu"})
-    _verify(m)
-    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
-    assert (decode["l3.qkv"]["op"], decode["l3.gate_up"]["op"]) == ("gemv_p4_n_6144x2560", "gemv_p4_silu_n_9728x2560")
-    (launch,) = m["ops"]["gemv_p4_silu_n_9728x2560"]["impl"]["launches"]
-    assert (launch["entry"], launch["grid"], launch["shared_mem"]) == ("kern_gemv_bf16_p4_silu_n", [3243, 1, 1],
-                                                                       3 * 4 * 2560 + 4 * 2560)
-    assert gen.gemv_launch("kern_gemv_bf16_p4", 6144, 2560, folded=True) == (1024, 128, 6 * 5120 + 4 * 2560)
-    with pytest.raises(gen.GenError, match="exceed"):
-        gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 6 // 8 * 8 + 8, folded=True)
-    # Only the picks with a folded form change: gate_up on `_silu` still folds into the band.
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=True,
-                  gemv_pick={"qkv": "kern_gemv_bf16_r4"})
-    decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
-    assert (decode["l3.qkv"]["op"], decode["l3.gate_up"]["op"]) == ("gemv_r4_n_6144x2560", "gemv_b4_silu_n_9728x2560")
 
 
 def test_streaming_gemv_launch_is_sized_for_its_ring() -> None:
@@ -777,13 +531,13 @@ def test_gemv_pick_overrides_the_table() -> None:
     assert decode["l0.gate_up"]["op"] == "gemv_19456x2560" and "l0.silu_mul" in decode
     assert decode["l0.o"]["op"] == f"gemv{gen.GEMV_PICK['o'].removeprefix('kern_gemv_bf16')}_2560x4096"
     for bad in ({"attn": "kern_gemv_bf16"}, {"o": "kern_gemv_fast"}, {"o": "kern_gemv_bf16_silu"}):
-        with pytest.raises(gen.GenError, match="gemv_pick"):
+        with pytest.raises(gen.GenError, match="picks: "):
             _manifest(QWEN3_4B_CONFIG, feed="device", gemv=every, gemv_pick=bad)
 
 
 # ------------------------------------------------------------------------------ --capture
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DONOR_CAPTURE = ROOT / "tools" / "tests" / "fixtures" / "donor_run2"
 """The donor captured on the H200 with the kernels shipped in kernels/ (same sha256s)."""
 
@@ -798,42 +552,42 @@ def _shipped() -> tuple[dict[str, str], dict[str, str]]:
 
 def test_capture_agrees_with_the_generated_donor_shape() -> None:
     modules, entries = _shipped()
-    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), modules, entries, model="t", feed="device")
-    assert gen._against_capture(m, DONOR_CAPTURE) == []
+    m = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), modules, entries, model="t", feed="device")
+    assert cli.against_capture(m, DONOR_CAPTURE) == []
 
 
 def test_capture_refuses_another_shape_and_other_constants(monkeypatch: pytest.MonkeyPatch) -> None:
     modules, entries = _shipped()
-    m = gen.generate(gen.shape_from_config(QWEN3_4B_CONFIG), modules, entries, model="t", feed="device")
-    problems = gen._against_capture(m, DONOR_CAPTURE)
+    m = _generate(gen.shape_from_config(QWEN3_4B_CONFIG), modules, entries, model="t", feed="device")
+    problems = cli.against_capture(m, DONOR_CAPTURE)
     assert any("bytes_per_token 147456, mined 2048" in p for p in problems)
-    tiny = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), modules, entries, model="t", feed="device")
-    monkeypatch.setattr(gen, "DECODE_SPLITS", 16)
-    assert "decode_splits is 16 here but 32 in the capture" in gen._against_capture(tiny, DONOR_CAPTURE)
+    tiny = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), modules, entries, model="t", feed="device")
+    monkeypatch.setattr("kern_qwen3.entries.DECODE_SPLITS", 16)
+    assert "decode_splits is 16 here but 32 in the capture" in cli.against_capture(tiny, DONOR_CAPTURE)
 
 
 def test_capture_of_other_kernels_names_the_module(tmp_path: Path) -> None:
     modules, entries = _shipped()
     stale = {k: "0" * 64 for k in modules}
-    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), stale, entries, model="t", feed="device")
-    problems = gen._against_capture(m, DONOR_CAPTURE)
+    m = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), stale, entries, model="t", feed="device")
+    problems = cli.against_capture(m, DONOR_CAPTURE)
     assert any(p.startswith("module qwen3_core pins sha256 000000000000") for p in problems)
-    assert gen._against_capture(m, tmp_path) != []  # an empty directory is not a capture
+    assert cli.against_capture(m, tmp_path) != []  # an empty directory is not a capture
 
 
 def test_capture_pins_the_cubins_it_ran(tmp_path: Path) -> None:
     modules, entries = _shipped()
     donor_ran = json.loads((ROOT / "examples" / "qwen3-tiny.json").read_text())["modules"]  # the donor's shape
-    assert gen.captured_modules(DONOR_CAPTURE, entries) == {k: modules[k] for k in donor_ran}
+    assert cli.captured_modules(DONOR_CAPTURE, entries) == {k: modules[k] for k in donor_ran}
     out = tmp_path / "tiny.json"
-    rc = gen.main(["--preset", "qwen3-tiny", "--capture", str(DONOR_CAPTURE), "-o", str(out)])
+    rc = cli.main(["--preset", "qwen3-tiny", "--capture", str(DONOR_CAPTURE), "-o", str(out)])
     assert rc == 0 and json.loads(out.read_text())["modules"]["attention"]["sha256"] == modules["attention"]
 
 
 def test_capture_that_cannot_be_mined_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "tiny.json"
-    assert gen.main(["--preset", "qwen3-tiny", "--capture", str(tmp_path), "-o", str(out)]) == 2
-    assert gen.main(["--preset", "qwen3-4b", "--capture", str(DONOR_CAPTURE), "-o", str(out)]) == 2
+    assert cli.main(["--preset", "qwen3-tiny", "--capture", str(tmp_path), "-o", str(out)]) == 2
+    assert cli.main(["--preset", "qwen3-4b", "--capture", str(DONOR_CAPTURE), "-o", str(out)]) == 2
     assert not out.exists()
 
 
@@ -861,31 +615,14 @@ def test_prefetched_gemv_launch_holds_its_columns_rows() -> None:
     assert (launch["entry"], launch["grid"], launch["shared_mem"]) == ("kern_gemv_bf16_p4", [640, 1, 1], 32768)
 
 
-def test_carveout_goes_on_every_kernel_launch() -> None:
-    """--carveout sets the same preferred carveout on every kernel launch (decode's PDL copies too),
-    none on the cuBLAS launches, and the manifest verifies; without it no launch has one."""
-    m = _manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, carveout=100)
-    _verify(m)
-    launches = [la for op in m["ops"].values() for la in op["impl"]["launches"]]
-    kernels = [la for la in launches if "module" in la]
-    assert kernels and all(la["carveout"] == 100 for la in kernels)
-    assert all("carveout" not in la for la in launches if "module" not in la)
-    assert any(name.endswith(".pdl") for name in m["ops"])
-    plain = _manifest(QWEN3_TINY_CONFIG, feed="device")
-    assert not any("carveout" in la for op in plain["ops"].values() for la in op["impl"]["launches"])
-    for bad in (-1, 101):
-        with pytest.raises(gen.GenError, match="carveout"):
-            _manifest(QWEN3_TINY_CONFIG, feed="device", carveout=bad)
-
-
 def test_decode_splits_must_fill_the_attention_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
     """kern_attn_decode's grid y is DECODE_SPLITS and its clusters are 8 blocks along y (the
     `__cluster_dims__` in attention.cu): another split count is refused before a manifest exists."""
-    text = (TOOLS / "kernels-src" / "attention.cu").read_text()
+    text = (TOOLS / "kernels-src" / "attention.cuh").read_text() + (TOOLS / "kernels-src" / "attention.cu").read_text()
     assert f"constexpr int DEC_CLUSTER = {gen.DECODE_CLUSTER};" in text
     assert "__cluster_dims__(1, DEC_CLUSTER, 1)" in text
     assert gen.DECODE_SPLITS % gen.DECODE_CLUSTER == 0
-    monkeypatch.setattr(gen, "DECODE_SPLITS", 12)
+    monkeypatch.setattr("kern_qwen3._finish.DECODE_SPLITS", 12)
     with pytest.raises(gen.KernelsError, match="DECODE_SPLITS 12"):
         _manifest(QWEN3_TINY_CONFIG, feed="device")
 
@@ -947,7 +684,7 @@ def test_f32_manifest_abi_matches_kernel_sources() -> None:
     entries = gen.entry_modules(src)
     assert entries["kern_f32_attn"] == "qwen3_f32" and entries["kern_argmax_final"] == "sampling"
     hashes = dict.fromkeys(set(entries.values()), "c" * 64)
-    m = gen.generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="t", feed="device",
+    m = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="t", feed="device",
                      precision="f32")
     assert set(m["modules"]) == {"qwen3_f32", "sampling"}
     _assert_abi(m["ops"], _c_params(src))
@@ -955,16 +692,9 @@ def test_f32_manifest_abi_matches_kernel_sources() -> None:
 
 @pytest.mark.parametrize(
     ("option", "flag"),
-    [({"gemv": ["o"]}, "--gemv"), ({"fuse": True}, "--fuse"),
-     ({"gemv": list(gen.GEMV_GEMMS), "pdl": True}, "--pdl"),
-     ({"gemv": list(gen.GEMV_GEMMS), "fold_norm": True}, "--fold-norm"),
-     ({"fuse": True, "fuse_qkn": True}, "--fuse-qkn"), ({"carveout": 50}, "--carveout"),
-     ({"gemv_pick": {"o": "kern_gemv_bf16"}}, "--gemv-pick"),
-     ({"gemv": list(gen.GEMV_GEMMS), "pdl": True, "pdl_off": ["o"]}, "--pdl-off"),
-     ({"fuse": True, "wide_attention": True}, "--fuse, --wide-attention"),
-     ({"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "late_trigger": True}, "--pdl, --late-trigger"),
-     ({"gemv": list(gen.GEMV_GEMMS), "norm_tail": True}, "--gemv, --norm-tail"),
-     ({"gemv": list(gen.GEMV_GEMMS), "fold_norm": True, "defer_norm": True}, "--fold-norm, --defer-norm")],
+    [({"gemv": ["o"]}, "gemv"), ({"fuse": True}, "fuse"),
+     ({"gemv": list(gen.GEMV_GEMMS), "pdl": True}, "gemv, pdl"),
+     ({"gemv": list(gen.GEMV_GEMMS), "fold_norm": True, "defer_norm": True}, "gemv, defer_norm")],
 )
 def test_f32_refuses_the_bf16_speed_options(option: dict[str, Any], flag: str) -> None:
     with pytest.raises(gen.GenError, match=f"precision f32 .* drop .*{flag}") as info:
@@ -979,25 +709,25 @@ def test_unknown_precision_and_missing_f32_kernels_are_refused() -> None:
     shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
     partial = {k: v for k, v in FAKE_ENTRIES.items() if k != "kern_f32_attn"}
     with pytest.raises(gen.KernelsError, match=r"kern_f32_attn: precision f32 needs qwen3_f32\.cu"):
-        gen.generate(shape, FAKE_HASHES, partial, model="t", precision="f32")
+        _generate(shape, FAKE_HASHES, partial, model="t", precision="f32")
     with pytest.raises(gen.KernelsError, match="qwen3_core"):
-        gen.generate(shape, {"qwen3_attn": "b" * 64}, FAKE_ENTRIES, model="t", precision="f32")
+        _generate(shape, {"qwen3_attn": "b" * 64}, FAKE_ENTRIES, model="t", precision="f32")
     with pytest.raises(gen.GenError, match="chunk"):
-        gen.generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", chunk=0, precision="f32")
+        _generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", chunk=0, precision="f32")
 
 
 def test_main_writes_the_f32_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(gen, "build_and_hash", lambda src, out: FAKE_HASHES)
-    monkeypatch.setattr(gen, "entry_modules", lambda src: FAKE_ENTRIES)
+    monkeypatch.setattr(cli, "build_and_hash", lambda src, out: FAKE_HASHES)
+    monkeypatch.setattr(cli, "entry_modules", lambda src: FAKE_ENTRIES)
     out = tmp_path / "qwen3-tiny-f32.json"
-    assert gen.main(["--preset", "qwen3-tiny", "-o", str(out), "--precision", "f32", "--feed", "host"]) == 0
+    assert cli.main(["--preset", "qwen3-tiny", "-o", str(out), "--precision", "f32", "--feed", "host"]) == 0
     assert json.loads(out.read_text()) == _manifest(QWEN3_TINY_CONFIG, feed="host", precision="f32") | {
         "model": "qwen3-tiny-f32"}
     capsys.readouterr()
-    assert gen.main(["--preset", "qwen3-tiny", "-o", str(tmp_path / "x.json"), "--precision", "f32", "--fuse"]) == 2
+    assert cli.main(["--preset", "qwen3-tiny", "-o", str(tmp_path / "x.json"), "--precision", "f32", "--fuse"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "drop --fuse" in err[0] and not (tmp_path / "x.json").exists()
+    assert len(err) == 1 and "drop fuse" in err[0] and not (tmp_path / "x.json").exists()
 
 
 def test_f32_programs_compile_in_the_runtime_on_the_host() -> None:

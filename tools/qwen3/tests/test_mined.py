@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.qwen3_options import generate as _generate
 
-import gen_qwen3 as gen
-import qwen3_mined as mined
-from kern_cli.checkpoint import QWEN3_TINY_CONFIG
+import kern_qwen3 as gen
+from kern_qwen3 import QWEN3_TINY_CONFIG, mined
 
-TOOLS = Path(__file__).resolve().parents[1]
+TOOLS = Path(__file__).resolve().parents[2]
 
 
 
@@ -224,7 +224,7 @@ def write_capture(root: Path, breaks: Breaks | None = None) -> list[list[int]]:
 
 
 def manifest() -> dict[str, Any]:
-    return gen.generate(SHAPE, SHAS, ENTRIES, model="qwen3-tiny", feed="device")
+    return _generate(SHAPE, SHAS, ENTRIES, model="qwen3-tiny", feed="device")
 
 
 @pytest.fixture(scope="module")
@@ -440,7 +440,7 @@ def test_committed_donor_capture(expected_file: Path) -> None:
     exp = json.loads(expected_file.read_text())
     facts = mined.mined_facts(expected_file.parent)
     config = dict(QWEN3_TINY_CONFIG) | {"num_hidden_layers": exp["shape"]["layers"]}
-    fresh = gen.generate(gen.shape_from_config(config), exp["modules"], ENTRIES, model="donor",
+    fresh = _generate(gen.shape_from_config(config), exp["modules"], ENTRIES, model="donor",
                          chunk=exp["shape"]["chunk"], feed="device")
     assert mined.check_against(fresh, facts) == []
     a = exp["addresses"]
