@@ -60,7 +60,7 @@ from kern_qwen3.passes import (
     fold_norms,
     plan_passes,
 )
-from kern_qwen3.plan import DEFAULT_CHUNK, FEEDS, PRECISIONS, Context, Pass, Plan
+from kern_qwen3.plan import DEFAULT_CHUNK, FEEDS, PRECISIONS, Context, Feed, Pass, Plan, Precision
 from kern_qwen3.shape import (
     MAX_ROPE_POSITIONS,
     PAGE_TOKENS,
@@ -113,6 +113,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "DeferNorms",
+    "Feed",
     "GemvEntry",
     "GenError",
     "KernelsError",
@@ -120,6 +121,7 @@ __all__ = [
     "Pass",
     "Pdl",
     "Plan",
+    "Precision",
     "Qwen3Shape",
     "add_workspace",
     "cache_dir",

@@ -97,13 +97,15 @@ class Layout(Enum):
 @dataclass(frozen=True, slots=True)
 class GemvEntry:
     """A GEMV entry's launch shape: its layout, threads per block, output columns per block
-    (COLUMNS), blocks per SM its `__launch_bounds__` guarantee (BAND), and whether it applies
-    SiLU-and-mul in its epilogue (gate_up only: W is [2n, k], y is `act`)."""
+    (COLUMNS), blocks per SM (BAND: what its `__launch_bounds__` guarantee; RING: its wave, 0 for
+    GEMV_RING_BLOCKS), shared-memory budget in bytes (RING: its stages, 0 for GEMV_RING_SMEM), and
+    whether it applies SiLU-and-mul in its epilogue (gate_up only: W is [2n, k], y is `act`)."""
 
     layout: Layout
     threads: int
     columns: int = 0
     per_sm: int = 0
+    budget: int = 0
     silu: bool = False
 
 

@@ -70,8 +70,8 @@ def _ring(entry: str, e: GemvEntry, n: int, k: int, norm: int) -> Launch:
     column = (2 if e.silu else 1) * 2 * k
     if norm + column > GEMV_P4_MAX_ROW:
         raise _too_big(entry, f"one column's W rows ({column} bytes, k = {k}) and the norm's {norm}")
-    per_block = _ceil_div(n, GEMV_SMS * GEMV_RING_BLOCKS)
-    stages = max(1, min(GEMV_RING_MAX_STAGES, GEMV_RING_SMEM // column, per_block,
+    per_block = _ceil_div(n, GEMV_SMS * (e.per_sm or GEMV_RING_BLOCKS))
+    stages = max(1, min(GEMV_RING_MAX_STAGES, (e.budget or GEMV_RING_SMEM) // column, per_block,
                         (GEMV_P4_MAX_ROW - norm) // column))
     return _ceil_div(n, per_block), e.threads, norm + stages * column
 

@@ -1,0 +1,75 @@
+"""The lab's kernel entries (tools/lab/kernels-src) and the GEMV table that adds them to the
+product's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from kern_qwen3 import GEMV_ENTRIES, GemvEntry, Layout
+
+__all__ = [
+    "DECODE_SPLITS_WIDE",
+    "FOLDED",
+    "FOLD_ENTRIES",
+    "LAB_GEMV_ENTRIES",
+    "LATE_ENTRIES",
+    "QKN_MAX_GROUP",
+    "RING_ENTRIES",
+    "TAIL_GROUP",
+    "TAIL_OF",
+    "TAIL_STRIDE",
+    "WIDE_ENTRY",
+    "ring_table",
+]
+
+RING_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({
+    "kern_gemv_bf16_r4": GemvEntry(Layout.RING, 128),
+    "kern_gemv_bf16_r4_silu": GemvEntry(Layout.RING, 128, silu=True),
+})
+"""gemv_ring.cu's entries: one resident wave of GEMV_RING_BLOCKS blocks per SM whose bands stream
+through a ring of shared-memory stages."""
+LAB_GEMV_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({**GEMV_ENTRIES, **RING_ENTRIES})
+"""The product's GEMV entries and the ring entries: the table a lab plan's picks may name."""
+
+
+def ring_table(blocks_per_sm: int, stage_bytes: int) -> dict[str, GemvEntry]:
+    """LAB_GEMV_ENTRIES with the ring entries at another wave (blocks per SM) and stage budget."""
+    ring = {e: GemvEntry(v.layout, v.threads, per_sm=blocks_per_sm, budget=stage_bytes, silu=v.silu)
+            for e, v in RING_ENTRIES.items()}
+    return {**LAB_GEMV_ENTRIES, **ring}
+
+
+FOLD_ENTRIES: Mapping[str, tuple[str, str]] = MappingProxyType({
+    "qkv": ("kern_gemv_bf16_b4_n", "kern_gemv_bf16_b4"),
+    "gate_up": ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu"),
+})
+"""The prologue fold (gemv_norm.cu): decode GEMM -> (the band GEMV with the add + RMSNorm before it
+in its prologue, the band entry whose grid it takes), for a pick with no folded form (FOLDED)."""
+FOLDED: Mapping[str, str] = MappingProxyType({
+    "kern_gemv_bf16_b4": "kern_gemv_bf16_b4_n",
+    "kern_gemv_bf16_b4_silu": "kern_gemv_bf16_b4_silu_n",
+    "kern_gemv_bf16_r4": "kern_gemv_bf16_r4_n",
+    "kern_gemv_bf16_r4_silu": "kern_gemv_bf16_r4_silu_n",
+    "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_n",
+    "kern_gemv_bf16_p4_silu": "kern_gemv_bf16_p4_silu_n",
+})
+"""GEMV entry -> its form with the add + RMSNorm in its prologue (gemv_norm.cu, gemv_ring.cu,
+gemv_pnorm.cu), on that entry's launch."""
+TAIL_OF: Mapping[str, str] = MappingProxyType({
+    "kern_gemv_bf16_s4": "kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_an"})
+"""gemv_tail.cu: GEMV entry -> its form with the add + RMSNorm after it run by its last block, on
+the entry's launch (its dynamic shared memory at least h and x: 4n bytes)."""
+TAIL_GROUP, TAIL_STRIDE = 64, 32
+"""gemv_tail.cu's two-level block counter: a first-level counter per TAIL_GROUP blocks, TAIL_STRIDE
+i32 apart, after the top one (`passes.tail_counters`)."""
+QKN_MAX_GROUP = 32
+"""attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
+WIDE_ENTRY = "kern_attn_decode_wide"
+"""attention_wide.cu's kern_attn_decode with a per-cluster combine first on its global path."""
+DECODE_SPLITS_WIDE = 128
+"""Splits of the wide decode attention's grid (a multiple of DECODE_CLUSTER)."""
+LATE_ENTRIES: Mapping[str, str] = MappingProxyType({
+    "kern_attn_decode": "kern_attn_decode_late", "kern_attn_decode_wide": "kern_attn_decode_wide_late"})
+"""attention_wide.cu: the decode attention entries whose blocks let the next launch start only
+once they have folded their splits."""
