@@ -3,7 +3,7 @@
     python3 tools/gpu/qwen3_checks.py OUTDIR [--gpu 0] [--models tiny,4b] [--no-bench]
 
 1. builds tools/kernels-src into OUTDIR/kernels and generates OUTDIR/manifests/qwen3-{tiny,4b}.json
-   from the checkpoints' config.json (tools/gen_qwen3.py);
+   from the checkpoints' config.json (kern_qwen3);
 2. writes random-weight checkpoints with transformers' save_pretrained (torch.manual_seed(0), bf16)
    for a 2-layer tiny Qwen3 and the Qwen3-4B shape under OUTDIR/ckpt/;
 3. references from transformers (eager attention): greedy tokens in bf16 for 64 steps on prompts of
@@ -16,28 +16,14 @@
    reported; a divergence passes only at a near-tie of the --chunk 512 run: its top-1 logit minus
    the other run's token's logit <= 4 bf16 ulps, reported); kern-run as a process (--output ids
    equals the in-process tokens; kern.toml + random checkpoint + text prompt); the same checks for
-   each variant of --variants: `-gemv` (o, gate_up and lm_head as our GEMV, `--gemv default`),
-   `-fast` (examples/qwen3-4b-fast.json, `--gemv all --fuse --pdl --fold-norm --defer-norm`: every
-   decode GEMM as our GEMV, fused q/k-norm+rope+KV write and one-launch decode attention, the add +
-   RMSNorm before qkv and gate_up in those GEMVs, the norm's scale in their epilogue (gemv_defer.cu),
-   PDL), `-fold` (the fast step before the seventh pass: the norm in the GEMVs' prologue,
-   gemv_norm.cu), `-unfolded` (without the fold; down stays on GEMV_PICK's `_p4`, where the step
-   before the fifth pass had `_b4`), `-nopdl` (`-fast` without PDL), `-qkn` (`-fast`
-   with q/k norm + rope + KV write folded into the decode attention, kern_attn_decode_qkn), `-b4d` /
-   `-b4o` / `-onopdl` (`-fast` with down or o on the balanced band kern_gemv_bf16_b4, or o launched
-   without PDL), `-s64` / `-s128` / `-s256` (`-fast` with kern_attn_decode at 64-256 splits),
-   `-wide` / `-wide64` / `-wide256` (`-fast` with kern_attn_decode_wide, `--wide-attention`, at
-   DECODE_SPLITS_WIDE / 64 / 256 splits); on top of `-unfolded`: `-stream` (every decode GEMM on the streaming GEMVs,
-   kern_gemv_bf16_tma / kern_gemv_bf16_tma_silu), `-band` (the per-layer GEMMs on the balanced-band
-   GEMVs kern_gemv_bf16_b4 / kern_gemv_bf16_b4_silu), `-carve100` / `-carve50` / `-carve0` (every
-   kernel's shared-memory carveout at 100 / 50 / 0 %), `-p4o` / `-p4o100` (o on the prefetched
-   kern_gemv_bf16_p4, with the driver's carveout / 100 % everywhere), `-deep4` / `-deep8` (the
-   per-layer GEMMs on the deep bands kern_gemv_bf16_d4 / _d8 and _d4_silu), `-od4` (o on _d4), `-b4gu` (gate_up on _b4_silu), `-p4gu` / `-p4qd` /
-   `-p4all` (gate_up on _p4_silu; qkv and down on _p4; all three), `-gu_nopdl` / `-qkv_nopdl` (gate_up's
-   or qkv's GEMV launched without PDL), `-picked` (--gemv-pick's entries); `-f32` (gen_qwen3
-   --precision f32, the reference-precision manifest: greedy tokens against transformers float32's,
-   a divergence passing only where its gap is <= 1/16 bf16 ulp, first-step logits within 1e-4 of
-   float32's; not benched);
+   each variant of --variants: `-gemv` (examples/qwen3-4b-gemv.json: o, gate_up and lm_head as our
+   GEMV), `-fast` (examples/qwen3-4b-fast.json, `--gemv all --fuse --pdl --fold-norm --defer-norm`:
+   every decode GEMM as our GEMV, fused q/k-norm+rope+KV write and one-launch decode attention, the
+   add + RMSNorm before qkv and gate_up in those GEMVs with the norm's scale in their epilogue
+   (gemv_defer.cu), PDL), `-f32` (examples/qwen3-4b-f32.json, the reference-precision manifest:
+   greedy tokens against transformers float32's, a divergence passing only where its gap is <= 1/16
+   bf16 ulp, first-step logits within 1e-4 of float32's; not benched). The lab's variants run through
+   tools/lab/qwen3_variants.py, which calls `main` with its own variants and kernel sources;
 5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
    copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant but `-f32` (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
@@ -103,17 +89,40 @@ def _load_gen() -> ModuleType:
     return kern_qwen3
 
 
-def plan_of(gen: ModuleType, options: dict[str, Any], feed: str) -> Any:
-    """The kern_qwen3 Plan of a variant's options (`variant_options`)."""
-    kw = dict(options)
-    blocks = kw.pop("defer_blocks", None)
-    fold, defer, pdl = kw.pop("fold_norm", False), kw.pop("defer_norm", False), kw.pop("pdl", False)
-    picks = {**gen.GEMV_PICK, **kw.pop("gemv_pick", {})}
-    passes = list(gen.plan_passes(fold_norm=fold, defer_norm=defer, pdl=pdl))
-    if blocks is not None:
-        passes[0] = gen.DeferNorms(blocks_per_sm=blocks)
-    return gen.Plan(feed=feed, gemv=tuple(kw.pop("gemv", ())), fuse=kw.pop("fuse", False), picks=picks,
-                    passes=tuple(passes), **kw)
+Variant = Callable[[str], Any]
+"""A manifest variant: the feed the kernel sources allow -> its kern_qwen3.Plan."""
+
+
+def product_variants(gen: ModuleType) -> dict[str, Variant]:
+    """The shipped manifests' options: `gemv` (examples/qwen3-4b-gemv.json), `fast`
+    (examples/qwen3-4b-fast.json) and `f32` (examples/qwen3-4b-f32.json)."""
+    fast = gen.plan_passes(fold_norm=True, defer_norm=True, pdl=True)
+    return {
+        "gemv": lambda feed: gen.Plan(feed=feed, gemv=gen.GEMV_DEFAULT),
+        "fast": lambda feed: gen.Plan(feed=feed, gemv=gen.GEMV_GEMMS, fuse=True, passes=fast),
+        "f32": lambda feed: gen.Plan(feed=feed, precision="f32"),
+    }
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The kernels a run builds (into OUTDIR/kernels: module -> sha256) and the entries they define."""
+
+    build: Callable[[Path], dict[str, str]]
+    entries: Callable[[], dict[str, str]]
+
+
+def _product_build(out: Path) -> dict[str, str]:
+    from kern_cli.kernels_cmd import build_kernels
+
+    return {m: sha for m, (_p, sha) in build_kernels(ROOT / "tools" / "kernels-src", out).items()}
+
+
+def _product_entries() -> dict[str, str]:
+    return _load_gen().entry_modules(ROOT / "tools" / "kernels-src")
+
+
+PRODUCT_SOURCES = Sources(_product_build, _product_entries)
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,13 +188,10 @@ def _fail(c: Check, detail: str) -> None:
 # Build, generate, checkpoints.
 
 
-def build(rec: Recorder) -> dict[str, str]:
-    from kern_cli.kernels_cmd import build_kernels
-
+def build(rec: Recorder, sources: Sources = PRODUCT_SOURCES) -> dict[str, str]:
     hashes: dict[str, str] = {}
     with rec.check("build_kernels") as c:
-        built = build_kernels(ROOT / "tools" / "kernels-src", rec.out / "kernels")
-        hashes = {m: sha for m, (_p, sha) in built.items()}
+        hashes = sources.build(rec.out / "kernels")
         c.detail = ", ".join(f"{m} {h[:12]}" for m, h in hashes.items())
     return hashes
 
@@ -221,164 +227,24 @@ def write_checkpoint(rec: Recorder, name: str, cfg: dict[str, Any]) -> Path | No
     return path if ok else None
 
 
-TRIAL_VARIANTS: dict[str, tuple[int, dict[str, str]]] = {
-    "carve100": (100, {}),
-    "carve50": (50, {}),
-    "carve0": (0, {}),
-    "p4o": (-1, {"o": "kern_gemv_bf16_p4"}),
-    "p4o100": (100, {"o": "kern_gemv_bf16_p4"}),
-    "deep4": (-1, {"qkv": "kern_gemv_bf16_d4", "o": "kern_gemv_bf16_d4", "gate_up": "kern_gemv_bf16_d4_silu",
-                   "down": "kern_gemv_bf16_d4"}),
-    "deep8": (-1, {"qkv": "kern_gemv_bf16_d8", "o": "kern_gemv_bf16_d8", "gate_up": "kern_gemv_bf16_d4_silu",
-                   "down": "kern_gemv_bf16_d8"}),
-    "od4": (-1, {"o": "kern_gemv_bf16_d4"}),
-    "b4gu": (-1, {"gate_up": "kern_gemv_bf16_b4_silu"}),
-    "p4gu": (-1, {"gate_up": "kern_gemv_bf16_p4_silu"}),
-    "p4qd": (-1, {"qkv": "kern_gemv_bf16_p4", "down": "kern_gemv_bf16_p4"}),
-    "p4all": (-1, {"qkv": "kern_gemv_bf16_p4", "gate_up": "kern_gemv_bf16_p4_silu", "down": "kern_gemv_bf16_p4"}),
-}
-"""`unfolded` (the step before `fold_norm`) with one shared-memory carveout for every kernel (-1: the
-driver's choice) and GEMV picks on top of GEMV_PICK: o on the prefetched `_p4` (docs/perf.md, third pass: o got faster, its
-neighbours slower; a uniform carveout made every variant slower, fourth pass); the per-layer GEMMs
-on the deep bands (`_d4` / `_d8`, `_d4_silu`); gate_up on `_b4_silu` (`fast`'s layout without the
-fold); o on `_d4` (whose loads in flight before the PDL wait cover the attention); gate_up on
-`_p4_silu`, qkv and down on `_p4` (down and lm_head are on `_p4` in GEMV_PICK since the fourth and
-fifth passes, so `p4qd` moves qkv only, and the fourth pass's `lmp4` is `unfolded` itself)."""
-NOPDL_VARIANTS = {"gu_nopdl": "gate_up", "qkv_nopdl": "qkv"}
-"""`unfolded` with one decode GEMM launched without PDL (gen_qwen3's `pdl_off`)."""
-RING_PICK = {"qkv": "kern_gemv_bf16_r4", "gate_up": "kern_gemv_bf16_r4_silu"}
-"""The ring GEMVs' picks for the folded GEMMs (with fold_norm they run as `_r4_n` / `_r4_silu_n`)."""
-FAST_TRIALS: dict[str, dict[str, Any]] = {
-    "b4d": {"gemv_pick": {"down": "kern_gemv_bf16_b4"}},
-    "b4o": {"gemv_pick": {"o": "kern_gemv_bf16_b4"}},
-    "onopdl": {"pdl_off": ["o"]},
-    "ring": {"gemv_pick": dict(RING_PICK)},
-    "ringgu": {"gemv_pick": {"gate_up": RING_PICK["gate_up"]}},
-    "ring1": {"gemv_pick": dict(RING_PICK), "gen_consts": {"GEMV_RING_BLOCKS": 1, "GEMV_RING_SMEM": 131072}},
-    "ring3": {"gemv_pick": dict(RING_PICK), "gen_consts": {"GEMV_RING_BLOCKS": 3, "GEMV_RING_SMEM": 40960}},
-    "ringo": {"gemv_pick": {**RING_PICK, "o": "kern_gemv_bf16_r4"}},
-    "latep4o": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_p4"}},
-    "p4gun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}},
-    "deferp4": {"defer_norm": True, "gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}},
-    "deferp4q": {"defer_norm": True, "gemv_pick": {"qkv": "kern_gemv_bf16_p4"}},
-    "p4qgun": {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu", "qkv": "kern_gemv_bf16_p4"}},
-    "latero": {"late_trigger": True, "gemv_pick": {"o": "kern_gemv_bf16_r4"}},
-}
-"""`fold` (the fast step they were measured against, before the seventh pass made `defer_norm` the
-default) with more generate keywords: down on the balanced band (its pick before the fifth pass),
-o on the balanced band, o launched without PDL (o's early start slows the attention before it by
-~0.6 us, but o itself loses 1.8: docs/perf.md, fifth pass); qkv and gate_up on the ring GEMVs
-(gemv_ring.cu, folded into `_r4_n` / `_r4_silu_n`) at the generator's ring (GEMV_RING_BLOCKS blocks
-per SM, GEMV_RING_SMEM bytes of stages each), gate_up alone, one block of 128 KiB or three of 40
-KiB per SM, and o on the unfolded ring too; the late-trigger attention (`late_trigger`) with o's
-weights bulk-copied before its wait (`_p4`, which slowed the attention when it started at the
-attention's start: third pass) or streamed through the ring; gate_up (and qkv) on `_p4` with the
-norm in every block's prologue while its rows land (gemv_pnorm.cu, folded `_p4_silu_n` / `_p4_n`);
-gate_up or qkv on the prefetched form of the deferred norm (`_p4_silu_d` / `_p4_d` with `defer_norm`,
-gemv_defer.cu)."""
-DEFER_GRID_VARIANTS = {"defer1": 1, "defer2": 2, "defer3": 3}
-"""`fast` with the deferred-norm bands (qkv, gate_up) at 1-3 blocks per SM instead of
-GEMV_DEFER_BLOCKS' 4 (one wave either way, each block owning more columns): whether a band that
-leaves part of each SM's register file free streams as fast, so that the next launch's blocks can
-become resident, and issue their weight loads, while it runs (docs/perf.md, seventh pass)."""
-TAIL_VARIANTS: dict[str, dict[str, str]] = {
-    "tail": {"gate_up": "kern_gemv_bf16_p4_silu"},
-    "tailb4gu": {"gate_up": "kern_gemv_bf16_b4_silu"},
-    "tailp4q": {"gate_up": "kern_gemv_bf16_p4_silu", "qkv": "kern_gemv_bf16_p4"},
-}
-"""`unfolded` with `norm_tail` (the add + RMSNorm in the last block of the o / down GEMV before it,
-gemv_tail.cu) and these picks over GEMV_PICK: gate_up on the prefetched `_p4_silu` (its rows
-bulk-copied before its wait, with no norm prologue to wait for), on the band, and qkv on `_p4` too."""
-SPLIT_VARIANTS: dict[str, dict[str, Any]] = {
-    "s64": {"DECODE_SPLITS": 64},
-    "s128": {"DECODE_SPLITS": 128},
-    "s256": {"DECODE_SPLITS": 256},
-    "wide": {},
-    "wide64": {"DECODE_SPLITS_WIDE": 64},
-    "wide256": {"DECODE_SPLITS_WIDE": 256},
-    "late": {},
-    "widelate": {},
-}
-"""`fast` with the decode attention's grid at other splits (generator constants, set for the one
-generation by generate_manifest; a measurement knob). Beyond the cluster path (> 512 tokens) each
-block folds ceil(pages / splits) pages in turn, and the last block folds every split's partial:
-`s*` are kern_attn_decode at 64-256 splits (the fifth pass: slower, the last block's fold grows),
-`wide*` kern_attn_decode_wide (`wide_attention`: per-cluster combine first) at DECODE_SPLITS_WIDE
-(128) or the splits named; `late` / `widelate` those attentions with the PDL trigger after their fold
-(`late_trigger`: o's early weight loads queue behind the attention's KV loads)."""
-VARIANTS = ("gemv", "fast", "fold", "unfolded", "nopdl", "stream", "band", "picked", "qkn", *NOPDL_VARIANTS,
-            *TRIAL_VARIANTS, *FAST_TRIALS, *SPLIT_VARIANTS, *DEFER_GRID_VARIANTS, *TAIL_VARIANTS, "f32")
-"""Manifest variants checked and benched beside the all-cublasLt one (`variant_options`); `f32` (the
-reference-precision manifest, gen_qwen3 --precision f32) is checked against transformers float32's
-greedy tokens and never benched (`is_benched`)."""
-STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu",
-               "down": "kern_gemv_bf16_tma", "lm_head": "kern_gemv_bf16_tma"}
-"""The `stream` variant: `fast` with every decode GEMM on the streaming (bulk-copy ring) GEMVs."""
-BAND_PICK = {"qkv": "kern_gemv_bf16_b4", "o": "kern_gemv_bf16_b4", "gate_up": "kern_gemv_bf16_b4_silu",
-             "down": "kern_gemv_bf16_b4", "lm_head": "kern_gemv_bf16_c2"}
-"""The `band` variant: `fast` with the per-layer GEMMs on the balanced-band GEMVs (one resident wave)."""
-
-
-def variant_options(gen: ModuleType, variant: str, pick: dict[str, str] | None = None) -> dict[str, Any]:
-    """gen_qwen3.generate keywords of a variant; `pick` is the `picked` variant's GEMV_PICK override."""
-    if variant == "f32":
-        return {"precision": "f32"}
-    if variant == "gemv":
-        return {"gemv": list(gen.GEMV_DEFAULT)}
-    if variant == "picked":
-        if not pick:
-            raise ValueError("variant 'picked' needs --gemv-pick PICK.json (time_gemv.py --entries writes one)")
-        return variant_options(gen, "unfolded") | {"gemv_pick": dict(pick)}
-    if variant == "unfolded":
-        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
-    if variant in ("fast", "nopdl", "fold"):
-        return variant_options(gen, "unfolded") | {"pdl": variant != "nopdl", "fold_norm": True,
-                                                   "defer_norm": variant != "fold"}
-    if variant == "qkn":
-        return variant_options(gen, "fast") | {"fuse_qkn": True}
-    if variant in FAST_TRIALS:
-        return variant_options(gen, "fold") | FAST_TRIALS[variant]
-    if variant in SPLIT_VARIANTS:
-        wide = {"wide_attention": True} if variant.startswith("wide") else {}
-        wide |= {"late_trigger": True} if variant.endswith("late") else {}
-        consts = {"gen_consts": dict(SPLIT_VARIANTS[variant])} if SPLIT_VARIANTS[variant] else {}
-        return variant_options(gen, "fast") | wide | consts
-    if variant in DEFER_GRID_VARIANTS:
-        return variant_options(gen, "fast") | {"defer_blocks": DEFER_GRID_VARIANTS[variant]}
-    if variant in TAIL_VARIANTS:
-        return variant_options(gen, "unfolded") | {"norm_tail": True, "gemv_pick": dict(TAIL_VARIANTS[variant])}
-    if variant in NOPDL_VARIANTS:
-        return variant_options(gen, "unfolded") | {"pdl_off": [NOPDL_VARIANTS[variant]]}
-    if variant in TRIAL_VARIANTS:
-        carveout, picks = TRIAL_VARIANTS[variant]
-        base = variant_options(gen, "unfolded") | ({"gemv_pick": dict(picks)} if picks else {})
-        return base | ({"carveout": carveout} if carveout >= 0 else {})
-    if variant in ("stream", "band"):
-        pick_of = STREAM_PICK if variant == "stream" else BAND_PICK
-        return {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": dict(pick_of)}
-    raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-
-
 def generate_manifest(rec: Recorder, gen: ModuleType, name: str, ckpt: Path, hashes: dict[str, str],
-                      options: dict[str, Any] | None = None) -> Path | None:
-    """`name` is the model (tiny, 4b), plus "-<variant>" for a variant generated with `options`
-    (`variant_options`)."""
+                      variant: Variant | None = None, sources: Sources = PRODUCT_SOURCES) -> Path | None:
+    """`name` is the model (tiny, 4b), plus "-<variant>" for a variant's plan (None: all cublasLt)."""
     out = rec.out / "manifests" / f"qwen3-{name}.json"
     ok = False
     with rec.check(f"{name}.manifest") as c:
         from kern_manifest import parse_manifest, verify
 
         cfg = json.loads((ckpt / "config.json").read_text())
-        src = ROOT / "tools" / "kernels-src"
-        entries = gen.entry_modules(src)
+        entries = sources.entries()
         feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-        m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}",
-                         plan=plan_of(gen, options or {}, feed))
+        plan = variant(feed) if variant is not None else gen.Plan(feed=feed)
+        m = gen.generate(gen.shape_from_config(cfg), hashes, entries, model=f"qwen3-{name}", plan=plan)
         verify(parse_manifest(json.dumps(m)))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(m, indent=1) + "\n")
         c.data |= {"feed": feed, "decode_calls": len(m["programs"]["decode"]["calls"]),
-                   "weight_gb_per_step": gen.decode_weight_bytes(m) / 1e9, "options": options or {}}
+                   "weight_gb_per_step": gen.decode_weight_bytes(m) / 1e9, "options": plan.bf16_options()}
         c.detail = f"feed={feed}, decode {c.data['decode_calls']} calls, {c.data['weight_gb_per_step']:.3f} GB/step"
         ok = True
     return out if ok else None
@@ -920,77 +786,75 @@ def decode_profile(rec: Recorder, label: str, manifest: Path, ckpt: Path, gpu: i
 # --------------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, variants: dict[str, Variant] | None = None,
+         sources: Sources = PRODUCT_SOURCES) -> int:
+    """The command line; `variants` (default `product_variants`) and `sources` let the lab run its own."""
+    gen = _load_gen()
+    table = variants if variants is not None else product_variants(gen)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("out", type=Path, help="output directory (logs, JSON, checkpoints, kernels)")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--models", default="tiny,4b", help="comma-separated subset of tiny,4b")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--variants", default="fast",
-                    help=f"comma-separated manifest variants beside the all-cublasLt one ({','.join(VARIANTS)}; "
+                    help=f"comma-separated manifest variants beside the all-cublasLt one ({','.join(table)}; "
                          "default fast)")
-    ap.add_argument("--gemv-pick", type=Path, default=None,
-                    help="JSON {gemm: entry} for the `picked` variant (time_gemv.py --entries writes it)")
     args = ap.parse_args(argv)
+    chosen = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in chosen if v not in table]
+    if unknown:  # NOTE: a bad variant fails here, before the kernels are built
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(table)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.gpu != 0:  # NOTE: torch and kern then both see the chosen GPU as device 0
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
-    gpu = 0
-    variants = [v for v in args.variants.split(",") if v]
-    if args.gemv_pick is not None and not args.gemv_pick.is_file():
-        ap.error(f"--gemv-pick {args.gemv_pick}: no such file")
-    if args.gemv_pick is not None and "picked" not in variants:
-        ap.error("--gemv-pick applies to the `picked` variant only: add picked to --variants")
-    pick = json.loads(args.gemv_pick.read_text()) if args.gemv_pick is not None else None
-    gen = _load_gen()
-    for v in variants:  # NOTE: a bad variant fails here, before the kernels are built
-        variant_options(gen, v, pick)
     rec = Recorder(out)
-    hashes = build(rec)
+    hashes = build(rec, sources)
     cfgs = configs()
     for name in [m for m in args.models.split(",") if m]:
-        run_model(rec, gen, name, cfgs[name], hashes, gpu, bench=(name == "4b" and not args.no_bench),
-                  variants=variants, pick=pick)
+        run_model(rec, gen, name, cfgs[name], hashes, 0, bench=(name == "4b" and not args.no_bench),
+                  variants={v: table[v] for v in chosen}, sources=sources)
     return summarize(rec)
 
 
 def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], hashes: dict[str, str], gpu: int,
-              *, bench: bool, variants: Sequence[str] = ("fast",), pick: dict[str, str] | None = None) -> None:
+              *, bench: bool, variants: dict[str, Variant] | None = None,
+              sources: Sources = PRODUCT_SOURCES) -> None:
     ckpt = write_checkpoint(rec, name, cfg)
     if ckpt is None or not hashes:
         return
-    manifest = generate_manifest(rec, gen, name, ckpt, hashes)
-    options = {v: variant_options(gen, v, pick) for v in variants}
-    labelled = [(f"{name}-{v}", generate_manifest(rec, gen, f"{name}-{v}", ckpt, hashes, options[v]), options[v])
-                for v in variants]
+    manifest = generate_manifest(rec, gen, name, ckpt, hashes, sources=sources)
+    chosen = variants if variants is not None else {"fast": product_variants(gen)["fast"]}
+    plans = {v: build_plan("device") for v, build_plan in chosen.items()}
+    labelled = [(f"{name}-{v}", generate_manifest(rec, gen, f"{name}-{v}", ckpt, hashes, chosen[v], sources), plans[v])
+                for v in chosen]
     ps = prompts(int(cfg["vocab_size"]))
-    ref = references(rec, name, ckpt, ps, f32_greedy=any(is_f32(o) for o in options.values()))
+    ref = references(rec, name, ckpt, ps, f32_greedy=any(is_f32(p) for p in plans.values()))
     if manifest is None:
         return
     tokens = kern_checks(rec, name, manifest, ckpt, ps, ref, gpu)
     cli_checks(rec, name, manifest, ckpt, ps, tokens, gpu)
-    for label, m, opts in labelled:
+    for label, m, plan in labelled:
         if m is not None:
-            kern_checks(rec, label, m, ckpt, ps, ref, gpu, f32=is_f32(opts))
+            kern_checks(rec, label, m, ckpt, ps, ref, gpu, f32=is_f32(plan))
     if name == "4b":
         cli_default_check(rec, manifest, gpu)
     if bench:
-        for label, m in [(name, manifest), *((lb, m) for lb, m, opts in labelled if is_benched(opts))]:
+        for label, m in [(name, manifest), *((lb, m) for lb, m, plan in labelled if is_benched(plan))]:
             if m is not None:
                 kern_bench(rec, label, m, manifest, ckpt, gpu)
                 decode_profile(rec, label, m, ckpt, gpu)
 
 
-def is_f32(options: dict[str, Any]) -> bool:
-    """A variant's generate keywords build the reference-precision (f32) manifest."""
-    return options.get("precision") == "f32"
+def is_f32(plan: Any) -> bool:
+    """A variant's plan builds the reference-precision (f32) manifest."""
+    return plan.precision == "f32"
 
 
-def is_benched(options: dict[str, Any]) -> bool:
+def is_benched(plan: Any) -> bool:
     """kern bench and the decode profile run for every variant but the f32 one (a correctness mode:
     its plain f32 kernels would only spend device time)."""
-    return not is_f32(options)
+    return not is_f32(plan)
 
 
 def summarize(rec: Recorder) -> int:

@@ -103,65 +103,6 @@ def test_chunk_divergence_without_a_tie_fails() -> None:
     assert c.status == "FAIL" and "5.00 bf16 ulps" in c.detail
 
 
-def test_variants_generate_what_the_examples_ship() -> None:
-    gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
-    assert checks.variant_options(gen, "fast") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
-                                                   "fold_norm": True, "defer_norm": True}
-    assert checks.variant_options(gen, "unfolded") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True}
-    assert checks.variant_options(gen, "gemv") == {"gemv": list(gen.GEMV_DEFAULT)}
-    assert checks.variant_options(gen, "nopdl", {"o": "kern_gemv_bf16"}) == {
-        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": False, "fold_norm": True, "defer_norm": True}
-    assert checks.variant_options(gen, "picked", {"o": "kern_gemv_bf16"}) == {
-        "gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "gemv_pick": {"o": "kern_gemv_bf16"}}
-    with pytest.raises(ValueError, match="--gemv-pick"):
-        checks.variant_options(gen, "picked")
-    stream = checks.variant_options(gen, "stream")
-    assert stream["pdl"] and stream["fuse"] and set(stream["gemv_pick"]) == set(gen.GEMV_GEMMS)
-    assert set(stream["gemv_pick"].values()) == {"kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"}
-    assert checks.variant_options(gen, "carve100") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
-                                                       "carveout": 100}
-    assert checks.variant_options(gen, "p4o") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
-                                                  "gemv_pick": {"o": "kern_gemv_bf16_p4"}}
-    assert checks.variant_options(gen, "p4o100")["carveout"] == 100
-    assert checks.variant_options(gen, "b4gu")["gemv_pick"] == {"gate_up": "kern_gemv_bf16_b4_silu"}
-    band = checks.variant_options(gen, "band")
-    assert band["gemv_pick"]["gate_up"] == "kern_gemv_bf16_b4_silu" and band["gemv_pick"]["qkv"] == "kern_gemv_bf16_b4"
-    assert checks.variant_options(gen, "qkn") == {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True,
-                                                  "fold_norm": True, "defer_norm": True, "fuse_qkn": True}
-    assert checks.variant_options(gen, "fold") == checks.variant_options(gen, "fast") | {"defer_norm": False}
-    assert checks.variant_options(gen, "gu_nopdl")["pdl_off"] == ["gate_up"]
-    assert checks.variant_options(gen, "qkv_nopdl")["pdl_off"] == ["qkv"]
-    assert checks.variant_options(gen, "onopdl") == checks.variant_options(gen, "fold") | {"pdl_off": ["o"]}
-    assert checks.variant_options(gen, "b4d")["gemv_pick"] == {"down": "kern_gemv_bf16_b4"}
-    assert checks.variant_options(gen, "s128") == checks.variant_options(gen, "fast") | {
-        "gen_consts": {"DECODE_SPLITS": 128}}
-    assert checks.variant_options(gen, "wide") == checks.variant_options(gen, "fast") | {"wide_attention": True}
-    assert checks.variant_options(gen, "wide64")["gen_consts"] == {"DECODE_SPLITS_WIDE": 64}
-    assert checks.variant_options(gen, "late") == checks.variant_options(gen, "fast") | {"late_trigger": True}
-    assert checks.variant_options(gen, "widelate") == checks.variant_options(gen, "wide") | {"late_trigger": True}
-    assert checks.variant_options(gen, "defer2") == checks.variant_options(gen, "fast") | {"defer_blocks": 2}
-    deep = checks.variant_options(gen, "deep8")["gemv_pick"]
-    assert deep["gate_up"] == "kern_gemv_bf16_d4_silu" and deep["down"] == "kern_gemv_bf16_d8"
-    assert checks.variant_options(gen, "ring3") == checks.variant_options(gen, "ring") | {
-        "gen_consts": {"GEMV_RING_BLOCKS": 3, "GEMV_RING_SMEM": 40960}}
-    for v in ("stream", "band", "deep4", "fast", "unfolded", "deferp4", "deferp4q", "nopdl"):  # each generates a manifest the verifier accepts
-        m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("attention", "attention_qkn", "gemv", "gemv_norm",
-                         "gemv_ring", "gemv_tail", "gemv_pnorm", "gemv_defer", "attention_wide", "qwen3_core",
-                         "sampling"), "c" * 64), gen.entry_modules(TOOLS / "kernels-src"),
-                         model="t", plan=checks.plan_of(gen, checks.variant_options(gen, v), "device"))
-        want = {"band": "gemv_b4_silu", "stream": "gemv_tma_silu", "p4o100": "gemv_p4_2560", "deep4": "gemv_d4_silu",
-                "qkn": "attn_decode_qkn", "gu_nopdl": "gemv_silu_9728x2560.nopdl",
-                "b4d": "gemv_b4_2560x9728", "fast": "gemv_b4_silu_d_9728x2560", "fold": "gemv_b4_silu_n_9728x2560", "unfolded": "gemv_p4_2560x9728",
-                "b4o": "gemv_b4_2560x4096", "onopdl": "gemv_s4_2560x4096.nopdl", "ring": "gemv_r4_n_6144x2560",
-                "ringgu": "gemv_r4_silu_n_9728x2560", "ringo": "gemv_r4_2560x4096", "late": "attn_decode_fused",
-                "widelate": "attn_decode_fused", "tail": "gemv_s4_an_2560x4096", "tailp4q": "gemv_p4_6144x2560",
-                "p4qgun": "gemv_p4_silu_n_9728x2560", "deferp4": "gemv_p4_silu_d_9728x2560", "deferp4q": "gemv_p4_d_6144x2560",
-                "nopdl": "gemv_b4_silu_d_9728x2560"}[v]
-        assert any(c["op"].startswith(want) for c in m["programs"]["decode"]["calls"])
-    with pytest.raises(ValueError, match="unknown variant"):
-        checks.variant_options(gen, "turbo")
-
-
 def test_step_launch_labels_follow_the_decode_program() -> None:
     gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
     m = json.loads((TOOLS.parent / "examples" / "qwen3-4b-fast.json").read_text())
@@ -249,29 +190,14 @@ def test_logits_within_bf16_noise_passes_at_the_measured_ratios_and_fails_beyond
         assert "no comparison" in c.detail
 
 
-def test_gemv_pick_is_refused_before_any_build_when_missing_or_without_the_picked_variant(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(checks, "build", lambda rec: pytest.fail("built kernels"))
-    pick = tmp_path / "pick.json"
-    with pytest.raises(SystemExit):
-        checks.main([str(tmp_path / "q"), "--variants", "picked", "--gemv-pick", str(pick)])
-    assert "no such file" in capsys.readouterr().err
-    pick.write_text('{"o": "kern_gemv_bf16"}')
-    with pytest.raises(SystemExit):
-        checks.main([str(tmp_path / "q"), "--variants", "fast", "--gemv-pick", str(pick)])
-    assert "applies to the `picked` variant only" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="unknown variant"):
-        checks.main([str(tmp_path / "q"), "--variants", "turbo"])
-
-
 def test_f32_variant_is_the_reference_precision_manifest_and_is_not_benched() -> None:
     gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
-    opts = checks.variant_options(gen, "f32")
-    assert opts == {"precision": "f32"} and "f32" in checks.VARIANTS
+    variants = checks.product_variants(gen)
+    opts = variants["f32"]("device")
     assert checks.is_f32(opts) and not checks.is_benched(opts)
-    assert all(checks.is_benched(checks.variant_options(gen, v)) for v in ("fast", "gemv", "qkn", "s128"))
+    assert all(checks.is_benched(variants[v]("device")) for v in ("fast", "gemv"))
     m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), dict.fromkeys(("qwen3_f32", "sampling"), "c" * 64),
-                     gen.entry_modules(TOOLS / "kernels-src"), model="t", plan=checks.plan_of(gen, opts, "device"))
+                     gen.entry_modules(TOOLS / "kernels-src"), model="t", plan=opts)
     assert set(m["modules"]) == {"qwen3_f32", "sampling"}
     assert any(c["op"].startswith("gemv_f32_") for c in m["programs"]["decode"]["calls"])
     # NOTE: capacity 4096 of the 4B's f32 KV: 1.2 GB beside 8 GB of weights.
@@ -300,7 +226,7 @@ def test_run_model_checks_f32_against_float32_tokens_and_benches_the_rest(
     calls: list[tuple[str, ...]] = []
     monkeypatch.setattr(checks, "write_checkpoint", lambda rec, name, cfg: tmp_path)
     monkeypatch.setattr(checks, "generate_manifest",
-                        lambda rec, gen, name, ckpt, hashes, options=None: tmp_path / f"{name}.json")
+                        lambda rec, gen, name, ckpt, hashes, variant=None, sources=None: tmp_path / f"{name}.json")
 
     def references(rec: object, name: str, ckpt: Path, ps: object, f32_greedy: bool = False) -> object:
         calls.append(("references", str(f32_greedy)))
@@ -318,31 +244,31 @@ def test_run_model_checks_f32_against_float32_tokens_and_benches_the_rest(
     monkeypatch.setattr(checks, "kern_bench", lambda rec, label, *a: calls.append(("bench", label)))
     monkeypatch.setattr(checks, "decode_profile", lambda rec, label, *a: calls.append(("profile", label)))
     checks.run_model(checks.Recorder(tmp_path / "out"), gen, "4b", checks.configs()["4b"], {"m": "c" * 64}, 0,
-                     bench=True, variants=["fast", "f32"])
+                     bench=True, variants={v: checks.product_variants(gen)[v] for v in ("fast", "f32")})
     assert calls == [("references", "True"), ("kern_checks", "4b", "False"), ("kern_checks", "4b-fast", "False"),
                      ("kern_checks", "4b-f32", "True"), ("bench", "4b"), ("profile", "4b"), ("bench", "4b-fast"),
                      ("profile", "4b-fast")]
     calls.clear()
     checks.run_model(checks.Recorder(tmp_path / "out"), gen, "4b", checks.configs()["4b"], {"m": "c" * 64}, 0,
-                     bench=False, variants=["fast"])
+                     bench=False, variants={"fast": checks.product_variants(gen)["fast"]})
     assert calls[0] == ("references", "False")
 
 
-def test_defer_grid_variants_launch_the_deferred_bands_at_fewer_blocks_per_sm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`defer1`-`defer3` set GEMV_DEFER_BLOCKS for their generation: the qkv and gate_up bands run
-    one wave of that many blocks per SM (each block a longer band), the rest of the step as `fast`."""
+def test_product_variants_generate_the_shipped_examples() -> None:
+    """`gemv`, `fast` and `f32` are the options of examples/qwen3-4b-{gemv,fast,f32}.json: the same bytes."""
     gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
-    shape = gen.shape_from_config(checks.configs()["4b"])
-    hashes = dict.fromkeys(("attention", "gemv", "gemv_defer", "qwen3_core", "sampling"), "c" * 64)
     entries = gen.entry_modules(TOOLS / "kernels-src")
+    for variant, example in {"gemv": "qwen3-4b-gemv", "fast": "qwen3-4b-fast", "f32": "qwen3-4b-f32"}.items():
+        shipped = json.loads((TOOLS.parent / "examples" / f"{example}.json").read_text())
+        hashes = {m: spec["sha256"] for m, spec in shipped["modules"].items()}
+        plan = checks.product_variants(gen)[variant]("device")
+        m = gen.generate(gen.shape_from_config(checks.configs()["4b"]), hashes, entries, model=example, plan=plan)
+        assert m == shipped, variant
 
-    def grids(variant: str) -> dict[str, int]:
-        kw = checks.variant_options(gen, variant)
-        m = gen.generate(shape, hashes, entries, model="t", plan=checks.plan_of(gen, kw, "device"))
-        return {op: m["ops"][op]["impl"]["launches"][0]["grid"][0] for op in m["ops"] if op.startswith("gemv_")}
 
-    fast, two = grids("fast"), grids("defer2")
-    assert fast["gemv_b4_silu_d_9728x2560"] == 512 and fast["gemv_b4_d_6144x2560"] == 512
-    # 9728 columns over 264 slots: 37 per block, 263 blocks; 6144: 24 per block, 256 blocks.
-    assert two["gemv_b4_silu_d_9728x2560"] == 263 and two["gemv_b4_d_6144x2560"] == 256
-    assert {op: g for op, g in two.items() if "_d_" not in op} == {op: g for op, g in fast.items() if "_d_" not in op}
+def test_an_unknown_variant_is_refused_before_any_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(checks, "build", lambda *a: pytest.fail("built before refusing"))
+    with pytest.raises(SystemExit) as info:
+        checks.main([str(tmp_path), "--variants", "fast,qkn"])
+    assert info.value.code == 2 and "unknown variant(s) qkn" in capsys.readouterr().err
