@@ -17,6 +17,7 @@ PACKAGES = {
     "kern-mining": "packages/kern-mining",
     "kern-cli": "packages/kern-cli",
     "kern-qwen3": "tools/qwen3",
+    "kern-lab": "tools/lab",
 }
 """Distribution -> its project directory (the wheelhouse builds each one's wheel)."""
 

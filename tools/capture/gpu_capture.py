@@ -28,10 +28,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "packages" / "kern-mining" / "src"))
+from kern_mining import analyze_dir, build_library, find_toolchain, run_capture
 
-from kern_mining import analyze_dir, build_library, find_toolchain, run_capture  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 WORKLOADS = {"qwen3": HERE / "workload_qwen3.py", "torch_loop": HERE / "workload_torch.py"}
 

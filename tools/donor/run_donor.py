@@ -1,5 +1,5 @@
 """The donor: our Qwen3 kernels (tools/kernels-src) run in a PyTorch process the way a serving
-engine runs them, so that a capture of it can feed tools/gen_qwen3.py (tools/qwen3_mined.py).
+engine runs them, so that a capture of it can feed the generator (kern_qwen3.mined).
 
     python tools/donor/run_donor.py [--kernels DIR] [--layers N] [--chunk N] [--prompts 6,23,64,157]
         [--expected FILE] [--timing FILE]
@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from cuda.bindings import driver as cu
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "packages" / "kern-cli" / "src"))
+from kern_cli.kernels_cmd import build_kernels
+from kern_qwen3 import PAGE_TOKENS as _GEN_PAGE_TOKENS
+from kern_qwen3 import QWEN3_TINY_CONFIG, Qwen3Shape, shape_from_config
 
-from kern_cli.kernels_cmd import build_kernels  # noqa: E402
-from kern_qwen3 import QWEN3_TINY_CONFIG  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 BF16 = torch.bfloat16
 DEV = "cuda"
@@ -130,39 +130,16 @@ class Kernels:
 # ------------------------------------------------------------------------------- model
 
 
-@dataclass(frozen=True)
-class Shape:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    inter: int
-    vocab: int
-    eps: float
-    theta: float
-    max_pos: int
-
-    @property
-    def qkv_rows(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
-
-    @property
-    def page_stride(self) -> int:
-        return self.layers * 2 * PAGE_TOKENS * self.kv_heads * self.head_dim
-
-    def kv_layer_bytes(self, layer: int) -> int:
-        return layer * 2 * PAGE_TOKENS * self.kv_heads * self.head_dim * 2
+Shape = Qwen3Shape
+"""The model's numbers, as the provider reads them from a config.json."""
 
 
 def shape(layers: int | None) -> Shape:
-    c = QWEN3_TINY_CONFIG
-    return Shape(
-        hidden=c["hidden_size"], layers=layers or c["num_hidden_layers"],
-        heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
-        inter=c["intermediate_size"], vocab=c["vocab_size"], eps=c["rms_norm_eps"],
-        theta=float(c["rope_theta"]), max_pos=c["max_position_embeddings"],
-    )
+    """The tiny Qwen3's shape (`layers` overrides its layer count)."""
+    s = shape_from_config({**QWEN3_TINY_CONFIG, **({"num_hidden_layers": layers} if layers else {})})
+    # NOTE: the donor pages its KV at its own PAGE_TOKENS; the shape's strides assume the generator's.
+    assert PAGE_TOKENS == _GEN_PAGE_TOKENS, "the donor's page size must be the generator's for Qwen3Shape's strides"
+    return s
 
 
 @dataclass
@@ -237,7 +214,7 @@ class Engine:
                       self.sin, I32(s.max_pos), I32(s.head_dim // 2), F32(s.theta))
 
     def _kv(self, layer: int) -> Ptr:
-        return Ptr(self.kv.data_ptr() + self.s.kv_layer_bytes(layer))
+        return Ptr(self.kv.data_ptr() + self.s.kv_offset(layer))
 
     def _slot(self, pos: int) -> int:
         return self.pages[pos // PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS
@@ -366,7 +343,7 @@ def chunks(n: int, chunk: int) -> list[int]:
 
 
 def addresses(e: Engine) -> dict[str, object]:
-    """The buffers the mined wiring is about (tools/qwen3_mined.py checks them)."""
+    """The buffers the mined wiring is about (kern_qwen3.mined checks them)."""
     return {
         "h": e.h.data_ptr(), "x": e.x.data_ptr(), "qkv": e.qkv.data_ptr(), "attn": e.attn.data_ptr(),
         "kv": e.kv.data_ptr(), "block_table": e.block_table.data_ptr(), "pval": e.pval.data_ptr(),

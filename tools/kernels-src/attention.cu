@@ -44,8 +44,8 @@ kern_attn_decode_partial(const bf16* __restrict__ qkv, const bf16* __restrict__ 
 //   reduce at `splits`.
 // grid [nkv, splits], block [128].
 // NOTE: the cluster shape sits on this declaration only: the definition keeps the
-// `extern "C" __global__ void __launch_bounds__(N) kern_...(` form that tools/gen_qwen3.py and
-// tools/qwen3_mined.py read the ABI from; the attribute carries over to the definition.
+// `extern "C" __global__ void __launch_bounds__(N) kern_...(` form that kern_qwen3 and
+// kern_qwen3.mined read the ABI from; the attribute carries over to the definition.
 extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)
 kern_attn_decode(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                  const int* __restrict__ block_table, const int* __restrict__ seq_len,

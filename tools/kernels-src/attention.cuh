@@ -400,9 +400,9 @@ static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ 
     const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
     // NOTE: seq_len, the block table and the k / v rows before the last token are read before the
     // wait. Code before the wait may overlap every launch back to the stream's last launch without
-    // PDL, so none of those may write them: gen_qwen3 launches a decode step's first kernel without
+    // PDL, so none of those may write them: kern_qwen3 launches a decode step's first kernel without
     // PDL, and within the step only q/k-norm writes k / v (the last token's rows) and only the
-    // advance, after the argmax, writes the length and reads the table (test_gen_qwen3 checks it).
+    // advance, after the argmax, writes the length and reads the table (kern_qwen3's tests check it).
     const int len = *seq_len;
     const int pages = (len + page_tokens - 1) / page_tokens;
     const int group = nq / nkv;

@@ -94,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(TMA_WARPS * 32, 1)
 }
 
 // As kern_gemv_bf16_s4 (the same bits), over balanced column bands: 4 warps split k of each
-// column of the block's band in turn. Grid [any, 1, 1] (gen_qwen3 sizes it to one resident wave:
+// column of the block's band in turn. Grid [any, 1, 1] (kern_qwen3 sizes it to one resident wave:
 // at least 7 blocks per SM fit), block [128, 1, 1].
 extern "C" __global__ void __launch_bounds__(128, 7)
     kern_gemv_bf16_b4(const bf16* __restrict__ x, const bf16* __restrict__ w,
@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(128, 6)
 }
 
 // As kern_gemv_bf16_b4 (the same bits: `_s4`'s), with 4 units of 4 pieces per lane in flight
-// (deep bands above). Grid [any, 1, 1] (gen_qwen3 sizes it to one resident wave: at least 4 blocks
+// (deep bands above). Grid [any, 1, 1] (kern_qwen3 sizes it to one resident wave: at least 4 blocks
 // per SM fit), block [128, 1, 1].
 extern "C" __global__ void __launch_bounds__(128, 4)
     kern_gemv_bf16_d4(const bf16* __restrict__ x, const bf16* __restrict__ w,
@@ -140,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 
 // As kern_gemv_bf16_s4 (the same bits), with each block's W rows copied into shared memory before
 // the PDL wait (above). Grid [ceil_div(n, nc), 1, 1], block [128, 1, 1], dynamic shared memory
-// nc * 2k bytes (gen_qwen3's gemv_launch).
+// nc * 2k bytes (kern_qwen3's gemv_launch).
 extern "C" __global__ void __launch_bounds__(128)
     kern_gemv_bf16_p4(const bf16* __restrict__ x, const bf16* __restrict__ w,
         bf16* __restrict__ y, int rows, int n, int k, int y_stride) {

@@ -133,7 +133,7 @@ static __device__ __forceinline__ void gemv_load(uint4 (&wv)[UNROLL][NR], const 
 }
 
 // Adds one round of W pieces (cur[u][j]: piece base + u * STEP of W row j) times x into acc. XS:
-// x is in this block's shared memory (gemv_norm.cu's folded norm), read with ordinary loads.
+// x is in this block's shared memory (gemv_norm.cuh's folded norm), read with ordinary loads.
 template <int UNROLL, int NR, int STEP, int R, bool XS = false>
 static __device__ __forceinline__ void gemv_fma_round(float (&acc)[R][NR], const uint4 (&cur)[UNROLL][NR],
                                                       const bf16* __restrict__ x, int base, int k) {
@@ -560,8 +560,8 @@ static __device__ __forceinline__ void gemv_deep(const bf16* __restrict__ x, con
 // l, l + 32, ...; a warp shuffle adds the lanes) and applies the epilogue. So every column's sum
 // has the same order whatever the grid: deterministic. x (rows x k bf16, written by the previous
 // launch) is read with ordinary loads after the wait and stays in L1. A launch whose dynamic
-// shared memory holds no stage writes nothing (tools/gen_qwen3.py sizes both). Grid [any, 1, 1]
-// (one block per SM is the intent), block [512], dynamic shared memory TMA_SMEM bytes (gen_qwen3's
+// shared memory holds no stage writes nothing (kern_qwen3 sizes both). Grid [any, 1, 1]
+// (one block per SM is the intent), block [512], dynamic shared memory TMA_SMEM bytes (kern_qwen3's
 // GEMV_TMA_SMEM), split into the ring and the partials (stage bytes / 16 * rows f32).
 
 // NOTE: GEMV_TMA_CAP / GEMV_TMA_COPY / GEMV_TMA_HINT are fixed for the built cubin; time_gemv.py

@@ -1,6 +1,6 @@
 // GEMVs with the add + RMSNorm before them deferred to their epilogue (`_d`; band and prefetched
 // forms, the latter below `gemv_p4_defer_rows`): RMSNorm's scale r
-// is one number per row, so W (h * r * w_norm) = r * (W (h * w_norm)). Where gemv_norm.cu's
+// is one number per row, so W (h * r * w_norm) = r * (W (h * w_norm)). Where gemv_norm.cuh's
 // prologue must finish the norm (sum of squares, block reduction, x into shared memory) before a
 // block's first FMA, here a block, after its PDL wait, loads its threads' pieces of h =
 // bf16(res_in + y_add) (kern_add_rmsnorm's rounding of the residual) and keeps bf16(h * w_norm) in
@@ -17,7 +17,7 @@
 // are loaded before the current column is summed (two columns in flight per thread).
 // rows 1..2 (a thread keeps its pieces of every row in registers: the decode step has one row);
 // k % 8 == 0 and k <= 1024 * DEFER_MAXP (4096); otherwise the launch writes nothing.
-// Grid [any, 1, 1] (gen_qwen3 sizes it to one resident wave: at least 4 blocks per SM fit), block
+// Grid [any, 1, 1] (kern_qwen3 sizes it to one resident wave: at least 4 blocks per SM fit), block
 // [128, 1, 1], no dynamic shared memory.
 #include "gemv_norm.cuh"
 

@@ -1,4 +1,4 @@
-// Qwen3 at reference precision (`gen_qwen3 --precision f32`): bf16 weights as the checkpoint holds
+// Qwen3 at reference precision (`kern-qwen3 --precision f32`): bf16 weights as the checkpoint holds
 // them, every activation, the residual stream, the logits and the paged KV state in float32, f32
 // accumulation everywhere; the arithmetic of transformers' float32 Qwen3 (docs/qwen3.md "Reference
 // precision (f32)"). A correctness mode: plain kernels, no PDL, no fusion options.

@@ -1,5 +1,5 @@
 // Row arithmetic of the RMSNorm kernels (qwen3_core.cu), shared with the GEMVs that fold an
-// add + RMSNorm into their prologue (gemv_norm.cu): the same roundings, so the same bits.
+// add + RMSNorm into their prologue (gemv_norm.cuh): the same roundings, so the same bits.
 #pragma once
 #include "kern_common.cuh"
 

@@ -1,6 +1,6 @@
 """GPU correctness of kern's bf16 GEMV (tools/kernels-src/gemv.cu) against float64 and float32 torch
 references, at the Qwen3-4B decode shapes and at odd ones (a column tail, rows 1..4, a band of a
-wider output). Every built variant of the GEMV_* macros that tools/tests/helpers/time_gemv.py
+wider output). Every built variant of the GEMV_* macros that tools/lab/time_gemv.py
 compares is checked too, so whichever one the docs pin is covered."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Gemv(h.Kernels):
         src.mkdir(parents=True)
         for header in h.KERNELS_SRC.glob("*.cuh"):
             shutil.copy(header, src / header.name)
-        text = (h.KERNELS_SRC / "gemv.cu").read_text()
+        text = (h.KERNELS_SRC / "gemv.cu").read_text()  # the entries; gemv.cuh holds the GEMV_* defaults
         if variant is None:
             variant = (
                 _macro("GEMV_WARPS"),
@@ -83,7 +83,7 @@ class Gemv(h.Kernels):
         entry: str | None = None,
         n: int | None = None,
     ) -> None:
-        """`entry` (a key of gen_qwen3.GEMV_ENTRIES) overrides the macro-built pair; `n` the
+        """`entry` (a key of kern_qwen3.GEMV_ENTRIES) overrides the macro-built pair; `n` the
         output width (the silu entry's is half of W's rows)."""
         rows, k = x.shape
         n = w.shape[0] if n is None else n
@@ -111,7 +111,7 @@ class Gemv(h.Kernels):
 
 
 def _macro(name: str) -> int:
-    for line in (h.KERNELS_SRC / "gemv.cu").read_text().splitlines():
+    for line in (h.KERNELS_SRC / "gemv.cuh").read_text().splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == "#define" and parts[1] == name:
             return int(parts[2])
@@ -259,8 +259,8 @@ def test_gemv_variants(variants: list[Gemv]) -> None:
 _MODULE_OF = gen.entry_modules(h.KERNELS_SRC)
 PLAIN_ENTRIES = [e for e in gen.GEMV_ENTRIES
                  if e != "kern_gemv_bf16" and e not in gen.SILU_ENTRIES and _MODULE_OF[e] == "gemv"]
-"""The plain entries of gemv.cu (the one module `Gemv` builds); gemv_ring.cu's `_r4` has its bit
-test in test_kernels_gpu.py (`test_ring_gemv_is_s4_bit_for_bit_on_any_grid_and_ring`)."""
+"""The plain entries of gemv.cu (the one module `Gemv` builds); the lab's ring entries have their
+bit test in tools/lab/tests/test_lab_kernels_gpu.py."""
 
 
 @pytest.mark.parametrize("entry", PLAIN_ENTRIES)
@@ -269,7 +269,7 @@ test in test_kernels_gpu.py (`test_ring_gemv_is_s4_bit_for_bit_on_any_grid_and_r
     [*SHAPES_4B[:4], (4, 1001, 2568), (3, 7, 2048), (2, 6145, 4096), (1, 37, 40)],
 )
 def test_gemv_entries(k: Gemv, entry: str, rows: int, n: int, kk: int) -> None:
-    """The per-shape entries gen_qwen3 picks (GEMV_PICK), at the 4B shapes and at odd ones."""
+    """The per-shape entries kern_qwen3 picks (GEMV_PICK), at the 4B shapes and at odd ones."""
     _run(k, rows, n, kk, seed=n + kk + rows, stride_pad=5, entry=entry)
 
 

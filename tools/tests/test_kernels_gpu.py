@@ -14,10 +14,27 @@ cupy = gpu_import("cupy")
 transformers = gpu_import("transformers")
 
 from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
+from helpers.kernel_cases import (  # noqa: E402
+    BF16,
+    DECODE_CLUSTER,
+    DEV,
+    EPS,
+    LAYER,
+    LAYERS,
+    PAGE,
+    RING_SMEM_MAX,
+    bits,
+    block_table,
+    norm_gemv_case,
+    on_cluster_path,
+    qkv_case,
+    randn,
+    rope_tables,
+    rotary_embedding,
+    run_folded,
+    used_splits,
+)
 
-BF16 = torch.bfloat16
-DEV = "cuda"
-EPS = 1e-6
 # NOTE: the kernel's rsqrt(mean + eps) may differ from torch's by a few f32 ulps (summation order,
 # rsqrtf); outputs must lie between the references computed at rsqrt * (1 -+ DELTA).
 DELTA = 2e-6
@@ -36,14 +53,6 @@ def gen() -> torch.Generator:
     g = torch.Generator(device=DEV)
     g.manual_seed(1234)
     return g
-
-
-def randn(*shape: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=gen, device=DEV) * scale).to(BF16)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16)
 
 
 def assert_between(out: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, mid: torch.Tensor) -> None:
@@ -65,8 +74,6 @@ def qwen3_norm(weight: torch.Tensor) -> torch.nn.Module:
 
 
 # ------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("rows", [1, 7, 709])
 def test_embed_is_a_gather(k: object, gen: torch.Generator, rows: int) -> None:
     vocab, hidden = 4096, SHAPE_4B["hidden"]
@@ -110,33 +117,6 @@ def test_add_rmsnorm_updates_residual_then_norms(k: object, gen: torch.Generator
     assert_between(out, h.rms_ref(summed, w, EPS, 1 - DELTA), h.rms_ref(summed, w, EPS, 1 + DELTA), mid)
 
 
-def _rotary(maxpos: int, head_dim: int, theta: float) -> torch.nn.Module:
-    """transformers' Qwen3RotaryEmbedding, built on CPU (inv_freq from torch's CPU f32 pow)."""
-    from transformers import Qwen3Config
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
-
-    cfg = Qwen3Config(head_dim=head_dim, max_position_embeddings=maxpos, hidden_size=head_dim * 4,
-                      num_attention_heads=4, num_key_value_heads=2)
-    params = getattr(cfg, "rope_parameters", None)
-    if isinstance(params, dict):  # transformers 5: rope settings live in rope_parameters
-        params["rope_type"] = "default"
-        params["rope_theta"] = theta
-    else:
-        cfg.rope_theta = theta
-    rotary = Qwen3RotaryEmbedding(cfg).to(DEV)
-    expo = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    assert torch.allclose(rotary.inv_freq.cpu(), 1.0 / (theta**expo)), "config theta not applied"
-    return rotary
-
-
-def _rope_tables(maxpos: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [maxpos, D/2] from transformers' Qwen3RotaryEmbedding (built on CPU, run on GPU)."""
-    rotary = _rotary(maxpos, head_dim, theta)
-    x = torch.zeros(1, 1, dtype=BF16, device=DEV)
-    cos, sin = rotary(x, torch.arange(maxpos, device=DEV)[None, :])
-    return cos[0, :, : head_dim // 2].contiguous(), sin[0, :, : head_dim // 2].contiguous()
-
-
 def _inv_freq_f64_pow(head_dim: int, theta: float) -> torch.Tensor:
     """transformers' inv_freq with the power correctly rounded (f64 pow, then f32), on the CPU."""
     expo = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
@@ -169,22 +149,14 @@ def test_rope_table_matches_qwen3_rotary_embedding(
     # transformers takes theta ** x from torch's f32 pow, which is within 1 ulp but not always
     # correctly rounded (theta 1e6, D 128: one of 64 frequencies differs on this CPU, three with
     # CUDA's powf). Every column whose inv_freq agrees must be bit-identical to transformers.
-    theirs = _rotary(maxpos, head_dim, theta).inv_freq.float().cpu()
+    theirs = rotary_embedding(maxpos, head_dim, theta).inv_freq.float().cpu()
     ulps = (theirs.view(torch.int32) - _inv_freq_f64_pow(head_dim, theta).view(torch.int32)).abs()
     assert ulps.max().item() <= 1
     same = (ulps == 0).to(DEV)
     assert same.sum().item() >= half - 4
-    ref_cos, ref_sin = _rope_tables(maxpos, head_dim, theta)
+    ref_cos, ref_sin = rope_tables(maxpos, head_dim, theta)
     assert _count_diff(cos[:, same], ref_cos[:, same]) == 0
     assert _count_diff(sin[:, same], ref_sin[:, same]) == 0
-
-
-def _qkv_case(gen: torch.Generator, rows: int, nq: int, nkv: int, d: int, maxpos: int):
-    qkv = randn(rows, (nq + 2 * nkv) * d, gen=gen, scale=2.0)
-    wq = randn(d, gen=gen)
-    wk = randn(d, gen=gen)
-    pos = torch.randint(0, maxpos, (rows,), generator=gen, device=DEV, dtype=torch.int64)
-    return qkv, wq, wk, pos
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -201,8 +173,8 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torc
 @pytest.mark.parametrize("rows", [1, 37])
 def test_rope_matches_apply_rotary_pos_emb(k: object, gen: torch.Generator, rows: int) -> None:
     nq, nkv, d, maxpos = 32, 8, 128, 4096
-    qkv, _wq, _wk, pos = _qkv_case(gen, rows, nq, nkv, d, maxpos)
-    cos, sin = _rope_tables(maxpos, d, 1e6)
+    qkv, _wq, _wk, pos = qkv_case(gen, rows, nq, nkv, d, maxpos)
+    cos, sin = rope_tables(maxpos, d, 1e6)
     before = qkv.clone()
     k.launch("kern_rope", (rows, nq + nkv), (d // 2,), h.ptr(qkv), h.ptr(pos), h.ptr(cos), h.ptr(sin),
              h.i32(nq), h.i32(nkv), h.i32(d))
@@ -224,7 +196,7 @@ def _normed_heads(heads: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, nq: i
 @pytest.mark.parametrize("rows", [1, 37])
 def test_head_rmsnorm_matches_q_norm_k_norm(k: object, gen: torch.Generator, rows: int) -> None:
     nq, nkv, d = 32, 8, 128
-    qkv, wq, wk, _pos = _qkv_case(gen, rows, nq, nkv, d, 16)
+    qkv, wq, wk, _pos = qkv_case(gen, rows, nq, nkv, d, 16)
     heads = qkv.view(rows, nq + 2 * nkv, d).clone()
     k.launch("kern_head_rmsnorm", (rows, nq + nkv), (d // 2,), h.ptr(qkv), h.ptr(wq), h.ptr(wk),
              h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS))
@@ -243,8 +215,8 @@ def test_qk_norm_rope_matches_transformers(
     k: object, gen: torch.Generator, rows: int, nq: int, nkv: int, d: int
 ) -> None:
     maxpos = 4096
-    qkv, wq, wk, pos = _qkv_case(gen, rows, nq, nkv, d, maxpos)
-    cos, sin = _rope_tables(maxpos, d, 1e6)
+    qkv, wq, wk, pos = qkv_case(gen, rows, nq, nkv, d, maxpos)
+    cos, sin = rope_tables(maxpos, d, 1e6)
     heads = qkv.view(rows, nq + 2 * nkv, d).clone()
     k.launch("kern_qk_norm_rope", (rows, nq + nkv), (d // 2,), h.ptr(qkv), h.ptr(wq), h.ptr(wk),
              h.ptr(pos), h.ptr(cos), h.ptr(sin), h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS))
@@ -286,23 +258,13 @@ def test_silu_mul_matches_qwen3_mlp_activation(k: object, gen: torch.Generator, 
 
 # ------------------------------------------------------------------------------------------------
 # Paged KV.
-
-PAGE = 16
-LAYERS = 3
-LAYER = 1
-
-
-def _block_table(pages: int, gen: torch.Generator) -> torch.Tensor:
-    return torch.randperm(pages, generator=gen, device=DEV).to(torch.int32)
-
-
 @pytest.mark.parametrize("rows", [1, 40])
 def test_kv_write_lands_in_slot_pages_only(k: object, gen: torch.Generator, rows: int) -> None:
     nq, nkv, d = 32, 8, 128
     pages = 8
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
     before = kv.view().clone()
-    table = _block_table(pages, gen)
+    table = block_table(pages, gen)
     start = 9
     positions = torch.arange(start, start + rows, device=DEV)
     slots = (table.long()[positions // PAGE] * PAGE + positions % PAGE).contiguous()
@@ -321,7 +283,7 @@ def test_kv_write_lands_in_slot_pages_only(k: object, gen: torch.Generator, rows
 def _decode_case(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int):
     pages = math.ceil(seq_len / PAGE) + 3
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = _block_table(pages, gen)
+    table = block_table(pages, gen)
     qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
     seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
     part_o = torch.full((splits, nq, d), float("nan"), device=DEV)
@@ -346,6 +308,8 @@ def _decode_case(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq
 # at S 16 / 32) and contexts past 8 pages per split (4096, 8192).
 @pytest.mark.parametrize("seq_len", [1, 15, 16, 17, 31, 32, 33, 112, 127, 128, 129, 160, 161, 255, 256, 257,
                                      300, 512, 513, 1000, 1024, 1025, 2053, 4096, 8192])
+
+
 @pytest.mark.parametrize("splits", [16, 32])
 def test_decode_attention_4b_heads(k: object, gen: torch.Generator, seq_len: int, splits: int) -> None:
     out, ref = _decode_case(k, gen, 32, 8, 128, seq_len, splits)
@@ -374,10 +338,10 @@ def test_qk_norm_rope_kv_is_qk_norm_rope_then_kv_write(
 ) -> None:
     """The fused kernel leaves qkv and the pages bit-identical to the two launches it replaces."""
     maxpos, pages = 4096, 8
-    qkv, wq, wk, pos = _qkv_case(gen, rows, nq, nkv, d, maxpos)
-    cos, sin = _rope_tables(maxpos, d, 1e6)
+    qkv, wq, wk, pos = qkv_case(gen, rows, nq, nkv, d, maxpos)
+    cos, sin = rope_tables(maxpos, d, 1e6)
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = _block_table(pages, gen)
+    table = block_table(pages, gen)
     positions = torch.arange(9, 9 + rows, device=DEV)
     slots = (table.long()[positions // PAGE] * PAGE + positions % PAGE).contiguous()
     qkv2, kv2 = qkv.clone(), h.Paged(kv.state.clone(), LAYERS, pages, PAGE, nkv, d)
@@ -393,26 +357,6 @@ def test_qk_norm_rope_kv_is_qk_norm_rope_then_kv_write(
     assert torch.equal(bits(kv2.state), bits(kv.state))
 
 
-# kern_attn_decode runs in clusters of 8 blocks along grid y (attention.cu), so its split counts are
-# multiples of 8. Up to 8 * 4 pages (512 tokens) it takes the sequence in 8 splits and combines in
-# the first cluster's shared memory when a kv head's rows fit (group * head_dim <= 2048); else it
-# uses the `splits` plan and combines through part_o / counters.
-DECODE_CLUSTER = 8
-DECODE_CLUSTER_PAGES = 4
-DECODE_CLUSTER_FLOATS = 2048
-
-
-def _used_splits(seq_len: int, splits: int) -> int:
-    pages = math.ceil(seq_len / PAGE)
-    pps = max(math.ceil(pages / splits), 1)
-    return math.ceil(pages / pps)
-
-
-def _clustered(seq_len: int, group: int, d: int) -> bool:
-    pages = math.ceil(seq_len / PAGE)
-    return pages <= DECODE_CLUSTER * DECODE_CLUSTER_PAGES and group * d <= DECODE_CLUSTER_FLOATS
-
-
 @pytest.mark.parametrize(("nq", "nkv", "d", "seq_len", "splits"), [
     (32, 8, 128, 1, 32), (32, 8, 128, 15, 32), (32, 8, 128, 16, 32), (32, 8, 128, 17, 32),
     (32, 8, 128, 112, 32), (32, 8, 128, 127, 32), (32, 8, 128, 128, 32), (32, 8, 128, 129, 32),
@@ -425,6 +369,8 @@ def _clustered(seq_len: int, group: int, d: int) -> bool:
     (64, 4, 128, 100, 32), (64, 4, 128, 100, 8), (64, 2, 128, 100, 32), (64, 2, 128, 531, 32),
     (8, 1, 64, 531, 32), (8, 1, 64, 128, 32), (32, 1, 64, 50, 8), (24, 8, 64, 100, 32),
     (24, 8, 64, 1, 8)])
+
+
 def test_one_launch_decode_attention_is_the_two_launch_pair(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
 ) -> None:
@@ -439,12 +385,12 @@ def test_one_launch_decode_attention_is_the_two_launch_pair(
     counters."""
     pages = math.ceil(seq_len / PAGE) + 3
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = _block_table(pages, gen)
+    table = block_table(pages, gen)
     qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
     seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
     scale = d**-0.5
     layer = h.ptr(kv.state, kv.layer_offset(LAYER))
-    clustered = _clustered(seq_len, nq // nkv, d)
+    clustered = on_cluster_path(seq_len, nq // nkv, d)
     plan = DECODE_CLUSTER if clustered else splits  # the pair's split count that kern_attn_decode equals
     shape = (h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride))
     geometry = (*shape, h.i32(splits), h.f32(scale))
@@ -471,122 +417,11 @@ def test_one_launch_decode_attention_is_the_two_launch_pair(
         if clustered:
             assert po.isnan().all() and pl.isnan().all(), "the cluster path must not write global partials"
         else:
-            used = _used_splits(seq_len, splits)
+            used = used_splits(seq_len, splits)
             assert torch.equal(pl[:used], part_lse[:used]), "the global path writes the pair's partials"
     keys, vals = kv.gather(LAYER, table, seq_len)
     ref = h.attention_ref(qkv[:, : nq * d].view(1, nq, d), keys, vals, torch.tensor([seq_len - 1], device=DEV), scale)
     torch.testing.assert_close(one.float(), ref, atol=4e-3, rtol=1e-2)
-
-
-@pytest.mark.parametrize(("nq", "nkv", "d", "seq_len", "splits"), [
-    (32, 8, 128, 1, 32), (32, 8, 128, 17, 32), (32, 8, 128, 128, 32), (32, 8, 128, 129, 32),
-    (32, 8, 128, 395, 32), (32, 8, 128, 513, 32), (32, 8, 128, 8192, 32), (32, 8, 128, 129, 8),
-    (40, 8, 128, 128, 32), (64, 2, 128, 100, 32), (8, 1, 64, 531, 32), (24, 8, 64, 100, 32), (24, 8, 64, 1, 8),
-    (8, 8, 128, 128, 32), (16, 8, 64, 100, 32), (16, 1, 128, 200, 32), (32, 1, 64, 50, 8), (40, 8, 64, 100, 32)])
-def test_decode_attention_with_q_k_norm_is_qk_norm_rope_kv_then_attention(
-    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
-) -> None:
-    """kern_attn_decode_qkn (attention_qkn.cu) = kern_qk_norm_rope_kv then kern_attn_decode, bit for
-    bit: the attention output and every page (the step's k / v row written by the split that holds
-    it), both combine paths, groups of 1, 2, 3, 4, 5, 8, 16 and 32 query heads per kv head, head_dim
-    64 and 128; qkv keeps the GEMV's raw values and the counters are zero again. Each launch gets its
-    own NaN scratch, so the fused one cannot pass on the pair's partials."""
-    maxpos = 8192 + 16
-    pages = math.ceil(seq_len / PAGE) + 3
-    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = _block_table(pages, gen)
-    qkv, wq, wk, _pos = _qkv_case(gen, 1, nq, nkv, d, maxpos)
-    cos, sin = _rope_tables(maxpos, d, 1e6)
-    pos = torch.tensor([seq_len - 1], dtype=torch.int64, device=DEV)
-    slots = table.long()[pos // PAGE] * PAGE + pos % PAGE
-    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
-    scale = d**-0.5
-    counters = torch.zeros(nkv, dtype=torch.int32, device=DEV)
-
-    def scratch() -> list[torch.Tensor]:
-        return [torch.full((splits, nq, d), float("nan"), device=DEV), torch.full((splits, nq), float("nan"), device=DEV)]
-
-    geometry = (h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride), h.i32(splits), h.f32(scale))
-    # the pair
-    qkv_a, kv_a = qkv.clone(), h.Paged(kv.state.clone(), LAYERS, pages, PAGE, nkv, d)
-    layer_a = h.ptr(kv_a.state, kv_a.layer_offset(LAYER))
-    k.launch("kern_qk_norm_rope_kv", (1, nq + 2 * nkv), (d // 2,), h.ptr(qkv_a), h.ptr(wq), h.ptr(wk),
-             h.ptr(pos), h.ptr(cos), h.ptr(sin), layer_a, h.ptr(slots), h.i32(nq), h.i32(nkv), h.i32(d),
-             h.f32(EPS), h.i32(PAGE), h.i64(kv_a.page_stride))
-    pair = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
-    sa = scratch()
-    k.launch("kern_attn_decode", (nkv, splits), (128,), h.ptr(qkv_a), layer_a, h.ptr(table), h.ptr(seq),
-             h.ptr(sa[0]), h.ptr(sa[1]), h.ptr(counters), h.ptr(pair), *geometry)
-    torch.cuda.synchronize()
-    # the fused launch
-    qkv_b, kv_b = qkv.clone(), h.Paged(kv.state.clone(), LAYERS, pages, PAGE, nkv, d)
-    one = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
-    sb = scratch()
-    k.launch("kern_attn_decode_qkn", (nkv, splits), (128,), h.ptr(qkv_b), h.ptr(wq), h.ptr(wk), h.ptr(pos),
-             h.ptr(cos), h.ptr(sin), h.ptr(kv_b.state, kv_b.layer_offset(LAYER)), h.ptr(slots), h.ptr(table),
-             h.ptr(seq), h.ptr(sb[0]), h.ptr(sb[1]), h.ptr(counters), h.ptr(one), *geometry, h.f32(EPS))
-    torch.cuda.synchronize()
-    assert torch.equal(bits(one), bits(pair))
-    assert torch.equal(bits(kv_b.state), bits(kv_a.state)), "the step's k / v row differs"
-    assert torch.equal(bits(qkv_b), bits(qkv)), "qkv must keep the GEMV's values"
-    assert not counters.any()
-
-
-@pytest.mark.parametrize(("nq", "nkv", "d", "seq_len", "splits"), [
-    (32, 8, 128, 128, 32), (32, 8, 128, 395, 32), (32, 8, 128, 512, 128), (32, 8, 128, 513, 32),
-    (32, 8, 128, 600, 256), (32, 8, 128, 1025, 64), (32, 8, 128, 2053, 128), (32, 8, 128, 4096, 128),
-    (32, 8, 128, 8192, 32), (32, 8, 128, 8192, 128), (32, 8, 128, 8192, 256), (8, 1, 64, 531, 32),
-    (24, 8, 64, 3000, 64), (40, 8, 128, 2000, 128), (16, 1, 128, 8192, 256), (64, 2, 128, 531, 32),
-    (64, 2, 128, 4000, 128)])
-def test_wide_decode_attention_combines_per_cluster_then_over_the_clusters(
-    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
-) -> None:
-    """kern_attn_decode_wide (attention_wide.cu): on the cluster path (up to 512 tokens) and on the
-    global path of groups wider than a cluster block's rows (group * head_dim > 2048) it is
-    kern_attn_decode bit for bit; on the two-level path (longer contexts) it writes one partial per
-    cluster of 8 splits (part_lse rows [0, ceil(used / 8)) and no others), its output agrees with
-    kern_attn_decode's to bf16 rounding (another f32 order over the same partial rows) and with the
-    reference attention, and three launches in a row leave the counters at zero. Edges: the last
-    cluster with 1 used split (2053 tokens at 128 splits: 65 used), 6 (600 at 256), groups 1, 3, 4,
-    5, 16 and 32, head_dim 64 and 128. kern_attn_decode_late / kern_attn_decode_wide_late give their
-    plain entries' bits."""
-    pages = math.ceil(seq_len / PAGE) + 3
-    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = _block_table(pages, gen)
-    qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
-    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
-    scale = d**-0.5
-    layer = h.ptr(kv.state, kv.layer_offset(LAYER))
-    geometry = (h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride), h.i32(splits), h.f32(scale))
-    counters = torch.zeros(nkv, dtype=torch.int32, device=DEV)
-
-    def launch(entry: str) -> tuple[torch.Tensor, torch.Tensor]:
-        out = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
-        po, pl = torch.full((splits, nq, d), float("nan"), device=DEV), torch.full((splits, nq), float("nan"), device=DEV)
-        k.launch(entry, (nkv, splits), (128,), h.ptr(qkv), layer, h.ptr(table), h.ptr(seq), h.ptr(po), h.ptr(pl),
-                 h.ptr(counters), h.ptr(out), *geometry)
-        torch.cuda.synchronize()
-        assert not counters.any(), f"{entry} must set its counters back to 0"
-        return out, pl
-
-    flat, _ = launch("kern_attn_decode")
-    clustered = _clustered(seq_len, nq // nkv, d)
-    two_level = not clustered and (nq // nkv) * d <= DECODE_CLUSTER_FLOATS
-    for _ in range(3):
-        wide, pl = launch("kern_attn_decode_wide")
-        if not two_level:
-            assert torch.equal(bits(wide), bits(flat))
-            continue
-        clusters = math.ceil(_used_splits(seq_len, splits) / DECODE_CLUSTER)
-        assert not pl[:clusters].isnan().any() and pl[clusters:].isnan().all(), "one partial per used cluster"
-        torch.testing.assert_close(wide.float(), flat.float(), atol=1e-3, rtol=8e-3)
-    keys, vals = kv.gather(LAYER, table, seq_len)
-    ref = h.attention_ref(qkv[:, : nq * d].view(1, nq, d), keys, vals, torch.tensor([seq_len - 1], device=DEV), scale)
-    torch.testing.assert_close(wide.float(), ref, atol=4e-3, rtol=1e-2)
-    # The `_late` entries (the PDL trigger after the fold) compute exactly what their plain entries do.
-    for _ in range(2):
-        assert torch.equal(bits(launch("kern_attn_decode_late")[0]), bits(flat))
-        assert torch.equal(bits(launch("kern_attn_decode_wide_late")[0]), bits(wide))
 
 
 def _prefill_case(
@@ -595,7 +430,7 @@ def _prefill_case(
     seq_len = prefix + rows
     pages = math.ceil(seq_len / PAGE) + 2
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = _block_table(pages, gen)
+    table = block_table(pages, gen)
     qkv = randn(rows, (nq + 2 * nkv) * d, gen=gen)
     positions = torch.arange(prefix, seq_len, device=DEV)
     slots = (table.long()[positions // PAGE] * PAGE + positions % PAGE).contiguous()
@@ -646,8 +481,6 @@ def test_prefill_attention_other_gqa_shapes(k: object, gen: torch.Generator, nq:
 
 # ------------------------------------------------------------------------------------------------
 # Sampling and the device-side feed.
-
-
 def _argmax(k: object, logits: torch.Tensor) -> int:
     pval = torch.empty(64, device=DEV)
     pidx = torch.empty(64, dtype=torch.int32, device=DEV)
@@ -695,7 +528,7 @@ def test_argmax_all_equal_and_infinite(k: object) -> None:
 
 @pytest.mark.parametrize("pos", [0, 14, 15, 16, 1000])
 def test_decode_advance_feeds_next_step(k: object, gen: torch.Generator, pos: int) -> None:
-    table = _block_table(128, gen)
+    table = block_table(128, gen)
     nxt = torch.tensor([123456], dtype=torch.int64, device=DEV)
     ids = torch.tensor([7], dtype=torch.int64, device=DEV)
     p = torch.tensor([pos], dtype=torch.int64, device=DEV)
@@ -731,7 +564,7 @@ def test_one_launch_decode_attention_refuses_splits_off_the_cluster(k: object, g
     nq, nkv, d, seq_len = 32, 8, 128, 128
     pages = math.ceil(seq_len / PAGE)
     kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = _block_table(pages, gen)
+    table = block_table(pages, gen)
     qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
     seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
     po = torch.full((splits, nq, d), 3.0, device=DEV)
@@ -746,145 +579,6 @@ def test_one_launch_decode_attention_refuses_splits_off_the_cluster(k: object, g
     assert (out.float() == 5.0).all() and (po == 3.0).all() and (pl == 3.0).all() and not counters.any()
 
 
-def _norm_gemv_case(k: object, gen: torch.Generator, band: str, rows: int, n: int,
-                    kk: int) -> tuple[torch.Tensor, ...]:
-    """res, y_add, w_norm, W ([2n, kk] for a SiLU band) and what kern_add_rmsnorm then `band` give:
-    the new residual and the GEMV's output, the bits every folded-norm GEMV must give."""
-    res = randn(rows, kk, gen=gen, scale=2.0)
-    y_add = randn(rows, kk, gen=gen)
-    w_norm = randn(kk, gen=gen)
-    w = randn(2 * n if band.endswith("_silu") else n, kk, gen=gen, scale=0.05)
-    res_a, x = res.clone(), torch.empty(rows, kk, dtype=BF16, device=DEV)
-    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
-             h.f32(EPS))
-    want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(band, (min(n, 792),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
-             h.i32(n))
-    torch.cuda.synchronize()
-    return res, y_add, w_norm, w, res_a, want
-
-
-def _run_folded(k: object, entry: str, case: tuple[torch.Tensor, ...], n: int, kk: int, grid: int,
-                smem: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A folded-norm GEMV launch on `_norm_gemv_case`'s inputs: (its y, its res_out), both NaN where it
-    wrote nothing; res_in must come back untouched."""
-    res, y_add, w_norm, w, _res_a, _want = case
-    rows = res.shape[0]
-    res_in = res.clone()
-    res_out = torch.full_like(res, float("nan"))
-    got = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(entry, (grid,), (128,), h.ptr(res_in), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out), h.ptr(w), h.ptr(got),
-             h.i32(rows), h.i32(n), h.i32(kk), h.i32(n), h.f32(EPS), shared_mem=smem)
-    torch.cuda.synchronize()
-    assert torch.equal(bits(res_in), bits(res)), "res_in must stay as it was"
-    return got, res_out
-
-
-def _assert_folded(k: object, entry: str, case: tuple[torch.Tensor, ...], n: int, kk: int, grid: int, smem: int,
-                   what: str) -> None:
-    """The launch gives `_norm_gemv_case`'s bits: the GEMV's output and the new residual."""
-    got, res_out = _run_folded(k, entry, case, n, kk, grid, smem)
-    assert torch.equal(bits(got), bits(case[5])), what
-    assert torch.equal(bits(res_out), bits(case[4])), f"{what}: the new residual"
-
-
-@pytest.mark.parametrize(("entry", "band", "silu"), [("kern_gemv_bf16_b4_n", "kern_gemv_bf16_b4", False),
-                                                     ("kern_gemv_bf16_b4_silu_n", "kern_gemv_bf16_b4_silu", True)])
-@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
-                                               (4, 33, 264), (3, 5, 2568)])
-def test_norm_folded_gemv_is_add_rmsnorm_then_the_band_gemv(
-    k: object, gen: torch.Generator, entry: str, band: str, silu: bool, rows: int, n: int, kk: int
-) -> None:
-    """gemv_norm.cu: kern_add_rmsnorm (256 threads) then the band GEMV of its output, bit for bit, on
-    several grids (the band's one wave, 1 block, 7, a block per column, more blocks than columns):
-    the GEMV's output, the new residual in res_out (res_in untouched); with less dynamic shared
-    memory than h and x need, it writes nothing."""
-    case = _norm_gemv_case(k, gen, band, rows, n, kk)
-    smem = 4 * rows * kk
-    for grid in (min(n, 924), 1, 7, n, n + 5):
-        _assert_folded(k, entry, case, n, kk, grid, smem, f"grid {grid}")
-    got, res_out = _run_folded(k, entry, case, n, kk, 7, smem - 16)
-    assert got.isnan().all() and res_out.isnan().all(), "no room for h and x: nothing written"
-
-
-@pytest.mark.parametrize("entry", ["kern_gemv_bf16_s4_an", "kern_gemv_bf16_p4_an"])
-@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 2560, 4096), (1, 2560, 9728), (2, 77 * 8, 264), (4, 40, 2568),
-                                               (3, 8, 40)])
-def test_tail_gemv_is_the_gemv_then_add_rmsnorm(
-    k: object, gen: torch.Generator, entry: str, rows: int, n: int, kk: int
-) -> None:
-    """gemv_tail.cu: the GEMV (`_s4` / `_p4`, bit for bit), then kern_add_rmsnorm in its last block:
-    x_out and the new residual in res_out bit for bit (res_in untouched), on several grids (a
-    `_p4` block holding 1, 3 or every column), three launches in a row each leaving the block
-    counter (both levels) at zero; without room for h and x, or with y_stride != n, nothing is written."""
-    base = entry.removesuffix("_an")
-    x = randn(rows, kk, gen=gen)
-    w = randn(n, kk, gen=gen, scale=0.05)
-    res = randn(rows, n, gen=gen, scale=2.0)
-    w_norm = randn(n, gen=gen)
-    y_want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch("kern_gemv_bf16_s4", (n,), (128,), h.ptr(x), h.ptr(w), h.ptr(y_want), h.i32(rows), h.i32(n), h.i32(kk),
-             h.i32(n))
-    res_want, x_want = res.clone(), torch.empty(rows, n, dtype=BF16, device=DEV)
-    k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_want), h.ptr(y_want), h.ptr(w_norm), h.ptr(x_want),
-             h.i32(n), h.f32(EPS))
-    torch.cuda.synchronize()
-    norm = 4 * rows * n
-    if base == "kern_gemv_bf16_s4":
-        launches = [(n, norm), (n, norm + 4096)]
-    else:
-        column = 2 * kk
-        launches = [(-(-n // max(1, max(norm, c * column) // column)), max(norm, c * column)) for c in (1, 3, n)
-                    if max(norm, c * column) <= 200 * 1024]
-    counter = torch.zeros(1 + 32 * -(-n // 64), dtype=torch.int32, device=DEV)  # gen_qwen3.tail_counters(grid <= n)
-
-    def run(grid: int, smem: int, y_stride: int = n) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        res_in = res.clone()
-        y = torch.full((rows, y_stride), float("nan"), dtype=BF16, device=DEV)
-        res_out = torch.full_like(res, float("nan"))
-        x_out = torch.full_like(res, float("nan"))
-        k.launch(entry, (grid,), (128,), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(kk),
-                 h.i32(y_stride), h.ptr(res_in), h.ptr(w_norm), h.ptr(res_out), h.ptr(x_out), h.ptr(counter),
-                 h.f32(EPS), shared_mem=smem)
-        torch.cuda.synchronize()
-        assert torch.equal(bits(res_in), bits(res)), "res_in must stay as it was"
-        return y, res_out, x_out, counter.clone()
-
-    for grid, smem in launches:
-        for _ in range(3):
-            y, res_out, x_out, count = run(grid, smem)
-            assert not count.any(), f"grid {grid}: the counter must be back at 0"
-            assert torch.equal(bits(y), bits(y_want)), f"grid {grid}, {smem} bytes: y"
-            assert torch.equal(bits(res_out), bits(res_want)), f"grid {grid}, {smem} bytes: the new residual"
-            assert torch.equal(bits(x_out), bits(x_want)), f"grid {grid}, {smem} bytes: x"
-    for smem, y_stride in ((norm - 16, n), (launches[0][1], n + 8)):
-        y, res_out, x_out, count = run(launches[0][0], max(smem, 2 * kk) if y_stride != n else smem, y_stride)
-        assert y.isnan().all() and res_out.isnan().all() and x_out.isnan().all() and not count.any()
-
-
-@pytest.mark.parametrize("silu", [False, True])
-@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
-                                               (4, 33, 264), (3, 5, 2568)])
-def test_prefetched_norm_gemv_is_add_rmsnorm_then_the_gemv(
-    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
-) -> None:
-    """gemv_pnorm.cu (`_p4_n`, `_p4_silu_n`): kern_add_rmsnorm then `_b4` / `_b4_silu` of its output,
-    bit for bit, with 1, 3 and 6 columns per block (a grid with blocks past the columns): the GEMV's
-    output and the new residual in res_out (res_in untouched); with room for h and x but not for
-    one column besides, nothing is written."""
-    entry, band = ("kern_gemv_bf16_p4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_p4_n",
-                                                                                        "kern_gemv_bf16_b4")
-    case = _norm_gemv_case(k, gen, band, rows, n, kk)
-    norm = 4 * rows * kk
-    column = (2 if silu else 1) * 2 * kk
-    for cols in (1, 3, 6):
-        smem = min(cols, n) * column + norm
-        if smem <= RING_SMEM_MAX:
-            _assert_folded(k, entry, case, n, kk, -(-n // min(cols, n)) + 2, smem, f"{cols} columns per block")
-    got, res_out = _run_folded(k, entry, case, n, kk, 7, norm + column - 16)
-    assert got.isnan().all() and res_out.isnan().all(), "no room for a column: nothing written"
-
-
 def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.double() - ref).norm() / ref.norm())
 
@@ -892,6 +586,8 @@ def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("silu", [False, True])
 @pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (2, 77, 4096), (1, 300, 256),
                                                (2, 5, 2568), (1, 33, 40)])
+
+
 def test_deferred_norm_gemv_is_the_norm_then_the_gemv_to_bf16_rounding(
     k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
 ) -> None:
@@ -904,7 +600,7 @@ def test_deferred_norm_gemv_is_the_norm_then_the_gemv_to_bf16_rounding(
     25 % and one bf16 rounding of slack). 3 rows or k above 4096 write nothing."""
     band_d, p4_d, band = (("kern_gemv_bf16_b4_silu_d", "kern_gemv_bf16_p4_silu_d", "kern_gemv_bf16_b4_silu") if silu
                           else ("kern_gemv_bf16_b4_d", "kern_gemv_bf16_p4_d", "kern_gemv_bf16_b4"))
-    case = _norm_gemv_case(k, gen, band, rows, n, kk)
+    case = norm_gemv_case(k, gen, band, rows, n, kk)
     _res, _y_add, w_norm, w, res_a, want = case
     h64 = res_a.double()
     x64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + EPS) * w_norm.double()
@@ -916,7 +612,7 @@ def test_deferred_norm_gemv_is_the_norm_then_the_gemv_to_bf16_rounding(
     launches += [(p4_d, -(-n // cols) + 2, cols * column) for cols in {1, 3, n} if cols * column <= RING_SMEM_MAX]
     outs = []
     for entry, grid, smem in launches:
-        got, res_out = _run_folded(k, entry, case, n, kk, grid, smem)
+        got, res_out = run_folded(k, entry, case, n, kk, grid, smem)
         assert torch.equal(bits(res_out), bits(res_a)), f"{entry}, grid {grid}: the new residual"
         assert not got.isnan().any(), f"{entry}, grid {grid}: every column written"
         outs.append(got)
@@ -925,88 +621,7 @@ def test_deferred_norm_gemv_is_the_norm_then_the_gemv_to_bf16_rounding(
     # the output's own rounding; a wrong r or a missing piece would be off by far more.
     assert _rel_l2(outs[0], ref) <= 1.25 * _rel_l2(want, ref) + 2e-3, (_rel_l2(outs[0], ref), _rel_l2(want, ref))
     for bad_rows, bad_k in ((1, 4104), (3, 256)):  # k beyond the registers' 4096; 3 rows
-        bad = _norm_gemv_case(k, gen, band, bad_rows, 8, bad_k)
+        bad = norm_gemv_case(k, gen, band, bad_rows, 8, bad_k)
         for entry, smem in ((band_d, 0), (p4_d, (2 if silu else 1) * 2 * bad_k)):
-            got, res_out = _run_folded(k, entry, bad, 8, bad_k, 3, smem)
+            got, res_out = run_folded(k, entry, bad, 8, bad_k, 3, smem)
             assert got.isnan().all() and res_out.isnan().all(), f"{entry}, rows {bad_rows}, k {bad_k}: nothing written"
-
-
-RING_GRIDS = ((264, 12), (1, 1), (1, 3), (7, 2), (7, 32), (-1, 1), (-5, 4))
-"""(grid, stages) of the ring GEMV tests: the generator's wave, one block whose ring wraps every
-column or every 3, 7 blocks, all 32 mbarriers, a block per column (-1: n), more blocks than columns
-(-5: n + 5)."""
-
-
-RING_SMEM_MAX = 220 * 1024
-"""Dynamic shared memory a ring test block takes at most (sm_90: 227 KiB less the static part)."""
-
-
-def _ring_launch(grid: int, stages: int, n: int, column: int, norm: int = 0) -> tuple[int, int]:
-    """(grid, dynamic shared bytes) of a RING_GRIDS case: as many of its stages as fit."""
-    stages = max(1, min(stages, (RING_SMEM_MAX - norm) // column))
-    return (n - grid - 1 if grid < 0 else grid), norm + stages * column
-
-
-def _gate_up_ref(k: object, x: torch.Tensor, w: torch.Tensor, inter: int) -> torch.Tensor:
-    """kern_gemv_bf16_s4 over [gate; up] then transformers' act(gate) * up: `_b4_silu`'s bits."""
-    gu = torch.empty(x.shape[0], 2 * inter, device=DEV, dtype=BF16)
-    k.launch("kern_gemv_bf16_s4", (2 * inter,), (128,), h.ptr(x), h.ptr(w), h.ptr(gu), h.i32(x.shape[0]),
-             h.i32(2 * inter), h.i32(x.shape[1]), h.i32(2 * inter))
-    return h.silu_mul_ref(gu).contiguous()
-
-
-@pytest.mark.parametrize("silu", [False, True])
-@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 2560, 9728), (1, 9728, 2560), (4, 1001, 2568),
-                                               (2, 37, 40), (3, 925, 4096), (1, 5, 8)])
-def test_ring_gemv_is_s4_bit_for_bit_on_any_grid_and_ring(
-    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
-) -> None:
-    """gemv_ring.cu: `_r4` gives kern_gemv_bf16_s4's bits and `_r4_silu` `_b4_silu`'s (s4 over
-    [gate; up], then act(gate) * up), on any grid and any ring (stages that wrap every column, every
-    few, never); a grid larger than the columns leaves the rest alone; with less dynamic shared
-    memory than one stage the launch writes nothing."""
-    entry = "kern_gemv_bf16_r4_silu" if silu else "kern_gemv_bf16_r4"
-    x = randn(rows, kk, gen=gen)
-    w = randn(2 * n if silu else n, kk, gen=gen, scale=0.05)
-    if silu:
-        want = _gate_up_ref(k, x, w, n)
-    else:
-        want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-        k.launch("kern_gemv_bf16_s4", (n,), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n),
-                 h.i32(kk), h.i32(n))
-    torch.cuda.synchronize()
-    column = (2 if silu else 1) * 2 * kk
-    for grid0, stages in RING_GRIDS:
-        grid, smem = _ring_launch(grid0, stages, n, column)
-        y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-        k.launch(entry, (grid,), (128,), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n),
-                 shared_mem=smem)
-        torch.cuda.synchronize()
-        assert torch.equal(bits(y), bits(want)), f"grid {grid}, {smem} bytes"
-    y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(entry, (7,), (128,), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n), h.i32(kk), h.i32(n),
-             shared_mem=column - 16)
-    torch.cuda.synchronize()
-    assert y.isnan().all(), "no room for a stage: nothing written"
-
-
-@pytest.mark.parametrize("silu", [False, True])
-@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (1, 300, 256), (2, 77, 4096),
-                                               (4, 33, 264), (3, 5, 2568)])
-def test_ring_norm_gemv_is_add_rmsnorm_then_the_band_gemv(
-    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
-) -> None:
-    """gemv_ring.cu's folded entries (`_r4_n`, `_r4_silu_n`): kern_add_rmsnorm then `_b4` /
-    `_b4_silu` of its output, bit for bit, on any grid and ring: the GEMV's output and the new
-    residual in res_out (res_in untouched); with room for h and x but not for one stage after them,
-    nothing is written, res_out included."""
-    entry, band = ("kern_gemv_bf16_r4_silu_n", "kern_gemv_bf16_b4_silu") if silu else ("kern_gemv_bf16_r4_n",
-                                                                                        "kern_gemv_bf16_b4")
-    case = _norm_gemv_case(k, gen, band, rows, n, kk)
-    norm = 4 * rows * kk
-    column = (2 if silu else 1) * 2 * kk
-    for grid0, stages in RING_GRIDS:
-        grid, smem = _ring_launch(grid0, stages, n, column, norm)
-        _assert_folded(k, entry, case, n, kk, grid, smem, f"grid {grid}, {smem} bytes")
-    got, res_out = _run_folded(k, entry, case, n, kk, 7, norm + column - 16)
-    assert got.isnan().all() and res_out.isnan().all(), "no room for a stage: nothing written"

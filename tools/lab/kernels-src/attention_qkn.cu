@@ -15,7 +15,7 @@
 #pragma nv_diag_suppress 177  // attention.cu's prefill helpers, unused here
 #include "attention.cuh"
 
-constexpr int QKN_MAX_GROUP = 32;  // query heads per kv head held in shared memory (gen_qwen3 checks)
+constexpr int QKN_MAX_GROUP = 32;  // query heads per kv head held in shared memory (kern_lab checks)
 constexpr int QKN_MAX_D = 128;
 
 // Threads [w0 * 32, w0 * 32 + half) hold head `x`'s rotary pairs (x1 = element i, x2 = element
@@ -65,7 +65,7 @@ kern_attn_decode_qkn(const bf16* __restrict__ qkv, const bf16* __restrict__ wq,
                      int nkv, int head_dim, int page_tokens, int64_t page_stride, int splits,
                      float scale, float eps) {
     kern_pdl_launch_dependents();
-    if (nq / nkv > QKN_MAX_GROUP || (head_dim != 64 && head_dim != 128)) __trap();  // gen_qwen3 refuses these
+    if (nq / nkv > QKN_MAX_GROUP || (head_dim != 64 && head_dim != 128)) __trap();  // kern_lab refuses these
     __shared__ __align__(16) bf16 q_s[QKN_MAX_GROUP * QKN_MAX_D];
     __shared__ float partial[4];
     const int half = head_dim / 2;

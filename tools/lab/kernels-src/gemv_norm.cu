@@ -3,7 +3,7 @@
 
 // kern_add_rmsnorm(res_in + y_add -> res_out, w_norm) then kern_gemv_bf16_b4 of its output, in one
 // launch (the same bits as that pair, with res_out in place of the updated res). Grid [any, 1, 1]
-// (gen_qwen3 sizes it as `_b4`'s band), block [128, 1, 1], dynamic shared memory 4 * rows * k bytes.
+// (kern_qwen3 sizes it as `_b4`'s band), block [128, 1, 1], dynamic shared memory 4 * rows * k bytes.
 extern "C" __global__ void __launch_bounds__(128, 7)
     kern_gemv_bf16_b4_n(const bf16* __restrict__ res_in, const bf16* __restrict__ y_add,
         const bf16* __restrict__ w_norm, bf16* __restrict__ res_out, const bf16* __restrict__ w,

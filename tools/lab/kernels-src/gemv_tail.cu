@@ -8,7 +8,7 @@
 // Every block runs its entry's GEMV body (the same bits as that entry: `_s4`, `_p4`), then fences
 // its y writes and counts itself, in two levels so that no counter takes more than TAIL_GROUP
 // same-address atomics (on the H200 one counter for 2560 blocks measured the same: the tail's cost
-// is the last block's norm behind the next GEMV's weight stream, docs/perf.md sixth pass; the two
+// is the last block's norm behind the next GEMV's weight stream, tools/lab/notes/decode-passes.md; the two
 // levels keep the count off a single L2 slice for larger grids): block b counts in counter[1 + (b / TAIL_GROUP) *
 // TAIL_STRIDE]; the block that completes a group sets that counter back to 0 and counts the group
 // in counter[0]; the block that completes the last group (all of y is written)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +13,12 @@ import cupy as cp
 import numpy as np
 import torch
 
+from kern_cli.kernels_cmd import build_kernels
+
 REPO = Path(__file__).resolve().parents[3]
 KERNELS_SRC = Path(os.environ.get("KERN_TEST_SRC", REPO / "tools" / "kernels-src"))
 """The kernel sources built and loaded; `KERN_TEST_SRC=DIR` swaps in another tree (to compare two
 versions of a kernel with the same tests and timings)."""
-sys.path.insert(0, str(REPO / "packages" / "kern-cli" / "src"))
-
-from kern_cli.kernels_cmd import build_kernels  # noqa: E402
 
 BF16 = torch.bfloat16
 DEV = "cuda"
@@ -44,13 +42,20 @@ def ptr(t: torch.Tensor, offset_elems: int = 0) -> np.uint64:
 
 
 class Kernels:
-    """Every `extern "C"` entry of the built modules, by name. `KERN_TEST_KERNELS=DIR` builds into
-    DIR instead of `out_dir` (build_kernels' cache then spares a rebuild shared with another run)."""
+    """Every `extern "C"` entry of the built modules, by name (`lab`: the lab's modules too, built
+    against the product's headers). `KERN_TEST_KERNELS=DIR` builds into DIR instead of `out_dir`
+    (build_kernels' cache then spares a rebuild shared with another run)."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, *, lab: bool = False) -> None:
         nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
         shared = os.environ.get("KERN_TEST_KERNELS")
-        built = build_kernels(KERNELS_SRC, Path(shared) if shared else out_dir, compiler=(nvcc,))
+        out = Path(shared) if shared else out_dir
+        built = build_kernels(KERNELS_SRC, out, compiler=(nvcc,))
+        if lab:
+            from kern_lab import build_lab_kernels
+
+            built |= build_lab_kernels(out, lab_src=REPO / "tools" / "lab" / "kernels-src", product_src=KERNELS_SRC,
+                                       compiler=(nvcc,))
         self.modules = {m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()}
         self.shas = {m: sha for m, (_p, sha) in built.items()}
         self._fns: dict[str, cp.RawKernel] = {}

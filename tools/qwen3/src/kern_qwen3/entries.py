@@ -21,11 +21,13 @@ __all__ = [
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
     "FUSED_ENTRIES",
+    "GEMV_BAND",
     "GEMV_DEFAULT",
     "GEMV_ENTRIES",
     "GEMV_GEMMS",
     "GEMV_PICK",
     "PREFILL_BM",
+    "SILU_ENTRIES",
     "GemvEntry",
     "Layout",
     "entry_modules",
@@ -170,6 +172,13 @@ DEFER_MAX_K = 4096
 def silu_entries(table: Mapping[str, GemvEntry]) -> tuple[str, ...]:
     """The entries of `table` with SiLU-and-mul in their epilogue, in table order."""
     return tuple(name for name, entry in table.items() if entry.silu)
+
+
+SILU_ENTRIES: tuple[str, ...] = silu_entries(GEMV_ENTRIES)
+"""The GEMV entries with SiLU-and-mul in their epilogue (derived from GEMV_ENTRIES)."""
+GEMV_BAND: Mapping[str, int] = MappingProxyType(
+    {name: e.per_sm for name, e in GEMV_ENTRIES.items() if e.layout is Layout.BAND})
+"""Band entries -> the blocks per SM their `__launch_bounds__` guarantee (derived from GEMV_ENTRIES)."""
 
 
 _BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"

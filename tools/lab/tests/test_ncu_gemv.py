@@ -1,5 +1,5 @@
-"""tools/gpu/ncu_gemv.py's cases (the decode GEMVs Nsight Compute profiles) on the CPU: each is a GEMV
-entry the generator can launch at that GEMM's shape, and tools/gpu/perf-pass runs the script under
+"""tools/lab/ncu_gemv.py's cases (the decode GEMVs Nsight Compute profiles) on the CPU: each is a GEMV
+entry the generator can launch at that GEMM's shape, and tools/lab/perf-pass runs the script under
 ncu with the clocks left alone."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_cases_are_launchable_gemv_entries_at_their_gemm_shapes() -> None:
 
 
 def test_perf_pass_runs_it_under_ncu_with_the_clocks_left_alone() -> None:
-    text = (Path(ncu_gemv.ROOT) / "tools" / "gpu" / "perf-pass").read_text()
+    text = (Path(ncu_gemv.ROOT) / "tools" / "lab" / "perf-pass").read_text()
     lines = text[text.index("stage ncu"):].splitlines()
     stage = " ".join(lines[: next(i for i, line in enumerate(lines) if not line.endswith("\\")) + 1])
-    assert "--clock-control none" in stage and "tools/gpu/ncu_gemv.py" in stage and "--csv" in stage
+    assert "--clock-control none" in stage and "tools/lab/ncu_gemv.py" in stage and "--csv" in stage

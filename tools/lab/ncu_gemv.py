@@ -1,13 +1,13 @@
 """Launches the decode GEMV entries once each at the Qwen3-4B shapes, for Nsight Compute to read
 their hardware counters (memory workload, warp stall reasons, occupancy). Run under ncu on a GPU
-host whose runtime exposes the counters (the lent H200's Firecracker: `--clock-control none`):
+host whose runtime exposes the counters (`--clock-control none` leaves the clocks alone):
 
     ncu --clock-control none -k "regex:^kern_gemv_bf16_" --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-        --section LaunchStats --csv --page details python3 tools/gpu/ncu_gemv.py > ncu.csv
+        --section LaunchStats --csv --page details python3 tools/lab/ncu_gemv.py > ncu.csv
 
-(tools/gpu/perf-pass's `ncu` stage). Each case is launched twice, the grid, block and dynamic
-shared memory of gen_qwen3.gemv_launch, on random bf16 x and W (never zeros); ncu flushes the caches
+(tools/lab/perf-pass's `ncu` stage, which puts tools/tests on PYTHONPATH). Each case is launched twice, the grid, block and dynamic
+shared memory of kern_qwen3.gemv_launch, on random bf16 x and W (never zeros); ncu flushes the caches
 before each of its replay passes, so W comes from DRAM as in a decode step. This script prints to
 stderr only: stdout is ncu's CSV.
 """
@@ -39,10 +39,10 @@ they are compared with (docs/perf.md: 3.1-3.5 TB/s against 4.2-4.5)."""
 
 
 def main() -> int:
-    sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tools" / "tests" / "helpers")]
-    import gen_qwen3 as gen
-    import kernel_harness as h
     import torch
+    from helpers import kernel_harness as h
+
+    import kern_qwen3 as gen
 
     out = Path(os.environ.get("KERN_TEST_KERNELS") or tempfile.mkdtemp(prefix="kern-ncu-"))
     k = h.Kernels(out)

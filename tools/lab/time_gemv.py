@@ -8,29 +8,28 @@ events and the median replay gives the time per launch (the ~1 us a graph node c
 Bytes counted: W + x + y. Besides the pinned build, the GEMV_* variants listed below are built and
 timed (the pinned values are the ones docs/qwen3.md's grid uses).
 
-Usage: python3 tools/tests/helpers/time_gemv.py [out.md]
-       python3 tools/tests/helpers/time_gemv.py --entries PICK.json [out.md]
-       python3 tools/tests/helpers/time_gemv.py --tma [out.md]
-       python3 tools/tests/helpers/time_gemv.py --p4 [out.md]
-       python3 tools/tests/helpers/time_gemv.py --defer [out.md]
+Usage: PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py [out.md]
+       PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py --entries PICK.json [out.md]
+       PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py --tma [out.md]
+       PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py --p4 [out.md]
+       PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py --defer [out.md]
 
 `--defer` times the deferred-norm bands (qkv's `_b4_d`, gate_up's `_b4_silu_d`) at 1-4 blocks per SM
 (DEFER_BLOCKS), beside the band without a norm, checking that every grid gives the same bits.
 
-`--p4` times each decode GEMM's pick (gen_qwen3.GEMV_PICK) beside the prefetched entries (`_p4`,
+`--p4` times each decode GEMM's pick (kern_qwen3.GEMV_PICK) beside the prefetched entries (`_p4`,
 `_p4_silu` for gate_up) at several columns per block (P4_COLUMNS), checking their outputs.
 
 `--tma` times kern_gemv_bf16_tma built with other GEMV_TMA_CAP / GEMV_TMA_COPY / GEMV_TMA_HINT values
 and launched with other shared-memory sizes (TMA_VARIANTS), beside the pinned kern_gemv_bf16_s4.
 
-`--entries` times instead every GEMV entry of the built gemv.cu (tools/gen_qwen3.py GEMV_ENTRIES) at
-the decode shapes and writes the fastest entry per GEMM as JSON for `gen_qwen3 --gemv-pick` (gate_up:
+`--entries` times instead every GEMV entry of the built gemv.cu (kern_qwen3.GEMV_ENTRIES) at
+the decode shapes and writes the fastest entry per GEMM as JSON for `tools/lab/qwen3_variants.py --gemv-pick` (gate_up:
 kern_gemv_bf16_silu unless a plain entry plus a kern_silu_mul launch, SILU_MUL_US, is faster).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -41,14 +40,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import cupy as cp
-import kernel_harness as h
 import torch
+from helpers import kernel_harness as h
 
-_spec = importlib.util.spec_from_file_location("gen_qwen3", h.REPO / "tools" / "gen_qwen3.py")
-assert _spec is not None and _spec.loader is not None
-gen = importlib.util.module_from_spec(_spec)
-sys.modules["gen_qwen3"] = gen
-_spec.loader.exec_module(gen)
+import kern_qwen3 as gen
 
 SILU_MUL_US = 1.64
 """kern_silu_mul at t = 1 on the H200, one graph node included (docs/kernels.md)."""
@@ -116,7 +111,7 @@ class Build:
     def __init__(self, work: Path, variant: tuple[int, int, int, int] | None) -> None:
         pinned = variant is None
         if variant is None:
-            text = (h.KERNELS_SRC / "gemv.cu").read_text()
+            text = (h.KERNELS_SRC / "gemv.cuh").read_text()
             w, r, u, s = (macro(text, m) for m in MACROS)
             variant = (w, r, u, s)
         warps, rpw, unroll, split = variant
@@ -207,7 +202,7 @@ def entries_main(pick_out: Path, out: Path | None) -> None:
     lines.append("| GEMV time of a decode step (36 layers + lm_head) | "
                  + " | ".join(f"{step[e] / 1000:.3f} ms" for e in labels[: 1 + len(plain)])
                  + " |" * (len(silus) + 1))
-    lines += ["", f"picks (gen_qwen3 --gemv-pick): {json.dumps(picks)}"]
+    lines += ["", f"picks (qwen3_variants --gemv-pick): {json.dumps(picks)}"]
     text = "\n".join(lines) + "\n"
     print(text)
     pick_out.write_text(json.dumps(picks, indent=1) + "\n")
@@ -373,7 +368,7 @@ def _p4_cells(ent: Entries, name: str, n: int, k: int) -> dict[str, float]:
 
 
 def p4_main(out: Path | None) -> None:
-    """Each decode GEMM's pick (gen_qwen3.GEMV_PICK) beside `_p4` (`_p4_silu` for gate_up) at
+    """Each decode GEMM's pick (kern_qwen3.GEMV_PICK) beside `_p4` (`_p4_silu` for gate_up) at
     P4_COLUMNS columns per block: the shared-memory budget per block is the knob."""
     torch.manual_seed(0)
     ent = Entries(Path(tempfile.mkdtemp(prefix="time_gemv_p4_")))
@@ -398,7 +393,7 @@ DEFER_SHAPES = (("qkv 6144x2560", "kern_gemv_bf16_b4_d", "kern_gemv_bf16_b4", 61
                 ("gate_up 19456x2560", "kern_gemv_bf16_b4_silu_d", "kern_gemv_bf16_b4_silu", 19456, 9728))
 """(shape, deferred-norm band, the band without a norm, W rows, output columns) that `--defer` times."""
 DEFER_BLOCKS = (1, 2, 3, 4)
-"""Blocks per SM `--defer` launches the deferred-norm bands at (one wave; gen_qwen3's is GEMV_DEFER_BLOCKS)."""
+"""Blocks per SM `--defer` launches the deferred-norm bands at (one wave; kern_qwen3's is GEMV_DEFER_BLOCKS)."""
 
 
 def _defer_row(k: h.Kernels, name: str, entry: str, band: str, rows: int, n: int) -> str:
@@ -436,7 +431,7 @@ def _defer_row(k: h.Kernels, name: str, entry: str, band: str, rows: int, n: int
 
 def defer_main(out: Path | None) -> None:
     """The deferred-norm bands (gemv_defer.cu) at DEFER_BLOCKS blocks per SM, beside the band with
-    no norm at gen_qwen3's grid: whether a band that leaves part of each SM free streams as fast
+    no norm at kern_qwen3's grid: whether a band that leaves part of each SM free streams as fast
     (then the next GEMV's blocks could be resident, loading weights, while it runs). Alone, no PDL:
     each launch waits for the one before it. Every grid must give the same bits."""
     torch.manual_seed(0)

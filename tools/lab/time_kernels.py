@@ -4,7 +4,7 @@ Each kernel is captured `LAUNCHES` times back to back into one CUDA graph (torch
 graph is replayed `REPLAYS` times between CUDA events, and the time per launch is reported (it
 includes the ~1 us per graph node). Usage:
 
-    python3 tools/tests/helpers/time_kernels.py [out.md] [--only SUBSTRING]
+    PYTHONPATH=tools/tests python3 tools/lab/time_kernels.py [out.md] [--only SUBSTRING]
 
 --only times just the rows whose name contains SUBSTRING (e.g. under ncu, `--only attn_decode`).
 """
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import kernel_harness as h
 import torch
+from helpers import kernel_harness as h
 
 LAUNCHES = 50
 REPLAYS = 20

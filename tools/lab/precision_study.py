@@ -1,8 +1,8 @@
-"""Which activation precision meets issue 5's first-step logits bound (1e-2 relative L2 against
+"""Which activation precision meets the first-step logits bound (1e-2 relative L2 against
 transformers in float32)? One command on the GPU host (torch, transformers; the 4B run is expected
 to take about a minute plus writing the checkpoint when OUT has none; not yet timed on a GPU):
 
-    python3 tools/gpu/precision_study.py OUT [--weights DIR] [--config 4b|tiny] [--layers N]
+    PYTHONPATH=tools/gpu python3 tools/lab/precision_study.py OUT [--weights DIR] [--config 4b|tiny] [--layers N]
                                              [--prompts 1,37,709] [--no-ablations] [--device cuda]
 
 Without --weights it writes (or reuses) the random checkpoint of tools/gpu/qwen3_checks.py
@@ -60,13 +60,12 @@ Exit status 0 unless the functional f32 forward misses transformers float32 by m
 VALIDATION_TOL on some prompt (the study's numbers then mean nothing; they are still written).
 
 Smoke run without a GPU (2-layer config, about 20 s on 2 CPU cores):
-    python3 tools/gpu/precision_study.py /tmp/ps --config tiny --device cpu
+    PYTHONPATH=tools/gpu python3 tools/lab/precision_study.py /tmp/ps --config tiny --device cpu
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
@@ -89,13 +88,11 @@ VALIDATION_TOL = 1e-4
 
 
 def load_checks() -> ModuleType:
-    """tools/gpu/qwen3_checks.py as a module (its checkpoint writer, prompts and loaders)."""
-    spec = importlib.util.spec_from_file_location("qwen3_checks", ROOT / "tools" / "gpu" / "qwen3_checks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["qwen3_checks"] = module
-    spec.loader.exec_module(module)
-    return module
+    """tools/gpu/qwen3_checks.py (its checkpoint writer, prompts and loaders), imported by name:
+    run this script with tools/gpu on PYTHONPATH."""
+    import qwen3_checks
+
+    return qwen3_checks
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,10 +337,6 @@ def markdown(rows: list[dict[str, Any]], lens: Sequence[int], head: str) -> str:
 
 
 def _config(qc: ModuleType, name: str, layers: int | None) -> tuple[str, dict[str, Any]]:
-    try:
-        import kern_cli  # noqa: F401  (qwen3_checks.configs reads kern_cli.checkpoint)
-    except ImportError:
-        sys.path.insert(0, str(ROOT / "packages" / "kern-cli" / "src"))
     cfgs = qc.configs()
     if name not in cfgs:
         raise SystemExit(f"--config {name!r}: choose from {', '.join(cfgs)}")
