@@ -222,7 +222,7 @@ def test_tail_gemv_is_the_gemv_then_add_rmsnorm(
         column = 2 * kk
         launches = [(-(-n // max(1, max(norm, c * column) // column)), max(norm, c * column)) for c in (1, 3, n)
                     if max(norm, c * column) <= 200 * 1024]
-    counter = torch.zeros(1 + 32 * -(-n // 64), dtype=torch.int32, device=DEV)  # gen_qwen3.tail_counters(grid <= n)
+    counter = torch.zeros(1 + 32 * -(-n // 64), dtype=torch.int32, device=DEV)  # kern_lab.tail_counters(grid <= n)
 
     def run(grid: int, smem: int, y_stride: int = n) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         res_in = res.clone()
