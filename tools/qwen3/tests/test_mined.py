@@ -23,7 +23,6 @@ from kern_qwen3 import QWEN3_TINY_CONFIG, mined
 TOOLS = Path(__file__).resolve().parents[2]
 
 
-
 SHAPE = gen.shape_from_config(QWEN3_TINY_CONFIG)
 ENTRIES = gen.entry_modules(TOOLS / "kernels-src")
 TYPES = mined.entry_param_types()
@@ -206,7 +205,6 @@ class Donor:
                 w.gap(2)
             windows.append(fwd)
         return windows
-
 
 
 def write_capture(root: Path, breaks: Breaks | None = None) -> list[list[int]]:
