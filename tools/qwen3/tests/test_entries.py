@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -65,3 +66,16 @@ def test_gemv_entries_table_matches_gemv_cu() -> None:
     assert all(gen.GEMV_ENTRIES[e].threads == 512 for e in streaming)
 
 
+
+
+def test_the_product_sources_hold_only_modules_a_shipped_manifest_pins() -> None:
+    """`kern kernels` builds every module of tools/kernels-src: each is one an example pins, and the
+    experiment modules are the lab's; device code shared between modules is in headers."""
+    root = Path(__file__).resolve().parents[3]
+    pinned = {m for p in (root / "examples").glob("qwen3-*.json") for m in json.loads(p.read_text())["modules"]}
+    product = {p.stem for p in (root / "tools" / "kernels-src").glob("*.cu")}
+    lab = {p.stem for p in (root / "tools" / "lab" / "kernels-src").glob("*.cu")}
+    assert product == pinned and not product & lab
+    for src in (*(root / "tools" / "kernels-src").glob("*.c*"), *(root / "tools" / "lab" / "kernels-src").glob("*.cu")):
+        includes = re.findall(r'#include "([^"]+)"', src.read_text())
+        assert all(inc.endswith(".cuh") for inc in includes), (src.name, includes)
