@@ -57,7 +57,7 @@ EXAMPLES = {
     "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm"],
     "qwen3-4b-f32": ["--preset", "qwen3-4b", "--precision", "f32"],
 }
-"""examples/<name>.json -> its kern-qwen3 options (tools/qwen3/tests/test_examples.py checks the files)."""
+"""examples/<name>.json -> its kern-qwen3 options (tools/qwen3/tests/test_generate.py checks the files)."""
 
 
 @nox.session

@@ -1,4 +1,4 @@
-"""GPU host: capture the donor (tools/donor/run_donor.py), analyze it, mine it for gen_qwen3, check
+"""GPU host: capture the donor (tools/donor/run_donor.py), analyze it, mine it for kern_qwen3, check
 manifests against it, and write a summary and a small fixture under OUT.
 
     python tools/capture/donor_capture.py OUT [--python PYTHON] [--layers N] [--chunk N] [--prompts 6,23,64,157]
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import kern_qwen3 as gen_qwen3
+import kern_qwen3 as gen
 from kern_cli.kernels_cmd import build_kernels
 from kern_mining import analyze, analyze_dir, build_library, find_toolchain, load_dump, run_capture
 from kern_qwen3 import QWEN3_TINY_CONFIG
@@ -169,9 +169,9 @@ def compare_addresses(facts: Any, expected: Json) -> list[str]:
 def check(facts: Any, built: dict[str, str], expected: Json) -> Json:
     shape = expected["shape"]
     config = dict(QWEN3_TINY_CONFIG) | {"num_hidden_layers": shape["layers"]}
-    entries = gen_qwen3.entry_modules(TOOLS / "kernels-src")
-    plan = gen_qwen3.Plan(chunk=expected["shape"]["chunk"], feed="device")
-    fresh = gen_qwen3.generate(gen_qwen3.shape_from_config(config), built, entries, model="donor", plan=plan)
+    entries = gen.entry_modules(TOOLS / "kernels-src")
+    plan = gen.Plan(chunk=expected["shape"]["chunk"], feed="device")
+    fresh = gen.generate(gen.shape_from_config(config), built, entries, model="donor", plan=plan)
     out: Json = {"generated_for_donor_shape": qwen3_mined.check_against(fresh, facts)}
     if shape["layers"] == QWEN3_TINY_CONFIG["num_hidden_layers"]:
         shipped = json.loads((REPO / "examples" / "qwen3-tiny.json").read_text())

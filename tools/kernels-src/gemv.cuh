@@ -39,7 +39,7 @@
 //                                        before the PDL wait ("Prefetched GEMV" below; lm_head's pick)
 //
 // NOTE: the GEMV_* macros are fixed for the built cubin (docs/qwen3.md gives the grid with these
-// values); tools/tests/helpers/time_gemv.py builds other values only to compare them, and
+// values); tools/lab/time_gemv.py builds other values only to compare them, and
 // tools/tests/test_gemv_gpu.py checks those builds too.
 #pragma once
 #include "kern_common.cuh"

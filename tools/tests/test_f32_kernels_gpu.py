@@ -1,4 +1,4 @@
-"""GPU correctness of qwen3_f32.cu (gen_qwen3 --precision f32) entry by entry, against float64 torch
+"""GPU correctness of qwen3_f32.cu (kern-qwen3 --precision f32) entry by entry, against float64 torch
 references on the same inputs: f32 activations and KV, bf16 weights widened exactly. The kernels sum
 in another order than the references, so results agree to a few f32 ulps of the sums, bounded here
 as relative errors (the embedding gather and the argmax are exact)."""

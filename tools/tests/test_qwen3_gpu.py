@@ -97,7 +97,7 @@ def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Reference precision (gen_qwen3 --precision f32) against transformers in float32.
+# Reference precision (kern-qwen3 --precision f32) against transformers in float32.
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers.gpu_deps import gpu_import
 
-torch = pytest.importorskip("torch")
-cupy = pytest.importorskip("cupy")
-transformers = pytest.importorskip("transformers")
+torch = gpu_import("torch")
+cupy = gpu_import("cupy")
+transformers = gpu_import("transformers")
 
 from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 from helpers.kernel_cases import (  # noqa: E402

@@ -1,6 +1,6 @@
-"""tools/qwen3_mined.py on synthetic captures shaped like tools/donor/run_donor.py's: the mined
+"""kern_qwen3.mined on synthetic captures shaped like tools/donor/run_donor.py's: the mined
 entries, parameter tables, literals, grid fits and wiring, the wiring assertions firing on broken
-captures, and check_against agreeing with gen_qwen3's manifest for the same shape and catching
+captures, and check_against agreeing with kern_qwen3's manifest for the same shape and catching
 manifests that disagree."""
 
 from __future__ import annotations
@@ -434,7 +434,7 @@ FIXTURES = sorted((TOOLS / "tests" / "fixtures").glob("donor*/expected.json"))
 def test_committed_donor_capture(expected_file: Path) -> None:
     """A capture of the real donor on a GPU (tools/capture/donor_capture.py's fixture/donor/,
     committed as tools/tests/fixtures/donor*/): it mines cleanly, the mined pointers are the
-    donor's own buffers, and gen_qwen3's manifest for its shape and hashes agrees with it."""
+    donor's own buffers, and kern_qwen3's manifest for its shape and hashes agrees with it."""
     exp = json.loads(expected_file.read_text())
     facts = mined.mined_facts(expected_file.parent)
     config = dict(QWEN3_TINY_CONFIG) | {"num_hidden_layers": exp["shape"]["layers"]}
