@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import kern_qwen3 as gen
-from kern_cli.kernels_cmd import build_kernels
 from kern_mining import analyze, analyze_dir, build_library, find_toolchain, load_dump, run_capture
+from kern_mining.build import build_kernels
 from kern_qwen3 import QWEN3_TINY_CONFIG
 from kern_qwen3 import mined as qwen3_mined
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from cuda.bindings import driver as cu
 
-from kern_cli.kernels_cmd import build_kernels
+from kern_mining.build import build_kernels
 from kern_qwen3 import PAGE_TOKENS as _GEN_PAGE_TOKENS
 from kern_qwen3 import QWEN3_TINY_CONFIG, Qwen3Shape, shape_from_config
 

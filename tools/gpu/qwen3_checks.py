@@ -113,7 +113,7 @@ class Sources:
 
 
 def _product_build(out: Path) -> dict[str, str]:
-    from kern_cli.kernels_cmd import build_kernels
+    from kern_mining.build import build_kernels
 
     return {m: sha for m, (_p, sha) in build_kernels(ROOT / "tools" / "kernels-src", out).items()}
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _kernels(path: Path) -> Path:
-    from kern_cli.kernels_cmd import build_kernels
+    from kern_mining.build import build_kernels
 
     build_kernels(ROOT / "tools/kernels-src", path)
     return path

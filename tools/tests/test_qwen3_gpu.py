@@ -20,7 +20,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from helpers.qwen3_options import generate as _generate
 
     import kern_qwen3 as gen
-    from kern_cli.kernels_cmd import build_kernels
+    from kern_mining.build import build_kernels
     from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
     tmp = tmp_path_factory.mktemp("qwen3")
     hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
@@ -106,7 +106,7 @@ def tiny_f32(tiny: dict[str, Any]) -> dict[str, Any]:
     from helpers.qwen3_options import generate as _generate
 
     import kern_qwen3 as gen
-    from kern_cli.kernels_cmd import build_kernels
+    from kern_mining.build import build_kernels
     from kern_qwen3 import QWEN3_TINY_CONFIG
     hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tiny["kernels"]).items()}
     entries = gen.entry_modules(TOOLS / "kernels-src")

@@ -12,7 +12,7 @@ import pytest
 
 from kern_cli import main as kern_main
 from kern_cli.config import load_config
-from kern_cli.kernels_cmd import (
+from kern_mining.build import (
     CACHE_FILE,
     NVCC_FLAGS,
     CompileError,

@@ -132,7 +132,7 @@ def test_ensure_kernels_builds_only_the_pinned_modules(tmp_path: Path, monkeypat
             (out / f"{name}-x.cubin").write_bytes(data)
         return {}
 
-    import kern_cli.kernels_cmd as kc
+    import kern_mining.build as kc
 
     monkeypatch.setattr(kc, "build_kernels", lambda s, o, **k: fake_build(s, o, **k, stale=True))
     with pytest.raises(run.RunError, match="build no core, extra with the pinned sha256"):

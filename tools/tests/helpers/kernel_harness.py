@@ -13,7 +13,7 @@ import cupy as cp
 import numpy as np
 import torch
 
-from kern_cli.kernels_cmd import build_kernels
+from kern_mining.build import build_kernels
 
 REPO = Path(__file__).resolve().parents[3]
 KERNELS_SRC = Path(os.environ.get("KERN_TEST_SRC", REPO / "tools" / "kernels-src"))

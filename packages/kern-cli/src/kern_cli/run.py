@@ -281,7 +281,7 @@ def ensure_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | N
     if not _missing(manifest, kernels):
         return
     assert sources is not None  # NOTE: check_kernels refused a missing module without sources
-    from kern_cli.kernels_cmd import KernelBuildError, build_kernels
+    from kern_mining.build import KernelBuildError, build_kernels
 
     modules: Collection[str] = sorted(pinned_modules(manifest).values())
     log(f"building kernels {', '.join(modules)} from {sources} into {kernels}")

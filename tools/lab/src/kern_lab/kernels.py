@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kern_cli.kernels_cmd import build_kernels
+from kern_mining.build import build_kernels
 
 __all__ = ["LAB_SRC", "PRODUCT_SRC", "build_lab_kernels", "lab_entry_modules"]
 

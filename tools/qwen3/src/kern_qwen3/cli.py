@@ -96,7 +96,7 @@ def read_config(path: Path) -> Mapping[str, Any]:
 
 def build_and_hash(src: Path, out: Path) -> dict[str, str]:
     """Build the kernels (cached by hash) and return module -> sha256."""
-    from kern_cli.kernels_cmd import build_kernels
+    from kern_mining.build import build_kernels
 
     return {module: sha for module, (_path, sha) in build_kernels(src, out).items()}
 
@@ -146,7 +146,7 @@ def _verified(manifest: Json) -> str:
 
 
 def _generate(args: argparse.Namespace) -> Json:
-    from kern_cli.kernels_cmd import KernelBuildError
+    from kern_mining.build import KernelBuildError
 
     cfg = preset(args.preset) if args.preset else read_config(args.config)
     shape = shape_from_config(cfg)
