@@ -76,7 +76,7 @@ that lost its precision somewhere (a bf16 workspace or KV cache; the bf16 manife
 to 4e-2 on the random 4B)."""
 LOGIT_NOISE_FACTOR = 1.25
 """kern's first-step logits error against fp32 may be at most this multiple of transformers' own
-bf16 error on the same prompt (a regression guard beside the issue's absolute bound, which no bf16
+bf16 error on the same prompt (a regression guard beside the absolute 1e-2 bound, which no bf16
 KV cache meets on random weights: docs/qwen3.md)."""
 CAPACITY = 4096
 DEVICE = "cuda"
@@ -643,7 +643,7 @@ def copy_floor_rows(weight_bytes: int) -> list[dict[str, Any]]:
 
 
 TARGETS = {"decode_fixed_ms_per_token@ctx128": 2.9, "prefill_ms@709": 25.0}
-"""Issue 5's targets. Decode's is "ms/token at context 128": the fixed-context row, whose every step
+"""The decode targets. Decode's is "ms/token at context 128": the fixed-context row, whose every step
 runs at context 128; the walking `decode_ms_per_token@ctx128` row runs contexts 138-394."""
 
 
@@ -853,7 +853,7 @@ def is_f32(plan: Any) -> bool:
 
 def is_benched(plan: Any) -> bool:
     """kern bench and the decode profile run for every variant but the f32 one (a correctness mode:
-    its plain f32 kernels would only spend device time)."""
+    its plain f32 kernels would only spend GPU time)."""
     return not is_f32(plan)
 
 
