@@ -29,7 +29,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +132,12 @@ class Kernels:
 
 Shape = Qwen3Shape
 """The model's numbers, as the provider reads them from a config.json."""
+
+
+def _shape_fields(s: Shape) -> dict[str, object]:
+    """The shape as expected.json records it (Qwen3Shape has slots: no vars(); `tied` is not a
+    donor fact, the donor's embedding and lm_head are separate tensors)."""
+    return {k: v for k, v in asdict(s).items() if k != "tied"}
 
 
 def shape(layers: int | None) -> Shape:
@@ -425,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.expected:
         args.expected.write_text(json.dumps({
             "windows": served.windows[1:], "warmup": served.windows[:1], "outputs": served.outputs,
-            "shape": vars(s) | {"page_tokens": PAGE_TOKENS, "splits": DECODE_SPLITS,
+            "shape": _shape_fields(s) | {"page_tokens": PAGE_TOKENS, "splits": DECODE_SPLITS,
                                 "page_stride": s.page_stride, "chunk": args.chunk},
             "modules": {m: sha for m, (_p, sha) in built.items()},
             "addresses": addresses(engine),
