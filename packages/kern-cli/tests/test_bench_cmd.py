@@ -91,6 +91,9 @@ def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         (("--manifest", "/nonexistent.json"), "kern bench: --manifest /nonexistent.json: no such file"),
         (("--capacity", "0"), "kern bench: --capacity must be at least 1, got 0"),
         (("--contexts", "128,5000"), "kern bench: capacity 5632 exceeds the model's reach of 4096 positions"),
+        (("--json", "/nonexistent/rows.json"),
+         "kern bench: --json /nonexistent/rows.json: directory /nonexistent does not exist"),
+        (("--json", "/"), "kern bench: --json /: is a directory"),
     ],
 )
 def test_bad_options_exit_2_before_the_gpu(argv: tuple[str, ...], line: str, monkeypatch: pytest.MonkeyPatch,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kern_cli.config import KernTomlError, config_for
+from kern_cli.console import output_file_problem
 from kern_cli.run import (
     LoadOptions,
     RunError,
@@ -353,6 +354,8 @@ def _bench_args(args: argparse.Namespace) -> tuple[LoadOptions, dict[str, Any]]:
         "chunk": DEFAULT_BENCH_CHUNK if args.chunk is None else args.chunk, "floor_manifest": args.floor_manifest,
     }
     check_bench_options(**options)
+    if args.json is not None and (problem := output_file_problem(args.json)) is not None:
+        raise BenchError(f"--json {problem}")
     inputs = check_inputs(load)
     _floor(inputs.manifest, args.floor_manifest)
     kr.check_capacity(inputs.roles, _capacity(load, options["contexts"], options["steps"], options["prefill"]))
@@ -377,10 +380,14 @@ def _handle(args: argparse.Namespace) -> int:
     except KernRuntimeError as exc:
         print(f"kern bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
     print(table(rows))
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        except OSError as exc:
+            print(f"kern bench: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    return 0
     return 0
 
 

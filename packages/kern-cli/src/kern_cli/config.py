@@ -41,14 +41,13 @@ __all__ = [
 CONFIG_NAME = "kern.toml"
 
 _TOP = {"target", "gpu", "capacity", "targets", "kernels", "run"}
-_TARGET = {"manifest", "kernels", "weights", "tokenizer", "reference"}
+_TARGET = {"manifest", "kernels", "weights", "tokenizer"}
 _RUN = {"prompt", "steps", "chunk"}
-_KERNELS = {"sources", "dumps"}
+_KERNELS = {"sources"}
 
 
 class KernTomlError(Exception):
-    """kern.toml is unreadable, names an unknown key or target, a wrongly typed value, or a target
-    whose manifest is missing or does not parse."""
+    """kern.toml is unreadable, names an unknown key or target, or holds a wrongly typed value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +59,6 @@ class Target:
     kernels: Path | None = None
     weights: tuple[Path, ...] = ()
     tokenizer: str | None = None
-    reference: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +155,6 @@ def _target(name: str, raw: Any, res: _Resolver, where: str) -> Target:
         kernels=res.path(_typed(here, t, "kernels", str)),
         weights=tuple(p for w in weights if (p := res.path(w)) is not None),
         tokenizer=_typed(here, t, "tokenizer", str),
-        reference=res.path(_typed(here, t, "reference", str)),
     )
 
 
