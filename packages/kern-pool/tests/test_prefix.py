@@ -99,6 +99,20 @@ class Model:
             del self.entries[key]
 
 
+Shape = tuple[tuple[int, ...], bool, tuple[tuple[int, ...], ...], bool]
+
+
+def _shape(ev: Evicted[Val, Val] | None) -> Shape | None:
+    """An eviction without its values: (key, parked?, dropped keys, parked now?); checks the record."""
+    if ev is None:
+        return None
+    assert ev.value.released and ev.stateful == ev.value.stateful and len(ev.dropped) == len(ev.dropped_values)
+    assert all(v.released and v.length == len(k) for k, v in zip(ev.dropped, ev.dropped_values, strict=True))
+    assert ev.tier is (Tier.PARKED if ev.parked is not None else None)
+    assert ev.parked is None or (not ev.parked.released and ev.parked.length == len(ev.key))
+    return ev.key, ev.parked is not None, ev.dropped, ev.parked_now
+
+
 keys = st.lists(st.integers(0, 1), min_size=1, max_size=12).map(tuple)
 
 
@@ -164,16 +178,21 @@ class PrefixMachine(RuleBasedStateMachine):
     @rule(room=st.integers(0, 3), host=st.booleans(), boom=st.integers(0, 15))
     def evict(self, room: int, host: bool, boom: int) -> None:
         self.host_room = room
+        coldest = self.model.coldest(True)
+        leaving = [self.model.entries[coldest].resident if coldest else None]
         expect = self._expect_evict(host, boom == 0)
         outs: list[Any] = []
         for side, tree in enumerate(self.trees):
             try:
-                outs.append(tree.evict(self._parker(side, boom == 0) if host else None))
+                outs.append(_shape(tree.evict(self._parker(side, boom == 0) if host else None)))
             except RuntimeError as exc:
                 outs.append(str(exc))
         assert outs[0] == outs[1] == expect
-        if isinstance(expect, Evicted) and expect.parked and self.last_parked[0] is not None:
-            self.model.entries[expect.key].parked = self.last_parked[0]
+        if isinstance(expect, tuple) and expect[1] and expect[3]:
+            assert self.last_parked[0] is not None
+            self.model.entries[expect[0]].parked = self.last_parked[0]
+        if isinstance(expect, tuple):
+            assert leaving[0] is not None and leaving[0].released
         self.last_parked = [None, None]
 
     def _parker(self, side: int, boom: bool) -> Any:
@@ -190,7 +209,7 @@ class PrefixMachine(RuleBasedStateMachine):
 
         return park
 
-    def _expect_evict(self, host: bool, boom: bool) -> Evicted | str | None:
+    def _expect_evict(self, host: bool, boom: bool) -> Shape | str | None:
         m = self.model
         key = m.coldest(True)
         if key is None:
@@ -199,7 +218,7 @@ class PrefixMachine(RuleBasedStateMachine):
         if e.parked is not None or not host:
             had = e.parked is not None
             m.drop(key, True)
-            return Evicted(key, had, ())
+            return (key, had, (), False)
         if boom:
             m.drop(key, True)
             return "copy failed"
@@ -208,13 +227,13 @@ class PrefixMachine(RuleBasedStateMachine):
             victim = m.coldest(False)
             if victim is None:
                 m.drop(key, True)
-                return Evicted(key, False, tuple(dropped))
+                return (key, False, tuple(dropped), False)
             dropped.append(victim)
             m.drop(victim, False)
         assert e.resident is not None
         e.parked = Val(len(key), e.stateful, "placeholder")  # the tree's parked value replaces it
         m.drop(key, True)
-        return Evicted(key, True, tuple(dropped))
+        return (key, True, tuple(dropped), True)
 
     @invariant()
     def agree(self) -> None:
@@ -272,7 +291,7 @@ def test_longest_wins_then_resident_beats_parked() -> None:
     short, long = Val(2, False, "short"), Val(6, False, "long")
     tree.insert((1, 2), short)
     tree.insert((1, 2, 3, 4, 5, 6), long)
-    assert tree.evict(lambda v: Val(v.length, v.stateful, "parked-long")) == Evicted((1, 2, 3, 4, 5, 6), True, ())
+    assert _shape(tree.evict(lambda v: Val(v.length, v.stateful, "parked-long"))) == ((1, 2, 3, 4, 5, 6), True, (), True)
     hit = tree.lookup((1, 2, 3, 4, 5, 6, 7))
     assert hit is not None and (hit.length, hit.tier) == (6, Tier.PARKED)  # longer parked beats resident
     hit = tree.lookup((1, 2, 3, 9))
@@ -299,9 +318,9 @@ def test_host_full_drops_the_coldest_parked_then_parks() -> None:
     a, b = Val(2, True, "a"), Val(2, True, "b")
     tree.insert((1, 1), a)
     tree.insert((2, 2), b)
-    assert tree.evict(park) == Evicted((1, 1), True, ())
+    assert _shape(tree.evict(park)) == ((1, 1), True, (), True)
     assert a.released
-    assert tree.evict(park) == Evicted((2, 2), True, ((1, 1),))
+    assert _shape(tree.evict(park)) == ((2, 2), True, ((1, 1),), True)
     assert tree.entries() == [((2, 2), False, True)]
     assert tree.evict(park) is None
 
@@ -350,13 +369,14 @@ def test_parked_entry_becomes_resident_again() -> None:
     assert tree.entries() == [((1, 2), False, True)]
     assert tree.insert((1, 2), Val(2, True, "again"))
     assert tree.entries() == [((1, 2), True, True)]
-    assert tree.evict(lambda v: Val(v.length, v.stateful, "never")) == Evicted((1, 2), True, ())
+    assert _shape(tree.evict(lambda v: Val(v.length, v.stateful, "never"))) == ((1, 2), True, (), False)
     assert tree.entries() == [((1, 2), False, True)]
 
 
-def test_unit_must_be_positive() -> None:
-    with pytest.raises(ApiError):
-        Prefix(0)
+@pytest.mark.parametrize("unit", [0, -4, "x", 4.0, True, None])
+def test_unit_must_be_a_positive_int(unit: object) -> None:
+    with pytest.raises(ApiError, match="^Prefix unit must be a positive int"):
+        Prefix(unit)  # type: ignore[arg-type]
 
 
 def test_many_hits_keep_eviction_exact() -> None:
@@ -366,6 +386,155 @@ def test_many_hits_keep_eviction_exact() -> None:
     tree.insert((2, 2), b)
     for _ in range(300):  # stale heap items pile up and get compacted
         assert tree.lookup((1, 1, 0)) is not None
-    assert tree.evict(None) == Evicted((2, 2), False, ())
-    assert tree.evict(None) == Evicted((1, 1), False, ())
+    assert _shape(tree.evict(None)) == ((2, 2), False, (), False)
+    assert _shape(tree.evict(None)) == ((1, 1), False, (), False)
     assert a.released and b.released
+
+
+# ---- misuse: ApiError, nothing changes ----------------------------------------------------
+
+
+def _filled() -> tuple[Prefix[Val, Val], list[Val]]:
+    tree = _tree()
+    vals = [Val(2, False, "a"), Val(4, False, "b"), Val(3, True, "c")]
+    tree.insert((1, 2), vals[0])
+    tree.insert((3, 4, 5, 6), vals[1])
+    tree.insert((1, 2, 7), vals[2])
+    return tree, vals
+
+
+def _state(tree: Prefix[Val, Val]) -> object:
+    return tree.entries(), tree.count(Tier.RESIDENT), tree.count(Tier.PARKED)
+
+
+def test_reinserting_the_held_value_under_its_key_is_a_no_op() -> None:
+    tree, vals = _filled()
+    before = _state(tree)
+    assert tree.insert((1, 2), vals[0]) is False
+    assert not vals[0].released and _state(tree) == before
+    hit = tree.lookup((1, 2, 9))
+    assert hit is not None and hit.resident is vals[0]
+    # the re-stamp counts as a hit: (1, 2) is no longer the coldest leaf
+    assert _shape(tree.evict(None)) == ((3, 4, 5, 6), False, (), False)
+
+
+def test_a_held_value_under_another_key_or_tier_is_refused() -> None:
+    tree, vals = _filled()
+    tree.evict(lambda v: Val(v.length, v.stateful, v.name + "p"))  # (3, 4, 5, 6) is the coldest leaf
+    before = _state(tree)
+    with pytest.raises(ApiError, match="already held by the index"):
+        tree.insert((1, 3), vals[0])  # same length, other key
+    parked = tree.lookup((3, 4, 5, 6, 9))
+    assert parked is not None and parked.parked is not None
+    with pytest.raises(ApiError, match="already held by the index"):
+        tree.insert((3, 4, 5, 6), parked.parked)  # the parked value offered as resident
+    assert _state(tree) == before and not vals[0].released and not parked.parked.released
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "line"),
+    [
+        ("ab", Val(2, False, "v"), "^key must be a sequence of token ids"),
+        (b"ab", Val(2, False, "v"), "^key must be a sequence of token ids"),
+        (5, Val(1, False, "v"), "^key must be a sequence of token ids"),
+        ((1, "2"), Val(2, False, "v"), r"^key must hold token ids \(ints >= 0\), got '2' at index 1"),
+        ((1, True), Val(2, False, "v"), "^key must hold token ids .* got True at index 1"),
+        ((1, 2.0), Val(2, False, "v"), "^key must hold token ids .* got 2.0 at index 1"),
+        ((1, -2), Val(2, False, "v"), "^key must hold token ids .* got -2 at index 1"),
+        ((1, 2), "ab", "^value must have an int length, a bool stateful and release"),
+        ((1, 2), None, "^value must have an int length"),
+        ((1, 2), Val(True, False, "v"), "^value must have an int length"),  # type: ignore[arg-type]
+        ((1, 2), Val(2, 1, "v"), "^value must have an int length"),  # type: ignore[arg-type]
+        ((1, 2), Val(3, False, "v"), "^key of 2 tokens must be non-empty and equal the value's length 3"),
+        ((), Val(0, False, "v"), "^key of 0 tokens"),
+        ((1, 2, 7), Val(3, False, "v"), "^an entry with these tokens exists with a different statefulness"),
+    ],
+)
+def test_bad_inserts_raise_and_change_nothing(key: object, value: object, line: str) -> None:
+    tree, vals = _filled()
+    before = _state(tree)
+    with pytest.raises(ApiError, match=line):
+        tree.insert(key, value)  # type: ignore[arg-type]
+    assert _state(tree) == before and not any(v.released for v in vals)
+    assert not isinstance(value, Val) or not value.released
+
+
+def test_a_released_value_is_refused() -> None:
+    class Live(Val):
+        __slots__ = ()
+
+        @property
+        def live(self) -> bool:
+            return not self.released
+
+    tree, _ = _filled()
+    before = _state(tree)
+    dead = Live(2, False, "dead")
+    dead.release()
+    with pytest.raises(ApiError, match="^value was released"):
+        tree.insert((8, 8), dead)
+    assert _state(tree) == before
+
+
+@pytest.mark.parametrize("prompt", ["ab", 7, (1, "x"), [1, -1], (True, 2)])
+def test_bad_prompts_raise_and_change_nothing(prompt: object) -> None:
+    tree, _ = _filled()
+    before = _state(tree)
+    with pytest.raises(ApiError, match="^prompt must"):
+        tree.lookup(prompt)  # type: ignore[arg-type]
+    assert _state(tree) == before
+    assert _shape(tree.evict(None)) == ((3, 4, 5, 6), False, (), False)
+
+
+def test_bad_evict_and_count_arguments_raise() -> None:
+    tree, vals = _filled()
+    before = _state(tree)
+    with pytest.raises(ApiError, match="^park must be a callable or None, got str"):
+        tree.evict("host")  # type: ignore[arg-type]
+    with pytest.raises(ApiError, match="^tier must be a Tier"):
+        tree.count("resident")  # type: ignore[arg-type]
+    assert _state(tree) == before and not any(v.released for v in vals)
+
+
+@pytest.mark.parametrize(
+    ("result", "line"),
+    [
+        (lambda v: (Val(v.length, v.stateful, "p"), ()), "^park's result must have an int length"),
+        (lambda v: Val(v.length + 1, v.stateful, "p"), "^park returned a value of 5 tokens"),
+        (lambda v: Val(v.length, not v.stateful, "p"), r"^park returned a value of 4 tokens \(stateful True\)"),
+        (lambda v: v, "^park returned a value the index already holds"),
+    ],
+)
+def test_a_park_result_the_index_cannot_keep_drops_the_entry(result: Any, line: str) -> None:
+    tree, vals = _filled()  # (3, 4, 5, 6) is the coldest resident leaf
+    with pytest.raises(ApiError, match=line):
+        tree.evict(result)
+    assert vals[1].released
+    assert tree.entries() == [((1, 2), True, False), ((1, 2, 7), True, False)]
+
+
+def test_evicted_records_what_left_and_where_it_went() -> None:
+    tree = _tree()
+    a, b = Val(2, True, "a"), Val(2, False, "b")
+    tree.insert((1, 1), a)
+    tree.insert((2, 2), b)
+    host: list[Val] = []
+
+    def park(v: Val) -> Val | None:  # room for one
+        if host:
+            return None
+        host.append(Val(v.length, v.stateful, v.name + "p"))
+        return host[-1]
+
+    first = tree.evict(park)
+    assert first is not None
+    assert (first.key, first.value, first.parked, first.parked_now, first.stateful, first.tier) == (
+        (1, 1), a, host[0], True, True, Tier.PARKED
+    )
+    host.clear()
+    second = tree.evict(lambda v: None)  # host full: the parked (1, 1) goes, then the entry itself
+    assert second is not None
+    assert (second.key, second.value, second.parked, second.parked_now, second.tier) == ((2, 2), b, None, False, None)
+    assert second.dropped == ((1, 1),) and second.dropped_values[0].name == "ap"
+    assert second.dropped_values[0].released and not second.stateful
+    assert tree.entries() == []

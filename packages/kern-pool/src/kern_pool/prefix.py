@@ -61,15 +61,33 @@ class Hit(Generic[R, P]):
 
 
 @dataclass(frozen=True, slots=True)
-class Evicted:
-    """What `evict` did to the entry at `key`: PARKED (now on the host) or dropped.
+class Evicted(Generic[R, P]):
+    """What `evict` did: the resident value at `key` left the device; the entry is parked or gone.
 
-    `dropped` lists the keys of parked entries dropped to make room on the host.
+    Attributes:
+        key: the entry's tokens (its length is `len(key)`).
+        parked: the entry's host value now (borrowed from the index, like a hit's), or None when
+            the entry was dropped.
+        dropped: keys of the parked entries dropped to make room on the host, coldest first.
+        value: the resident value that left; the index has released it (compare by identity only).
+        stateful: whether the entry holds a state slot (usable only at exactly `len(key)`).
+        parked_now: True when `park` made `parked` in this call; False when the entry was parked
+            already (only its resident copy went) or was dropped.
+        dropped_values: the parked values of `dropped`, in that order (released, identity only).
     """
 
     key: tuple[int, ...]
-    parked: bool
+    parked: P | None
     dropped: tuple[tuple[int, ...], ...]
+    value: R
+    stateful: bool
+    parked_now: bool
+    dropped_values: tuple[P, ...]
+
+    @property
+    def tier(self) -> Tier | None:
+        """Where the entry lives now: PARKED, or None when it left the index."""
+        return Tier.PARKED if self.parked is not None else None
 
 
 class _Entry(Generic[R, P]):
@@ -133,6 +151,32 @@ def _compact(heap: list[tuple[int, int, _Entry[R, P]]], resident: bool) -> list[
     return live
 
 
+def _tokens(arg: str, key: object) -> tuple[int, ...]:
+    """`key` as a tuple of token ids; ApiError naming `arg` unless every element is an int >= 0."""
+    if isinstance(key, str | bytes) or not isinstance(key, Sequence):
+        raise ApiError(f"{arg} must be a sequence of token ids (ints >= 0), got {type(key).__name__}")
+    tokens = tuple(key)  # pyright: ignore[reportUnknownArgumentType]
+    # NOTE: one C-level pass over the types (bool is a subclass of int, not int itself).
+    if tokens and (set(map(type, tokens)) != {int} or min(tokens) < 0):
+        at, bad = next((i, t) for i, t in enumerate(tokens) if type(t) is not int or t < 0)
+        raise ApiError(f"{arg} must hold token ids (ints >= 0), got {bad!r} at index {at}")
+    return tokens  # pyright: ignore[reportUnknownVariableType]
+
+
+def _check_kept(arg: str, value: object) -> None:
+    """ApiError naming `arg` unless `value` has an int length >= 1, a bool stateful and release()."""
+    length = getattr(value, "length", None)
+    if type(length) is not int or type(getattr(value, "stateful", None)) is not bool:
+        raise ApiError(
+            f"{arg} must have an int length, a bool stateful and release() (a Checkpoint, a Parked, ...), "
+            f"got {type(value).__name__}"
+        )
+    if not callable(getattr(value, "release", None)):
+        raise ApiError(f"{arg} must have release(), got {type(value).__name__}")
+    if getattr(value, "live", True) is False:
+        raise ApiError(f"{arg} was released; it names nothing")
+
+
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     """Common prefix length of two sequences, by binary search over slice equality."""
     lo, hi = 0, min(len(a), len(b))
@@ -150,12 +194,20 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
 class Prefix(Generic[R, P]):
     """The radix tree. `unit` is the page size: stateless entries hit partially at whole pages."""
 
-    __slots__ = ("_heap_p", "_heap_r", "_push", "_root", "_tick", "unit")
+    __slots__ = ("_heap_p", "_heap_r", "_held", "_push", "_root", "_tick", "unit")
 
     def __init__(self, unit: int) -> None:
-        if unit <= 0:
-            raise ApiError(f"Prefix unit must be a positive token count, got {unit}")
+        """An empty index for pages of `unit` tokens.
+
+        Raises:
+            ApiError: `unit` is not a positive int.
+        """
+        if type(unit) is not int or unit <= 0:
+            raise ApiError(f"Prefix unit must be a positive int (tokens per page), got {unit!r}")
         self.unit = unit
+        # NOTE: id(value) -> the entry holding it, for membership only (never iterated): the index
+        # owns each value once, so the same object under two keys or tiers is refused.
+        self._held: dict[int, _Entry[R, P]] = {}
         self._root: _Node[R, P] = _Node((), None, 0)
         self._tick = 0
         self._push = 0
@@ -240,6 +292,7 @@ class Prefix(Generic[R, P]):
         value = entry.resident
         assert value is not None
         entry.resident = None
+        del self._held[id(value)]
         self._bump(entry, -1, 0)
         if entry.parked is None:
             entry.node.entry = None
@@ -250,6 +303,7 @@ class Prefix(Generic[R, P]):
         value = entry.parked
         assert value is not None
         entry.parked = None
+        del self._held[id(value)]
         self._bump(entry, 0, -1)
         if entry.resident is None:
             entry.node.entry = None
@@ -264,13 +318,27 @@ class Prefix(Generic[R, P]):
         If a resident entry already has these tokens, it is re-stamped and `value` released;
         a parked-only entry becomes resident too. A stateless entry one page longer than a
         resident-only stateless entry on its path replaces that entry. Returns True when kept.
+        Inserting the value the index already holds under `key` re-stamps it and returns False
+        (nothing is released).
 
         Raises:
-            ApiError: empty key, length mismatch, or statefulness differs from the entry's.
+            ApiError: a key that is not token ids, an empty key, a value without length / stateful
+                / release() or released, a length other than the key's, a statefulness other than
+                the entry's, or a value the index already holds under another key or as a parked
+                value (insert a clone). Nothing changes.
         """
-        tokens = tuple(key)
+        tokens = _tokens("key", key)
+        _check_kept("value", value)
         if not tokens or value.length != len(tokens):
             raise ApiError(f"key of {len(tokens)} tokens must be non-empty and equal the value's length {value.length}")
+        holder = self._held.get(id(value))
+        if holder is not None:
+            if holder.resident is value and holder.key == tokens:
+                self._stamp_path(holder.node)
+                return False
+            raise ApiError(
+                f"value is already held by the index (under a key of {len(holder.key)} tokens); insert a clone"
+            )
         found = self._find(tokens)
         old = found.entry if found is not None and found.depth == len(tokens) else None
         if old is not None and old.stateful != value.stateful:
@@ -285,6 +353,7 @@ class Prefix(Generic[R, P]):
             entry = _Entry(tokens, node, value.stateful)
             node.entry = entry
         entry.resident = value
+        self._held[id(value)] = entry
         self._bump(entry, 1, 0)
         self._stamp_path(node)
         self._replace_shorter(entry)
@@ -306,8 +375,11 @@ class Prefix(Generic[R, P]):
         A stateful entry is usable only at its exact length; a stateless one at its length, or
         at the whole pages it shares with the prompt. Longest wins; at equal length resident
         beats parked. A hit re-stamps the entries on its path (the root gets the newest tick).
+
+        Raises:
+            ApiError: `prompt` is not a sequence of token ids (ints >= 0).
         """
-        q = tuple(prompt[:-1])
+        q = _tokens("prompt", prompt)[:-1]
         best: tuple[int, int] = (0, -1)
         pick: _Candidate[R, P] | None = None
         for cand in self._candidates(q):
@@ -381,7 +453,7 @@ class Prefix(Generic[R, P]):
             heapq.heappop(heap)
         return None
 
-    def evict(self, park: Callable[[R], P | None] | None) -> Evicted | None:
+    def evict(self, park: Callable[[R], P | None] | None) -> Evicted[R, P] | None:
         """Park or drop the least recently hit resident leaf; None when nothing is resident.
 
         `park(value)` copies the value to the host and returns the parked value, or None when
@@ -389,42 +461,72 @@ class Prefix(Generic[R, P]):
         On None the coldest parked leaf is dropped and the park retried; with no host
         (`park` is None) or nothing parked left, the entry is dropped. An entry already parked
         just lets its resident copy go. If `park` raises, the entry is dropped and the error
-        propagates.
+        propagates; a `park` that returns something the index cannot keep (no length /
+        stateful / release(), another length or statefulness, a value the index already holds)
+        is such an error too: the entry is dropped and ApiError raised.
+
+        Raises:
+            ApiError: `park` is neither None nor callable (nothing changes), or it returned a
+                value the index cannot keep (the entry is dropped).
         """
+        if park is not None and not callable(park):
+            raise ApiError(f"park must be a callable or None, got {type(park).__name__}")
         entry = self._coldest(self._heap_r, True)
         if entry is None:
             return None
-        if entry.parked is not None or park is None:
-            was_parked = entry.parked is not None
-            self._drop_resident(entry)
-            return Evicted(entry.key, was_parked, ())
-        dropped: list[tuple[int, ...]] = []
         value = entry.resident
         assert value is not None
+        if entry.parked is not None or park is None:
+            had = entry.parked
+            self._drop_resident(entry)
+            return Evicted(entry.key, had, (), value, entry.stateful, False, ())
+        dropped: list[_Entry[R, P]] = []
+        gone: list[P] = []
         while True:
             try:
                 parked = park(value)
+                if parked is not None:
+                    self._check_parked(entry, parked)
             except BaseException:
                 self._drop_resident(entry)
                 raise
             if parked is not None:
                 entry.parked = parked
+                self._held[id(parked)] = entry
                 self._bump(entry, 0, 1)
                 self._push += 1
                 heapq.heappush(self._heap_p, (entry.stamp, self._push, entry))
                 self._drop_resident(entry)
-                return Evicted(entry.key, True, tuple(dropped))
+                return Evicted(entry.key, parked, tuple(e.key for e in dropped), value, entry.stateful, True, tuple(gone))
             victim = self._coldest(self._heap_p, False)
             if victim is None:
                 self._drop_resident(entry)
-                return Evicted(entry.key, False, tuple(dropped))
-            dropped.append(victim.key)
+                return Evicted(entry.key, None, tuple(e.key for e in dropped), value, entry.stateful, False, tuple(gone))
+            dropped.append(victim)
+            assert victim.parked is not None
+            gone.append(victim.parked)
             self._drop_parked(victim)
+
+    def _check_parked(self, entry: _Entry[R, P], parked: P) -> None:
+        _check_kept("park's result", parked)
+        if parked.length != len(entry.key) or parked.stateful != entry.stateful:
+            raise ApiError(
+                f"park returned a value of {parked.length} tokens (stateful {parked.stateful}) for an entry of "
+                f"{len(entry.key)} (stateful {entry.stateful})"
+            )
+        if id(parked) in self._held:
+            raise ApiError("park returned a value the index already holds; return a new parked value")
 
     # ---- views ---------------------------------------------------------------------------
 
     def count(self, tier: Tier) -> int:
-        """Entries with a value in `tier`."""
+        """Entries with a value in `tier`.
+
+        Raises:
+            ApiError: `tier` is not a Tier.
+        """
+        if not isinstance(tier, Tier):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"tier must be a Tier (RESIDENT or PARKED), got {tier!r}")
         return self._root.res if tier is Tier.RESIDENT else self._root.park
 
     def entries(self) -> list[tuple[tuple[int, ...], bool, bool]]:
