@@ -375,7 +375,7 @@ def test_parked_entry_becomes_resident_again() -> None:
 
 @pytest.mark.parametrize("unit", [0, -4, "x", 4.0, True, None])
 def test_unit_must_be_a_positive_int(unit: object) -> None:
-    with pytest.raises(ApiError, match="^Prefix unit must be a positive int"):
+    with pytest.raises(ApiError, match=r"^Prefix unit must be a positive int"):
         Prefix(unit)  # type: ignore[arg-type]
 
 
@@ -471,7 +471,7 @@ def test_a_released_value_is_refused() -> None:
     before = _state(tree)
     dead = Live(2, False, "dead")
     dead.release()
-    with pytest.raises(ApiError, match="^value was released"):
+    with pytest.raises(ApiError, match=r"^value was released"):
         tree.insert((8, 8), dead)
     assert _state(tree) == before
 
@@ -480,7 +480,7 @@ def test_a_released_value_is_refused() -> None:
 def test_bad_prompts_raise_and_change_nothing(prompt: object) -> None:
     tree, _ = _filled()
     before = _state(tree)
-    with pytest.raises(ApiError, match="^prompt must"):
+    with pytest.raises(ApiError, match=r"^prompt must"):
         tree.lookup(prompt)  # type: ignore[arg-type]
     assert _state(tree) == before
     assert _shape(tree.evict(None)) == ((3, 4, 5, 6), False, (), False)
@@ -489,9 +489,9 @@ def test_bad_prompts_raise_and_change_nothing(prompt: object) -> None:
 def test_bad_evict_and_count_arguments_raise() -> None:
     tree, vals = _filled()
     before = _state(tree)
-    with pytest.raises(ApiError, match="^park must be a callable or None, got str"):
+    with pytest.raises(ApiError, match=r"^park must be a callable or None, got str"):
         tree.evict("host")  # type: ignore[arg-type]
-    with pytest.raises(ApiError, match="^tier must be a Tier"):
+    with pytest.raises(ApiError, match=r"^tier must be a Tier"):
         tree.count("resident")  # type: ignore[arg-type]
     assert _state(tree) == before and not any(v.released for v in vals)
 
