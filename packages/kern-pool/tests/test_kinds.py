@@ -23,14 +23,14 @@ def test_whole_blocks_and_partial_blocks_come_out_lowest_first() -> None:
     assert k.take(3) == [3, 5, 64]
     assert k.take(2) == [127, 130]
     assert (k.free, k.held) == (200 - 131, 131)
-    assert all(k.state[i] is Status.HELD for i in range(131))
+    assert all(k.state[i] == Status.HELD for i in range(131))
 
 
 def test_retired_ids_are_not_taken_and_return_when_they_arrive() -> None:
     k = _kind(70)
     k.retire(0)
     k.retire(65)
-    assert k.free == 68 and k.state[0] is Status.LEAVING
+    assert k.free == 68 and k.state[0] == Status.LEAVING
     assert k.take(66) == [i for i in range(68) if i not in (0, 65)]
     k.arrive(0)
     assert k.take(1) == [0]
@@ -57,4 +57,4 @@ def test_matches_a_sorted_set(limit: int, ops: list[tuple[str, int]]) -> None:
             k.retire(i)
             free.discard(i)
         assert (k.free, k.held) == (len(free), len(held))
-    assert sorted(i for i in range(limit) if k.state[i] is Status.FREE) == sorted(free)
+    assert sorted(i for i in range(limit) if k.state[i] == Status.FREE) == sorted(free)

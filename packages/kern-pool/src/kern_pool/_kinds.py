@@ -19,13 +19,14 @@ class Status(IntEnum):
     LEAVING = 4
 
 
-_FREE = Status.FREE
-_HELD = Status.HELD
+_FREE = int(Status.FREE)
+_HELD = int(Status.HELD)
 
 
 _BITS = 64
 """Ids per block of the free set: one Python int bit mask per block."""
 _FULL = (1 << _BITS) - 1
+_HELD_BLOCK = bytes([_HELD]) * _BITS
 
 
 class Kind:
@@ -41,7 +42,8 @@ class Kind:
     def __init__(self, arenas: range, limit: int) -> None:
         self.arenas = arenas
         self.limit = limit
-        self.state: list[Status] = [Status.ABSENT] * limit
+        # NOTE: one byte per id (a Status value): runs change with one slice store.
+        self.state = bytearray(limit)
         nblocks = -(-limit // _BITS)
         self.masks: list[int] = [0] * nblocks
         self.blocks: list[int] = []
@@ -59,8 +61,8 @@ class Kind:
             m = masks[b]
             base = b * _BITS
             if m == _FULL and need >= _BITS:
-                out.extend(range(base, base + _BITS))
-                state[base : base + _BITS] = [held] * _BITS
+                out += range(base, base + _BITS)
+                state[base : base + _BITS] = _HELD_BLOCK
                 need -= _BITS
                 m = 0
             else:
@@ -86,7 +88,29 @@ class Kind:
             heapq.heappush(self.blocks, b)
 
     def give(self, ids: Sequence[int]) -> None:
-        """Return held objects; they stay of this kind."""
+        """Return held objects (distinct ids); they stay of this kind."""
+        n = len(ids)
+        if n == 1:
+            i = ids[0]
+            self.state[i] = _FREE
+            self._set(i // _BITS, 1 << (i % _BITS))
+        elif n and max(ids) - (lo := min(ids)) == n - 1:
+            self._give_run(lo, lo + n)  # NOTE: n distinct ids within n consecutive: exactly that run
+        elif n:
+            self._give_each(ids)
+        self.free += n
+        self.held -= n
+
+    def _give_run(self, start: int, stop: int) -> None:
+        """Free the run [start, stop): one slice store, one mask update per block."""
+        self.state[start:stop] = bytes([_FREE]) * (stop - start)
+        b = start // _BITS
+        while start < stop:
+            end = min(stop, (b + 1) * _BITS)
+            self._set(b, ((1 << (end - start)) - 1) << (start - b * _BITS))
+            start, b = end, b + 1
+
+    def _give_each(self, ids: Sequence[int]) -> None:
         state, free = self.state, _FREE
         block, bits = -1, 0
         for i in ids:
@@ -99,26 +123,25 @@ class Kind:
             bits |= 1 << (i % _BITS)
         if bits:
             self._set(block, bits)
-        self.free += len(ids)
-        self.held -= len(ids)
 
     def arrive(self, i: int) -> None:
         """A made object landed (or was made at creation): it becomes free."""
-        self.state[i] = Status.FREE
+        self.state[i] = _FREE
         self._set(i // _BITS, 1 << (i % _BITS))
         self.free += 1
 
     def retire(self, i: int) -> None:
         """A free object starts leaving this kind (its memory is unmapped by a remap plan)."""
-        self.state[i] = Status.LEAVING
+        self.state[i] = Status.LEAVING.value
         self.masks[i // _BITS] &= ~(1 << (i % _BITS))
         self.free -= 1
 
     def highest_free(self, keep: int) -> list[int]:
         """Free ids, highest first, leaving the `keep` lowest free ones out."""
-        ids = [i for i in range(self.limit - 1, -1, -1) if self.state[i] is Status.FREE]
+        ids = [i for i in range(self.limit - 1, -1, -1) if self.state[i] == _FREE]
         return ids[: max(0, len(ids) - keep)]
 
     def absent(self) -> list[int]:
         """Absent ids, lowest first."""
-        return [i for i in range(self.limit) if self.state[i] is Status.ABSENT]
+        absent = Status.ABSENT.value
+        return [i for i in range(self.limit) if self.state[i] == absent]

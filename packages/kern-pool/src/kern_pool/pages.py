@@ -367,7 +367,7 @@ class Pool:
 
     def _make(self, kind: Kind, i: int, maps: list[Map]) -> int:
         self._chunks.make(kind.arenas, i, maps)
-        kind.state[i] = Status.ARRIVING
+        kind.state[i] = Status.ARRIVING.value
         return i
 
     # ---- queries -------------------------------------------------------------------------
@@ -431,8 +431,8 @@ class Pool:
         """The pool's whole state as comparable data."""
         users, chunk_at, free = self._chunks.snapshot()
         return PoolSnapshot(
-            tuple(self._pages.state),
-            tuple(self._slots.state),
+            tuple(map(Status, self._pages.state)),
+            tuple(map(Status, self._slots.state)),
             users,
             chunk_at,
             free,
@@ -459,9 +459,9 @@ class Pool:
         for s in plan.made_slots:
             self._slots.arrive(s)
         for p in plan.unmade_pages:
-            self._pages.state[p] = Status.ABSENT
+            self._pages.state[p] = Status.ABSENT.value
         for s in plan.unmade_slots:
-            self._slots.state[s] = Status.ABSENT
+            self._slots.state[s] = Status.ABSENT.value
 
     def _take(self, pages: int, slots: int) -> tuple[list[PageId], list[SlotId]]:
         kp, ks = self._pages, self._slots
@@ -731,13 +731,16 @@ class Pool:
     # ---- giving back ---------------------------------------------------------------------
 
     def _unref(self, node: Node | None) -> None:
+        pages: list[PageId] = []
         while node is not None:
             node.refs -= 1
             if node.refs:
-                return
-            self._pages.give([node.page])
-            self._nodes -= 1
+                break
+            pages.append(node.page)
             node = node.parent
+        if pages:
+            self._pages.give(pages)
+            self._nodes -= len(pages)
 
     def _drop_lease(self, lease: Lease) -> None:
         lease._live = False  # pyright: ignore[reportPrivateUsage]
