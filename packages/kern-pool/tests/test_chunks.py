@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kern_pool import (
@@ -10,6 +12,7 @@ from kern_pool import (
     HEADROOM,
     Capacity,
     ConfigError,
+    LineTable,
     PagedState,
     PoolConfig,
     SeqState,
@@ -70,14 +73,24 @@ def test_budget_without_tokens_takes_free_memory_minus_headroom() -> None:
     [
         {"paged": (), "per_seq": ()},
         {"paged": (PagedState("a", 1), PagedState("a", 2))},
-        {"paged": (PagedState("a", 0),)},
-        {"per_seq": (SeqState("s", -1),)},
         {"unit": 0},
         {"row_pages": 0},
         {"chunk": 0},
         {"chunks": -1},
         {"first_slots": 1},
         {"per_seq": (SeqState("s", 8),), "first_slots": 100},
+        {"unit": True},
+        {"unit": 4.0},
+        {"chunks": "16"},
+        {"paged": [PagedState("kv", 1)]},
+        {"paged": ("kv",)},
+        {"chunks": 0},
+        {"chunk": 1, "chunks": 3},  # a 4-byte page needs 4 one-byte chunks: holds nothing
+        {"per_seq": (SeqState("s", 64),), "chunks": 16},  # one page, but no slot fits
+        {"per_seq": (SeqState("s", 8),), "line_tables": (LineTable("lt", "kv", 1, 4),)},
+        {"per_seq": (SeqState("s", 8),), "line_tables": (LineTable("lt", "s", 3, 4),)},
+        {"per_seq": (SeqState("s", 8),), "line_tables": (LineTable("lt", "s", 1, 4), LineTable("lt", "s", 2, 4))},
+        {"per_seq": (SeqState("s", 8),), "line_tables": [LineTable("lt", "s", 1, 4)]},
     ],
 )
 def test_bad_configs_raise(kwargs: dict[str, object]) -> None:
@@ -99,3 +112,54 @@ def test_capacity_limits() -> None:
     assert cfg.pages_max == 17
     assert cfg.slots_max == 10
     assert cfg.chunks_for(4, 1) == 3 + 2
+
+
+@pytest.mark.parametrize(
+    ("make", "line"),
+    [
+        (lambda: PagedState("a", 0), r"^state 'a': bytes_per_token must be an int >= 1, got 0$"),
+        (lambda: PagedState("a", True), r"^state 'a': bytes_per_token must be an int >= 1, got True$"),
+        (lambda: PagedState("", 1), r"^PagedState.name must be a non-empty str, got ''$"),
+        (lambda: SeqState("s", -1), r"^state 's': bytes_per_seq must be an int >= 1, got -1$"),
+        (lambda: SeqState(3, 8), r"^SeqState.name must be a non-empty str, got 3$"),
+        (lambda: Capacity(-1), r"^Capacity.tokens must be an int >= 0, got -1$"),
+        (lambda: Capacity("16"), r"^Capacity.tokens must be an int >= 0, got '16'$"),
+        (lambda: Capacity(16, -2), r"^Capacity.seqs must be an int >= 0, got -2$"),
+        (lambda: Capacity(16.0, 1), r"^Capacity.tokens must be an int >= 0, got 16.0$"),
+        (lambda: LineTable("lt", "s", 0, 4), r"^line table 'lt': lines must be an int >= 1, got 0$"),
+        (lambda: LineTable("lt", "s", 1, 4, width=0), r"^line table 'lt': width must be an int >= 1, got 0$"),
+        (lambda: chunk_bytes(True), r"^smallest pooled object must be a positive int of bytes, got True$"),
+    ],
+)
+def test_bad_parts_raise_one_line(make: Any, line: str) -> None:
+    with pytest.raises(ConfigError, match=line):
+        make()
+
+
+KV = PagedState("kv", MiB)
+SSM = SeqState("ssm", 4 * MiB)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "line"),
+    [
+        ({"unit": 17, "capacity": Capacity(16)}, r"^Capacity.tokens 16 is less than one page of 17 tokens: the pool would hold no page$"),
+        ({"capacity": Capacity(0, 0)}, r"^Capacity.seqs is 0: a pool for no live sequence holds nothing$"),
+        ({"capacity": Capacity(0, 1)}, r"^Capacity.tokens 0 is less than one page of 16 tokens"),
+        ({"capacity": Capacity(None), "free_bytes": HEADROOM}, r"^1073741824 free bytes leave no [0-9]+-byte chunk past"),
+        ({"capacity": Capacity(None), "free_bytes": -5}, r"^free_bytes must be an int >= 0, got -5$"),
+        ({"capacity": (16, 1)}, r"^capacity must be a Capacity, got tuple$"),
+        ({"unit": 0}, r"^unit must be an int >= 1, got 0$"),
+        ({"row_pages": "8"}, r"^row_pages must be an int >= 1, got '8'$"),
+    ],
+)
+def test_capacities_that_hold_nothing_raise_one_line(kwargs: dict[str, Any], line: str) -> None:
+    base: dict[str, Any] = {"unit": 16, "row_pages": 8, "capacity": Capacity(64)}
+    with pytest.raises(ConfigError, match=line):
+        pool_config((KV,), (SSM,), **(base | kwargs))
+
+
+def test_capacity_defaults_to_one_sequence_and_the_smallest_pool_holds_one() -> None:
+    assert Capacity(16) == Capacity(tokens=16, seqs=1)
+    cfg = pool_config((KV,), (SSM,), unit=16, row_pages=8, capacity=Capacity(16))
+    assert cfg.pages_max >= 1 and cfg.slots_max >= 3

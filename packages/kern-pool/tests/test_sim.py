@@ -110,7 +110,7 @@ POOL = "raise --unit or --state-bytes, or lower --tokens"
         (["--tokens", str(1 << 30), "--unit", "1", "--bytes-per-token", "1"],
          f"the pool would hold 1073741824 pages and 0 slots, over 4194304 in all: {POOL}"),
         (["--state-bytes", "1"], f"the pool would hold 4124 pages and 9730785280 slots, over 4194304 in all: {POOL}"),
-        (["--unit", "99999999999"], "1 page(s) and 0 slot(s) exceed the pool's whole budget"),
+        (["--unit", "99999999999"], "Capacity.tokens 65536 is less than one page of 99999999999 tokens: the pool would hold no page"),
         (["--tokens", "abc"], "argument --tokens: invalid int value: 'abc' (see kern-pool-sim --help)"),
         (["--zipf", "skewed"], "argument --zipf: invalid float value: 'skewed' (see kern-pool-sim --help)"),
         (["--zipf"], "argument --zipf: expected one argument (see kern-pool-sim --help)"),

@@ -21,6 +21,7 @@ __all__ = [
     "Capacity",
     "ChunkId",
     "Grant",
+    "LineTable",
     "Map",
     "PageId",
     "PagedState",
@@ -56,35 +57,98 @@ def chunk_bytes(smallest_object: int) -> int:
     Raises:
         ConfigError: `smallest_object` is not positive.
     """
-    if smallest_object <= 0:
-        raise ConfigError(f"smallest pooled object must be positive bytes, got {smallest_object}")
+    if type(smallest_object) is not int or smallest_object <= 0:
+        raise ConfigError(f"smallest pooled object must be a positive int of bytes, got {smallest_object!r}")
     if smallest_object < 2 * GRANULE:
         return CHUNK_CAP
     return min(CHUNK_CAP, smallest_object // 2 // GRANULE * GRANULE)
 
 
+def _int(what: str, value: object, least: int) -> None:
+    """ConfigError naming `what` unless `value` is an int (not a bool) of at least `least`."""
+    if type(value) is not int or value < least:
+        raise ConfigError(f"{what} must be an int >= {least}, got {value!r}")
+
+
+def _name(what: str, value: object) -> None:
+    if type(value) is not str or not value:
+        raise ConfigError(f"{what} must be a non-empty str, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class PagedState:
-    """A state that scales with tokens (a KV cache): `bytes_per_token` in every page."""
+    """A state that scales with tokens (a KV cache): `bytes_per_token` in every page.
+
+    Raises:
+        ConfigError: an empty or non-str name, or bytes_per_token not a positive int.
+    """
 
     name: str
     bytes_per_token: int
 
+    def __post_init__(self) -> None:
+        _name("PagedState.name", self.name)
+        _int(f"state {self.name!r}: bytes_per_token", self.bytes_per_token, 1)
+
 
 @dataclass(frozen=True, slots=True)
 class SeqState:
-    """A state with one slot per live sequence (conv / SSM state): `bytes_per_seq` per slot."""
+    """A state with one slot per live sequence (conv / SSM state): `bytes_per_seq` per slot.
+
+    Raises:
+        ConfigError: an empty or non-str name, or bytes_per_seq not a positive int.
+    """
 
     name: str
     bytes_per_seq: int
 
+    def __post_init__(self) -> None:
+        _name("SeqState.name", self.name)
+        _int(f"state {self.name!r}: bytes_per_seq", self.bytes_per_seq, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LineTable:
+    """A line table over a per-seq state: `[lines, seqs]` or `[lines, seqs, width]` line indices.
+
+    One line is `stride` bytes of the state, so a slot holds `bytes_per_seq // stride` lines;
+    row `r` of a sequence names line `slot * lines_per_slot + r` (`Lease.seq_line`). A wide table
+    has `width` entries per (line, sequence) cell: the caller puts the line in the one its program
+    reads and the null line 0 in the rest.
+
+    Raises:
+        ConfigError: an empty name or state, or lines / stride / width not positive ints.
+    """
+
+    name: str
+    state: str
+    lines: int
+    stride: int
+    width: int = 1
+
+    def __post_init__(self) -> None:
+        _name("LineTable.name", self.name)
+        _name(f"line table {self.name!r}: state", self.state)
+        for field in ("lines", "stride", "width"):
+            _int(f"line table {self.name!r}: {field}", getattr(self, field), 1)
+
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """What the caller wants to hold at once: `tokens` (None: all free memory) and `seqs`."""
+    """What the caller wants to hold at once: `tokens` (None: all free memory) and `seqs`.
+
+    Raises:
+        ConfigError: tokens neither None nor an int >= 0, or seqs not an int >= 0 (whether the
+            numbers can hold anything is `pool_config`'s question).
+    """
 
     tokens: int | None
-    seqs: int
+    seqs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None:
+            _int("Capacity.tokens", self.tokens, 0)
+        _int("Capacity.seqs", self.seqs, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +163,13 @@ class PoolConfig:
         chunk: bytes per physical chunk.
         chunks: physical chunks in the budget.
         first_slots: slots made at creation (the rest of the budget becomes pages).
+        line_tables: the line tables over per-seq states (`Lease.seq_line`).
+
+    Raises:
+        ConfigError: a field of the wrong type or sign, duplicate state names, first slots
+            without a per-seq state or beyond the budget, a line table over no per-seq state of
+            this pool or naming more lines than a slot holds, or a budget that cannot hold one
+            sequence (one page plus a slot when there are per-seq states).
     """
 
     paged: tuple[PagedState, ...]
@@ -108,20 +179,25 @@ class PoolConfig:
     chunk: int
     chunks: int
     first_slots: int = 0
+    line_tables: tuple[LineTable, ...] = ()
 
     def __post_init__(self) -> None:
         _check_states(self.paged, self.per_seq)
-        for field, value in (("unit", self.unit), ("row_pages", self.row_pages), ("chunk", self.chunk)):
-            if value <= 0:
-                raise ConfigError(f"PoolConfig.{field} must be positive, got {value}")
-        if self.chunks < 0 or self.first_slots < 0:
-            raise ConfigError("PoolConfig.chunks and first_slots must not be negative")
+        for field in ("unit", "row_pages", "chunk"):
+            _int(f"PoolConfig.{field}", getattr(self, field), 1)
+        _int("PoolConfig.chunks", self.chunks, 0)
+        _int("PoolConfig.first_slots", self.first_slots, 0)
         if self.first_slots and not self.per_seq:
             raise ConfigError("PoolConfig.first_slots needs at least one per-seq state")
         if self.first_slots > self.slots_max:
             raise ConfigError(
                 f"{self.first_slots} first slots need more than the {self.chunks} chunks in the budget"
             )
+        _check_line_tables(self.line_tables, self.per_seq)
+        one = (1 if self.paged else 0, 1 if self.per_seq else 0)
+        if self.chunks_for(*one) > self.chunks:
+            what = " and ".join(w for w, n in zip(("one page", "one slot"), one, strict=True) if n)
+            raise ConfigError(f"a budget of {self.chunks} chunk(s) of {self.chunk} bytes cannot hold {what}: it holds nothing")
 
     @property
     def arenas(self) -> tuple[str, ...]:
@@ -155,18 +231,34 @@ class PoolConfig:
         )
 
 
+def _check_line_tables(tables: tuple[LineTable, ...], per_seq: tuple[SeqState, ...]) -> None:
+    if type(tables) is not tuple or not all(isinstance(t, LineTable) for t in tables):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ConfigError("PoolConfig.line_tables must be a tuple of LineTable")
+    states = {s.name: s for s in per_seq}
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"line table names must be unique, got {sorted(names)}")
+    for t in tables:
+        state = states.get(t.state)
+        if state is None:
+            raise ConfigError(f"line table {t.name!r} indexes {t.state!r}, not a per-seq state of this pool")
+        if t.lines > state.bytes_per_seq // t.stride:
+            raise ConfigError(
+                f"line table {t.name!r} names {t.lines} lines per sequence; a slot of {t.state!r} holds "
+                f"{state.bytes_per_seq // t.stride} lines of {t.stride} bytes"
+            )
+
+
 def _check_states(paged: tuple[PagedState, ...], per_seq: tuple[SeqState, ...]) -> None:
+    if type(paged) is not tuple or not all(isinstance(p, PagedState) for p in paged):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ConfigError("paged states must be a tuple of PagedState")
+    if type(per_seq) is not tuple or not all(isinstance(q, SeqState) for q in per_seq):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ConfigError("per-seq states must be a tuple of SeqState")
     if not paged and not per_seq:
         raise ConfigError("a pool needs at least one paged or per-seq state")
     names = [s.name for s in paged] + [s.name for s in per_seq]
     if len(set(names)) != len(names):
         raise ConfigError(f"pooled state names must be unique, got {sorted(names)}")
-    for p in paged:
-        if p.bytes_per_token <= 0:
-            raise ConfigError(f"state {p.name!r}: bytes_per_token must be positive")
-    for s in per_seq:
-        if s.bytes_per_seq <= 0:
-            raise ConfigError(f"state {s.name!r}: bytes_per_seq must be positive")
 
 
 def _ceil(a: int, b: int) -> int:
@@ -198,6 +290,7 @@ def pool_config(
     row_pages: int,
     capacity: Capacity,
     free_bytes: int | None = None,
+    line_tables: tuple[LineTable, ...] = (),
 ) -> PoolConfig:
     """Size chunks and the budget for `capacity`, and return the frozen config.
 
@@ -207,11 +300,23 @@ def pool_config(
     unset, the budget is `free_bytes` minus `HEADROOM`. `first_slots` is seqs + 2 either way.
 
     Raises:
-        ConfigError: bad states or unit, negative capacity, or tokens unset without free_bytes.
+        ConfigError: bad states, unit, row_pages or capacity; tokens unset without free_bytes; a
+            capacity that holds nothing (no live sequence, fewer tokens than one page, or free
+            bytes that leave no room past the headroom); see also `PoolConfig`.
     """
     _check_states(paged, per_seq)
-    if unit <= 0 or capacity.seqs < 0:
-        raise ConfigError(f"unit must be positive and seqs not negative, got {unit}, {capacity.seqs}")
+    _int("unit", unit, 1)
+    _int("row_pages", row_pages, 1)
+    if not isinstance(capacity, Capacity):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ConfigError(f"capacity must be a Capacity, got {type(capacity).__name__}")
+    if capacity.seqs < 1:
+        raise ConfigError(f"Capacity.seqs is {capacity.seqs}: a pool for no live sequence holds nothing")
+    if paged and capacity.tokens is not None and capacity.tokens < unit:
+        raise ConfigError(
+            f"Capacity.tokens {capacity.tokens} is less than one page of {unit} tokens: the pool would hold no page"
+        )
+    if capacity.tokens is None and free_bytes is not None:
+        _int("free_bytes", free_bytes, 0)
     sizes = [s.bytes_per_token * unit for s in paged] + [s.bytes_per_seq for s in per_seq]
     chunk = chunk_bytes(min(sizes))
     slots = capacity.seqs + 2 if per_seq else 0
@@ -225,7 +330,11 @@ def pool_config(
         tokens = capacity.tokens // unit * unit
         chunks = sum(_ceil(tokens * s.bytes_per_token, chunk) for s in paged)
         chunks += sum(_ceil(slots * s.bytes_per_seq, chunk) for s in per_seq)
-    return PoolConfig(paged, per_seq, unit, row_pages, chunk, chunks, slots)
+    if chunks == 0:
+        raise ConfigError(
+            f"{free_bytes} free bytes leave no {chunk}-byte chunk past the {HEADROOM}-byte headroom: the pool holds nothing"
+        )
+    return PoolConfig(paged, per_seq, unit, row_pages, chunk, chunks, slots, line_tables)
 
 
 @dataclass(frozen=True, slots=True)
