@@ -26,6 +26,7 @@ from kern_pool import (
     ExceedsPool,
     ExceedsRow,
     Lease,
+    LineTable,
     PagedState,
     PageId,
     Pool,
@@ -588,6 +589,8 @@ def test_bad_calls_raise_and_leave_the_pool_unchanged() -> None:
     cp, _ = pool.checkpoint(lease, 4)
     dead = pool.lease(1)
     dead.release()
+    dead_cp = cp.clone()
+    dead_cp.release()
     stranger = other.lease(4)
     calls = [
         lambda: pool.lease(0),
@@ -607,12 +610,47 @@ def test_bad_calls_raise_and_leave_the_pool_unchanged() -> None:
         lambda: pool.lease_slot(),
         lambda: Lease(object(), pool, [], [], None, 0, True),  # pyright: ignore[reportArgumentType]
         lambda: Pool(object(), KV),
+        # wrong types, stale handles, handles of the wrong kind
+        lambda: pool.lease(True),
+        lambda: pool.lease(4.0),
+        lambda: pool.lease("4"),
+        lambda: pool.checkpoint(lease, 4.0),
+        lambda: pool.checkpoint(lease, True),
+        lambda: pool.checkpoint(cp, 4),
+        lambda: pool.checkpoint("lease", 4),
+        lambda: pool.retire(cp, 4),
+        lambda: pool.fork(cp, 4, 8),
+        lambda: pool.fork(lease, 4, 8.0),
+        lambda: pool.fork(lease, 4, True),
+        lambda: pool.restore(lease, 4, 8),
+        lambda: pool.restore(cp, 4, 8.0),
+        lambda: pool.restore(cp, 4, None),
+        lambda: pool.restore(dead_cp, 4, 8),
+        lambda: dead_cp.clone(),
+        lambda: dead_cp.release(),
+        lambda: dead_cp.pages,
+        lambda: dead.pages,
+        lambda: dead.kv_index(0),
+        lambda: dead.table_row(),
+        lambda: pool.retire(dead, 1),
+        lambda: pool.fork(dead, 1, 4),
+        lambda: lease.kv_index(8),  # past the lease
+        lambda: lease.kv_index(2),  # inside the sealed page
+        lambda: lease.kv_index(4.0),
+        lambda: lease.kv_index(True),
+        lambda: lease.kv_indices(4, 9),
+        lambda: lease.kv_indices(6, 6),
+        lambda: lease.kv_indices(4, 8.0),
+        lambda: lease.seq_line("lines", 0),  # no line tables in this pool
+        lambda: pool.complete(None),  # pyright: ignore[reportArgumentType]
+        lambda: Pool.create("KV"),  # pyright: ignore[reportArgumentType]
     ]
     for call in calls:
-        before = pool.snapshot(), other.snapshot(), lease.pages, cp.pages, stranger.pages
+        before = pool.snapshot(), other.snapshot(), lease.pages, cp.pages, stranger.pages, lease.length
         with pytest.raises(ApiError):
             call()
-        assert (pool.snapshot(), other.snapshot(), lease.pages, cp.pages, stranger.pages) == before
+        assert (pool.snapshot(), other.snapshot(), lease.pages, cp.pages, stranger.pages, lease.length) == before
+        assert (pool.pages_used, pool.slots_used) == (2, 0)
 
 
 def test_records_have_no_dict() -> None:
@@ -633,3 +671,44 @@ def test_a_200k_page_chain_unwinds_without_recursion() -> None:
     assert pool.pages_used == 200_000
     child.release()
     assert (pool.pages_used, pool.snapshot().nodes) == (0, 0)
+
+
+LINES = PoolConfig(
+    (PagedState("kv", 1),),
+    (SeqState("gdn", 24),),
+    unit=4,
+    row_pages=4,
+    chunk=4,
+    chunks=64,
+    first_slots=4,
+    line_tables=(LineTable("line_index", "gdn", 3, 8), LineTable("wide", "gdn", 2, 12, width=4)),
+)
+
+
+def test_seq_line_is_slot_times_lines_per_slot_plus_row() -> None:
+    pool, _ = Pool.create(LINES)
+    a, b = pool.lease(4), pool.lease(8)
+    assert (a.state_slot, b.state_slot) == (0, 1)
+    # 24-byte slots: 3 lines of 8 bytes (line_index), 2 lines of 12 bytes (wide)
+    assert [b.seq_line("line_index", r) for r in range(3)] == [3, 4, 5]
+    assert [a.seq_line("line_index", r) for r in range(3)] == [0, 1, 2]
+    assert [b.seq_line("wide", r) for r in range(2)] == [2, 3]
+    assert (b.seq_lines("line_index"), b.seq_width("line_index")) == (3, 1)
+    assert (b.seq_lines("wide"), b.seq_width("wide")) == (2, 4)
+    only = pool.lease_slot()
+    assert only.seq_line("line_index", 2) == only.state_slot * 3 + 2  # pyright: ignore[reportOptionalOperand]
+    before = pool.snapshot()
+    for call, line in [
+        (lambda: b.seq_line("line_index", 3), r"^'line_index' has 3 line\(s\) per sequence: r must be an int in \[0, 3\), got 3$"),
+        (lambda: b.seq_line("line_index", -1), r"got -1$"),
+        (lambda: b.seq_line("line_index", True), r"got True$"),
+        (lambda: b.seq_line("nope", 0), r"^'nope' is not a line table of this pool \(line tables: line_index, wide\)$"),
+        (lambda: b.seq_width("nope"), r"^'nope' is not a line table"),
+        (lambda: b.seq_lines("nope"), r"^'nope' is not a line table"),
+    ]:
+        with pytest.raises(ApiError, match=line):
+            call()
+    assert pool.snapshot() == before
+    a.release()
+    with pytest.raises(ApiError, match="released"):
+        a.seq_line("line_index", 0)

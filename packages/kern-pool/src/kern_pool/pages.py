@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
 from kern_pool._kinds import Kind, Status
-from kern_pool.chunks import ChunkMap, Map, PageId, PoolConfig, Remap, SlotId, Unmap, grants
+from kern_pool.chunks import (
+    ChunkMap,
+    LineTable,
+    Map,
+    PageId,
+    PoolConfig,
+    Remap,
+    SlotId,
+    Unmap,
+    grants,
+)
 from kern_pool.errors import ApiError, Busy, ExceedsPool, ExceedsRow, Remapping
 
 if TYPE_CHECKING:
@@ -139,6 +149,11 @@ class Lease:
         if not self._live:
             raise ApiError("this lease was released or retired; it names nothing")
 
+    def _page(self, k: int) -> PageId:
+        """Page `k` in token order, without building the whole list."""
+        sealed = len(self._nodes)
+        return self._nodes[k].page if k < sealed else self._own[k - sealed]
+
     @property
     def live(self) -> bool:
         """False once released or retired."""
@@ -216,6 +231,8 @@ class Lease:
 
     def _writable(self, start: int, stop: int) -> None:
         self._check()
+        if type(start) is not int or type(stop) is not int:
+            raise ApiError(f"positions must be ints, got {start!r}, {stop!r}")
         if not self._paged:
             raise ApiError("a slot-only lease has no pages: it has no token positions")
         floor = max(self._prefix, len(self._nodes) * self._pool.unit)
@@ -234,6 +251,47 @@ class Lease:
         if not pages:
             raise ApiError("a slot-only lease has no page-table row")
         return pages + (pages[0],) * (self._pool.row_pages - len(pages))
+
+    def _line_table(self, table: str) -> LineTable:
+        self._check()
+        for t in self._pool.config.line_tables:
+            if t.name == table:
+                return t
+        names = ", ".join(t.name for t in self._pool.config.line_tables) or "none"
+        raise ApiError(f"{table!r} is not a line table of this pool (line tables: {names})")
+
+    def seq_line(self, table: str, r: int) -> int:
+        """The line index row `r` of line table `table` holds for this sequence.
+
+        `slot * lines_per_slot + r`, where a slot of the table's state holds
+        `bytes_per_seq // stride` lines: the entry `[r, i]` (or one of the `seq_width` entries of
+        cell `[r, i]` in a wide table) when this sequence is column `i` of a batch.
+
+        Raises:
+            ApiError: released lease, no such line table, `r` not an int in [0, seq_lines).
+        """
+        t = self._line_table(table)
+        if type(r) is not int or not 0 <= r < t.lines:
+            raise ApiError(f"{table!r} has {t.lines} line(s) per sequence: r must be an int in [0, {t.lines}), got {r!r}")
+        assert self._slot is not None  # NOTE: a line table needs a per-seq state: every lease has a slot
+        state = next(q for q in self._pool.config.per_seq if q.name == t.state)
+        return self._slot * (state.bytes_per_seq // t.stride) + r
+
+    def seq_lines(self, table: str) -> int:
+        """Rows of line table `table` per sequence (the `lines` of `[lines, seqs(, w)]`).
+
+        Raises:
+            ApiError: released lease, or no such line table.
+        """
+        return self._line_table(table).lines
+
+    def seq_width(self, table: str) -> int:
+        """Entries per (line, sequence) cell of line table `table`: 1, or a wide table's `w`.
+
+        Raises:
+            ApiError: released lease, or no such line table.
+        """
+        return self._line_table(table).width
 
     def release(self) -> None:
         """Give back the owned pages, the chain reference and the slot.
@@ -350,6 +408,8 @@ class Pool:
 
         The initial plan has landed by definition: execute it before handing out any page.
         """
+        if not isinstance(config, PoolConfig):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"Pool.create needs a PoolConfig, got {type(config).__name__}")
         pool = Pool(_KEY, config)
         maps: list[Map] = []
         slots = [pool._make(pool._slots, i, maps) for i in range(config.first_slots)]
@@ -451,6 +511,8 @@ class Pool:
         Raises:
             ApiError: `plan` is not the plan in flight.
         """
+        if not isinstance(plan, Remap):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"complete needs a Remap plan, got {type(plan).__name__}")
         if self._pending is None or plan != self._pending:
             raise ApiError(f"remap plan {plan.serial} is not the plan in flight; complete only `pending`")
         self._pending = None
@@ -537,7 +599,11 @@ class Pool:
 
     # ---- handles -------------------------------------------------------------------------
 
-    def _mine(self, handle: Lease | Checkpoint) -> None:
+    def _mine(self, handle: Lease | Checkpoint, kind: type[Lease] | type[Checkpoint] | None = None) -> None:
+        want = (Lease, Checkpoint) if kind is None else kind
+        if not isinstance(handle, want):  # pyright: ignore[reportUnnecessaryIsInstance]
+            names = "a Lease or a Checkpoint" if kind is None else f"a {kind.__name__}"
+            raise ApiError(f"expected {names}, got {type(handle).__name__}")
         if handle._pool is not self:  # pyright: ignore[reportPrivateUsage]
             raise ApiError(f"this {type(handle).__name__} belongs to another pool")
         if not handle._live:  # pyright: ignore[reportPrivateUsage]
@@ -601,13 +667,13 @@ class Pool:
             ApiError: foreign or released lease, length not in [1, lease.tokens].
             Busy, Remapping, ExceedsPool: no fresh page or slot for the copies.
         """
-        self._mine(lease)
+        self._mine(lease, Lease)
         self._length(lease.tokens, length, lease._paged)  # pyright: ignore[reportPrivateUsage]
         k, part = divmod(length, self.unit)
         paged = lease._paged  # pyright: ignore[reportPrivateUsage]
         in_chain = part > 0 and k < len(lease._nodes)  # pyright: ignore[reportPrivateUsage]
         need_page = paged and part > 0 and not in_chain
-        src_page = lease.pages[k] if need_page else None
+        src_page = lease._own[k - len(lease._nodes)] if need_page else None  # pyright: ignore[reportPrivateUsage]
         pages, slots = self._take(int(need_page), int(lease._slot is not None))  # pyright: ignore[reportPrivateUsage]
         if paged:
             self._seal(lease, k)
@@ -629,7 +695,7 @@ class Pool:
         Raises:
             ApiError: foreign or released lease, length not in [1, lease.tokens].
         """
-        self._mine(lease)
+        self._mine(lease, Lease)
         paged = lease._paged  # pyright: ignore[reportPrivateUsage]
         self._length(lease.tokens, length, paged)
         k, part = divmod(length, self.unit)
@@ -662,7 +728,7 @@ class Pool:
             ApiError: foreign or released checkpoint, bad length or tokens.
             ExceedsRow, ExceedsPool, Busy, Remapping: see `Denied`.
         """
-        self._mine(checkpoint)
+        self._mine(checkpoint, Checkpoint)
         store = checkpoint._store  # pyright: ignore[reportPrivateUsage]
         self._length(store.length, length, True)
         if length < store.length and (store.slot is not None or length % self.unit):
@@ -688,13 +754,13 @@ class Pool:
             ApiError: foreign or released parent, bad length or tokens.
             ExceedsRow, ExceedsPool, Busy, Remapping: see `Denied`.
         """
-        self._mine(parent)
+        self._mine(parent, Lease)
         paged, slot = parent._paged, parent._slot  # pyright: ignore[reportPrivateUsage]
         self._length(parent.tokens, length, paged)
         if paged and slot is not None and length != parent.length:
             raise ApiError(f"a stateful lease forks only at its current length {parent.length}, not {length}")
         k, part = divmod(length, self.unit)
-        src = parent.pages[k] if paged and part else None
+        src = parent._page(k) if paged and part else None  # pyright: ignore[reportPrivateUsage]
         pages, slots = self._start_take(length, tokens, paged, slot is not None)
         if paged:
             self._seal(parent, k)
@@ -703,11 +769,13 @@ class Pool:
     def _start_take(
         self, length: int, tokens: int, paged: bool, stateful: bool
     ) -> tuple[list[PageId], list[SlotId]]:
+        if type(tokens) is not int:
+            raise ApiError(f"tokens must be an int, got {tokens!r}")
         if not paged:
             if tokens != 0:
                 raise ApiError(f"a slot-only source starts a slot-only lease: tokens must be 0, got {tokens}")
             return self._take(0, int(stateful))
-        if not isinstance(tokens, int) or tokens < length:  # pyright: ignore[reportUnnecessaryIsInstance]
+        if tokens < length:
             raise ApiError(f"tokens {tokens!r} must cover the {length} tokens the lease starts from")
         return self._take(self._row(tokens) - length // self.unit, int(stateful))
 
