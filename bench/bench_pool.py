@@ -1,8 +1,9 @@
-"""kern-pool throughput: prefix lookup+insert over 4k-token prompts, and lease+release.
+"""kern-pool throughput: prefix lookup+insert over 4k-token prompts; lease, retire, checkpoint.
 
 Each measurement runs beside a simple peer in the same process: a chained block-hash dict (the
-way hash-based prefix caches find shared blocks) for the index, and a plain free list of pages
-for leases. Run: `uv run python -m bench pool`.
+way hash-based prefix caches find shared blocks) for the index, and plain free lists of page ids
+(a deque taking ids one by one, and a Python list taking a slice) for leases. Run:
+`uv run python -m bench pool` (or `uv run nox -s bench -- pool`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,36 @@ def _lease_seconds(tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def _retire_seconds(tokens: int, checkpoint: bool) -> float:
+    """lease, then retire (or checkpoint at the last whole page and release both), N / 10 times."""
+    cfg = PoolConfig((PagedState("kv", 1),), (SeqState("ssm", 16),), unit=UNIT, row_pages=512, chunk=16, chunks=40_000, first_slots=64)
+    pool, _ = Pool.create(cfg)
+    start = time.perf_counter()
+    for _ in range(LEASES // 10):
+        lease = pool.lease(tokens)
+        if checkpoint:
+            cp, _copies = pool.checkpoint(lease, tokens - 1)
+            lease.release()
+        else:
+            cp = pool.retire(lease, tokens)
+        cp.release()
+    return (time.perf_counter() - start) * 10
+
+
+def _list_seconds(tokens: int) -> float:
+    free = list(range(30_000))
+    slots = list(range(64))
+    pages = -(-tokens // UNIT)
+    start = time.perf_counter()
+    for _ in range(LEASES):
+        held = free[-pages:]
+        del free[-pages:]
+        slot = slots.pop()
+        free += held
+        slots.append(slot)
+    return time.perf_counter() - start
+
+
 def _free_list_seconds(tokens: int) -> float:
     free = deque(range(30_000))
     slots = deque(range(64))
@@ -117,14 +148,29 @@ def run() -> list[dict[str, object]]:
     for lease_tokens, target in ((UNIT, 200_000), (1024, None)):
         ours = LEASES / _best(lambda t=lease_tokens: _lease_seconds(t))
         peer = LEASES / _best(lambda t=lease_tokens: _free_list_seconds(t))
+        listed = LEASES / _best(lambda t=lease_tokens: _list_seconds(t))
+        for peer_value, peer_is in ((peer, "deque free list of page and slot ids"), (listed, "list free list, slices")):
+            rows.append(
+                {
+                    "name": f"lease+release, {lease_tokens} tokens + 1 slot",
+                    "value": round(ours),
+                    "unit": "pairs/s",
+                    "target": target,
+                    "peer": round(peer_value),
+                    "peer_is": peer_is,
+                }
+            )
+    peer = LEASES / _best(lambda: _free_list_seconds(1024))
+    for checkpoint, what in ((False, "lease+retire+release"), (True, "lease+checkpoint+release both")):
+        ours = LEASES / _best(lambda c=checkpoint: _retire_seconds(1024, c))
         rows.append(
             {
-                "name": f"lease+release, {lease_tokens} tokens + 1 slot",
+                "name": f"{what}, 1024 tokens + 1 slot",
                 "value": round(ours),
-                "unit": "pairs/s",
-                "target": target,
+                "unit": "rounds/s",
+                "target": None,
                 "peer": round(peer),
-                "peer_is": "deque free list of page and slot ids",
+                "peer_is": "deque free list lease+release of 64 pages + 1 slot",
             }
         )
     return rows

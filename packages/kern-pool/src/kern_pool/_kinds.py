@@ -101,6 +101,16 @@ class Kind:
         self.free += n
         self.held -= n
 
+    def give_ascending(self, ids: Sequence[int]) -> None:
+        """`give` for ids in ascending order: a run is seen from its ends, without a scan."""
+        n = len(ids)
+        if n > 1 and ids[-1] - ids[0] == n - 1:
+            self._give_run(ids[0], ids[0] + n)
+            self.free += n
+            self.held -= n
+        else:
+            self.give(ids)
+
     def _give_run(self, start: int, stop: int) -> None:
         """Free the run [start, stop): one slice store, one mask update per block."""
         self.state[start:stop] = bytes([_FREE]) * (stop - start)

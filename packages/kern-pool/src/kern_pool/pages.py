@@ -121,6 +121,8 @@ class Lease:
     Factory-only (`Pool.lease`, `Pool.lease_slot`, `Pool.restore`, `Pool.fork`). Release with
     `release()`; a released lease raises `ApiError` everywhere.
     """
+    # NOTE: factories pass `own` in ascending order (as `Kind.take` returns ids): release frees a
+    # contiguous run from its two ends.
 
     __slots__ = ("_length", "_live", "_nodes", "_own", "_paged", "_pool", "_prefix", "_slot")
 
@@ -812,7 +814,9 @@ class Pool:
 
     def _drop_lease(self, lease: Lease) -> None:
         lease._live = False  # pyright: ignore[reportPrivateUsage]
-        self._pages.give(lease._own)  # pyright: ignore[reportPrivateUsage]
+        # NOTE: a lease's own pages are always ascending: they come from `Kind.take`, and sealing
+        # or retiring only removes them from the front.
+        self._pages.give_ascending(lease._own)  # pyright: ignore[reportPrivateUsage]
         lease._own = []  # pyright: ignore[reportPrivateUsage]
         if lease._nodes:  # pyright: ignore[reportPrivateUsage]
             self._unref(lease._nodes[-1])  # pyright: ignore[reportPrivateUsage]

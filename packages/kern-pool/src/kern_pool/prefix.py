@@ -151,13 +151,16 @@ def _compact(heap: list[tuple[int, int, _Entry[R, P]]], resident: bool) -> list[
     return live
 
 
+_INTS = frozenset((int,))
+
+
 def _tokens(arg: str, key: object) -> tuple[int, ...]:
     """`key` as a tuple of token ids; ApiError naming `arg` unless every element is an int >= 0."""
     if isinstance(key, str | bytes) or not isinstance(key, Sequence):
         raise ApiError(f"{arg} must be a sequence of token ids (ints >= 0), got {type(key).__name__}")
     tokens = tuple(key)  # pyright: ignore[reportUnknownArgumentType]
     # NOTE: one C-level pass over the types (bool is a subclass of int, not int itself).
-    if tokens and (set(map(type, tokens)) != {int} or min(tokens) < 0):
+    if tokens and (not _INTS.issuperset(map(type, tokens)) or min(tokens) < 0):
         at, bad = next((i, t) for i, t in enumerate(tokens) if type(t) is not int or t < 0)
         raise ApiError(f"{arg} must hold token ids (ints >= 0), got {bad!r} at index {at}")
     return tokens  # pyright: ignore[reportUnknownVariableType]
