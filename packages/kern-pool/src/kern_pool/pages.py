@@ -648,8 +648,15 @@ class Pool:
         grow = k - len(nodes)
         if grow <= 0:
             return
+        parent = nodes[-1] if nodes else None
+        depth = len(nodes)
+        new: list[Node] = []
+        append = new.append
         for page in own[:grow]:
-            nodes.append(Node(page, nodes[-1] if nodes else None, len(nodes)))
+            parent = Node(page, parent, depth)
+            append(parent)
+            depth += 1
+        nodes += new
         del own[:grow]
         self._nodes += grow
 
@@ -802,11 +809,12 @@ class Pool:
 
     def _unref(self, node: Node | None) -> None:
         pages: list[PageId] = []
+        append = pages.append
         while node is not None:
             node.refs -= 1
             if node.refs:
                 break
-            pages.append(node.page)
+            append(node.page)
             node = node.parent
         if pages:
             self._pages.give(pages)
