@@ -10,6 +10,7 @@ from kern_pool import (
     CHUNK_CAP,
     GRANULE,
     HEADROOM,
+    ApiError,
     Capacity,
     ConfigError,
     LineTable,
@@ -112,6 +113,9 @@ def test_capacity_limits() -> None:
     assert cfg.pages_max == 17
     assert cfg.slots_max == 10
     assert cfg.chunks_for(4, 1) == 3 + 2
+    for bad in ((-1, 0), (0, -1), (1.0, 0), (True, 0)):
+        with pytest.raises(ApiError, match=r"^pages and slots must be ints >= 0"):
+            cfg.chunks_for(*bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import heapq
 from dataclasses import dataclass
 from typing import NewType
 
-from kern_pool.errors import ConfigError
+from kern_pool.errors import ApiError, ConfigError
 
 __all__ = [
     "CHUNK_CAP",
@@ -225,7 +225,13 @@ class PoolConfig:
         return _most(self.slot_bytes, self.chunk, self.chunks)
 
     def chunks_for(self, pages: int, slots: int) -> int:
-        """Chunks that pages 0..pages-1 plus slots 0..slots-1 occupy (the densest layout)."""
+        """Chunks that pages 0..pages-1 plus slots 0..slots-1 occupy (the densest layout).
+
+        Raises:
+            ApiError: pages or slots not an int >= 0.
+        """
+        if type(pages) is not int or type(slots) is not int or pages < 0 or slots < 0:
+            raise ApiError(f"pages and slots must be ints >= 0, got {pages!r}, {slots!r}")
         return _span_total(self.page_bytes, self.chunk, pages) + _span_total(
             self.slot_bytes, self.chunk, slots
         )
