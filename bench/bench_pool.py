@@ -149,10 +149,13 @@ def run() -> list[dict[str, object]]:
         ours = LEASES / _best(lambda t=lease_tokens: _lease_seconds(t))
         peer = LEASES / _best(lambda t=lease_tokens: _free_list_seconds(t))
         listed = LEASES / _best(lambda t=lease_tokens: _list_seconds(t))
-        for peer_value, peer_is in ((peer, "deque free list of page and slot ids"), (listed, "list free list, slices")):
+        for peer_value, peer_is, short in (
+            (peer, "deque free list of page and slot ids", "deque"),
+            (listed, "list free list, slices", "list"),
+        ):
             rows.append(
                 {
-                    "name": f"lease+release, {lease_tokens} tokens + 1 slot",
+                    "name": f"lease+release, {lease_tokens} tokens + 1 slot (peer: {short})",
                     "value": round(ours),
                     "unit": "pairs/s",
                     "target": target,
@@ -165,7 +168,7 @@ def run() -> list[dict[str, object]]:
         ours = LEASES / _best(lambda c=checkpoint: _retire_seconds(1024, c))
         rows.append(
             {
-                "name": f"{what}, 1024 tokens + 1 slot",
+                "name": f"{what}, 1024 tokens + 1 slot (peer: deque lease+release)",
                 "value": round(ours),
                 "unit": "rounds/s",
                 "target": None,
