@@ -167,7 +167,7 @@ def _tokens(arg: str, key: object) -> tuple[int, ...]:
 
 
 def _check_kept(arg: str, value: object) -> None:
-    """ApiError naming `arg` unless `value` has an int length >= 1, a bool stateful and release()."""
+    """ApiError naming `arg` unless `value` has an int length, a bool stateful and release(), and is live."""
     length = getattr(value, "length", None)
     if type(length) is not int or type(getattr(value, "stateful", None)) is not bool:
         raise ApiError(
