@@ -300,7 +300,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=70, stateful_step_count=70, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=80, stateful_step_count=70, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
