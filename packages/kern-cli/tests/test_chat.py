@@ -11,7 +11,7 @@ import pytest
 import kern_cli.chat as chat
 import kern_cli.run as run
 
-from .test_run import BASE, _manifest, _one_line, _write_manifest
+from .test_run import BASE, _one_line, _write_manifest
 
 
 @pytest.fixture
