@@ -257,3 +257,114 @@ def test_a_pool_whose_page_is_not_the_block_stride_is_refused(weights: dict[str,
         kr.Engine(be, dataclasses.replace(roles, page_tokens=32))
     with pytest.raises(kr.ApiError, match="prefill chunk must be at least 1 row"):
         kr.Engine(be, roles, kr.EngineConfig(chunk=0))
+
+
+# --------------------------------------------------------------------------------------------
+# kern-run --turns / --chat and kern chat over the interpreter.
+
+
+def _cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weights: dict[str, np.ndarray]) -> list[kr.Engine]:
+    import kern_cli.run as run
+
+    m = kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json")
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    made: list[kr.Engine] = []
+
+    def fake_open(manifest: Path, kernels: Path, weights_: Any, **kw: Any) -> kr.Engine:
+        assert kw["tokens"] == 4096 and kw["gpu"] == 0
+        made.append(kr.Engine(InterpBackend(m, weights, pages=64), kw["roles"], kw["config"]))
+        return made[-1]
+
+    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(run, "tokenizer", lambda name: TinyTok())
+    monkeypatch.setattr(run, "check_kernels", lambda *a: None)
+    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
+    monkeypatch.setattr(kr.Engine, "open", fake_open)
+    monkeypatch.chdir(tmp_path)
+    return made
+
+
+class TinyTok:
+    """Text to the tiny model's ids: characters as their code point mod 4000, the chat template's
+    special tokens as 4001.. (the real tokenizer's ids are beyond the tiny vocabulary)."""
+
+    SPECIAL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        i = 0
+        while i < len(text):
+            hit = next((j for j, s in enumerate(self.SPECIAL) if text.startswith(s, i)), None)
+            if hit is not None:
+                out.append(4001 + hit)
+                i += len(self.SPECIAL[hit])
+            else:
+                out.append(ord(text[i]) % 4000)
+                i += 1
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.SPECIAL[i - 4001] if 4001 <= i < 4004 else chr(i) for i in ids)
+
+
+CLI = ("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--weights", "w.safetensors", "--steps", "5",
+       "--chunk", "16")
+
+
+def test_kern_run_turns_continue_one_conversation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  weights: dict[str, np.ndarray]) -> None:
+    import kern_cli.run as run
+
+    made = _cli(tmp_path, monkeypatch, weights)
+    (tmp_path / "turns.txt").write_text("The capital of France is\nAnd of Germany?\n", encoding="utf-8")
+    assert run.main([*CLI, "--turns", "turns.txt", "--output", "ids"]) == 0
+    out = capsys.readouterr()
+    tok = TinyTok()
+    eng = _engine(kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json"), weights, pages=64)
+    seq = eng.sequence()
+    first = eng.turn(seq, tok.encode("The capital of France is"), 5).tokens
+    second = eng.turn(seq, [*seq.tokens, *tok.encode("\nAnd of Germany?")], 5)
+    assert out.out == f"{' '.join(map(str, first))}\n{' '.join(map(str, second.tokens))}\n"
+    reports = [line for line in out.err.splitlines() if ": turn " in line]
+    assert reports[0].startswith("kern-run: turn 1: reused 0 tokens from cache, prefilled 24, TTFT ")
+    assert reports[1].startswith(f"kern-run: turn 2: reused {second.prefill.reused} tokens from cache, "
+                                 f"prefilled {second.prefill.prefilled}, TTFT ")
+    assert second.prefill.reused == 28 and "ms/token (5 tokens)" in reports[1]
+    assert made[0].backend.pool.pages_used == 0  # type: ignore[attr-defined]
+
+
+def test_kern_run_chat_renders_the_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str], weights: dict[str, np.ndarray]) -> None:
+    import kern_cli.run as run
+    from kern_qwen3 import render
+
+    _cli(tmp_path, monkeypatch, weights)
+    (tmp_path / "turns.txt").write_text("hi\nmore\n", encoding="utf-8")
+    assert run.main([*CLI, "--turns", "turns.txt", "--chat"]) == 0
+    out = capsys.readouterr()
+    tok = TinyTok()
+    eng = _engine(kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json"), weights, pages=64)
+    seq = eng.sequence()
+    a1 = eng.turn(seq, tok.encode(render([{"role": "user", "content": "hi"}])), 5).tokens
+    said = run.decode_text(tok, a1)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": said},
+            {"role": "user", "content": "more"}]
+    a2 = eng.turn(seq, tok.encode(render(msgs)), 5).tokens
+    assert out.out == f"{said}\n{run.decode_text(tok, a2)}\n"
+    assert "kern-run: turn 2: reused " in out.err
+
+
+def test_kern_chat_streams_answers_from_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str],
+                                              weights: dict[str, np.ndarray]) -> None:
+    import io
+
+    import kern_cli.chat as chat
+
+    made = _cli(tmp_path, monkeypatch, weights)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n/exit\nnever\n"))
+    assert chat.main(list(CLI)) == 0
+    out = capsys.readouterr()
+    assert out.out.endswith("\n") and out.out.strip() and made[0].counters.turns == 1
+    assert "kern chat: turn 1: reused 0 tokens from cache" in out.err and "turn 2" not in out.err

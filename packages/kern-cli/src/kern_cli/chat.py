@@ -189,8 +189,9 @@ def _first_prompt_check(opts: RunOptions, conv: Conversation, first: str, roles:
 
 
 def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, chat: bool,
-                  stdin: TextIO | None = None) -> int:
-    """Run the turns (None: read them from `stdin`) on one conversation; returns the exit status."""
+                  stdin: TextIO | None = None, prog: str = "kern-run") -> int:
+    """Run the turns (None: read them from `stdin`) on one conversation; returns the exit status.
+    Logs go to stderr as `PROG: ...` lines."""
     import kern_runtime as kr
     from kern_cli import run
 
@@ -202,21 +203,25 @@ def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, ch
     if turns is not None:
         _first_prompt_check(opts, conv, turns[0], inputs.roles, capacity)
     run.probe_gpu(opts.load.gpu)
-    weights = inputs.weights or tuple(kr.weight_files(run.default_weights(run.log)))
-    run.ensure_kernels(inputs.manifest, opts.load.kernels, opts.load.kernel_sources, run.log)
+
+    def log(msg: str) -> None:
+        print(f"{prog}: {msg}", file=sys.stderr, flush=True)
+
+    weights = inputs.weights or tuple(kr.weight_files(run.default_weights(log)))
+    run.ensure_kernels(inputs.manifest, opts.load.kernels, opts.load.kernel_sources, log)
     t0 = time.perf_counter()
     try:
         engine = kr.Engine.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
-                                config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=run.log,
+                                config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
                                 progress=run.Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
         raise run.NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from exc
-    run.log(f"load {time.perf_counter() - t0:.2f} s")
+    log(f"load {time.perf_counter() - t0:.2f} s")
     src = stdin or sys.stdin
     tty = src.isatty()
     lines = turns if turns is not None else stdin_turns(src, lambda: _ask(tty))
     with engine:
-        return run_turns(engine, conv, lines, opts, out, run.log)
+        return run_turns(engine, conv, lines, opts, out, log)
 
 
 def _ask(tty: bool) -> None:
@@ -236,7 +241,7 @@ def _handle(args: argparse.Namespace) -> int:
     prog = "kern chat"
     try:
         opts = run.resolve_options(args)
-        return execute_turns(opts, sys.stdout, None, chat=not args.raw)
+        return execute_turns(opts, sys.stdout, None, chat=not args.raw, prog=prog)
     except (run.RunError, KernTomlError, *run.runtime_input_errors()) as exc:
         return fail(prog, str(exc))
     except KernRuntimeError as exc:
