@@ -65,6 +65,9 @@ class PoolBackend:
     def settle(self) -> None:
         pass
 
+    def synchronize(self) -> None:
+        pass
+
 
 def _engine(park: bool = True, **kw: Any) -> tuple[kr.Engine, PoolBackend]:
     m = serving()
@@ -105,6 +108,17 @@ def test_eviction_parks_the_coldest_leaf_then_drops_the_coldest_parked() -> None
     assert eng.counters.wakes == 1
     eng.close()
     assert be.pool.pages_used == 0 and be.host.used == 0
+
+
+def test_evict_parks_the_coldest_on_demand() -> None:
+    eng, be = _engine()
+    eng.turn(eng.sequence(), _ids(101, 20), 5)
+    eng.turn(eng.sequence(), _ids(102, 20), 5)
+    assert eng.evict()
+    assert sorted((k[0], r, p) for k, r, p in eng.prefix.entries()) == [(101, False, True), (102, True, False)]
+    assert eng.evict() and eng.evict() is False and eng.counters.parks == 2 and be.pool.pages_used == 0
+    eng.close()
+    assert be.host.used == 0
 
 
 def test_without_a_host_tier_eviction_drops() -> None:

@@ -73,6 +73,8 @@ class Backend(Protocol):
 
     def read_output(self, name: str, count: int | None = None) -> NDArray[Any]: ...
 
+    def synchronize(self) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -338,6 +340,7 @@ class Engine:
         """
         if steps < 1:
             raise EngineError(f"a turn needs at least 1 step, got {steps}")
+        self.backend.synchronize()  # NOTE: the time to the first token starts with an idle stream
         t0 = time.perf_counter()
         pre = self.prefill(seq, prompt, max(steps, room or steps))
         out: list[int] = []
@@ -353,6 +356,12 @@ class Engine:
         self.counters.turns += 1
         per = (t2 - t1) / (len(out) - 1) * 1e3 if len(out) > 1 else 0.0
         return Turn(out, pre, (t1 - t0) * 1e3, per)
+
+    def evict(self) -> bool:
+        """Make room now: park the coldest resident index entry (drop it without a host tier or
+        when the host is full); False when nothing is resident."""
+        self._live()
+        return self._evict()
 
     # ---- lifetime ----------------------------------------------------------------------------
 
