@@ -37,7 +37,7 @@ from kern_pool import Capacity, Checkpoint, Hit, Lease, Parked, Prefix
 from .errors import ApiError, EngineError
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
-from .session import check_capacity, check_prompt
+from .session import check_prompt
 
 __all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Prefilled", "Sequence", "Turn"]
 
@@ -193,14 +193,15 @@ class Engine:
 
         Raises:
             ServingRolesError, ManifestParseError, InputFileError: the manifest file.
-            SessionError: `tokens` beyond the model's reach.
+            EngineError: `tokens` below 1 (the pool may hold more than one sequence reaches).
             NoDriverError and other kern_runtime errors: at load.
         """
         from .runtime import Runtime
         from .weights import Safetensors
 
         roles = roles or serving_roles(read_manifest(Path(manifest)))
-        check_capacity(roles, tokens)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise EngineError(f"the pool must hold at least 1 token, got {tokens!r}")
         pages = -(-tokens // roles.page_tokens) * roles.page_tokens
         rt = Runtime.load(manifest, kernels, gpu=gpu, capacity=Capacity(tokens=pages, seqs=seqs))
         try:
