@@ -270,10 +270,12 @@ class Engine:
         self._mine(seq)
         prompt = list(prompt)
         need = self._need(prompt, room)
-        own = self._own(seq, prompt, need)
-        if own is None:
+        decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
+        if decision.source is not Source.CONTINUE and seq.lease is not None:
+            # NOTE: the live lease goes into the index first (its KV stays reusable); the index
+            # changed, so the decision is made again
             self._retire(seq)
-        decision, hit = self._decide(seq, prompt, own)
+            decision, hit = self._decide(seq, prompt, None)
         if decision.source is not Source.CONTINUE:
             lease = self._acquire(decision, hit, prompt, need)
             seq.lease, seq.kv, seq.room = lease, decision.length, need
