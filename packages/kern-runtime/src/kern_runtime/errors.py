@@ -4,7 +4,8 @@ Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError,
 ManifestUnsupportedError, ServingRolesError (no serving roles for a session). Kernel extractor
 (re-extract kernels): KernelArtifactError. Weight exporter (re-export weights): WeightArtifactError.
 Caller (API misuse): ApiError, DomainError (a write outside an input's domain), InputFileError (a
-named file is missing), SessionError (a session asked for what it cannot do). Device (CUDA / BLAS
+named file is missing), SessionError (a session asked for what it cannot do), EngineError (an
+engine asked for what it cannot do). Device (CUDA / BLAS
 at execution): CudaError, NoDriverError, BlasError. CallError locates a failure inside a program's
 call table.
 """
@@ -17,6 +18,7 @@ __all__ = [
     "CallError",
     "CudaError",
     "DomainError",
+    "EngineError",
     "InputFileError",
     "KernRuntimeError",
     "KernelArtifactError",
@@ -74,6 +76,12 @@ class InputFileError(ApiError):
 class SessionError(ApiError):
     """A session was asked for what it cannot do: an empty or out-of-range prompt, more tokens
     than its capacity, a rewind before any prefill, pages that do not fit (caller)."""
+
+
+class EngineError(ApiError):
+    """The engine was asked for what it cannot do: a step with no room left, a sequence of another
+    engine or already released, a prompt beyond the model's or the pool's reach, or no memory left
+    to evict while live sequences hold the pool (caller)."""
 
 
 class CudaError(KernRuntimeError):

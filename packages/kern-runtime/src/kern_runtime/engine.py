@@ -1,0 +1,554 @@
+"""The engine: many sequences on one runtime, their KV memory from the pool, prefixes reused.
+
+An `Engine` owns a backend (a `Runtime`, or anything with its sequence and program calls: the
+`Backend` protocol), a `kern_pool.Prefix` index over resident checkpoints and parked copies, and
+the host tier when the backend has one. A `Sequence` is one conversation's row: its tokens and,
+while a turn runs, a lease whose pages make the block table.
+
+A turn: `prefill(seq, prompt, room)` reuses the prompt's longest cached proper prefix (the index:
+a resident checkpoint is restored at the hit's length, a parked copy is woken first; or a live
+sequence sharing the prefix is forked; or the sequence's own live lease continues in place), so
+only the rest goes through the chunk program; then `step(seq)` decodes, and `finish(seq)` retires
+the lease into the index. When the pool is busy, the coldest index entries are parked to the host
+tier (dropped when it is full, or when there is none) until the lease fits. The decisions are
+kern_pool's (`Prefix.lookup`, `Prefix.evict`) and `kern_runtime.reuse`'s; the engine only executes
+them.
+
+The manifest has one decode row: the engine seats one sequence on it at a time (its block table,
+its staged token, the device carries) and re-seats when another sequence steps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection, Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+import kern_pool
+from kern_pool import Capacity, Checkpoint, Hit, Lease, Parked, Prefix
+
+from .errors import ApiError, EngineError
+from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
+from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
+from .session import check_prompt
+
+__all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Prefilled", "Sequence", "Turn"]
+
+T = TypeVar("T")
+
+
+class Backend(Protocol):
+    """What the engine calls: `Runtime`'s sequence memory and program calls (a CPU interpreter
+    implements the same for tests)."""
+
+    @property
+    def pool(self) -> kern_pool.Pool: ...
+
+    def lease(self, tokens: int) -> Lease: ...
+
+    def retire(self, lease: Lease, length: int) -> Checkpoint: ...
+
+    def restore(self, checkpoint: Checkpoint, length: int, tokens: int) -> Lease: ...
+
+    def fork(self, parent: Lease, length: int, tokens: int) -> Lease: ...
+
+    def park(self, checkpoint: Checkpoint) -> Parked: ...
+
+    def wake(self, parked: Parked, length: int) -> Checkpoint: ...
+
+    def settle(self) -> None: ...
+
+    def write_input(self, name: str, array: ArrayLike) -> None: ...
+
+    def run(self, program: str, vars: Mapping[str, int]) -> None: ...
+
+    def issue(self, program: str, vars: Mapping[str, int]) -> None: ...
+
+    def read_output(self, name: str, count: int | None = None) -> NDArray[Any]: ...
+
+    def synchronize(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How the engine runs turns.
+
+    Attributes:
+        chunk: prefill chunk rows (clamped to the chunk program's rows var max).
+        eager: decode call by call instead of replaying the step graph.
+        park: park evicted entries to the backend's host tier (needs one); else drop them.
+    """
+
+    chunk: int = 512
+    eager: bool = False
+    park: bool = False
+
+
+@dataclass(slots=True)
+class Counters:
+    """What the engine did since it was made (for reports and tests)."""
+
+    turns: int = 0
+    reused: int = 0
+    prefilled: int = 0
+    parks: int = 0
+    wakes: int = 0
+    evictions: int = 0
+    dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """A prompt's prefill: `reused` tokens came from `source`, `prefilled` were computed (the last
+    prompt token included: the first decode step computes it)."""
+
+    reused: int
+    prefilled: int
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A finished turn: the generated tokens, its prefill, and its times."""
+
+    tokens: list[int]
+    prefill: Prefilled
+    ttft_ms: float
+    """Prefill plus the first step, up to the first token read back."""
+    decode_ms_per_token: float
+    """Mean time of the steps after the first (0 with one step)."""
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One conversation's row. Made by `Engine.sequence` / `Engine.branch`.
+
+    Attributes:
+        id: the engine's number for it.
+        tokens: the conversation so far: the tokens with KV, then (after a step) the pending one.
+        kv: tokens whose KV the live lease holds (0 without one).
+        lease: the live lease while a turn runs, else None.
+    """
+
+    id: int
+    tokens: list[int] = field(default_factory=list[int])
+    kv: int = 0
+    lease: Lease | None = None
+    room: int = 0
+    """Positions the live lease may write (its tokens), 0 without one."""
+
+
+class Engine:
+    """Many sequences on one backend, their prefixes kept in a `kern_pool.Prefix` index.
+
+    Make with `Engine(backend, roles, config)` over a loaded runtime, or `Engine.open(...)` to load
+    one. Close with `close()` (or use as a context manager): every lease and index entry is
+    released, and an engine that loaded its runtime closes it.
+    """
+
+    def __init__(self, backend: Backend, roles: ServingRoles, config: EngineConfig | None = None,
+                 *, closer: Callable[[], None] | None = None) -> None:
+        """Bind a backend whose pool's page size is the block table's stride.
+
+        Raises:
+            ApiError: the pool's page size differs from the manifest's block-table stride, or a
+                chunk below 1.
+        """
+        cfg = config or EngineConfig()
+        pool = backend.pool
+        if pool.unit != roles.page_tokens:
+            raise ApiError(f"the pool's pages hold {pool.unit} tokens; the block table's stride is {roles.page_tokens}")
+        if cfg.chunk < 1:
+            raise ApiError(f"the prefill chunk must be at least 1 row, got {cfg.chunk}")
+        self.backend = backend
+        self.roles = roles
+        self.config = cfg
+        self.prefix: Prefix[Checkpoint, Parked] = Prefix(pool.unit)
+        self.counters = Counters()
+        self.reach = min(roles.reach(pool.pages_max * pool.unit), pool.row_pages * pool.unit,
+                         pool.pages_max * pool.unit)
+        self._chunk = min(cfg.chunk, roles.chunk_max)
+        self._seqs: dict[int, Sequence] = {}
+        self._next = 0
+        self._seated: tuple[Sequence, Lease] | None = None
+        self._closer = closer
+        self._closed = False
+
+    @classmethod
+    def open(cls, manifest: str | os.PathLike[str], kernels: str | os.PathLike[str],
+             weights: Seq[str | os.PathLike[str]], *, gpu: int, tokens: int, seqs: int = 1,
+             host_bytes: int = 0, config: EngineConfig | None = None,
+             log: Callable[[str], None] = lambda s: None, progress: Callable[[int, int], None] | None = None,
+             roles: ServingRoles | None = None) -> Engine:
+        """Load a runtime whose pool holds `tokens` KV tokens (rounded up to whole pages) for
+        `seqs` live sequences, its weights (.safetensors files) and, with `host_bytes`, a host
+        tier of that many pinned bytes (evicted entries are parked there); return its engine.
+
+        Raises:
+            ServingRolesError, ManifestParseError, InputFileError: the manifest file.
+            EngineError: `tokens` below 1 (the pool may hold more than one sequence reaches).
+            NoDriverError and other kern_runtime errors: at load.
+        """
+        from .runtime import Runtime
+        from .weights import Safetensors
+
+        roles = roles or serving_roles(read_manifest(Path(manifest)))
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise EngineError(f"the pool must hold at least 1 token, got {tokens!r}")
+        pages = -(-tokens // roles.page_tokens) * roles.page_tokens
+        rt = Runtime.load(manifest, kernels, gpu=gpu, capacity=Capacity(tokens=pages, seqs=seqs))
+        try:
+            log(rt.summary())
+            rt.load_weights(Safetensors.open([str(p) for p in weights]), threads=8, progress=progress)
+            if host_bytes:
+                rt.enable_host_tier(host_bytes)
+            base = config or EngineConfig()
+            cfg = EngineConfig(chunk=base.chunk, eager=base.eager, park=base.park or host_bytes > 0)
+            return cls(rt, roles, cfg, closer=rt.close)
+        except BaseException:
+            rt.close()
+            raise
+
+    # ---- sequences ---------------------------------------------------------------------------
+
+    def sequence(self, tokens: Seq[int] = ()) -> Sequence:
+        """A new conversation (its tokens so far, no KV yet)."""
+        self._live()
+        seq = Sequence(self._next, list(tokens))
+        self._next += 1
+        self._seqs[seq.id] = seq
+        return seq
+
+    def branch(self, seq: Sequence, length: int) -> Sequence:
+        """A new conversation continuing from `seq`'s first `length` tokens (any earlier turn);
+        its next prefill reuses them (forked from `seq` while it is live, else from the index).
+
+        Raises:
+            EngineError: a sequence of another engine or released, or length not in
+                [1, len(seq.tokens)].
+        """
+        self._mine(seq)
+        if not 1 <= length <= len(seq.tokens):
+            raise EngineError(f"branch length {length} is not in [1, {len(seq.tokens)}]")
+        return self.sequence(seq.tokens[:length])
+
+    def release(self, seq: Sequence) -> None:
+        """Forget `seq`: its live lease goes back (nothing is kept in the index).
+
+        Raises:
+            EngineError: a sequence of another engine or released.
+        """
+        self._mine(seq)
+        self._drop_lease(seq)
+        del self._seqs[seq.id]
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """The open sequences, oldest first."""
+        return list(self._seqs.values())
+
+    # ---- a turn ------------------------------------------------------------------------------
+
+    def prefill(self, seq: Sequence, prompt: Seq[int], room: int) -> Prefilled:
+        """Make `prompt` (the whole conversation so far) `seq`'s tokens: reuse its longest cached
+        proper prefix, prefill the rest but the last token through the chunk program, and stage
+        that last token for the first decode step. The lease holds the prompt and `room` steps.
+
+        Raises:
+            SessionError: an empty prompt or ids outside the model's tokens.
+            EngineError: a foreign or released sequence, room below 1, more tokens than the
+                model, the pool or a block-table row hold, or no room while live sequences hold
+                the pool. Nothing changed then but what eviction parked or dropped.
+        """
+        self._mine(seq)
+        prompt = list(prompt)
+        need = self._need(prompt, room)
+        decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
+        if decision.source is not Source.CONTINUE and seq.lease is not None:
+            # NOTE: the live lease goes into the index first (its KV stays reusable); the index
+            # changed, so the decision is made again
+            self._retire(seq)
+            decision, hit = self._decide(seq, prompt, None)
+        if decision.source is not Source.CONTINUE:
+            lease = self._acquire(decision, hit, prompt, need)
+            seq.lease, seq.kv, seq.room = lease, decision.length, need
+            self._seated = None
+        seq.tokens = prompt
+        self._write_table(seq)
+        self._prefill_rest(seq)
+        self._seat(seq)
+        done = Prefilled(decision.length, len(prompt) - decision.length, decision.source)
+        self.counters.reused += done.reused
+        self.counters.prefilled += done.prefilled
+        return done
+
+    def step(self, seq: Sequence) -> int:
+        """One decode step of `seq` (re-seating it on the row when another sequence stepped):
+        issue the step program, read the next token, append it.
+
+        Raises:
+            EngineError: a foreign or released sequence, no live lease (prefill first), or the
+                lease's room is spent.
+        """
+        self._mine(seq)
+        lease = seq.lease
+        if lease is None:
+            raise EngineError(f"sequence {seq.id} has no live turn: prefill a prompt first")
+        if seq.kv >= seq.room:
+            raise EngineError(f"sequence {seq.id} used its room of {seq.room} tokens: finish the turn and prefill again")
+        if self._seated is None or self._seated[0] is not seq or self._seated[1] is not lease:
+            self._write_table(seq)
+            self._seat(seq)
+        lease.kv_index(seq.kv)
+        r = self.roles
+        if self.config.eager:
+            self.backend.run(r.step_program, r.step_vars)
+        else:
+            self.backend.issue(r.step_program, r.step_vars)
+        token = int(self.backend.read_output(r.next_token, 1)[0])
+        seq.kv += 1
+        seq.tokens.append(token)
+        if r.start_program is None:
+            if seq.kv < seq.room:
+                self._stage(seq, [token], seq.kv)
+            else:
+                self._seated = None
+        return token
+
+    def finish(self, seq: Sequence) -> None:
+        """End `seq`'s turn: its lease is retired (no copy) into the index under the tokens it
+        holds KV for; the last generated token stays pending in `seq.tokens`.
+
+        Raises:
+            EngineError: a foreign or released sequence.
+        """
+        self._mine(seq)
+        self._retire(seq)
+
+    def turn(self, seq: Sequence, prompt: Seq[int], steps: int, *, stop: Collection[int] = (),
+             room: int | None = None, on_token: Callable[[int], None] | None = None) -> Turn:
+        """prefill, then up to `steps` decode steps (ending after a token in `stop`), then finish.
+
+        `room` (default `steps`) sizes the lease; `on_token` sees each token as it is read.
+
+        Raises:
+            as `prefill` and `step`; steps below 1 is an EngineError.
+        """
+        if steps < 1:
+            raise EngineError(f"a turn needs at least 1 step, got {steps}")
+        self.backend.synchronize()  # NOTE: the time to the first token starts with an idle stream
+        t0 = time.perf_counter()
+        pre = self.prefill(seq, prompt, max(steps, room or steps))
+        out: list[int] = []
+        t1 = t0
+        while len(out) < steps and not (out and out[-1] in stop):
+            out.append(self.step(seq))
+            if len(out) == 1:
+                t1 = time.perf_counter()
+            if on_token is not None:
+                on_token(out[-1])
+        t2 = time.perf_counter()
+        self.finish(seq)
+        self.counters.turns += 1
+        per = (t2 - t1) / (len(out) - 1) * 1e3 if len(out) > 1 else 0.0
+        return Turn(out, pre, (t1 - t0) * 1e3, per)
+
+    def evict(self) -> bool:
+        """Make room now: park the coldest resident index entry (drop it without a host tier or
+        when the host is full); False when nothing is resident."""
+        self._live()
+        return self._evict()
+
+    # ---- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release every live lease and index entry; close the runtime the engine loaded."""
+        if self._closed:
+            return
+        self._closed = True
+        for seq in list(self._seqs.values()):
+            self._drop_lease(seq)
+        self._seqs.clear()
+        self.prefix.clear()
+        if self._closer is not None:
+            self._closer()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- decisions ---------------------------------------------------------------------------
+
+    def _live(self) -> None:
+        if self._closed:
+            raise EngineError("this engine is closed")
+
+    def _mine(self, seq: Sequence) -> None:
+        self._live()
+        if self._seqs.get(seq.id) is not seq:
+            raise EngineError(f"sequence {seq.id} is not open in this engine (released, or another engine's)")
+
+    def _need(self, prompt: list[int], room: int) -> int:
+        check_prompt(self.roles, len(prompt), prompt)
+        if isinstance(room, bool) or not isinstance(room, int) or room < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise EngineError(f"room must be at least 1 decode step, got {room!r}")
+        need = lease_tokens(len(prompt), room)
+        if need > self.reach:
+            raise EngineError(f"the prompt ({len(prompt)} tokens) and {room} steps need {need} positions; one "
+                              f"sequence holds at most {self.reach} here")
+        return need
+
+    def _own(self, seq: Sequence, prompt: list[int], need: int) -> tuple[int, int] | None:
+        """(seq id, kv) when `seq`'s live lease holds the prompt's first tokens and has room."""
+        if seq.lease is None or need > seq.room:
+            return None
+        shared = shared_prefix(seq.tokens[: seq.kv], prompt, self.backend.pool.has_slots)
+        return (seq.id, shared) if shared == seq.kv else None
+
+    def _decide(self, seq: Sequence, prompt: list[int],
+                own: tuple[int, int] | None) -> tuple[Reuse, Hit[Checkpoint, Parked] | None]:
+        stateful = self.backend.pool.has_slots
+        hit = self.prefix.lookup(prompt)
+        live = [(o.id, shared_prefix(o.tokens[: o.kv], prompt, stateful))
+                for o in self._seqs.values() if o.lease is not None and o is not seq]
+        return pick_reuse(None if hit is None else (hit.length, hit.tier), live, own), hit
+
+    # ---- memory ------------------------------------------------------------------------------
+
+    def _acquire(self, d: Reuse, hit: Hit[Checkpoint, Parked] | None, prompt: list[int], need: int) -> Lease:
+        if d.source is Source.FRESH:
+            return self._room(lambda: self.backend.lease(need))
+        if d.source is Source.FORK:
+            assert d.live is not None
+            parent = self._seqs[d.live].lease
+            assert parent is not None
+            return self._room(lambda: self.backend.fork(parent, d.length, need))
+        # NOTE: the hit is borrowed from the index; it is cloned before anything may evict.
+        assert hit is not None and hit.length == d.length
+        if hit.resident is not None:
+            cp = hit.resident.clone()
+        else:
+            assert hit.parked is not None
+            cp = self._wake(hit.parked, prompt[: d.length])
+        try:
+            return self._room(lambda: self.backend.restore(cp, d.length, need))
+        finally:
+            cp.release()
+
+    def _wake(self, parked: Parked, key: list[int]) -> Checkpoint:
+        """The parked copy's first len(key) tokens on the device, kept in the index again; the
+        caller holds the returned clone."""
+        held = parked.clone()
+        try:
+            woken = self._room(lambda: self.backend.wake(held, len(key)))
+        finally:
+            held.release()
+        self.counters.wakes += 1
+        mine = woken.clone()
+        self.prefix.insert(key, woken)
+        return mine
+
+    def _room(self, ask: Callable[[], T]) -> T:
+        """`ask` until the pool grants it: a remap in flight is settled, a busy pool evicts the
+        coldest index entry (parked when there is a host tier)."""
+        while True:
+            try:
+                return ask()
+            except kern_pool.Remapping:
+                self.backend.settle()
+            except kern_pool.Busy as busy:
+                if not self._evict():
+                    raise EngineError(f"no memory for this sequence ({busy}) and nothing left to evict: "
+                                      f"{sum(s.lease is not None for s in self._seqs.values())} live "
+                                      "sequence(s) hold the pool; finish or release some") from None
+            except kern_pool.ExceedsPool as exc:
+                raise EngineError(f"the sequence can never fit this pool: {exc}") from None
+
+    def _evict(self) -> bool:
+        evicted = self.prefix.evict(self._park if self.config.park else None)
+        if evicted is None:
+            return False
+        self.counters.evictions += 1
+        self.counters.dropped += len(evicted.dropped) + (not evicted.parked)
+        return True
+
+    def _park(self, checkpoint: Checkpoint) -> Parked | None:
+        try:
+            parked = self.backend.park(checkpoint)
+        except kern_pool.HostFull:
+            return None
+        self.counters.parks += 1
+        return parked
+
+    def _retire(self, seq: Sequence) -> None:
+        lease = seq.lease
+        if lease is None:
+            return
+        seq.lease, seq.room = None, 0
+        if self._seated is not None and self._seated[0] is seq:
+            self._seated = None
+        if seq.kv == 0:
+            lease.release()
+            return
+        cp = self.backend.retire(lease, seq.kv)
+        self.prefix.insert(seq.tokens[: seq.kv], cp)
+        seq.kv = 0
+
+    def _drop_lease(self, seq: Sequence) -> None:
+        if seq.lease is not None:
+            seq.lease.release()
+            seq.lease, seq.kv, seq.room = None, 0, 0
+        if self._seated is not None and self._seated[0] is seq:
+            self._seated = None
+
+    # ---- the row -----------------------------------------------------------------------------
+
+    def _write_table(self, seq: Sequence) -> None:
+        assert seq.lease is not None
+        row = list(seq.lease.table_row())
+        n = self.roles.blocks_len
+        table = np.full(n, row[0], dtype=np.int32)
+        table[: min(n, len(row))] = row[:n]
+        self.backend.write_input(self.roles.blocks, table)
+
+    def _slots(self, seq: Sequence, start: int, stop: int) -> NDArray[np.int64]:
+        assert seq.lease is not None
+        unit = self.backend.pool.unit
+        pages = np.asarray(seq.lease.pages, dtype=np.int64)
+        pos = np.arange(start, stop, dtype=np.int64)
+        return pages[pos // unit] * unit + pos % unit
+
+    def _stage(self, seq: Sequence, ids: Seq[int], start: int) -> None:
+        r, n = self.roles, len(ids)
+        self.backend.write_input(r.token, np.asarray(ids, dtype=np.int64))
+        self.backend.write_input(r.position, np.arange(start, start + n, dtype=np.int64))
+        self.backend.write_input(r.slot, self._slots(seq, start, start + n))
+        self.backend.write_input(r.seq_len, np.array([start + n], dtype=np.int32))
+
+    def _prefill_rest(self, seq: Sequence) -> None:
+        """The prompt's tokens from `seq.kv` up to (not including) the last, in chunks."""
+        assert seq.lease is not None
+        n, start = len(seq.tokens), seq.kv
+        for a, b in prefill_chunks(n - start, self._chunk):
+            lo, hi = start + a, start + b
+            seq.lease.kv_indices(lo, hi)
+            self._stage(seq, seq.tokens[lo:hi], lo)
+            self.backend.run(self.roles.chunk_program, {self.roles.chunk_var: hi - lo})
+        seq.kv = n - 1
+
+    def _seat(self, seq: Sequence) -> None:
+        """Put `seq`'s pending token on the row (its block table is written)."""
+        assert seq.lease is not None
+        self._stage(seq, [seq.tokens[seq.kv]], seq.kv)
+        if self.roles.start_program is not None:
+            self.backend.run(self.roles.start_program, {})
+        self._seated = (seq, seq.lease)

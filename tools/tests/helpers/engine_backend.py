@@ -1,0 +1,111 @@
+"""kern_runtime.Engine's backend on the host: the Qwen3 interpreter's programs over a kern_pool
+Pool and Host, whose decisions (zeroed pages, page copies, park and wake copies) are executed on
+the interpreter's KV array and a numpy host block, as kern_runtime.sequences executes them on the
+GPU's arenas and pinned memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from helpers import qwen3_interp as interp
+
+import kern_pool
+import kern_runtime as kr
+
+
+class InterpBackend:
+    """`kern_runtime.Backend` over `qwen3_interp.Interp`: `pages` KV pages in chunks of
+    `chunk_pages`, a host tier of `host_pages` pages (0: none)."""
+
+    def __init__(self, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray], *, pages: int = 64,
+                 chunk_pages: int = 8, host_pages: int = 0) -> None:
+        roles = kr.serving_roles(manifest)
+        unit = roles.page_tokens
+        bpt = manifest["states"]["kv"]["bytes_per_token"]
+        config = kern_pool.PoolConfig((kern_pool.PagedState("kv", bpt),), (), unit, roles.blocks_len,
+                                      chunk=chunk_pages * unit * bpt, chunks=pages // chunk_pages)
+        self.pool, _ = kern_pool.Pool.create(config)  # NOTE: the initial plan counts as landed
+        self.machine = interp.Interp(manifest, tensors, capacity=self.pool.pages_max * unit)
+        self.page = unit * bpt // self.machine.kv_elem
+        self._host = kern_pool.Host(self.pool, host_pages, 1, 1) if host_pages else None
+        self.host_kv = np.zeros(host_pages * self.page, dtype=np.float32)
+        self.calls: list[tuple[str, str]] = []
+
+    # ---- programs ----------------------------------------------------------------------------
+
+    def write_input(self, name: str, array: Any) -> None:
+        self.machine.write_input(name, np.asarray(array))
+
+    def run(self, program: str, vars: Mapping[str, int]) -> None:
+        self.calls.append(("run", program))
+        self.machine.run(program, vars)
+
+    def issue(self, program: str, vars: Mapping[str, int]) -> None:
+        self.calls.append(("issue", program))
+        self.machine.run(program, vars)
+
+    def read_output(self, name: str, count: int | None = None) -> np.ndarray:
+        out = self.machine.read_output(name)
+        return out if count is None else out[:count]
+
+    def synchronize(self) -> None:
+        pass
+
+    # ---- sequences ---------------------------------------------------------------------------
+
+    def _page(self, p: int) -> slice:
+        return slice(p * self.page, (p + 1) * self.page)
+
+    def _zero(self, pages: Any) -> None:
+        for p in pages:
+            self.machine.kv[self._page(p)] = 0
+
+    def _copy(self, copies: kern_pool.DeviceCopies) -> None:
+        kv = self.machine.kv
+        for src, dst in copies.pages:
+            kv[self._page(dst)] = kv[self._page(src)]
+
+    def lease(self, tokens: int) -> kern_pool.Lease:
+        lease = self.pool.lease(tokens)
+        self._zero(lease.pages)
+        return lease
+
+    def retire(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+        return self.pool.retire(lease, length)
+
+    def restore(self, checkpoint: kern_pool.Checkpoint, length: int, tokens: int) -> kern_pool.Lease:
+        lease, copies = self.pool.restore(checkpoint, length, tokens)
+        self._zero(lease.pages[lease.sealed :])
+        self._copy(copies)
+        return lease
+
+    def fork(self, parent: kern_pool.Lease, length: int, tokens: int) -> kern_pool.Lease:
+        lease, copies = self.pool.fork(parent, length, tokens)
+        self._zero(lease.pages[lease.sealed :])
+        self._copy(copies)
+        return lease
+
+    @property
+    def host(self) -> kern_pool.Host:
+        assert self._host is not None, "no host tier"
+        return self._host
+
+    def park(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
+        parked, copies = self.host.park(checkpoint)
+        for page, unit in copies.pages:
+            self.host_kv[self._page(unit)] = self.machine.kv[self._page(page)]
+        return parked
+
+    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint:
+        checkpoint, copies = self.host.wake(parked, length)
+        for unit, page in copies.pages:
+            self.machine.kv[self._page(page)] = self.host_kv[self._page(unit)]
+        return checkpoint
+
+    def settle(self) -> None:
+        plan = self.pool.pending
+        if plan is not None:
+            self.pool.complete(plan)

@@ -1,0 +1,180 @@
+"""kern_runtime.Engine on the GPU with the Qwen3-4B shape (seeded random checkpoint,
+kern_qwen3.checkpoint): a turn continued from a resident prefix, from a prefix parked to the host
+tier (its device pages reused by another sequence, then woken), from a fork of a live sequence
+inside a page and from a lease_from at whole pages gives the greedy tokens of the same turns
+computed on one fresh sequence without the cache (the same chunks, so the same kernels at every
+position: the logits agree to the bit when the kernels are deterministic; the bound below is 1e-3
+relative). Lengths cross page (16 tokens) and chunk (64 rows) boundaries. Pages and host units go
+back to zero at the end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+TOOLS = Path(__file__).resolve().parents[1]
+CHUNK = 64
+STEPS = 8
+LOGIT_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from helpers.qwen3_options import generate as _generate
+
+    import kern_qwen3 as gen
+    import kern_runtime as kr
+    from kern_mining.build import build_kernels
+    from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
+
+    tmp = tmp_path_factory.mktemp("engine4b")
+    hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
+    entries = gen.entry_modules(TOOLS / "kernels-src")
+    feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
+    m = _generate(gen.shape_from_config(QWEN3_4B_CONFIG), hashes, entries, model="qwen3-4b", feed=feed)
+    manifest = tmp / "qwen3-4b.json"
+    manifest.write_text(json.dumps(m))
+    ckpt, _ = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b")
+    runtime = kr.Runtime.load(manifest, tmp / "kernels", gpu=0, capacity=kr.Capacity(tokens=8192, seqs=4))
+    try:
+        runtime.load_weights(kr.Safetensors.open(ckpt))
+        runtime.enable_host_tier(512 << 20)
+        yield SimpleNamespace(rt=runtime, roles=kr.serving_roles(kr.read_manifest(manifest)))
+    finally:
+        runtime.close()
+
+
+def _engine(rt: Any) -> Any:
+    """An engine with an empty index on the module's runtime (`rt`: the fixture's rt and roles)."""
+    import kern_runtime as kr
+
+    return kr.Engine(rt.rt, rt.roles, kr.EngineConfig(chunk=CHUNK, park=True))
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(0, 150000, size=n)]
+
+
+def _steps(eng: Any, seq: Any, n: int) -> list[np.ndarray]:
+    out = []
+    for _ in range(n):
+        eng.step(seq)
+        raw = np.asarray(eng.backend.read_output("logits")).reshape(-1)
+        # NOTE: bf16 outputs come back as their uint16 bits; widening them is exact
+        out.append((raw.astype(np.uint32) << 16).view(np.float32) if raw.dtype == np.uint16 else raw.astype(np.float32))
+    return out
+
+
+def _turn(eng: Any, seq: Any, prompt: list[int], steps: int = STEPS, room: int | None = None,
+          finish: bool = True) -> tuple[Any, list[np.ndarray]]:
+    pre = eng.prefill(seq, prompt, room or steps)
+    logits = _steps(eng, seq, steps)
+    if finish:
+        eng.finish(seq)
+    return pre, logits
+
+
+def _continuous(rt: Any, prompts: list[list[int]], steps: list[int]) -> tuple[list[int], list[list[np.ndarray]]]:
+    """The turns on one sequence of a fresh engine (same runtime, empty index), continuing in place."""
+    import kern_runtime as kr
+
+    eng = _engine(rt)
+    seq = eng.sequence()
+    out = []
+    for prompt, n in zip(prompts, steps, strict=True):
+        pre = eng.prefill(seq, prompt, 600 - len(prompt))
+        assert pre.source in (kr.Source.FRESH, kr.Source.CONTINUE), pre
+        out.append(_steps(eng, seq, n))
+    tokens = list(seq.tokens)
+    eng.close()
+    return tokens, out
+
+
+def _same(got: list[np.ndarray], want: list[np.ndarray], got_tokens: list[int], want_tokens: list[int]) -> None:
+    assert got_tokens == want_tokens
+    worst = max(float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in zip(got, want, strict=True))
+    print(f"logits: largest relative L2 difference {worst:.3e} over {len(got)} steps")
+    assert worst <= LOGIT_TOL
+
+
+def _clean(rt: Any, eng: Any) -> None:
+    eng.close()
+    assert rt.rt.pool.pages_used == 0 and rt.rt.host.used == 0
+
+
+def test_resident_prefix_turns_match_one_sequence(rt: Any) -> None:
+    import kern_runtime as kr
+
+    eng = _engine(rt)
+    seq = eng.sequence()
+    p1 = _ids(1, 100)  # prefill rows 0..98: chunks of 64 and 35
+    _, l1 = _turn(eng, seq, p1)
+    kv = len(seq.tokens) - 1  # 107: inside page 6
+    p2 = [*seq.tokens, *_ids(2, 90)]  # rows 107..196: two chunks, pages 6..12
+    pre, l2 = _turn(eng, seq, p2)
+    assert (pre.source, pre.reused) == (kr.Source.RESIDENT, kv)
+    tokens, want = _continuous(rt, [p1, p2], [STEPS, STEPS])
+    _same(l1 + l2, want[0] + want[1], seq.tokens, tokens)
+    _clean(rt, eng)
+
+
+def test_parked_prefix_is_woken_after_its_pages_were_reused(rt: Any) -> None:
+    import kern_runtime as kr
+
+    eng = _engine(rt)
+    a = eng.sequence()
+    p1 = _ids(3, 100)
+    _, l1 = _turn(eng, a, p1)
+    assert eng.evict() and eng.counters.parks == 1
+    eng.turn(eng.sequence(), _ids(4, 300), 2)  # takes the lowest free pages: those a's entry held
+    eng.evict()  # that turn's entry goes to the host too
+    p2 = [*a.tokens, *_ids(5, 90)]
+    pre, l2 = _turn(eng, a, p2)
+    assert (pre.source, pre.reused) == (kr.Source.PARKED, len(p1) - 1 + STEPS)
+    assert eng.counters.wakes == 1
+    tokens, want = _continuous(rt, [p1, p2], [STEPS, STEPS])
+    _same(l1 + l2, want[0] + want[1], a.tokens, tokens)
+    _clean(rt, eng)
+
+
+def test_a_fork_inside_a_page_matches_one_sequence(rt: Any) -> None:
+    import kern_runtime as kr
+
+    eng = _engine(rt)
+    a = eng.sequence()
+    pa = _ids(6, 100)
+    _, la = _turn(eng, a, pa, steps=10, room=14, finish=False)  # live: KV of 109 tokens
+    b = eng.branch(a, 105)  # 6 decoded tokens in: page 6, offset 9
+    pb = [*b.tokens, *_ids(7, 40)]
+    pre, lb = _turn(eng, b, pb)
+    assert (pre.source, pre.reused) == (kr.Source.FORK, 105)
+    more = _steps(eng, a, 4)  # the parent writes on in its own copy of page 6
+    a_tokens = list(a.tokens)
+    want_a_tokens, want_a = _continuous(rt, [pa], [14])
+    _same(la + more, want_a[0], a_tokens, want_a_tokens)
+    want_b_tokens, want_b = _continuous(rt, [pa, pb], [6, STEPS])
+    _same(lb, want_b[1], b.tokens, want_b_tokens)
+    _clean(rt, eng)
+
+
+def test_lease_from_an_earlier_turn_at_whole_pages_matches_one_sequence(rt: Any) -> None:
+    import kern_runtime as kr
+
+    eng = _engine(rt)
+    a = eng.sequence()
+    _turn(eng, a, _ids(8, 100))
+    b = eng.branch(a, 70)
+    pb = [*b.tokens, *_ids(9, 60)]  # shares pages 0..3 with a's entry: restored at 64
+    pre, lb = _turn(eng, b, pb)
+    assert (pre.source, pre.reused) == (kr.Source.RESIDENT, 64)
+    want_tokens, want = _continuous(rt, [pb[:65], pb], [0, STEPS])  # rows 0..63 as one chunk, like a's
+    _same(lb, want[1], b.tokens, want_tokens)
+    _clean(rt, eng)
