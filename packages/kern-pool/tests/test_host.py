@@ -25,8 +25,11 @@ from kern_pool import (
     Parked,
     Pool,
     PoolConfig,
+    Room,
+    Run,
     SeqState,
     SlotId,
+    fold,
 )
 
 HYBRID = PoolConfig((PagedState("kv", 1),), (SeqState("ssm", 4),), unit=4, row_pages=6, chunk=4, chunks=40, first_slots=6)
@@ -89,7 +92,8 @@ def test_wake_twins_the_new_pages_so_parking_again_copies_nothing() -> None:
     woken, copies = host.wake(parked, 10)
     assert (woken.pages, copies) == ((0, 1, 2), Copies(((HostUnit(0), PageId(0)), (HostUnit(1), PageId(1)), (HostUnit(2), PageId(2))), None))
     again, copies = host.park(woken)
-    assert copies.pages == ((2, 3),)  # only the private partial page is copied
+    assert copies == Copies((), None)  # woken at the parked length: it parks as `parked` itself
+    assert (again.units, host.used) == (parked.units, 3)
     partial, copies = host.wake(parked, 4)  # a stateless copy wakes at whole pages below its length
     assert (partial.length, len(copies.pages)) == (4, 1)
     for h in (woken, again, partial, parked):
@@ -123,6 +127,113 @@ def test_bad_calls_leave_host_and_pool_unchanged() -> None:
         assert (_state(host), _state(other_host)) == before
     with pytest.raises(ConfigError):
         Host(pool, 4, page_units=0, slot_units=1)
+
+
+def test_fold_joins_pairs_that_advance_together() -> None:
+    assert fold([], 1, 2) == ()
+    assert fold([(0, 0), (1, 2), (2, 4), (5, 6), (6, 8), (8, 10)], 1, 2) == (
+        Run(0, 0, 3), Run(5, 6, 2), Run(8, 10, 1)
+    )
+    assert fold([(4, 7), (5, 8), (3, 9)], 1, 1) == (Run(4, 7, 2), Run(3, 9, 1))
+
+
+def test_a_room_reserves_then_parks_and_hands_its_checkpoint_over() -> None:
+    pool, _ = Pool.create(HYBRID)
+    host = Host(pool, 20, page_units=2, slot_units=3)
+    lease = pool.lease(12)
+    cp, _ = pool.checkpoint(lease, 10)  # chain pages 0, 1; tail page 3; slot 1
+    room = host.room(cp)
+    assert isinstance(room, Room) and room.checkpoint is cp
+    assert (room.units, host.used, host.runs()) == (9, 9, ((6, 17),))
+    parked, copies = host.park(room)
+    assert copies == Copies(
+        ((PageId(0), HostUnit(0)), (PageId(1), HostUnit(2)), (PageId(3), HostUnit(4))), (SlotId(1), HostUnit(17))
+    )
+    assert not room.live and cp.live and host.used == 9
+    with pytest.raises(ApiError, match="Room was parked"):
+        host.park(room)
+    for h in (cp, parked, lease):
+        h.release()
+    assert (host.used, pool.pages_used, pool.slots_used) == (0, 0, 0)
+
+
+def test_a_full_room_hands_the_checkpoint_back_and_cancel_returns_the_units() -> None:
+    pool, _ = Pool.create(HYBRID)
+    host = Host(pool, 8, page_units=2, slot_units=3)
+    cp, _ = pool.checkpoint(pool.lease(12), 8)  # two pages + slot = 7 units
+    big, _ = pool.checkpoint(pool.lease(12), 12)  # three pages + slot = 9 units
+    before = _state(host)
+    assert host.room(big) is big and _state(host) == before
+    room = host.room(cp)
+    assert isinstance(room, Room) and host.used == 7
+    assert host.room(cp.clone()) is not None and host.free == 1
+    assert room.cancel() is cp and cp.live and _state(host) == before
+    other = host.room(cp)
+    assert isinstance(other, Room)
+    other.release()
+    assert not cp.live and _state(host) == before
+
+
+def test_a_room_keeps_the_host_chain_it_shares_alive() -> None:
+    pool, _ = Pool.create(PAGED)
+    host = Host(pool, 64, page_units=1, slot_units=1)
+    lease = pool.lease(20)
+    first, _ = pool.checkpoint(lease, 8)
+    p1, _ = host.park(first)
+    second, _ = pool.checkpoint(lease, 16)
+    room = host.room(second)
+    assert isinstance(room, Room) and room.units == 2
+    p1.release()  # the room still holds units 0, 1 of the chain it shares
+    assert host.used == 4
+    p2, copies = host.park(room)
+    assert copies.pages == ((2, 2), (3, 3)) and p2.units == (0, 1, 2, 3)
+    for h in (p2, first, second, lease):
+        h.release()
+    assert (host.used, pool.pages_used) == (0, 0)
+
+
+def test_restore_leases_from_the_host_and_a_longer_park_copies_only_what_is_new() -> None:
+    pool, _ = Pool.create(HYBRID)
+    host = Host(pool, 40, page_units=1, slot_units=3)
+    cp = pool.retire(pool.lease(12), 10)  # pages 0, 1 in the chain, page 2 the tail, slot 0
+    parked, _ = host.park(cp)  # units 0, 1, 2; slot units 37..39
+    cp.release()
+    lease, copies = host.restore(parked, 10, 24)
+    assert (lease.prefix, lease.sealed, lease.tokens, lease.pages) == (10, 2, 24, (0, 1, 2, 3, 4, 5))
+    assert copies == Copies(
+        ((HostUnit(0), PageId(0)), (HostUnit(1), PageId(1)), (HostUnit(2), PageId(2))), (HostUnit(37), lease.state_slot)
+    )
+    assert lease.kv_indices(10, 12) == [10, 11]
+    longer, _ = pool.checkpoint(lease, 20)  # chain 0..4 now; pages 0, 1 twinned already
+    again, copies = host.park(longer)
+    assert copies.pages == ((2, 3), (3, 4), (4, 5)) and copies.slot is not None
+    assert again.units[:2] == parked.units[:2]
+    with pytest.raises(ApiError, match="tokens 9 must"):
+        host.restore(parked, 10, 9)
+    with pytest.raises(ApiError, match="length 11"):
+        host.restore(parked, 11, 24)
+    for h in (lease, longer, again, parked):
+        h.release()
+    assert (host.used, pool.pages_used, pool.slots_used) == (0, 0, 0)
+
+
+def test_host_checks_name_the_argument() -> None:
+    pool, _ = Pool.create(PAGED)
+    host = Host(pool, 8, page_units=1, slot_units=1)
+    for call, text in (
+        (lambda: Host("x", 4, 1, 1), "pool must be a kern_pool.Pool"),  # pyright: ignore[reportArgumentType]
+        (lambda: host.park("x"), "checkpoint must be a kern_pool.Checkpoint"),  # pyright: ignore[reportArgumentType]
+        (lambda: host.room(3), "checkpoint must be"),  # pyright: ignore[reportArgumentType]
+        (lambda: host.wake("x", 4), "parked must be a kern_pool.Parked"),  # pyright: ignore[reportArgumentType]
+        (lambda: host.restore(None, 4, 4), "parked must be"),  # pyright: ignore[reportArgumentType]
+        (lambda: Room(object(), host, None, [], [], None, None), "factory-only"),  # pyright: ignore[reportArgumentType]
+    ):
+        with pytest.raises(ApiError, match=text):
+            call()
+    for kwargs, text in (({"units": -1}, "units must"), ({"page_units": 0}, "page_units must"), ({"slot_units": 1.5}, "slot_units must")):
+        args: dict[str, Any] = {"units": 4, "page_units": 1, "slot_units": 1, **kwargs}
+        with pytest.raises(ConfigError, match=text):
+            Host(pool, **args)
 
 
 # ---- round trip property -------------------------------------------------------------------
@@ -200,16 +311,26 @@ class HostMachine(RuleBasedStateMachine):
             sdst[copies.slot[1]] = ssrc[copies.slot[0]]
 
     @precondition(lambda self: self.cps)
-    @rule(i=st.integers(0, 99))
-    def park(self, i: int) -> None:
+    @rule(i=st.integers(0, 99), two_step=st.booleans())
+    def park(self, i: int, two_step: bool) -> None:
         kept = self.cps[i % len(self.cps)]
         assert isinstance(kept.handle, Checkpoint)
         before = _state(self.host)
-        try:
-            parked, copies = self.host.park(kept.handle)
-        except HostFull:
-            assert _state(self.host) == before
-            return
+        if two_step:
+            room = self.host.room(kept.handle.clone())
+            if isinstance(room, Checkpoint):
+                room.release()
+                assert _state(self.host) == before
+                return
+            cp = room.checkpoint
+            parked, copies = self.host.park(room)
+            cp.release()
+        else:
+            try:
+                parked, copies = self.host.park(kept.handle)
+            except HostFull:
+                assert _state(self.host) == before
+                return
         self.run(copies, self.mem, self.hmem, self.smem, self.hsmem)
         self.parked.append(Kept(parked, dict(kept.kv), kept.slot))
 
@@ -254,13 +375,12 @@ class HostMachine(RuleBasedStateMachine):
     @invariant()
     def partition(self) -> None:
         pages: set[int] = set()
-        slots: list[int] = []
+        slots: set[int] = set()  # NOTE: a woken checkpoint parked again shares its copy's slot unit
         for kept in self.parked:
             assert isinstance(kept.handle, Parked)
             pages |= set(kept.handle.units)
             if kept.handle.slot_unit is not None:
-                slots.append(kept.handle.slot_unit)
-        assert len(slots) == len(set(slots))
+                slots.add(kept.handle.slot_unit)
         assert self.host.used == 2 * len(pages) + 3 * len(slots)
         covered = sorted([(p, p + 2) for p in pages] + [(s, s + 3) for s in slots] + list(self.host.runs()))
         at = 0

@@ -37,7 +37,7 @@ from kern_pool.errors import (
     PoolError,
     Remapping,
 )
-from kern_pool.host import Host, HostUnit, ParkCopies, Parked, WakeCopies
+from kern_pool.host import Host, HostUnit, ParkCopies, Parked, Room, Run, WakeCopies, fold
 from kern_pool.pages import Checkpoint, Copies, DeviceCopies, Lease, Pool, PoolSnapshot
 from kern_pool.prefix import Evicted, Hit, Kept, Prefix, Tier
 
@@ -77,6 +77,8 @@ __all__ = [
     "Prefix",
     "Remap",
     "Remapping",
+    "Room",
+    "Run",
     "SeqState",
     "SlotId",
     "Status",
@@ -85,5 +87,6 @@ __all__ = [
     "Unmap",
     "WakeCopies",
     "chunk_bytes",
+    "fold",
     "pool_config",
 ]

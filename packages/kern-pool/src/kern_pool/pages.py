@@ -26,7 +26,7 @@ from kern_pool.chunks import (
 from kern_pool.errors import ApiError, Busy, ExceedsPool, ExceedsRow, Remapping
 
 if TYPE_CHECKING:
-    from kern_pool.host import HostNode
+    from kern_pool.host import HostNode, HostStore
 
 __all__ = ["Checkpoint", "Copies", "DeviceCopies", "Lease", "Pool", "PoolSnapshot"]
 
@@ -98,7 +98,7 @@ def chain(tip: _N | None) -> list[_N]:
 class Store:
     """What a checkpoint names: a chain, an optional private partial page, an optional slot."""
 
-    __slots__ = ("length", "paged", "refs", "slot", "tail", "tip")
+    __slots__ = ("length", "paged", "refs", "slot", "tail", "tip", "twin")
 
     def __init__(
         self, length: int, paged: bool, tip: Node | None, tail: PageId | None, slot: SlotId | None
@@ -109,6 +109,7 @@ class Store:
         self.tail = tail
         self.slot = slot
         self.refs = 1
+        self.twin: HostStore | None = None  # NOTE: the parked copy this store was woken from
 
     def page_ids(self) -> list[PageId]:
         pages = [n.page for n in chain(self.tip)]
