@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cuda.bindings import driver as cu
@@ -61,13 +62,13 @@ def test_capacity_is_the_pool_s() -> None:
 @pytest.mark.parametrize(
     ("capacity", "line"),
     [
-        (kern_pool.Capacity(tokens=None, seqs=1), r"^Capacity\(tokens=None\) \(all free memory\) is not supported by Runtime\.load; pass tokens=N, the tokens to hold$"),
-        (kern_pool.Capacity(tokens=0, seqs=1), "^capacity needs tokens >= 1 and seqs >= 1"),
-        (kern_pool.Capacity(tokens=16, seqs=0), "^capacity needs tokens >= 1 and seqs >= 1"),
+        (kern_pool.Capacity(tokens=0, seqs=1), r"^capacity needs tokens >= 1 \(or None: all free memory\) and seqs >= 1"),
+        (kern_pool.Capacity(tokens=16, seqs=0), r"^capacity needs tokens >= 1 \(or None: all free memory\) and seqs >= 1"),
+        ("4096", r"^capacity must be a kern_runtime\.Capacity, got str$"),
     ],
 )
 def test_capacity_the_runtime_cannot_hold_is_a_caller_error_before_the_driver(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capacity: kern_pool.Capacity, line: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capacity: Any, line: str
 ) -> None:
     def touched(_flags: int) -> object:
         raise AssertionError("the driver was reached")
@@ -107,3 +108,10 @@ def test_error_tree() -> None:
                 kr.WeightArtifactError, kr.ApiError, kr.CallError, kr.CudaError, kr.BlasError):  # fmt: skip
         assert issubclass(cls, kr.KernRuntimeError)
         assert cls.__name__ in kr.__all__
+
+
+def test_capacity_of_all_free_memory_passes_the_caller_checks() -> None:
+    from kern_runtime.runtime import _capacity_tokens  # pyright: ignore[reportPrivateUsage]
+
+    assert _capacity_tokens(kern_pool.Capacity(tokens=None, seqs=2)) is None
+    assert _capacity_tokens(kern_pool.Capacity(tokens=64, seqs=1)) == 64

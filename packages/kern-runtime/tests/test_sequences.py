@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import ExitStack
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 import kern_pool
 from kern_manifest import parse_manifest
-from kern_runtime import ApiError, sequences
+from kern_runtime import ApiError, memory, sequences
 from kern_runtime.sequences import Sequences, pool_layout
 
 from .helpers import manifests
@@ -26,6 +27,10 @@ class FakeDriver:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self._next = 1 << 40
+        self.gate = threading.Event()  # NOTE: event_synchronize waits on it (a plan's stream event)
+        self.gate.set()
+        self.landed = True  # NOTE: what event_query answers
+        self.events = 0
 
     def vmm_granularity(self, dev: object) -> int:
         return 2 * MIB
@@ -43,6 +48,26 @@ class FakeDriver:
         self.calls.append(("host_alloc", nbytes))
         return HOST_BASE
 
+    def stream_create(self) -> str:
+        self.calls.append(("stream_create",))
+        return "transfer"
+
+    def device_pci_bus_id(self, dev: object) -> str:
+        return "ffff:ff:ff.f"  # NOTE: no such sysfs entry: no NUMA preference
+
+    def event_create(self, timing: bool = True) -> str:
+        self.events += 1
+        self.calls.append(("event_create", timing))
+        return f"event{self.events - 1}"
+
+    def event_synchronize(self, event: object) -> None:
+        self.gate.wait(5)
+        self.calls.append(("event_synchronize", event))
+
+    def event_query(self, event: object) -> bool:
+        self.calls.append(("event_query", event))
+        return self.landed
+
     def __getattr__(self, name: str) -> Any:
         return lambda *args: self.calls.append((name, *args))
 
@@ -51,6 +76,7 @@ class FakeDriver:
 def seqs(monkeypatch: pytest.MonkeyPatch) -> tuple[Sequences, FakeDriver]:
     fake = FakeDriver()
     monkeypatch.setattr(sequences, "drv", fake)
+    monkeypatch.setattr(memory, "drv", fake)
     m = parse_manifest(json.dumps(manifests.pooled("ab" * 32)))
     paged, per_seq, unit, row = pool_layout(m)
     assert (unit, row) == (16, 64)
@@ -110,18 +136,89 @@ def test_pool_without_states_is_refused_by_layout() -> None:
     assert pool_layout(m) == ((), (), 1, 0)
 
 
-def test_a_fourth_slot_lands_a_remap_plan_first(seqs: tuple[Sequences, FakeDriver]) -> None:
+def _at(fake: FakeDriver, name: str) -> int:
+    return next(i for i, c in enumerate(fake.calls) if c[0] == name)
+
+
+def test_a_remap_lands_on_a_thread_after_the_stream_event_then_is_zeroed(seqs: tuple[Sequences, FakeDriver]) -> None:
     s, fake = seqs
     for _ in range(3):
         s.lease(32)
     assert s.pool.remaps == 0
     fake.calls.clear()
-    lease = s.lease(32)
-    assert s.pool.remaps == 1 and s.pool.pending is None
-    assert fake.calls[0] == ("stream_synchronize", "stream")
+    lease = s.lease(32)  # a fourth slot: the plan unmaps free pages, maps slot chunks
+    assert s.pool.remaps == 1 and s.pool.pending is None and not s.remapping
+    assert "stream_synchronize" not in [c[0] for c in fake.calls], "the caller's thread never drains the stream"
+    assert fake.calls[1] == ("event_record", "event0", "stream")
+    assert _at(fake, "event_record") < _at(fake, "event_synchronize")
     ssm = s.arenas["ssm"]
     assert lease.state_slot is not None
-    assert (ssm.base + lease.state_slot * MIB, MIB, "stream") in _of(fake, "memset_async")
+    zero = fake.calls.index(("memset_async", ssm.base + lease.state_slot * MIB, MIB, "stream"))
+    assert zero > _at(fake, "event_synchronize")
+    assert ("event_destroy", "event0") in fake.calls
+
+
+def test_without_wait_a_remap_in_flight_is_remapping_and_lands_at_the_next_lease(
+    seqs: tuple[Sequences, FakeDriver],
+) -> None:
+    s, fake = seqs
+    held = [s.lease(32) for _ in range(3)]
+    fake.gate.clear()  # the stream event has not passed: the thread waits
+    with pytest.raises(kern_pool.Remapping):
+        s.lease(32, wait=False)
+    assert s.remapping and s.pool.pending is not None
+    with pytest.raises(kern_pool.Remapping):
+        s.lease(16, wait=False)  # at most one plan: the same one is still in flight
+    assert s.pool.remaps == 1 and [c[0] for c in fake.calls].count("event_record") == 1
+    assert "vmm_unmap" not in [c[0] for c in fake.calls]
+    fake.gate.set()
+    flight = s._flight  # pyright: ignore[reportPrivateUsage]
+    assert flight is not None
+    flight.thread.join(5)
+    assert s.remapping, "landed but not collected until the next call"
+    extra = s.lease(32, wait=False)
+    assert not s.remapping and extra.state_slot is not None and s.pool.remaps == 1
+    for h in [*held, extra]:
+        h.release()
+
+
+def test_settle_waits_for_the_plan_in_flight(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    for _ in range(3):
+        s.lease(32)
+    with pytest.raises(kern_pool.Remapping):
+        s.lease(32, wait=False)
+    s.settle()
+    assert not s.remapping and s.pool.slots_free >= 1
+    s.settle()  # nothing in flight: a no-op
+
+
+def test_a_failed_remap_is_raised_on_the_caller_s_thread(seqs: tuple[Sequences, FakeDriver], monkeypatch: pytest.MonkeyPatch) -> None:
+    s, fake = seqs
+    for _ in range(3):
+        s.lease(32)
+
+    def broken(*_args: Any) -> None:
+        raise RuntimeError("unmap failed")
+
+    monkeypatch.setattr(fake, "event_synchronize", broken)
+    with pytest.raises(RuntimeError, match="unmap failed"):
+        s.lease(32)
+
+
+def test_pool_config_for_all_free_memory_leaves_the_headroom() -> None:
+    m = parse_manifest(json.dumps(manifests.pooled("ab" * 32)))
+    free = kern_pool.HEADROOM + 640 * MIB + 5
+    config = sequences.pool_config_for(m, kern_pool.Capacity(None, 2), free)
+    assert config is not None and config.chunks == 640 * MIB // config.chunk and config.first_slots == 4
+    assert config.row_pages == 64
+    fixed = sequences.pool_config_for(m, kern_pool.Capacity(100, 1))
+    assert fixed is not None and fixed.chunks == 96 * 4096 // config.chunk + 1 + 3 * MIB // config.chunk + 1
+    with pytest.raises(ApiError, match=r"^1073741829 free device bytes cannot hold the pool: "):
+        sequences.pool_config_for(m, kern_pool.Capacity(None, 1), kern_pool.HEADROOM + 5)
+    with pytest.raises(ApiError, match="pass free_bytes"):
+        sequences.pool_config_for(m, kern_pool.Capacity(None, 1))
+    assert sequences.pool_config_for(parse_manifest(json.dumps(manifests.chain("ab" * 32, calls=2))), kern_pool.Capacity(None, 1), 1 << 40) is None
 
 
 # ---- host tier: a unit is gcd(kv page 64 KiB, ssm slot 1 MiB) = 64 KiB; a page 1 unit, a slot 16
@@ -171,9 +268,11 @@ def test_parking_a_longer_turn_of_the_chain_copies_only_new_pages(seqs: tuple[Se
     fake.calls.clear()
     later_cp = s.checkpoint(lease, 48)  # three whole pages of the same chain
     later = s.park(later_cp)
-    pages = [c for c in _of(fake, "copy_dtoh_async") if c[2] == PAGE]
-    assert len(pages) == 2, "the first page is parked already"
-    assert later.units[0] == first.units[0]
+    kv = s.arenas["kv"]
+    pages = [c for c in _of(fake, "copy_dtoh_async") if c[2] != MIB]
+    assert later.units[0] == first.units[0] and later.units[1:] == (later.units[1], later.units[1] + 1)
+    want = (HOST_BASE + later.units[1] * PAGE, kv.base + later_cp.pages[1] * PAGE, 2 * PAGE, "stream")
+    assert pages == [want], "the first page is parked already; the two new ones go as one copy"
 
 
 def test_wake_fills_fresh_pages_and_slot_from_the_host(seqs: tuple[Sequences, FakeDriver]) -> None:
@@ -189,7 +288,8 @@ def test_wake_fills_fresh_pages_and_slot_from_the_host(seqs: tuple[Sequences, Fa
     kv, ssm = s.arenas["kv"], s.arenas["ssm"]
     assert woken.length == 32 and len(woken.pages) == 2 and woken.state_slot is not None
     assert parked.slot_unit is not None
-    want = [(kv.base + p * PAGE, HOST_BASE + u * PAGE, PAGE, "stream") for u, p in zip(parked.units, woken.pages, strict=True)]
+    assert parked.units == (parked.units[0], parked.units[0] + 1) and woken.pages[1] == woken.pages[0] + 1
+    want = [(kv.base + woken.pages[0] * PAGE, HOST_BASE + parked.units[0] * PAGE, 2 * PAGE, "stream")]
     want.append((ssm.base + woken.state_slot * MIB, HOST_BASE + parked.slot_unit * PAGE, MIB, "stream"))
     assert _of(fake, "copy_htod_async") == want
     again = s.restore(woken, 32, 64)
@@ -231,3 +331,147 @@ def test_retire_keeps_the_tokens_in_place_without_device_work(seqs: tuple[Sequen
     assert cp.pages == pages[:2] and cp.state_slot == slot and cp.length == 20
     with pytest.raises(kern_pool.ApiError):
         s.retire(lease, 20)
+
+
+# ---- the transfer stream -------------------------------------------------------------------
+
+
+def test_park_of_a_room_runs_on_the_transfer_stream_after_the_compute_stream(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    host = s.reserve_host(8, 2)
+    assert (host.units, host.page_units, host.slot_units) == (8 + 2 * 16, 1, 16)
+    lease = s.lease(48)
+    cp = s.checkpoint(lease, 32)
+    lease.release()
+    room = s.room(cp)
+    assert isinstance(room, kern_pool.Room)
+    fake.calls.clear()
+    fake.landed = False
+    parked = s.park_room(room)
+    order = [c for c in fake.calls if c[0] in ("event_record", "stream_wait_event", "copy_dtoh_async")]
+    assert order[0] == ("event_record", "event0", "stream") and order[1] == ("stream_wait_event", "transfer", "event0")
+    assert all(c[-1] == "transfer" for c in order[2:-1]) and order[-1][0] == "event_record"
+    assert [c[0] for c in order[2:-1]] == ["copy_dtoh_async", "copy_dtoh_async"]  # two pages as one copy, the slot
+    assert not any(c[0] == "stream_wait_event" and c[1] == "stream" for c in fake.calls), "compute never waits"
+    assert cp.live and s.pool.pages_used == 2, "held until the copies land"
+    s.lease(16).release()  # a call that reaps: still in flight
+    assert cp.live
+    fake.landed = True
+    s.synchronize_transfers()
+    assert not cp.live and s.pool.pages_used == 0 and parked.live and s.host.used == 2 + 16
+
+
+def test_a_full_room_hands_the_checkpoint_back(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, _fake = seqs
+    s.reserve_host(1, 0)
+    cp = s.checkpoint(s.lease(32), 32)
+    assert s.room(cp) is cp and s.host.used == 0
+
+
+def test_wake_with_tokens_is_a_waking_that_awakes_once_landed(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.reserve_host(8, 2)
+    lease = s.lease(48)
+    parked = s.park_now(s.checkpoint(lease, 20))
+    lease.release()
+    assert s.pool.pages_used == 0, "park_now lets the checkpoint go at once"
+    fake.calls.clear()
+    fake.landed = False
+    waking = s.wake_async(parked, 20, 64)
+    assert isinstance(waking, sequences.Waking) and waking.length == 20
+    copies = [c for c in fake.calls if c[0] == "copy_htod_async"]
+    assert copies and all(c[-1] == "transfer" for c in copies)
+    kv = s.arenas["kv"]
+    zeroed = {c[0] for c in _of(fake, "memset_async")}
+    lease_pages = s.pool.pages_used
+    assert lease_pages == 4 and len(zeroed) == 2, "the two pages no copy fills are zeroed, before the transfer"
+    assert _at(fake, "memset_async") < _at(fake, "stream_wait_event")
+    assert not s.landed(waking) and s.awake(waking) is waking
+    fake.landed = True
+    got = s.awake(waking)
+    assert isinstance(got, kern_pool.Lease) and got.prefix == 20 and got.sealed == 1 and not waking.live
+    assert kv.base + got.pages[2] * PAGE in zeroed
+    with pytest.raises(ApiError, match="awake or released"):
+        s.awake(waking)
+    got.release()
+    parked.release()
+    assert (s.pool.pages_used, s.host.used) == (0, 0)
+
+
+def test_a_waking_released_early_waits_for_its_copies(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.reserve_host(8, 2)
+    lease = s.lease(32)
+    parked = s.park_now(s.checkpoint(lease, 32))
+    lease.release()
+    fake.landed = False
+    waking = s.wake_async(parked, 32, 32)
+    parked.release()  # the Waking still holds the host copy it reads
+    assert s.host.used == 2 + 16
+    fake.calls.clear()
+    waking.release()
+    assert fake.calls[0] == ("event_synchronize", "event1")
+    assert (s.pool.pages_used, s.host.used) == (0, 0)
+
+
+def test_wake_now_is_a_lease_on_the_compute_stream_that_waits_for_a_park_in_flight(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.reserve_host(8, 2)
+    lease = s.lease(32)
+    room = s.room(s.checkpoint(lease, 32))
+    assert isinstance(room, kern_pool.Room)
+    fake.landed = False
+    parked = s.park_room(room)
+    fake.calls.clear()
+    woken = s.wake_now(parked, 32, 48)
+    assert ("stream_wait_event", "stream", "event1") in fake.calls, "its host copy is still on the transfer stream"
+    assert all(c[-1] == "stream" for c in _of(fake, "copy_htod_async")) and woken.prefix == 32
+
+
+def test_copy_out_and_in_perform_another_runtime_s_decision_and_check_ids(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, fake = seqs
+    s.reserve_host(4, 1)
+    kv = s.arenas["kv"]
+    fake.calls.clear()
+    s.copy_out(kern_pool.Copies(((kern_pool.PageId(1), kern_pool.HostUnit(2)),), None))
+    assert _of(fake, "copy_dtoh_async") == [(HOST_BASE + 2 * PAGE, kv.base + PAGE, PAGE, "stream")]
+    s.copy_in(kern_pool.Copies(((kern_pool.HostUnit(3), kern_pool.PageId(0)),), None))
+    assert _of(fake, "copy_htod_async") == [(kv.base, HOST_BASE + 3 * PAGE, PAGE, "stream")]
+    fake.calls.clear()
+    pages = s.pool.pages_max
+    for copies, text in (
+        (kern_pool.Copies(((kern_pool.PageId(pages), kern_pool.HostUnit(0)),), None), f"page {pages} is outside"),
+        (kern_pool.Copies(((kern_pool.PageId(0), kern_pool.HostUnit(20)),), None), "host unit 20 .page. is outside"),
+        (kern_pool.Copies((), (kern_pool.SlotId(0), kern_pool.HostUnit(5))), "host unit 5 .slot. is outside"),
+    ):
+        with pytest.raises(ApiError, match=text):
+            s.copy_out(copies)
+    assert not _of(fake, "copy_dtoh_async")
+
+
+@pytest.mark.parametrize(("pages", "slots", "text"), [(0, 0, "holds nothing"), (-1, 1, "pages must be an int >= 0"), (1, 1.5, "slots must be")])
+def test_reserve_host_refuses_counts_that_hold_nothing(seqs: tuple[Sequences, FakeDriver], pages: Any, slots: Any, text: str) -> None:
+    s, fake = seqs
+    with pytest.raises(ApiError, match=text):
+        s.reserve_host(pages, slots)
+    assert not _of(fake, "host_alloc")
+
+
+def test_two_paged_states_fold_into_2d_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeDriver()
+    monkeypatch.setattr(sequences, "drv", fake)
+    monkeypatch.setattr(memory, "drv", fake)
+    paged = (kern_pool.PagedState("k", 4096), kern_pool.PagedState("v", 8192))
+    config = kern_pool.pool_config(paged, (), unit=16, row_pages=8, capacity=kern_pool.Capacity(128, 1))
+    s = Sequences(ExitStack(), "dev", "stream", config)
+    host = s.reserve_host(8, 0)
+    assert (host.units, host.page_units) == (8, 1)
+    lease = s.lease(48)
+    fake.calls.clear()
+    s.park(s.checkpoint(lease, 48))
+    k, v = s.arenas["k"], s.arenas["v"]
+    row = 3 * PAGE  # a host page: k's 64 KiB, then v's 128 KiB
+    assert _of(fake, "copy_2d_async") == [
+        (HOST_BASE, row, False, k.base, PAGE, True, PAGE, 3, "stream"),
+        (HOST_BASE + PAGE, row, False, v.base, 2 * PAGE, True, 2 * PAGE, 3, "stream"),
+    ]

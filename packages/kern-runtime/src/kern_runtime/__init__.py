@@ -35,6 +35,7 @@ from .graphs import Graph, normalize_vars
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Resident, Runtime
+from .sequences import Waking
 from .session import Session, check_capacity, check_prompt, weight_files
 from .weights import (
     Copy,
@@ -92,6 +93,7 @@ __all__ = [
     "TensorWindow",
     "Tensors",
     "Turn",
+    "Waking",
     "WeightArtifactError",
     "check_capacity",
     "check_domain",

@@ -95,6 +95,14 @@ def device_name(dev: Any) -> str:
     return bytes(raw).split(b"\0", 1)[0].decode()
 
 
+def device_pci_bus_id(dev: Any) -> str:
+    """The device's PCI address as sysfs spells it (`0000:3b:00.0`)."""
+    raw = _call(cu.cuDeviceGetPCIBusId, 64, dev)
+    text = (raw if isinstance(raw, bytes) else bytes(raw)).split(b"\0", 1)[0].decode()
+    domain, rest = text.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
 def primary_context(dev: Any) -> Any:
     ctx = _call(cu.cuDevicePrimaryCtxRetain, dev)
     _call(cu.cuCtxSetCurrent, ctx)
@@ -125,8 +133,9 @@ def stream_handle(stream: Any) -> int:
     return int(stream)
 
 
-def event_create() -> Any:
-    return _call(cu.cuEventCreate, int(cu.CUevent_flags.CU_EVENT_DEFAULT))
+def event_create(timing: bool = True) -> Any:
+    flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+    return _call(cu.cuEventCreate, int(flags))
 
 
 def event_destroy(event: Any) -> None:
@@ -139,6 +148,16 @@ def event_record(event: Any, stream: Any) -> None:
 
 def event_synchronize(event: Any) -> None:
     _call(cu.cuEventSynchronize, event)
+
+
+def event_query(event: Any) -> bool:
+    """True once everything before the event's record has run; False while it is pending."""
+    result = cu.cuEventQuery(event)
+    err = result[0] if isinstance(result, tuple) else result
+    if err == cu.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check("cuEventQuery", err)
+    return True
 
 
 def event_elapsed_ms(start: Any, end: Any) -> float:

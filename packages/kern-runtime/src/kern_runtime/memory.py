@@ -1,21 +1,28 @@
 """Device, VMM and pinned host memory owned by one Runtime.
 
 Every allocation registers its release on the owner's ExitStack, so a failed load unwinds
-everything it allocated and `close()` releases in reverse order.
+everything it allocated and `close()` releases in reverse order. Pinned blocks that copies to and
+from one GPU use are allocated with the calling thread's memory policy preferring the GPU's NUMA
+node (`numa_node`, `preferring_node`), restored afterwards.
 """
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+import ctypes
+import os
+import platform
+from collections.abc import Generator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import kern_pool
 from kern_manifest import State
 
 from . import _driver as drv
 
-__all__ = ["ALIGN", "Allocation", "align_up", "state_size"]
+__all__ = ["ALIGN", "Allocation", "Mempolicy", "align_up", "host_near", "numa_node", "preferring_node", "state_size"]
 
 ALIGN = 256
 
@@ -78,3 +85,87 @@ def vmm(stack: ExitStack, dev: Any, nbytes: int, chunk: int) -> Allocation:
         stack.callback(drv.vmm_unmap, base + off, chunk)
     drv.vmm_set_access(base, total, dev)
     return Allocation(base, total, "vmm")
+
+
+# -- NUMA placement of pinned blocks ---------------------------------------------------------------
+
+MPOL_DEFAULT = 0
+MPOL_PREFERRED = 1
+_MASK_WORDS = 16  # NOTE: 1024 nodes; get_mempolicy needs maxnode >= the kernel's node count
+_SYSCALLS = {"x86_64": (239, 238), "aarch64": (236, 237)}  # (get_mempolicy, set_mempolicy)
+
+
+def numa_node(pci_bus_id: str, root: Path = Path("/sys")) -> int | None:
+    """The NUMA node sysfs reports for a PCI device, or None (no file, no node, -1)."""
+    path = root / "bus" / "pci" / "devices" / pci_bus_id / "numa_node"
+    try:
+        node = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+class Mempolicy(Protocol):
+    """The calling thread's memory policy: `get() -> (mode, node mask)`, `set(mode, mask)`;
+    either returns False where the system refuses."""
+
+    def get(self) -> tuple[int, int] | None: ...
+
+    def set(self, mode: int, mask: int) -> bool: ...
+
+
+class _Syscalls:
+    """get_mempolicy / set_mempolicy through libc's syscall() (glibc has no wrapper)."""
+
+    def __init__(self) -> None:
+        self._nums = _SYSCALLS.get(platform.machine())
+        self._libc = ctypes.CDLL(None, use_errno=True) if self._nums and os.name == "posix" else None
+
+    def get(self) -> tuple[int, int] | None:
+        if self._libc is None or self._nums is None:
+            return None
+        mode = ctypes.c_int(0)
+        mask = (ctypes.c_ulong * _MASK_WORDS)()
+        nbits = ctypes.c_ulong(_MASK_WORDS * 64 + 1)
+        rc = self._libc.syscall(ctypes.c_long(self._nums[0]), ctypes.byref(mode), mask, nbits, None, ctypes.c_ulong(0))
+        if rc != 0:
+            return None
+        return mode.value, sum(int(w) << (64 * i) for i, w in enumerate(mask))
+
+    def set(self, mode: int, mask: int) -> bool:
+        if self._libc is None or self._nums is None:
+            return False
+        words = (ctypes.c_ulong * _MASK_WORDS)(*[(mask >> (64 * i)) & (2**64 - 1) for i in range(_MASK_WORDS)])
+        nbits = ctypes.c_ulong(_MASK_WORDS * 64 + 1 if mask else 0)
+        rc = self._libc.syscall(ctypes.c_long(self._nums[1]), ctypes.c_int(mode), words if mask else None, nbits)
+        return rc == 0
+
+
+@contextmanager
+def preferring_node(node: int | None, policy: Mempolicy | None = None) -> Generator[bool]:
+    """Within the block the calling thread's allocations prefer NUMA `node`; the policy it had
+    is restored after. Yields whether the preference was set (None, or a system that refuses,
+    leaves the policy alone)."""
+    if node is None or not 0 <= node < _MASK_WORDS * 64:
+        yield False
+        return
+    pol = _Syscalls() if policy is None else policy
+    saved = pol.get()
+    if saved is None or not pol.set(MPOL_PREFERRED, 1 << node):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        mode, mask = saved
+        pol.set(mode, mask if mode != MPOL_DEFAULT else 0)
+
+
+def host_near(stack: ExitStack, dev: Any, nbytes: int, root: Path = Path("/sys")) -> Allocation:
+    """One pinned block (`cuMemHostAlloc`) whose pages the GPU's NUMA node holds when sysfs names
+    one; released on `stack`."""
+    node = numa_node(drv.device_pci_bus_id(dev), root)
+    with preferring_node(node):
+        ptr = drv.host_alloc(align_up(max(nbytes, 1), ALIGN))
+    stack.callback(drv.host_free, ptr)
+    return Allocation(ptr, nbytes, "host")

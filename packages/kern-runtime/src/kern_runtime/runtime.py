@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,7 @@ from .errors import (
 from .graphs import Graph, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
 from .memory import Allocation
-from .sequences import Sequences, pool_layout
+from .sequences import Sequences, Waking, pool_config_for, pool_layout
 from .weights import Tensors, plan_bind
 
 __all__ = ["DEFAULT_CAPACITY", "Resident", "Runtime"]
@@ -50,15 +50,14 @@ DEFAULT_CAPACITY: Final = Capacity(tokens=4096, seqs=1)
 """What `Runtime.load` holds when no capacity is given: 4096 tokens, one live sequence."""
 
 
-def _capacity_tokens(cap: Capacity) -> int:
-    """The tokens a runtime sizes its states for; the one-line caller error where it cannot."""
-    if cap.tokens is None:
-        raise ApiError(
-            "Capacity(tokens=None) (all free memory) is not supported by Runtime.load; "
-            "pass tokens=N, the tokens to hold"
-        )
-    if cap.tokens < 1 or cap.seqs < 1:
-        raise ApiError(f"capacity needs tokens >= 1 and seqs >= 1, got {cap}")
+def _capacity_tokens(cap: Capacity) -> int | None:
+    """The tokens a runtime sizes its states for (None: all free memory); the one-line caller
+    error where the capacity cannot be met."""
+    if not isinstance(cap, Capacity):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ApiError(f"capacity must be a kern_runtime.Capacity, got {type(cap).__name__}")
+    tokens_ok = cap.tokens is None or (type(cap.tokens) is int and cap.tokens >= 1)
+    if not tokens_ok or type(cap.seqs) is not int or cap.seqs < 1:
+        raise ApiError(f"capacity needs tokens >= 1 (or None: all free memory) and seqs >= 1, got {cap}")
     return cap.tokens
 
 
@@ -165,7 +164,8 @@ class Runtime:
             kernels_dir: the directory holding module files (matched by sha256, not by name).
             gpu: the device ordinal.
             capacity: tokens for paged states, live sequences for per-seq states (a
-                `kern_pool.Capacity`; `DEFAULT_CAPACITY` when not given). `tokens=None` is refused.
+                `kern_pool.Capacity`; `DEFAULT_CAPACITY` when not given). `tokens=None` gives
+                the pool the device memory left free after everything else, less 1 GiB.
             over: weights kept from another runtime on the same GPU; identical ones are claimed.
             ranks: this rank's index in each topology group (0 where not given).
 
@@ -200,10 +200,11 @@ class Runtime:
         self._load_modules(kernels_dir)
         self._resolve_launches()
         self._allocate_buffers(over)
-        self._allocate_states()
-        self._domains = input_domains(self.manifest, self._state_units())
+        self._allocate_fixed_states()
         self._allocate_scratch()
         self._check_externs()
+        self._allocate_pool()
+        self._domains = input_domains(self.manifest, self._state_units())
         if over is not None:
             self._weights.update(over.take(sorted(self._claimed)))
             over.close()
@@ -279,24 +280,25 @@ class Runtime:
                  if b.domain is not None and b.domain.index_into == state]  # fmt: skip
         return max(units, default=1)
 
-    def _allocate_states(self) -> None:
+    def _allocate_fixed_states(self) -> None:
         gran = drv.vmm_granularity(self._dev)
         for name, st in self.manifest.states.items():
             if st.bytes is None:
                 continue
-            nbytes, chunk, note = memory.state_size(st, self._tokens, self.capacity.seqs, 1, gran)
+            nbytes, chunk, note = memory.state_size(st, self._tokens or 0, self.capacity.seqs, 1, gran)
             alloc = memory.vmm(self._stack, self._dev, nbytes, chunk)
             drv.memset_async(alloc.ptr, alloc.nbytes, self._stream)
             self._states[name] = alloc
             self._state_notes[name] = note
-        paged, per_seq, unit, row = pool_layout(self.manifest)
-        if paged or per_seq:
-            tokens = max(self._tokens // unit * unit, unit)
-            config = kern_pool.pool_config(
-                paged, per_seq, unit=unit, row_pages=row or -(-tokens // unit),
-                capacity=Capacity(tokens=tokens, seqs=self.capacity.seqs),
-            )  # fmt: skip
-            self._seqs = Sequences(self._stack, self._dev, self._stream, config)
+
+    def _allocate_pool(self) -> None:
+        """The pool of paged and per-seq states, last: `Capacity(tokens=None)` gives it the device
+        memory still free once buffers, scratch and fixed states have theirs, less 1 GiB."""
+        paged, per_seq, unit, _ = pool_layout(self.manifest)
+        free = drv.mem_get_info()[0] if self._tokens is None and (paged or per_seq) else None
+        config = pool_config_for(self.manifest, self.capacity, free)
+        if config is not None:
+            self._seqs = Sequences(self._stack, self._dev, self._stream, config, self._ctx)
             for name, (base, reserved) in self._seqs.spans.items():
                 self._states[name] = Allocation(base, reserved, "vmm")
             for p in paged:
@@ -574,23 +576,26 @@ class Runtime:
         """The kern_pool Pool deciding pages and slots (for schedulers that read its counts)."""
         return self._pool().pool
 
-    def lease(self, tokens: int) -> kern_pool.Lease:
+    def lease(self, tokens: int, *, wait: bool = True) -> kern_pool.Lease:
         """Fresh pages for `tokens` tokens plus a slot per per-seq state, zeroed on the stream.
 
-        Raises:
-            ApiError: no pool, or bad tokens. kern_pool.Denied (ExceedsRow, ExceedsPool, Busy):
-                nothing fits now.
-        """
-        return self._pool().lease(tokens)
+        A remap the request needs runs on a background thread; `wait` (the default) blocks until
+        it landed, `wait=False` raises `kern_pool.Remapping` instead (ask again later).
 
-    def lease_slot(self) -> kern_pool.Lease:
+        Raises:
+            ApiError: no pool, or bad tokens. kern_pool.Denied (ExceedsRow, ExceedsPool, Busy,
+                Remapping without wait): nothing fits now.
+        """
+        return self._pool().lease(tokens, wait)
+
+    def lease_slot(self, *, wait: bool = True) -> kern_pool.Lease:
         """A slot-only lease (a peer rank's share of a row): a slot per per-seq state, no pages,
         zeroed on the stream.
 
         Raises:
             ApiError: no pool, or a pool without per-seq states. kern_pool.Denied: no slot now.
         """
-        return self._pool().lease_slot()
+        return self._pool().lease_slot(wait)
 
     def retire(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
         """Ends `lease` and keeps its first `length` tokens where they are (no copy): the cheap
@@ -601,24 +606,43 @@ class Runtime:
         """
         return self._pool().retire(lease, length)
 
-    def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+    def checkpoint(self, lease: kern_pool.Lease, length: int, *, wait: bool = True) -> kern_pool.Checkpoint:
         """Keeps `lease`'s first `length` tokens; the partial page and slot are copied on the stream."""
-        return self._pool().checkpoint(lease, length)
+        return self._pool().checkpoint(lease, length, wait)
 
-    def restore(self, checkpoint: kern_pool.Checkpoint, length: int, tokens: int) -> kern_pool.Lease:
+    def restore(
+        self, checkpoint: kern_pool.Checkpoint, length: int, tokens: int, *, wait: bool = True
+    ) -> kern_pool.Lease:
         """A new lease starting from `checkpoint`'s first `length` tokens, with room for `tokens`."""
-        return self._pool().restore(checkpoint, length, tokens)
+        return self._pool().restore(checkpoint, length, tokens, wait)
 
-    def fork(self, parent: kern_pool.Lease, length: int, tokens: int) -> kern_pool.Lease:
+    lease_from = restore
+
+    def fork(self, parent: kern_pool.Lease, length: int, tokens: int, *, wait: bool = True) -> kern_pool.Lease:
         """A new lease sharing `parent`'s first `length` tokens (partial page and slot copied)."""
-        return self._pool().fork(parent, length, tokens)
+        return self._pool().fork(parent, length, tokens, wait)
+
+    @property
+    def remapping(self) -> bool:
+        """True while a remap plan is in flight (made, not yet collected)."""
+        return self._pool().remapping
 
     def settle(self) -> None:
-        """Lands a pending remap plan now (drains the stream first)."""
+        """Blocks until the remap plan in flight, if any, has landed and its new pages and slots
+        are zeroed and leasable."""
         self._pool().settle()
 
+    def reserve_host(self, pages: int, slots: int) -> kern_pool.Host:
+        """The host tier: one pinned block (`cuMemHostAlloc`, on the GPU's NUMA node) for `pages`
+        parked pages and `slots` parked slots; once per runtime.
+
+        Raises:
+            ApiError: no pool, already reserved, or counts holding nothing.
+        """
+        return self._pool().reserve_host(pages, slots)
+
     def enable_host_tier(self, nbytes: int) -> kern_pool.Host:
-        """A pinned host block of at most `nbytes` for parked checkpoints (the host tier); once.
+        """The host tier in at most `nbytes` of pinned memory (whole units); once.
 
         Raises:
             ApiError: no pool, already enabled, or too few bytes for one page or slot.
@@ -634,25 +658,104 @@ class Runtime:
         """
         return self._pool().host
 
-    def park(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
-        """Copies a checkpoint to the host tier on the stream (chain pages parked before are reused);
-        the checkpoint stays valid: release it when the device copy is no longer wanted.
+    def room(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Room | kern_pool.Checkpoint:
+        """Host units for parking `checkpoint` (the Room holds it until `park(room)`), or the
+        checkpoint itself back when the host block cannot hold it (evict a parked entry, retry).
+
+        Raises:
+            ApiError: no host tier, or a released / foreign checkpoint.
+        """
+        return self._pool().room(checkpoint)
+
+    def park(self, target: kern_pool.Room | kern_pool.Checkpoint) -> kern_pool.Parked:
+        """Parks on the host tier.
+
+        A Room (from `room`): copies on the transfer stream, which starts after everything queued
+        on the compute stream and never holds it up; the room's checkpoint is kept until the copies
+        landed, then released. A Checkpoint: copies on the compute stream, and the checkpoint stays
+        valid (release it when the device copy is no longer wanted). Pages an earlier park of the
+        chain left on the host are not copied again.
+
+        Raises:
+            ApiError: no host tier, or a released / foreign handle. kern_pool.HostFull: a
+                Checkpoint the block cannot hold; nothing was kept.
+        """
+        seqs = self._pool()
+        if isinstance(target, kern_pool.Room):
+            return seqs.park_room(target)
+        return seqs.park(target)
+
+    def park_now(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
+        """Parks on the compute stream and lets the checkpoint go at once (what reuses its pages
+        is ordered after the copies).
 
         Raises:
             ApiError: no host tier, or a released / foreign checkpoint. kern_pool.HostFull: the
-                block cannot hold it; nothing was kept.
+                block cannot hold it; nothing was kept, the checkpoint is still the caller's.
         """
-        return self._pool().park(checkpoint)
+        return self._pool().park_now(checkpoint)
 
-    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint:
-        """A device checkpoint of a parked copy's first `length` tokens (host-to-device copies on
-        the stream); `restore` it to continue the sequence.
+    @overload
+    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint: ...
+
+    @overload
+    def wake(self, parked: kern_pool.Parked, length: int, tokens: int, *, wait: bool = True) -> Waking: ...
+
+    def wake(
+        self, parked: kern_pool.Parked, length: int, tokens: int | None = None, *, wait: bool = True
+    ) -> kern_pool.Checkpoint | Waking:
+        """Wakes a parked copy's first `length` tokens; `parked` stays valid.
+
+        With `tokens`: a `Waking` whose lease (room for `tokens`) is filled on the transfer
+        stream; `awake` hands the lease over once the copies landed. Without: a device
+        Checkpoint filled on the compute stream (`restore` it to continue).
 
         Raises:
-            ApiError: no host tier, a released / foreign Parked, or a bad length.
+            ApiError: no host tier, a released / foreign Parked, or a bad length or tokens.
                 kern_pool.Denied: the pool cannot give the pages or slot now.
         """
-        return self._pool().wake(parked, length)
+        seqs = self._pool()
+        if tokens is None:
+            return seqs.wake(parked, length)
+        return seqs.wake_async(parked, length, tokens, wait)
+
+    def wake_now(self, parked: kern_pool.Parked, length: int, tokens: int, *, wait: bool = True) -> kern_pool.Lease:
+        """A lease of `tokens` from a parked copy's first `length` tokens, filled on the compute
+        stream and usable at once; `parked` stays valid.
+
+        Raises:
+            ApiError: as `wake`. kern_pool.Denied: the pool cannot give the pages or slot now.
+        """
+        return self._pool().wake_now(parked, length, tokens, wait)
+
+    def awake(self, waking: Waking) -> kern_pool.Lease | Waking:
+        """The woken lease once its copies landed, else `waking` itself; never blocks.
+
+        Raises:
+            ApiError: a Waking of another runtime, or one already awake or released.
+        """
+        return self._pool().awake(waking)
+
+    def landed(self, waking: Waking) -> bool:
+        """Whether a Waking's copies landed (it stays a Waking); never blocks."""
+        return self._pool().landed(waking)
+
+    def copy_out(self, copies: kern_pool.ParkCopies) -> None:
+        """Performs a park decision made for the same ids elsewhere (a tray's head) on the
+        compute stream: device pages and slot to host units.
+
+        Raises:
+            ApiError: no host tier, or an id outside this pool or host block.
+        """
+        self._pool().copy_out(copies)
+
+    def copy_in(self, copies: kern_pool.WakeCopies) -> None:
+        """Performs a wake decision made for the same ids elsewhere on the compute stream.
+
+        Raises:
+            ApiError: no host tier, or an id outside this pool or host block.
+        """
+        self._pool().copy_in(copies)
 
     def read_state(self, name: str, start: int, nbytes: int) -> npt.NDArray[np.uint8]:
         """`nbytes` of state `name` from byte `start` (mapped memory only); synchronizes."""
@@ -744,9 +847,11 @@ class Runtime:
         return out
 
     def synchronize(self) -> None:
-        """Waits for everything enqueued on the runtime's stream."""
+        """Waits for everything enqueued on the runtime's stream and on its transfer stream."""
         self._live()
         drv.stream_synchronize(self._stream)
+        if self._seqs is not None:
+            self._seqs.synchronize_transfers()
 
     # -- lifetime ---------------------------------------------------------------------------------
 

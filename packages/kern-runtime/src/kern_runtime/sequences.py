@@ -4,31 +4,55 @@ Every paged and per-seq state is one arena: an address range reserved once (neve
 chunk positions are mapped to physical chunks as kern_pool's `Remap` plans say. Page p of a paged
 state lives at `base + p * page_bytes`, slot s of a per-seq state at `base + s * slot_bytes`, so
 programs address states by their base and the graphs captured at load stay valid across remaps.
-Plans run synchronously here (the stream is drained first); made objects are zeroed before use.
 
-The host tier (optional, `enable_host`) is one pinned host block under kern_pool's `Host`: a host
-unit is the gcd of one page of every paged state end to end and one slot of every per-seq state;
-a parked page is its paged states' pages side by side in `page_units` units, a parked slot its
-per-seq states' slots side by side. Park and wake are copies on the stream, ordered with every
-kernel and memset that touches the same pages.
+A remap plan runs on a background thread: an event recorded on the stream when the plan is made
+marks the work that may still touch the chunks it unmaps; the thread waits for that event, then
+unmaps, maps and grants. The plan that landed is collected on the caller's thread at the next
+lease / checkpoint / restore / fork (or `settle`): the objects it made are zeroed on the stream,
+then `Pool.complete` makes them leasable. At most one plan is in flight (the pool's rule).
+
+The host tier (optional) is one pinned host block under kern_pool's `Host`: a host unit is the gcd
+of one page of every paged state end to end and one slot of every per-seq state; a parked page is
+its paged states' pages side by side in `page_units` units, a parked slot its per-seq states'
+slots side by side. Runs of consecutive pages (`kern_pool.fold`) move as one copy per state (a
+2-D copy when the host rows interleave several states). `park(room)` and `wake(.., tokens)` copy on
+a transfer stream that starts after everything queued on the compute stream (an event) and which
+the compute stream never waits for; every in-flight copy holds the handles it reads and writes
+until it landed. `park_now` / `wake_now` (and `park(checkpoint)` / `wake(parked, length)`) copy
+on the compute stream, ordered with the kernels that touch the same pages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kern_pool
 from kern_manifest import Manifest
-from kern_pool import Checkpoint, DeviceCopies, Lease, Pool, PoolConfig, Remap
+from kern_pool import (
+    Capacity,
+    Checkpoint,
+    DeviceCopies,
+    Lease,
+    Parked,
+    Pool,
+    PoolConfig,
+    Remap,
+    Room,
+)
 
 from . import _driver as drv
+from . import memory
 from .errors import ApiError
 
-__all__ = ["Arena", "Sequences", "pool_layout"]
+__all__ = ["Arena", "Sequences", "Waking", "pool_config_for", "pool_layout"]
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -39,7 +63,7 @@ class Arena:
     base: int
     reserved: int
     object_bytes: int
-    mapped: set[int] = field(default_factory=set)
+    mapped: set[int] = field(default_factory=set[int])
 
 
 def _index_buffers(manifest: Manifest, state: str) -> list[tuple[int, int]]:
@@ -62,17 +86,112 @@ def pool_layout(manifest: Manifest) -> tuple[tuple[kern_pool.PagedState, ...], t
     return paged, per_seq, unit, row
 
 
-class Sequences:
-    """The pool of one runtime: arenas, physical chunks, and the executed plans."""
+def pool_config_for(manifest: Manifest, capacity: Capacity, free_bytes: int | None = None) -> PoolConfig | None:
+    """The pool of a manifest's paged and per-seq states for `capacity` (None: no such state).
 
-    def __init__(self, stack: ExitStack, dev: Any, stream: Any, config: PoolConfig) -> None:
+    With `capacity.tokens` set, each state gets its own whole-chunk budget (tokens rounded down to
+    the page unit, at least one page). With tokens None, `free_bytes` (the device memory still
+    free once buffers, scratch and fixed states are allocated) less kern_pool's 1 GiB headroom
+    becomes the budget. The row width is the widest block table, else the whole budget.
+
+    Raises:
+        ApiError: tokens None without free_bytes, or too little free memory for the slots and a page.
+    """
+    paged, per_seq, unit, row = pool_layout(manifest)
+    if not paged and not per_seq:
+        return None
+    if capacity.tokens is None:
+        if free_bytes is None:
+            raise ApiError("Capacity(tokens=None) sizes the pool from free device memory: pass free_bytes")
+        cap = capacity
+    else:
+        cap = Capacity(tokens=max(capacity.tokens // unit * unit, unit), seqs=capacity.seqs)
+    rows = row or -(-(cap.tokens or unit) // unit)
+    try:
+        config = kern_pool.pool_config(paged, per_seq, unit=unit, row_pages=rows, capacity=cap, free_bytes=free_bytes)
+    except kern_pool.ConfigError as exc:
+        raise ApiError(f"{_budget_text(free_bytes)} cannot hold the pool: {exc}") from None
+    if cap.tokens is None and not row:
+        config = dataclasses.replace(config, row_pages=max(config.pages_max, 1))
+    if cap.tokens is None and paged and config.pages_max == 0:
+        raise ApiError(f"{_budget_text(free_bytes)} holds no page beyond the 1 GiB headroom: free device memory first")
+    return config
+
+
+def _budget_text(free_bytes: int | None) -> str:
+    return "the capacity" if free_bytes is None else f"{free_bytes} free device bytes"
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A remap plan on the background thread."""
+
+    plan: Remap
+    event: Any
+    thread: threading.Thread = field(init=False)
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Transfer:
+    """Copies queued on the transfer stream and the handles they read and write until they land."""
+
+    event: Any
+    holds: list[Checkpoint | Parked | Lease]
+
+
+class Waking:
+    """A lease being filled from the host tier on the transfer stream (`Runtime.wake` with
+    tokens). `Runtime.awake` hands the lease over once the copies landed; `release()` before
+    that waits for the copies, then gives the pages back. Factory-only."""
+
+    __slots__ = ("_lease", "_live", "_seqs", "_transfer")
+
+    def __init__(self, seqs: Sequences, lease: Lease, transfer: _Transfer) -> None:
+        self._seqs = seqs
+        self._lease = lease
+        self._transfer = transfer
+        self._live = True
+
+    @property
+    def live(self) -> bool:
+        """False once awake or released."""
+        return self._live
+
+    @property
+    def length(self) -> int:
+        """Tokens being woken (the lease's prefix)."""
+        return self._lease.prefix
+
+    def release(self) -> None:
+        """Waits for the copies, then gives the lease's pages and slot back.
+
+        Raises:
+            ApiError: already awake or released.
+        """
+        self._seqs.mine_waking(self)
+        self._live = False
+        drv.event_synchronize(self._transfer.event)
+        self._seqs.land(self._transfer)
+        self._lease.release()
+
+
+class Sequences:
+    """The pool of one runtime: arenas, physical chunks, executed plans, the host tier."""
+
+    def __init__(self, stack: ExitStack, dev: Any, stream: Any, config: PoolConfig, ctx: Any = None) -> None:
         self._stack = stack
         self._dev = dev
+        self._ctx = ctx
         self._stream = stream
         self.config = config
         self._host: kern_pool.Host | None = None
         self._host_base = 0
         self._host_unit = 0
+        self._transfer: Any = None
+        self._order: Any = None
+        self._flying: list[_Transfer] = []
+        self._flight: _Flight | None = None
         gran = drv.vmm_granularity(dev)
         if config.chunk % gran:
             raise ApiError(f"pool chunk {config.chunk} is not a multiple of the device granularity {gran}")
@@ -96,6 +215,7 @@ class Sequences:
         for arena in self.arenas.values():
             for pos in sorted(arena.mapped):
                 drv.memset_async(arena.base + pos * config.chunk, config.chunk, stream)
+        stack.callback(self._join)  # NOTE: runs before the unmaps above (an ExitStack unwinds LIFO)
 
     def _unmap_all(self, arena: Arena) -> None:
         for pos in sorted(arena.mapped):
@@ -121,18 +241,75 @@ class Sequences:
         """Each pooled state's (base, reserved bytes): what programs address."""
         return {n: (a.base, a.reserved) for n, a in self.arenas.items()}
 
-    def settle(self) -> None:
-        """Lands the pool's pending plan, if any (the stream is drained first); zeroes what it made."""
+    # ---- remap plans on a background thread ------------------------------------------------
+
+    @property
+    def remapping(self) -> bool:
+        """True while a plan is in flight (made, not yet collected)."""
+        return self.pool.pending is not None
+
+    def _launch_plan(self) -> None:
+        """Starts the pool's pending plan on the background thread (once per plan)."""
         plan = self.pool.pending
-        if plan is None:
+        if plan is None or self._flight is not None:
             return
-        drv.stream_synchronize(self._stream)
-        self._execute(plan)
-        for p in plan.made_pages:
+        event = drv.event_create(timing=False)
+        drv.event_record(event, self._stream)
+        flight = _Flight(plan, event)
+        flight.thread = threading.Thread(target=self._land_plan, args=(flight,), name="kern-remap", daemon=True)
+        self._flight = flight
+        flight.thread.start()
+
+    def _land_plan(self, flight: _Flight) -> None:
+        try:
+            if self._ctx is not None:
+                drv.set_current(self._ctx)
+            drv.event_synchronize(flight.event)
+            self._execute(flight.plan)
+        except BaseException as exc:  # NOTE: re-raised on the caller's thread by _collect
+            flight.error = exc
+
+    def _collect(self) -> None:
+        """Takes a landed plan in: zeroes what it made on the stream, completes it in the pool."""
+        flight = self._flight
+        if flight is None or flight.thread.is_alive():
+            return
+        flight.thread.join()
+        self._flight = None
+        drv.event_destroy(flight.event)
+        if flight.error is not None:
+            raise flight.error
+        for p in flight.plan.made_pages:
             self._zero_page(p)
-        for s in plan.made_slots:
+        for s in flight.plan.made_slots:
             self._zero_slot(s)
-        self.pool.complete(plan)
+        self.pool.complete(flight.plan)
+
+    def _join(self) -> None:
+        if self._flight is not None:
+            self._flight.thread.join()
+
+    def settle(self) -> None:
+        """Blocks until the plan in flight (if any) has landed and is collected."""
+        self._launch_plan()
+        if self._flight is not None:
+            self._flight.thread.join()
+        self._collect()
+        self._reap()
+
+    def _retry(self, ask: Callable[[], T], wait: bool) -> T:
+        self._collect()
+        for _ in range(4):
+            try:
+                return ask()
+            except kern_pool.Remapping:
+                self._launch_plan()
+                if not wait:
+                    raise
+                self.settle()
+        return ask()
+
+    # ---- leases ------------------------------------------------------------------------------
 
     def _paged(self) -> list[Arena]:
         return [self.arenas[s.name] for s in self.config.paged]
@@ -148,25 +325,19 @@ class Sequences:
         for a in self._seq():
             drv.memset_async(a.base + slot * a.object_bytes, a.object_bytes, self._stream)
 
-    def _retry(self, ask: Any) -> Any:
-        try:
-            return ask()
-        except kern_pool.Remapping:
-            self.settle()
-            return ask()
-
-    def lease(self, tokens: int) -> Lease:
-        """Fresh pages for `tokens` (and a slot), zeroed on the stream before anything reads them."""
-        lease: Lease = self._retry(lambda: self.pool.lease(tokens))
+    def lease(self, tokens: int, wait: bool = True) -> Lease:
+        """Fresh pages for `tokens` (and a slot), zeroed on the stream before anything reads them.
+        With `wait` False a plan in flight is `kern_pool.Remapping` instead of a wait."""
+        lease = self._retry(lambda: self.pool.lease(tokens), wait)
         for p in lease.pages:
             self._zero_page(p)
         if lease.state_slot is not None:
             self._zero_slot(lease.state_slot)
         return lease
 
-    def lease_slot(self) -> Lease:
+    def lease_slot(self, wait: bool = True) -> Lease:
         """A slot-only lease (a peer rank's share of a row): one fresh slot, zeroed on the stream."""
-        lease: Lease = self._retry(self.pool.lease_slot)
+        lease = self._retry(self.pool.lease_slot, wait)
         if lease.state_slot is not None:
             self._zero_slot(lease.state_slot)
         return lease
@@ -186,48 +357,82 @@ class Sequences:
             for a in self._seq():
                 drv.copy_dtod_async(a.base + dst * a.object_bytes, a.base + src * a.object_bytes, a.object_bytes, self._stream)
 
-    def checkpoint(self, lease: Lease, length: int) -> Checkpoint:
+    def checkpoint(self, lease: Lease, length: int, wait: bool = True) -> Checkpoint:
         """Keeps the lease's first `length` tokens (partial page and slot copied on the stream)."""
-        cp, copies = self._retry(lambda: self.pool.checkpoint(lease, length))
+        cp, copies = self._retry(lambda: self.pool.checkpoint(lease, length), wait)
         self.copy(copies)
         return cp
 
-    def restore(self, checkpoint: Checkpoint, length: int, tokens: int) -> Lease:
+    def restore(self, checkpoint: Checkpoint, length: int, tokens: int, wait: bool = True) -> Lease:
         """A new lease from a checkpoint's first `length` tokens, with room for `tokens`."""
-        lease, copies = self._retry(lambda: self.pool.restore(checkpoint, length, tokens))
-        self._zero_owned(lease)
+        lease, copies = self._retry(lambda: self.pool.restore(checkpoint, length, tokens), wait)
+        self._zero_owned(lease, copies.pages)
         self.copy(copies)
         return lease
 
-    def fork(self, parent: Lease, length: int, tokens: int) -> Lease:
+    def fork(self, parent: Lease, length: int, tokens: int, wait: bool = True) -> Lease:
         """A new lease sharing the parent's first `length` tokens."""
-        lease, copies = self._retry(lambda: self.pool.fork(parent, length, tokens))
-        self._zero_owned(lease)
+        lease, copies = self._retry(lambda: self.pool.fork(parent, length, tokens), wait)
+        self._zero_owned(lease, copies.pages)
         self.copy(copies)
         return lease
 
-    # ---- host tier -------------------------------------------------------------------------
+    def _zero_owned(self, lease: Lease, filled: Iterable[tuple[int, int]]) -> None:
+        """Zeroes the lease's own pages that no copy fills."""
+        written = {dst for _, dst in filled}
+        for p in lease.pages[lease.sealed :] if lease.paged else ():
+            if p not in written:
+                self._zero_page(p)
+
+    # ---- host tier: the block ----------------------------------------------------------------
+
+    def _units(self) -> tuple[int, int, int]:
+        """(unit bytes, units per page, units per slot)."""
+        page = sum(self.config.page_bytes)
+        slot = sum(self.config.slot_bytes)
+        unit = math.gcd(page, slot)
+        return unit, max(page // unit, 1), max(slot // unit, 1)
+
+    def reserve_host(self, pages: int, slots: int) -> kern_pool.Host:
+        """One pinned block for `pages` parked pages and `slots` parked slots, on the GPU's NUMA
+        node, under kern_pool's host tier (once per runtime).
+
+        Raises:
+            ApiError: already reserved, or counts that are not ints >= 0 holding nothing.
+        """
+        for name, value in (("pages", pages), ("slots", slots)):
+            if type(value) is not int or value < 0:
+                raise ApiError(f"reserve_host: {name} must be an int >= 0, got {value!r}")
+        _, page_units, slot_units = self._units()
+        units = pages * page_units * bool(self.config.paged) + slots * slot_units * bool(self.config.per_seq)
+        if units == 0:
+            raise ApiError(f"reserve_host({pages}, {slots}) holds nothing: give pages (or slots, with per-seq states)")
+        return self._reserve(units)
 
     def enable_host(self, nbytes: int) -> kern_pool.Host:
-        """Allocates a pinned host block of the largest whole number of units within `nbytes` and
-        puts kern_pool's host tier over it (once per runtime).
+        """A pinned host block of the largest whole number of units within `nbytes` (once).
 
         Raises:
             ApiError: already enabled, or `nbytes` holds no page or slot.
         """
-        if self._host is not None:
-            raise ApiError(f"the host tier is already enabled ({self._host.units} units of {self._host_unit} bytes)")
-        page = sum(self.config.page_bytes)
-        slot = sum(self.config.slot_bytes)
-        unit = math.gcd(page, slot)
-        need = min(b for b in (page, slot) if b)
+        unit, _, _ = self._units()
+        need = min(b for b in (sum(self.config.page_bytes), sum(self.config.slot_bytes)) if b)
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < need:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ApiError(f"a host tier of {nbytes!r} bytes holds no page or slot: give at least {need} bytes")
-        units = nbytes // unit
-        base = drv.host_alloc(units * unit)
-        self._stack.callback(drv.host_free, base)
-        self._host = kern_pool.Host(self.pool, units, page_units=max(page // unit, 1), slot_units=max(slot // unit, 1))
-        self._host_base, self._host_unit = base, unit
+        return self._reserve(nbytes // unit)
+
+    def _reserve(self, units: int) -> kern_pool.Host:
+        if self._host is not None:
+            raise ApiError(f"the host tier is already enabled ({self._host.units} units of {self._host_unit} bytes)")
+        unit, page_units, slot_units = self._units()
+        block = memory.host_near(self._stack, self._dev, units * unit)
+        self._transfer = drv.stream_create()
+        self._stack.callback(drv.stream_destroy, self._transfer)
+        self._order = drv.event_create(timing=False)
+        self._stack.callback(drv.event_destroy, self._order)
+        self._stack.callback(self._drain)  # NOTE: before the stream, event and block go
+        self._host = kern_pool.Host(self.pool, units, page_units=page_units, slot_units=slot_units)
+        self._host_base, self._host_unit = block.ptr, unit
         return self._host
 
     @property
@@ -238,50 +443,205 @@ class Sequences:
             ApiError: the host tier is not enabled.
         """
         if self._host is None:
-            raise ApiError("no host tier: enable it first (Runtime.enable_host_tier)")
+            raise ApiError("no host tier: reserve it first (Runtime.reserve_host or enable_host_tier)")
         return self._host
 
-    def _host_copies(self, pairs: Iterable[tuple[int, int]], arenas: list[Arena], to_host: bool) -> None:
-        """(device object, host unit) pairs: each arena's object, side by side in the unit, copied
-        device-to-host (`to_host`) or back, on the stream."""
-        for obj, unit in pairs:
-            at = self._host_base + unit * self._host_unit
+    # ---- host tier: copies -------------------------------------------------------------------
+
+    def _rows(self, dst: int, dst_pitch: int, to_host: bool, src: int, src_pitch: int, width: int, height: int, stream: Any) -> None:
+        """`height` rows of `width` bytes: one 1-D copy when both sides are contiguous, else 2-D."""
+        if height == 1 or (dst_pitch == width and src_pitch == width):
+            copy = drv.copy_dtoh_async if to_host else drv.copy_htod_async
+            copy(dst, src, width * height, stream)
+        else:
+            drv.copy_2d_async(dst, dst_pitch, not to_host, src, src_pitch, to_host, width, height, stream)
+
+    def _object_copies(self, pairs: Iterable[tuple[int, int]], arenas: list[Arena], per_object: int, to_host: bool, stream: Any) -> None:
+        """Device objects <-> host units, `pairs` as (device object, host unit) in order, folded
+        into runs; each arena's part of a host object sits after the arenas before it."""
+        host_pitch = per_object * self._host_unit
+        for run in kern_pool.fold(pairs, 1, per_object):
+            at = self._host_base + run.dst * self._host_unit
             for a in arenas:
-                dev = a.base + obj * a.object_bytes
+                dev = a.base + run.src * a.object_bytes
                 if to_host:
-                    drv.copy_dtoh_async(at, dev, a.object_bytes, self._stream)
+                    self._rows(at, host_pitch, True, dev, a.object_bytes, a.object_bytes, run.count, stream)
                 else:
-                    drv.copy_htod_async(dev, at, a.object_bytes, self._stream)
+                    self._rows(dev, a.object_bytes, False, at, host_pitch, a.object_bytes, run.count, stream)
                 at += a.object_bytes
 
-    def park(self, checkpoint: Checkpoint) -> kern_pool.Parked:
-        """Copies a checkpoint to the host tier (pages an earlier park of the chain left there are
-        not copied again); the checkpoint stays valid. Device-to-host copies on the stream.
+    def _out(self, copies: kern_pool.ParkCopies, stream: Any) -> None:
+        host = self.host
+        self._object_copies(copies.pages, self._paged(), host.page_units, True, stream)
+        self._object_copies([copies.slot] if copies.slot is not None else [], self._seq(), host.slot_units, True, stream)
+
+    def _in(self, copies: kern_pool.WakeCopies, stream: Any) -> None:
+        host = self.host
+        self._object_copies([(p, u) for u, p in copies.pages], self._paged(), host.page_units, False, stream)
+        slot = [(copies.slot[1], copies.slot[0])] if copies.slot is not None else []
+        self._object_copies(slot, self._seq(), host.slot_units, False, stream)
+
+    def _on_transfer(self, run: Callable[[Any], None], holds: list[Checkpoint | Parked | Lease]) -> _Transfer:
+        """Queues copies on the transfer stream after everything queued on the compute stream."""
+        drv.event_record(self._order, self._stream)
+        drv.stream_wait_event(self._transfer, self._order)
+        run(self._transfer)
+        event = drv.event_create(timing=False)
+        drv.event_record(event, self._transfer)
+        transfer = _Transfer(event, holds)
+        self._flying.append(transfer)
+        return transfer
+
+    def _on_compute(self) -> Any:
+        """The compute stream, made to wait for the transfer stream only while copies there are
+        in flight (a compute-stream copy may read or write what they do)."""
+        self._reap()
+        if self._flying:
+            drv.stream_wait_event(self._stream, self._flying[-1].event)
+        return self._stream
+
+    def land(self, transfer: _Transfer) -> None:
+        """Lets the handles of landed copies go."""
+        if transfer in self._flying:
+            self._flying.remove(transfer)
+            drv.event_destroy(transfer.event)
+        for h in transfer.holds:
+            if h.live:
+                h.release()
+        transfer.holds.clear()
+
+    def _reap(self) -> None:
+        """Lets every landed transfer go, in stream order (no blocking)."""
+        while self._flying and drv.event_query(self._flying[0].event):
+            self.land(self._flying[0])
+
+    def _drain(self) -> None:
+        for t in list(self._flying):
+            drv.event_synchronize(t.event)
+            self.land(t)
+
+    def synchronize_transfers(self) -> None:
+        """Blocks until every copy on the transfer stream landed."""
+        if self._transfer is not None:
+            drv.stream_synchronize(self._transfer)
+        self._reap()
+
+    # ---- host tier: park ---------------------------------------------------------------------
+
+    def room(self, checkpoint: Checkpoint) -> Room | Checkpoint:
+        """Host units for a park of `checkpoint` (the room holds it), or `checkpoint` back."""
+        self._reap()
+        return self.host.room(checkpoint)
+
+    def park_room(self, room: Room) -> Parked:
+        """Fills a room on the transfer stream; the room's checkpoint is held until the copies
+        landed, then released (its pages go back to the pool)."""
+        host = self.host
+        checkpoint = room.checkpoint
+        parked, copies = host.park(room)
+        self._on_transfer(lambda s: self._out(copies, s), [checkpoint, parked.clone()])
+        return parked
+
+    def park(self, checkpoint: Checkpoint) -> Parked:
+        """Copies a checkpoint to the host tier on the compute stream; it stays valid.
 
         Raises:
             ApiError: no host tier, or a released / foreign checkpoint. kern_pool.HostFull: the host
                 block cannot hold it; nothing was kept.
         """
         parked, copies = self.host.park(checkpoint)
-        self._host_copies(copies.pages, self._paged(), to_host=True)
-        self._host_copies([copies.slot] if copies.slot is not None else [], self._seq(), to_host=True)
+        self._out(copies, self._on_compute())
         return parked
 
-    def wake(self, parked: kern_pool.Parked, length: int) -> Checkpoint:
+    def park_now(self, checkpoint: Checkpoint) -> Parked:
+        """`park` that also lets the checkpoint go: its pages return at once, and what later
+        reuses them is ordered after the copies on the compute stream."""
+        parked = self.park(checkpoint)
+        checkpoint.release()
+        return parked
+
+    def copy_out(self, copies: kern_pool.ParkCopies) -> None:
+        """Performs another runtime's park decision (the same ids) on the compute stream.
+
+        Raises:
+            ApiError: a page, slot or unit outside this runtime's pool or host block.
+        """
+        self._check_ids([(p, u) for p, u in copies.pages], copies.slot)
+        self._out(copies, self._on_compute())
+
+    def copy_in(self, copies: kern_pool.WakeCopies) -> None:
+        """Performs another runtime's wake decision (the same ids) on the compute stream.
+
+        Raises:
+            ApiError: a page, slot or unit outside this runtime's pool or host block.
+        """
+        slot = (copies.slot[1], copies.slot[0]) if copies.slot is not None else None
+        self._check_ids([(p, u) for u, p in copies.pages], slot)
+        self._in(copies, self._on_compute())
+
+    def _check_ids(self, pages: list[tuple[int, int]], slot: tuple[int, int] | None) -> None:
+        host = self.host
+        for what, (obj, unit), limit, size in [
+            *[("page", pair, self.pool.pages_max, host.page_units) for pair in pages],
+            *([("slot", slot, self.pool.slots_max, host.slot_units)] if slot is not None else []),
+        ]:
+            if not 0 <= obj < limit:
+                raise ApiError(f"{what} {obj} is outside this pool's {limit} {what}s")
+            if not 0 <= unit <= host.units - size:
+                raise ApiError(f"host unit {unit} ({what}) is outside this host block's {host.units} units")
+
+    # ---- host tier: wake ---------------------------------------------------------------------
+
+    def wake(self, parked: Parked, length: int) -> Checkpoint:
         """A device checkpoint of a parked copy's first `length` tokens: fresh pages and slot,
-        filled by host-to-device copies on the stream.
+        filled by host-to-device copies on the compute stream.
 
         Raises:
             ApiError: no host tier, a released / foreign Parked, or a bad length. kern_pool.Denied:
                 the pool cannot give the pages or slot now.
         """
         host = self.host
-        checkpoint, copies = self._retry(lambda: host.wake(parked, length))
-        self._host_copies([(page, unit) for unit, page in copies.pages], self._paged(), to_host=False)
-        slot = [(copies.slot[1], copies.slot[0])] if copies.slot is not None else []
-        self._host_copies(slot, self._seq(), to_host=False)
+        checkpoint, copies = self._retry(lambda: host.wake(parked, length), True)
+        self._in(copies, self._on_compute())
         return checkpoint
 
-    def _zero_owned(self, lease: Lease) -> None:
-        for p in lease.pages[lease.sealed :] if lease.paged else ():
-            self._zero_page(p)
+    def _restore(self, parked: Parked, length: int, tokens: int, wait: bool) -> tuple[Lease, kern_pool.WakeCopies]:
+        host = self.host
+        lease, copies = self._retry(lambda: host.restore(parked, length, tokens), wait)
+        self._zero_owned(lease, [(u, p) for u, p in copies.pages])
+        return lease, copies
+
+    def wake_now(self, parked: Parked, length: int, tokens: int, wait: bool = True) -> Lease:
+        """A lease of `tokens` from a parked copy's first `length` tokens, filled on the compute
+        stream: usable at once (later launches are ordered after the copies)."""
+        lease, copies = self._restore(parked, length, tokens, wait)
+        self._in(copies, self._on_compute())
+        return lease
+
+    def wake_async(self, parked: Parked, length: int, tokens: int, wait: bool = True) -> Waking:
+        """A Waking: the lease's pages filled on the transfer stream; `awake` hands it over."""
+        lease, copies = self._restore(parked, length, tokens, wait)
+        transfer = self._on_transfer(lambda s: self._in(copies, s), [parked.clone()])
+        return Waking(self, lease, transfer)
+
+    def mine_waking(self, waking: Waking) -> None:
+        if not isinstance(waking, Waking):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"waking must be a Waking, got {type(waking).__name__}")
+        if waking._seqs is not self:  # pyright: ignore[reportPrivateUsage]
+            raise ApiError("this Waking belongs to another runtime")
+        if not waking._live:  # pyright: ignore[reportPrivateUsage]
+            raise ApiError("this Waking is awake or released; it holds nothing")
+
+    def landed(self, waking: Waking) -> bool:
+        """True once the Waking's copies have landed (never blocks)."""
+        self.mine_waking(waking)
+        return drv.event_query(waking._transfer.event)  # pyright: ignore[reportPrivateUsage]
+
+    def awake(self, waking: Waking) -> Lease | Waking:
+        """The woken lease once its copies landed, else `waking` itself (never blocks)."""
+        if not self.landed(waking):
+            return waking
+        waking._live = False  # pyright: ignore[reportPrivateUsage]
+        self.land(waking._transfer)  # pyright: ignore[reportPrivateUsage]
+        self._reap()
+        return waking._lease  # pyright: ignore[reportPrivateUsage]
