@@ -183,7 +183,7 @@ def test_without_wait_a_remap_in_flight_is_remapping_and_lands_at_the_next_lease
 
 
 def test_settle_waits_for_the_plan_in_flight(seqs: tuple[Sequences, FakeDriver]) -> None:
-    s, fake = seqs
+    s, _fake = seqs
     for _ in range(3):
         s.lease(32)
     with pytest.raises(kern_pool.Remapping):
