@@ -98,7 +98,8 @@ def device_name(dev: Any) -> str:
 def device_pci_bus_id(dev: Any) -> str:
     """The device's PCI address as sysfs spells it (`0000:3b:00.0`)."""
     raw = _call(cu.cuDeviceGetPCIBusId, 64, dev)
-    text = (raw if isinstance(raw, bytes) else bytes(raw)).split(b"\0", 1)[0].decode()
+    text = raw if isinstance(raw, str) else bytes(raw).decode(errors="replace")
+    text = text.split("\0", 1)[0].strip()
     domain, rest = text.split(":", 1)
     return f"{int(domain, 16):04x}:{rest.lower()}"
 

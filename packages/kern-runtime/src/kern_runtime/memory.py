@@ -164,7 +164,10 @@ def preferring_node(node: int | None, policy: Mempolicy | None = None) -> Genera
 def host_near(stack: ExitStack, dev: Any, nbytes: int, root: Path = Path("/sys")) -> Allocation:
     """One pinned block (`cuMemHostAlloc`) whose pages the GPU's NUMA node holds when sysfs names
     one; released on `stack`."""
-    node = numa_node(drv.device_pci_bus_id(dev), root)
+    try:
+        node = numa_node(drv.device_pci_bus_id(dev), root)
+    except ValueError:  # NOTE: an address sysfs would not spell: no preference
+        node = None
     with preferring_node(node):
         ptr = drv.host_alloc(align_up(max(nbytes, 1), ALIGN))
     stack.callback(drv.host_free, ptr)
