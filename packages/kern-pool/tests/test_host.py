@@ -345,6 +345,20 @@ class HostMachine(RuleBasedStateMachine):
             self.run(got[1], self.hmem, self.mem, self.hsmem, self.smem)
             self.cps.append(Kept(got[0], dict(kept.kv), kept.slot))
 
+    @precondition(lambda self: self.parked)
+    @rule(i=st.integers(0, 99), extra=st.integers(0, 8))
+    def restore(self, i: int, extra: int) -> None:
+        kept = self.parked[i % len(self.parked)]
+        assert isinstance(kept.handle, Parked)
+        handle = kept.handle
+        got = self._settle(lambda: self.host.restore(handle, handle.length, handle.length + extra))
+        if got is not None:
+            lease, copies = got
+            assert lease.prefix == handle.length and lease.sealed == handle.length // self.unit
+            self.run(copies, self.hmem, self.mem, self.hsmem, self.smem)
+            assert lease.state_slot is not None
+            self.leases.append((lease, dict(kept.kv), self.smem[lease.state_slot]))
+
     @precondition(lambda self: self.leases or self.cps or self.parked)
     @rule(i=st.integers(0, 99))
     def release(self, i: int) -> None:

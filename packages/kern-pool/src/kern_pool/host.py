@@ -140,15 +140,19 @@ def fold(pairs: Iterable[tuple[int, int]], src_step: int, dst_step: int) -> tupl
     Pages a pool hands out lowest-first and units a first-fit host places low-first are mostly
     consecutive, so a long checkpoint becomes a few runs (one copy each) instead of one per page.
     """
-    out: list[list[int]] = []
+    out: list[Run] = []
+    start_src = start_dst = next_src = next_dst = count = 0
     for src, dst in pairs:
-        if out:
-            last = out[-1]
-            if src == last[0] + last[2] * src_step and dst == last[1] + last[2] * dst_step:
-                last[2] += 1
-                continue
-        out.append([src, dst, 1])
-    return tuple(Run(a, b, n) for a, b, n in out)
+        if count and src == next_src and dst == next_dst:
+            count += 1
+        else:
+            if count:
+                out.append(Run(start_src, start_dst, count))
+            start_src, start_dst, count = src, dst, 1
+        next_src, next_dst = src + src_step, dst + dst_step
+    if count:
+        out.append(Run(start_src, start_dst, count))
+    return tuple(out)
 
 
 class Room:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -377,11 +377,14 @@ class Sequences:
         self.copy(copies)
         return lease
 
-    def _zero_owned(self, lease: Lease, filled: Iterable[tuple[int, int]]) -> None:
-        """Zeroes the lease's own pages that no copy fills."""
-        written = {dst for _, dst in filled}
-        for p in lease.pages[lease.sealed :] if lease.paged else ():
-            if p not in written:
+    def _zero_owned(self, lease: Lease, filled: Sequence[tuple[int, int]]) -> None:
+        """Zeroes the lease's own pages except the partial page a copy fills (a restore's copies
+        end with it: the pool's and the host's alike)."""
+        if not lease.paged:
+            return
+        skip = filled[-1][1] if filled else None
+        for p in lease.pages[lease.sealed :]:
+            if p != skip:
                 self._zero_page(p)
 
     # ---- host tier: the block ----------------------------------------------------------------
@@ -608,7 +611,7 @@ class Sequences:
     def _restore(self, parked: Parked, length: int, tokens: int, wait: bool) -> tuple[Lease, kern_pool.WakeCopies]:
         host = self.host
         lease, copies = self._retry(lambda: host.restore(parked, length, tokens), wait)
-        self._zero_owned(lease, [(u, p) for u, p in copies.pages])
+        self._zero_owned(lease, copies.pages)
         return lease, copies
 
     def wake_now(self, parked: Parked, length: int, tokens: int, wait: bool = True) -> Lease:
