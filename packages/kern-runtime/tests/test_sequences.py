@@ -108,8 +108,8 @@ def test_lease_zeroes_its_pages_and_slot(seqs: tuple[Sequences, FakeDriver]) -> 
     fake.calls.clear()
     lease = s.lease(32)
     kv, ssm = s.arenas["kv"], s.arenas["ssm"]
-    assert len(lease.pages) == 2 and lease.state_slot is not None
-    want = [(kv.base + p * PAGE, PAGE, "stream") for p in lease.pages]
+    assert len(lease.pages) == 2 and lease.state_slot is not None and lease.pages[1] == lease.pages[0] + 1
+    want = [(kv.base + lease.pages[0] * PAGE, 2 * PAGE, "stream")]  # consecutive pages: one memset
     want.append((ssm.base + lease.state_slot * MIB, MIB, "stream"))
     assert _of(fake, "memset_async") == want
 
@@ -382,15 +382,16 @@ def test_wake_with_tokens_is_a_waking_that_awakes_once_landed(seqs: tuple[Sequen
     copies = [c for c in fake.calls if c[0] == "copy_htod_async"]
     assert copies and all(c[-1] == "transfer" for c in copies)
     kv = s.arenas["kv"]
-    zeroed = {c[0] for c in _of(fake, "memset_async")}
-    lease_pages = s.pool.pages_used
-    assert lease_pages == 4 and len(zeroed) == 2, "the two pages no copy fills are zeroed, before the transfer"
+    zeroed = _of(fake, "memset_async")
+    assert s.pool.pages_used == 4 and len(zeroed) == 1
+    start, nbytes, _ = zeroed[0]
+    assert nbytes == 2 * PAGE, "the two pages no copy fills are zeroed (one run), before the transfer"
     assert _at(fake, "memset_async") < _at(fake, "stream_wait_event")
     assert not s.landed(waking) and s.awake(waking) is waking
     fake.landed = True
     got = s.awake(waking)
     assert isinstance(got, kern_pool.Lease) and got.prefix == 20 and got.sealed == 1 and not waking.live
-    assert kv.base + got.pages[2] * PAGE in zeroed
+    assert (start, got.pages[3]) == (kv.base + got.pages[2] * PAGE, got.pages[2] + 1)
     with pytest.raises(ApiError, match="awake or released"):
         s.awake(waking)
     got.release()

@@ -279,8 +279,7 @@ class Sequences:
         drv.event_destroy(flight.event)
         if flight.error is not None:
             raise flight.error
-        for p in flight.plan.made_pages:
-            self._zero_page(p)
+        self._zero_pages(flight.plan.made_pages)
         for s in flight.plan.made_slots:
             self._zero_slot(s)
         self.pool.complete(flight.plan)
@@ -318,8 +317,14 @@ class Sequences:
         return [self.arenas[s.name] for s in self.config.per_seq]
 
     def _zero_page(self, page: int) -> None:
-        for a in self._paged():
-            drv.memset_async(a.base + page * a.object_bytes, a.object_bytes, self._stream)
+        self._zero_pages([page])
+
+    def _zero_pages(self, pages: Iterable[int]) -> None:
+        """Zeroes pages on the stream, one memset per state for each run of consecutive pages."""
+        arenas = self._paged()
+        for run in kern_pool.fold(((p, p) for p in pages), 1, 1):
+            for a in arenas:
+                drv.memset_async(a.base + run.src * a.object_bytes, run.count * a.object_bytes, self._stream)
 
     def _zero_slot(self, slot: int) -> None:
         for a in self._seq():
@@ -329,8 +334,7 @@ class Sequences:
         """Fresh pages for `tokens` (and a slot), zeroed on the stream before anything reads them.
         With `wait` False a plan in flight is `kern_pool.Remapping` instead of a wait."""
         lease = self._retry(lambda: self.pool.lease(tokens), wait)
-        for p in lease.pages:
-            self._zero_page(p)
+        self._zero_pages(lease.pages)
         if lease.state_slot is not None:
             self._zero_slot(lease.state_slot)
         return lease
@@ -383,9 +387,7 @@ class Sequences:
         if not lease.paged:
             return
         skip = filled[-1][1] if filled else None
-        for p in lease.pages[lease.sealed :]:
-            if p != skip:
-                self._zero_page(p)
+        self._zero_pages(p for p in lease.pages[lease.sealed :] if p != skip)
 
     # ---- host tier: the block ----------------------------------------------------------------
 
