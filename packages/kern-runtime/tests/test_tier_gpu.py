@@ -199,3 +199,33 @@ def test_capacity_of_all_free_memory_leaves_the_headroom(kdir: Path, sha: str, t
         lease = rt.lease(64 * UNIT)
         assert not rt.read_state("kv", lease.pages[-1] * (1 << 20), 1 << 20).any()
         lease.release()
+
+
+def test_two_paged_states_park_and_wake_through_2d_copies(kdir: Path, sha: str, tmp_path: Path) -> None:
+    """A second paged state makes a host page two states side by side: runs move as 2-D copies."""
+    doc = copy.deepcopy(manifests.pooled(sha))
+    doc["states"]["kv2"] = {"bytes_per_token": 8192}
+    m = build.write_manifest(tmp_path / "two.json", doc)
+    sizes = {"kv": UNIT * TOKEN, "kv2": UNIT * 8192}
+    with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=512, seqs=1)) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        host = rt.reserve_host(8, 1)
+        assert (host.page_units, host.slot_units) == (3, 16)
+        lease = rt.lease(80)
+        rng = np.random.default_rng(11)
+        data = {(s, p): rng.integers(0, 255, n, dtype=np.uint8) for s, n in sizes.items() for p in lease.pages}
+        for (s, p), d in data.items():
+            rt.write_state(s, p * sizes[s], d)
+        cp = rt.retire(lease, 80)
+        room = rt.room(cp)
+        assert isinstance(room, kern_pool.Room)
+        parked = rt.park(room)
+        rt.synchronize()
+        for (s, p), d in data.items():
+            rt.write_state(s, p * sizes[s], np.zeros_like(d))
+        woken = rt.wake_now(parked, 80, 96)
+        old = sorted({p for _, p in data})
+        for (s, p), d in data.items():
+            np.testing.assert_array_equal(rt.read_state(s, woken.pages[old.index(p)] * sizes[s], sizes[s]), d, err_msg=f"{s} page {p}")
+        woken.release()
+        parked.release()
