@@ -667,10 +667,10 @@ class Runtime:
         """
         return self._pool().room(checkpoint)
 
-    def park(self, target: kern_pool.Room | kern_pool.Checkpoint) -> kern_pool.Parked:
-        """Parks on the host tier.
+    def park(self, checkpoint: kern_pool.Checkpoint | kern_pool.Room) -> kern_pool.Parked:
+        """Parks on the host tier (`checkpoint` is a Checkpoint, or a Room from `room`).
 
-        A Room (from `room`): copies on the transfer stream, which starts after everything queued
+        A Room: copies on the transfer stream, which starts after everything queued
         on the compute stream and never holds it up; the room's checkpoint is kept until the copies
         landed, then released. A Checkpoint: copies on the compute stream, and the checkpoint stays
         valid (release it when the device copy is no longer wanted). Pages an earlier park of the
@@ -681,9 +681,9 @@ class Runtime:
                 Checkpoint the block cannot hold; nothing was kept.
         """
         seqs = self._pool()
-        if isinstance(target, kern_pool.Room):
-            return seqs.park_room(target)
-        return seqs.park(target)
+        if isinstance(checkpoint, kern_pool.Room):
+            return seqs.park_room(checkpoint)
+        return seqs.park(checkpoint)
 
     def park_now(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
         """Parks on the compute stream and lets the checkpoint go at once (what reuses its pages
