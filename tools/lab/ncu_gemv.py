@@ -7,7 +7,7 @@ host whose runtime exposes the counters (`--clock-control none` leaves the clock
         --section LaunchStats --csv --page details python3 tools/lab/ncu_gemv.py > ncu.csv
 
 (tools/lab/perf-pass's `ncu` stage, which puts tools/tests on PYTHONPATH). Each case is launched twice, the grid, block and dynamic
-shared memory of kern_qwen3.gemv_launch, on random bf16 x and W (never zeros); ncu flushes the caches
+shared memory of kern_qwen3.gemv_launch over kern_lab's table, on random bf16 x and W (never zeros); ncu flushes the caches
 before each of its replay passes, so W comes from DRAM as in a decode step. This script prints to
 stderr only: stdout is ncu's CSV.
 """
@@ -43,15 +43,16 @@ def main() -> int:
     from helpers import kernel_harness as h
 
     import kern_qwen3 as gen
+    from kern_lab import LAB_GEMV_ENTRIES
 
     out = Path(os.environ.get("KERN_TEST_KERNELS") or tempfile.mkdtemp(prefix="kern-ncu-"))
-    k = h.Kernels(out)
+    k = h.Kernels(out, lab=True)
     g = torch.Generator(device="cuda")
     g.manual_seed(7)
     for gemm, entry, n, kk in CASES:
         deferred = entry.endswith("_d")
         rows = 2 * n if "_silu" in entry else n
-        grid, threads, smem = gen.defer_launch(n) if deferred else gen.gemv_launch(entry, n, kk)
+        grid, threads, smem = gen.defer_launch(n) if deferred else gen.gemv_launch(entry, n, kk, table=LAB_GEMV_ENTRIES)
         x = torch.randn(1, kk, generator=g, device="cuda").to(torch.bfloat16)
         w = (torch.randn(rows, kk, generator=g, device="cuda") * 0.05).to(torch.bfloat16)
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)

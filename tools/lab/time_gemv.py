@@ -1,4 +1,5 @@
-"""GB/s of kern's bf16 GEMV (tools/kernels-src/gemv.cu) at the Qwen3-4B decode shapes, against
+"""GB/s of kern's bf16 GEMVs (the product's tools/kernels-src/gemv.cu and the lab's
+tools/lab/kernels-src/gemv_alt.cu, built together) at the Qwen3-4B decode shapes, against
 torch.mm (cuBLAS) and a device-to-device copy in the same run, on the local GPU.
 
 Each case is captured LAUNCHES times back to back into one CUDA graph (torch.cuda.graph), the
@@ -6,7 +7,7 @@ launches rotating over enough copies of W that they never find it in L2 (as in a
 36 layers of weights are far larger than L2); the graph is replayed REPLAYS times between CUDA
 events and the median replay gives the time per launch (the ~1 us a graph node costs included).
 Bytes counted: W + x + y. Besides the pinned build, the GEMV_* variants listed below are built and
-timed (the pinned values are the ones docs/qwen3.md's grid uses).
+timed (the pinned values are the ones tools/lab/notes/kernel-experiments.md's grid uses).
 
 Usage: PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py [out.md]
        PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py --entries PICK.json [out.md]
@@ -23,7 +24,7 @@ Usage: PYTHONPATH=tools/tests python3 tools/lab/time_gemv.py [out.md]
 `--tma` times kern_gemv_bf16_tma built with other GEMV_TMA_CAP / GEMV_TMA_COPY / GEMV_TMA_HINT values
 and launched with other shared-memory sizes (TMA_VARIANTS), beside the pinned kern_gemv_bf16_s4.
 
-`--entries` times instead every GEMV entry of the built gemv.cu (kern_qwen3.GEMV_ENTRIES) at
+`--entries` times instead every GEMV entry of the built gemv.cu and gemv_alt.cu (TIMED) at
 the decode shapes and writes the fastest entry per GEMM as JSON for `tools/lab/qwen3_variants.py --gemv-pick` (gate_up:
 kern_gemv_bf16_silu unless a plain entry plus a kern_silu_mul launch, SILU_MUL_US, is faster).
 """
@@ -44,6 +45,11 @@ import torch
 from helpers import kernel_harness as h
 
 import kern_qwen3 as gen
+from kern_lab import ALT_ENTRIES, LAB_GEMV_ENTRIES
+
+TIMED = {**gen.GEMV_ENTRIES, **ALT_ENTRIES}
+"""The GEMV entries of gemv.cu and gemv_alt.cu (kern_lab's ring entries are gemv_ring.cu's)."""
+TIMED_SILU = gen.silu_entries(TIMED)
 
 SILU_MUL_US = 1.64
 """kern_silu_mul at t = 1 on the H200, one graph node included (docs/kernels.md)."""
@@ -80,7 +86,7 @@ def macro(text: str, name: str) -> int:
         parts = line.split()
         if len(parts) == 3 and parts[0] == "#define" and parts[1] == name:
             return int(parts[2])
-    raise SystemExit(f"gemv.cu defines no {name}")
+    raise SystemExit(f"gemv_alt.cu defines no {name}")
 
 
 def operands(n: int, k: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
@@ -92,26 +98,46 @@ def operands(n: int, k: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Te
     return ws, x, torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
 
 
-def build_gemv(work: Path, defines: dict[str, int] | None = None) -> cp.RawModule:
-    """gemv.cu (with `#define`s prepended, if any) built by kern's build_kernels under `work`."""
+ALT_SRC = h.REPO / "tools" / "lab" / "kernels-src" / "gemv_alt.cu"
+
+
+class GemvModules:
+    """The gemv and gemv_alt modules of one build: `get_function` finds an entry in either."""
+
+    def __init__(self, modules: list[cp.RawModule]) -> None:
+        self.modules = modules
+
+    def get_function(self, name: str) -> cp.RawKernel:
+        for module in self.modules:
+            try:
+                return module.get_function(name)
+            except cp.cuda.driver.CUDADriverError:
+                continue
+        raise KeyError(name)
+
+
+def build_gemv(work: Path, defines: dict[str, int] | None = None) -> GemvModules:
+    """gemv.cu and gemv_alt.cu (each with `#define`s prepended, if any) built by kern's build_kernels
+    under `work`, the product's headers beside them."""
     src = work / "src"
     src.mkdir(parents=True)
     for header in h.KERNELS_SRC.glob("*.cuh"):
         shutil.copy(header, src / header.name)
     prefix = "".join(f"#define {m} {v}\n" for m, v in (defines or {}).items())
     (src / "gemv.cu").write_text(prefix + (h.KERNELS_SRC / "gemv.cu").read_text())
+    (src / "gemv_alt.cu").write_text(prefix + ALT_SRC.read_text())
     nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
-    path, _sha = h.build_kernels(src, work / "cubins", compiler=(nvcc,))["gemv"]
-    return cp.RawModule(path=str(path))
+    built = h.build_kernels(src, work / "cubins", compiler=(nvcc,))
+    return GemvModules([cp.RawModule(path=str(built[m][0])) for m in ("gemv", "gemv_alt")])
 
 
 class Build:
-    """One build of gemv.cu (optionally with GEMV_* macros prepended) by kern's build_kernels."""
+    """One build of gemv_alt.cu (optionally with GEMV_* macros prepended) by kern's build_kernels."""
 
     def __init__(self, work: Path, variant: tuple[int, int, int, int] | None) -> None:
         pinned = variant is None
         if variant is None:
-            text = (h.KERNELS_SRC / "gemv.cuh").read_text()
+            text = ALT_SRC.read_text()
             w, r, u, s = (macro(text, m) for m in MACROS)
             variant = (w, r, u, s)
         warps, rpw, unroll, split = variant
@@ -132,15 +158,15 @@ class Build:
 
 
 class Entries:
-    """Every GEMV entry of gemv.cu as built (no macros prepended)."""
+    """Every GEMV entry of gemv.cu and gemv_alt.cu as built (no macros prepended)."""
 
     def __init__(self, work: Path) -> None:
         module = build_gemv(work)
-        self.fns = {e: module.get_function(e) for e in gen.GEMV_ENTRIES}
+        self.fns = {e: module.get_function(e) for e in TIMED}
 
     def launch(self, entry: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int) -> None:
         k = x.shape[1]
-        grid, threads, smem = gen.gemv_launch(entry, n, k)
+        grid, threads, smem = gen.gemv_launch(entry, n, k, table=LAB_GEMV_ENTRIES)
         h.launch(self.fns[entry], (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(x.shape[0]),
                  h.i32(n), h.i32(k), h.i32(n), shared_mem=smem)
 
@@ -148,8 +174,8 @@ class Entries:
 def entries_main(pick_out: Path, out: Path | None) -> None:
     torch.manual_seed(0)
     ent = Entries(Path(tempfile.mkdtemp(prefix="time_gemv_entries_")))
-    plain = [e for e in gen.GEMV_ENTRIES if e not in gen.SILU_ENTRIES]
-    silus = {e: f"{e} (gate_up + SiLU-mul)" for e in gen.SILU_ENTRIES}
+    plain = [e for e in TIMED if e not in TIMED_SILU]
+    silus = {e: f"{e} (gate_up + SiLU-mul)" for e in TIMED_SILU}
     labels = ["cuBLAS torch.mm", *plain, *silus.values()]
     lines = [
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {LAUNCHES} launches per "
@@ -409,7 +435,7 @@ def _defer_row(k: h.Kernels, name: str, entry: str, band: str, rows: int, n: int
         h.launch(fn, (grid, 1, 1), (128, 1, 1), h.ptr(res), h.ptr(y_add), h.ptr(w_norm), h.ptr(res_out),
                  h.ptr(w), h.ptr(y), h.i32(1), h.i32(n), h.i32(kk), h.i32(n), h.f32(1e-6))
 
-    band_grid, threads, smem = gen.gemv_launch(band, n, kk)
+    band_grid, threads, smem = gen.gemv_launch(band, n, kk, table=LAB_GEMV_ENTRIES)
 
     def plain(w: torch.Tensor) -> None:
         h.launch(bfn, (band_grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(1), h.i32(n),
@@ -435,7 +461,7 @@ def defer_main(out: Path | None) -> None:
     (then the next GEMV's blocks could be resident, loading weights, while it runs). Alone, no PDL:
     each launch waits for the one before it. Every grid must give the same bits."""
     torch.manual_seed(0)
-    k = h.Kernels(Path(tempfile.mkdtemp(prefix="time_gemv_defer_")))
+    k = h.Kernels(Path(tempfile.mkdtemp(prefix="time_gemv_defer_")), lab=True)
     labels = [*(f"{b}/SM" for b in DEFER_BLOCKS), "band, no norm"]
     lines = [f"device: {torch.cuda.get_device_name()}; {LAUNCHES} launches per graph, median of {REPLAYS}; "
              "us per launch (GB/s of W); `B/SM`: the deferred-norm band at B blocks per SM (one wave)", "",

@@ -1,7 +1,7 @@
-"""GPU correctness of kern's bf16 GEMV (tools/kernels-src/gemv.cu) against float64 and float32 torch
-references, at the Qwen3-4B decode shapes and at odd ones (a column tail, rows 1..4, a band of a
-wider output). Every built variant of the GEMV_* macros that tools/lab/time_gemv.py
-compares is checked too, so whichever one the docs pin is covered."""
+"""GPU correctness of kern's bf16 GEMV entries (tools/kernels-src/gemv.cu) against float64 and
+float32 torch references and against kern_gemv_bf16_s4's bits, at the Qwen3-4B decode shapes and at
+odd ones (a column tail, rows 1..4, a band of a wider output). The lab's configurations and layouts
+(tools/lab/kernels-src/gemv_alt.cu) have theirs in tools/lab/tests/test_gemv_alt_gpu.py."""
 
 from __future__ import annotations
 
@@ -34,34 +34,21 @@ SHAPES_ODD = [
     (3, 19459, 1544),
     (1, 37, 40),
 ]
-# Variants (GEMV_WARPS, GEMV_RPW, GEMV_UNROLL, GEMV_SPLIT) built besides the pinned default.
-VARIANTS = [(8, 1, 8, 1), (4, 2, 4, 1), (4, 1, 8, 1), (4, 1, 4, 4), (8, 1, 4, 2), (8, 2, 4, 4)]
-MACROS = ("GEMV_WARPS", "GEMV_RPW", "GEMV_UNROLL", "GEMV_SPLIT")
+PLAIN_ENTRIES = [e for e in gen.GEMV_ENTRIES if e not in gen.SILU_ENTRIES]
+"""gemv.cu's entries without the SiLU epilogue (`_s4`, `_b4`, `_p4`)."""
 
 pytestmark = pytest.mark.gpu
 
 
 class Gemv(h.Kernels):
-    """gemv.cu alone, built by kern's own build_kernels, optionally with GEMV_* macros prepended."""
+    """gemv.cu alone (its headers beside it), built by kern's own build_kernels."""
 
-    def __init__(self, work: Path, variant: tuple[int, int, int, int] | None = None) -> None:
+    def __init__(self, work: Path) -> None:
         src = work / "src"
         src.mkdir(parents=True)
         for header in h.KERNELS_SRC.glob("*.cuh"):
             shutil.copy(header, src / header.name)
-        text = (h.KERNELS_SRC / "gemv.cu").read_text()  # the entries; gemv.cuh holds the GEMV_* defaults
-        if variant is None:
-            variant = (
-                _macro("GEMV_WARPS"),
-                _macro("GEMV_RPW"),
-                _macro("GEMV_UNROLL"),
-                _macro("GEMV_SPLIT"),
-            )
-        else:
-            text = (
-                "".join(f"#define {m} {v}\n" for m, v in zip(MACROS, variant, strict=True)) + text
-            )
-        (src / "gemv.cu").write_text(text)
+        shutil.copy(h.KERNELS_SRC / "gemv.cu", src / "gemv.cu")
         nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
         built = h.build_kernels(src, work / "cubins", compiler=(nvcc,))
         import cupy as cp
@@ -69,73 +56,21 @@ class Gemv(h.Kernels):
         self.modules = {m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()}
         self.shas = {m: sha for m, (_p, sha) in built.items()}
         self._fns = {}
-        warps, rpw, _unroll, split = variant
-        self.rows_per_block = warps // split * rpw
-        self.threads = warps * 32
 
-    def gemv(
-        self,
-        x: torch.Tensor,
-        w: torch.Tensor,
-        y: torch.Tensor,
-        y_stride: int,
-        acc: bool = False,
-        entry: str | None = None,
-        n: int | None = None,
-    ) -> None:
-        """`entry` (a key of kern_qwen3.GEMV_ENTRIES) overrides the macro-built pair; `n` the
-        output width (the silu entry's is half of W's rows)."""
+    def gemv(self, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, y_stride: int, entry: str,
+             n: int | None = None) -> None:
+        """`entry` (a key of kern_qwen3.GEMV_ENTRIES) on its generator launch; `n` the output
+        width (the silu entry's is half of W's rows)."""
         rows, k = x.shape
         n = w.shape[0] if n is None else n
-        smem = 0
-        if entry is None:
-            name, threads = ("kern_gemv_bf16_acc" if acc else "kern_gemv_bf16"), self.threads
-            grid = ((n + self.rows_per_block - 1) // self.rows_per_block, 1, 1)
-        else:
-            name = entry
-            grid_x, threads, smem = gen.gemv_launch(entry, n, k)
-            grid = (grid_x, 1, 1)
-        self.launch(
-            name,
-            grid,
-            (threads, 1, 1),
-            h.ptr(x),
-            h.ptr(w),
-            h.ptr(y),
-            h.i32(rows),
-            h.i32(n),
-            h.i32(k),
-            h.i32(y_stride),
-            shared_mem=smem,
-        )
-
-
-def _macro(name: str) -> int:
-    for line in (h.KERNELS_SRC / "gemv.cuh").read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "#define" and parts[1] == name:
-            return int(parts[2])
-    raise AssertionError(f"gemv.cu defines no {name}")
+        grid_x, threads, smem = gen.gemv_launch(entry, n, k)
+        self.launch(entry, (grid_x, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n),
+                    h.i32(k), h.i32(y_stride), shared_mem=smem)
 
 
 @pytest.fixture(scope="module")
 def k(tmp_path_factory: pytest.TempPathFactory) -> Gemv:
     return Gemv(tmp_path_factory.mktemp("gemv"))
-
-
-@pytest.fixture(scope="module")
-def variants(tmp_path_factory: pytest.TempPathFactory) -> list[Gemv]:
-    return [Gemv(tmp_path_factory.mktemp(f"gemv{i}"), v) for i, v in enumerate(VARIANTS)]
-
-
-def test_pinned_macros_are_the_documented_launch() -> None:
-    """docs/qwen3.md's grid and block for kern_gemv_bf16 follow from the pinned GEMV_* values."""
-    warps, rpw, split = _macro("GEMV_WARPS"), _macro("GEMV_RPW"), _macro("GEMV_SPLIT")
-    doc = (h.REPO / "docs" / "qwen3.md").read_text()
-    launch = f"`[ceil_div(n,{warps // split * rpw}),1,1]` / `[{warps * 32},1,1]`"
-    for entry in ("kern_gemv_bf16", "kern_gemv_bf16_acc"):
-        rows = [line for line in doc.splitlines() if line.startswith(f"| `{entry}` ")]
-        assert len(rows) == 1 and launch in rows[0], f"docs/qwen3.md: {entry} needs {launch}"
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -184,9 +119,8 @@ def _run(
     n: int,
     kk: int,
     seed: int,
+    entry: str,
     stride_pad: int = 0,
-    acc: bool = False,
-    entry: str | None = None,
 ) -> None:
     g = _gen(seed)
     x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
@@ -196,71 +130,28 @@ def _run(
     width = off + n + stride_pad
     sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
     buf = sentinel.clone()
-    k.gemv(x, w, buf.view(-1)[off:], width, acc=acc, entry=entry)
+    k.gemv(x, w, buf.view(-1)[off:], width, entry)
     torch.cuda.synchronize()
     out = buf[:, off : off + n]
-    _check(out, x, w, sentinel[:, off : off + n] if acc else None)
+    _check(out, x, w, None)
     outside = torch.ones_like(buf, dtype=torch.bool)
     outside[:, off : off + n] = False
     assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
 
 
-@pytest.mark.parametrize(("rows", "n", "kk"), SHAPES_4B)
-def test_gemv_qwen3_4b_shapes(k: Gemv, rows: int, n: int, kk: int) -> None:
-    _run(k, rows, n, kk, seed=n + kk)
-
-
-@pytest.mark.parametrize(("rows", "n", "kk"), SHAPES_ODD)
-@pytest.mark.parametrize("stride_pad", [0, 5])
-def test_gemv_odd_shapes(k: Gemv, rows: int, n: int, kk: int, stride_pad: int) -> None:
-    _run(k, rows, n, kk, seed=7 * n + kk + stride_pad, stride_pad=stride_pad)
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-def test_gemv_rows_4b_o_proj(k: Gemv, rows: int) -> None:
-    _run(k, rows, 2560, 4096, seed=rows, stride_pad=5)
-
-
-@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 2560, 9728), (1, 2560, 4096), (3, 1001, 2568)])
-def test_gemv_acc(k: Gemv, rows: int, n: int, kk: int) -> None:
-    _run(k, rows, n, kk, seed=11 + n, stride_pad=5, acc=True)
-
-
-def test_gemv_rows_outside_1_to_4_write_nothing(k: Gemv) -> None:
+@pytest.mark.parametrize("entry", PLAIN_ENTRIES)
+def test_gemv_rows_outside_1_to_4_write_nothing(k: Gemv, entry: str) -> None:
     g = _gen(3)
     x = torch.randn(5, 256, generator=g, device=DEV).to(BF16)
     w = torch.randn(64, 256, generator=g, device=DEV).to(BF16)
     y = torch.randn(5, 64, generator=g, device=DEV).to(BF16)
     before = y.clone()
+    grid, threads, smem = gen.gemv_launch(entry, 64, 256)
     for rows in (0, 5):
-        k.launch(
-            "kern_gemv_bf16",
-            (64 // k.rows_per_block, 1, 1),
-            (k.threads, 1, 1),
-            h.ptr(x),
-            h.ptr(w),
-            h.ptr(y),
-            h.i32(rows),
-            h.i32(64),
-            h.i32(256),
-            h.i32(64),
-        )
+        k.launch(entry, (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(64),
+                 h.i32(256), h.i32(64), shared_mem=smem)
     torch.cuda.synchronize()
     assert torch.equal(y, before)
-
-
-def test_gemv_variants(variants: list[Gemv]) -> None:
-    for v in variants:
-        for rows, n, kk in [(1, 2560, 9728), (4, 1001, 2568), (2, 6145, 4096), (1, 37, 40)]:
-            _run(v, rows, n, kk, seed=rows * n, stride_pad=5)
-        _run(v, 2, 999, 2560, seed=5, stride_pad=5, acc=True)
-
-
-_MODULE_OF = gen.entry_modules(h.KERNELS_SRC)
-PLAIN_ENTRIES = [e for e in gen.GEMV_ENTRIES
-                 if e != "kern_gemv_bf16" and e not in gen.SILU_ENTRIES and _MODULE_OF[e] == "gemv"]
-"""The plain entries of gemv.cu (the one module `Gemv` builds); the lab's ring entries have their
-bit test in tools/lab/tests/test_lab_kernels_gpu.py."""
 
 
 @pytest.mark.parametrize("entry", PLAIN_ENTRIES)
@@ -273,46 +164,29 @@ def test_gemv_entries(k: Gemv, entry: str, rows: int, n: int, kk: int) -> None:
     _run(k, rows, n, kk, seed=n + kk + rows, stride_pad=5, entry=entry)
 
 
-@pytest.mark.parametrize(
-    ("rows", "inter", "kk"), [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048)]
-)
-def test_gemv_silu_is_gemv_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
-    """kern_gemv_bf16_silu's epilogue equals kern_gemv_bf16 over [gate; up] (the same summation
-    order) followed by transformers' act(gate) * up, bit for bit; it writes only its band."""
-    g = _gen(inter + rows)
-    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
-    w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
-    gu = torch.empty(rows, 2 * inter, device=DEV, dtype=BF16)
-    k.gemv(x, w, gu, 2 * inter)
-    off, width = 3, inter + 8
-    sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
-    buf = sentinel.clone()
-    k.gemv(x, w, buf.view(-1)[off:], width, entry="kern_gemv_bf16_silu", n=inter)
-    torch.cuda.synchronize()
-    want = h.silu_mul_ref(gu)
-    got = buf[:, off : off + inter]
-    assert torch.equal(got.contiguous().view(torch.int16), want.contiguous().view(torch.int16))
-    outside = torch.ones_like(buf, dtype=torch.bool)
-    outside[:, off : off + inter] = False
-    assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
+@pytest.mark.parametrize("entry", PLAIN_ENTRIES)
+@pytest.mark.parametrize(("rows", "n", "kk"), SHAPES_ODD)
+@pytest.mark.parametrize("stride_pad", [0, 5])
+def test_gemv_entries_odd_shapes(k: Gemv, entry: str, rows: int, n: int, kk: int, stride_pad: int) -> None:
+    _run(k, rows, n, kk, seed=7 * n + kk + stride_pad, stride_pad=stride_pad, entry=entry)
 
 
 @pytest.mark.parametrize(
     ("rows", "inter", "kk"),
     [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048), (2, 2561, 4096), (1, 700, 9736)],
 )
-def test_streaming_gemv_silu_is_gate_up_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
-    """kern_gemv_bf16_tma_silu: act(bf16(x W_gate)) * bf16(x W_up) with transformers' rounding of
+def test_gemv_silu_is_gate_up_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
+    """kern_gemv_bf16_silu: act(bf16(x W_gate)) * bf16(x W_up) with transformers' rounding of
     the unfused pair, where bf16(x W) is the float64 product rounded once (its f32 sums may round
     the other way at a bf16 boundary: at most 1 ulp there, rare); it writes only its band."""
-    g = _gen(3 * inter + rows)
+    g = _gen(5 * inter + rows)
     x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
     w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
     gu = (x.double() @ w.double().T).to(BF16)
     off, width = 3, inter + 8
     sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
     buf = sentinel.clone()
-    k.gemv(x, w, buf.view(-1)[off:], width, entry="kern_gemv_bf16_tma_silu", n=inter)
+    k.gemv(x, w, buf.view(-1)[off:], width, entry="kern_gemv_bf16_silu", n=inter)
     torch.cuda.synchronize()
     want = h.silu_mul_ref(gu)
     got = buf[:, off : off + inter]
@@ -324,34 +198,9 @@ def test_streaming_gemv_silu_is_gate_up_then_silu_mul(k: Gemv, rows: int, inter:
     assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
 
 
-@pytest.mark.parametrize("entry", ["kern_gemv_bf16_tma", "kern_gemv_bf16_tma_silu"])
-def test_streaming_gemv_is_deterministic_and_any_grid_covers_n(k: Gemv, entry: str) -> None:
-    """The same bits on every launch, and the same bits for any grid size (1 block, 7 blocks, more
-    blocks than units): the column split changes which block sums a column, not how."""
-    g = _gen(99)
-    rows, n, kk = 2, 3001, 2560
-    wn = 2 * n if entry in gen.SILU_ENTRIES else n
-    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
-    w = (torch.randn(wn, kk, generator=g, device=DEV) * 0.05).to(BF16)
-    _grid, threads, smem = gen.gemv_launch(entry, n, kk)
-    outs = []
-    for grid in (gen.GEMV_TMA_BLOCKS, gen.GEMV_TMA_BLOCKS, 1, 7, n):
-        y = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-        k.launch(entry, (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows), h.i32(n),
-                 h.i32(kk), h.i32(n), shared_mem=smem)
-        torch.cuda.synchronize()
-        outs.append(y)
-    assert not outs[0].isnan().any()
-    for y in outs[1:]:
-        assert torch.equal(y.view(torch.int16), outs[0].view(torch.int16))
-
-
-@pytest.mark.parametrize(("entry", "threads", "smem"), [("kern_gemv_bf16_tma", 256, 4096),
-                                                    ("kern_gemv_bf16_p4", 128, 2 * 2560 - 16),
-                                                    ("kern_gemv_bf16_p4_silu", 128, 4 * 2560 - 16)])
+@pytest.mark.parametrize(("entry", "threads", "smem"), [("kern_gemv_bf16_p4", 128, 2 * 2560 - 16)])
 def test_gemv_without_room_for_its_rows_writes_nothing(k: Gemv, entry: str, threads: int, smem: int) -> None:
-    """Dynamic shared memory below one stage (`_tma`), one W row (`_p4`) or one gate and up row
-    (`_p4_silu`): the launch returns without touching y."""
+    """Dynamic shared memory below one W row (`_p4`): the launch returns without touching y."""
     g = _gen(5)
     x = torch.randn(1, 2560, generator=g, device=DEV).to(BF16)
     w = torch.randn(64, 2560, generator=g, device=DEV).to(BF16)
@@ -369,19 +218,15 @@ def _s4_case(k: Gemv, rows: int, n: int, kk: int, seed: int) -> tuple[torch.Tens
     x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
     w = (torch.randn(n, kk, generator=g, device=DEV) * 0.05).to(BF16)
     want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.gemv(x, w, want, n, entry="kern_gemv_bf16_s4")
+    k.gemv(x, w, want, n, "kern_gemv_bf16_s4")
     return x, w, want
 
 
-BAND_PLAIN = sorted(e for e in gen.GEMV_BAND if e not in gen.SILU_ENTRIES)
-BAND_SILU = sorted(e for e in gen.GEMV_BAND if e in gen.SILU_ENTRIES)
-
-
-@pytest.mark.parametrize("entry", BAND_PLAIN)
+@pytest.mark.parametrize("entry", sorted(gen.GEMV_BAND))
 @pytest.mark.parametrize(("rows", "n", "kk"), [*SHAPES_4B[:4], (4, 1001, 2568), (1, 37, 40), (3, 925, 4096),
                                                (2, 77, 9736), (1, 5, 8)])
 def test_band_gemv_is_s4_bit_for_bit_on_any_grid(k: Gemv, entry: str, rows: int, n: int, kk: int) -> None:
-    """The band entries (`_b4`, the deep `_d4` / `_d8`) sum each column in kern_gemv_bf16_s4's order:
+    """The band entry (`_b4`) sums each column in kern_gemv_bf16_s4's order:
     the same bits, whatever the grid (the generator's one wave, 1 block, 7 blocks, a block per
     column, more blocks than columns) and whatever k (one partial segment, several, a ragged last one)."""
     x, w, want = _s4_case(k, rows, n, kk, seed=n * 3 + kk + rows)
@@ -392,36 +237,6 @@ def test_band_gemv_is_s4_bit_for_bit_on_any_grid(k: Gemv, entry: str, rows: int,
                  h.i32(n), h.i32(kk), h.i32(n))
         torch.cuda.synchronize()
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"grid {grid}"
-
-
-@pytest.mark.parametrize("entry", BAND_SILU)
-@pytest.mark.parametrize(("rows", "inter", "kk"), [(1, 9728, 2560), (1, 768, 256), (3, 1001, 264), (4, 5, 2048),
-                                                   (2, 33, 5128)])
-def test_band_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, entry: str, rows: int, inter: int, kk: int) -> None:
-    """The band SiLU entries (`_b4_silu`, `_d4_silu`): kern_gemv_bf16_s4 over [gate; up] then
-    transformers' act(gate) * up, bit for bit, on the generator's grid and on others; each writes
-    only its band."""
-    g = _gen(inter + 7 * rows)
-    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
-    w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
-    gu = torch.empty(rows, 2 * inter, device=DEV, dtype=BF16)
-    k.gemv(x, w, gu, 2 * inter, entry="kern_gemv_bf16_s4")
-    want = h.silu_mul_ref(gu)
-    off, width = 3, inter + 8
-    sentinel = torch.randn(rows, width, generator=g, device=DEV).to(BF16)
-    buf = sentinel.clone()
-    k.gemv(x, w, buf.view(-1)[off:], width, entry=entry, n=inter)
-    torch.cuda.synchronize()
-    assert torch.equal(buf[:, off : off + inter].contiguous().view(torch.int16), want.contiguous().view(torch.int16))
-    outside = torch.ones_like(buf, dtype=torch.bool)
-    outside[:, off : off + inter] = False
-    assert torch.equal(buf[outside], sentinel[outside]), "wrote outside its band"
-    for grid in (1, 7, inter + 3):
-        y = torch.full((rows, inter), float("nan"), dtype=BF16, device=DEV)
-        k.launch(entry, (grid, 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
-                 h.i32(inter), h.i32(kk), h.i32(inter))
-        torch.cuda.synchronize()
-        assert torch.equal(y.view(torch.int16), want.contiguous().view(torch.int16)), f"grid {grid}"
 
 
 @pytest.mark.parametrize("entry", sorted(gen.GEMV_BAND))
@@ -450,27 +265,5 @@ def test_prefetched_gemv_is_s4_bit_for_bit(k: Gemv, rows: int, n: int, kk: int) 
         grid = -(-n // cols) + 2
         k.launch("kern_gemv_bf16_p4", (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y), h.i32(rows),
                  h.i32(n), h.i32(kk), h.i32(n), shared_mem=cols * 2 * kk)
-        torch.cuda.synchronize()
-        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"{cols} columns per block"
-
-
-@pytest.mark.parametrize(("rows", "inter", "kk"), [(1, 9728, 2560), (3, 1001, 264), (4, 5, 2048), (2, 33, 5128)])
-def test_prefetched_gemv_silu_is_s4_gate_up_then_silu_mul(k: Gemv, rows: int, inter: int, kk: int) -> None:
-    """kern_gemv_bf16_p4_silu: kern_gemv_bf16_s4 over [gate; up] then transformers' act(gate) * up,
-    bit for bit, for the generator's columns per block and for 1, 3 and every column per block (where
-    they fit); a grid larger than the columns leaves the rest alone."""
-    g = _gen(inter + 11 * rows)
-    x = torch.randn(rows, kk, generator=g, device=DEV).to(BF16)
-    w = (torch.randn(2 * inter, kk, generator=g, device=DEV) * 0.05).to(BF16)
-    gu = torch.empty(rows, 2 * inter, device=DEV, dtype=BF16)
-    k.gemv(x, w, gu, 2 * inter, entry="kern_gemv_bf16_s4")
-    want = h.silu_mul_ref(gu).contiguous()
-    _grid, threads, smem0 = gen.gemv_launch("kern_gemv_bf16_p4_silu", inter, kk)
-    per_block = [smem0 // (4 * kk), 1, 3] + ([inter] if inter * 4 * kk <= 200 * 1024 else [])
-    for cols in per_block:
-        y = torch.full((rows, inter), float("nan"), dtype=BF16, device=DEV)
-        grid = -(-inter // cols) + 2
-        k.launch("kern_gemv_bf16_p4_silu", (grid, 1, 1), (threads, 1, 1), h.ptr(x), h.ptr(w), h.ptr(y),
-                 h.i32(rows), h.i32(inter), h.i32(kk), h.i32(inter), shared_mem=cols * 4 * kk)
         torch.cuda.synchronize()
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"{cols} columns per block"

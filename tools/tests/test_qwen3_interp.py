@@ -23,7 +23,7 @@ TOOLS = Path(__file__).resolve().parents[1]
 CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
                           "max_position_embeddings": 1024}
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                             *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
+                             *gen.DEFER_ENTRIES.values(),
                              *gen.F32_ENTRIES)}
 STEPS = 12
 
@@ -240,26 +240,23 @@ def test_gemv_decode_matches_reference(weights: dict[str, np.ndarray], reference
     assert tokens == want_tokens
 
 
-@pytest.mark.parametrize(("fold", "extra"), [
-    (False, {}), (True, {}), (True, {"gemv_pick": {"gate_up": "kern_gemv_bf16_p4_silu"}})])
+@pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("feed", ["host", "device"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 1), (200, 97)])
 def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], references: dict[int, Any], feed: str,
-                                            n: int, chunk: int, fold: bool, extra: dict[str, Any]) -> None:
+                                            n: int, chunk: int, fold: bool) -> None:
     """Every decode GEMM as our GEMV (gate_up with SiLU-and-mul), q/k norm + rope writing the pages,
     one-launch decode attention (counters zeroed by the load program), PDL launches; with `fold`
     the norms before qkv and gate_up deferred into those GEMVs (gemv_defer.cu)."""
     m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed,
-                  gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=fold, defer_norm=fold, **extra)
+                  gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True, fold_norm=fold, defer_norm=fold)
     attn = m["ops"]["attn_decode_fused"]["impl"]
     assert attn["launches"][0]["grid"][1] == gen.DECODE_SPLITS == attn["scratch"]["part_lse"]["shape"][0]
     entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
     assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
     assert "qk_norm_rope_kv.pdl" in decode
-    pick = extra.get("gemv_pick")
-    folded = {"kern_gemv_bf16_p4_silu": "gemv_p4_silu"}.get((pick or {}).get("gate_up", ""), "gemv_b4_silu") + "_d"
-    assert any(op.startswith(folded) for op in decode) == fold
+    assert any(op.startswith("gemv_b4_silu_d") for op in decode) == fold
     machine = interp.Interp(m, weights, capacity=512)
     tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)
     want_tokens, want_first = references[n]

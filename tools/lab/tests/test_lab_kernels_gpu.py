@@ -1,6 +1,6 @@
 """GPU correctness of the lab's kernels (tools/lab/kernels-src: attention_qkn, attention_wide,
-gemv_norm, gemv_pnorm, gemv_ring, gemv_tail) against the shipped kernels and torch references, bit
-for bit wherever their designs promise it."""
+gemv_defer_p4, gemv_norm, gemv_pnorm, gemv_ring, gemv_tail; gemv_alt's in test_gemv_alt_gpu.py)
+against the shipped kernels and torch references, bit for bit wherever their designs promise it."""
 
 from __future__ import annotations
 
@@ -333,3 +333,36 @@ def test_ring_norm_gemv_is_add_rmsnorm_then_the_band_gemv(
         assert_folded(k, entry, case, n, kk, grid, smem, f"grid {grid}, {smem} bytes")
     got, res_out = run_folded(k, entry, case, n, kk, 7, norm + column - 16)
     assert got.isnan().all() and res_out.isnan().all(), "no room for a stage: nothing written"
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize(("rows", "n", "kk"), [(1, 6144, 2560), (1, 9728, 2560), (2, 77, 4096), (1, 300, 256),
+                                               (2, 5, 2568), (1, 33, 40)])
+
+
+def test_prefetched_deferred_norm_gemv_is_the_band_deferred_gemv(
+    k: object, gen: torch.Generator, silu: bool, rows: int, n: int, kk: int
+) -> None:
+    """gemv_defer_p4.cu (`_p4_d`, `_p4_silu_d`): the product's deferred band (`_b4_d`,
+    `_b4_silu_d`) bit for bit, the two forms summing the same pieces in the same order, with 1, 3 or
+    every column per block (where they fit) and a grid past the columns; the new residual is
+    kern_add_rmsnorm's. 3 rows, k above 4096 or no room for one column write nothing."""
+    band_d, p4_d, band = (("kern_gemv_bf16_b4_silu_d", "kern_gemv_bf16_p4_silu_d", "kern_gemv_bf16_b4_silu") if silu
+                          else ("kern_gemv_bf16_b4_d", "kern_gemv_bf16_p4_d", "kern_gemv_bf16_b4"))
+    case = norm_gemv_case(k, gen, band, rows, n, kk)
+    res_a = case[4]
+    column = (2 if silu else 1) * 2 * kk
+    want, _res = run_folded(k, band_d, case, n, kk, -(-n // -(-n // (132 * 4))), 0)
+    assert not want.isnan().any()
+    for cols in sorted({1, 3, n}):
+        if cols * column > RING_SMEM_MAX:
+            continue
+        got, res_out = run_folded(k, p4_d, case, n, kk, -(-n // cols) + 2, cols * column)
+        assert torch.equal(bits(res_out), bits(res_a)), f"{cols} columns per block: the new residual"
+        assert torch.equal(bits(got), bits(want)), f"{cols} columns per block"
+    got, res_out = run_folded(k, p4_d, case, n, kk, 7, column - 16)
+    assert got.isnan().all() and res_out.isnan().all(), "no room for a column: nothing written"
+    for bad_rows, bad_k in ((1, 4104), (3, 256)):  # k beyond the registers' 4096; 3 rows
+        bad = norm_gemv_case(k, gen, band, bad_rows, 8, bad_k)
+        got, res_out = run_folded(k, p4_d, bad, 8, bad_k, 3, (2 if silu else 1) * 2 * bad_k)
+        assert got.isnan().all() and res_out.isnan().all(), f"rows {bad_rows}, k {bad_k}: nothing written"

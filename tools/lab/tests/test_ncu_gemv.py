@@ -9,6 +9,7 @@ from pathlib import Path
 import ncu_gemv
 
 import kern_qwen3 as gen
+from kern_lab import LAB_GEMV_ENTRIES
 
 SHAPES = {"qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (9728, 2560), "down": (2560, 9728),
           "lm_head": (151936, 2560)}
@@ -18,9 +19,9 @@ def test_cases_are_launchable_gemv_entries_at_their_gemm_shapes() -> None:
     assert {gemm for gemm, *_ in ncu_gemv.CASES} == set(gen.GEMV_GEMMS)
     deferred = set(gen.DEFER_ENTRIES.values())
     for gemm, entry, n, k in ncu_gemv.CASES:
-        assert (n, k) == SHAPES[gemm] and (entry in gen.GEMV_ENTRIES or gen.DEFER_ENTRIES.get(gemm) == entry)
+        assert (n, k) == SHAPES[gemm] and (entry in LAB_GEMV_ENTRIES or gen.DEFER_ENTRIES.get(gemm) == entry)
         assert ("_silu" in entry) == (gemm == "gate_up")
-        grid, threads, smem = gen.defer_launch(n) if entry in deferred else gen.gemv_launch(entry, n, k)
+        grid, threads, smem = gen.defer_launch(n) if entry in deferred else gen.gemv_launch(entry, n, k, table=LAB_GEMV_ENTRIES)
         assert grid >= 1 and threads == 128 and smem <= gen.GEMV_P4_MAX_ROW
     # The fast step's picks are among them (GEMV_PICK, with the deferred-norm bands for qkv and
     # gate_up), and the band they replaced.

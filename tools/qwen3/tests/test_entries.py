@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.gemv_source import source_table
 
 import kern_qwen3 as gen
 
@@ -24,48 +25,23 @@ def test_entry_modules_scans_sources(tmp_path: Path) -> None:
 
 
 def test_gemv_entries_table_matches_gemv_cu() -> None:
-    """GEMV_ENTRIES' (columns per block, threads) follow from each entry's template arguments
-    (warps, columns per group, unroll, split) and launch bounds in gemv.cu."""
-
-    text = (TOOLS / "kernels-src" / "gemv.cu").read_text() + (TOOLS / "kernels-src" / "gemv.cuh").read_text()
-    found = {}
-    for bounds, entry, warps, cols, _unroll, split in re.findall(
-            r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv(?:_seq)?<(\d+), (\d+), (\d+), (\d+)", text):
-        assert int(bounds) == int(warps) * 32, entry
-        found[entry] = (int(warps) // int(split) * int(cols), int(bounds))
-    table = {e: (v.columns, v.threads) for e, v in gen.GEMV_ENTRIES.items()}
-    by = {layout: {e for e, v in gen.GEMV_ENTRIES.items() if v.layout is layout} for layout in gen.Layout}
-    streaming, band, prefetched = by[gen.Layout.STREAM], by[gen.Layout.BAND], by[gen.Layout.PREFETCH]
-    assert not by[gen.Layout.RING]  # the ring entries are the lab's
-    assert found == {e: table[e] for e in by[gen.Layout.COLUMNS] if e != "kern_gemv_bf16"}
-    silu = set(gen.silu_entries(gen.GEMV_ENTRIES))
-    # The prefetched entry: 4 warps (kern_gemv_bf16_s4's split), its rows in dynamic shared memory.
-    p4 = re.findall(r"__launch_bounds__\((\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*with_rows\(rows, "
-                    r"\[&\]\(auto r\) \{ gemv_p4_rows<", text)
-    assert {e: int(b) for b, e in p4} == {e: gen.GEMV_ENTRIES[e].threads for e in prefetched} == {
-        "kern_gemv_bf16_p4": 128, "kern_gemv_bf16_p4_silu": 128}
-    assert re.search(r"kern_gemv_bf16_p4_silu\([^)]*\)\s*\{\s*with_rows\(rows, \[&\]\(auto r\) \{ "
-                     r"gemv_p4_rows<GEMV_SILU,", text)
-    # Band entries: block = SPLIT warps, and the blocks per SM their launch bounds promise.
-    bands = {e: (int(b), int(per_sm), int(split), epi) for b, per_sm, e, split, epi in re.findall(
-        r"__launch_bounds__\((\d+), (\d+)\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_(?:band|deep)<(\d+), "
-        r"(?:\d+, )+(GEMV_\w+)>", text)}
-    assert set(bands) == band
-    for e, (threads, per_sm, split, epi) in bands.items():
-        v = gen.GEMV_ENTRIES[e]
-        assert v.threads == threads == 32 * split and v.per_sm == per_sm
-        assert (epi == "GEMV_SILU") == (e in silu)
-    assert table["kern_gemv_bf16"] == (4, 128)  # the GEMV_* macros as built (docs/qwen3.md)
-    # The streaming entries: 8 warps, the stage cap the generator sizes launches with.
-    assert re.search(r"constexpr int TMA_WARPS = 16;", text)
-    assert re.search(rf"#define GEMV_TMA_CAP {gen.GEMV_TMA_STAGE_CAP}\n", text)
-    tma = dict(re.findall(r"__launch_bounds__\(TMA_WARPS \* 32, 1\)\s*(kern_gemv_bf16_\w+)\([^)]*\)\s*\{\s*gemv_tma<(\w+)>",
-                          text))
-    assert tma == {"kern_gemv_bf16_tma": "GEMV_STORE", "kern_gemv_bf16_tma_silu": "GEMV_SILU"}
-    assert streaming == set(tma) and {e for e in silu if e in streaming} == {"kern_gemv_bf16_tma_silu"}
-    assert all(gen.GEMV_ENTRIES[e].threads == 512 for e in streaming)
+    """GEMV_ENTRIES is the launch shape each entry of gemv.cu declares (its template arguments and
+    launch bounds), and gemv.cu defines no other GEMV entry."""
+    text = (TOOLS / "kernels-src" / "gemv.cu").read_text()
+    assert source_table(text) == dict(gen.GEMV_ENTRIES)
+    assert set(re.findall(r"\b(kern_\w+)\(", text)) == set(gen.GEMV_ENTRIES)
+    assert gen.SILU_ENTRIES == ("kern_gemv_bf16_silu",) and dict(gen.GEMV_BAND) == {"kern_gemv_bf16_b4": 7}
 
 
+def test_product_gemv_modules_define_only_what_the_examples_launch() -> None:
+    """Every entry of gemv.cu and gemv_defer.cu runs in a shipped manifest (the other
+    configurations and layouts are the lab's, tools/lab/kernels-src)."""
+    root = TOOLS.parent
+    launched = {la["entry"] for p in (root / "examples").glob("*.json")
+                for op in json.loads(p.read_text())["ops"].values() for la in op["impl"]["launches"]}
+    defined = {e for e, m in gen.entry_modules(TOOLS / "kernels-src").items() if m in ("gemv", "gemv_defer")}
+    assert defined == set(gen.GEMV_ENTRIES) | set(gen.DEFER_ENTRIES.values())
+    assert defined <= launched, sorted(defined - launched)
 
 
 def test_the_product_sources_hold_only_modules_a_shipped_manifest_pins() -> None:

@@ -24,31 +24,13 @@ def test_band_gemv_launch_is_one_balanced_wave() -> None:
     assert gen.gemv_launch("kern_gemv_bf16_b4", 6144, 2560) == (878, 128, 0)
 
 
-def test_streaming_gemv_launch_is_sized_for_its_ring() -> None:
-    """A streaming GEMV runs min(n, GEMV_TMA_BLOCKS) blocks with the ring's shared memory; a row too
-    long for the ring is refused when the manifest is generated, not at run time."""
+def test_column_gemv_launch_is_one_block_per_columns_group() -> None:
     assert gen.gemv_launch("kern_gemv_bf16_s4", 6144, 2560) == (6144, 128, 0)
-    assert gen.gemv_launch("kern_gemv_bf16_tma", 6144, 2560) == (gen.GEMV_TMA_BLOCKS, 512, gen.GEMV_TMA_SMEM)
-    assert gen.gemv_launch("kern_gemv_bf16_tma", 37, 40) == (37, 512, gen.GEMV_TMA_SMEM)
-    assert gen.gemv_launch("kern_gemv_bf16_tma_silu", 9728, 2560)[2] == gen.GEMV_TMA_SMEM
-    # A one-row stage of depth k takes 2k bytes and k / 2 bytes of partials (2.5k); the SiLU form 5k.
-    longest = gen.GEMV_TMA_SMEM * 2 // 5 // 8 * 8
-    gen.gemv_launch("kern_gemv_bf16_tma", 10, longest)
-    gen.gemv_launch("kern_gemv_bf16_tma_silu", 10, longest // 2 // 8 * 8)
-    with pytest.raises(gen.GenError, match="exceed"):
-        gen.gemv_launch("kern_gemv_bf16_tma", 10, longest + 8)
-    with pytest.raises(gen.GenError, match="exceed"):
-        gen.gemv_launch("kern_gemv_bf16_tma_silu", 10, longest // 2 // 8 * 8 + 8)
-    m = manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS),
-                  gemv_pick={"qkv": "kern_gemv_bf16_tma", "gate_up": "kern_gemv_bf16_tma_silu"})
-    qkv = m["ops"]["gemv_tma_6144x2560"]["impl"]["launches"][0]
-    assert qkv["grid"] == [gen.GEMV_TMA_BLOCKS, 1, 1] and qkv["shared_mem"] == gen.GEMV_TMA_SMEM
-    decode = [c["op"] for c in m["programs"]["decode"]["calls"]]
-    assert "gemv_tma_silu_9728x2560" in decode and "silu_mul" not in decode
+    assert gen.gemv_launch("kern_gemv_bf16_silu", 9728, 2560) == (2432, 128, 0)
 
 
 def test_prefetched_gemv_launch_holds_its_columns_rows() -> None:
-    """A `_p4` launch gives each block max(1, min(n, GEMV_P4_SMEM // 2k)) columns (`_p4_silu`: // 4k) and their rows of
+    """A `_p4` launch gives each block max(1, min(n, GEMV_P4_SMEM // 2k)) columns and their rows of
     shared memory; o at the 4B shape is one resident wave; a row beyond a block's shared memory is
     refused when the manifest is generated."""
     assert gen.gemv_launch("kern_gemv_bf16_p4", 2560, 4096) == (640, 128, 32768)
@@ -59,11 +41,6 @@ def test_prefetched_gemv_launch_holds_its_columns_rows() -> None:
     gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 2)
     with pytest.raises(gen.GenError, match="exceed a block's shared memory"):
         gen.gemv_launch("kern_gemv_bf16_p4", 10, gen.GEMV_P4_MAX_ROW // 2 + 8)
-    # `_p4_silu`: a column is its gate and its up row.
-    assert gen.gemv_launch("kern_gemv_bf16_p4_silu", 9728, 2560) == (3243, 128, 3 * 2 * 5120)
-    gen.gemv_launch("kern_gemv_bf16_p4_silu", 10, gen.GEMV_P4_MAX_ROW // 4)
-    with pytest.raises(gen.GenError, match="exceed a block's shared memory"):
-        gen.gemv_launch("kern_gemv_bf16_p4_silu", 10, gen.GEMV_P4_MAX_ROW // 4 + 8)
     m = manifest(QWEN3_4B_CONFIG, feed="device", gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True,
                   gemv_pick={"o": "kern_gemv_bf16_p4"})
     verify_manifest(m)

@@ -244,15 +244,17 @@ def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
 
 def test_gemv_pick_overrides_the_table() -> None:
     every = list(gen.GEMV_GEMMS)
-    m = manifest(QWEN3_4B_CONFIG, feed="device", gemv=every, gemv_pick={"down": "kern_gemv_bf16_s8",
-                                                                         "gate_up": "kern_gemv_bf16"})
+    m = manifest(QWEN3_4B_CONFIG, feed="device", gemv=every, gemv_pick={"down": "kern_gemv_bf16_b4",
+                                                                         "gate_up": "kern_gemv_bf16_s4"})
     verify_manifest(m)
     decode = {c["label"]: c for c in m["programs"]["decode"]["calls"]}
-    assert decode["l0.down"]["op"] == "gemv_s8_2560x9728"
-    assert m["ops"]["gemv_s8_2560x9728"]["impl"]["launches"][0]["block"] == [256, 1, 1]
-    assert decode["l0.gate_up"]["op"] == "gemv_19456x2560" and "l0.silu_mul" in decode
+    assert decode["l0.down"]["op"] == "gemv_b4_2560x9728"
+    assert m["ops"]["gemv_b4_2560x9728"]["impl"]["launches"][0]["grid"] == [gen.gemv_launch(
+        "kern_gemv_bf16_b4", 2560, 9728)[0], 1, 1]
+    assert decode["l0.gate_up"]["op"] == "gemv_s4_19456x2560" and "l0.silu_mul" in decode
     assert decode["l0.o"]["op"] == f"gemv{gen.GEMV_PICK['o'].removeprefix('kern_gemv_bf16')}_2560x4096"
-    for bad in ({"attn": "kern_gemv_bf16"}, {"o": "kern_gemv_fast"}, {"o": "kern_gemv_bf16_silu"}):
+    for bad in ({"attn": "kern_gemv_bf16_s4"}, {"o": "kern_gemv_fast"}, {"o": "kern_gemv_bf16_silu"},
+                {"o": "kern_gemv_bf16_s8"}):
         with pytest.raises(gen.GenError, match="picks: "):
             manifest(QWEN3_4B_CONFIG, feed="device", gemv=every, gemv_pick=bad)
 

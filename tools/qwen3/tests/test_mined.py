@@ -158,7 +158,7 @@ class Donor:
                 w.launch("kern_attn_prefill", (math.ceil(t / BM), nq, 1), 128, B["qkv"], kv,
                          B["block_table"], B[io[3]], B["attn"], t, nq, nkv, d, P, self.page_stride, d**-0.5)
             if decode and b.gemv_decode:
-                w.launch("kern_gemv_bf16", (-(-s.hidden // 4), 1, 1), 128, B["attn"], self.o_w[i], B["y"], 1,
+                w.launch("kern_gemv_bf16_s4", (s.hidden, 1, 1), 128, B["attn"], self.o_w[i], B["y"], 1,
                          s.hidden, nq * d, s.hidden)
             else:
                 w.gemm()
@@ -166,7 +166,7 @@ class Donor:
             w.launch("kern_add_rmsnorm", (t, 1, 1), 256, res, B["y"], self.norms[f"l{i}.post_norm"], B["x"],
                      s.hidden, eps)
             if decode and b.gemv_decode:
-                w.launch("kern_gemv_bf16", (-(-2 * s.inter // 4), 1, 1), 128, B["x"], self.gu_w[i], B["gu"], 1,
+                w.launch("kern_gemv_bf16_s4", (2 * s.inter, 1, 1), 128, B["x"], self.gu_w[i], B["gu"], 1,
                          2 * s.inter, s.hidden, 2 * s.inter)
             else:
                 w.gemm()
@@ -341,12 +341,12 @@ def test_layout_that_disagrees_with_sources(tmp_path: Path) -> None:
 def test_gemv_sites_keep_their_own_shapes(tmp_path: Path) -> None:
     write_capture(tmp_path, Breaks(gemv_decode=True))
     facts = mined.mined_facts(tmp_path)
-    gemvs = facts.launches_of("kern_gemv_bf16")
+    gemvs = facts.launches_of("kern_gemv_bf16_s4")
     assert [next(q.literal for q in la.params if q.role == "gemv_n") for la in gemvs] == [
         SHAPE.hidden, 2 * SHAPE.inter] * SHAPE.layers
     assert "gemv_n" not in facts.scalars
     problems = mined.check_against(manifest(), facts)
-    assert any("kern_gemv_bf16 in the capture" in p for p in problems), problems
+    assert any("kern_gemv_bf16_s4 in the capture" in p for p in problems), problems
 
 
 def test_empty_capture_dir_is_a_dump_error(tmp_path: Path) -> None:

@@ -87,9 +87,10 @@ def on_cluster_path(seq_len: int, group: int, d: int) -> bool:
 
 
 def norm_gemv_case(k: object, gen: torch.Generator, band: str, rows: int, n: int,
-                    kk: int) -> tuple[torch.Tensor, ...]:
+                    kk: int, grid: int | None = None) -> tuple[torch.Tensor, ...]:
     """res, y_add, w_norm, W ([2n, kk] for a SiLU band) and what kern_add_rmsnorm then `band` give:
-    the new residual and the GEMV's output, the bits every folded-norm GEMV must give."""
+    the new residual and the GEMV's output, the bits every folded-norm GEMV must give (`grid`: the
+    GEMV's blocks, min(n, 792) by default, which any band entry takes)."""
     res = randn(rows, kk, gen=gen, scale=2.0)
     y_add = randn(rows, kk, gen=gen)
     w_norm = randn(kk, gen=gen)
@@ -98,7 +99,7 @@ def norm_gemv_case(k: object, gen: torch.Generator, band: str, rows: int, n: int
     k.launch("kern_add_rmsnorm", (rows,), (256,), h.ptr(res_a), h.ptr(y_add), h.ptr(w_norm), h.ptr(x), h.i32(kk),
              h.f32(EPS))
     want = torch.full((rows, n), float("nan"), dtype=BF16, device=DEV)
-    k.launch(band, (min(n, 792),), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
+    k.launch(band, (min(n, 792) if grid is None else grid,), (128,), h.ptr(x), h.ptr(w), h.ptr(want), h.i32(rows), h.i32(n), h.i32(kk),
              h.i32(n))
     torch.cuda.synchronize()
     return res, y_add, w_norm, w, res_a, want

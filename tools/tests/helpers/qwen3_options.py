@@ -29,7 +29,7 @@ def generate(shape: gen.Qwen3Shape, modules: Mapping[str, str], entries: Mapping
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.DEFER_ENTRIES.values(), *gen.DEFER_P4.values(),
+                          *gen.DEFER_ENTRIES.values(),
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 

@@ -2,7 +2,9 @@
 variants that combine them (see tools/lab/README.md)."""
 
 from kern_lab.entries import (
+    ALT_ENTRIES,
     DECODE_SPLITS_WIDE,
+    DEFER_P4,
     FOLD_ENTRIES,
     FOLDED,
     LAB_GEMV_ENTRIES,
@@ -29,7 +31,9 @@ from kern_lab.passes import (
 )
 
 __all__ = [
+    "ALT_ENTRIES",
     "DECODE_SPLITS_WIDE",
+    "DEFER_P4",
     "FOLDED",
     "FOLD_ENTRIES",
     "LAB_GEMV_ENTRIES",

@@ -9,7 +9,9 @@ from types import MappingProxyType
 from kern_qwen3 import GEMV_ENTRIES, GemvEntry, Layout
 
 __all__ = [
+    "ALT_ENTRIES",
     "DECODE_SPLITS_WIDE",
+    "DEFER_P4",
     "FOLDED",
     "FOLD_ENTRIES",
     "LAB_GEMV_ENTRIES",
@@ -23,14 +25,48 @@ __all__ = [
     "ring_table",
 ]
 
+def _columns(columns: int, threads: int = 128, *, silu: bool = False) -> GemvEntry:
+    return GemvEntry(Layout.COLUMNS, threads, columns=columns, silu=silu)
+
+
+def _band(per_sm: int, *, silu: bool = False) -> GemvEntry:
+    return GemvEntry(Layout.BAND, 128, per_sm=per_sm, silu=silu)
+
+
+ALT_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({
+    "kern_gemv_bf16": _columns(4),
+    "kern_gemv_bf16_s2": _columns(2),
+    "kern_gemv_bf16_s8": _columns(1, 256),
+    "kern_gemv_bf16_c2": _columns(8),
+    "kern_gemv_bf16_q4": _columns(16),
+    "kern_gemv_bf16_s2q4": _columns(8),
+    "kern_gemv_bf16_s4q4": _columns(4),
+    "kern_gemv_bf16_tma": GemvEntry(Layout.STREAM, 512),
+    "kern_gemv_bf16_tma_silu": GemvEntry(Layout.STREAM, 512, silu=True),
+    "kern_gemv_bf16_b4_silu": _band(6, silu=True),
+    "kern_gemv_bf16_d4": _band(4),
+    "kern_gemv_bf16_d8": _band(4),
+    "kern_gemv_bf16_d4_silu": _band(4, silu=True),
+    "kern_gemv_bf16_p4_silu": GemvEntry(Layout.PREFETCH, 128, silu=True),
+})
+"""gemv_alt.cu's entries (the GEMV configurations and layouts the decode step does not launch) ->
+their launch shape. Band blocks per SM: 80 registers of 64K per SM at 128 threads for `_b4_silu`,
+at most 128 for the deep bands. (kern_gemv_bf16_acc, a fused residual add, is no decode GEMM.)"""
+DEFER_P4: Mapping[str, str] = MappingProxyType({
+    "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_d", "kern_gemv_bf16_p4_silu": "kern_gemv_bf16_p4_silu_d"})
+"""gemv_defer_p4.cu: with `defer_norm`, a qkv / gate_up pick on a prefetched entry folds into its
+deferred form, on that entry's launch (its rows' shared memory only): `kern_qwen3.DeferNorms`'
+`prefetched`."""
+
 RING_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({
     "kern_gemv_bf16_r4": GemvEntry(Layout.RING, 128),
     "kern_gemv_bf16_r4_silu": GemvEntry(Layout.RING, 128, silu=True),
 })
 """gemv_ring.cu's entries: one resident wave of GEMV_RING_BLOCKS blocks per SM whose bands stream
 through a ring of shared-memory stages."""
-LAB_GEMV_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({**GEMV_ENTRIES, **RING_ENTRIES})
-"""The product's GEMV entries and the ring entries: the table a lab plan's picks may name."""
+LAB_GEMV_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({**GEMV_ENTRIES, **ALT_ENTRIES, **RING_ENTRIES})
+"""The product's GEMV entries, gemv_alt.cu's and the ring entries: the table a lab plan's picks may
+name."""
 
 
 def ring_table(blocks_per_sm: int, stage_bytes: int) -> dict[str, GemvEntry]:

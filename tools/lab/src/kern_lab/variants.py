@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kern_lab.entries import LAB_GEMV_ENTRIES, ring_table
+from kern_lab.entries import DEFER_P4, LAB_GEMV_ENTRIES, ring_table
 from kern_lab.passes import Carveout, FoldNorms, LateTrigger, NormTail, PdlOff, Qkn, Splits
 from kern_qwen3 import (
-    DEFER_NORMS,
     GEMV_DEFAULT,
     GEMV_GEMMS,
     GEMV_PICK,
@@ -22,7 +21,7 @@ from kern_qwen3 import (
     Plan,
 )
 
-__all__ = ["BAND_PICK", "RING_PICK", "STREAM_PICK", "Variant", "lab_variants"]
+__all__ = ["BAND_PICK", "DEFER", "RING_PICK", "STREAM_PICK", "Variant", "lab_variants"]
 
 Variant = Callable[[Feed], Plan]
 """A variant: the feed the kernel sources allow -> its plan."""
@@ -34,6 +33,8 @@ STREAM_PICK = {"qkv": "kern_gemv_bf16_tma", "o": "kern_gemv_bf16_tma", "gate_up"
 BAND_PICK = {"qkv": "kern_gemv_bf16_b4", "o": "kern_gemv_bf16_b4", "gate_up": "kern_gemv_bf16_b4_silu",
              "down": "kern_gemv_bf16_b4", "lm_head": "kern_gemv_bf16_c2"}
 """`band`: the per-layer GEMMs on the balanced-band GEMVs (one resident wave)."""
+DEFER = DeferNorms(prefetched=DEFER_P4)
+"""The product's deferred fold, a `_p4` pick folding into its deferred form (gemv_defer_p4.cu)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class _Spec:
     picks: Mapping[str, str] = field(default_factory=lambda: {})
     fold: str = ""
     pdl: bool = True
-    defer: Pass = DEFER_NORMS
+    defer: Pass = DEFER
     pre: tuple[Pass, ...] = ()
     mid: tuple[Pass, ...] = ()
     post: tuple[Pass, ...] = ()
@@ -119,7 +120,7 @@ def _specs(pick: Mapping[str, str] | None) -> dict[str, _Spec]:
         "gu_nopdl": _Spec(post=(PdlOff(("gate_up",)),)), "qkv_nopdl": _Spec(post=(PdlOff(("qkv",)),)),
         **_FOLD_TRIALS,
         **{n: _Spec(fold="defer", mid=p) for n, p in _SPLITS.items()},
-        **{f"defer{b}": _Spec(fold="defer", defer=DeferNorms(blocks_per_sm=b)) for b in (1, 2, 3)},
+        **{f"defer{b}": _Spec(fold="defer", defer=DeferNorms(blocks_per_sm=b, prefetched=DEFER_P4)) for b in (1, 2, 3)},
         **{n: _Spec(picks=p, mid=(NormTail(),)) for n, p in _TAILS.items()},
         **{n: _Spec(picks=p, post=(Carveout(c),) if c >= 0 else ()) for n, (c, p) in _TRIALS.items()},
     }

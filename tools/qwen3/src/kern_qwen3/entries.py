@@ -17,7 +17,6 @@ __all__ = [
     "DECODE_SPLITS",
     "DEFER_ENTRIES",
     "DEFER_MAX_K",
-    "DEFER_P4",
     "DEVICE_FEED_ENTRIES",
     "ENTRIES",
     "FUSED_ENTRIES",
@@ -79,7 +78,9 @@ every decode GEMM, so the decode chain holds no cuBLAS launch and can run with `
 
 
 class Layout(Enum):
-    """How a GEMV entry spreads the output columns over its grid (`gemv.gemv_launch` sizes it)."""
+    """How a GEMV entry spreads the output columns over its grid (`gemv.gemv_launch` sizes it).
+    STREAM and RING are the lab's layouts (tools/lab/kernels-src): no product entry has them, but a
+    lab plan's table names them and the generator sizes its launches."""
 
     COLUMNS = "columns"
     """A fixed number of output columns per block: grid x = ceil_div(n, columns)."""
@@ -111,37 +112,23 @@ class GemvEntry:
     silu: bool = False
 
 
-def _columns(columns: int, threads: int = 128, *, silu: bool = False) -> GemvEntry:
-    return GemvEntry(Layout.COLUMNS, threads, columns=columns, silu=silu)
+def _columns(columns: int, *, silu: bool = False) -> GemvEntry:
+    return GemvEntry(Layout.COLUMNS, 128, columns=columns, silu=silu)
 
 
-def _band(per_sm: int, *, silu: bool = False) -> GemvEntry:
-    return GemvEntry(Layout.BAND, 128, per_sm=per_sm, silu=silu)
+def _band(per_sm: int) -> GemvEntry:
+    return GemvEntry(Layout.BAND, 128, per_sm=per_sm)
 
 
 GEMV_ENTRIES: Mapping[str, GemvEntry] = MappingProxyType({
-    "kern_gemv_bf16": _columns(4),
-    "kern_gemv_bf16_s2": _columns(2),
     "kern_gemv_bf16_s4": _columns(1),
-    "kern_gemv_bf16_s8": _columns(1, 256),
-    "kern_gemv_bf16_c2": _columns(8),
-    "kern_gemv_bf16_q4": _columns(16),
-    "kern_gemv_bf16_s2q4": _columns(8),
-    "kern_gemv_bf16_s4q4": _columns(4),
     "kern_gemv_bf16_silu": _columns(4, silu=True),
-    "kern_gemv_bf16_tma": GemvEntry(Layout.STREAM, 512),
-    "kern_gemv_bf16_tma_silu": GemvEntry(Layout.STREAM, 512, silu=True),
     "kern_gemv_bf16_b4": _band(7),
-    "kern_gemv_bf16_b4_silu": _band(6, silu=True),
-    "kern_gemv_bf16_d4": _band(4),
-    "kern_gemv_bf16_d8": _band(4),
-    "kern_gemv_bf16_d4_silu": _band(4, silu=True),
     "kern_gemv_bf16_p4": GemvEntry(Layout.PREFETCH, 128),
-    "kern_gemv_bf16_p4_silu": GemvEntry(Layout.PREFETCH, 128, silu=True),
 })
 """The GEMV entries of gemv.cu -> their launch shape (`gemv.gemv_launch` turns an entry and a
-GEMM's n, k into the launch). Band blocks per SM: registers 72 and 80 of 64K per SM at 128 threads
-for `_b4` / `_b4_silu`, at most 128 for the deep bands."""
+GEMM's n, k into the launch). `_b4`'s 7 blocks per SM: 72 registers of 64K per SM at 128 threads.
+The lab's tables (kern_lab) add the other configurations and layouts of tools/lab/kernels-src."""
 
 GEMV_PICK: Mapping[str, str] = MappingProxyType({
     "qkv": "kern_gemv_bf16_b4",
@@ -161,12 +148,8 @@ DEFER_ENTRIES: Mapping[str, str] = MappingProxyType({
 """`fold_norm` + `defer_norm` (gemv_defer.cu): decode GEMM -> the band GEMV that applies the add +
 RMSNorm before it as r * (W (h * w_norm)), r in its epilogue, so nothing stands between its PDL
 wait and its first FMA but one load of h; one wave of GEMV_DEFER_BLOCKS blocks per SM."""
-DEFER_P4: Mapping[str, str] = MappingProxyType({
-    "kern_gemv_bf16_p4": "kern_gemv_bf16_p4_d", "kern_gemv_bf16_p4_silu": "kern_gemv_bf16_p4_silu_d"})
-"""With `defer_norm`, a qkv / gate_up pick on a prefetched entry folds into its deferred form
-(gemv_defer.cu), on that entry's launch (its rows' shared memory only)."""
 DEFER_MAX_K = 4096
-"""gemv_defer.cu's k limit (DEFER_MAXP 16-byte pieces per thread of 128)."""
+"""gemv_defer.cuh's k limit (DEFER_MAXP 16-byte pieces per thread of 128)."""
 
 
 def silu_entries(table: Mapping[str, GemvEntry]) -> tuple[str, ...]:

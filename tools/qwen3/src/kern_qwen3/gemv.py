@@ -36,7 +36,7 @@ GEMV_TMA_SMEM = 196608
 """Dynamic shared memory of a streaming GEMV block (its ring of W stages): 192 KiB of the SM's
 227 KiB, leaving room for the small kernels that run beside it under PDL."""
 GEMV_TMA_STAGE_CAP = 32768
-"""gemv.cuh's TMA_STAGE_CAP: a stage holds max(1, cap // (rows * 2k)) columns."""
+"""The lab's gemv_alt.cu TMA_STAGE_CAP: a stage holds max(1, cap // (rows * 2k)) columns."""
 GEMV_P4_SMEM = 32768
 """Shared-memory budget of a prefetched GEMV block (`_p4`, `_p4_silu`): it owns max(1, min(n, budget //
 (rows * 2k))) columns (rows: 2 for `_p4_silu`'s gate and up), so lm_head (k 2560) runs 25323 blocks of 6

@@ -80,8 +80,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "kern_copy_i64": ("src", "dst", "copy_rows"),
     "kern_copy_i32": ("src", "dst", "copy_rows"),
     "kern_rope_table": ("cos", "sin", "max_pos", "half_dim", "theta"),
-    "kern_gemv_bf16": ("x", "w", "y", "gemv_rows", "gemv_n", "gemv_k", "gemv_y_stride"),
-    "kern_gemv_bf16_acc": ("x", "w", "y", "gemv_rows", "gemv_n", "gemv_k", "gemv_y_stride"),
+    "kern_gemv_bf16_s4": ("x", "w", "y", "gemv_rows", "gemv_n", "gemv_k", "gemv_y_stride"),
 }
 """Parameter roles of each entry, in ABI order; a scalar role names the model number it carries."""
 

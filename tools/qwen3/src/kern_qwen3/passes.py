@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from kern_qwen3._json import BF16_IN, BF16_OUT, Json, buf, call, f32, i32, kernel
-from kern_qwen3.entries import DEFER_ENTRIES, DEFER_MAX_K, DEFER_P4, GEMV_GEMMS, silu_entries
+from kern_qwen3.entries import DEFER_ENTRIES, DEFER_MAX_K, GEMV_GEMMS, silu_entries
 from kern_qwen3.errors import GenError
 from kern_qwen3.gemv import Launch, defer_launch, gemv_launch
 from kern_qwen3.plan import Context, Pass, Plan
@@ -78,15 +79,23 @@ def fold_norms(manifest: Json, ctx: Context, fold_of: FoldOf) -> None:
 @dataclass(frozen=True, slots=True)
 class DeferNorms:
     """qkv and gate_up fold the add + RMSNorm before them as r * (W (h * w_norm)), the scale r in
-    their epilogue (DEFER_ENTRIES, or DEFER_P4 for a `_p4` pick; gemv_defer.cu): not the bits of the
-    norm launch + GEMV (one bf16 rounding of x fewer); two launches fewer per layer."""
+    their epilogue (DEFER_ENTRIES' bands, gemv_defer.cu; or a pick's own deferred form, `prefetched`):
+    not the bits of the norm launch + GEMV (one bf16 rounding of x fewer); two launches fewer per
+    layer.
+
+    Attributes:
+        blocks_per_sm: the bands' wave (`defer_launch`).
+        prefetched: GEMV entry -> its deferred form on that entry's launch (the lab's prefetched
+            forms); a qkv / gate_up pick listed here folds into it instead of DEFER_ENTRIES' band.
+    """
 
     blocks_per_sm: int = 4
+    prefetched: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     name: str = "defer_norm"
 
     def _entry(self, gemm: str, picks: Mapping[str, str]) -> str:
         pick = picks[gemm]
-        return DEFER_P4[pick] if pick in DEFER_P4 else DEFER_ENTRIES[gemm]
+        return self.prefetched.get(pick, DEFER_ENTRIES[gemm])
 
     def needs(self, plan: Plan, shape: Qwen3Shape) -> tuple[str, ...]:
         """The deferred forms of the qkv and gate_up picks.
@@ -110,8 +119,8 @@ class DeferNorms:
         def fold_of(gemm: str, picks: Mapping[str, str]) -> tuple[str, Launch]:
             n, k = _fold_shape(ctx.shape, gemm)
             pick = picks[gemm]
-            if pick in DEFER_P4:
-                return DEFER_P4[pick], gemv_launch(pick, n, k, table=ctx.plan.table)
+            if pick in self.prefetched:
+                return self.prefetched[pick], gemv_launch(pick, n, k, table=ctx.plan.table)
             return DEFER_ENTRIES[gemm], defer_launch(n, self.blocks_per_sm)
         return fold_of
 
