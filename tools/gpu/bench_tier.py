@@ -41,7 +41,10 @@ STEPS = 40
 
 
 def _manifest(sha: str) -> dict[str, Any]:
-    mix = {"op": "mix", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 0.5}, {"f32": 0.25}, {"i32": SPIN_N}]}
+    there = {"op": "mix", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 0.5}, {"f32": 0.25}, {"i32": SPIN_N}]}
+    back = {"op": "mix", "args": [{"buf": "y"}, {"buf": "x"}, {"f32": 0.5}, {"f32": 0.25}, {"i32": SPIN_N}]}
+    # NOTE: `stamp` is never run; it references the KV state and its block table, as a manifest must.
+    stamp = {"op": "stamp", "args": [{"state": "kv", "offset": 0}, {"buf": "bt"}, {"i64": 1}, {"u8": 1}, {"i32": 128}]}
     return {
         "schema_version": 5, "model": "bench-tier",
         "states": {"kv": {"bytes_per_token": TOKEN}},
@@ -51,9 +54,14 @@ def _manifest(sha: str) -> dict[str, Any]:
             "y": {"dtype": "f32", "shape": [SPIN_N], "kind": "carry"},
         },
         "modules": {"t": {"source": "rt_test.cubin", "sha256": sha}},
-        "ops": {"mix": {"params": ["in buffer<f32>", "out buffer<f32>", "f32", "f32", "i32"], "impl": {"launches": [
+        "ops": {"stamp": {"params": ["inout state", "in buffer<i32>", "i64", "u8", "i32"], "impl": {"launches": [
+                    {"module": "t", "entry": "rt_fill_i64", "block": [128, 1, 1], "grid": [1, 1, 1],
+                     "params": ["inout state", "i64", "u8", "i32"],
+                     "args": [{"param": 0}, {"param": 2}, {"param": 3}, {"param": 4}]}]}},
+                "mix": {"params": ["in buffer<f32>", "out buffer<f32>", "f32", "f32", "i32"], "impl": {"launches": [
             {"module": "t", "entry": "rt_mix", "block": [128, 1, 1], "grid": [SPIN_N // 128, 1, 1]}]}}},
-        "programs": {"spin": {"graph": True, "calls": [mix] * SPIN_CALLS}},
+        "programs": {"spin": {"graph": True, "calls": [there, back] * (SPIN_CALLS // 2)},
+                     "stamp": {"calls": [stamp]}},
     }  # fmt: skip
 
 

@@ -7,12 +7,13 @@ import json
 import bench_tier
 
 import kern_pool
-from kern_manifest import parse_manifest
+from kern_manifest import parse_manifest, verify
 from kern_runtime.sequences import pool_config_for
 
 
 def test_the_bench_manifest_holds_a_6_gib_checkpoint_and_its_wake() -> None:
     m = parse_manifest(json.dumps(bench_tier._manifest("ab" * 32)))  # pyright: ignore[reportPrivateUsage]
+    verify(m)  # Runtime.load verifies too: a rejected manifest would fail only on the GPU host
     tokens = bench_tier.PAGES * bench_tier.UNIT
     config = pool_config_for(m, kern_pool.Capacity(tokens=2 * tokens + 64 * bench_tier.UNIT, seqs=1))
     assert config is not None and config.unit == 16 and config.row_pages >= bench_tier.PAGES

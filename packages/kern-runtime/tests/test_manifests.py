@@ -24,8 +24,11 @@ SHA = "ab" * 32
         manifests.gemm({"id": 999999}),
         manifests.same_name(SHA, 2),
         manifests.pooled(SHA),
+        manifests.remapping(SHA),
+        manifests.two_paged(SHA),
     ],
-    ids=["basic", "basic-i64", "features", "chain", "gemm", "gemm-algo", "same-name", "pooled"],
+    ids=["basic", "basic-i64", "features", "chain", "gemm", "gemm-algo", "same-name", "pooled", "remapping",
+         "two-paged"],
 )
 def test_test_manifests_verify(doc: dict[str, object]) -> None:
     problems = check(parse_manifest(json.dumps(doc)))

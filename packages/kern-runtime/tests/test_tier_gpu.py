@@ -7,7 +7,6 @@ import copy
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -142,22 +141,8 @@ def test_a_waking_dropped_early_and_a_longer_park_of_the_same_sequence(rt: kr.Ru
         h.release()
 
 
-def _remap_manifest(sha: str) -> dict[str, Any]:
-    """manifests.pooled with 32 MiB slots (two a chunk) and a graph program that keeps the GPU busy."""
-    doc = copy.deepcopy(manifests.pooled(sha))
-    doc["states"]["ssm"]["bytes_per_seq"] = 32 << 20
-    n = 1 << 20
-    doc["buffers"]["x"] = {"dtype": "f32", "shape": [n], "kind": "carry"}
-    doc["buffers"]["y"] = {"dtype": "f32", "shape": [n], "kind": "carry"}
-    doc["ops"]["mix"] = {"params": manifests.F32_OP, "impl": {"launches": [
-        {"module": "t", "entry": "rt_mix", "block": [128, 1, 1], "grid": [n // 128, 1, 1]}]}}
-    mix = {"op": "mix", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 0.5}, {"f32": 0.25}, {"i32": n}]}
-    doc["programs"]["spin"] = {"graph": True, "calls": [mix] * 200}
-    return doc
-
-
 def test_remaps_while_graphs_replay_never_touch_a_live_sequence(kdir: Path, sha: str, tmp_path: Path) -> None:
-    m = build.write_manifest(tmp_path / "r.json", _remap_manifest(sha))
+    m = build.write_manifest(tmp_path / "r.json", manifests.remapping(sha))
     slot_bytes = 32 << 20
     with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=32768, seqs=1)) as rt:
         rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
@@ -203,9 +188,7 @@ def test_capacity_of_all_free_memory_leaves_the_headroom(kdir: Path, sha: str, t
 
 def test_two_paged_states_park_and_wake_through_2d_copies(kdir: Path, sha: str, tmp_path: Path) -> None:
     """A second paged state makes a host page two states side by side: runs move as 2-D copies."""
-    doc = copy.deepcopy(manifests.pooled(sha))
-    doc["states"]["kv2"] = {"bytes_per_token": 8192}
-    m = build.write_manifest(tmp_path / "two.json", doc)
+    m = build.write_manifest(tmp_path / "two.json", manifests.two_paged(sha))
     sizes = {"kv": UNIT * TOKEN, "kv2": UNIT * 8192}
     with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=512, seqs=1)) as rt:
         rt.load_weights(kr.Safetensors.parse(_st_bytes({})))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 Json = dict[str, Any]
@@ -239,3 +240,28 @@ def serving(sha: str = "ab" * 32) -> Json:
             "step": {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": []},
         },
     }
+
+
+def remapping(sha: str) -> Json:
+    """`pooled` with 32 MiB slots (two a chunk) and a graph program that keeps the GPU busy."""
+    doc = copy.deepcopy(pooled(sha))
+    doc["states"]["ssm"]["bytes_per_seq"] = 32 << 20
+    n = 1 << 20
+    doc["buffers"]["x"] = {"dtype": "f32", "shape": [n], "kind": "carry"}
+    doc["buffers"]["y"] = {"dtype": "f32", "shape": [n], "kind": "carry"}
+    doc["ops"]["mix"] = {"params": F32_OP, "impl": {"launches": [
+        {"module": "t", "entry": "rt_mix", "block": [128, 1, 1], "grid": [n // 128, 1, 1]}]}}
+    there = {"op": "mix", "args": [{"buf": "x"}, {"buf": "y"}, {"f32": 0.5}, {"f32": 0.25}, {"i32": n}]}
+    back = {"op": "mix", "args": [{"buf": "y"}, {"buf": "x"}, {"f32": 0.5}, {"f32": 0.25}, {"i32": n}]}
+    doc["programs"]["spin"] = {"graph": True, "calls": [there, back] * 100}
+    return doc
+
+
+def two_paged(sha: str) -> Json:
+    """`pooled` with a second paged state (8 KiB a token), stamped through the same block table."""
+    doc = copy.deepcopy(pooled(sha))
+    doc["states"]["kv2"] = {"bytes_per_token": 8192}
+    stamp_kv2 = copy.deepcopy(doc["programs"]["stamp"]["calls"][0])
+    stamp_kv2["args"][0] = {"state": "kv2", "offset": 0}
+    doc["programs"]["stamp"]["calls"].append(stamp_kv2)
+    return doc
