@@ -31,6 +31,7 @@ class FakeDriver:
         self.gate.set()
         self.landed = True  # NOTE: what event_query answers
         self.events = 0
+        self.destroyed: set[object] = set()
 
     def vmm_granularity(self, dev: object) -> int:
         return 2 * MIB
@@ -65,8 +66,14 @@ class FakeDriver:
         self.calls.append(("event_synchronize", event))
 
     def event_query(self, event: object) -> bool:
+        assert event not in self.destroyed, f"{event} queried after cuEventDestroy (the driver fails)"
         self.calls.append(("event_query", event))
         return self.landed
+
+    def event_destroy(self, event: object) -> None:
+        assert event not in self.destroyed, f"{event} destroyed twice"
+        self.destroyed.add(event)
+        self.calls.append(("event_destroy", event))
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args: self.calls.append((name, *args))
@@ -395,6 +402,36 @@ def test_wake_with_tokens_is_a_waking_that_awakes_once_landed(seqs: tuple[Sequen
     with pytest.raises(ApiError, match="awake or released"):
         s.awake(waking)
     got.release()
+    parked.release()
+    assert (s.pool.pages_used, s.host.used) == (0, 0)
+
+
+def test_a_waking_landed_by_a_synchronize_still_awakes(seqs: tuple[Sequences, FakeDriver]) -> None:
+    """Runtime.synchronize reaps every landed transfer (its event destroyed); awake must not query it."""
+    s, _ = seqs
+    s.reserve_host(8, 2)
+    lease = s.lease(32)
+    parked = s.park_now(s.checkpoint(lease, 32))
+    lease.release()
+    waking = s.wake_async(parked, 32, 32)
+    s.synchronize_transfers()
+    assert s.landed(waking)
+    got = s.awake(waking)
+    assert isinstance(got, kern_pool.Lease) and got.prefix == 32
+    got.release()
+    parked.release()
+    assert (s.pool.pages_used, s.host.used) == (0, 0)
+
+
+def test_a_waking_released_after_a_synchronize_gives_its_pages_back(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, _ = seqs
+    s.reserve_host(8, 2)
+    lease = s.lease(32)
+    parked = s.park_now(s.checkpoint(lease, 32))
+    lease.release()
+    waking = s.wake_async(parked, 32, 32)
+    s.synchronize_transfers()
+    waking.release()
     parked.release()
     assert (s.pool.pages_used, s.host.used) == (0, 0)
 

@@ -137,6 +137,7 @@ class _Transfer:
     """Copies queued on the transfer stream and the handles they read and write until they land."""
 
     event: Any
+    """The transfer stream's event after the copies; None once they landed and it was destroyed."""
     holds: list[Checkpoint | Parked | Lease]
 
 
@@ -171,7 +172,8 @@ class Waking:
         """
         self._seqs.mine_waking(self)
         self._live = False
-        drv.event_synchronize(self._transfer.event)
+        if self._transfer.event is not None:
+            drv.event_synchronize(self._transfer.event)
         self._seqs.land(self._transfer)
         self._lease.release()
 
@@ -507,9 +509,13 @@ class Sequences:
 
     def land(self, transfer: _Transfer) -> None:
         """Lets the handles of landed copies go."""
+        # NOTE: a Waking's transfer may be landed by a reap (synchronize) before its awake: the
+        # event is destroyed once, and `landed` answers from the None left behind.
         if transfer in self._flying:
             self._flying.remove(transfer)
+        if transfer.event is not None:
             drv.event_destroy(transfer.event)
+            transfer.event = None
         for h in transfer.holds:
             if h.live:
                 h.release()
@@ -640,7 +646,8 @@ class Sequences:
     def landed(self, waking: Waking) -> bool:
         """True once the Waking's copies have landed (never blocks)."""
         self.mine_waking(waking)
-        return drv.event_query(waking._transfer.event)  # pyright: ignore[reportPrivateUsage]
+        event = waking._transfer.event  # pyright: ignore[reportPrivateUsage]
+        return event is None or drv.event_query(event)
 
     def awake(self, waking: Waking) -> Lease | Waking:
         """The woken lease once its copies landed, else `waking` itself (never blocks)."""
