@@ -139,7 +139,8 @@ def bench(work: Path) -> list[dict[str, Any]]:
         lease = rt.lease(tokens)
         marks = _stamp_ends(rt, lease)
         cp = rt.retire(lease, tokens)
-        nbytes = len(cp.pages) * UNIT * TOKEN
+        n_pages = len(cp.pages)
+        nbytes = n_pages * UNIT * TOKEN
         seqs = rt._pool()  # pyright: ignore[reportPrivateUsage]
         stream = rt._stream  # pyright: ignore[reportPrivateUsage]
         kv = seqs.arenas["kv"]
@@ -179,7 +180,7 @@ def bench(work: Path) -> list[dict[str, Any]]:
     during = min((b for b in busy if b == b), default=float("nan"))
     return [
         {"name": f"reserve_host {units} units ({gib:.2f} GiB pinned)", "value": round(reserve_s * 1e3, 1), "unit": "ms", "target": "", "peer": ""},
-        {"name": f"checkpoint of {len(cp.pages)} pages ({gib:.2f} GiB) in runs", "value": len(runs), "unit": "runs", "target": "", "peer": ""},
+        {"name": f"checkpoint of {n_pages} pages ({gib:.2f} GiB) in runs", "value": len(runs), "unit": "runs", "target": "", "peer": ""},
         {"name": "park (transfer stream), GB/s", "value": round(nbytes / p_wall / 1e9, 2), "unit": "GB/s", "target": ">= 0.9x peer", "peer": f"pinned cuMemcpyDtoH {nbytes / peer_out / 1e9:.2f} GB/s"},
         {"name": "  park vs memcpy", "value": round(peer_out / p_wall * 100, 1), "unit": "%", "target": ">= 90", "peer": "100"},
         {"name": "  park host issue time", "value": round(p_issue * 1e3, 3), "unit": "ms", "target": "<= 2", "peer": ""},
