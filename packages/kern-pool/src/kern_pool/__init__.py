@@ -39,7 +39,7 @@ from kern_pool.errors import (
 )
 from kern_pool.host import Host, HostUnit, ParkCopies, Parked, Room, Run, WakeCopies, fold
 from kern_pool.pages import Checkpoint, Copies, DeviceCopies, Lease, Pool, PoolSnapshot
-from kern_pool.prefix import Evicted, Hit, Kept, Prefix, Tier
+from kern_pool.prefix import Evicted, Hit, Kept, Prefix, Tier, common_prefix
 
 __all__ = [
     "CHUNK_CAP",
@@ -87,6 +87,7 @@ __all__ = [
     "Unmap",
     "WakeCopies",
     "chunk_bytes",
+    "common_prefix",
     "fold",
     "pool_config",
 ]

@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 
 from kern_pool.errors import ApiError
 
-__all__ = ["Evicted", "Hit", "Kept", "Prefix", "Tier"]
+__all__ = ["Evicted", "Hit", "Kept", "Prefix", "Tier", "common_prefix"]
 
 
 class Kept(Protocol):
@@ -180,8 +180,16 @@ def _check_kept(arg: str, value: object) -> None:
         raise ApiError(f"{arg} was released; it names nothing")
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    """Common prefix length of two sequences, by binary search over slice equality."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token sequences, by binary search over slice equality.
+
+    Args:
+        a: one sequence.
+        b: the other.
+
+    Returns:
+        The number of leading positions where `a` and `b` agree.
+    """
     lo, hi = 0, min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
@@ -268,7 +276,7 @@ class Prefix(Generic[R, P]):
                 leaf: _Node[R, P] = _Node(key[d:], node, len(key))
                 node.children[key[d]] = leaf
                 return leaf
-            m = _lcp(child.edge, key[d : d + len(child.edge)])
+            m = common_prefix(child.edge, key[d : d + len(child.edge)])
             if m < len(child.edge):
                 mid: _Node[R, P] = _Node(child.edge[:m], node, d + m)
                 mid.copy_counts(child)
@@ -411,7 +419,7 @@ class Prefix(Generic[R, P]):
             if child is None:
                 regions.append((d, (node, None, None)))
                 break
-            m = _lcp(child.edge, q[d : d + len(child.edge)])
+            m = common_prefix(child.edge, q[d : d + len(child.edge)])
             regions.append((d, (node, child, None)))
             if m < len(child.edge):
                 regions.append((d + m, (node, None, child)))

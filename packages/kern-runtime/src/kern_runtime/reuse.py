@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from kern_pool import Tier
+from kern_pool import Tier, common_prefix
 
 __all__ = ["Reuse", "Source", "lease_tokens", "pick_reuse", "shared_prefix"]
 
@@ -47,20 +47,10 @@ def shared_prefix(kept: Sequence[int], prompt: Sequence[int], stateful: bool) ->
     """Tokens of `kept` (a live sequence's tokens with KV) that `prompt` can reuse: the common
     prefix with every prompt token but the last; a stateful sequence only as a whole (its state is
     the state at its end)."""
-    q = prompt[:-1]
-    n = min(len(kept), len(q))
-    lo, hi = 0, n
-    if kept[:n] == q[:n]:
-        lo = n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if kept[lo:mid] == q[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    if stateful and lo != len(kept):
+    n = common_prefix(kept, prompt[:-1])
+    if stateful and n != len(kept):
         return 0
-    return lo
+    return n
 
 
 def pick_reuse(hit: tuple[int, Tier] | None, live: Sequence[tuple[int, int]],
