@@ -141,6 +141,12 @@ class _Transfer:
     holds: list[Checkpoint | Parked | Lease]
 
 
+def _device_first(copies: kern_pool.WakeCopies) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+    """A wake's (host unit, device object) pairs turned to (device object, host unit)."""
+    slot = (copies.slot[1], copies.slot[0]) if copies.slot is not None else None
+    return [(p, u) for u, p in copies.pages], slot
+
+
 class Waking:
     """A lease being filled from the host tier on the transfer stream (`Runtime.wake` with
     tokens). `Runtime.awake` hands the lease over once the copies landed; `release()` before
@@ -477,16 +483,17 @@ class Sequences:
                     self._rows(dev, a.object_bytes, False, at, host_pitch, a.object_bytes, run.count, stream)
                 at += a.object_bytes
 
-    def _out(self, copies: kern_pool.ParkCopies, stream: Any) -> None:
+    def _host_copies(self, pages: Iterable[tuple[int, int]], slot: tuple[int, int] | None, to_host: bool, stream: Any) -> None:
+        """Pages and the slot, each as (device object, host unit), to or from the host block."""
         host = self.host
-        self._object_copies(copies.pages, self._paged(), host.page_units, True, stream)
-        self._object_copies([copies.slot] if copies.slot is not None else [], self._seq(), host.slot_units, True, stream)
+        self._object_copies(pages, self._paged(), host.page_units, to_host, stream)
+        self._object_copies([slot] if slot is not None else [], self._seq(), host.slot_units, to_host, stream)
+
+    def _out(self, copies: kern_pool.ParkCopies, stream: Any) -> None:
+        self._host_copies(copies.pages, copies.slot, True, stream)
 
     def _in(self, copies: kern_pool.WakeCopies, stream: Any) -> None:
-        host = self.host
-        self._object_copies([(p, u) for u, p in copies.pages], self._paged(), host.page_units, False, stream)
-        slot = [(copies.slot[1], copies.slot[0])] if copies.slot is not None else []
-        self._object_copies(slot, self._seq(), host.slot_units, False, stream)
+        self._host_copies(*_device_first(copies), False, stream)
 
     def _on_transfer(self, run: Callable[[Any], None], holds: list[Checkpoint | Parked | Lease]) -> _Transfer:
         """Queues copies on the transfer stream after everything queued on the compute stream."""
@@ -577,7 +584,7 @@ class Sequences:
         Raises:
             ApiError: a page, slot or unit outside this runtime's pool or host block.
         """
-        self._check_ids([(p, u) for p, u in copies.pages], copies.slot)
+        self._check_ids(copies.pages, copies.slot)
         self._out(copies, self._on_compute())
 
     def copy_in(self, copies: kern_pool.WakeCopies) -> None:
@@ -586,11 +593,11 @@ class Sequences:
         Raises:
             ApiError: a page, slot or unit outside this runtime's pool or host block.
         """
-        slot = (copies.slot[1], copies.slot[0]) if copies.slot is not None else None
-        self._check_ids([(p, u) for u, p in copies.pages], slot)
-        self._in(copies, self._on_compute())
+        pages, slot = _device_first(copies)
+        self._check_ids(pages, slot)
+        self._host_copies(pages, slot, False, self._on_compute())
 
-    def _check_ids(self, pages: list[tuple[int, int]], slot: tuple[int, int] | None) -> None:
+    def _check_ids(self, pages: Sequence[tuple[int, int]], slot: tuple[int, int] | None) -> None:
         host = self.host
         for what, (obj, unit), limit, size in [
             *[("page", pair, self.pool.pages_max, host.page_units) for pair in pages],
