@@ -37,7 +37,7 @@ from kern_pool import Capacity, Checkpoint, Hit, Lease, Parked, Prefix
 from .errors import ApiError, EngineError
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
-from .session import check_prompt
+from .session import check_prompt, stage
 
 __all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Prefilled", "Sequence", "Turn"]
 
@@ -520,19 +520,9 @@ class Engine:
         table[: min(n, len(row))] = row[:n]
         self.backend.write_input(self.roles.blocks, table)
 
-    def _slots(self, seq: Sequence, start: int, stop: int) -> NDArray[np.int64]:
-        assert seq.lease is not None
-        unit = self.backend.pool.unit
-        pages = np.asarray(seq.lease.pages, dtype=np.int64)
-        pos = np.arange(start, stop, dtype=np.int64)
-        return pages[pos // unit] * unit + pos % unit
-
     def _stage(self, seq: Sequence, ids: Seq[int], start: int) -> None:
-        r, n = self.roles, len(ids)
-        self.backend.write_input(r.token, np.asarray(ids, dtype=np.int64))
-        self.backend.write_input(r.position, np.arange(start, start + n, dtype=np.int64))
-        self.backend.write_input(r.slot, self._slots(seq, start, start + n))
-        self.backend.write_input(r.seq_len, np.array([start + n], dtype=np.int32))
+        assert seq.lease is not None
+        stage(self.backend, self.roles, np.asarray(seq.lease.pages, dtype=np.int64), ids, start)
 
     def _prefill_rest(self, seq: Sequence) -> None:
         """The prompt's tokens from `seq.kv` up to (not including) the last, in chunks."""

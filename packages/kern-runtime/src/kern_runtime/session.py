@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from kern_pool import Capacity
 
@@ -23,7 +23,7 @@ from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import Progress, Runtime
 from .weights import Safetensors
 
-__all__ = ["Session", "check_capacity", "check_prompt", "weight_files"]
+__all__ = ["Inputs", "Session", "check_capacity", "check_prompt", "stage", "weight_files"]
 
 
 def weight_files(paths: Sequence[Path]) -> list[Path]:
@@ -88,6 +88,24 @@ def _block_table(roles: ServingRoles, capacity: int, pages: Sequence[int] | None
                            f"{capacity} needs {need}: pass more pages or a smaller capacity")
     table[: len(chosen)] = np.asarray(chosen, dtype=np.int32)
     return table
+
+
+class Inputs(Protocol):
+    """What `stage` writes to: a runtime, or an engine's backend."""
+
+    def write_input(self, name: str, array: ArrayLike) -> None: ...
+
+
+def stage(target: Inputs, roles: ServingRoles, pages: NDArray[np.integer[Any]], ids: Sequence[int], start: int) -> None:
+    """Writes the row's inputs for `ids` at positions from `start`: the tokens, their positions,
+    their KV slots through `pages` (the sequence's pages in order) and the sequence length."""
+    n = len(ids)
+    pos = np.arange(start, start + n, dtype=np.int64)
+    p = roles.page_tokens
+    target.write_input(roles.token, np.asarray(ids, dtype=np.int64))
+    target.write_input(roles.position, pos)
+    target.write_input(roles.slot, pages[pos // p].astype(np.int64) * p + pos % p)
+    target.write_input(roles.seq_len, np.array([start + n], dtype=np.int32))
 
 
 def _as_f32(values: NDArray[Any]) -> NDArray[np.float32]:
@@ -166,13 +184,7 @@ class Session:
         self.close()
 
     def _stage(self, ids: Sequence[int], start: int) -> None:
-        n = len(ids)
-        pos = np.arange(start, start + n, dtype=np.int64)
-        p = self.roles.page_tokens
-        self.rt.write_input(self.roles.token, np.asarray(ids, dtype=np.int64))
-        self.rt.write_input(self.roles.position, pos)
-        self.rt.write_input(self.roles.slot, self.table[pos // p].astype(np.int64) * p + pos % p)
-        self.rt.write_input(self.roles.seq_len, np.array([start + n], dtype=np.int32))
+        stage(self.rt, self.roles, self.table, ids, start)
 
     def prefill(self, prompt: Sequence[int], chunk: int) -> None:
         """Run every prompt token but the last through the chunk program in chunks of at most
