@@ -13,15 +13,9 @@ from helpers import qwen3_interp as interp
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen
-from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 
 TOOLS = Path(__file__).resolve().parents[1]
-
-
-
-# NOTE: an untied variant with GQA group 2 and a 3rd layer exercises lm_head and layer offsets.
-CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
-                          "max_position_embeddings": 1024}
+CONFIG = interp.UNTIED_CONFIG
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
                              *gen.DEFER_ENTRIES.values(),
                              *gen.F32_ENTRIES)}
@@ -30,12 +24,10 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
-    path, _ = random_checkpoint(CONFIG, seed=11, name="interp", root=tmp_path_factory.mktemp("ckpt"))
-    return interp.read_checkpoint(path)
+    return interp.untied_weights(tmp_path_factory.mktemp("ckpt"))
 
 
-def _prompt(n: int) -> list[int]:
-    return [int(x) for x in np.random.default_rng(n).integers(0, CONFIG["vocab_size"], size=n)]
+_prompt = interp.random_prompt
 
 
 @pytest.fixture(scope="module")

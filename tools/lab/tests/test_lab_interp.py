@@ -5,7 +5,6 @@ against the independent numpy Qwen3: the deferred fold of a prefetched gate_up p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,24 +13,19 @@ from helpers import qwen3_interp as interp
 import kern_lab as lab
 import kern_qwen3 as gen
 from kern_lab.variants import DEFER
-from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 
 TOOLS = Path(__file__).resolve().parents[2]
-# NOTE: an untied variant with GQA group 2 and a 3rd layer exercises lm_head and layer offsets.
-CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
-                          "max_position_embeddings": 1024}
+CONFIG = interp.UNTIED_CONFIG
 ENTRIES = lab.lab_entry_modules(lab_src=TOOLS / "lab" / "kernels-src", product_src=TOOLS / "kernels-src")
 STEPS = 12
 
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
-    path, _ = random_checkpoint(CONFIG, seed=11, name="interp", root=tmp_path_factory.mktemp("ckpt"))
-    return interp.read_checkpoint(path)
+    return interp.untied_weights(tmp_path_factory.mktemp("ckpt"))
 
 
-def _prompt(n: int) -> list[int]:
-    return [int(x) for x in np.random.default_rng(n).integers(0, CONFIG["vocab_size"], size=n)]
+_prompt = interp.random_prompt
 
 
 @pytest.mark.parametrize("feed", ["host", "device"])

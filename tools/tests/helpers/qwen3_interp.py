@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kern_manifest import parse_manifest
+from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 from kern_runtime import domains as kr_domains
 
 F32 = np.float32
@@ -325,6 +326,25 @@ def kv_element_bytes(manifest: Mapping[str, Any]) -> int:
              if any("state" in p for p in la.get("params", op["params"]))}
     assert len(sizes) <= 1, f"kernels read the kv state with element sizes {sorted(sizes)}"
     return sizes.pop() if sizes else 2
+
+
+# --------------------------------------------------------------------------------------------
+# The test model.
+
+UNTIED_CONFIG: dict[str, Any] = {**QWEN3_TINY_CONFIG, "num_hidden_layers": 3, "tie_word_embeddings": False,
+                                 "max_position_embeddings": 1024}
+"""An untied variant with GQA group 2 and a 3rd layer: exercises lm_head and layer offsets."""
+
+
+def untied_weights(root: Path) -> dict[str, np.ndarray]:
+    """UNTIED_CONFIG's random checkpoint (seed 11) under `root`, as float32 arrays."""
+    path, _ = random_checkpoint(UNTIED_CONFIG, seed=11, name="interp", root=root)
+    return read_checkpoint(path)
+
+
+def random_prompt(n: int) -> list[int]:
+    """`n` token ids of UNTIED_CONFIG's vocabulary, the same for the same `n`."""
+    return [int(x) for x in np.random.default_rng(n).integers(0, UNTIED_CONFIG["vocab_size"], size=n)]
 
 
 # --------------------------------------------------------------------------------------------
