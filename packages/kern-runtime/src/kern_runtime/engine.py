@@ -494,8 +494,7 @@ class Engine:
         if lease is None:
             return
         seq.lease, seq.room = None, 0
-        if self._seated is not None and self._seated[0] is seq:
-            self._seated = None
+        self._unseat(seq)
         if seq.kv == 0:
             lease.release()
             return
@@ -503,12 +502,16 @@ class Engine:
         self.prefix.insert(seq.tokens[: seq.kv], cp)
         seq.kv = 0
 
+    def _unseat(self, seq: Sequence) -> None:
+        """The row no longer holds `seq`'s inputs (the next step of any sequence re-seats)."""
+        if self._seated is not None and self._seated[0] is seq:
+            self._seated = None
+
     def _drop_lease(self, seq: Sequence) -> None:
         if seq.lease is not None:
             seq.lease.release()
             seq.lease, seq.kv, seq.room = None, 0, 0
-        if self._seated is not None and self._seated[0] is seq:
-            self._seated = None
+        self._unseat(seq)
 
     # ---- the row -----------------------------------------------------------------------------
 
