@@ -220,6 +220,11 @@ class Room:
         self.cancel().release()
 
 
+def _wake_copies(hs: HostStore, pairs: list[tuple[HostUnit, PageId]], slot: SlotId | None) -> WakeCopies:
+    """A wake's copies: the page pairs, then the parked slot into the device `slot`."""
+    return Copies(tuple(pairs), (hs.slot, slot) if hs.slot is not None and slot is not None else None)
+
+
 class Host:
     """First-fit units over one pinned block, bound to one pool."""
 
@@ -461,7 +466,7 @@ class Host:
         store = Store(length, hs.paged, nodes[-1] if nodes else None, pages[k] if part else None, slot)
         if length == hs.length:
             store.twin = hs
-        copies = Copies(tuple(pairs), (hs.slot, slot) if hs.slot is not None and slot is not None else None)
+        copies = _wake_copies(hs, pairs, slot)
         return Checkpoint(_KEY, self.pool, store), copies
 
     def restore(self, parked: Parked, length: int, tokens: int) -> tuple[Lease, WakeCopies]:
@@ -491,7 +496,7 @@ class Host:
         nodes, pairs = self._woken(hs, k, part, pages)
         slot = slots[0] if slots else None
         lease = Lease(_KEY, self.pool, nodes, pages[k:], slot, length, hs.paged)
-        copies = Copies(tuple(pairs), (hs.slot, slot) if hs.slot is not None and slot is not None else None)
+        copies = _wake_copies(hs, pairs, slot)
         return lease, copies
 
     lease_from = restore
