@@ -207,15 +207,14 @@ def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, ch
     def log(msg: str) -> None:
         print(f"{prog}: {msg}", file=sys.stderr, flush=True)
 
-    weights = inputs.weights or tuple(kr.weight_files(run.default_weights(log)))
-    run.ensure_kernels(inputs.manifest, opts.load.kernels, opts.load.kernel_sources, log)
+    weights = run.prepare_load(opts.load, inputs, log)
     t0 = time.perf_counter()
     try:
         engine = kr.Engine.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
                                 config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
                                 progress=run.Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
-        raise run.NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from exc
+        raise run.no_gpu(exc) from exc
     log(f"load {time.perf_counter() - t0:.2f} s")
     src = stdin or sys.stdin
     tty = src.isatty()

@@ -50,7 +50,9 @@ __all__ = [
     "execute",
     "log",
     "main",
+    "no_gpu",
     "pinned_modules",
+    "prepare_load",
     "probe_gpu",
     "register",
     "resolve_load",
@@ -461,17 +463,31 @@ def _prepare(opts: RunOptions) -> tuple[RunInputs, list[int], Any, int]:
     return inputs, prompt, tok, capacity
 
 
+def prepare_load(load: LoadOptions, inputs: RunInputs, log: Callable[[str], None]) -> tuple[Path, ...]:
+    """After the GPU check: the weight files (the default checkpoint if none are configured),
+    and the kernels built or checked."""
+    import kern_runtime as kr
+
+    weights = inputs.weights or tuple(kr.weight_files(default_weights(log)))
+    ensure_kernels(inputs.manifest, load.kernels, load.kernel_sources, log)
+    return weights
+
+
+def no_gpu(exc: Exception) -> NoGpuError:
+    """The run error for a driver that is not there (kern_runtime.NoDriverError at load)."""
+    return NoGpuError(f"no NVIDIA GPU on this machine ({exc})")
+
+
 def _open(opts: RunOptions, inputs: RunInputs, capacity: int) -> Session:
     """After the GPU check: the default weights if none are configured, the kernels, the session."""
     import kern_runtime as kr
 
-    weights = inputs.weights or tuple(kr.weight_files(default_weights(log)))
-    ensure_kernels(inputs.manifest, opts.load.kernels, opts.load.kernel_sources, log)
+    weights = prepare_load(opts.load, inputs, log)
     try:
         return kr.Session.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu,
                                capacity=capacity, log=log, progress=Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
-        raise NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from exc
+        raise no_gpu(exc) from exc
 
 
 def execute(opts: RunOptions, out: TextIO) -> int:
