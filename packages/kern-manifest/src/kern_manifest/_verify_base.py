@@ -163,6 +163,13 @@ class Base:
     def follow(self, cause: Root) -> None:
         self.follows[cause] = self.follows.get(cause, 0) + 1
 
+    def followed(self, cause: Root) -> bool:
+        """True, counted as following, when `cause` was reported as a root."""
+        if cause not in self.roots:
+            return False
+        self.follow(cause)
+        return True
+
     def folded(self) -> list[ManifestVerify]:
         """The problems, each root carrying the count of the problems that follow from it."""
         out = list(self.problems)

@@ -238,10 +238,7 @@ class BufferChecks(Base):
         """`group_ref`, and False (counted as following) for a group whose size is < 1."""
         if not self.group_ref(name, at):
             return False
-        if ("group", name) in self.roots:
-            self.follow(("group", name))
-            return False
-        return True
+        return not self.followed(("group", name))
 
     def rank_table(self, group: str, count: int, at: str) -> None:
         if self.group_ok(group, at + "/group") and count != self.groups[group]:

@@ -147,8 +147,7 @@ class OpChecks(Base):
         when = launch.when
         if when is None or not self.var_ref(when.var, at + "/when/var"):
             return self.bounds
-        if ("var", when.var) in self.roots:
-            self.follow(("var", when.var))
+        if self.followed(("var", when.var)):
             return self.bounds
         top = self.vmax[when.var]
         lo = 1 if when.min is None else when.min
