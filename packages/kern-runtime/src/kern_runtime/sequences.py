@@ -324,9 +324,6 @@ class Sequences:
     def _seq(self) -> list[Arena]:
         return [self.arenas[s.name] for s in self.config.per_seq]
 
-    def _zero_page(self, page: int) -> None:
-        self._zero_pages([page])
-
     def _zero_pages(self, pages: Iterable[int]) -> None:
         """Zeroes pages on the stream, one memset per state for each run of consecutive pages."""
         arenas = self._paged()
