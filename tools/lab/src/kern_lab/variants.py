@@ -61,7 +61,6 @@ class _Spec:
 
 
 UNFOLDED = _Spec()
-FAST = _Spec(fold="defer")
 FOLD = _Spec(fold="prologue")
 
 _TRIALS: dict[str, tuple[int, dict[str, str]]] = {
