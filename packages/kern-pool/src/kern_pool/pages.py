@@ -683,7 +683,7 @@ class Pool:
         paged = lease._paged  # pyright: ignore[reportPrivateUsage]
         in_chain = part > 0 and k < len(lease._nodes)  # pyright: ignore[reportPrivateUsage]
         need_page = paged and part > 0 and not in_chain
-        src_page = lease._own[k - len(lease._nodes)] if need_page else None  # pyright: ignore[reportPrivateUsage]
+        src_page = lease._page(k) if need_page else None  # pyright: ignore[reportPrivateUsage]
         pages, slots = self._take(int(need_page), int(lease._slot is not None))  # pyright: ignore[reportPrivateUsage]
         if paged:
             self._seal(lease, k)
