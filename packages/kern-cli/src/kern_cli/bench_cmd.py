@@ -47,6 +47,7 @@ from kern_cli.run import (
     resolve_load,
     runtime_input_errors,
 )
+from kern_manifest import DTYPE_BYTES
 
 if TYPE_CHECKING:
     from kern_runtime import Session
@@ -66,8 +67,6 @@ __all__ = [
 ]
 
 Row = dict[str, Any]
-_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "i8": 1, "u8": 1,
-                "fp8e4m3": 1, "fp8e8m0": 1}
 MIN_STEPS = 200
 DEFAULT_BENCH_STEPS = 256
 DEFAULT_BENCH_CHUNK = 2048
@@ -90,7 +89,7 @@ def _extern_calls(manifest: Mapping[str, Any], program: str) -> list[dict[str, A
 
 
 def _nbytes(buf: Mapping[str, Any], env: Mapping[str, int]) -> int:
-    n = _DTYPE_BYTES[buf["dtype"]]
+    n = DTYPE_BYTES[buf["dtype"]]
     for d in buf["shape"]:
         n *= env[d] if isinstance(d, str) else int(d)
     return n
