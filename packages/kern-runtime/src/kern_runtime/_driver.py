@@ -90,11 +90,6 @@ def compute_capability(dev: Any) -> tuple[int, int]:
     return major, minor
 
 
-def device_name(dev: Any) -> str:
-    raw = _call(cu.cuDeviceGetName, 128, dev)
-    return bytes(raw).split(b"\0", 1)[0].decode()
-
-
 def device_pci_bus_id(dev: Any) -> str:
     """The device's PCI address as sysfs spells it (`0000:3b:00.0`)."""
     raw = _call(cu.cuDeviceGetPCIBusId, 64, dev)
@@ -128,10 +123,6 @@ def stream_destroy(stream: Any) -> None:
 
 def stream_synchronize(stream: Any) -> None:
     _call(cu.cuStreamSynchronize, stream)
-
-
-def stream_handle(stream: Any) -> int:
-    return int(stream)
 
 
 def event_create(timing: bool = True) -> Any:

@@ -8,7 +8,6 @@ step; a compiled GEMM is one cublasLtMatmul call, capturable in a CUDA graph.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -162,11 +161,6 @@ class Blas:
             raise KernelArtifactError(
                 f"pinned algo {algo_id} needs {need} bytes of workspace at m={s.m}, over {WORKSPACE_BYTES}"
             )
-
-    def check_algo(self, shapes: Iterable[GemmShape], algo: tuple[int, ...]) -> None:
-        """Load-time check of a pinned algo at each given shape (the var ends)."""
-        for s in shapes:
-            self.plan(s, algo)
 
     def describe(self, plan: _Plan) -> dict[str, int]:
         """The plan's algo as manifest `algo` fields (id, tile, split_k, ...), to pin it."""

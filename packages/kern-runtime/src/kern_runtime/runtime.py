@@ -275,11 +275,6 @@ class Runtime:
         self._stack.callback(drv.event_destroy, event)
         self._staging[name] = _Staging(alloc, event)
 
-    def _page_units(self, state: str) -> int:
-        units = [b.domain.stride or 1 for b in self.manifest.buffers.values()
-                 if b.domain is not None and b.domain.index_into == state]  # fmt: skip
-        return max(units, default=1)
-
     def _allocate_fixed_states(self) -> None:
         gran = drv.vmm_granularity(self._dev)
         for name, st in self.manifest.states.items():
