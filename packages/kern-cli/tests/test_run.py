@@ -240,6 +240,7 @@ BASE = ("--manifest", "m.json", "--kernels", "kernels", "--weights", "w.safetens
     ("setup", "argv", "line"),
     [
         (None, ("--manifest", "nope.json"), "kern-run: --manifest nope.json: no such file"),
+        (None, ("--manifest", "no\x1b[31mpe.json"), "kern-run: --manifest no\\x1b[31mpe.json: no such file"),
         (_bad_manifest, BASE, "kern-run: manifest m.json: /buffers/len/dtype"),
         (_no_roles, BASE, "kern-run: manifest needs exactly one buffer with fill 'slot', found []"),
         (None, ("--manifest", "m.json", "--kernels", "kernels", "--weights", "nope"),

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kern_cli.config import KernTomlError, config_for
-from kern_cli.console import output_file_problem
+from kern_cli.console import fail, output_file_problem
 from kern_cli.run import (
     LoadOptions,
     RunError,
@@ -374,18 +374,16 @@ def _handle(args: argparse.Namespace) -> int:
             load = replace(load, weights=default_weights(log))
         rows = bench_session(load, **options, log=log)
     except (RunError, KernTomlError, BenchError, *runtime_input_errors()) as exc:
-        print(f"kern bench: {exc}", file=sys.stderr)
-        return 2
+        return fail("kern bench", str(exc))
     except KernRuntimeError as exc:
-        print(f"kern bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        fail("kern bench", f"{type(exc).__name__}: {exc}")
         return 1
     print(table(rows))
     if args.json is not None:
         try:
             args.json.write_text(json.dumps(rows, indent=2) + "\n")
         except OSError as exc:
-            print(f"kern bench: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            return fail("kern bench", f"--json {args.json}: {exc.strerror or exc}")
     return 0
     return 0
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kern_cli.config import KernConfig, KernTomlError, config_for
+from kern_cli.console import fail
 from kern_mining.build import (
     CompilerNotFoundError,
     KernelBuildError,
@@ -123,7 +123,7 @@ def register(
 
 
 def _log(msg: str) -> None:
-    print(f"kern kernels: {msg}", file=sys.stderr, flush=True)
+    fail("kern kernels", msg)
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -156,8 +156,7 @@ def _extract(dump_dir: Path, manifest: Path, out_dir: Path) -> int:
     try:
         report = extract_kernels(dump_dir, manifest, out_dir)
     except MiningError as exc:
-        print(f"kern kernels: {exc}", file=sys.stderr)
-        return 2
+        return fail("kern kernels", str(exc))
     for path in report.added:
         print(f"added {path}")
     for path in report.present:

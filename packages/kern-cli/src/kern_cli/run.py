@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kern_cli.config import KernConfig, KernTomlError, Target, config_for
-from kern_cli.console import Parser, add_version, quiet_ends
+from kern_cli.console import Parser, add_version, fail, quiet_ends
 from kern_qwen3 import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
 
 if TYPE_CHECKING:
@@ -528,10 +528,9 @@ def _handle(args: argparse.Namespace) -> int:
     try:
         return execute(resolve_options(args), sys.stdout)
     except (RunError, KernTomlError, *runtime_input_errors()) as exc:
-        print(f"kern-run: {exc}", file=sys.stderr)
-        return 2
+        return fail("kern-run", str(exc))
     except KernRuntimeError as exc:
-        print(f"kern-run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        fail("kern-run", f"{type(exc).__name__}: {exc}")
         return 1
 
 
