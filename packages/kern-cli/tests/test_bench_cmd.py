@@ -157,3 +157,51 @@ def test_gemv_variant_floor_counts_only_its_extern_calls() -> None:
     g = bench.gemm_only_manifest(_example("qwen3-4b-gemv"), "decode")
     verify(parse_manifest(json.dumps(g)))
     assert len(g["programs"]["gemms"]["calls"]) == 36 * 2  # qkv and down stay cublasLt
+
+
+def _without_gemms(m: dict, drop: int | None = None) -> dict:
+    """`m` with the first `drop` (default: every) extern GEMM call of its decode step removed."""
+    gemms = [i for i, c in enumerate(m["programs"]["decode"]["calls"]) if c["op"] == "gemm"]
+    gone = set(gemms if drop is None else gemms[:drop])
+    m["programs"]["decode"]["calls"] = [c for i, c in enumerate(m["programs"]["decode"]["calls"]) if i not in gone]
+    return m
+
+
+def test_the_floor_of_a_step_without_gemms_is_its_sibling_with_the_most(tmp_path: Path) -> None:
+    import kern_runtime as kr
+
+    (tmp_path / "a-fast.json").write_text(json.dumps(_without_gemms(_example("qwen3-tiny"))))
+    (tmp_path / "b-some.json").write_text(json.dumps(_without_gemms(_example("qwen3-tiny"), drop=3)))
+    (tmp_path / "c-all.json").write_text(json.dumps(_example("qwen3-tiny")))
+    other = _example("qwen3-tiny")
+    other["buffers"]["embed"]["shape"] = [other["buffers"]["embed"]["shape"][0] // 2, other["buffers"]["embed"]["shape"][1]]
+    (tmp_path / "d-other-model.json").write_text(json.dumps(other))  # more GEMMs would not matter: other weights
+    (tmp_path / "e-broken.json").write_text("{")
+    fast = tmp_path / "a-fast.json"
+    assert bench.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "c-all.json"
+    (tmp_path / "c-all.json").unlink()
+    assert bench.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "b-some.json"
+
+
+def test_a_step_without_gemms_and_no_sibling_names_the_flag(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _no_gpu(monkeypatch)
+    path = tmp_path / "fast.json"
+    path.write_text(json.dumps(_without_gemms(_example("qwen3-tiny"))))
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    args = _parse("--manifest", str(path), "--kernels", str(ROOT / "kernels"), "--weights", str(weights))
+    assert args.handler(args) == 2  # type: ignore[attr-defined]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"kern bench: program 'decode' has no extern (GEMM) call to time, and no manifest beside {path} has the "
+        "same weights and GEMM calls: pass --floor-manifest"]
+
+
+def test_the_default_target_finds_its_floor_before_the_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(ROOT)
+    _no_gpu(monkeypatch)
+    from kern_cli.main import main
+
+    assert main(["bench"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["kern bench: no NVIDIA GPU on this machine (test)"]

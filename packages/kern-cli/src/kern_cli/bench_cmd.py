@@ -233,7 +233,8 @@ def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights:
         ms = (time.perf_counter_ns() - t0) / steps / 1e6
     finally:
         rt.close()
-    return _row("gemm_floor_ms_per_step", ms, "ms", peer=f"cublasLt: the step's {calls} extern GEMM calls in one graph")
+    return _row("gemm_floor_ms_per_step", ms, "ms",
+                peer=f"cublasLt: {manifest['model']}'s {calls} step GEMM calls in one graph")
 
 
 def check_bench_options(*, contexts: Sequence[int], steps: int, prefill: int, prefill_reps: int,
@@ -259,9 +260,47 @@ def _capacity(load: LoadOptions, contexts: Sequence[int], steps: int, prefill: i
     return max(load.capacity or 0, -(-reach // 256) * 256)
 
 
-def _floor(manifest: Mapping[str, Any], floor_manifest: Path | None) -> Mapping[str, Any]:
+def _weight_specs(manifest: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    return {n: (b["dtype"], tuple(b["shape"]), json.dumps(b.get("bind"), sort_keys=True))
+            for n, b in manifest["buffers"].items() if b["kind"] == "weight"}
+
+
+def find_floor_manifest(manifest: Mapping[str, Any], path: Path) -> Path | None:
+    """The GEMM floor's manifest when the measured one runs no GEMM through cuBLASLt: of the
+    manifests beside `path` with the same weight buffers (names, dtypes, shapes, binds: the same
+    checkpoint), the one whose step program has the most extern GEMM calls (the all-cuBLASLt
+    variant; the first by name on a tie). None when no such manifest has any."""
     import kern_runtime as kr
 
+    want = _weight_specs(manifest)
+    best: tuple[int, Path] | None = None
+    for other in sorted(path.parent.glob("*.json")):
+        if other.resolve() == path.resolve():
+            continue
+        try:
+            m = kr.read_manifest(other)
+            n = len(_extern_calls(m, _step_program(m))) if _weight_specs(m) == want else 0
+        except (kr.InputFileError, kr.ManifestParseError, kr.ServingRolesError):
+            continue
+        if n and (best is None or n > best[0]):
+            best = (n, other)
+    return best[1] if best is not None else None
+
+
+def _floor(manifest: Mapping[str, Any], path: Path, floor_manifest: Path | None) -> Mapping[str, Any]:
+    """The manifest whose step GEMMs make the floor: --floor-manifest, else the measured one when
+    its step has extern GEMMs, else the sibling `find_floor_manifest` finds.
+
+    Raises:
+        BenchError: no manifest to take the floor from.
+    """
+    import kern_runtime as kr
+
+    if floor_manifest is None and not _extern_calls(manifest, _step_program(manifest)):
+        floor_manifest = find_floor_manifest(manifest, path)
+        if floor_manifest is None:
+            raise BenchError(f"program {_step_program(manifest)!r} has no extern (GEMM) call to time, and no "
+                             f"manifest beside {path} has the same weights and GEMM calls: pass --floor-manifest")
     floor = kr.read_manifest(floor_manifest) if floor_manifest is not None else manifest
     gemm_only_manifest(floor, _step_program(floor))  # NOTE: refuse a floor without GEMMs before timing
     return floor
@@ -279,8 +318,9 @@ def bench_session(
     log: Callable[[str], None] = lambda s: None,
 ) -> list[Row]:
     """Load once, measure decode at each context, prefill, then the GEMM-only floor: the extern
-    GEMM calls of `floor_manifest`'s step (default: the measured manifest; give the all-cublasLt
-    variant of a manifest whose step runs some GEMMs as kernels). `load.weights` must be given.
+    GEMM calls of `floor_manifest`'s step (default: the measured manifest, or, when its step runs
+    no GEMM through cuBLASLt, its all-cuBLASLt sibling: `find_floor_manifest`). `load.weights`
+    must be given.
 
     Raises:
         BenchError: bad options (see `check_bench_options`), or a floor without GEMMs.
@@ -292,7 +332,7 @@ def bench_session(
     check_bench_options(contexts=contexts, steps=steps, prefill=prefill, prefill_reps=prefill_reps,
                         chunk=chunk, floor_manifest=floor_manifest)
     inputs = check_inputs(load)
-    floor = _floor(inputs.manifest, floor_manifest)
+    floor = _floor(inputs.manifest, load.manifest, floor_manifest)
     capacity = _capacity(load, contexts, steps, prefill)
     kr.check_capacity(inputs.roles, capacity)
     if inputs.weights is None:
@@ -356,7 +396,7 @@ def _bench_args(args: argparse.Namespace) -> tuple[LoadOptions, dict[str, Any]]:
     if args.json is not None and (problem := output_file_problem(args.json)) is not None:
         raise BenchError(f"--json {problem}")
     inputs = check_inputs(load)
-    _floor(inputs.manifest, args.floor_manifest)
+    _floor(inputs.manifest, load.manifest, args.floor_manifest)
     kr.check_capacity(inputs.roles, _capacity(load, options["contexts"], options["steps"], options["prefill"]))
     return load, options
 
