@@ -30,9 +30,11 @@ from kern_qwen3 import (
     Qwen3Shape,
     add_workspace,
     fold_norms,
+    fold_shape,
     gemv_launch,
     silu_entries,
 )
+from kern_qwen3.fragments import BF16_IN, BF16_OUT, gemm_of, i32
 from kern_qwen3.gemv import Launch
 from kern_qwen3.shape import PAGE_TOKENS
 
@@ -50,17 +52,6 @@ __all__ = [
     "tail_counters",
     "tail_launch",
 ]
-
-_IN, _OUT = "in buffer<bf16>", "out buffer<bf16>"
-
-
-def _i32(v: int) -> dict[str, int]:
-    return {"i32": v}
-
-
-def _gemm_of(label: str) -> str:
-    return label.rsplit(".", 1)[-1]
-
 
 def _fused_launch(manifest: Json) -> Json:
     (launch,) = manifest["ops"]["attn_decode_fused"]["impl"]["launches"]
@@ -92,10 +83,10 @@ class FoldNorms:
     def __call__(self, manifest: Json, ctx: Context) -> None:
         """Folds the norms before qkv and gate_up into their prologues (in place)."""
         def fold_of(gemm: str, picks: Mapping[str, str]) -> tuple[str, Launch]:
-            n = ctx.shape.qkv_rows if gemm == "qkv" else ctx.shape.inter
+            n, k = fold_shape(ctx.shape, gemm)
             pick = picks[gemm]
             entry, layout = (FOLDED[pick], pick) if pick in FOLDED else FOLD_ENTRIES[gemm]
-            return entry, gemv_launch(layout, n, ctx.shape.hidden, folded=True, table=ctx.plan.table)
+            return entry, gemv_launch(layout, n, k, folded=True, table=ctx.plan.table)
         fold_norms(manifest, ctx, fold_of)
 
 
@@ -140,10 +131,10 @@ class NormTail:
         entry = TAIL_OF[pick]
         n, k = (s.hidden, s.heads * s.head_dim) if gemm == "o" else (s.hidden, s.inter)
         grid, threads, smem = tail_launch(pick, n, k)
-        io = [_IN, _IN, _OUT, _IN, _IN, _OUT, _OUT, "inout buffer<i32>"]
+        io = [BF16_IN, BF16_IN, BF16_OUT, BF16_IN, BF16_IN, BF16_OUT, BF16_OUT, "inout buffer<i32>"]
         launch = {"module": ctx.entries[entry], "entry": entry, "block": [threads, 1, 1], "grid": [grid, 1, 1],
-                  "shared_mem": smem, "params": [_IN, _IN, _OUT, "i32", "i32", "i32", "i32", *io[3:], "f32"],
-                  "args": [*({"param": j} for j in range(3)), _i32(1), _i32(n), _i32(k), _i32(n),
+                  "shared_mem": smem, "params": [BF16_IN, BF16_IN, BF16_OUT, "i32", "i32", "i32", "i32", *io[3:], "f32"],
+                  "args": [*({"param": j} for j in range(3)), i32(1), i32(n), i32(k), i32(n),
                            *({"param": j} for j in range(3, 8)), {"f32": s.eps}]}
         return f"gemv{entry.removeprefix('kern_gemv_bf16')}_{n}x{k}", {"params": io, "impl": {"launches": [launch]}}
 
@@ -154,12 +145,12 @@ class NormTail:
         cur, other = "h", "h2"
         for c in manifest["programs"]["decode"]["calls"]:
             prev = out[-1] if out else None
-            if c["op"] != "add_rmsnorm" or prev is None or _gemm_of(prev["label"]) not in ("o", "down"):
+            if c["op"] != "add_rmsnorm" or prev is None or gemm_of(prev["label"]) not in ("o", "down"):
                 out.append(c if c["op"] != "add_rmsnorm" else {**c, "args": [{"buf": cur}, *c["args"][1:]]})
                 continue
             _res, _y_add, w_norm, x_norm, *_rest = c["args"]
             x, w, y = prev["args"]
-            op, spec = self._op(ctx, _gemm_of(prev["label"]))
+            op, spec = self._op(ctx, gemm_of(prev["label"]))
             ops.setdefault(op, spec)
             out[-1] = {"label": prev["label"], "op": op,
                        "args": [x, w, y, {"buf": cur}, w_norm, {"buf": other}, x_norm, {"buf": "norm_count"}]}
@@ -173,7 +164,7 @@ class NormTail:
                     if la.get("entry", "").endswith("_an"))
         manifest["buffers"]["norm_count"] = {"dtype": "i32", "shape": [count], "kind": "carry"}
         manifest["programs"]["load"]["calls"].append(
-            {"label": "norm_count", "op": "zero_i32", "args": [{"buf": "norm_count"}, _i32(count)]})
+            {"label": "norm_count", "op": "zero_i32", "args": [{"buf": "norm_count"}, i32(count)]})
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,18 +184,18 @@ class Qkn:
     def _op(self, ctx: Context) -> Json:
         s = ctx.shape
         d, nq, nkv = s.head_dim, s.heads, s.kv_heads
-        params = [_IN, _IN, _IN, "in buffer<i64>", _IN, _IN, "inout state", "in buffer<i64>", "in buffer<i32>",
+        params = [BF16_IN, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state", "in buffer<i64>", "in buffer<i32>",
                   "in buffer<i32>"]
         launch = {"module": ctx.entries["kern_attn_decode_qkn"], "entry": "kern_attn_decode_qkn",
                   "block": [128, 1, 1], "grid": [nkv, DECODE_SPLITS, 1],
-                  "params": [*params, "out buffer<f32>", "out buffer<f32>", "inout buffer<i32>", _OUT, "i32", "i32",
+                  "params": [*params, "out buffer<f32>", "out buffer<f32>", "inout buffer<i32>", BF16_OUT, "i32", "i32",
                              "i32", "i32", "i64", "i32", "f32", "f32"],
                   "args": [*({"param": j} for j in range(10)), {"scratch": "part_o"}, {"scratch": "part_lse"},
-                           {"param": 11}, {"param": 10}, _i32(nq), _i32(nkv), _i32(d), _i32(PAGE_TOKENS),
-                           {"i64": s.page_stride}, _i32(DECODE_SPLITS), {"f32": d**-0.5}, {"f32": s.eps}]}
+                           {"param": 11}, {"param": 10}, i32(nq), i32(nkv), i32(d), i32(PAGE_TOKENS),
+                           {"i64": s.page_stride}, i32(DECODE_SPLITS), {"f32": d**-0.5}, {"f32": s.eps}]}
         scratch = {"part_o": {"dtype": "f32", "shape": [DECODE_SPLITS, nq * d]},
                    "part_lse": {"dtype": "f32", "shape": [DECODE_SPLITS, nq]}}
-        return {"params": [*params, _OUT, "inout buffer<i32>"], "impl": {"scratch": scratch, "launches": [launch]}}
+        return {"params": [*params, BF16_OUT, "inout buffer<i32>"], "impl": {"scratch": scratch, "launches": [launch]}}
 
     def __call__(self, manifest: Json, ctx: Context) -> None:
         """Merges each decode layer's q/k norm call into its attention call (in place)."""
@@ -244,7 +235,7 @@ class Splits:
         if self.wide:
             launch |= {"module": ctx.entries[WIDE_ENTRY], "entry": WIDE_ENTRY}
         launch["grid"] = [ctx.shape.kv_heads, self.splits, 1]
-        launch["args"][13] = _i32(self.splits)  # NOTE: kern_attn_decode's `splits` is its 14th argument
+        launch["args"][13] = i32(self.splits)  # NOTE: kern_attn_decode's `splits` is its 14th argument
         op["impl"]["scratch"] = {name: {**b, "shape": [self.splits, *b["shape"][1:]]}
                                  for name, b in op["impl"]["scratch"].items()}
 
@@ -286,7 +277,7 @@ class PdlOff:
         """Drops `pdl` from the named GEMMs' launches (in place)."""
         ops = manifest["ops"]
         for c in manifest["programs"]["decode"]["calls"]:
-            if _gemm_of(c["label"]) not in self.gemms:
+            if gemm_of(c["label"]) not in self.gemms:
                 continue
             target = f"{c['op']}.nopdl"
             if target not in ops:

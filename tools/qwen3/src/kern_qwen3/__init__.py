@@ -60,6 +60,7 @@ from kern_qwen3.passes import (
     Pdl,
     add_workspace,
     fold_norms,
+    fold_shape,
     plan_passes,
 )
 from kern_qwen3.plan import DEFAULT_CHUNK, FEEDS, PRECISIONS, Context, Feed, Pass, Plan, Precision
@@ -136,6 +137,7 @@ __all__ = [
     "defer_launch",
     "entry_modules",
     "fold_norms",
+    "fold_shape",
     "gemv_launch",
     "generate",
     "iter_weight_files",

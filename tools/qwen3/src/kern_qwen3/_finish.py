@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kern_qwen3._json import Json
 from kern_qwen3.entries import DECODE_CLUSTER, DECODE_SPLITS
 from kern_qwen3.errors import KernelsError
+from kern_qwen3.fragments import Json
 from kern_qwen3.shape import Qwen3Shape
 
 __all__ = ["check_kernel_limits", "check_needed", "finish"]

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from kern_manifest import ManifestError, load_manifest
-from kern_qwen3._json import Json
 from kern_qwen3.entries import DEVICE_FEED_ENTRIES, GEMV_DEFAULT, GEMV_GEMMS, entry_modules
 from kern_qwen3.errors import ConfigError, GenError
 from kern_qwen3.facts import decode_weight_bytes
+from kern_qwen3.fragments import Json
 from kern_qwen3.generate import generate
 from kern_qwen3.passes import plan_passes
 from kern_qwen3.plan import DEFAULT_CHUNK, FEEDS, PRECISIONS, Plan

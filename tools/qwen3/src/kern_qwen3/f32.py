@@ -8,9 +8,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kern_qwen3._finish import check_kernel_limits, check_needed, finish
-from kern_qwen3._json import BF16_IN, STEP_CARRIES, TOKENS, Json, buf, call, f32, i32, i64, kernel
 from kern_qwen3.entries import DEVICE_FEED_ENTRIES
 from kern_qwen3.errors import GenError
+from kern_qwen3.fragments import (
+    BF16_IN,
+    STEP_CARRIES,
+    TOKENS,
+    Json,
+    buf,
+    call,
+    f32,
+    i32,
+    i64,
+    kernel,
+)
 from kern_qwen3.ops import argmax_op, feed_ops
 from kern_qwen3.programs import advance_call, buffers, start_calls
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape

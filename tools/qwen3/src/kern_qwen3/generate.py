@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kern_qwen3._finish import check_kernel_limits, check_needed, finish
-from kern_qwen3._json import BF16_IN, BF16_OUT, Json, i32, kernel
 from kern_qwen3.entries import DEVICE_FEED_ENTRIES, ENTRIES, FUSED_ENTRIES, silu_entries
 from kern_qwen3.errors import GenError
 from kern_qwen3.f32 import generate_f32
+from kern_qwen3.fragments import BF16_IN, BF16_OUT, Json, i32, kernel
 from kern_qwen3.gemv import gemv_launch
 from kern_qwen3.ops import base_ops, feed_ops
 from kern_qwen3.plan import Context, Plan

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kern_qwen3._json import BF16_IN, BF16_IO, BF16_OUT, Json, f32, i32, i64, kernel
 from kern_qwen3.entries import ARGMAX_PARTS, DECODE_SPLITS, PREFILL_BM
+from kern_qwen3.fragments import BF16_IN, BF16_IO, BF16_OUT, Json, f32, i32, i64, kernel
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
 
 __all__ = ["argmax_op", "base_ops", "feed_ops", "split_scratch", "zero_op"]

@@ -8,15 +8,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kern_qwen3._json import BF16_IN, BF16_OUT, Json, buf, call, f32, i32, kernel
 from kern_qwen3.entries import DEFER_ENTRIES, DEFER_MAX_K, GEMV_GEMMS, silu_entries
 from kern_qwen3.errors import GenError
+from kern_qwen3.fragments import BF16_IN, BF16_OUT, Json, buf, call, f32, gemm_of, i32, kernel
 from kern_qwen3.gemv import Launch, defer_launch, gemv_launch
 from kern_qwen3.plan import Context, Pass, Plan
 from kern_qwen3.programs import gemv_op_name
 from kern_qwen3.shape import Qwen3Shape
 
-__all__ = ["DEFER_NORMS", "FOLD_GEMMS", "PDL", "DeferNorms", "Pdl", "add_workspace", "fold_norms", "plan_passes"]
+__all__ = ["DEFER_NORMS", "FOLD_GEMMS", "PDL", "DeferNorms", "Pdl", "add_workspace", "fold_norms", "fold_shape", "plan_passes"]
 
 FOLD_GEMMS = ("qkv", "gate_up")
 """The decode GEMMs an add + RMSNorm stands before."""
@@ -33,7 +33,8 @@ def add_workspace(manifest: Json, name: str, dims: list[int], after: str) -> Non
     manifest["buffers"] = dict([*items[:at], (name, spec), *items[at:]])
 
 
-def _fold_shape(s: Qwen3Shape, gemm: str) -> tuple[int, int]:
+def fold_shape(s: Qwen3Shape, gemm: str) -> tuple[int, int]:
+    """(n, k) of a GEMM an add + RMSNorm stands before (of FOLD_GEMMS)."""
     return (s.qkv_rows, s.hidden) if gemm == "qkv" else (s.inter, s.hidden)
 
 
@@ -57,14 +58,14 @@ def fold_norms(manifest: Json, ctx: Context, fold_of: FoldOf) -> None:
     i = 0
     while i < len(calls):
         c = calls[i]
-        gemm = calls[i + 1]["label"].rsplit(".", 1)[-1] if i + 1 < len(calls) else ""
+        gemm = gemm_of(calls[i + 1]["label"]) if i + 1 < len(calls) else ""
         if c["op"] != "add_rmsnorm" or gemm not in FOLD_GEMMS:
             out.append(c if c["op"] != "add_rmsnorm" else {**c, "args": [buf(cur), *c["args"][1:]]})
             i += 1
             continue
         _res, y_add, w_norm, *_rest = c["args"]
         entry, launch = fold_of(gemm, ctx.picks)
-        n, k = _fold_shape(ctx.shape, gemm)
+        n, k = fold_shape(ctx.shape, gemm)
         op = gemv_op_name(entry, n, k)
         if op not in ops:
             ops[op] = _folded_op(ctx, entry, n, k, launch)
@@ -117,7 +118,7 @@ class DeferNorms:
 
     def _fold_of(self, ctx: Context) -> FoldOf:
         def fold_of(gemm: str, picks: Mapping[str, str]) -> tuple[str, Launch]:
-            n, k = _fold_shape(ctx.shape, gemm)
+            n, k = fold_shape(ctx.shape, gemm)
             pick = picks[gemm]
             if pick in self.prefetched:
                 return self.prefetched[pick], gemv_launch(pick, n, k, table=ctx.plan.table)

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kern_qwen3._json import Json
 from kern_qwen3.entries import GEMV_ENTRIES, GEMV_GEMMS, GEMV_PICK, GemvEntry, silu_entries
 from kern_qwen3.errors import GenError
+from kern_qwen3.fragments import Json
 from kern_qwen3.shape import Qwen3Shape
 
 __all__ = ["DEFAULT_CHUNK", "FEEDS", "PRECISIONS", "Context", "Feed", "Pass", "Plan", "Precision"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
-from kern_qwen3._json import STEP_CARRIES, TOKENS, Json, buf, call, f32, i32, i64
+from kern_qwen3.fragments import STEP_CARRIES, TOKENS, Json, buf, call, f32, i32, i64
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
 
 __all__ = ["Picks", "advance_call", "buffers", "gemv_op_name", "programs", "start_calls", "weights"]

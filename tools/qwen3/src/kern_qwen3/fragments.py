@@ -1,12 +1,13 @@
-"""Small JSON builders of manifest fragments (args, calls, launches)."""
+"""Small JSON builders of manifest fragments (args, calls, launches), for the generator and for
+rewrite passes written outside it (the lab's)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["BF16_IN", "BF16_IO", "BF16_OUT", "STEP_CARRIES", "TOKENS", "Json", "buf", "call", "f32", "i32", "i64",
-           "kernel"]
+__all__ = ["BF16_IN", "BF16_IO", "BF16_OUT", "STEP_CARRIES", "TOKENS", "Json", "buf", "call", "f32", "gemm_of", "i32",
+           "i64", "kernel"]
 
 Json = dict[str, Any]
 
@@ -38,6 +39,11 @@ def f32(v: float) -> Json:
 
 
 TOKENS: Json = {"var": "tokens"}
+
+
+def gemm_of(label: str) -> str:
+    """The GEMM a call label names (`l3.gate_up` -> `gate_up`)."""
+    return label.rsplit(".", 1)[-1]
 
 
 def call(label: str, op: str, *args: Json) -> Json:
