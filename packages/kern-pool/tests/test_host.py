@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -415,3 +415,46 @@ TestHostModel = HostMachine.TestCase
 TestHostModel.settings = settings(
     max_examples=60, stateful_step_count=55, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+
+def _sequential_alloc_pages(host: Host, pages: int) -> list[HostUnit] | None:
+    """The reference: one first-fit `_alloc` per page, undone when one does not fit."""
+    got: list[HostUnit] = []
+    for _ in range(pages):
+        at = host._alloc(host.page_units, False)  # pyright: ignore[reportPrivateUsage]
+        if at is None:
+            for unit in got:
+                host._free(unit, host.page_units)  # pyright: ignore[reportPrivateUsage]
+            return None
+        got.append(at)
+    return got
+
+
+@settings(max_examples=400)
+@given(page_units=st.integers(1, 3), holes=st.lists(st.integers(0, 5), min_size=1, max_size=12),
+       pages=st.integers(0, 30))
+def test_bulk_page_allocation_is_the_per_page_first_fit(page_units: int, holes: list[int], pages: int) -> None:
+    pool, _ = Pool.create(PAGED)
+    fast, slow = (Host(pool, 96, page_units=page_units, slot_units=1) for _ in range(2))
+    for host in (fast, slow):  # the same fragmented free list: runs of the given sizes between taken units
+        host._runs = _holes(holes)  # pyright: ignore[reportPrivateUsage]
+        host._used = 96 - sum(e - s for s, e in host._runs)  # pyright: ignore[reportPrivateUsage]
+    want = _sequential_alloc_pages(slow, pages)
+    got = fast._alloc_pages(pages)  # pyright: ignore[reportPrivateUsage]
+    assert got == want
+    assert (fast.runs(), fast.used) == (slow.runs(), slow.used)
+
+
+def _holes(sizes: list[int]) -> list[tuple[int, int]]:
+    """Free runs of `sizes` (empty ones dropped), each after one taken unit, then the rest of 96."""
+    runs: list[tuple[int, int]] = []
+    at = 0
+    for size in sizes:
+        at += 1
+        if size:
+            runs.append((at, at + size))
+        at += size
+    if at + 1 < 96:
+        runs.append((at + 1, 96))
+    return runs

@@ -292,16 +292,39 @@ class Host:
         self._runs.insert(i, (start, stop))
         self._used -= n
 
+    def _alloc_pages(self, pages: int) -> list[HostUnit] | None:
+        """`pages` page-sized units, first fit from the low end: what `pages` calls of
+        `_alloc(page_units, False)` would take, one pass over the free runs. None (nothing
+        taken) when they do not fit."""
+        n = self.page_units
+        got: list[HostUnit] = []
+        runs: list[tuple[int, int]] = []
+        for i, (start, stop) in enumerate(self._runs):
+            k = min(pages - len(got), (stop - start) // n)
+            got += [HostUnit(start + j * n) for j in range(k)]
+            if start + k * n < stop:
+                runs.append((start + k * n, stop))
+            if len(got) == pages:
+                runs += self._runs[i + 1:]
+                break
+        else:
+            return None if len(got) < pages else got
+        self._runs = runs
+        self._used += pages * n
+        return got
+
     def _alloc_all(self, pages: int, slot: bool) -> list[HostUnit] | None:
-        got: list[tuple[HostUnit, int]] = []
-        for high, n in [(False, self.page_units)] * pages + ([(True, self.slot_units)] if slot else []):
-            at = self._alloc(n, high)
+        units = self._alloc_pages(pages)
+        if units is None:
+            return None
+        if slot:
+            at = self._alloc(self.slot_units, True)
             if at is None:
-                for unit, size in got:
-                    self._free(unit, size)
+                for unit in units:
+                    self._free(unit, self.page_units)
                 return None
-            got.append((at, n))
-        return [unit for unit, _ in got]
+            units.append(at)
+        return units
 
     # ---- handles -------------------------------------------------------------------------
 
