@@ -406,15 +406,21 @@ def test_wake_with_tokens_is_a_waking_that_awakes_once_landed(seqs: tuple[Sequen
     assert (s.pool.pages_used, s.host.used) == (0, 0)
 
 
-def test_a_waking_landed_by_a_synchronize_still_awakes(seqs: tuple[Sequences, FakeDriver]) -> None:
-    """Runtime.synchronize reaps every landed transfer (its event destroyed); awake must not query it."""
-    s, _ = seqs
+def _woken_then_synchronized(s: Sequences) -> tuple[kern_pool.Parked, sequences.Waking]:
+    """32 parked tokens woken on the transfer stream, then a synchronize that reaps the transfer."""
     s.reserve_host(8, 2)
     lease = s.lease(32)
     parked = s.park_now(s.checkpoint(lease, 32))
     lease.release()
     waking = s.wake_async(parked, 32, 32)
     s.synchronize_transfers()
+    return parked, waking
+
+
+def test_a_waking_landed_by_a_synchronize_still_awakes(seqs: tuple[Sequences, FakeDriver]) -> None:
+    """Runtime.synchronize reaps every landed transfer (its event destroyed); awake must not query it."""
+    s, _ = seqs
+    parked, waking = _woken_then_synchronized(s)
     assert s.landed(waking)
     got = s.awake(waking)
     assert isinstance(got, kern_pool.Lease) and got.prefix == 32
@@ -425,12 +431,7 @@ def test_a_waking_landed_by_a_synchronize_still_awakes(seqs: tuple[Sequences, Fa
 
 def test_a_waking_released_after_a_synchronize_gives_its_pages_back(seqs: tuple[Sequences, FakeDriver]) -> None:
     s, _ = seqs
-    s.reserve_host(8, 2)
-    lease = s.lease(32)
-    parked = s.park_now(s.checkpoint(lease, 32))
-    lease.release()
-    waking = s.wake_async(parked, 32, 32)
-    s.synchronize_transfers()
+    parked, waking = _woken_then_synchronized(s)
     waking.release()
     parked.release()
     assert (s.pool.pages_used, s.host.used) == (0, 0)

@@ -299,17 +299,17 @@ class Host:
         n = self.page_units
         got: list[HostUnit] = []
         runs: list[tuple[int, int]] = []
-        for i, (start, stop) in enumerate(self._runs):
+        i = 0
+        while len(got) < pages:
+            if i == len(self._runs):
+                return None
+            start, stop = self._runs[i]
             k = min(pages - len(got), (stop - start) // n)
             got += [HostUnit(start + j * n) for j in range(k)]
             if start + k * n < stop:
                 runs.append((start + k * n, stop))
-            if len(got) == pages:
-                runs += self._runs[i + 1:]
-                break
-        else:
-            return None if len(got) < pages else got
-        self._runs = runs
+            i += 1
+        self._runs = runs + self._runs[i:]
         self._used += pages * n
         return got
 
