@@ -47,6 +47,8 @@ DEV = "cuda"
 PAGE_TOKENS = 16
 DECODE_SPLITS = 32
 PREFILL_BM = 64
+PREFILL_SPLITS = 16
+PREFILL_SPLIT_ROWS = 512
 ARGMAX_PARTS = 64
 NEW_TOKENS = 4
 WARMUP_PROMPT = 11
@@ -118,13 +120,16 @@ class Kernels:
                 raise DonorError(f"no loaded module defines {name}")
         return self._fns[name]
 
-    def launch(self, name: str, grid: Sequence[int], block: int, *args: object) -> None:
+    def launch(self, name: str, grid: Sequence[int], block: int, *args: object, smem: int = 0) -> None:
         values = [_ctype(a) for a in args]
         array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
         gx, gy, gz = grid
-        check(name, cu.cuLaunchKernel(
-            self.fn(name), gx, gy, gz, block, 1, 1, 0, stream, ctypes.addressof(array), 0))
+        fn = self.fn(name)
+        if smem > 48 * 1024:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(f"{name} shared memory", cu.cuFuncSetAttribute(fn, attr, smem))
+        check(name, cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, stream, ctypes.addressof(array), 0))
 
 
 # ------------------------------------------------------------------------------- model
@@ -196,6 +201,9 @@ class Engine:
         self.logits = torch.empty(1, s.vocab, dtype=BF16, device=DEV)
         self.part_o = torch.empty(DECODE_SPLITS, s.heads * s.head_dim, dtype=torch.float32, device=DEV)
         self.part_lse = torch.empty(DECODE_SPLITS, s.heads, dtype=torch.float32, device=DEV)
+        # NOTE: kern_prefill_attn's split partials: splits x rows < 2 * PREFILL_SPLIT_ROWS rows.
+        self.pf_o = torch.empty(2 * PREFILL_SPLIT_ROWS, s.heads * s.head_dim, dtype=torch.float32, device=DEV)
+        self.pf_lse = torch.empty(2 * PREFILL_SPLIT_ROWS, s.heads, dtype=torch.float32, device=DEV)
         self.pval = torch.empty(ARGMAX_PARTS, dtype=torch.float32, device=DEV)
         self.pidx = torch.empty(ARGMAX_PARTS, dtype=torch.int32, device=DEV)
         self.next_token = torch.empty(1, dtype=torch.int64, device=DEV)
@@ -244,9 +252,13 @@ class Engine:
             k.launch("kern_attn_decode_reduce", (s.heads, 1, 1), 128, self.part_o, self.part_lse,
                      self.attn, nq, d, I32(DECODE_SPLITS))
         else:
-            k.launch("kern_attn_prefill", (math.ceil(t / PREFILL_BM), s.heads, 1), 128, self.qkv,
-                     self._kv(i), self.block_table, io["len"], self.attn, I32(t), nq, nkv, d,
-                     I32(PAGE_TOKENS), I64(s.page_stride), scale)
+            group = s.heads // s.kv_heads
+            grid = (math.ceil(t * group / PREFILL_BM), s.kv_heads, min(PREFILL_SPLITS, -(-PREFILL_SPLIT_ROWS // t)))
+            k.launch("kern_prefill_attn", grid, 128, self.qkv, self._kv(i), self.block_table, io["len"],
+                     self.attn, self.pf_o, self.pf_lse, I32(t), nq, nkv, d, I32(PAGE_TOKENS),
+                     I64(s.page_stride), scale, smem=2 * 2 * 64 * (s.head_dim + 8) * 2)
+            k.launch("kern_prefill_combine", (t, 1, 1), 128, self.pf_o, self.pf_lse, io["len"], self.attn,
+                     I32(t), nq, nkv, d)
         return True
 
     def _mlp(self, i: int, t: int) -> None:
@@ -333,7 +345,7 @@ def warm_gemms(e: Engine, counts: Sequence[int]) -> None:
             torch.mm(e.act[:t], ly.down.t(), out=e.y[:t])
     torch.mm(e.x[:1], e.embed.t(), out=e.logits)
     for name in ("kern_embed", "kern_rmsnorm", "kern_add_rmsnorm", "kern_qk_norm_rope",
-                 "kern_kv_write", "kern_attn_prefill", "kern_attn_decode_partial",
+                 "kern_kv_write", "kern_prefill_attn", "kern_prefill_combine", "kern_attn_decode_partial",
                  "kern_attn_decode_reduce", "kern_silu_mul", "kern_argmax_partial",
                  "kern_argmax_final", "kern_decode_advance", "kern_copy_i64", "kern_copy_i32"):
         e.k.fn(name)

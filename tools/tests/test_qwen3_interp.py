@@ -328,3 +328,28 @@ def test_f32_kv_layers_do_not_overlap(weights: dict[str, np.ndarray]) -> None:
     # 36 prefilled rows + the decode row, in pages 0..2 (16 tokens a page), every layer, k and v
     assert written.max() < 3 * per_page
     assert written.size == 37 * shape.layers * 2 * shape.kv_heads * shape.head_dim
+
+
+@pytest.mark.parametrize(("n", "rows", "nq", "nkv"), [(1, 1, 4, 2), (709, 709, 8, 2), (1000, 7, 8, 2),
+                                                      (1000, 37, 4, 4), (600, 100, 32, 8), (3000, 1, 16, 2)])
+def test_prefill_splits_and_combine_give_the_chunk_attention(n: int, rows: int, nq: int, nkv: int) -> None:
+    """kern_prefill_attn + kern_prefill_combine (their split over the keys, chosen from seq_len and
+    rows) give softmax(q K^T) V over each row's causal keys, as one pass over all keys does."""
+    d, p = 64, 16
+    rng = np.random.default_rng(n + rows)
+    pages = -(-n // p)
+    table = rng.permutation(pages + 3)[:pages].astype(np.int32)
+    kv = rng.standard_normal((pages + 3) * 2 * p * nkv * d).astype(np.float32)
+    qkv = rng.standard_normal(rows * (nq + 2 * nkv) * d).astype(np.float32)
+    seq = np.array([n], np.int32)
+    cap = interp.PREFILL_BM * 1024
+    part_o, part_lse = np.zeros(cap * d, np.float32), np.zeros(cap, np.float32)
+    out, want = np.zeros(rows * nq * d, np.float32), np.zeros(rows * nq * d, np.float32)
+    args = ((kv, 0), (table, 0), (seq, 0))
+    interp.k_attn_prefill(rows, (qkv, 0), *args, (want, 0), rows, nq, nkv, d, p, 2 * p * nkv * d, d**-0.5)
+    interp.k_prefill_attn(rows, (qkv, 0), *args, (out, 0), (part_o, 0), (part_lse, 0), rows, nq, nkv, d, p,
+                          2 * p * nkv * d, d**-0.5)
+    interp.k_prefill_combine(rows, (part_o, 0), (part_lse, 0), (seq, 0), (out, 0), rows, nq, nkv, d)
+    splits = interp.prefill_splits(n, rows, nq, nkv)
+    assert splits * rows < 2 * 512 and (splits > 1) == ((n, rows) in {(1000, 7), (1000, 37), (3000, 1), (600, 100)})
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

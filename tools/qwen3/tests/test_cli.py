@@ -149,7 +149,7 @@ def test_bad_configs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_a_manifest_the_verifier_rejects_is_not_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "build_and_hash", lambda src, out: dict.fromkeys(
-        ("attention", "gemv", "gemv_defer", "qwen3_core", "sampling", "qwen3_f32"), "c" * 64))
+        ("attention", "gemv", "gemv_defer", "prefill", "qwen3_core", "sampling", "qwen3_f32"), "c" * 64))
     line = _run(tmp_path, capsys, json.dumps({**QWEN3_TINY_CONFIG, "vocab_size": 10**12}).encode())[0]
     assert "the generated manifest does not verify" in line
 

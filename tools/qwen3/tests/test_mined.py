@@ -103,6 +103,11 @@ class Synth:
         self.t_ns += int(ms * MS)
 
 
+def _prefill_grid(t: int) -> tuple[int, int, int]:
+    """kern_prefill_attn's grid (tools/donor/run_donor.py's)."""
+    return math.ceil(t * SHAPE.heads // SHAPE.kv_heads / BM), SHAPE.kv_heads, min(16, math.ceil(512 / t))
+
+
 class Donor:
     """The donor's schedule (tools/donor/run_donor.py) over a Synth."""
 
@@ -118,7 +123,7 @@ class Donor:
         self.o_w = [a(s.hidden * s.heads * s.head_dim * 2) for _ in range(s.layers)]
         self.gu_w = [a(2 * s.inter * s.hidden * 2) for _ in range(s.layers)]
         ws = a(64 << 20)
-        names = ("h", "x", "y", "qkv", "attn", "gu", "act", "logits", "part_o", "part_lse", "pval",
+        names = ("h", "x", "y", "qkv", "attn", "gu", "act", "logits", "part_o", "part_lse", "pf_o", "pf_lse", "pval",
                  "pidx", "next", "ids", "pos", "slots", "seq_len", "block_table", "s_ids", "s_pos",
                  "s_slot", "s_len", "cos", "sin")
         self.buf = {n: ws + k * (1 << 20) for k, n in enumerate(names)}
@@ -155,8 +160,10 @@ class Donor:
                 w.launch("kern_attn_decode_reduce", (nq, 1, 1), 128, B["part_o"], B["part_lse"], B["attn"],
                          nq, d, SPLITS)
             else:
-                w.launch("kern_attn_prefill", (math.ceil(t / BM), nq, 1), 128, B["qkv"], kv,
-                         B["block_table"], B[io[3]], B["attn"], t, nq, nkv, d, P, self.page_stride, d**-0.5)
+                w.launch("kern_prefill_attn", _prefill_grid(t), 128, B["qkv"], kv, B["block_table"], B[io[3]],
+                         B["attn"], B["pf_o"], B["pf_lse"], t, nq, nkv, d, P, self.page_stride, d**-0.5)
+                w.launch("kern_prefill_combine", (t, 1, 1), 128, B["pf_o"], B["pf_lse"], B[io[3]], B["attn"], t, nq,
+                         nkv, d)
             if decode and b.gemv_decode:
                 w.launch("kern_gemv_bf16_s4", (s.hidden, 1, 1), 128, B["attn"], self.o_w[i], B["y"], 1,
                          s.hidden, nq * d, s.hidden)
@@ -277,8 +284,10 @@ def test_param_tables_and_grids(good: Any) -> None:
         (36, 4, "i32"), (40, 8, "i64")]
     assert kv.module_sha256 == SHAS["qwen3_core"]
     assert [g.expr for g in kv.grid] == ["tokens", SHAPE.kv_heads, 1]
-    attn = next(la for la in prefill if la.entry == "kern_attn_prefill")
-    assert [g.expr for g in attn.grid] == [{"ceil_div": ["tokens", BM]}, SHAPE.heads, 1]
+    attn = next(la for la in prefill if la.entry == "kern_prefill_attn")
+    group = SHAPE.heads // SHAPE.kv_heads
+    assert [g.expr for g in attn.grid[:2]] == [{"ceil_div": ["tokens", BM // group]}, SHAPE.kv_heads]
+    assert attn.grid[2].observed == tuple((t, min(16, math.ceil(512 / t))) for t in sorted({5, 22, 63, 96, 60}))
     rows = next(q for q in attn.params if q.role == "rows")
     assert rows.literal is None and rows.fit is not None and rows.fit.form == "tokens"
     decode = facts.programs["decode"].launches
@@ -294,7 +303,7 @@ def test_generator_constants(good: Any) -> None:
     c = mined.generator_constants(facts)
     assert (c.page_tokens, c.decode_splits, c.prefill_bm, c.argmax_parts) == (
         gen.PAGE_TOKENS, gen.DECODE_SPLITS, gen.PREFILL_BM, gen.ARGMAX_PARTS)
-    assert c.entry_modules["kern_attn_prefill"] == SHAS["attention"]
+    assert c.entry_modules["kern_prefill_attn"] == SHAS["prefill"]
     assert c.entry_modules["kern_argmax_final"] == SHAS["sampling"]
     with pytest.raises(TypeError):
         facts.scalars["eps"] = 1.0  # type: ignore[index]
@@ -394,7 +403,8 @@ def _first_launch(m: dict[str, Any], op: str) -> dict[str, Any]:
 
 Mutation = Callable[[dict[str, Any]], object]
 MUTATIONS: list[tuple[Mutation, str]] = [
-    (lambda m: _first_launch(m, "attn_prefill").update(grid=[{"ceil_div": ["tokens", 32]}, 4, 1]), "grid[0]"),
+    (lambda m: _first_launch(m, "attn_prefill")["grid"].__setitem__(0, {"ceil_div": ["tokens", 64]}), "grid[0]"),
+    (lambda m: _first_launch(m, "attn_prefill")["grid"].__setitem__(2, 1), "grid[2]"),
     (lambda m: _first_launch(m, "kv_write").update(grid=["tokens", 1, 1]), "grid[1]"),
     (lambda m: _first_launch(m, "silu_mul").update(block=[256, 1, 1]), "block"),
     (lambda m: m["ops"]["attn_decode"]["impl"]["launches"][0]["args"].__setitem__(11, {"i32": 16}), "splits"),
@@ -458,7 +468,8 @@ def test_analyzer_reference_covers_decode_forwards(tmp_path: Path) -> None:
     windows = write_capture(tmp_path)
     analysis = analyze_dir(tmp_path / "pid4242")
     assert analysis.tokens_reference is not None
-    assert analysis.tokens_reference.symbol not in {"kern_attn_prefill", "kern_attn_decode_partial"}
+    assert analysis.tokens_reference.symbol not in {"kern_prefill_attn", "kern_prefill_combine",
+                                                    "kern_attn_decode_partial"}
     found = [[f.tokens for f in win.forwards] for win in analysis.windows]
     assert [w[-4:] for w in found] == [[1, 1, 1, 1]] * len(windows)
     assert [w[0] for w in found[:3]] == [w[0] for w in windows[:3]]

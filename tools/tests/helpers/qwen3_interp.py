@@ -138,6 +138,77 @@ def k_attn_prefill(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, out: Ptr, r
     _view(out, rows * nq * d)[:] = _attend(q, ks, vs, limit, scale).reshape(-1)
 
 
+PREFILL_BM, PREFILL_BN, PREFILL_TARGET, PREFILL_MIN_TILES = 64, 64, 264, 4
+"""prefill.cuh's PF_BM, PF_BN, PF_TARGET, PF_MIN_TILES (PF_MAX_SPLITS, PF_SPLIT_ROWS: kern_qwen3.entries)."""
+
+
+def prefill_zcap(rows: int) -> int:
+    """kern_prefill_attn's grid z for a chunk of `rows` rows (prefill.cuh's prefill_zcap)."""
+    from kern_qwen3.entries import PREFILL_SPLIT_ROWS, PREFILL_SPLITS
+
+    return min(PREFILL_SPLITS, -(-PREFILL_SPLIT_ROWS // rows))
+
+
+def prefill_splits(n: int, rows: int, nq: int, nkv: int) -> int:
+    """The key splits kern_prefill_attn chooses for `rows` rows ending at seq_len `n`."""
+    work = -(-rows * (nq // nkv) // PREFILL_BM) * nkv
+    tiles = -(-n // PREFILL_BN)
+    return min(prefill_zcap(rows), max(1, PREFILL_TARGET // work), max(1, tiles // PREFILL_MIN_TILES))
+
+
+def _prefill_block_keys(mt: int, rows: int, group: int, base: int, splits: int, z: int) -> tuple[int, int]:
+    """Keys [lo, hi) that split z of the block of packed rows [64 mt, 64 mt + 64) reads."""
+    kv_end = base + min(mt * PREFILL_BM + PREFILL_BM - 1, rows * group - 1) // group + 1
+    tiles = -(-kv_end // PREFILL_BN)
+    per = -(-tiles // splits)
+    t0 = min(z * per, tiles)
+    return t0 * PREFILL_BN, min(min(t0 + per, tiles) * PREFILL_BN, kv_end)
+
+
+def k_prefill_attn(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, out: Ptr, part_o: Ptr, part_lse: Ptr,
+                   rows: int, nq: int, nkv: int, d: int, p: int, page_stride: int, scale: float) -> None:
+    """One split: the chunk's attention rows into `out`; more: each split's normalized rows and
+    log2-sum-exps (-inf where a row sees no key of the split) into the partials."""
+    n = int(_view(seq_len, 1)[0])
+    splits = prefill_splits(n, rows, nq, nkv)
+    q = _view(qkv, rows * (nq + 2 * nkv) * d).reshape(rows, nq + 2 * nkv, d)[:, :nq]
+    ks, vs = _gather_kv(kv, bt, n, nkv, d, p, page_stride)
+    base = n - rows
+    if splits == 1:
+        _view(out, rows * nq * d)[:] = _attend(q, ks, vs, base + np.arange(rows) + 1, scale).reshape(-1)
+        return
+    group = nq // nkv
+    po = _view(part_o, splits * rows * nq * d).reshape(splits, rows, nq, d)
+    pl = _view(part_lse, splits * rows * nq).reshape(splits, rows, nq)
+    for packed in range(rows * group):
+        tok, g = divmod(packed, group)
+        for kvh in range(nkv):
+            h = kvh * group + g
+            for z in range(splits):
+                lo, hi = _prefill_block_keys(packed // PREFILL_BM, rows, group, base, splits, z)
+                hi = min(hi, base + tok + 1)
+                if lo >= hi:
+                    po[z, tok, h], pl[z, tok, h] = 0, -np.inf
+                    continue
+                sc = ks[lo:hi, kvh] @ q[tok, h] * F32(scale) * F32(np.log2(np.e))
+                m = sc.max()
+                w = np.exp2(sc - m)
+                po[z, tok, h] = w @ vs[lo:hi, kvh] / w.sum()
+                pl[z, tok, h] = m + np.log2(w.sum())
+
+
+def k_prefill_combine(t: int, part_o: Ptr, part_lse: Ptr, seq_len: Ptr, out: Ptr, rows: int, nq: int, nkv: int,
+                      d: int) -> None:
+    n = int(_view(seq_len, 1)[0])
+    splits = prefill_splits(n, rows, nq, nkv)
+    if splits == 1:
+        return
+    po = _view(part_o, splits * rows * nq * d).reshape(splits, rows, nq, d)
+    pl = _view(part_lse, splits * rows * nq).reshape(splits, rows, nq)
+    w = np.exp2(pl - pl.max(axis=0, keepdims=True))
+    _view(out, rows * nq * d)[:] = (np.einsum("srh,srhd->rhd", w, po) / w.sum(axis=0)[..., None]).reshape(-1)
+
+
 def k_attn_decode_partial(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, part_o: Ptr, part_lse: Ptr, nq: int,
                           nkv: int, d: int, p: int, page_stride: int, splits: int, scale: float) -> None:
     n = int(_view(seq_len, 1)[0])
@@ -296,6 +367,7 @@ F32_STATE_ENTRIES = frozenset({"kern_f32_qk_norm_rope_kv", "kern_f32_attn"})
 KERNELS: dict[str, Callable[..., None]] = {
     "kern_embed": k_embed, "kern_rmsnorm": k_rmsnorm, "kern_add_rmsnorm": k_add_rmsnorm,
     "kern_qk_norm_rope": k_qk_norm_rope, "kern_kv_write": k_kv_write, "kern_attn_prefill": k_attn_prefill,
+    "kern_prefill_attn": k_prefill_attn, "kern_prefill_combine": k_prefill_combine,
     "kern_attn_decode_partial": k_attn_decode_partial, "kern_attn_decode_reduce": k_attn_decode_reduce,
     "kern_silu_mul": k_silu_mul, "kern_argmax_partial": k_argmax_partial, "kern_argmax_final": k_argmax_final,
     "kern_decode_advance": k_decode_advance, "kern_copy_i64": k_copy, "kern_copy_i32": k_copy,

@@ -26,6 +26,9 @@ __all__ = [
     "GEMV_GEMMS",
     "GEMV_PICK",
     "PREFILL_BM",
+    "PREFILL_PART_ROWS",
+    "PREFILL_SPLITS",
+    "PREFILL_SPLIT_ROWS",
     "SILU_ENTRIES",
     "GemvEntry",
     "Layout",
@@ -40,7 +43,15 @@ blocks along y, and the driver refuses any other grid."""
 DECODE_CLUSTER = 8
 """attention.cuh's DEC_CLUSTER: kern_attn_decode's `__cluster_dims__(1, 8, 1)`."""
 PREFILL_BM = 64
-"""Query rows per block of kern_attn_prefill (grid x = ceil_div(tokens, PREFILL_BM))."""
+"""Packed rows (chunk rows x the kv head's query heads) per block of kern_prefill_attn (prefill.cuh's
+PF_BM): grid x = ceil_div(tokens * group, PREFILL_BM)."""
+PREFILL_SPLITS = 16
+"""The most key splits of kern_prefill_attn (prefill.cuh's PF_MAX_SPLITS): grid z =
+min(PREFILL_SPLITS, ceil_div(PREFILL_SPLIT_ROWS, tokens))."""
+PREFILL_SPLIT_ROWS = 512
+"""prefill.cuh's PF_SPLIT_ROWS: chunks of this many rows or more run one split."""
+PREFILL_PART_ROWS = 2 * PREFILL_SPLIT_ROWS
+"""Chunk rows x splits that kern_prefill_attn's partials hold (splits x rows < 2 x PREFILL_SPLIT_ROWS)."""
 ARGMAX_PARTS = 64
 """Blocks of the first argmax stage."""
 
@@ -52,7 +63,8 @@ ENTRIES: tuple[str, ...] = (
     "kern_kv_write",
     "kern_attn_decode_partial",
     "kern_attn_decode_reduce",
-    "kern_attn_prefill",
+    "kern_prefill_attn",
+    "kern_prefill_combine",
     "kern_silu_mul",
     "kern_argmax_partial",
     "kern_argmax_final",

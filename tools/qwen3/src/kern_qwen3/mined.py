@@ -71,8 +71,9 @@ ROLES: dict[str, tuple[str, ...]] = {
     "kern_attn_decode_partial": ("qkv", "kv", "block_table", "seq_len", "part_o", "part_lse", "nq",
                                  "nkv", "head_dim", "page_tokens", "page_stride", "splits", "scale"),
     "kern_attn_decode_reduce": ("part_o", "part_lse", "out", "nq", "head_dim", "splits"),
-    "kern_attn_prefill": ("qkv", "kv", "block_table", "seq_len", "out", "rows", "nq", "nkv",
-                          "head_dim", "page_tokens", "page_stride", "scale"),
+    "kern_prefill_attn": ("qkv", "kv", "block_table", "seq_len", "out", "pf_o", "pf_lse", "rows", "nq",
+                          "nkv", "head_dim", "page_tokens", "page_stride", "scale"),
+    "kern_prefill_combine": ("pf_o", "pf_lse", "seq_len", "out", "rows", "nq", "nkv", "head_dim"),
     "kern_silu_mul": ("gu", "out", "inter"),
     "kern_argmax_partial": ("logits", "pval", "pidx", "vocab"),
     "kern_argmax_final": ("pval", "pidx", "next", "argmax_parts"),
@@ -482,9 +483,17 @@ class _Wiring:
         self.carries()
         self.rope_tables()
 
+    def prefill_partials(self, where: str, by: Mapping[str, list[LaunchFact]], k: int) -> None:
+        """kern_prefill_combine reads the partials and seq_len kern_prefill_attn was given and writes
+        its output."""
+        for a, c in zip(by.get("kern_prefill_attn", []), by.get("kern_prefill_combine", []), strict=False):
+            for role in ("pf_o", "pf_lse", "seq_len", "out"):
+                self.same(f"{where} layer {a.ordinal} prefill {role}",
+                          [(f"prefill_attn.{role}", _ptr(a, role, k)), (f"prefill_combine.{role}", _ptr(c, role, k))])
+
     def forward(self, name: str, prog: ProgramFacts) -> None:
         by = _by_entry(prog)
-        attn = by.get("kern_attn_prefill", []) + by.get("kern_attn_decode_partial", [])
+        attn = by.get("kern_prefill_attn", []) + by.get("kern_attn_decode_partial", [])
         for k in _runs(prog):
             where = f"{name} run {k} (t={prog.tokens[k]})"
             self.qkv(where, by, attn, k, prog.tokens[k])
@@ -497,6 +506,7 @@ class _Wiring:
             for kw, at in zip(by.get("kern_kv_write", []), attn, strict=False):
                 self.same(f"{where} layer {kw.ordinal} KV state",
                           [("kern_kv_write.kv", _ptr(kw, "kv", k)), (f"{at.entry}.kv", _ptr(at, "kv", k))])
+            self.prefill_partials(where, by, k)
             for p, r in zip(by.get("kern_attn_decode_partial", []), by.get("kern_attn_decode_reduce", []),
                             strict=False):
                 for role in ("part_o", "part_lse"):
@@ -692,10 +702,10 @@ def mined_facts(capture_dir: Path, analysis: Analysis | None = None, *,
               if la.entry == "kern_kv_write"]
     scalars["layers"] = len(writes)
     prefill = programs.get("prefill")
-    rows = [q.fit for la in (prefill.launches if prefill else ()) if la.entry == "kern_attn_prefill"
-            for q in la.params if q.role == "rows"]
-    if rows and rows[0] is not None and rows[0].form != "tokens":
-        problems.append(f"kern_attn_prefill rows fit {rows[0].render()}, not the chunk's token count t")
+    rows = [(la.entry, q.fit) for la in (prefill.launches if prefill else ())
+            if la.entry in ("kern_prefill_attn", "kern_prefill_combine") for q in la.params if q.role == "rows"]
+    problems += [f"{entry} rows fit {fit.render()}, not the chunk's token count t"
+                 for entry, fit in rows[:2] if fit is not None and fit.form != "tokens"]
     wiring = _Wiring(programs, scalars)
     wiring.run()
     problems += wiring.problems
@@ -721,9 +731,20 @@ class GeneratorConstants:
     """entry -> sha256 of the captured module that defines it."""
 
 
+def _prefill_bm(fit: Fit, scalars: Mapping[str, int | float]) -> int | None:
+    """PREFILL_BM from the fit of kern_prefill_attn's grid.x = ceil(t * group / PREFILL_BM)."""
+    group = int(scalars.get("nq", 0)) // max(1, int(scalars.get("nkv", 1)))
+    if fit.form == "ceil_div" and fit.c is not None:
+        return fit.c * group
+    if fit.form == "ceil_div_mul" and fit.a and fit.c is not None and fit.c * group % fit.a == 0:
+        return fit.c * group // fit.a
+    return None
+
+
 def generator_constants(facts: MinedQwen3) -> GeneratorConstants:
-    """PAGE_TOKENS, DECODE_SPLITS, PREFILL_BM (the ceil_div divisor of kern_attn_prefill's grid.x;
-    None when the capture never ran prefill attention or the fit is not a ceil_div) and
+    """PAGE_TOKENS, DECODE_SPLITS, PREFILL_BM (kern_prefill_attn's packed rows per block: the
+    divisor of its grid.x ceil_div(t * group, PREFILL_BM), with group = nq / nkv; None when the
+    capture never ran prefill attention or the fit is neither ceil_div nor ceil_div_mul) and
     ARGMAX_PARTS as mined, and the module hash behind each entry.
 
     Raises:
@@ -739,8 +760,8 @@ def generator_constants(facts: MinedQwen3) -> GeneratorConstants:
         for la in prog.launches:
             if la.module_sha256:
                 shas[la.entry] = la.module_sha256
-            if la.entry == "kern_attn_prefill" and la.grid[0].fit.form == "ceil_div":
-                bm = la.grid[0].fit.c
+            if la.entry == "kern_prefill_attn":
+                bm = _prefill_bm(la.grid[0].fit, sc)
     return GeneratorConstants(int(sc["page_tokens"]), int(sc["splits"]), bm, int(sc["argmax_parts"]),
                               MappingProxyType(shas))
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kern_qwen3.entries import ARGMAX_PARTS, DECODE_SPLITS, PREFILL_BM
+from kern_qwen3.entries import (
+    ARGMAX_PARTS,
+    DECODE_SPLITS,
+    PREFILL_BM,
+    PREFILL_PART_ROWS,
+    PREFILL_SPLIT_ROWS,
+    PREFILL_SPLITS,
+)
 from kern_qwen3.fragments import BF16_IN, BF16_IO, BF16_OUT, Json, f32, i32, i64, kernel
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
 
-__all__ = ["argmax_op", "base_ops", "feed_ops", "split_scratch", "zero_op"]
+__all__ = ["PREFILL_PARAMS", "argmax_op", "base_ops", "feed_ops", "prefill_op", "split_scratch", "zero_op"]
 
 
 def base_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
@@ -37,12 +44,7 @@ def base_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
             "params": [BF16_IN, "inout state", "in buffer<i64>", "i32", "i32", "i32", "i32", "i64"],
             "impl": {"launches": [kernel(mods, "kern_kv_write", ["tokens", nkv, 1], 32)]},
         },
-        "attn_prefill": {
-            "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT,
-                       "i32", "i32", "i32", "i32", "i32", "i64", "f32"],
-            "impl": {"launches": [kernel(
-                mods, "kern_attn_prefill", [{"ceil_div": ["tokens", PREFILL_BM]}, nq, 1], 128)]},
-        },
+        "attn_prefill": prefill_op(s, mods),
         "silu_mul": {
             "params": [BF16_IN, BF16_OUT, "i32"],
             "impl": {"launches": [kernel(
@@ -61,6 +63,39 @@ def base_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
         },
     }
     return ops
+
+
+PREFILL_PARAMS = [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT,
+                  "i32", "i32", "i32", "i32", "i32", "i64", "f32"]
+"""attn_prefill's interface: qkv, kv, block_table, seq_len, out, rows, nq, nkv, head_dim,
+page_tokens, page_stride, scale."""
+
+
+def prefill_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
+    """Causal prefill attention (prefill.cu): kern_prefill_attn over the kv heads, its key splits
+    (chosen on the device) in grid z, then kern_prefill_combine, which merges the partials when the
+    split ran (and returns at once when it did not)."""
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    group = nq // nkv
+    grid = [{"ceil_div": [{"mul": ["tokens", group]}, PREFILL_BM]}, nkv,
+            {"min": [PREFILL_SPLITS, {"ceil_div": [PREFILL_SPLIT_ROWS, "tokens"]}]}]
+    attn = kernel(
+        mods, "kern_prefill_attn", grid, 128, shared_mem=2 * 2 * 64 * (d + 8) * 2,
+        params=[*PREFILL_PARAMS[:5], "out buffer<f32>", "out buffer<f32>", *PREFILL_PARAMS[5:]],
+        args=[*({"param": i} for i in range(5)), {"scratch": "part_o"}, {"scratch": "part_lse"},
+              *({"param": i} for i in range(5, 12))],
+    )
+    combine = kernel(
+        mods, "kern_prefill_combine", ["tokens", 1, 1], 128,
+        params=["in buffer<f32>", "in buffer<f32>", "in buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32"],
+        args=[{"scratch": "part_o"}, {"scratch": "part_lse"}, {"param": 3}, {"param": 4}, {"param": 5},
+              {"param": 6}, {"param": 7}, {"param": 8}],
+    )
+    scratch = {
+        "part_o": {"dtype": "f32", "shape": [PREFILL_PART_ROWS, nq * d]},
+        "part_lse": {"dtype": "f32", "shape": [PREFILL_PART_ROWS, nq]},
+    }
+    return {"params": PREFILL_PARAMS, "impl": {"scratch": scratch, "launches": [attn, combine]}}
 
 
 def split_scratch(nq: int, heads_out: int) -> Json:

@@ -1,0 +1,65 @@
+// Causal prefill attention over paged KV on the tensor cores (device code: prefill.cuh).
+#include "prefill.cuh"
+
+// out[i, h * D:(h + 1) * D] = softmax(q_i . K^T * scale, keys <= seq_len - rows + i) V for the
+// `rows` rows of this chunk (query head h of row i in qkv[i, h * D ..]); their own k/v are
+// already in the pages. Block (x, y, z): kv head y, packed rows [64 x', 64 x' + 64) with
+// x' = gridDim.x - 1 - x, key split z of splits = prefill_splits(seq_len, rows, nq, nkv), chosen
+// here from seq_len (blocks with z >= splits exit). One split: bf16 rows to `out`; more: f32
+// normalized rows to part_o[z, i, h, :] and log2-sum-exps to part_lse[z, i, h] for
+// kern_prefill_combine. part_o holds 2 * PF_SPLIT_ROWS * nq * head_dim floats, part_lse
+// 2 * PF_SPLIT_ROWS * nq. head_dim in {64, 128}; nq a multiple of nkv.
+// grid [ceil_div(rows * nq / nkv, 64), nkv, min(16, ceil_div(512, rows))], block [128],
+// dynamic shared memory 2 * 2 * 64 * (head_dim + 8) * 2 bytes.
+extern "C" __global__ void __launch_bounds__(PF_THREADS, 2)
+kern_prefill_attn(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
+                  const int* __restrict__ block_table, const int* __restrict__ seq_len,
+                  bf16* __restrict__ out, float* __restrict__ part_o,
+                  float* __restrict__ part_lse, int rows, int nq, int nkv, int head_dim,
+                  int page_tokens, int64_t page_stride, float scale) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
+    extern __shared__ __align__(16) uint8_t pf_smem[];
+    const PfPages paged{kv, block_table, nkv, page_tokens, page_stride};
+    const int len = *seq_len;
+    const int splits = min((int)gridDim.z, prefill_splits(len, rows, nq, nkv));
+    if ((int)blockIdx.z >= splits) return;
+    if (head_dim == 64) {
+        prefill_block<64>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,
+                          scale * PF_LOG2E, pf_smem);
+    } else {
+        prefill_block<128>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,
+                           scale * PF_LOG2E, pf_smem);
+    }
+}
+
+// out[i, h, d] = bf16(sum_s w_s part_o[s, i, h, d] / sum_s w_s), w_s = 2^(lse_s - max_s lse_s),
+// over the splits kern_prefill_attn chose for this chunk; nothing when it chose one (it wrote
+// `out` itself). grid [rows], block [128].
+extern "C" __global__ void __launch_bounds__(128)
+kern_prefill_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                     const int* __restrict__ seq_len, bf16* __restrict__ out, int rows, int nq,
+                     int nkv, int head_dim) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
+    const int len = *seq_len;
+    const int splits = min(prefill_zcap(rows), prefill_splits(len, rows, nq, nkv));
+    if (splits <= 1) return;
+    const int64_t row0 = (int64_t)blockIdx.x * nq;
+    const int64_t split_rows = (int64_t)rows * nq;
+    for (int i = threadIdx.x; i < nq * head_dim; i += blockDim.x) {
+        const int64_t row = row0 + i / head_dim;
+        const int d = i % head_dim;
+        float mx = KERN_NEG_INF;
+        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_lse[s * split_rows + row]);
+        float num = 0.0f, den = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float lse = part_lse[s * split_rows + row];
+            if (lse == KERN_NEG_INF) continue;
+            const float w = exp2f(lse - mx);
+            den += w;
+            num += w * part_o[(s * split_rows + row) * head_dim + d];
+        }
+        out[row * head_dim + d] = to_bf(den > 0.0f ? num / den : 0.0f);
+    }
+}
