@@ -1,0 +1,218 @@
+"""Prefill timings on the local GPU: the attention entries alone, then the whole prefill program.
+
+    PYTHONPATH=tools/tests python3 tools/lab/time_prefill.py DIR [--reps 20] [--chunks 512,2048]
+        [--manifest examples/qwen3-4b-fast.json] [--gpu 0] [--no-program]
+
+1. Kernels alone (Qwen3-4B heads: 32 q, 8 kv, head_dim 128, pages of 16 over a scattered block
+   table): prefill.cu's kern_prefill_attn + kern_prefill_combine ("new") and attention.cu's
+   kern_attn_prefill ("old") for the chunks (start, rows) of tools/tests/test_prefill_gpu.py, each
+   launch between CUDA events on torch's stream, median of --reps after one warm-up; ms, TFLOP/s
+   (4 * head_dim * nq * the causal (query, key) pairs) and new/old.
+2. The manifest's prefill program through kern_runtime on the seeded random Qwen3-4B checkpoint
+   (kern_qwen3.checkpoint, written once to the cache): prompts of 709, 4096 and 16384 tokens
+   prefilled from nothing in chunks of each --chunks size (Session.prefill: wall time between
+   synchronizations, median of --reps // 4 + 1 after a warm-up), and one chunk of 37 and of 200
+   rows over a 14,000-token resident prefix (stage + one run of the chunk program, median of
+   --reps); then one run of each under torch.profiler (CUPTI: every kernel of the process) for
+   the per-call breakdown: GPU time by kind (attention, GEMM = every kernel that is not ours,
+   norms, q/k norm + rope + KV write, other) and the ten longest kernels.
+
+Writes DIR/time_prefill.json and DIR/time_prefill.md (both tables) and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from helpers import kernel_harness as h
+from helpers.prefill_cases import Chunk, new_case
+
+ROOT = Path(__file__).resolve().parents[2]
+CHUNKS = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 709), (0, 4096), (14000, 37), (14000, 200), (30000, 512)]
+NQ, NKV, D = 32, 8, 128
+PROMPTS = (709, 4096, 16384)
+PREFIX = 14000
+TURNS = (37, 200)
+
+
+def _flops(start: int, rows: int) -> float:
+    pairs = rows * start + rows * (rows + 1) / 2
+    return 4.0 * D * NQ * pairs
+
+
+def _event_ms(run: Callable[[], None], reps: int) -> float:
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def kernel_rows(k: h.Kernels, reps: int) -> list[dict[str, Any]]:
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(7)
+    rows = []
+    for start, n in CHUNKS:
+        chunk = Chunk(new_case(NQ, NKV, D, start + n, gen), start, n)
+        new = _event_ms(lambda c=chunk: c.launch_new(k), reps)
+        old = _event_ms(lambda c=chunk: c.launch_old(k), reps)
+        fl = _flops(start, n)
+        rows.append({"start": start, "rows": n, "new_ms": new, "old_ms": old, "new_tflops": fl / new / 1e9,
+                     "old_tflops": fl / old / 1e9, "new_over_old": new / old})
+        del chunk
+        torch.cuda.empty_cache()
+    return rows
+
+
+def kernel_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| start | rows | new ms | new TFLOP/s | old ms | old TFLOP/s | new / old |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['start']} | {r['rows']} | {r['new_ms']:.4f} | {r['new_tflops']:.1f} | {r['old_ms']:.4f} | "
+              f"{r['old_tflops']:.1f} | {r['new_over_old']:.3f} |" for r in rows]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# The prefill program through kern_runtime.
+
+
+def _kind(name: str) -> str:
+    if not name.startswith("kern_"):
+        return "gemm"
+    if "attn" in name or "prefill" in name:
+        return "attention"
+    if "rmsnorm" in name:
+        return "norms"
+    if "rope" in name or "kv_write" in name:
+        return "qk_norm_rope_kv"
+    return "other"
+
+
+def _profile(run: Callable[[], None], sync: Callable[[], None]) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        sync()
+    kinds: dict[str, float] = defaultdict(float)
+    kernels = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us and not e.key.startswith(("Memcpy", "Memset", "cudaMemcpy")):
+            kinds[_kind(e.key)] += us / 1e3
+            kernels.append({"kernel": e.key, "calls": e.count, "ms": us / 1e3})
+    kernels.sort(key=lambda r: -r["ms"])
+    return {"kinds_ms": dict(sorted(kinds.items())), "gpu_ms": sum(kinds.values()), "top": kernels[:10]}
+
+
+def _wall_ms(run: Callable[[], None], sync: Callable[[], None], reps: int) -> float:
+    run()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        run()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    import kern_runtime as kr
+    from kern_cli.run import ensure_kernels
+    from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
+    from kern_runtime.session import stage
+
+    manifest = kr.read_manifest(args.manifest)
+    ensure_kernels(manifest, args.kernels, args.kernel_sources, log)
+    ckpt, _ = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b")
+    rng = np.random.default_rng(0)
+    prompt = [int(x) for x in rng.integers(0, 150000, size=max(PROMPTS) + 1)]
+    rows: list[dict[str, Any]] = []
+    torch.cuda.init()
+    with kr.Session.open(args.manifest, args.kernels, kr.weight_files([ckpt]), gpu=args.gpu,
+                         capacity=max(PROMPTS) + 64) as s:
+        sync = s.rt.synchronize
+        for chunk in args.chunks:
+            for n in PROMPTS:
+                def run(n: int = n, chunk: int = chunk) -> None:
+                    s.prefill(prompt[: n + 1], chunk)  # NOTE: prefill runs all but the last token
+                log(f"prefill {n} tokens, chunks of {chunk}")
+                ms = _wall_ms(run, sync, args.reps // 4 + 1)
+                rows.append({"case": f"prefill {n} (chunk {chunk})", "wall_ms": ms, **_profile(run, sync)})
+        s.prefill(prompt[: PREFIX + max(TURNS) + 1], args.chunks[-1])
+        for turn in TURNS:
+            ids = prompt[PREFIX : PREFIX + turn]
+
+            def chunk_run(ids: list[int] = ids) -> None:
+                stage(s.rt, s.roles, s.table, ids, PREFIX)
+                s.rt.run(s.roles.chunk_program, {s.roles.chunk_var: len(ids)})
+            log(f"a {turn}-row chunk over a {PREFIX}-token prefix")
+            ms = _wall_ms(chunk_run, sync, args.reps)
+            rows.append({"case": f"chunk {turn} over {PREFIX}", "wall_ms": ms, **_profile(chunk_run, sync)})
+    return rows
+
+
+def program_table(rows: list[dict[str, Any]]) -> str:
+    kinds = sorted({k for r in rows for k in r["kinds_ms"]})
+    head = ["case", "wall ms", "GPU ms", *(f"{k} ms" for k in kinds)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["case"], f"{r['wall_ms']:.2f}", f"{r['gpu_ms']:.2f}",
+                 *(f"{r['kinds_ms'].get(k, 0.0):.2f}" for k in kinds)]
+        lines.append("| " + " | ".join(cells) + " |")
+    for r in rows:
+        lines.append(f"\n{r['case']}: longest kernels")
+        lines += [f"  {t['ms']:9.3f} ms {t['calls']:5d}x  {t['kernel'][:100]}" for t in r["top"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--chunks", type=lambda v: [int(x) for x in v.split(",")], default=[512, 2048])
+    ap.add_argument("--manifest", type=Path, default=ROOT / "examples" / "qwen3-4b-fast.json")
+    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels")
+    ap.add_argument("--kernel-sources", type=Path, default=ROOT / "tools" / "kernels-src")
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--no-program", action="store_true", help="time the kernels alone only")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(f"time_prefill: {msg}", file=sys.stderr, flush=True)
+
+    torch.cuda.set_device(args.gpu)
+    k = h.Kernels(args.out / "kernels")
+    result: dict[str, Any] = {"kernels": kernel_rows(k, args.reps)}
+    text = "## Attention entries alone\n\n" + kernel_table(result["kernels"]) + "\n"
+    print(text, flush=True)
+    (args.out / "time_prefill.json").write_text(json.dumps(result, indent=1) + "\n")
+    if not args.no_program:
+        result["program"] = program_rows(args, log)
+        text += "\n## The prefill program (" + args.manifest.name + ")\n\n" + program_table(result["program"]) + "\n"
+        print(text.split("## The prefill program", 1)[1], flush=True)
+    (args.out / "time_prefill.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "time_prefill.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
