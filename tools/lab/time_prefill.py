@@ -16,7 +16,7 @@
    --reps); the first run of each is reported apart (it compiles the program's launch records
    for a token count not seen before, as every new turn length does); then one run of each under torch.profiler (CUPTI: every kernel of the process) for
    the per-call breakdown: GPU time by kind (attention, GEMM = every kernel that is not ours,
-   norms, q/k norm + rope + KV write, other) and the ten longest kernels.
+   norms, q/k norm + rope + KV write, other), the GEMMs' TFLOP/s and the ten longest kernels.
 
 Writes DIR/time_prefill.json and DIR/time_prefill.md (both tables) and prints the tables.
 """
@@ -145,6 +145,23 @@ def _wall_ms(run: Callable[[], None], sync: Callable[[], None], reps: int) -> tu
     return times[0], statistics.median(times[1:])
 
 
+def gemm_flops(tokens: int) -> float:
+    """The prefill program's GEMM work for `tokens` rows at the Qwen3-4B shape: qkv, o, gate_up and
+    down in every layer but the last, which runs only qkv (prefill writes only KV)."""
+    from kern_qwen3 import QWEN3_4B_CONFIG, shape_from_config
+
+    s = shape_from_config(QWEN3_4B_CONFIG)
+    qkv = s.qkv_rows * s.hidden
+    layer = qkv + s.hidden * s.heads * s.head_dim + 2 * s.inter * s.hidden + s.hidden * s.inter
+    return 2.0 * tokens * ((s.layers - 1) * layer + qkv)
+
+
+def _with_rates(row: dict[str, Any], tokens: int) -> dict[str, Any]:
+    gemm_ms = row["kinds_ms"].get("gemm", 0.0)
+    row["gemm_tflops"] = gemm_flops(tokens) / gemm_ms / 1e9 if gemm_ms else float("nan")
+    return row
+
+
 def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
     import kern_runtime as kr
     from kern_cli.run import ensure_kernels
@@ -167,8 +184,8 @@ def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[d
                     s.prefill(prompt[: n + 1], chunk)  # NOTE: prefill runs all but the last token
                 log(f"prefill {n} tokens, chunks of {chunk}")
                 first, ms = _wall_ms(run, sync, args.reps // 4 + 1)
-                rows.append({"case": f"prefill {n} (chunk {chunk})", "wall_ms": ms, "first_ms": first,
-                             **_profile(run, sync)})
+                rows.append(_with_rates({"case": f"prefill {n} (chunk {chunk})", "wall_ms": ms, "first_ms": first,
+                                         **_profile(run, sync)}, n))
         s.prefill(prompt[: PREFIX + max(TURNS) + 1], args.chunks[-1])
         for turn in TURNS:
             ids = prompt[PREFIX : PREFIX + turn]
@@ -178,18 +195,18 @@ def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[d
                 s.rt.run(s.roles.chunk_program, {s.roles.chunk_var: len(ids)})
             log(f"a {turn}-row chunk over a {PREFIX}-token prefix")
             first, ms = _wall_ms(chunk_run, sync, args.reps)
-            rows.append({"case": f"chunk {turn} over {PREFIX}", "wall_ms": ms, "first_ms": first,
-                         **_profile(chunk_run, sync)})
+            rows.append(_with_rates({"case": f"chunk {turn} over {PREFIX}", "wall_ms": ms, "first_ms": first,
+                                     **_profile(chunk_run, sync)}, turn))
     return rows
 
 
 def program_table(rows: list[dict[str, Any]]) -> str:
     kinds = sorted({k for r in rows for k in r["kinds_ms"]})
-    head = ["case", "wall ms", "first run ms", "GPU ms", *(f"{k} ms" for k in kinds)]
+    head = ["case", "wall ms", "first run ms", "GPU ms", *(f"{k} ms" for k in kinds), "GEMM TFLOP/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["case"], f"{r['wall_ms']:.2f}", f"{r['first_ms']:.2f}", f"{r['gpu_ms']:.2f}",
-                 *(f"{r['kinds_ms'].get(k, 0.0):.2f}" for k in kinds)]
+                 *(f"{r['kinds_ms'].get(k, 0.0):.2f}" for k in kinds), f"{r['gemm_tflops']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     for r in rows:
         lines.append(f"\n{r['case']}: longest kernels")
