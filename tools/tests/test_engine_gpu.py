@@ -52,11 +52,11 @@ def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         runtime.close()
 
 
-def _engine(rt: Any) -> Any:
+def _engine(rt: Any, chunk: int = CHUNK) -> Any:
     """An engine with an empty index on the module's runtime (`rt`: the fixture's rt and roles)."""
     import kern_runtime as kr
 
-    return kr.Engine(rt.rt, rt.roles, kr.EngineConfig(chunk=CHUNK, park=True))
+    return kr.Engine(rt.rt, rt.roles, kr.EngineConfig(chunk=chunk, park=True))
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -82,15 +82,17 @@ def _turn(eng: Any, seq: Any, prompt: list[int], steps: int = STEPS, room: int |
     return pre, logits
 
 
-def _continuous(rt: Any, prompts: list[list[int]], steps: list[int]) -> tuple[list[int], list[list[np.ndarray]]]:
-    """The turns on one sequence of a fresh engine (same runtime, empty index), continuing in place."""
+def _continuous(rt: Any, prompts: list[list[int]], steps: list[int], chunk: int = CHUNK,
+                room: int = 600) -> tuple[list[int], list[list[np.ndarray]]]:
+    """The turns on one sequence of a fresh engine (same runtime, empty index), continuing in place
+    (`room`: the length the first lease is sized for)."""
     import kern_runtime as kr
 
-    eng = _engine(rt)
+    eng = _engine(rt, chunk)
     seq = eng.sequence()
     out = []
     for prompt, n in zip(prompts, steps, strict=True):
-        pre = eng.prefill(seq, prompt, 600 - len(prompt))
+        pre = eng.prefill(seq, prompt, room - len(prompt))
         assert pre.source in (kr.Source.FRESH, kr.Source.CONTINUE), pre
         out.append(_steps(eng, seq, n))
     tokens = list(seq.tokens)
@@ -177,4 +179,29 @@ def test_lease_from_an_earlier_turn_at_whole_pages_matches_one_sequence(rt: Any)
     assert (pre.source, pre.reused) == (kr.Source.RESIDENT, 64)
     want_tokens, want = _continuous(rt, [pb[:65], pb], [0, STEPS])  # rows 0..63 as one chunk, like a's
     _same(lb, want[1], b.tokens, want_tokens)
+    _clean(rt, eng)
+
+
+@pytest.mark.parametrize("parked", [False, True], ids=["resident", "parked"])
+def test_a_long_turn_over_a_long_prefix_matches_one_sequence(rt: Any, parked: bool) -> None:
+    """Serving-sized chunks (512 rows) and a conversation past 2,048 tokens: the cached prefix
+    ends inside a page (1,507 = 94 pages + 3) and the new turn's rows cross chunk and page
+    boundaries up to 2,215."""
+    import kern_runtime as kr
+
+    chunk = 512
+    eng = _engine(rt, chunk)
+    a = eng.sequence()
+    p1 = _ids(10, 1500)  # rows 0..1498: chunks of 512, 512, 475
+    _, l1 = _turn(eng, a, p1)
+    if parked:
+        assert eng.evict() and eng.counters.parks == 1
+        eng.turn(eng.sequence(), _ids(11, 1600), 2)  # reuses the pages a's entry held
+        eng.evict()
+    p2 = [*a.tokens, *_ids(12, 700)]  # rows 1507..2206
+    pre, l2 = _turn(eng, a, p2)
+    source = kr.Source.PARKED if parked else kr.Source.RESIDENT
+    assert (pre.source, pre.reused) == (source, len(p1) - 1 + STEPS)
+    tokens, want = _continuous(rt, [p1, p2], [STEPS, STEPS], chunk=chunk, room=2400)
+    _same(l1 + l2, want[0] + want[1], a.tokens, tokens)
     _clean(rt, eng)
