@@ -200,6 +200,7 @@ def test_restore_leases_from_the_host_and_a_longer_park_copies_only_what_is_new(
     cp.release()
     lease, copies = host.restore(parked, 10, 24)
     assert (lease.prefix, lease.sealed, lease.tokens, lease.pages) == (10, 2, 24, (0, 1, 2, 3, 4, 5))
+    assert lease.own_pages == (2, 3, 4, 5)
     assert copies == Copies(
         ((HostUnit(0), PageId(0)), (HostUnit(1), PageId(1)), (HostUnit(2), PageId(2))), (HostUnit(37), lease.state_slot)
     )
@@ -355,6 +356,7 @@ class HostMachine(RuleBasedStateMachine):
         if got is not None:
             lease, copies = got
             assert lease.prefix == handle.length and lease.sealed == handle.length // self.unit
+            assert lease.own_pages == lease.pages[lease.sealed :]
             self.run(copies, self.hmem, self.mem, self.hsmem, self.smem)
             assert lease.state_slot is not None
             self.leases.append((lease, dict(kept.kv), self.smem[lease.state_slot]))

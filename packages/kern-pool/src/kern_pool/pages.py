@@ -174,6 +174,12 @@ class Lease:
         return tuple(n.page for n in self._nodes) + tuple(self._own)
 
     @property
+    def own_pages(self) -> tuple[PageId, ...]:
+        """The lease's own pages in token order: `pages[sealed:]`, without the shared chain."""
+        self._check()
+        return tuple(self._own)
+
+    @property
     def state_slot(self) -> SlotId | None:
         """The per-seq state slot, or None in a pool without per-seq states."""
         self._check()

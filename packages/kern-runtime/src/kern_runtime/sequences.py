@@ -392,7 +392,7 @@ class Sequences:
         if not lease.paged:
             return
         skip = filled[-1][1] if filled else None
-        self._zero_pages(p for p in lease.pages[lease.sealed :] if p != skip)
+        self._zero_pages(p for p in lease.own_pages if p != skip)
 
     # ---- host tier: the block ----------------------------------------------------------------
 
@@ -466,31 +466,39 @@ class Sequences:
         else:
             drv.copy_2d_async(dst, dst_pitch, not to_host, src, src_pitch, to_host, width, height, stream)
 
-    def _object_copies(self, pairs: Iterable[tuple[int, int]], arenas: list[Arena], per_object: int, to_host: bool, stream: Any) -> None:
-        """Device objects <-> host units, `pairs` as (device object, host unit) in order, folded
+    def _object_copies(self, pairs: Iterable[tuple[int, int]], device_first: bool, arenas: list[Arena], per_object: int,
+                       to_host: bool, stream: Any) -> None:
+        """Device objects <-> host units, `pairs` in order as (device object, host unit), or as
+        (host unit, device object) when not `device_first` (a wake decision's own order), folded
         into runs; each arena's part of a host object sits after the arenas before it."""
         host_pitch = per_object * self._host_unit
-        for run in kern_pool.fold(pairs, 1, per_object):
-            at = self._host_base + run.dst * self._host_unit
+        if device_first:
+            runs = [(r.src, r.dst, r.count) for r in kern_pool.fold(pairs, 1, per_object)]
+        else:
+            runs = [(r.dst, r.src, r.count) for r in kern_pool.fold(pairs, per_object, 1)]
+        for obj, unit, count in runs:
+            at = self._host_base + unit * self._host_unit
             for a in arenas:
-                dev = a.base + run.src * a.object_bytes
+                dev = a.base + obj * a.object_bytes
                 if to_host:
-                    self._rows(at, host_pitch, True, dev, a.object_bytes, a.object_bytes, run.count, stream)
+                    self._rows(at, host_pitch, True, dev, a.object_bytes, a.object_bytes, count, stream)
                 else:
-                    self._rows(dev, a.object_bytes, False, at, host_pitch, a.object_bytes, run.count, stream)
+                    self._rows(dev, a.object_bytes, False, at, host_pitch, a.object_bytes, count, stream)
                 at += a.object_bytes
 
-    def _host_copies(self, pages: Iterable[tuple[int, int]], slot: tuple[int, int] | None, to_host: bool, stream: Any) -> None:
-        """Pages and the slot, each as (device object, host unit), to or from the host block."""
+    def _host_copies(self, pages: Iterable[tuple[int, int]], slot: tuple[int, int] | None, to_host: bool, stream: Any,
+                     device_first: bool = True) -> None:
+        """Pages and the slot, each as (device object, host unit) (or, not `device_first`, as
+        (host unit, device object)), to or from the host block."""
         host = self.host
-        self._object_copies(pages, self._paged(), host.page_units, to_host, stream)
-        self._object_copies([slot] if slot is not None else [], self._seq(), host.slot_units, to_host, stream)
+        self._object_copies(pages, device_first, self._paged(), host.page_units, to_host, stream)
+        self._object_copies([slot] if slot is not None else [], device_first, self._seq(), host.slot_units, to_host, stream)
 
     def _out(self, copies: kern_pool.ParkCopies, stream: Any) -> None:
         self._host_copies(copies.pages, copies.slot, True, stream)
 
     def _in(self, copies: kern_pool.WakeCopies, stream: Any) -> None:
-        self._host_copies(*_device_first(copies), False, stream)
+        self._host_copies(copies.pages, copies.slot, False, stream, device_first=False)
 
     def _on_transfer(self, run: Callable[[Any], None], holds: list[Checkpoint | Parked | Lease]) -> _Transfer:
         """Queues copies on the transfer stream after everything queued on the compute stream."""
