@@ -95,7 +95,7 @@ def test_repository_kern_toml_names_existing_files() -> None:
     shipped = {hashlib.sha256(p.read_bytes()).hexdigest() for p in t.kernels.glob("*.cubin")}
     assert {m["sha256"] for m in pinned.values()} <= shipped
     assert cfg.kernel_sources is not None and cfg.kernel_sources.is_dir()
-    assert (cfg.run.steps, cfg.run.chunk) == (32, 512)
+    assert (cfg.run.steps, cfg.run.chunk) == (32, 2048)
 
 
 @pytest.mark.parametrize("name", ["qwen3-4b", "qwen3-4b-gemv", "qwen3-4b-fast", "qwen3-4b-f32"])

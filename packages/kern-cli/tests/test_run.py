@@ -63,7 +63,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_defaults_without_config(in_tmp: Path) -> None:
     o = run.resolve_options(_args("--manifest", "m.json"))
     assert (o.prompt, o.steps, o.chunk, o.load.gpu, o.load.capacity, o.eager, o.output) == (
-        run.DEFAULT_PROMPT, 32, 512, 0, None, False, "text")
+        run.DEFAULT_PROMPT, 32, 2048, 0, None, False, "text")
     assert o.load.kernels == Path("kernels") and o.load.weights == () and o.tokenizer == run.DEFAULT_TOKENIZER
     assert o.load.kernel_sources is None
 
@@ -74,7 +74,7 @@ def test_flag_beats_toml_beats_default(in_tmp: Path) -> None:
         '[kernels]\nsources = "src"\n[run]\nprompt = "toml prompt"\nsteps = 5\n')
     o = run.resolve_options(_args())
     assert (o.load.manifest, o.load.kernels, o.load.weights) == (in_tmp / "a.json", in_tmp / "k", (in_tmp / "w",))
-    assert (o.prompt, o.steps, o.chunk, o.load.gpu, o.load.capacity) == ("toml prompt", 5, 512, 3, 1000)
+    assert (o.prompt, o.steps, o.chunk, o.load.gpu, o.load.capacity) == ("toml prompt", 5, 2048, 3, 1000)
     assert o.load.kernel_sources == in_tmp / "src"
     o = run.resolve_options(_args("--manifest", "b.json", "--steps", "9", "--chunk", "97", "--gpu", "0",
                                   "--prompt-ids", "1,2 3", "--weights", "x", "y", "--output", "ids",

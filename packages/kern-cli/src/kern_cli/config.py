@@ -13,7 +13,7 @@
     [run]
     prompt = "The capital of France is"
     steps = 32
-    chunk = 512
+    chunk = 2048
 
 Relative paths resolve against the file's directory and `~` expands. The nearest `kern.toml` in the
 working directory or above is used unless `--config` names one. Precedence: flag, toml, default.

