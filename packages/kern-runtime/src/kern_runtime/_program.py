@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from kern_manifest.schema import (
@@ -86,6 +87,12 @@ class Step:
     label: str
     run: Callable[[], None]
     algo: Mapping[str, int] | None = None
+
+
+@cache
+def _by_position(n: int) -> tuple[ParamArg, ...]:
+    """The args of a launch that names none: its op's params in order."""
+    return tuple(ParamArg(param=i) for i in range(n))
 
 
 def call_value(res: Resources, arg: object, env: Mapping[str, int], where: str) -> Value:
@@ -215,7 +222,7 @@ class _Compiler:
         self, op_name: str, li: int, launch: KernelLaunch, op: Op, values: Sequence[Value], where: str, label: str
     ) -> KernelRecord:
         params = launch.params if launch.params is not None else op.params
-        args = launch.args if launch.args is not None else tuple(ParamArg(param=i) for i in range(len(params)))
+        args = launch.args if launch.args is not None else _by_position(len(params))
         raw = [self._arg(op_name, op, a, p, values, f"{where} arg {i}") for i, (a, p) in enumerate(zip(args, params, strict=True))]
         grid = (launch.grid[0].eval(self.env), launch.grid[1].eval(self.env), launch.grid[2].eval(self.env))
         smem = launch.shared_mem.eval(self.env)
@@ -231,7 +238,7 @@ class _Compiler:
         blas = self.res.blas
         if blas is None or not launch.entry.startswith("extern:cubl"):
             raise ManifestUnsupportedError(f"{where}: {launch.entry} is not available in this runtime")
-        args = launch.args if launch.args is not None else tuple(ParamArg(param=i) for i in range(len(values)))
+        args = launch.args if launch.args is not None else _by_position(len(values))
         vals = [self._extern_value(a, values, where) for a in args]
         a, w, c = (vals[i].ptr for i in range(3))
         if a is None or w is None or c is None:
