@@ -9,7 +9,8 @@ back, on an idle stream):
 
 - cold: the whole conversation plus the turn prefilled from nothing (a fresh conversation);
 - warm: the conversation's prefix resident in the index, only the turn prefilled (target <= 3%
-  of cold);
+  of cold); once more at a turn length not run before, so the row also pays compiling the chunk
+  program at that length (launch records, cuBLASLt plans);
 - woken: the conversation's prefix parked in the host tier, woken, then the turn prefilled
   (target <= 15% of cold).
 
@@ -68,7 +69,7 @@ def measure(eng: Any, context: int, turn: int, reps: int, log: Callable[[str], N
     base = eng.sequence()
     eng.turn(base, _ids(rng, context), 1)  # the conversation, kept in the index
     conv = list(base.tokens)
-    cold, warm, woken = [], [], []
+    cold, warm, fresh, woken = [], [], [], []
     for i in range(reps):
         ms, pre = _ttft(eng, [*_ids(rng, context), *_ids(rng, turn)])
         assert pre.reused == 0, pre
@@ -76,16 +77,21 @@ def measure(eng: Any, context: int, turn: int, reps: int, log: Callable[[str], N
         ms, pre = _ttft(eng, [*conv, *_ids(rng, turn)])
         assert pre.source.value == "resident" and pre.reused >= context - 16, pre
         warm.append(ms)
+        ms, pre = _ttft(eng, [*conv, *_ids(rng, turn + 1 + i)])  # a turn length not run before
+        assert pre.source.value == "resident", pre
+        fresh.append(ms)
         _park_all(eng)
         ms, pre = _ttft(eng, [*conv, *_ids(rng, turn)])
         assert pre.source.value == "parked" and pre.reused >= context - 16, pre
         woken.append(ms)
-        log(f"rep {i}: cold {cold[-1]:.1f} ms, warm {warm[-1]:.2f} ms, woken {woken[-1]:.2f} ms")
+        log(f"rep {i}: cold {cold[-1]:.1f} ms, warm {warm[-1]:.2f} ms (new length {fresh[-1]:.2f}), "
+            f"woken {woken[-1]:.2f} ms")
     c, w, k = statistics.median(cold), statistics.median(warm), statistics.median(woken)
     peer = f"cold TTFT {c:.1f} ms (same run)"
     return [
         _row(f"ttft_cold_ms@{context}+{turn}", c, "ms"),
         _row(f"ttft_warm_ms@{context}+{turn}", w, "ms", peer=peer),
+        _row(f"ttft_warm_new_length_ms@{context}+{turn}+", statistics.median(fresh), "ms", peer=peer),
         _row(f"ttft_woken_ms@{context}+{turn}", k, "ms", peer=peer),
         _row("ttft_warm_vs_cold", w / c, "ratio", target=0.03, peer=peer),
         _row("ttft_woken_vs_cold", k / c, "ratio", target=0.15, peer=peer),
