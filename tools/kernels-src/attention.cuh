@@ -663,3 +663,406 @@ __device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* 
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Decode over rows (kern_attn_decode_rows): one block per (kv head, split, row); each of its
+// ROWS_WARPS warps streams whole pages of the split (warp w: the split's pages w, w + 4, ...)
+// through its own ring of ROWS_STAGES page slots in shared memory (cp.async, 16-byte chunks), and
+// runs both products on the tensor cores (mma.m16n8k16, bf16 -> f32), the kv head's query heads
+// as the 16 rows (8 per head tile) of S = Q K^T and as the 8 columns of O^T = V^T P^T.
+//
+// Fragments straight from the copied chunks: lane (g = lane / 4, t = lane % 4) copies
+// - K of tokens g and g + 8, dims [32 c + 8 t, 32 c + 8 t + 8) for chunk c < D / 32: the 16 dims of
+//   k-step j are {32 (j / 2) + 8 t + 4 (j % 2) + i, i < 4, t < 4} (the dot product's order, q
+//   loaded in the same pattern);
+// - V of tokens 2t, 2t + 1, 2t + 8, 2t + 9 (the k rows of the P.V step), dims [h D / 2 + 8 g, +8)
+//   for h < D / 64: value i of a token is dim vdim(g, i) = (i / 8) D / 2 + 8 g + i % 8; m-tile mt
+//   takes value mt for row g and D / 16 + mt for row g + 8, so lane (g, t) accumulates heads
+//   2t, 2t + 1 (+ 8) of dims vdim(g, mt) and vdim(g, D / 16 + mt).
+// Chunk c of lane l sits at byte (c * 32 + l) * 16 of its slot: each lane reads back only what it
+// copied (no barrier between the copy and the use), and a warp's 16-byte accesses never conflict.
+// P is rounded to bf16 for the P.V product and the row sums add the rounded weights, so each
+// split's output is an exact convex combination of its V rows with those weights.
+
+constexpr int ROWS_WARPS = 4;
+constexpr int ROWS_STAGES = 3;
+constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles of 8
+constexpr int ROWS_MIN_PAGES = ROWS_WARPS;  // pages per split at least on the global path
+constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
+
+// Dynamic shared memory of kern_attn_decode_rows at head_dim d (the launch must give it).
+__host__ __device__ constexpr int rows_smem_bytes(int d) { return ROWS_WARPS * ROWS_STAGES * (d / 8) * 32 * 16; }
+
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+    // NOTE: src-size 0 copies nothing and zero-fills the 16 bytes (tokens past the sequence).
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+static __device__ __forceinline__ uint4 lds128(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr));
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t u4_word(const uint4& v, int w) {
+    return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// bf16 pair (lo from a, hi from b): the low halves (hi_half = false) or the high halves of a, b.
+static __device__ __forceinline__ uint32_t pair_of(uint32_t a, uint32_t b, bool hi_half) {
+    return __byte_perm(a, b, hi_half ? 0x7632 : 0x5410);
+}
+
+template <int D>
+struct RowsGeom {
+    static constexpr int KC = D / 32;        // K chunks per token per lane
+    static constexpr int VC = D / 64;        // V chunks per token per lane
+    static constexpr int CH = D / 8;         // chunks per page per lane
+    static constexpr int MT = D / 16;        // m-tiles of P.V, k-steps of Q.K
+    static constexpr int SLOT = CH * 32 * 16;  // bytes of a page slot
+};
+
+// The split's pages, as one block sees them.
+struct RowsSplit {
+    const bf16* kv;           // this layer's k block of page 0
+    const int* table;         // the row's block-table row
+    int64_t page_stride;
+    int nkv;
+    int head;                 // kv head
+    int len;                  // the row's tokens
+    int pages;                // the row's pages
+    int page0;                // the split's first page
+    int npages;               // the split's pages
+};
+
+// Copies the warp's page `gp` (physical `phys`) into the slot at shared address `slot`.
+template <int D>
+__device__ __forceinline__ void rows_issue(const RowsSplit& sp, uint32_t slot, int gp, int phys) {
+    using G = RowsGeom<D>;
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int valid = min(ROWS_PAGE, sp.len - gp * ROWS_PAGE);
+    const int64_t row = (int64_t)sp.nkv * D;
+    const bf16* k0 = sp.kv + phys * sp.page_stride + (int64_t)sp.head * D;
+    const bf16* v0 = k0 + ROWS_PAGE * row;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+        const int tok = g + 8 * nt;
+        const bf16* src = k0 + (tok < valid ? tok : 0) * row;
+#pragma unroll
+        for (int c = 0; c < G::KC; ++c)
+            cp_async16(slot + ((nt * G::KC + c) * 32 + lane) * 16, src + 32 * c + 8 * t, tok < valid);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int tok = 2 * t + (u & 1) + 8 * (u >> 1);
+        const bf16* src = v0 + (tok < valid ? tok : 0) * row;
+#pragma unroll
+        for (int h = 0; h < G::VC; ++h)
+            cp_async16(slot + ((2 * G::KC + u * G::VC + h) * 32 + lane) * 16, src + h * (D / 2) + 8 * g,
+                       tok < valid);
+    }
+}
+
+// A warp's running softmax state over its pages: head row g (+ 8 r) max / rounded-weight sum
+// (per lane: its 4 columns; the quad's sum at the end), and O^T accumulators of heads
+// 8 ht + 2t (+1) at dims vdim(g, mt) (c0, c1) and vdim(g, D/16 + mt) (c2, c3).
+template <int D, int HT>
+struct RowsState {
+    float m[HT];
+    float l[HT];
+    float acc[HT][RowsGeom<D>::MT][4];
+};
+
+// Folds the page in `slot` (its first `valid` tokens) into the warp's state.
+template <int D, int HT>
+__device__ __forceinline__ void rows_fold(RowsState<D, HT>& st, const uint4 (&q)[HT][D / 32],
+                                          uint32_t slot, int valid, float scale_log2) {
+    using G = RowsGeom<D>;
+    const int lane = threadIdx.x & 31;
+    const int t = lane & 3;
+    uint4 kc[2 * G::KC], vc[4 * G::VC];
+#pragma unroll
+    for (int i = 0; i < 2 * G::KC; ++i) kc[i] = lds128(slot + (i * 32 + lane) * 16);
+#pragma unroll
+    for (int i = 0; i < 4 * G::VC; ++i) vc[i] = lds128(slot + ((2 * G::KC + i) * 32 + lane) * 16);
+    // S = Q K^T: two chains per token tile (even / odd k-steps) for fewer dependent mma.
+    float s[2][2][4];
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) s[p][nt][0] = s[p][nt][1] = s[p][nt][2] = s[p][nt][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < G::MT; ++j) {
+        const int c = j / 2;
+        const bool odd = j & 1;
+        uint32_t a[4];
+        a[0] = odd ? q[0][c].z : q[0][c].x;
+        a[2] = odd ? q[0][c].w : q[0][c].y;
+        if constexpr (HT == 2) {
+            a[1] = odd ? q[1][c].z : q[1][c].x;
+            a[3] = odd ? q[1][c].w : q[1][c].y;
+        } else {
+            a[1] = a[3] = 0u;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const uint4& k = kc[nt * G::KC + c];
+            mma_bf16(s[j & 1][nt], a, odd ? k.z : k.x, odd ? k.w : k.y);
+        }
+    }
+    // Online softmax per head row; P as the bf16 B fragments of the P.V step.
+    uint32_t pb[HT][2];
+    float alpha[HT];
+#pragma unroll
+    for (int r = 0; r < HT; ++r) {
+        float v[2][2];
+        float mx = KERN_NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int tok = 8 * nt + 2 * t + e;
+                const float x = (s[0][nt][2 * r + e] + s[1][nt][2 * r + e]) * scale_log2;
+                v[nt][e] = tok < valid ? x : KERN_NEG_INF;
+                mx = fmaxf(mx, v[nt][e]);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(st.m[r], mx);  // the page holds a valid token: finite
+        alpha[r] = exp2f(st.m[r] - m_new);
+        st.m[r] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const uint32_t pk = pack2(exp2f(v[nt][0] - m_new), exp2f(v[nt][1] - m_new));
+            sum += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xffff0000u);
+            pb[r][nt] = pk;
+        }
+        st.l[r] = st.l[r] * alpha[r] + sum;
+    }
+    // O^T += V^T P^T, after rescaling by each column head's alpha (held by the quad of its row).
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) {
+        const float a_lo = __shfl_sync(0xffffffffu, alpha[ht], 8 * t);
+        const float a_hi = __shfl_sync(0xffffffffu, alpha[ht], 8 * t + 4);
+#pragma unroll
+        for (int mt = 0; mt < G::MT; ++mt) {
+            st.acc[ht][mt][0] *= a_lo;
+            st.acc[ht][mt][1] *= a_hi;
+            st.acc[ht][mt][2] *= a_lo;
+            st.acc[ht][mt][3] *= a_hi;
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < G::MT; ++mt) {
+        // value index i of token u: word (i % 8) / 2 of chunk u * VC + i / 8, half i % 2
+        const int lo = mt, hi = G::MT + mt;
+        const bool half = mt & 1;
+        uint32_t a[4];
+        a[0] = pair_of(u4_word(vc[0 * G::VC + lo / 8], (lo % 8) / 2), u4_word(vc[1 * G::VC + lo / 8], (lo % 8) / 2), half);
+        a[1] = pair_of(u4_word(vc[0 * G::VC + hi / 8], (hi % 8) / 2), u4_word(vc[1 * G::VC + hi / 8], (hi % 8) / 2), half);
+        a[2] = pair_of(u4_word(vc[2 * G::VC + lo / 8], (lo % 8) / 2), u4_word(vc[3 * G::VC + lo / 8], (lo % 8) / 2), half);
+        a[3] = pair_of(u4_word(vc[2 * G::VC + hi / 8], (hi % 8) / 2), u4_word(vc[3 * G::VC + hi / 8], (hi % 8) / 2), half);
+#pragma unroll
+        for (int ht = 0; ht < HT; ++ht) mma_bf16(st.acc[ht][mt], a, pb[ht][0], pb[ht][1]);
+    }
+}
+
+// The block's split: folds its pages (warp w: the split's pages w, w + ROWS_WARPS, ...), combines
+// the warps, and writes each of the kv head's `group` query heads' normalized row to
+// o_dst[h * D ..] and its log2-sum-exp to lse_dst[h]. The block-table entries and the k / v rows
+// of every page but the row's last are copied before the PDL wait (earlier steps wrote them);
+// q and the last page after it.
+template <int D, int HT>
+__device__ void rows_fold_split(const bf16* qrow, const RowsSplit& sp, int group, float scale_log2,
+                                float* o_dst, float* lse_dst, unsigned char* smem) {
+    using G = RowsGeom<D>;
+    constexpr int S = ROWS_STAGES;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem) + warp * S * G::SLOT;
+    const int n = sp.npages > warp ? (sp.npages - warp + ROWS_WARPS - 1) / ROWS_WARPS : 0;
+    // lane j holds the physical page of the warp's page cache0 + j
+    int cache0 = 0;
+    int cache = lane < n ? sp.table[sp.page0 + warp + lane * ROWS_WARPS] : 0;
+    auto page_of = [&](int i) { return sp.page0 + warp + i * ROWS_WARPS; };
+    auto phys = [&](int i) {
+        if (i >= cache0 + 32) {
+            cache0 += 32;
+            cache = cache0 + lane < n ? sp.table[page_of(cache0 + lane)] : 0;
+        }
+        return __shfl_sync(0xffffffffu, cache, i - cache0);
+    };
+    bool deferred = false;
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+        if (i < n) {
+            if (page_of(i) == sp.pages - 1)
+                deferred = true;  // NOTE: holds this step's k / v row, written by the launch before
+            else
+                rows_issue<D>(sp, base + i * G::SLOT, page_of(i), phys(i));
+        }
+        cp_async_commit();
+    }
+    kern_pdl_wait();
+    if (deferred) {
+        // NOTE: the warp's last page (n - 1 < S - 1); the loop waits for every group there.
+        rows_issue<D>(sp, base + ((n - 1) % S) * G::SLOT, page_of(n - 1), phys(n - 1));
+        cp_async_commit();
+    }
+    uint4 q[HT][D / 32];
+#pragma unroll
+    for (int r = 0; r < HT; ++r) {
+        const int h = g + 8 * r;
+        const bf16* qh = qrow + (int64_t)(sp.head * group + h) * D;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c)
+            q[r][c] = h < group ? *reinterpret_cast<const uint4*>(qh + 32 * c + 8 * t) : make_uint4(0, 0, 0, 0);
+    }
+    RowsState<D, HT> st;
+#pragma unroll
+    for (int r = 0; r < HT; ++r) {
+        st.m[r] = KERN_NEG_INF;
+        st.l[r] = 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < G::MT; ++mt) st.acc[r][mt][0] = st.acc[r][mt][1] = st.acc[r][mt][2] = st.acc[r][mt][3] = 0.0f;
+    }
+    for (int i = 0; i < n; ++i) {
+        const int next = i + S - 1;
+        if (next < n) rows_issue<D>(sp, base + (next % S) * G::SLOT, page_of(next), phys(next));
+        cp_async_commit();
+        if (i == n - 1)
+            cp_async_wait<0>();
+        else
+            cp_async_wait<S - 1>();
+        rows_fold<D, HT>(st, q, base + (i % S) * G::SLOT, min(ROWS_PAGE, sp.len - page_of(i) * ROWS_PAGE),
+                         scale_log2);
+    }
+#pragma unroll
+    for (int r = 0; r < HT; ++r) {
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
+    }
+    // Combine the warps: m, l per (warp, head row), then O per (warp, head row, dim).
+    constexpr int R = 8 * HT;
+    float* sm_m = reinterpret_cast<float*>(smem);
+    float* sm_l = sm_m + ROWS_WARPS * R;
+    float* sm_acc = sm_l + ROWS_WARPS * R;
+    __syncthreads();  // every warp is done with its slots
+    if (t == 0) {
+#pragma unroll
+        for (int r = 0; r < HT; ++r) {
+            sm_m[warp * R + g + 8 * r] = st.m[r];
+            sm_l[warp * R + g + 8 * r] = st.l[r];
+        }
+    }
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) {
+#pragma unroll
+        for (int mt = 0; mt < G::MT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int head = 8 * ht + 2 * t + (e & 1);
+                const int i = e < 2 ? mt : G::MT + mt;
+                const int dim = (i / 8) * (D / 2) + 8 * g + i % 8;
+                sm_acc[(warp * R + head) * D + dim] = st.acc[ht][mt][e];
+            }
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
+        const int h = idx / D;
+        const int d = idx % D;
+        float mx = KERN_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < ROWS_WARPS; ++w) mx = fmaxf(mx, sm_m[w * R + h]);
+        float l = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ROWS_WARPS; ++w) {
+            const float f = exp2f(sm_m[w * R + h] - mx);  // a warp without pages: m = -inf, f = 0
+            l += sm_l[w * R + h] * f;
+            o += sm_acc[(w * R + h) * D + d] * f;
+        }
+        o_dst[h * D + d] = o / l;
+        if (d == 0) lse_dst[h] = mx + log2f(l);
+    }
+}
+
+// Float offset of the cluster rows / lse in kern_attn_decode_rows' dynamic shared memory (past
+// the warps' combine area of rows_fold_split).
+template <int D>
+__host__ __device__ constexpr int rows_cluster_offset() { return ROWS_WARPS * 16 * (2 + D); }
+
+// kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles.
+template <int D, int HT>
+__device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
+                              float* part_o, float* part_lse, int* counters, bf16* out, int nq, int nkv,
+                              int64_t page_stride, int table_stride, int max_splits, float scale,
+                              unsigned char* smem) {
+    const int row = blockIdx.z;
+    const int split = blockIdx.y;
+    const int head = blockIdx.x;
+    const int group = nq / nkv;
+    // NOTE: seq_lens, the block table and the k / v rows before each row's last token are read
+    // before the PDL wait (see rows_fold_split): no launch of the step before this one may write
+    // them.
+    const int len = seq_lens[row];
+    const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
+    const bool clustered = pages <= DEC_CLUSTER * ROWS_WARPS;
+    const int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
+                              : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
+    const int used = (pages + pps - 1) / pps;
+    if (split >= (clustered ? DEC_CLUSTER : used)) {
+        kern_pdl_wait();
+        return;
+    }
+    bf16* out_row = out + (int64_t)row * nq * D;
+    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
+    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
+    float* po = part_o + (int64_t)row * max_splits * nq * D;
+    float* pl = part_lse + (int64_t)row * max_splits * nq;
+    if (split < used) {
+        const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
+                           split * pps, min(pps, pages - split * pps)};
+        const int64_t row0 = (int64_t)split * nq + head * group;
+        rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E,
+                               clustered ? cl_o : po + row0 * D, clustered ? cl_lse : pl + row0, smem);
+    } else {
+        kern_pdl_wait();
+    }
+    if (clustered) {
+        // NOTE: a row of 0 tokens (used = 0) gets zeros from cluster_reduce.
+        cluster_sync();
+        cluster_reduce(cl_o, cl_lse, out_row, head * group, group, D, used, split);
+        cluster_sync();  // no block may exit while another can still read its shared memory
+        return;
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int is_last;
+    int* count = counters + (int64_t)row * nkv + head;
+    if (threadIdx.x == 0) is_last = atomicAdd(count, 1) == used - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    decode_reduce_heads(po, pl, out_row, head * group, group, used, nq, D, reinterpret_cast<float*>(smem));
+    if (threadIdx.x == 0) *count = 0;
+}
