@@ -16,7 +16,6 @@ transformers = gpu_import("transformers")
 from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
 from helpers.kernel_cases import (  # noqa: E402
     BF16,
-    DECODE_CLUSTER,
     DEV,
     EPS,
     LAYER,
@@ -25,13 +24,11 @@ from helpers.kernel_cases import (  # noqa: E402
     bits,
     block_table,
     norm_gemv_case,
-    on_cluster_path,
     qkv_case,
     randn,
     rope_tables,
     rotary_embedding,
     run_folded,
-    used_splits,
 )
 
 # NOTE: the kernel's rsqrt(mean + eps) may differ from torch's by a few f32 ulps (summation order,
@@ -356,73 +353,6 @@ def test_qk_norm_rope_kv_is_qk_norm_rope_then_kv_write(
     assert torch.equal(bits(kv2.state), bits(kv.state))
 
 
-@pytest.mark.parametrize(("nq", "nkv", "d", "seq_len", "splits"), [
-    (32, 8, 128, 1, 32), (32, 8, 128, 15, 32), (32, 8, 128, 16, 32), (32, 8, 128, 17, 32),
-    (32, 8, 128, 112, 32), (32, 8, 128, 127, 32), (32, 8, 128, 128, 32), (32, 8, 128, 129, 32),
-    (32, 8, 128, 255, 32), (32, 8, 128, 256, 32), (32, 8, 128, 257, 32), (32, 8, 128, 300, 32),
-    (32, 8, 128, 395, 32), (32, 8, 128, 497, 32), (32, 8, 128, 512, 32), (32, 8, 128, 513, 32),
-    (32, 8, 128, 1024, 32), (32, 8, 128, 1025, 32), (32, 8, 128, 2053, 32),
-    (32, 8, 128, 4096, 32), (32, 8, 128, 8192, 32), (32, 8, 128, 128, 16), (32, 8, 128, 129, 16),
-    (32, 8, 128, 513, 16), (32, 8, 128, 129, 8), (32, 8, 128, 255, 8), (32, 8, 128, 257, 8),
-    (32, 8, 128, 8192, 8), (40, 8, 128, 531, 32), (40, 8, 128, 128, 32), (64, 4, 128, 531, 32),
-    (64, 4, 128, 100, 32), (64, 4, 128, 100, 8), (64, 2, 128, 100, 32), (64, 2, 128, 531, 32),
-    (8, 1, 64, 531, 32), (8, 1, 64, 128, 32), (32, 1, 64, 50, 8), (24, 8, 64, 100, 32),
-    (24, 8, 64, 1, 8)])
-
-
-def test_one_launch_decode_attention_is_the_two_launch_pair(
-    k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int, splits: int
-) -> None:
-    """kern_attn_decode: bit-identical to partial + reduce (same partials, same order over the
-    splits that hold tokens; groups 1..32), three launches in a row each leave the counters at zero
-    again, and kern_zero_i32 zeroes them to start with. Split counts are multiples of 8 only (8,
-    16, 32): the kernel's clusters are 8 blocks along grid y and the driver refuses any other grid
-    (test_one_launch_decode_attention_refuses_splits_off_the_cluster). Both combine paths: the
-    cluster path (up to 32 pages, i.e. contexts 1..512, and group * head_dim <= 2048) equals the
-    pair at 8 splits and leaves part_o / part_lse unwritten; the global path (longer contexts, or
-    the 32-head groups of nkv 2) equals the pair at `splits` and goes through them and the
-    counters."""
-    pages = math.ceil(seq_len / PAGE) + 3
-    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = block_table(pages, gen)
-    qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
-    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
-    scale = d**-0.5
-    layer = h.ptr(kv.state, kv.layer_offset(LAYER))
-    clustered = on_cluster_path(seq_len, nq // nkv, d)
-    plan = DECODE_CLUSTER if clustered else splits  # the pair's split count that kern_attn_decode equals
-    shape = (h.i32(nq), h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride))
-    geometry = (*shape, h.i32(splits), h.f32(scale))
-    part_o = torch.zeros(plan, nq, d, device=DEV)
-    part_lse = torch.zeros(plan, nq, device=DEV)
-    pair = torch.empty(1, nq * d, dtype=BF16, device=DEV)
-    k.launch("kern_attn_decode_partial", (nkv, plan), (128,), h.ptr(qkv), layer, h.ptr(table), h.ptr(seq),
-             h.ptr(part_o), h.ptr(part_lse), *shape, h.i32(plan), h.f32(scale))
-    k.launch("kern_attn_decode_reduce", (nq,), (128,), h.ptr(part_o), h.ptr(part_lse), h.ptr(pair),
-             h.i32(nq), h.i32(d), h.i32(plan))
-    counters = torch.full((nkv,), 7, dtype=torch.int32, device=DEV)
-    k.launch("kern_zero_i32", (1,), (32,), h.ptr(counters), h.i32(nkv))
-    torch.cuda.synchronize()
-    assert not counters.any()
-    for _ in range(3):
-        one = torch.full((1, nq * d), float("nan"), dtype=BF16, device=DEV)
-        # NOTE: fresh NaN scratch each time (kept alive until the sync): nothing may read stale partials.
-        po, pl = torch.full_like(part_o, float("nan")), torch.full_like(part_lse, float("nan"))
-        k.launch("kern_attn_decode", (nkv, splits), (128,), h.ptr(qkv), layer, h.ptr(table), h.ptr(seq),
-                 h.ptr(po), h.ptr(pl), h.ptr(counters), h.ptr(one), *geometry)
-        torch.cuda.synchronize()
-        assert torch.equal(bits(one), bits(pair))
-        assert not counters.any(), "the reducing block must set its counter back to 0"
-        if clustered:
-            assert po.isnan().all() and pl.isnan().all(), "the cluster path must not write global partials"
-        else:
-            used = used_splits(seq_len, splits)
-            assert torch.equal(pl[:used], part_lse[:used]), "the global path writes the pair's partials"
-    keys, vals = kv.gather(LAYER, table, seq_len)
-    ref = h.attention_ref(qkv[:, : nq * d].view(1, nq, d), keys, vals, torch.tensor([seq_len - 1], device=DEV), scale)
-    torch.testing.assert_close(one.float(), ref, atol=4e-3, rtol=1e-2)
-
-
 def _prefill_case(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, prefix: int, rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -552,30 +482,6 @@ def test_copy_copies_n_elements_only(k: object, gen: torch.Generator, dtype: tor
     torch.cuda.synchronize()
     assert torch.equal(dst[:n], src[:n])
     assert (dst[n:] == 77).all()
-
-
-# NOTE: last in the module: a refused launch is a launch-configuration error (not sticky), but if a
-# driver ever made it sticky only this test would see the broken context.
-@pytest.mark.parametrize("splits", [2, 12, 36])
-def test_one_launch_decode_attention_refuses_splits_off_the_cluster(k: object, gen: torch.Generator, splits: int) -> None:
-    """kern_attn_decode's grid y must be a multiple of its cluster size (8): the driver refuses the
-    launch, and nothing is written (out, counters and the partials stay as they were)."""
-    nq, nkv, d, seq_len = 32, 8, 128, 128
-    pages = math.ceil(seq_len / PAGE)
-    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
-    table = block_table(pages, gen)
-    qkv = randn(1, (nq + 2 * nkv) * d, gen=gen)
-    seq = torch.tensor([seq_len], dtype=torch.int32, device=DEV)
-    po = torch.full((splits, nq, d), 3.0, device=DEV)
-    pl = torch.full((splits, nq), 3.0, device=DEV)
-    counters = torch.zeros(nkv, dtype=torch.int32, device=DEV)
-    out = torch.full((1, nq * d), 5.0, dtype=BF16, device=DEV)
-    with pytest.raises(cupy.cuda.driver.CUDADriverError):
-        k.launch("kern_attn_decode", (nkv, splits), (128,), h.ptr(qkv), h.ptr(kv.state, kv.layer_offset(LAYER)),
-                 h.ptr(table), h.ptr(seq), h.ptr(po), h.ptr(pl), h.ptr(counters), h.ptr(out), h.i32(nq),
-                 h.i32(nkv), h.i32(d), h.i32(PAGE), h.i64(kv.page_stride), h.i32(splits), h.f32(d**-0.5))
-    torch.cuda.synchronize()
-    assert (out.float() == 5.0).all() and (po == 3.0).all() and (pl == 3.0).all() and not counters.any()
 
 
 def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:

@@ -231,7 +231,11 @@ def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
     assert [c["label"] for c in decode[2:10]] == [
         "l0.qkv", "l0.qk_norm_rope_kv", "l0.attn", "l0.o", "l0.post_norm", "l0.gate_up", "l0.down", "l0.next_norm"]
     attn = m["ops"][decode[4]["op"]]
-    assert [la["entry"] for la in attn["impl"]["launches"]] == ["kern_attn_decode"]
+    (launch,) = attn["impl"]["launches"]
+    assert (launch["entry"], launch["grid"], launch["block"], launch["shared_mem"]) == (
+        "kern_attn_decode_rows", [8, gen.DECODE_SPLITS, 1], [128, 1, 1], gen.decode_rows_smem(128))
+    assert launch["args"][13:15] == [{"i32": m["buffers"]["block_table"]["shape"][0]}, {"i32": gen.DECODE_SPLITS}]
+    assert attn["impl"]["scratch"]["part_o"]["shape"] == [gen.DECODE_SPLITS, 32 * 128]
     assert decode[4]["args"][-1] == {"buf": "attn_count"}
     assert m["buffers"]["attn_count"] == {"dtype": "i32", "shape": [8], "kind": "carry"}
     load = m["programs"]["load"]["calls"]
@@ -262,15 +266,32 @@ def test_gemv_pick_overrides_the_table() -> None:
 # ------------------------------------------------------------------------------ --capture
 
 def test_decode_splits_must_fill_the_attention_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kern_attn_decode's grid y is DECODE_SPLITS and its clusters are 8 blocks along y (the
-    `__cluster_dims__` in attention.cu): another split count is refused before a manifest exists."""
+    """kern_attn_decode_rows' grid y is DECODE_SPLITS and its clusters are 8 blocks along y (the
+    `__cluster_dims__` in attention.cu): another split count is refused before a fused manifest
+    exists; the generator's copies of the kernel's block shape and limits are the header's."""
     text = (TOOLS / "kernels-src" / "attention.cuh").read_text() + (TOOLS / "kernels-src" / "attention.cu").read_text()
     assert f"constexpr int DEC_CLUSTER = {gen.DECODE_CLUSTER};" in text
-    assert "__cluster_dims__(1, DEC_CLUSTER, 1)" in text
+    assert "__cluster_dims__(1, DEC_CLUSTER, 1)\nkern_attn_decode_rows(" in text
+    for name, value in (("ROWS_WARPS", gen.DECODE_ROWS_WARPS), ("ROWS_STAGES", gen.DECODE_ROWS_STAGES),
+                        ("ROWS_MAX_GROUP", gen.DECODE_ROWS_MAX_GROUP)):
+        assert f"constexpr int {name} = {value};" in text
+    assert "return ROWS_WARPS * ROWS_STAGES * (d / 8) * 32 * 16;" in text
+    assert gen.decode_rows_smem(128) == 96 * 1024 and gen.decode_rows_smem(64) == 48 * 1024
     assert gen.DECODE_SPLITS % gen.DECODE_CLUSTER == 0
+    manifest(QWEN3_TINY_CONFIG, feed="device")
     monkeypatch.setattr("kern_qwen3._finish.DECODE_SPLITS", 12)
+    manifest(QWEN3_TINY_CONFIG, feed="device")  # the unfused attention has no clusters
     with pytest.raises(gen.KernelsError, match="DECODE_SPLITS 12"):
-        manifest(QWEN3_TINY_CONFIG, feed="device")
+        manifest(QWEN3_TINY_CONFIG, feed="device", fuse=True)
+
+
+def test_fused_attention_holds_at_most_16_query_heads_per_kv_head() -> None:
+    """kern_attn_decode_rows' two head tiles of 8; the unfused pair takes wider groups."""
+    wide = {**QWEN3_4B_CONFIG, "num_attention_heads": 64, "num_key_value_heads": 2}
+    manifest(wide, feed="device")
+    with pytest.raises(gen.KernelsError, match="32 query heads per kv head in the fused decode attention"):
+        manifest(wide, feed="device", fuse=True)
+    manifest({**QWEN3_4B_CONFIG, "num_attention_heads": 64, "num_key_value_heads": 4}, feed="device", fuse=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def test_pdl_marks_every_decode_launch_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("feed", ["host", "device"])
 def test_nothing_before_the_attention_writes_what_it_reads_before_its_pdl_wait(feed: str) -> None:
-    """kern_attn_decode reads seq_len and the block table before its PDL wait, and that code may
+    """kern_attn_decode_rows reads seq_len and the block table before its PDL wait, and that code may
     overlap any launch back to the step's first (the only launch without PDL). So no call before an
     attention may write those buffers: in the decode step only the advance, after the argmax, does."""
     m = manifest(QWEN3_4B_CONFIG, feed=feed, gemv=list(gen.GEMV_GEMMS), fuse=True, pdl=True)

@@ -254,6 +254,26 @@ def k_attn_decode(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, part_o: Ptr,
     k_attn_decode_reduce(t, part_o, part_lse, out, nq, d, used)
 
 
+def k_attn_decode_rows(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_lens: Ptr, part_o: Ptr, part_lse: Ptr, counters: Ptr,
+                       out: Ptr, nq: int, nkv: int, d: int, p: int, page_stride: int, table_stride: int,
+                       max_splits: int, scale: float) -> None:
+    """`t` rows (the program's tokens), each over its own seq_lens[r] tokens through its block-table row
+    (block_table + r * table_stride): attention as kern_attn_decode_partial + _reduce give it (how the
+    kernel splits a row is its own business); a row of 0 tokens gets zeros. The counters ([rows,
+    nkv]) must be zero before (the load program zeroes them) and are zero after."""
+    assert not _view(counters, t * nkv).any(), "kern_attn_decode_rows' counters are not zero: the load program must zero them"
+    width = (nq + 2 * nkv) * d
+    o = _view(out, t * nq * d).reshape(t, nq * d)
+    for r in range(t):
+        n = int(_view(seq_lens, t)[r])
+        if n == 0:
+            o[r] = 0
+            continue
+        q = _view((qkv[0], qkv[1] + r * width), width).reshape(nq + 2 * nkv, d)[None, :nq]
+        ks, vs = _gather_kv(kv, (bt[0], bt[1] + r * table_stride), n, nkv, d, p, page_stride)
+        o[r] = _attend(q, ks, vs, np.array([n]), scale).reshape(-1)
+
+
 def k_attn_decode_qkn(t: int, qkv: Ptr, wq: Ptr, wk: Ptr, pos: Ptr, cos: Ptr, sin: Ptr, kv: Ptr, slots: Ptr,
                       bt: Ptr, seq_len: Ptr, part_o: Ptr, part_lse: Ptr, counters: Ptr, out: Ptr, nq: int, nkv: int,
                       d: int, p: int, page_stride: int, splits: int, scale: float, eps: float) -> None:
@@ -378,7 +398,7 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_c2": k_gemv, "kern_gemv_bf16_p4": k_gemv, "kern_gemv_bf16_d4": k_gemv,
     "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
-    "kern_attn_decode": k_attn_decode, "kern_attn_decode_wide": k_attn_decode, "kern_attn_decode_late": k_attn_decode,
+    "kern_attn_decode": k_attn_decode, "kern_attn_decode_rows": k_attn_decode_rows, "kern_attn_decode_wide": k_attn_decode, "kern_attn_decode_late": k_attn_decode,
     "kern_attn_decode_wide_late": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
     "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_r4": k_gemv,
     "kern_gemv_bf16_r4_silu": k_gemv_silu, "kern_gemv_bf16_r4_n": k_gemv_norm,

@@ -3,6 +3,7 @@ variants that combine them (see tools/lab/README.md)."""
 
 from kern_lab.entries import (
     ALT_ENTRIES,
+    CLUSTER_ENTRY,
     DECODE_SPLITS_WIDE,
     DEFER_P4,
     FOLD_ENTRIES,
@@ -32,6 +33,7 @@ from kern_lab.passes import (
 
 __all__ = [
     "ALT_ENTRIES",
+    "CLUSTER_ENTRY",
     "DECODE_SPLITS_WIDE",
     "DEFER_P4",
     "FOLDED",

@@ -10,6 +10,7 @@ from kern_qwen3 import GEMV_ENTRIES, GemvEntry, Layout
 
 __all__ = [
     "ALT_ENTRIES",
+    "CLUSTER_ENTRY",
     "DECODE_SPLITS_WIDE",
     "DEFER_P4",
     "FOLDED",
@@ -101,6 +102,9 @@ TAIL_GROUP, TAIL_STRIDE = 64, 32
 i32 apart, after the top one (`passes.tail_counters`)."""
 QKN_MAX_GROUP = 32
 """attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
+CLUSTER_ENTRY = "kern_attn_decode"
+"""attention_cluster.cu's one-row decode attention (32 fixed splits, a cluster combine up to 512
+tokens): the form the lab's attention experiments start from."""
 WIDE_ENTRY = "kern_attn_decode_wide"
 """attention_wide.cu's kern_attn_decode with a per-cluster combine first on its global path."""
 DECODE_SPLITS_WIDE = 128

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kern_lab.entries import (
+    CLUSTER_ENTRY,
     DECODE_SPLITS_WIDE,
     FOLD_ENTRIES,
     FOLDED,
@@ -55,6 +56,19 @@ __all__ = [
 
 def _fused_launch(manifest: Json) -> Json:
     (launch,) = manifest["ops"]["attn_decode_fused"]["impl"]["launches"]
+    return launch
+
+
+def _cluster_launch(manifest: Json, ctx: Context) -> Json:
+    """The fused attention's launch, turned from kern_attn_decode_rows into kern_attn_decode
+    (attention_cluster.cu, the same args but the table stride, no dynamic shared memory) in place."""
+    launch = _fused_launch(manifest)
+    if launch["entry"] == "kern_attn_decode_rows":
+        # NOTE: the rows entry's 14th parameter, table_stride, is the one kern_attn_decode lacks.
+        launch["params"] = [*launch["params"][:13], *launch["params"][14:]]
+        launch["args"] = [*launch["args"][:13], *launch["args"][14:]]
+        launch.pop("shared_mem", None)
+        launch |= {"module": ctx.entries[CLUSTER_ENTRY], "entry": CLUSTER_ENTRY}
     return launch
 
 
@@ -214,24 +228,24 @@ class Qkn:
 @dataclass(frozen=True, slots=True)
 class Splits:
     """The fused decode attention over `splits` KV splits (its scratch sized to match), on
-    kern_attn_decode or, `wide`, kern_attn_decode_wide (attention_wide.cu: beyond 512 tokens each
-    cluster of 8 splits combines in shared memory first)."""
+    kern_attn_decode (attention_cluster.cu) or, `wide`, kern_attn_decode_wide (attention_wide.cu:
+    beyond 512 tokens each cluster of 8 splits combines in shared memory first)."""
 
     splits: int = DECODE_SPLITS_WIDE
     wide: bool = True
     name: str = "splits"
 
     def needs(self, plan: Plan, shape: Qwen3Shape) -> tuple[str, ...]:
-        """kern_attn_decode_wide when `wide`."""
+        """kern_attn_decode_wide when `wide`, else kern_attn_decode."""
         _needs_fuse(plan, "wide_attention" if self.wide else self.name)
         if self.splits < 1 or self.splits % DECODE_CLUSTER:
             raise GenError(f"splits {self.splits}: kern_attn_decode needs a multiple of {DECODE_CLUSTER}")
-        return (WIDE_ENTRY,) if self.wide else ()
+        return (WIDE_ENTRY,) if self.wide else (CLUSTER_ENTRY,)
 
     def __call__(self, manifest: Json, ctx: Context) -> None:
         """Rewrites attn_decode_fused (in place)."""
         op = manifest["ops"]["attn_decode_fused"]
-        launch = _fused_launch(manifest)
+        launch = _cluster_launch(manifest, ctx)
         if self.wide:
             launch |= {"module": ctx.entries[WIDE_ENTRY], "entry": WIDE_ENTRY}
         launch["grid"] = [ctx.shape.kv_heads, self.splits, 1]
@@ -243,7 +257,8 @@ class Splits:
 @dataclass(frozen=True, slots=True)
 class LateTrigger:
     """The fused decode attention's blocks let the next launch (o's GEMV) start only once they have
-    folded their splits (LATE_ENTRIES, attention_wide.cu)."""
+    folded their splits (LATE_ENTRIES, attention_wide.cu; kern_attn_decode_rows becomes
+    kern_attn_decode's late form)."""
 
     name: str = "late_trigger"
 
@@ -254,7 +269,7 @@ class LateTrigger:
 
     def __call__(self, manifest: Json, ctx: Context) -> None:
         """Swaps the fused attention's entry for its late form (in place)."""
-        launch = _fused_launch(manifest)
+        launch = _cluster_launch(manifest, ctx)
         late = LATE_ENTRIES[launch["entry"]]
         launch |= {"module": ctx.entries[late], "entry": late}
 

@@ -17,6 +17,9 @@ from kern_qwen3.checkpoint import (
 from kern_qwen3.entries import (
     ARGMAX_PARTS,
     DECODE_CLUSTER,
+    DECODE_ROWS_MAX_GROUP,
+    DECODE_ROWS_STAGES,
+    DECODE_ROWS_WARPS,
     DECODE_SPLITS,
     DEFER_ENTRIES,
     DEFER_MAX_K,
@@ -32,6 +35,7 @@ from kern_qwen3.entries import (
     SILU_ENTRIES,
     GemvEntry,
     Layout,
+    decode_rows_smem,
     entry_modules,
     silu_entries,
 )
@@ -76,6 +80,9 @@ from kern_qwen3.shape import (
 __all__ = [
     "ARGMAX_PARTS",
     "DECODE_CLUSTER",
+    "DECODE_ROWS_MAX_GROUP",
+    "DECODE_ROWS_STAGES",
+    "DECODE_ROWS_WARPS",
     "DECODE_SPLITS",
     "DEFAULT_CHUNK",
     "DEFER_ENTRIES",
@@ -133,6 +140,7 @@ __all__ = [
     "add_workspace",
     "cache_dir",
     "decode_gemm_shapes",
+    "decode_rows_smem",
     "decode_weight_bytes",
     "defer_launch",
     "entry_modules",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kern_qwen3.entries import DECODE_CLUSTER, DECODE_SPLITS
+from kern_qwen3.entries import DECODE_CLUSTER, DECODE_ROWS_MAX_GROUP, DECODE_SPLITS
 from kern_qwen3.errors import KernelsError
 from kern_qwen3.fragments import Json
 from kern_qwen3.shape import Qwen3Shape
@@ -12,8 +12,9 @@ from kern_qwen3.shape import Qwen3Shape
 __all__ = ["check_kernel_limits", "check_needed", "finish"]
 
 
-def check_kernel_limits(s: Qwen3Shape) -> None:
-    """What tools/kernels-src supports (its comments): vector widths and the attention's GQA tiling.
+def check_kernel_limits(s: Qwen3Shape, *, fuse: bool = False) -> None:
+    """What tools/kernels-src supports (its comments): vector widths and the attention's GQA tiling
+    (`fuse`: kern_attn_decode_rows' too).
 
     Raises:
         KernelsError: the shape is outside what the kernels hold.
@@ -24,8 +25,10 @@ def check_kernel_limits(s: Qwen3Shape) -> None:
         *([f"{group} query heads per kv head (needs <= 8 or a multiple of 8)"] if group > 8 and group % 8 else []),
         *([f"hidden_size {s.hidden} (needs a multiple of 8)"] if s.hidden % 8 else []),
         *([f"intermediate_size {s.inter} (needs a multiple of 8)"] if s.inter % 8 else []),
-        *([f"DECODE_SPLITS {DECODE_SPLITS} (kern_attn_decode needs a multiple of {DECODE_CLUSTER})"]
-          if DECODE_SPLITS % DECODE_CLUSTER else []),
+        *([f"DECODE_SPLITS {DECODE_SPLITS} (kern_attn_decode_rows needs a multiple of {DECODE_CLUSTER})"]
+          if fuse and DECODE_SPLITS % DECODE_CLUSTER else []),
+        *([f"{group} query heads per kv head in the fused decode attention (needs <= {DECODE_ROWS_MAX_GROUP})"]
+          if fuse and group > DECODE_ROWS_MAX_GROUP else []),
     ]
     if problems:
         raise KernelsError("our kernels do not support " + "; ".join(problems))

@@ -14,6 +14,9 @@ from kern_qwen3.errors import KernelsError
 __all__ = [
     "ARGMAX_PARTS",
     "DECODE_CLUSTER",
+    "DECODE_ROWS_MAX_GROUP",
+    "DECODE_ROWS_STAGES",
+    "DECODE_ROWS_WARPS",
     "DECODE_SPLITS",
     "DEFER_ENTRIES",
     "DEFER_MAX_K",
@@ -32,16 +35,32 @@ __all__ = [
     "SILU_ENTRIES",
     "GemvEntry",
     "Layout",
+    "decode_rows_smem",
     "entry_modules",
     "silu_entries",
 ]
 
 DECODE_SPLITS = 32
-"""Split-KV partitions of the decode attention (grid y of kern_attn_decode_partial and
-kern_attn_decode). A multiple of DECODE_CLUSTER: kern_attn_decode runs in clusters of that many
-blocks along y, and the driver refuses any other grid."""
+"""Split-KV partitions of the decode attention (grid y of kern_attn_decode_partial; the most splits
+a row of kern_attn_decode_rows takes, its `max_splits`). A multiple of DECODE_CLUSTER:
+kern_attn_decode_rows runs in clusters of that many blocks along y, and the driver refuses any
+other grid."""
 DECODE_CLUSTER = 8
-"""attention.cuh's DEC_CLUSTER: kern_attn_decode's `__cluster_dims__(1, 8, 1)`."""
+"""attention.cuh's DEC_CLUSTER: kern_attn_decode_rows' `__cluster_dims__(1, 8, 1)`."""
+DECODE_ROWS_WARPS = 4
+"""attention.cuh's ROWS_WARPS: warps per block of kern_attn_decode_rows (block [128])."""
+DECODE_ROWS_STAGES = 3
+"""attention.cuh's ROWS_STAGES: page slots in each warp's shared-memory ring."""
+DECODE_ROWS_MAX_GROUP = 16
+"""attention.cuh's ROWS_MAX_GROUP: query heads per kv head kern_attn_decode_rows holds."""
+
+
+def decode_rows_smem(head_dim: int) -> int:
+    """Dynamic shared memory of kern_attn_decode_rows at `head_dim` (attention.cuh's rows_smem_bytes):
+    each warp's ring of page slots, a slot 2 * head_dim * 16 tokens * 2 bytes."""
+    return DECODE_ROWS_WARPS * DECODE_ROWS_STAGES * (head_dim // 8) * 32 * 16
+
+
 PREFILL_BM = 64
 """Packed rows (chunk rows x the kv head's query heads) per block of kern_prefill_attn (prefill.cuh's
 PF_BM): grid x = ceil_div(tokens * group, PREFILL_BM)."""
@@ -75,9 +94,10 @@ DEVICE_FEED_ENTRIES: tuple[str, ...] = ("kern_decode_advance", "kern_copy_i64", 
 """Extra entries of `feed="device"`: the step's inputs live in carry buffers that a `start`
 program seeds from the host inputs and `kern_decode_advance` moves on (the verifier forbids kernels
 writing input buffers)."""
-FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode", "kern_zero_i32")
+FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode_rows", "kern_zero_i32")
 """Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
-kern_kv_write), decode attention is one launch (its last block per kv head reduces; counters in a
+kern_kv_write), decode attention is one launch (kern_attn_decode_rows: up to 512 tokens its splits
+combine in a cluster's shared memory, beyond that the last block per kv head reduces; counters in a
 carry buffer that the load program zeroes)."""
 
 GEMV_GEMMS = ("qkv", "o", "gate_up", "down", "lm_head")

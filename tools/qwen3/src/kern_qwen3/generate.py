@@ -72,7 +72,7 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if plan.fuse else ()) + plan.needs(shape))
     check_needed(modules, entries, needed, missing_hint="see docs/qwen3.md",
                  unhashed_hint="build the kernels first (with --capture: the capture ran none of their kernels)")
-    check_kernel_limits(shape)
+    check_kernel_limits(shape, fuse=plan.fuse)
     manifest = _base(shape, entries, plan, picks)
     ctx = Context(shape=shape, plan=plan, picks=picks, entries=entries)
     for rewrite in plan.passes:

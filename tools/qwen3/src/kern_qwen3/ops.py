@@ -7,16 +7,19 @@ from collections.abc import Mapping
 
 from kern_qwen3.entries import (
     ARGMAX_PARTS,
+    DECODE_ROWS_WARPS,
     DECODE_SPLITS,
     PREFILL_BM,
     PREFILL_PART_ROWS,
     PREFILL_SPLIT_ROWS,
     PREFILL_SPLITS,
+    decode_rows_smem,
 )
 from kern_qwen3.fragments import BF16_IN, BF16_IO, BF16_OUT, Json, f32, i32, i64, kernel
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
 
-__all__ = ["PREFILL_PARAMS", "argmax_op", "base_ops", "feed_ops", "prefill_op", "split_scratch", "zero_op"]
+__all__ = ["ATTN_ROWS_PARAMS", "PREFILL_PARAMS", "argmax_op", "attn_rows_launch", "base_ops", "feed_ops", "prefill_op",
+           "rows_scratch", "split_scratch", "zero_op"]
 
 
 def base_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
@@ -55,7 +58,7 @@ def base_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
             "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]},
         },
         "attn_decode": _attn_decode_op(s, mods, heads_out),
-        **(_fused_ops(s, mods, heads_out) if "kern_attn_decode" in mods else {}),
+        **(_fused_ops(s, mods, heads_out) if "kern_attn_decode_rows" in mods else {}),
         "argmax": argmax_op(s, mods),
         "rope_table": {
             "params": [BF16_OUT, BF16_OUT, "i32", "i32", "f32"],
@@ -106,17 +109,40 @@ def split_scratch(nq: int, heads_out: int) -> Json:
     }
 
 
-def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
+ATTN_ROWS_PARAMS: list[str] = [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT, "inout buffer<i32>"]
+"""The params of an op over kern_attn_decode_rows (`attn_rows_launch`): qkv rows, the layer's kv
+state, the block table ([rows, table_stride]), seq_lens [rows], the attention output [rows, nq * d],
+the counters ([rows, nkv], zero between launches)."""
+
+
+def rows_scratch(nq: int, heads_out: int, rows: int = 1) -> Json:
+    """kern_attn_decode_rows' f32 partial outputs and log-sum-exps for `rows` rows (impl-private)."""
+    return {
+        "part_o": {"dtype": "f32", "shape": [rows * DECODE_SPLITS, heads_out]},
+        "part_lse": {"dtype": "f32", "shape": [rows * DECODE_SPLITS, nq]},
+    }
+
+
+def attn_rows_launch(s: Qwen3Shape, mods: Mapping[str, str], rows: int | str = 1) -> Json:
+    """kern_attn_decode_rows over `rows` rows (a count or a var), for an op with ATTN_ROWS_PARAMS and
+    `rows_scratch`: grid [nkv, DECODE_SPLITS, rows], each row's splits decided on the device from its
+    seq_len, the block-table rows `s.max_pages` apart."""
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
-    fused = kernel(
-        mods, "kern_attn_decode", [nkv, DECODE_SPLITS, 1], 128,
+    return kernel(
+        mods, "kern_attn_decode_rows", [nkv, DECODE_SPLITS, rows], 32 * DECODE_ROWS_WARPS,
+        shared_mem=decode_rows_smem(d),
         params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
                 "out buffer<f32>", "inout buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32", "i64",
-                "i32", "f32"],
+                "i32", "i32", "f32"],
         args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
               {"scratch": "part_lse"}, {"param": 5}, {"param": 4}, i32(nq), i32(nkv), i32(d),
-              i32(PAGE_TOKENS), i64(s.page_stride), i32(DECODE_SPLITS), f32(d**-0.5)],
+              i32(PAGE_TOKENS), i64(s.page_stride), i32(s.max_pages), i32(DECODE_SPLITS), f32(d**-0.5)],
     )
+
+
+def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
+    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    fused = attn_rows_launch(s, mods)
     return {
         "qk_norm_rope_kv": {
             "params": [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state",
@@ -124,9 +150,9 @@ def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
             "impl": {"launches": [kernel(mods, "kern_qk_norm_rope_kv", ["tokens", nq + 2 * nkv, 1], d // 2)]},
         },
         "attn_decode_fused": {
-            "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT, "inout buffer<i32>"],
+            "params": list(ATTN_ROWS_PARAMS),
             "impl": {
-                "scratch": split_scratch(nq, heads_out),
+                "scratch": rows_scratch(nq, heads_out),
                 "launches": [fused],
             },
         },
