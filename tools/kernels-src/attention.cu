@@ -75,9 +75,9 @@ kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 // block-table row block_table + r * table_stride, its output out + r * nq * head_dim.
 // The split plan is the row's own, from seq_lens[r] (so a row gives the same bits alone and in any
 // batch): its pages = ceil(len / 16) split in whole pages,
-// - up to DEC_CLUSTER * ROWS_WARPS pages (512 tokens): ceil(pages / 8) pages per split over the
-//   first cluster of 8 blocks along y, combined through distributed shared memory (part_o,
-//   part_lse and counters untouched; a row of 0 tokens gets zeros);
+// - up to DEC_CLUSTER * ROWS_CLUSTER_PAGES pages (1024 tokens): ceil(pages / 8) pages per split
+//   over the first cluster of 8 blocks along y, combined through distributed shared memory
+//   (cluster_reduce; part_o, part_lse and counters untouched; a row of 0 tokens gets zeros);
 // - beyond: max(ROWS_WARPS, ceil(pages / max_splits)) pages per split; each split's block writes
 //   its partials to part_o[r, s] / part_lse[r, s] and counts itself in counters[r, kv head]; the
 //   last reduces the splits in order into out and sets the counter back to 0.

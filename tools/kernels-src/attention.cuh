@@ -99,7 +99,7 @@ constexpr int DEC_SMEM_FLOATS = DEC_WARPS * DEC_MAX_GC * (2 + DEC_MAX_D);
 
 // Folds tokens [tok0, tok1) for the GC query heads from head0 and writes each head g's normalized
 // output row to o_rows[g * D ..] and its log2-sum-exp to lse_rows[g] (global partials or, in
-// kern_attn_decode's cluster path, this block's shared memory: generic stores).
+// the lab's kern_attn_decode cluster path, this block's shared memory: generic stores).
 template <int EPL, int GC>
 __device__ void decode_heads(const bf16* qkv, const PagedKV& kv, int head0, int tok0, int tok1,
                              float* o_rows, float* lse_rows, float scale_log2, float* smem) {
@@ -217,8 +217,9 @@ __device__ __forceinline__ void decode_split_rows(const bf16* qkv, const PagedKV
 }
 
 
-// The reducing block of kern_attn_decode: out[h] for the `group` query heads from head0, over the
-// splits [0, used), with kern_attn_decode_reduce's arithmetic in its order (so the same bits).
+// The reducing block of kern_attn_decode_rows (and the lab's kern_attn_decode): out[h] for the
+// `group` query heads from head0, over the splits [0, used), with kern_attn_decode_reduce's
+// arithmetic in its order (so the same bits).
 // The weights 2^(lse - max) go through shared memory first; then each thread sums 4 heads of one
 // element with the loads of 4 splits in flight, instead of a chain of dependent L2 round trips.
 // The partials are read through L2 (__ldcg): other blocks wrote them during this launch.
@@ -284,8 +285,9 @@ __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const f
 }
 
 // ------------------------------------------------------------------------------------------------
-// Thread-block clusters (sm_90) for kern_attn_decode: the DEC_CLUSTER splits of a cluster combine
-// through distributed shared memory instead of global partials, a fence and an atomic counter.
+// Thread-block clusters (sm_90) for kern_attn_decode_rows and the lab's kern_attn_decode: the
+// DEC_CLUSTER splits of a cluster combine through distributed shared memory instead of global
+// partials, a fence and an atomic counter.
 // Every thread of the cluster reaches each cluster_sync().
 
 constexpr int DEC_CLUSTER = 8;            // blocks per cluster along grid y (the portable maximum)
@@ -381,8 +383,11 @@ __device__ __forceinline__ void cluster_partial(const float* cl_o, const float* 
 }
 
 
-// kern_attn_decode's body. `q_rows(tok0, tok1, len)` runs after the PDL wait in every block that
-// has a split to fold (block-uniform) and returns where query head h's row starts at h * head_dim:
+// The body of the lab's one-row decode attention, kern_attn_decode (tools/lab/kernels-src:
+// attention_cluster.cu, and its variants in attention_wide.cu and attention_qkn.cu): a fixed
+// split count (grid y), 4 warps a block, a warp per token. `q_rows(tok0, tok1, len)` runs after the
+// PDL wait in every block that has a split to fold (block-uniform) and returns where query head h's
+// row starts at h * head_dim:
 // the qkv row for kern_attn_decode, this block's shared copy for the fused q/k-norm entry
 // (attention_qkn.cu). LATE: the entry did not call kern_pdl_launch_dependents at its start; every
 // block that stays calls it once its split is folded (blocks that return early count as exited),
@@ -688,6 +693,7 @@ constexpr int ROWS_WARPS = 4;
 constexpr int ROWS_STAGES = 3;
 constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles of 8
 constexpr int ROWS_MIN_PAGES = ROWS_WARPS;  // pages per split at least on the global path
+constexpr int ROWS_CLUSTER_PAGES = 2 * ROWS_WARPS;  // pages per split at most on the cluster path
 constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
 
 // Dynamic shared memory of kern_attn_decode_rows at head_dim d (the launch must give it).
@@ -1026,7 +1032,7 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     // them.
     const int len = seq_lens[row];
     const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
-    const bool clustered = pages <= DEC_CLUSTER * ROWS_WARPS;
+    const bool clustered = pages <= DEC_CLUSTER * ROWS_CLUSTER_PAGES;
     const int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
                               : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
     const int used = (pages + pps - 1) / pps;

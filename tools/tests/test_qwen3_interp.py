@@ -353,3 +353,36 @@ def test_prefill_splits_and_combine_give_the_chunk_attention(n: int, rows: int, 
     splits = interp.prefill_splits(n, rows, nq, nkv)
     assert splits * rows < 2 * 512 and (splits > 1) == ((n, rows) in {(1000, 7), (1000, 37), (3000, 1), (600, 100)})
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_over_rows_is_each_row_alone() -> None:
+    """kern_attn_decode_rows' model over 4 rows of their own lengths and block-table rows: each row
+    is the one-row pair (partial + reduce) over its own pages; a row of 0 tokens gets zeros; the
+    counters stay zero."""
+    rng = np.random.default_rng(5)
+    nq, nkv, d, p, layers = 8, 2, 16, 16, 2
+    lens, stride = [1, 17, 0, 40], 4
+    page_stride = layers * 2 * p * nkv * d
+    kv = rng.standard_normal(16 * page_stride).astype(np.float32)
+    table = rng.permutation(16)[: len(lens) * stride].astype(np.int32)
+    qkv = rng.standard_normal(len(lens) * (nq + 2 * nkv) * d).astype(np.float32)
+    seq = np.array(lens, np.int32)
+    out = np.full(len(lens) * nq * d, np.nan, np.float32)
+    counters = np.zeros(len(lens) * nkv, np.int32)
+    layer = (kv, 2 * p * nkv * d)
+    scratch = np.zeros(len(lens) * 32 * nq * d, np.float32)
+    interp.k_attn_decode_rows(len(lens), (qkv, 0), layer, (table, 0), (seq, 0), (scratch, 0), (scratch, 0),
+                              (counters, 0), (out, 0), nq, nkv, d, p, page_stride, stride, 32, d**-0.5)
+    assert not counters.any()
+    rows = out.reshape(len(lens), nq * d)
+    for r, n in enumerate(lens):
+        if n == 0:
+            assert not rows[r].any()
+            continue
+        want = np.zeros(nq * d, np.float32)
+        po, pl = np.zeros(4 * nq * d, np.float32), np.zeros(4 * nq, np.float32)
+        interp.k_attn_decode_partial(1, (qkv, r * (nq + 2 * nkv) * d), layer, (table, r * stride),
+                                     (np.array([n], np.int32), 0), (po, 0), (pl, 0), nq, nkv, d, p, page_stride, 4,
+                                     d**-0.5)
+        interp.k_attn_decode_reduce(1, (po, 0), (pl, 0), (want, 0), nq, d, 4)
+        np.testing.assert_allclose(rows[r], want, rtol=1e-5, atol=1e-6)
