@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("out", nargs="?", type=Path, help="write the table here too (markdown)")
     ap.add_argument("--only", default="", help="time just the rows whose name contains this")
     args = ap.parse_args(argv[1:])
-    k = h.Kernels(Path(tempfile.mkdtemp(prefix="kern-time-")))
+    k = h.Kernels(Path(tempfile.mkdtemp(prefix="kern-time-")), lab=True)
     lines = [
         f"GPU: {torch.cuda.get_device_name()}; {LAUNCHES} launches per graph x {REPLAYS} replays",
         "",

@@ -66,10 +66,10 @@ def block_table(pages: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randperm(pages, generator=gen, device=DEV).to(torch.int32)
 
 
-# kern_attn_decode runs in clusters of 8 blocks along grid y (attention.cu), so its split counts are
-# multiples of 8. Up to 8 * 4 pages (512 tokens) it takes the sequence in 8 splits and combines in
-# the first cluster's shared memory when a kv head's rows fit (group * head_dim <= 2048); else it
-# uses the `splits` plan and combines through part_o / counters.
+# The lab's kern_attn_decode runs in clusters of 8 blocks along grid y (attention_cluster.cu), so its
+# split counts are multiples of 8. Up to 8 * 4 pages (512 tokens) it takes the sequence in 8 splits
+# and combines in the first cluster's shared memory when a kv head's rows fit (group * head_dim <=
+# 2048); else it uses the `splits` plan and combines through part_o / counters.
 DECODE_CLUSTER = 8
 DECODE_CLUSTER_PAGES = 4
 DECODE_CLUSTER_FLOATS = 2048

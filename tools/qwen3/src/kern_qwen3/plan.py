@@ -70,7 +70,7 @@ class Plan:
         gemv: decode GEMMs (of GEMV_GEMMS) that run as our GEMV (the entry `picks` names) instead
             of cublasLt; prefill always uses cublasLt.
         fuse: q/k norm + rope writes the KV pages itself (`kern_qk_norm_rope_kv`, prefill and
-            decode) and decode attention is one launch (`kern_attn_decode`).
+            decode) and decode attention is one launch (`kern_attn_decode_rows`).
         picks: decode GEMM -> its GEMV entry (an entry of `table`).
         table: the GEMV entries the picks may name, with their launch shapes.
         passes: the rewrites run on the generated manifest, in order (`passes.plan_passes` builds
