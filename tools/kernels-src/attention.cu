@@ -78,9 +78,11 @@ kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 // - up to DEC_CLUSTER * ROWS_CLUSTER_PAGES pages (1024 tokens): ceil(pages / 8) pages per split
 //   over the first cluster of 8 blocks along y, combined through distributed shared memory
 //   (cluster_reduce; part_o, part_lse and counters untouched; a row of 0 tokens gets zeros);
-// - beyond: max(ROWS_WARPS, ceil(pages / max_splits)) pages per split; each split's block writes
-//   its partials to part_o[r, s] / part_lse[r, s] and counts itself in counters[r, kv head]; the
-//   last reduces the splits in order into out and sets the counter back to 0.
+// - beyond: max(ROWS_WARPS, ceil(pages / max_splits)) pages per split; the splits of each cluster
+//   combine through distributed shared memory into one partial per cluster, part_o[r, c] /
+//   part_lse[r, c] (cluster_partial); every block of those clusters counts itself in
+//   counters[r, kv head]; the last reduces the clusters' partials in order into out and sets the
+//   counter back to 0.
 // Blocks without a split exit at once (after the PDL wait). Scratch: part_o f32[rows, max_splits,
 // nq, head_dim], part_lse f32[rows, max_splits, nq], counters i32[rows, nkv] (zero before the first
 // launch, zero again after each). page_tokens 16, head_dim 64 or 128, nq / nkv <= 16 (the

@@ -347,7 +347,8 @@ __device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* c
     }
 }
 
-// The two-level combine of kern_attn_decode_wide (attention_wide.cu): cluster block `rank` writes,
+// The two-level combine of kern_attn_decode_rows' global path (and the lab's kern_attn_decode_wide,
+// attention_wide.cu): cluster block `rank` writes,
 // for its slice of i < group * head_dim, the cluster's combined row o[i] = sum_s w_s o_s / sum_s w_s
 // (w_s = 2^(lse_s - max lse), cluster_reduce's arithmetic in its order, left in f32) to
 // part_o[i] and, at each head's element 0, the cluster's log2-sum-exp max + log2(sum_s w_s) to
@@ -1036,39 +1037,48 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     const int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
                               : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
     const int used = (pages + pps - 1) / pps;
-    if (split >= (clustered ? DEC_CLUSTER : used)) {
+    // Beyond the cluster path the splits combine in two levels: the (up to) 8 of each cluster through
+    // distributed shared memory into one partial per cluster (cluster_partial), then the last block
+    // to count over the `clusters` partials, so the serial tail reads a few rows, not every split's.
+    const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;
+    if (split >= (clustered ? DEC_CLUSTER : clusters * DEC_CLUSTER)) {
         kern_pdl_wait();
         return;
     }
     bf16* out_row = out + (int64_t)row * nq * D;
     float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
     float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
-    float* po = part_o + (int64_t)row * max_splits * nq * D;
-    float* pl = part_lse + (int64_t)row * max_splits * nq;
     if (split < used) {
         const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
                            split * pps, min(pps, pages - split * pps)};
-        const int64_t row0 = (int64_t)split * nq + head * group;
-        rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E,
-                               clustered ? cl_o : po + row0 * D, clustered ? cl_lse : pl + row0, smem);
+        rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, cl_o, cl_lse,
+                               smem);
     } else {
         kern_pdl_wait();
     }
+    const int rank = split % DEC_CLUSTER;
+    cluster_sync();
     if (clustered) {
         // NOTE: a row of 0 tokens (used = 0) gets zeros from cluster_reduce.
-        cluster_sync();
-        cluster_reduce(cl_o, cl_lse, out_row, head * group, group, D, used, split);
+        cluster_reduce(cl_o, cl_lse, out_row, head * group, group, D, used, rank);
         cluster_sync();  // no block may exit while another can still read its shared memory
         return;
     }
+    float* po = part_o + (int64_t)row * max_splits * nq * D;
+    float* pl = part_lse + (int64_t)row * max_splits * nq;
+    const int c = split / DEC_CLUSTER;
+    const int64_t crow0 = (int64_t)c * nq + head * group;
+    cluster_partial(cl_o, cl_lse, po + crow0 * D, pl + crow0, group, D, min(DEC_CLUSTER, used - c * DEC_CLUSTER),
+                    rank);
+    cluster_sync();  // no block may exit while another can still read its shared memory
     __threadfence();
     __syncthreads();
     __shared__ int is_last;
     int* count = counters + (int64_t)row * nkv + head;
-    if (threadIdx.x == 0) is_last = atomicAdd(count, 1) == used - 1;
+    if (threadIdx.x == 0) is_last = atomicAdd(count, 1) == clusters * DEC_CLUSTER - 1;
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    decode_reduce_heads(po, pl, out_row, head * group, group, used, nq, D, reinterpret_cast<float*>(smem));
+    decode_reduce_heads(po, pl, out_row, head * group, group, clusters, nq, D, reinterpret_cast<float*>(smem));
     if (threadIdx.x == 0) *count = 0;
 }
