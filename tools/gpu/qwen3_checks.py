@@ -24,8 +24,8 @@
    greedy tokens against transformers float32's, a divergence passing only where its gap is <= 1/16
    bf16 ulp, first-step logits within 1e-4 of float32's; not benched). The lab's variants run through
    tools/lab/qwen3_variants.py, which calls `main` with its own variants and kernel sources;
-5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, cuBLAS-only floor) plus the
-   copy-bandwidth floor and transformers eager, as OUTDIR/bench.json and a table, for the base
+5. `kern bench` rows (decode at contexts 128 and 8192, prefill 709, the copy-bandwidth and
+   cuBLAS-only floors) plus transformers eager, as OUTDIR/bench.json and a table, for the base
    manifest and each variant but `-f32` (rows `4b.*`, `4b-fast.*`, ...; the floor is the all-cublasLt step's
    GEMMs); the per-kernel time of one decode step (OUTDIR/4b.decode_profile.txt,
    4b-fast.decode_profile.txt, ...) for docs/perf.md.
@@ -616,50 +616,23 @@ def cli_default_check(rec: Recorder, manifest: Path, gpu: int) -> None:
 # Bench.
 
 
-def copy_floor_rows(weight_bytes: int) -> list[dict[str, Any]]:
-    import torch
-
-    nbytes = 2 << 30
-    a = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 20
-    start.record()
-    for _ in range(reps):
-        b.copy_(a)
-    end.record()
-    _sync()
-    secs = start.elapsed_time(end) / 1e3
-    bw = 2 * nbytes * reps / secs  # read + write
-    del a, b
-    _free()
-    return [
-        _row("copy_bandwidth_rw", bw / 1e12, "TB/s", peer="device-to-device copy, read+write"),
-        _row("bandwidth_floor_ms_per_step", weight_bytes / bw * 1e3, "ms",
-             peer="weight bytes per step / copy bandwidth"),
-    ]
-
-
 TARGETS = {"decode_fixed_ms_per_token@ctx128": 2.9, "prefill_ms@709": 25.0}
 """The decode targets. Decode's is "ms/token at context 128": the fixed-context row, whose every step
 runs at context 128; the walking `decode_ms_per_token@ctx128` row runs contexts 138-394."""
 
 
 def kern_bench(rec: Recorder, label: str, manifest: Path, floor: Path, ckpt: Path, gpu: int) -> None:
-    """kern bench rows of one manifest variant, named `<label>.<row>`; the copy floor once."""
-    from kern_cli.bench_cmd import bench_session, decode_weight_bytes, table
+    """kern bench rows of one manifest variant, named `<label>.<row>` (decode at 128 and 8192,
+    prefill 709, the copy and GEMM-only floors: kern bench's own, measured in the same run)."""
+    from kern_cli.bench_cmd import BenchOptions, bench_session, table
     from kern_cli.run import LoadOptions
 
     with rec.check(f"{label}.bench") as c:
-        if not any(r["name"] == "copy_bandwidth_rw" for r in rec.bench):
-            rec.bench += copy_floor_rows(decode_weight_bytes(json.loads(floor.read_text()), "decode"))
         opts = LoadOptions(manifest=manifest, kernels=rec.out / "kernels", kernel_sources=None,
                            weights=(ckpt,), gpu=gpu, capacity=None)
         logs = io.StringIO()
-        rows = bench_session(opts, contexts=[128, 8192], steps=256, prefill=709, floor_manifest=floor,
-                             log=lambda s: logs.write(s + "\n"))
+        options = BenchOptions(contexts=(128, 8192), steps=256, prefill=(709,), floor_manifest=floor)
+        rows = bench_session(opts, options, log=lambda s: logs.write(s + "\n")).rows
         (rec.logs / f"{label}.bench.log").write_text(logs.getvalue())
         by = {r["name"]: r["value"] for r in rows}
         for r in rows:
@@ -672,7 +645,8 @@ def kern_bench(rec: Recorder, label: str, manifest: Path, floor: Path, ckpt: Pat
         c.detail = (f"decode@128 {by.get('decode_ms_per_token@ctx128')} ms (fixed context "
                     f"{by.get('decode_fixed_ms_per_token@ctx128')}), @8192 "
                     f"{by.get('decode_ms_per_token@ctx8192')} ms, prefill709 {by.get('prefill_ms@709')} ms, "
-                    f"gemm floor {by.get('gemm_floor_ms_per_step')} ms")
+                    f"gemm floor {by.get('gemm_floor_ms_per_step')} ms, bandwidth floor@128 "
+                    f"{by.get('bandwidth_floor_ms_per_step@ctx128')} ms")
 
 
 def step_launch_labels(manifest: dict[str, Any]) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 
 import kern_cli.bench_cmd as bench
 import kern_cli.run as run
+from kern_cli.bench_report import Report
 from kern_manifest import parse_manifest, verify
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,7 +66,7 @@ def _parse(*argv: str) -> object:
 
 SOURCES = ROOT / "tools" / "kernels-src"
 TINY = ("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--kernel-sources", str(SOURCES),
-        "--contexts", "128,1024")  # NOTE: within the tiny model's 4,096 positions
+        "--contexts", "128,1024", "--prefill", "709")  # NOTE: within the tiny model's 4,096 positions
 
 
 def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,9 +81,13 @@ def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         (("--contexts", "128,x"), "kern bench: --contexts must be comma-separated integers, got '128,x'"),
         (("--contexts", "0"), "kern bench: --contexts needs positive integers, got '0'"),
+        (("--prefill", "709,4k"), "kern bench: --prefill must be comma-separated integers, got '709,4k'"),
+        (("--breakdown", "128,-1"), "kern bench: --breakdown needs positive integers, got '128,-1'"),
+        (("--breakdown", "4096"), "kern bench: capacity 4864 exceeds the model's reach of 4096 positions"),
+        (("--out", "/proc/version"), "kern bench: --out /proc/version: exists and is not a directory"),
         (("--steps", "10"), f"kern bench: --steps must be at least {bench.MIN_STEPS} (the median needs them), got 10"),
         (("--chunk", "0"), "kern bench: --chunk must be at least 1, got 0"),
-        (("--prefill", "0"), "kern bench: --prefill must be at least 1, got 0"),
+        (("--prefill", "0"), "kern bench: --prefill needs positive integers, got '0'"),
         (("--prefill-reps", "0"), "kern bench: --prefill-reps must be at least 1, got 0"),
         (("--floor-manifest", "/nonexistent.json"), "kern bench: --floor-manifest /nonexistent.json: no such file"),
         (("--weights", "/nonexistent"), "kern bench: weights /nonexistent: no such file or directory"),
@@ -143,13 +148,16 @@ def test_bench_chunk_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_pa
                                         capsys: pytest.CaptureFixture[str]) -> None:
     seen: dict[str, object] = {}
     monkeypatch.setattr(bench, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(bench, "bench_session", lambda load, **kw: seen.update(kw, load=load) or [bench._row("r", 1.0, "ms")])
+    monkeypatch.setattr(bench, "bench_session",
+                        lambda load, options, log: seen.update(options=options, load=load) or Report([bench._row("r", 1.0, "ms")]))
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"")
-    args = _parse(*TINY, "--weights", str(weights), "--chunk", "97", "--steps", "300", "--gpu", "0")
+    args = _parse(*TINY, "--weights", str(weights), "--chunk", "97", "--steps", "300", "--gpu", "0", "--peer", "off",
+                  "--out", str(tmp_path / "out"))
     assert args.handler(args) == 0  # type: ignore[attr-defined]
     assert capsys.readouterr().out.splitlines()[1].split() == ["r", "1.0", "ms"]
-    assert (seen["chunk"], seen["steps"], seen["contexts"], seen["prefill"]) == (97, 300, [128, 1024], 709)
+    o = seen["options"]
+    assert (o.chunk, o.steps, o.contexts, o.prefill, o.breakdown) == (97, 300, (128, 1024), (709,), (128, 1024))  # type: ignore[attr-defined]
     assert seen["load"].weights == (weights,)  # type: ignore[attr-defined]
 
 
@@ -205,3 +213,12 @@ def test_the_default_target_finds_its_floor_before_the_gpu(monkeypatch: pytest.M
 
     assert main(["bench"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["kern bench: no NVIDIA GPU on this machine (test)"]
+
+
+def test_a_peer_mode_outside_the_choices_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        _parse("--peer", "maybe")
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "kern bench: argument --peer: invalid choice: 'maybe' (choose from 'auto', 'on', 'off') "
+        "(see kern bench --help)"]

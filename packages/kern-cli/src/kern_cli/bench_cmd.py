@@ -1,41 +1,58 @@
-"""`kern bench`: decode and prefill timings of one manifest on one GPU, with a cuBLAS-only floor.
+"""`kern bench`: decode and prefill timings of one manifest on one GPU, beside floors measured in
+the same run and a compiled PyTorch peer on the same checkpoint.
 
     kern bench [target] [--manifest M --kernels K --kernel-sources S --weights W...]
-        [--contexts 128,8192] [--steps 256] [--chunk 2048] [--prefill 709] [--json out.json]
+        [--contexts 128,2048,8192,32768] [--prefill 709,4096,16384] [--steps 256] [--chunk 2048]
+        [--breakdown CONTEXTS|none] [--peer auto|on|off] [--out DIR] [--json rows.json]
 
-Rows (the bench convention: name, value, unit, target, peer):
-- `decode_ms_per_token@ctx<c>`: median wall time of >= 200 single decode steps after a c-token
-  prompt (and 10 warm-up steps: contexts c + 10 .. c + 10 + steps), each one replay + the 8-byte
-  readback (+ the host writes of a host-fed manifest): what kern-run pays.
-- `decode_fixed_ms_per_token@ctx<c>`: the same timing with every step at context c exactly: the
-  session is rewound to the end of the prompt's prefill (untimed) before each step.
-- `decode_gpu_ms_per_step@ctx<c>`: back-to-back replays of the same step graph, no readback, wall
-  divided by the count: the GPU time of a step; `decode_host_gap_us@ctx<c>` the difference.
-- `gemm_floor_ms_per_step`: the decode step's GEMM calls alone (same shapes, same weights, cublasLt)
-  captured in one graph and replayed back to back.
-- `prefill_ms@<n>` / `ttft_ms@<n>`: chunked prefill of an n-token prompt (the first n-1 tokens),
-  and prefill plus the first decode step; medians of `--prefill-reps`.
-- `weight_bytes_per_step`: bytes of the weight buffers the decode step reads, each once.
-Peers measured outside kern (the copy-bandwidth floor, transformers) are added by
-tools/gpu/qwen3_checks.py, which has torch.
+Rows (the bench convention: name, value, unit, target, peer), per decode context c:
+- `decode_gpu_ms_per_step@ctx<c>`: the step graph replayed back to back after a c-token prompt,
+  wall over the count: in a device-fed manifest the tokens are fed in turn on the device, the
+  sequence growing as in decoding; `decode_gpu_fixed_ms_per_step@ctx<c>`: the same with every
+  replay at context c (the step seed program before each one);
+- `decode_ms_per_token@ctx<c>` / `decode_fixed_ms_per_token@ctx<c>`: single steps, each one
+  replay + the 8-byte readback (what kern-run pays), walking / rewound to context c before each;
+  `decode_host_gap_us@ctx<c>` the per-token time less the back-to-back one;
+- `bandwidth_floor_ms_per_step@ctx<c>`: (weight bytes + c tokens of KV) / the device copy rate
+  (`copy_bandwidth_rw`, `kern_runtime.copy_rate`);
+per prefill of n tokens: `prefill_ms@<n>` / `ttft_ms@<n>` (the chunk program as Session runs it;
+medians of `--prefill-reps`) and `compute_floor_ms@<n>` (the forward's FLOPs / `gemm_rate_bf16`, a
+bf16 8192^3 GEMM through the runtime's cuBLASLt); `gemm_floor_ms_per_step` (the step's GEMM calls
+alone through cuBLASLt in one graph; from the all-cuBLASLt sibling manifest when the step has
+none); `weight_bytes_per_step`; and the peer's `peer_*` rows (`python -m kern_peer`, kern_cli.
+bench_peer), its values also in the peer column of kern's rows. `--breakdown` times each call of
+the step eagerly at those contexts (`Runtime.time_calls`), per call kind. `--out DIR` writes
+bench.json, bench.txt, breakdown.md and bench.png (kern_cli.bench_report).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kern_cli import bench_measure as measure
+from kern_cli.bench_peer import PEER_MODES, PeerError, PeerPlan, peer_command, plan_peer, run_peer
+from kern_cli.bench_report import (
+    Report,
+    Row,
+    checkpoint_config,
+    compute_floor_rows,
+    floor_rows,
+    peer_rows,
+    row,
+    table,
+    write_report,
+)
 from kern_cli.config import KernTomlError, config_for
-from kern_cli.console import fail, output_file_problem
+from kern_cli.console import fail, output_dir_problem, output_file_problem
 from kern_cli.run import (
     LoadOptions,
     RunError,
@@ -53,23 +70,31 @@ if TYPE_CHECKING:
     from kern_runtime import Session
 
 __all__ = [
+    "BREAKDOWN_RUNS",
     "DEFAULT_BENCH_CHUNK",
     "DEFAULT_BENCH_STEPS",
+    "DEFAULT_CONTEXTS",
+    "DEFAULT_PREFILL",
     "MIN_STEPS",
     "BenchError",
+    "BenchOptions",
     "Row",
     "bench_session",
     "check_bench_options",
     "decode_weight_bytes",
+    "find_floor_manifest",
     "gemm_only_manifest",
+    "kv_bytes_per_token",
     "register",
     "table",
 ]
 
-Row = dict[str, Any]
 MIN_STEPS = 200
 DEFAULT_BENCH_STEPS = 256
 DEFAULT_BENCH_CHUNK = 2048
+DEFAULT_CONTEXTS = (128, 2048, 8192, 32768)
+DEFAULT_PREFILL = (709, 4096, 16384)
+BREAKDOWN_RUNS = 5
 PROMPT_VOCAB = 1000
 """Random prompt ids are drawn below this (every vocabulary has that many; timing ignores ids)."""
 
@@ -78,8 +103,21 @@ class BenchError(Exception):
     """Bad benchmark options (too few steps, a context beyond the manifest's reach)."""
 
 
-def _row(name: str, value: float, unit: str, target: float | None = None, peer: str = "") -> Row:
-    return {"name": name, "value": round(value, 4), "unit": unit, "target": target, "peer": peer}
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """What one `kern bench` run measures (checked by `check_bench_options`)."""
+
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    steps: int = DEFAULT_BENCH_STEPS
+    prefill: tuple[int, ...] = DEFAULT_PREFILL
+    prefill_reps: int = 10
+    chunk: int = DEFAULT_BENCH_CHUNK
+    floor_manifest: Path | None = None
+    breakdown: tuple[int, ...] = ()
+    """Decode contexts whose step is also timed call by call."""
+
+
+_row = row
 
 
 def _extern_calls(manifest: Mapping[str, Any], program: str) -> list[dict[str, Any]]:
@@ -146,64 +184,12 @@ def gemm_only_manifest(manifest: Mapping[str, Any], program: str) -> dict[str, A
     }
 
 
-def _median_ms(samples_ns: Sequence[int]) -> float:
-    return statistics.median(samples_ns) / 1e6
-
-
-def _prompt(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
-    return [int(x) for x in rng.integers(0, vocab, size=n)]
-
-
-def _decode_rows(s: Session, ctx: int, steps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
-    s.prefill(_prompt(rng, ctx, vocab), chunk)
-    for _ in range(10):
-        s.step()
-    samples: list[int] = []
-    for _ in range(steps):
-        t0 = time.perf_counter_ns()
-        s.step()
-        samples.append(time.perf_counter_ns() - t0)
-    # NOTE: replaying one step graph with unchanged inputs recomputes the same position: its time
-    # is the GPU time of a step at this context, with no host work in between.
-    s.rt.synchronize()
-    t0 = time.perf_counter_ns()
-    for _ in range(steps):
-        s.rt.issue(s.roles.step_program, s.roles.step_vars)
-    s.rt.synchronize()
-    gpu_ms = (time.perf_counter_ns() - t0) / steps / 1e6
-    per_token = _median_ms(samples)
-    fixed: list[int] = []
-    for _ in range(steps):
-        s.rewind()
-        s.rt.synchronize()
-        t0 = time.perf_counter_ns()
-        s.step()
-        fixed.append(time.perf_counter_ns() - t0)
-    return [
-        _row(f"decode_ms_per_token@ctx{ctx}", per_token, "ms"),
-        _row(f"decode_fixed_ms_per_token@ctx{ctx}", _median_ms(fixed), "ms",
-             peer="every step at this context: rewound to the end of the prefill before each (untimed)"),
-        _row(f"decode_gpu_ms_per_step@ctx{ctx}", gpu_ms, "ms"),
-        _row(f"decode_host_gap_us@ctx{ctx}", (per_token - gpu_ms) * 1e3, "us",
-             peer="per-token time minus back-to-back GPU time: readback + host feed + launch"),
-    ]
-
-
-def _prefill_rows(s: Session, n: int, reps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
-    prompt = _prompt(rng, n, vocab)
-    pre: list[int] = []
-    ttft: list[int] = []
-    for _ in range(reps + 1):
-        s.rt.synchronize()
-        t0 = time.perf_counter_ns()
-        s.prefill(prompt, chunk)
-        s.rt.synchronize()
-        t1 = time.perf_counter_ns()
-        s.step()
-        t2 = time.perf_counter_ns()
-        pre.append(t1 - t0)
-        ttft.append(t2 - t0)
-    return [_row(f"prefill_ms@{n}", _median_ms(pre[1:]), "ms"), _row(f"ttft_ms@{n}", _median_ms(ttft[1:]), "ms")]
+def kv_bytes_per_token(manifest: Mapping[str, Any], program: str) -> int:
+    """Bytes per token of the paged states (`bytes_per_token`) the program's calls use: what a
+    step reads per token of context."""
+    states = manifest.get("states", {})
+    used = {a["state"] for c in manifest["programs"][program]["calls"] for a in c["args"] if "state" in a}
+    return sum(int(states[n].get("bytes_per_token") or 0) for n in used if n in states)
 
 
 def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights: Sequence[Path], gpu: int,
@@ -233,30 +219,34 @@ def _gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights:
         ms = (time.perf_counter_ns() - t0) / steps / 1e6
     finally:
         rt.close()
-    return _row("gemm_floor_ms_per_step", ms, "ms",
-                peer=f"cublasLt: {manifest['model']}'s {calls} step GEMM calls in one graph")
+    return row("gemm_floor_ms_per_step", ms, "ms",
+               peer=f"cublasLt: {manifest['model']}'s {calls} step GEMM calls in one graph")
 
 
-def check_bench_options(*, contexts: Sequence[int], steps: int, prefill: int, prefill_reps: int,
-                        chunk: int, floor_manifest: Path | None) -> None:
+def check_bench_options(options: BenchOptions) -> None:
     """Refuse benchmark options that cannot give a measurement (no GPU needed).
 
     Raises:
         BenchError: fewer than MIN_STEPS steps, a non-positive size, or a missing floor manifest.
     """
-    if steps < MIN_STEPS:
-        raise BenchError(f"--steps must be at least {MIN_STEPS} (the median needs them), got {steps}")
-    if not contexts or min(contexts) < 1:
-        raise BenchError(f"--contexts needs positive integers, got {list(contexts)}")
-    for name, value in (("--prefill", prefill), ("--prefill-reps", prefill_reps), ("--chunk", chunk)):
+    o = options
+    if o.steps < MIN_STEPS:
+        raise BenchError(f"--steps must be at least {MIN_STEPS} (the median needs them), got {o.steps}")
+    for name, values in (("--contexts", o.contexts), ("--prefill", o.prefill)):
+        if not values or min(values) < 1:
+            raise BenchError(f"{name} needs positive integers, got {list(values)}")
+    if o.breakdown and min(o.breakdown) < 1:
+        raise BenchError(f"--breakdown needs positive integers, got {list(o.breakdown)}")
+    for name, value in (("--prefill-reps", o.prefill_reps), ("--chunk", o.chunk)):
         if value < 1:
             raise BenchError(f"{name} must be at least 1, got {value}")
-    if floor_manifest is not None and not floor_manifest.is_file():
-        raise BenchError(f"--floor-manifest {floor_manifest}: no such file")
+    if o.floor_manifest is not None and not o.floor_manifest.is_file():
+        raise BenchError(f"--floor-manifest {o.floor_manifest}: no such file")
 
 
-def _capacity(load: LoadOptions, contexts: Sequence[int], steps: int, prefill: int) -> int:
-    reach = max([*contexts, prefill]) + 2 * steps + 32  # NOTE: device-fed replays advance too
+def _capacity(load: LoadOptions, options: BenchOptions) -> int:
+    o = options
+    reach = max([*o.contexts, *o.prefill, *o.breakdown]) + 2 * o.steps + 32  # NOTE: device-fed replays advance too
     return max(load.capacity or 0, -(-reach // 256) * 256)
 
 
@@ -306,21 +296,50 @@ def _floor(manifest: Mapping[str, Any], path: Path, floor_manifest: Path | None)
     return floor
 
 
-def bench_session(
-    load: LoadOptions,
-    *,
-    contexts: Sequence[int],
-    steps: int,
-    prefill: int,
-    prefill_reps: int = 10,
-    chunk: int = DEFAULT_BENCH_CHUNK,
-    floor_manifest: Path | None = None,
-    log: Callable[[str], None] = lambda s: None,
-) -> list[Row]:
-    """Load once, measure decode at each context, prefill, then the GEMM-only floor: the extern
-    GEMM calls of `floor_manifest`'s step (default: the measured manifest, or, when its step runs
-    no GEMM through cuBLASLt, its all-cuBLASLt sibling: `find_floor_manifest`). `load.weights`
-    must be given.
+def _yardsticks(load: LoadOptions, schema_version: int, log: Callable[[str], None]) -> tuple[float, float]:
+    """(device copy bytes/s, bf16 GEMM FLOP/s), measured before the session loads."""
+    import kern_runtime as kr
+
+    log("yardsticks: device copy, bf16 GEMM")
+    return kr.copy_rate(load.gpu), measure.gemm_rate(load.kernels, load.gpu, schema_version)
+
+
+def _decode_and_breakdown(s: Session, options: BenchOptions, report: Report, rng: np.random.Generator,
+                          log: Callable[[str], None]) -> None:
+    o = options
+    for ctx in sorted({*o.contexts, *o.breakdown}):
+        log(f"decode at context {ctx}")
+        rows = measure.decode_rows(s, ctx, o.steps, PROMPT_VOCAB, o.chunk, rng)
+        if ctx in o.contexts:
+            report.rows += rows
+        if ctx in o.breakdown:
+            log(f"breakdown at context {ctx}")
+            report.breakdown[ctx] = measure.breakdown_runs(s, BREAKDOWN_RUNS, log)
+            report.replay_ms[ctx] = next(r["value"] for r in rows if r["name"].startswith("decode_gpu_fixed_"))
+
+
+def _floors(inputs: Any, weights: Sequence[Path], options: BenchOptions, copy: float, gemm: float,
+            report: Report) -> None:
+    step = inputs.roles.step_program
+    report.rows += floor_rows(decode_weight_bytes(inputs.manifest, step), kv_bytes_per_token(inputs.manifest, step),
+                              options.contexts, copy)
+    from kern_qwen3 import ConfigError
+
+    config = checkpoint_config(weights)
+    if config is None:
+        report.notes.append("no compute floor: the weights have no config.json beside them")
+        return
+    try:
+        report.rows += compute_floor_rows(config, options.prefill, gemm)
+    except ConfigError as exc:
+        report.notes.append(f"no compute floor: {exc}")
+
+
+def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str], None] = lambda s: None) -> Report:
+    """Measure the yardsticks, load once, then decode at each context (and the breakdown), each
+    prefill, and the GEMM-only floor: the extern GEMM calls of `options.floor_manifest`'s step
+    (default: the measured manifest, or, when its step runs no GEMM through cuBLASLt, its
+    all-cuBLASLt sibling: `find_floor_manifest`). `load.weights` must be given.
 
     Raises:
         BenchError: bad options (see `check_bench_options`), or a floor without GEMMs.
@@ -329,32 +348,32 @@ def bench_session(
     """
     import kern_runtime as kr
 
-    check_bench_options(contexts=contexts, steps=steps, prefill=prefill, prefill_reps=prefill_reps,
-                        chunk=chunk, floor_manifest=floor_manifest)
+    check_bench_options(options)
     inputs = check_inputs(load)
-    floor = _floor(inputs.manifest, load.manifest, floor_manifest)
-    capacity = _capacity(load, contexts, steps, prefill)
+    floor = _floor(inputs.manifest, load.manifest, options.floor_manifest)
+    capacity = _capacity(load, options)
     kr.check_capacity(inputs.roles, capacity)
     if inputs.weights is None:
         raise RunError("kern bench needs weights: pass --weights or use default_weights()")
     weights = inputs.weights
     ensure_kernels(inputs.manifest, load.kernels, load.kernel_sources, log)
-    vocab = PROMPT_VOCAB
     rng = np.random.default_rng(0)
-    rows = [_row("weight_bytes_per_step", decode_weight_bytes(inputs.manifest, inputs.roles.step_program) / 1e9, "GB")]
+    report = Report([row("weight_bytes_per_step", decode_weight_bytes(inputs.manifest, inputs.roles.step_program) / 1e9,
+                         "GB")], title=f"{inputs.manifest['model']}: decode ms/token")
+    copy, gemm = _yardsticks(load, int(inputs.manifest["schema_version"]), log)
     s = kr.Session.open(load.manifest, load.kernels, weights, gpu=load.gpu, capacity=capacity, log=log,
                         roles=inputs.roles)
     try:
-        for ctx in contexts:
-            log(f"decode at context {ctx}")
-            rows += _decode_rows(s, ctx, steps, vocab, chunk, rng)
-        log(f"prefill of {prefill} tokens")
-        rows += _prefill_rows(s, prefill, prefill_reps, vocab, chunk, rng)
+        _decode_and_breakdown(s, options, report, rng, log)
+        for n in options.prefill:
+            log(f"prefill of {n} tokens")
+            report.rows += measure.prefill_rows(s, n, options.prefill_reps, PROMPT_VOCAB, options.chunk, rng)
         log("GEMM-only floor")
-        rows.append(_gemm_floor(s, floor, load.kernels, weights, load.gpu, steps))
+        report.rows.append(_gemm_floor(s, floor, load.kernels, weights, load.gpu, options.steps))
     finally:
         s.close()
-    return rows
+    _floors(inputs, load.weights or weights, options, copy, gemm, report)
+    return report
 
 
 def _step_program(manifest: Mapping[str, Any]) -> str:
@@ -363,42 +382,106 @@ def _step_program(manifest: Mapping[str, Any]) -> str:
     return kr.serving_roles(manifest).step_program
 
 
-def table(rows: Sequence[Row]) -> str:
-    """Rows as an aligned text table."""
-    keys = ["name", "value", "unit", "target", "peer"]
-    cells = [["" if r.get(k) is None else str(r.get(k)) for k in keys] for r in rows]
-    widths = [max([len(k), *(len(c[i]) for c in cells)]) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
+# --------------------------------------------------------------------------------------------
+# Command line.
 
 
-def _ints(text: str) -> list[int]:
+def _ints(flag: str, text: str) -> tuple[int, ...]:
     try:
-        values = [int(t) for t in text.split(",") if t.strip()]
+        values = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
-        raise BenchError(f"--contexts must be comma-separated integers, got {text!r}") from None
+        raise BenchError(f"{flag} must be comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
-        raise BenchError(f"--contexts needs positive integers, got {text!r}")
+        raise BenchError(f"{flag} needs positive integers, got {text!r}")
     return values
 
 
-def _bench_args(args: argparse.Namespace) -> tuple[LoadOptions, dict[str, Any]]:
-    import kern_runtime as kr
+def _breakdown(text: str | None, contexts: tuple[int, ...]) -> tuple[int, ...]:
+    if text is None:
+        return tuple(sorted({min(contexts), max(contexts)}))
+    return () if text.strip().lower() == "none" else _ints("--breakdown", text)
 
-    load = resolve_load(args, config_for(args.config, Path.cwd()))
-    options: dict[str, Any] = {
-        "contexts": _ints(args.contexts), "steps": DEFAULT_BENCH_STEPS if args.steps is None else args.steps,
-        "prefill": args.prefill, "prefill_reps": args.prefill_reps,
-        "chunk": DEFAULT_BENCH_CHUNK if args.chunk is None else args.chunk, "floor_manifest": args.floor_manifest,
-    }
-    check_bench_options(**options)
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    load: LoadOptions
+    options: BenchOptions
+    peer: PeerPlan
+    out: Path | None
+    json: Path | None
+
+
+def _options(args: argparse.Namespace) -> BenchOptions:
+    contexts = _ints("--contexts", args.contexts)
+    return BenchOptions(
+        contexts=contexts, steps=DEFAULT_BENCH_STEPS if args.steps is None else args.steps,
+        prefill=_ints("--prefill", args.prefill), prefill_reps=args.prefill_reps,
+        chunk=DEFAULT_BENCH_CHUNK if args.chunk is None else args.chunk, floor_manifest=args.floor_manifest,
+        breakdown=_breakdown(args.breakdown, contexts))
+
+
+def _outputs(args: argparse.Namespace, out: Path | None) -> None:
     if args.json is not None and (problem := output_file_problem(args.json)) is not None:
         raise BenchError(f"--json {problem}")
+    if out is not None and (problem := output_dir_problem(out)) is not None:
+        raise BenchError(f"--out {problem}")
+
+
+def _bench_args(args: argparse.Namespace) -> _Plan:
+    """Every check that needs no GPU: flags, kern.toml, inputs, floor, capacity, the peer."""
+    import kern_runtime as kr
+
+    cfg = config_for(args.config, Path.cwd())
+    load = resolve_load(args, cfg)
+    options = _options(args)
+    check_bench_options(options)
+    out = args.out if args.out is not None else cfg.bench.out
+    _outputs(args, out)
     inputs = check_inputs(load)
-    _floor(inputs.manifest, load.manifest, args.floor_manifest)
-    kr.check_capacity(inputs.roles, _capacity(load, options["contexts"], options["steps"], options["prefill"]))
-    return load, options
+    _floor(inputs.manifest, load.manifest, options.floor_manifest)
+    kr.check_capacity(inputs.roles, _capacity(load, options))
+    mode = args.peer or cfg.bench.peer or "auto"
+    peer = plan_peer(mode, checkpoint_config(load.weights), default_weights=not load.weights)
+    return _Plan(load, options, peer, out, args.json)
+
+
+def _run_peer(plan: _Plan, weights: Sequence[Path], report: Report, log: Callable[[str], None]) -> bool:
+    """Runs the peer into `report`; False (with a note) when it failed."""
+    import tempfile
+
+    o = plan.options
+    log("the compiled PyTorch peer (python -m kern_peer)")
+    with tempfile.TemporaryDirectory(prefix="kern-bench-peer-") as tmp:
+        result_path = Path(tmp) / "peer.json"
+        cmd = peer_command(weights, contexts=o.contexts, prefill=o.prefill, steps=o.steps, gpu=plan.load.gpu,
+                           out=result_path)
+        try:
+            result = run_peer(cmd, result_path, o.contexts, o.prefill)
+        except PeerError as exc:
+            report.notes.append(str(exc))
+            return False
+    report.peer = result
+    report.rows += peer_rows(result, report.rows)
+    return True
+
+
+def _measure(plan: _Plan, log: Callable[[str], None]) -> tuple[Report, bool]:
+    load = plan.load
+    if not load.weights:
+        load = replace(load, weights=default_weights(log))
+    report = bench_session(load, plan.options, log=log)
+    ok = _run_peer(plan, load.weights, report, log) if plan.peer.run else True
+    if plan.peer.note:
+        report.notes.append(plan.peer.note)
+    return report, ok
+
+
+def _write(plan: _Plan, report: Report, log: Callable[[str], None]) -> None:
+    if plan.json is not None:
+        plan.json.write_text(json.dumps(report.rows, indent=2) + "\n")
+    if plan.out is not None:
+        files = write_report(report, plan.out, log)
+        log("wrote " + ", ".join(str(f) for f in files))
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -408,37 +491,44 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"kern bench: {msg}", file=sys.stderr, flush=True)
 
     try:
-        load, options = _bench_args(args)
-        probe_gpu(load.gpu)
-        if not load.weights:
-            load = replace(load, weights=default_weights(log))
-        rows = bench_session(load, **options, log=log)
-    except (RunError, KernTomlError, BenchError, *runtime_input_errors()) as exc:
+        plan = _bench_args(args)
+        probe_gpu(plan.load.gpu)
+        report, ok = _measure(plan, log)
+    except (RunError, KernTomlError, BenchError, PeerError, *runtime_input_errors()) as exc:
         return fail("kern bench", str(exc))
     except KernRuntimeError as exc:
         fail("kern bench", f"{type(exc).__name__}: {exc}")
         return 1
-    print(table(rows))
-    if args.json is not None:
-        try:
-            args.json.write_text(json.dumps(rows, indent=2) + "\n")
-        except OSError as exc:
-            return fail("kern bench", f"--json {args.json}: {exc.strerror or exc}")
-    return 0
-    return 0
+    print(report.text())
+    for note in report.notes:
+        log(note)
+    try:
+        _write(plan, report, log)
+    except OSError as exc:
+        return fail("kern bench", f"writing the report: {exc.strerror or exc}")
+    return 0 if ok else 1
 
 
 def register(subparsers: Any) -> None:
     """Add `kern bench` to the `kern` dispatcher."""
-    p = subparsers.add_parser("bench", help="decode and prefill timings on one GPU",
+    p = subparsers.add_parser("bench", help="decode and prefill timings on one GPU, floors and a PyTorch peer",
                               description=__doc__.splitlines()[0] if __doc__ else None)
     add_load_flags(p, capacity_help="KV tokens at least (default: what the contexts, steps and prefill reach)")
     p.add_argument("--steps", type=int,
                    help=f"timed decode steps per context (>= {MIN_STEPS}, default {DEFAULT_BENCH_STEPS})")
     p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_BENCH_CHUNK})")
-    p.add_argument("--contexts", default="128,8192", help="decode contexts, comma separated")
-    p.add_argument("--prefill", type=int, default=709, help="prompt tokens of the prefill timing")
+    p.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)), help="decode contexts, comma separated")
+    p.add_argument("--prefill", default=",".join(map(str, DEFAULT_PREFILL)),
+                   help="prompt lengths of the prefill timings, comma separated")
     p.add_argument("--prefill-reps", type=int, default=10, help="prefill repetitions (median)")
+    p.add_argument("--breakdown", metavar="CONTEXTS",
+                   help="contexts whose step is timed call by call (default: the least and the most of "
+                        "--contexts; none: no breakdown)")
+    p.add_argument("--peer", choices=PEER_MODES,
+                   help="the compiled PyTorch peer: on, off, or auto (when torch is there; default, or "
+                        "kern.toml [bench] peer)")
+    p.add_argument("--out", type=Path, help="write bench.json, bench.txt, breakdown.md and bench.png here "
+                                            "(default: kern.toml [bench] out)")
     p.add_argument("--json", type=Path, help="write the rows as JSON here")
     p.add_argument("--floor-manifest", type=Path,
                    help="manifest whose step GEMMs (extern calls) make the cuBLAS floor (default: --manifest)")

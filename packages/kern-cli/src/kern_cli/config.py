@@ -14,6 +14,9 @@
     prompt = "The capital of France is"
     steps = 32
     chunk = 2048
+    [bench]
+    peer = "auto"                # kern bench's compiled PyTorch peer: auto, on or off
+    out = "out/kern-bench"       # where kern bench writes its JSON, table and plot
 
 Relative paths resolve against the file's directory and `~` expands. The nearest `kern.toml` in the
 working directory or above is used unless `--config` names one. Precedence: flag, toml, default.
@@ -29,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "CONFIG_NAME",
+    "BenchDefaults",
     "KernConfig",
     "KernTomlError",
     "RunDefaults",
@@ -40,10 +44,12 @@ __all__ = [
 
 CONFIG_NAME = "kern.toml"
 
-_TOP = {"target", "gpu", "capacity", "targets", "kernels", "run"}
+_TOP = {"target", "gpu", "capacity", "targets", "kernels", "run", "bench"}
 _TARGET = {"manifest", "kernels", "weights", "tokenizer"}
 _RUN = {"prompt", "steps", "chunk"}
 _KERNELS = {"sources"}
+_BENCH = {"peer", "out"}
+_PEER_MODES = ("auto", "on", "off")
 
 
 class KernTomlError(Exception):
@@ -71,6 +77,14 @@ class RunDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class BenchDefaults:
+    """`[bench]`: kern bench's peer mode and output directory when no flag gives them."""
+
+    peer: str | None = None
+    out: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KernConfig:
     """A parsed kern.toml (or the empty config when there is none)."""
 
@@ -81,6 +95,7 @@ class KernConfig:
     targets: Mapping[str, Target] = field(default_factory=dict[str, Target])
     kernel_sources: Path | None = None
     run: RunDefaults = field(default_factory=RunDefaults)
+    bench: BenchDefaults = field(default_factory=BenchDefaults)
 
     def target(self, name: str | None) -> Target | None:
         """The named target, else the default one; None when the file declares no target.
@@ -177,6 +192,11 @@ def load_config(path: Path) -> KernConfig:
     kernels = _table(f"{where}: [kernels]", raw.get("kernels", {}))
     _unknown(f"{where}: [kernels]", kernels, _KERNELS)
     default = _typed(where, raw, "target", str) or next(iter(targets), None)
+    bench = _table(f"{where}: [bench]", raw.get("bench", {}))
+    _unknown(f"{where}: [bench]", bench, _BENCH)
+    peer = _typed(f"{where}: [bench]", bench, "peer", str)
+    if peer is not None and peer not in _PEER_MODES:
+        raise KernTomlError(f"{where}: [bench]: peer must be one of {', '.join(_PEER_MODES)}, got {peer!r}")
     config = KernConfig(
         path=path,
         default_target=default,
@@ -189,6 +209,7 @@ def load_config(path: Path) -> KernConfig:
             steps=_typed(f"{where}: [run]", run, "steps", int),
             chunk=_typed(f"{where}: [run]", run, "chunk", int),
         ),
+        bench=BenchDefaults(peer=peer, out=res.path(_typed(f"{where}: [bench]", bench, "out", str))),
     )
     config.target(default)
     return config

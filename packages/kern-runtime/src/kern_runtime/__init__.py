@@ -5,7 +5,7 @@ modules by sha256, allocates buffers and states (`capacity` is a `kern_pool.Capa
 here); `load_weights(Safetensors.open(paths))` fills the weights; `run` / `issue` execute programs
 (eager / CUDA graph); `write_input` / `read_output` move data. `Session` runs one sequence on it
 (chunked prefill, greedy decode steps) through the serving roles a manifest declares
-(`serving_roles`); `Engine` runs many sequences on it, their KV pages leased from the pool and their
+(`serving_roles`); `copy_rate` measures the device's copy bandwidth (a floor's yardstick). `Engine` runs many sequences on it, their KV pages leased from the pool and their
 prefixes reused through a `kern_pool.Prefix` index and the host tier. Errors are typed by who must act (see `kern_runtime.errors`).
 """
 
@@ -32,6 +32,7 @@ from .errors import (
     WeightArtifactError,
 )
 from .graphs import Graph, normalize_vars
+from .probes import copy_rate
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Resident, Runtime
@@ -98,6 +99,7 @@ __all__ = [
     "check_capacity",
     "check_domain",
     "check_prompt",
+    "copy_rate",
     "input_domains",
     "lease_tokens",
     "normalize_vars",

@@ -18,7 +18,7 @@ from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg
 from kern_pool import Capacity
 
 from . import _driver as drv
-from . import memory
+from . import _timing, memory
 from ._loader import CHUNK_BYTES, Job, run_jobs
 from ._manifest import bind_segments, load_manifest
 from ._program import Resources, Step, Value, call_value, compile_program, gemm_shape
@@ -550,6 +550,27 @@ class Runtime:
             drv.graph_launch(self.capture_graph(program, vars).exec_, self._stream)
         else:
             self.run(program, vars)
+
+    def time_calls(self, program: str, vars: Mapping[str, int], *,
+                   before: str | None = None) -> tuple[list[tuple[str, float]], bool]:
+        """GPU milliseconds of each call of one eager run of `program`, in call order, and whether
+        every call was enqueued before the GPU reached it. A timing event sits between calls and
+        the stream is held back by device memsets while the host enqueues, so the calls run back
+        to back (an event between two launches ends a PDL overlap: the times add up to more than
+        a replay). `before` (a plain program, e.g. the step seed) runs before each run. Runs the
+        program a few times; synchronizes.
+
+        Raises:
+            ApiError: an unknown or derive program, bad vars, or weights not loaded.
+        """
+        self._live()
+        self._program(program)
+        seed: list[Step] = []
+        if before is not None:
+            self._program(before)
+            seed = self._compile(before, self._key(before, {}))
+        steps = self._compile(program, self._key(program, vars))
+        return _timing.time_steps(steps, self._stream, seed)
 
     def gemm_algos(self, program: str, vars: Mapping[str, int]) -> list[tuple[str, dict[str, int]]]:
         """(call label, algo fields) of every GEMM in `program` at `vars`: what to pin in a manifest."""

@@ -1,0 +1,139 @@
+"""`kern bench`'s compiled PyTorch peer, run as a process: `python -m kern_peer` (tools/peer), which
+imports torch (kern's packages never do). This module decides whether it runs, builds its command
+line and reads its JSON result; it imports neither kern_peer nor torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PEER_MODES",
+    "PEER_MODULE",
+    "PEER_TIMEOUT_S",
+    "PeerError",
+    "PeerPlan",
+    "check_result",
+    "peer_command",
+    "plan_peer",
+    "run_peer",
+]
+
+PEER_MODULE = "kern_peer"
+PEER_MODES = ("auto", "on", "off")
+PEER_TIMEOUT_S = 600
+
+
+class PeerError(Exception):
+    """The peer cannot run as asked (`--peer on` without torch, a checkpoint it cannot read), or
+    its run failed or returned a malformed result."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPlan:
+    """Whether the peer runs, and the one-line reason when it does not."""
+
+    run: bool
+    note: str = ""
+
+
+def _missing() -> str | None:
+    for module, install in ((PEER_MODULE, "install the kern-peer tool (a workspace member: uv sync)"),
+                            ("torch", "uv sync --group gpu-test, or pip install torch")):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed ({install})"
+    return None
+
+
+def plan_peer(mode: str, config: Mapping[str, Any] | None, *, default_weights: bool) -> PeerPlan:
+    """Whether the peer runs: `mode` is on (it must), auto (when it can) or off. `config` is the
+    checkpoint's config.json (None: none found); `default_weights`: the seeded random Qwen3-4B
+    checkpoint will be used (a Qwen3). No GPU, no torch import.
+
+    Raises:
+        PeerError: `mode` is on and the peer cannot run; `mode` is not one of PEER_MODES.
+    """
+    if mode not in PEER_MODES:
+        raise PeerError(f"--peer must be one of {', '.join(PEER_MODES)}, got {mode!r}")
+    if mode == "off":
+        return PeerPlan(False)
+    why = _missing()
+    if why is None and not default_weights:
+        if config is None:
+            why = "the weights have no config.json beside them"
+        elif config.get("model_type") != "qwen3":
+            why = f"it runs Qwen3 checkpoints, and config.json says model_type {config.get('model_type')!r}"
+    if why is None:
+        return PeerPlan(True)
+    if mode == "on":
+        raise PeerError(f"--peer on: the PyTorch peer cannot run: {why}")
+    return PeerPlan(False, f"the PyTorch peer is skipped: {why} (--peer off says nothing)")
+
+
+def peer_command(weights: Sequence[Path], *, contexts: Sequence[int], prefill: Sequence[int], steps: int,
+                 gpu: int, out: Path) -> list[str]:
+    """The peer's command line (this interpreter, `-m kern_peer`)."""
+    return [sys.executable, "-m", PEER_MODULE, "--weights", *map(str, weights),
+            "--contexts", ",".join(map(str, contexts)), "--prefill", ",".join(map(str, prefill)),
+            "--steps", str(steps), "--gpu", str(gpu), "--json", str(out)]
+
+
+def _number(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise PeerError(f"peer result: {where} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def check_result(data: Any, contexts: Sequence[int], prefill: Sequence[int]) -> dict[str, Any]:
+    """The peer's JSON result, checked: every context and prefill asked for, positive times.
+
+    Raises:
+        PeerError: a missing or malformed field.
+    """
+    if not isinstance(data, dict):
+        raise PeerError("peer result: not a JSON object")
+    try:
+        _number("compile_s", data["compile_s"])
+        decode = {int(d["context"]): d for d in data["decode"]}
+        prefills = {int(p["tokens"]): p for p in data["prefill"]}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PeerError(f"peer result: missing or malformed field {exc}") from None
+    for c in contexts:
+        if c not in decode:
+            raise PeerError(f"peer result: no decode at context {c}")
+        _number(f"decode@{c}.fed_ms_per_token", decode[c].get("fed_ms_per_token"))
+        _number(f"decode@{c}.fixed_ms_per_token", decode[c].get("fixed_ms_per_token"))
+    for n in prefill:
+        if n not in prefills:
+            raise PeerError(f"peer result: no prefill of {n} tokens")
+        _number(f"prefill@{n}.ms", prefills[n].get("ms"))
+    return data
+
+
+def run_peer(command: Sequence[str], out: Path, contexts: Sequence[int], prefill: Sequence[int],
+             timeout: float = PEER_TIMEOUT_S) -> dict[str, Any]:
+    """Runs the peer (its stderr, `kern-peer: ...` lines, goes to ours as it comes) and returns
+    its checked result.
+
+    Raises:
+        PeerError: it failed, ran past `timeout`, or wrote a malformed result.
+    """
+    try:
+        proc = subprocess.run(list(command), stdout=subprocess.DEVNULL, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"the PyTorch peer ran past {timeout:.0f} s") from None
+    except OSError as exc:
+        raise PeerError(f"the PyTorch peer did not start: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        raise PeerError(f"the PyTorch peer failed (exit {proc.returncode}; its kern-peer lines above say why)")
+    try:
+        data = json.loads(out.read_text())
+    except (OSError, ValueError) as exc:
+        raise PeerError(f"the PyTorch peer wrote no readable result at {out}: {exc}") from None
+    return check_result(data, contexts, prefill)
