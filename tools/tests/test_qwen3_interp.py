@@ -77,6 +77,26 @@ class _InterpRuntime:
 
         return SimpleNamespace(launches=len(self.machine.m["programs"][program]["calls"]))
 
+    def time_calls(self, program: str, vars: dict[str, int], *, before: str | None = None) -> tuple[list[Any], bool]:
+        """Runtime.time_calls over the interpreter: each call's host time as it runs (the seed first)."""
+        import time
+
+        if before is not None:
+            self.machine.run(before, {})
+        m = self.machine.m
+        env = {v: vars.get(v, 1) for v in m["vars"]}
+        out = []
+        for call in m["programs"][program]["calls"]:
+            t0 = time.perf_counter()
+            values = [self.machine._arg(a, env) for a in call["args"]]
+            for launch in m["ops"][call["op"]]["impl"]["launches"]:
+                args = values if "args" not in launch else [
+                    self.machine._launch_arg(call["op"], la, values) for la in launch["args"]]
+                kernel = interp.k_linear if launch["entry"] == "extern:cublaslt_bf16_tn" else interp.KERNELS[launch["entry"]]
+                kernel(env.get("tokens", 1), *args)
+            out.append((call.get("label") or call["op"], (time.perf_counter() - t0) * 1e3))
+        return out, True
+
     def close(self) -> None:
         pass
 
@@ -152,16 +172,32 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
     assert "graph decode:" in out.err
 
 
-def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray]) -> None:
-    import kern_cli.bench_cmd as bench
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray], feed: str) -> None:
+    import kern_cli.bench_measure as measure
+    from kern_cli.bench_report import call_kinds
 
-    s, _ = _interp_session(weights, "device")
+    s, _ = _interp_session(weights, feed)
     rng = np.random.default_rng(0)
-    rows = bench._decode_rows(s, 40, 3, 1000, 16, rng) + bench._prefill_rows(s, 30, 2, 1000, 16, rng)
+    rows = measure.decode_rows(s, 40, 3, 1000, 16, rng) + measure.prefill_rows(s, 30, 2, 1000, 16, rng)
     assert [r["name"] for r in rows] == ["decode_ms_per_token@ctx40", "decode_fixed_ms_per_token@ctx40",
-                                         "decode_gpu_ms_per_step@ctx40", "decode_host_gap_us@ctx40",
-                                         "prefill_ms@30", "ttft_ms@30"]
+                                         "decode_gpu_ms_per_step@ctx40", "decode_gpu_fixed_ms_per_step@ctx40",
+                                         "decode_host_gap_us@ctx40", "prefill_ms@30", "ttft_ms@30"]
     assert all(r["value"] > 0 for r in rows if r["unit"] == "ms")
+    # the fixed-context replays all compute the step after the prefill: the token it gives
+    s.prefill(_prompt(37), chunk=16)
+    first = s.step()
+    s.rt.calls.clear()
+    measure._replays_ms(s, 4, fixed=True)
+    assert s.rt.calls.count(("issue", "decode")) == 4
+    assert s.rt.calls.count(("run", "start")) == (5 if feed == "device" else 0)  # the rewind's, then one per replay
+    assert int(s.rt.read_output(s.roles.next_token)[0]) == first
+    runs = measure.breakdown_runs(s, 2, lambda line: None)
+    assert len(runs) == 2 and [label for label, _ms in runs[0]] == [
+        c.get("label") or c["op"] for c in s.rt.machine.m["programs"]["decode"]["calls"]]
+    kinds = {k: n for k, n, _us in call_kinds(runs)}
+    assert kinds["qkv"] == CONFIG["num_hidden_layers"] and kinds["lm_head"] == 1
+    assert s.step() == first  # the breakdown left the session rewound to the end of the prefill
 
 
 def test_session_refuses_ids_beyond_the_vocabulary(weights: dict[str, np.ndarray]) -> None:

@@ -1,0 +1,73 @@
+"""kern bench's PyTorch peer (tools/peer) against transformers on the GPU: greedy tokens from its
+compiled, CUDA-graph decode equal transformers' eager bf16 greedy tokens on random-weight
+checkpoints written by transformers' save_pretrained (tied and untied head, and the Qwen3-4B
+shape), a divergence passing only at a near-tie (tools/gpu/qwen3_checks.py's rule)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.gpu_deps import gpu_import
+
+STEPS = 64
+PROMPTS = (1, 37, 709)
+WARNINGS = ("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
+
+
+def _checkpoint(tmp: Path, name: str, cfg: dict[str, Any]) -> Path:
+    import qwen3_checks as checks
+
+    rec = checks.Recorder(tmp / "out")
+    ckpt = checks.write_checkpoint(rec, name, cfg)
+    assert ckpt is not None, rec.checks[-1].detail
+    return ckpt
+
+
+def _compare(ckpt: Path, prompt_lens: tuple[int, ...], steps: int) -> list[str]:
+    """The peer's greedy tokens against transformers' for each prompt; the checks' details."""
+    torch = gpu_import("torch")
+    gpu_import("transformers")
+    import qwen3_checks as checks
+
+    from kern_peer import checkpoint_files, read_config
+    from kern_peer.model import Peer
+
+    config_path, files = checkpoint_files([ckpt])
+    cfg = read_config(config_path)
+    ps = {n: p for n, p in checks.prompts(cfg.vocab).items() if n in prompt_lens}
+    with torch.no_grad():
+        model = checks._hf(ckpt, torch.bfloat16)
+        ref = {n: checks.hf_greedy(model, p, steps)[:2] for n, p in ps.items()}
+        del model
+        torch.cuda.empty_cache()
+        peer = Peer(cfg, files, torch.device("cuda", 0), max(prompt_lens) + steps + 16)
+        details = []
+        for n, p in ps.items():
+            got = peer.generate(p, steps)
+            c = checks.Check(f"p{n}")
+            checks.compare_greedy(c, got, *ref[n])
+            assert c.status != "FAIL", f"prompt of {n}: {c.detail}"
+            details.append(f"p{n}: {c.detail}")
+    return details
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings(*WARNINGS)
+@pytest.mark.parametrize("tied", [True, False])
+def test_peer_matches_transformers_tiny(tied: bool, tmp_path: Path) -> None:
+    from kern_qwen3 import QWEN3_TINY_CONFIG
+
+    cfg = {**QWEN3_TINY_CONFIG, "tie_word_embeddings": tied}
+    details = _compare(_checkpoint(tmp_path, "tiny" if tied else "tiny-untied", cfg), PROMPTS, STEPS)
+    print("\n".join(details))
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings(*WARNINGS)
+def test_peer_matches_transformers_4b_shape(tmp_path: Path) -> None:
+    from kern_qwen3 import QWEN3_4B_CONFIG
+
+    details = _compare(_checkpoint(tmp_path, "4b", dict(QWEN3_4B_CONFIG)), (37, 709), 32)
+    print("\n".join(details))
