@@ -222,3 +222,34 @@ def test_a_peer_mode_outside_the_choices_is_one_line(capsys: pytest.CaptureFixtu
     assert capsys.readouterr().err.strip().splitlines() == [
         "kern bench: argument --peer: invalid choice: 'maybe' (choose from 'auto', 'on', 'off') "
         "(see kern bench --help)"]
+
+
+def test_the_gemm_rate_manifest_verifies() -> None:
+    from kern_cli.bench_measure import GEMM_RATE_SIZE, gemm_rate_manifest
+
+    m = gemm_rate_manifest(GEMM_RATE_SIZE, _example("qwen3-4b")["schema_version"])
+    verify(parse_manifest(json.dumps(m)))
+    (call,) = m["programs"]["mm"]["calls"]
+    assert [a.get("i32") for a in call["args"][3:]] == [GEMM_RATE_SIZE] * 3
+
+
+def test_kv_bytes_per_token_of_the_4b() -> None:
+    assert bench.kv_bytes_per_token(_example("qwen3-4b-fast"), "decode") == 36 * 2 * 8 * 128 * 2
+    assert bench.kv_bytes_per_token(_example("qwen3-4b-f32"), "decode") == 36 * 2 * 8 * 128 * 4
+
+
+def test_defaults_fit_the_4b_and_breakdown_follows_the_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain kern bench: 128..32k decode, 709..16k prefill, the breakdown at 128 and 32k, a
+    capacity within the fast manifest's reach (checked before the GPU)."""
+    monkeypatch.chdir(ROOT)
+    args = _parse()
+    o = bench._options(args)  # type: ignore[arg-type]
+    assert o.contexts == (128, 2048, 8192, 32768) and o.prefill == (709, 4096, 16384)
+    assert o.breakdown == (128, 32768)
+    load = run.resolve_load(args, bench.config_for(None, ROOT))  # type: ignore[arg-type]
+    import kern_runtime as kr
+
+    roles = kr.serving_roles(kr.read_manifest(load.manifest))
+    kr.check_capacity(roles, bench._capacity(load, o))
+    assert bench._options(_parse("--contexts", "256,4096", "--breakdown", "none")).breakdown == ()  # type: ignore[arg-type]
+    assert bench._options(_parse("--contexts", "256,4096")).breakdown == (256, 4096)  # type: ignore[arg-type]
