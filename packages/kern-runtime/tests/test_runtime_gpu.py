@@ -311,6 +311,29 @@ def test_graph_replay_equals_eager_over_400_launches(kdir: Path, sha: str, tmp_p
         np.testing.assert_array_equal(rt.read_output("y"), eager)
 
 
+def test_time_calls_times_each_call_of_an_eager_run(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "c.json", manifests.chain(sha, calls=50))
+    with kr.Runtime.load(m, kdir) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        x = np.random.default_rng(3).standard_normal(4096).astype(np.float32)
+        rt.write_input("x", x)
+        rt.run("chain", {})
+        eager = rt.read_output("y")
+        times, held = rt.time_calls("chain", {})
+        assert held and [label for label, _ms in times] == ["first"] + ["mix"] * 49
+        assert all(0 < ms < 1e3 for _label, ms in times)
+        np.testing.assert_array_equal(rt.read_output("y"), eager)  # it ran the same program
+        with pytest.raises(kr.ApiError, match="unknown program"):
+            rt.time_calls("chain", {}, before="nope")
+
+
+def test_copy_rate_moves_bytes() -> None:
+    rate = kr.copy_rate(0, nbytes=64 << 20, reps=3)
+    assert 1e9 < rate < 1e14  # bytes per second: a device copy, not a host one nor nothing
+    with pytest.raises(kr.ApiError, match="does not exist"):
+        kr.copy_rate(drv.device_count())
+
+
 def test_graph_vars_must_match_capture(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
     rt, _ = basic
     g = rt.capture_graph("main", {"n": 8})
