@@ -180,7 +180,7 @@ def test_the_plot_is_one_line_without_matplotlib(tmp_path: Path, monkeypatch: py
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # NOTE: makes `import matplotlib...` fail
     notes: list[str] = []
     files = rep.write_report(_report(np.random.default_rng(6)), tmp_path, notes.append)
-    assert notes == ["no plot: matplotlib is not installed (uv sync --extra plot, or pip install matplotlib)"]
+    assert notes == ["no plot: matplotlib is not installed (uv sync --group plot, or pip install 'kern-cli[plot]')"]
     assert sorted(f.name for f in files) == ["bench.json", "bench.txt", "breakdown.md"]
     assert not (tmp_path / "bench.png").exists()
 

@@ -225,7 +225,7 @@ def plot(rows: Sequence[Row], path: Path, title: str) -> str | None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        return "no plot: matplotlib is not installed (uv sync --extra plot, or pip install matplotlib)"
+        return "no plot: matplotlib is not installed (uv sync --group plot, or pip install 'kern-cli[plot]')"
     series = decode_series(rows)
     if not series:
         return "no plot: no decode rows"
