@@ -465,23 +465,28 @@ def _run_peer(plan: _Plan, weights: Sequence[Path], report: Report, log: Callabl
     return True
 
 
-def _measure(plan: _Plan, log: Callable[[str], None]) -> tuple[Report, bool]:
-    load = plan.load
-    if not load.weights:
-        load = replace(load, weights=default_weights(log))
-    report = bench_session(load, plan.options, log=log)
-    ok = _run_peer(plan, load.weights, report, log) if plan.peer.run else True
-    if plan.peer.note:
-        report.notes.append(plan.peer.note)
-    return report, ok
-
-
 def _write(plan: _Plan, report: Report, log: Callable[[str], None]) -> None:
     if plan.json is not None:
         plan.json.write_text(json.dumps(report.rows, indent=2) + "\n")
     if plan.out is not None:
         files = write_report(report, plan.out, log)
         log("wrote " + ", ".join(str(f) for f in files))
+
+
+def _measure(plan: _Plan, log: Callable[[str], None]) -> tuple[Report, bool]:
+    """kern's measurements, written at once (a peer that never returns leaves them on disk),
+    then the peer's; False when the peer failed."""
+    load = plan.load
+    if not load.weights:
+        load = replace(load, weights=default_weights(log))
+    report = bench_session(load, plan.options, log=log)
+    ok = True
+    if plan.peer.run:
+        _write(plan, report, log)
+        ok = _run_peer(plan, load.weights, report, log)
+    if plan.peer.note:
+        report.notes.append(plan.peer.note)
+    return report, ok
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -494,16 +499,15 @@ def _handle(args: argparse.Namespace) -> int:
         plan = _bench_args(args)
         probe_gpu(plan.load.gpu)
         report, ok = _measure(plan, log)
+        print(report.text())
+        for note in report.notes:
+            log(note)
+        _write(plan, report, log)
     except (RunError, KernTomlError, BenchError, PeerError, *runtime_input_errors()) as exc:
         return fail("kern bench", str(exc))
     except KernRuntimeError as exc:
         fail("kern bench", f"{type(exc).__name__}: {exc}")
         return 1
-    print(report.text())
-    for note in report.notes:
-        log(note)
-    try:
-        _write(plan, report, log)
     except OSError as exc:
         return fail("kern bench", f"writing the report: {exc.strerror or exc}")
     return 0 if ok else 1
