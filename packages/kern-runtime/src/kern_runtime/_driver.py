@@ -217,12 +217,48 @@ def copy_dtoh(dst: int, src: int, nbytes: int) -> None:
 # -- virtual memory management ------------------------------------------------------------------
 
 
-def _vmm_prop(dev: Any) -> Any:
+HANDLE_KINDS: dict[str, Any] = {
+    "fabric": cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC,
+    "posix_fd": cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+}
+"""Shareable handle kinds of exported VMM chunks, by the name offers carry."""
+
+
+def _vmm_prop(dev: Any, handle_kind: str | None = None) -> Any:
     prop = cu.CUmemAllocationProp()
     prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     prop.location.id = int(dev)
+    if handle_kind is not None:
+        prop.requestedHandleTypes = HANDLE_KINDS[handle_kind]
     return prop
+
+
+def handle_kind_supported(dev: Any, kind: str) -> bool:
+    """Whether the device exports VMM chunks as `kind` ("fabric" or "posix_fd")."""
+    attr = (cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED if kind == "fabric"
+            else cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+    return device_attribute(dev, attr) != 0
+
+
+def vmm_create_shareable(nbytes: int, dev: Any, kind: str) -> Any:
+    """A physical chunk that can be exported as `kind`."""
+    return _call(cu.cuMemCreate, nbytes, _vmm_prop(dev, kind), 0)
+
+
+def vmm_export(handle: Any, kind: str) -> bytes | int:
+    """The shareable handle of a chunk: 64 fabric bytes, or a POSIX file descriptor."""
+    out = _call(cu.cuMemExportToShareableHandle, handle, HANDLE_KINDS[kind], 0)
+    return bytes(out.data) if kind == "fabric" else int(out)
+
+
+def vmm_import(shareable: bytes | int, kind: str) -> Any:
+    """A chunk handle from a shareable handle (release it with `vmm_release`)."""
+    if isinstance(shareable, bytes):
+        fabric = cu.CUmemFabricHandle()
+        fabric.data = shareable
+        return _call(cu.cuMemImportFromShareableHandle, fabric, HANDLE_KINDS[kind])
+    return _call(cu.cuMemImportFromShareableHandle, shareable, HANDLE_KINDS[kind])
 
 
 def vmm_granularity(dev: Any) -> int:

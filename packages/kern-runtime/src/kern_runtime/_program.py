@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -46,6 +46,7 @@ from kern_manifest.schema import (
 )
 
 from . import _driver as drv
+from . import nccl
 from .blas import Blas, GemmShape
 from .errors import ManifestUnsupportedError
 from .launch import ArgBlock, KernelRecord, encode_value, pack_bytes
@@ -77,6 +78,7 @@ class Resources:
     blas: Blas | None
     ranks: Mapping[str, int]
     stream: Any
+    comms: Mapping[str, nccl.Communicator] = field(default_factory=dict[str, nccl.Communicator])
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +236,9 @@ class _Compiler:
 
     def extern(
         self, launch: ExternLaunch, values: Sequence[Value], where: str
-    ) -> tuple[Callable[[], None], Mapping[str, int]]:
+    ) -> tuple[Callable[[], None], Mapping[str, int] | None]:
+        if launch.signature.collective:
+            return self.collective(launch, values, where), None
         blas = self.res.blas
         if blas is None or not launch.entry.startswith("extern:cubl"):
             raise ManifestUnsupportedError(f"{where}: {launch.entry} is not available in this runtime")
@@ -247,6 +251,24 @@ class _Compiler:
         plan = blas.plan(shape, _algo_tuple(launch))
         stream = int(self.res.stream)
         return (lambda: blas.matmul(plan, a, w, c, stream)), blas.describe(plan)
+
+    def collective(self, launch: ExternLaunch, values: Sequence[Value], where: str) -> Callable[[], None]:
+        args = launch.args or ()
+        group = args[-1].rank if args and isinstance(args[-1], RankArg) else ""
+        comm = self.res.comms.get(group)
+        if comm is None:
+            raise ManifestUnsupportedError(f"{where}: group {group!r} has no communicator (connect first)")
+        send, recv, count = (self._extern_value(a, values, where) for a in args[:3])
+        if send.ptr is None or recv.ptr is None or count.scalar is None:
+            raise ManifestUnsupportedError(f"{where}: {launch.entry} takes send and recv buffers and a count")
+        n = int(count.scalar)
+        want_send, want_recv = nccl.collective_bytes(launch.entry, n, comm.size)
+        size = 4 if launch.entry.endswith("_f32") else 2
+        if want_send * size > send.room or want_recv * size > recv.room:
+            raise ManifestUnsupportedError(
+                f"{where}: {launch.entry} of {n} per rank over {comm.size} ranks needs {want_send * size} send and "
+                f"{want_recv * size} recv bytes, the buffers hold {send.room} and {recv.room}")
+        return nccl.collective(launch.entry, comm, send.ptr, recv.ptr, n, self.res.stream)
 
     def _extern_value(self, arg: object, values: Sequence[Value], where: str) -> Value:
         if isinstance(arg, ParamArg):

@@ -5,8 +5,10 @@ ManifestUnsupportedError, ServingRolesError (no serving roles for a session). Ke
 (re-extract kernels): KernelArtifactError. Weight exporter (re-export weights): WeightArtifactError.
 Caller (API misuse): ApiError, DomainError (a write outside an input's domain), InputFileError (a
 named file is missing), SessionError (a session asked for what it cannot do), EngineError (an
-engine asked for what it cannot do). Device (CUDA / BLAS
-at execution): CudaError, NoDriverError, BlasError. CallError locates a failure inside a program's
+engine asked for what it cannot do), OfferError (a peer's offer is malformed or does not match),
+NotConnectedError (a program needs peers or a communicator not joined yet), MissingToolError (a
+program the runtime runs, such as cuobjdump, is not installed). Device (CUDA / BLAS / NCCL
+at execution): CudaError, NoDriverError, BlasError, NcclError. CallError locates a failure inside a program's
 call table.
 """
 
@@ -25,7 +27,11 @@ __all__ = [
     "ManifestParseError",
     "ManifestUnsupportedError",
     "ManifestVerifyError",
+    "MissingToolError",
+    "NcclError",
     "NoDriverError",
+    "NotConnectedError",
+    "OfferError",
     "ServingRolesError",
     "SessionError",
     "WeightArtifactError",
@@ -84,6 +90,21 @@ class EngineError(ApiError):
     to evict while live sequences hold the pool (caller)."""
 
 
+class OfferError(ApiError):
+    """A peer's offer bytes are malformed, or its manifest digest, rank or group do not match
+    (caller: hand every rank the offers of the same deployment, in member order)."""
+
+
+class NotConnectedError(ApiError):
+    """A program reads a peer buffer not filled yet or calls a collective of a group not joined
+    (caller: `connect` or `connect_local` first)."""
+
+
+class MissingToolError(KernRuntimeError):
+    """A program the runtime runs (cuobjdump for the SASS scan) is not installed (caller: install
+    kern-runtime's gpu extra or a CUDA toolkit)."""
+
+
 class CudaError(KernRuntimeError):
     """A CUDA driver call failed.
 
@@ -124,6 +145,18 @@ class BlasError(KernRuntimeError):
         super().__init__(f"{call} failed: {status}")
         self.call = call
         self.status = status
+
+
+class NcclError(KernRuntimeError):
+    """An NCCL call failed (device or interconnect).
+
+    Attributes:
+        call: the NCCL function's name.
+    """
+
+    def __init__(self, call: str, detail: str) -> None:
+        super().__init__(f"{call} failed: {detail}")
+        self.call = call
 
 
 class CallError(KernRuntimeError):

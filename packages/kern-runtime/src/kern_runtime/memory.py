@@ -22,7 +22,19 @@ from kern_manifest import State
 
 from . import _driver as drv
 
-__all__ = ["ALIGN", "Allocation", "Mempolicy", "align_up", "host_near", "numa_node", "preferring_node", "state_size"]
+__all__ = [
+    "ALIGN",
+    "Allocation",
+    "Mempolicy",
+    "Shared",
+    "align_up",
+    "host_near",
+    "map_imported",
+    "numa_node",
+    "preferring_node",
+    "shareable",
+    "state_size",
+]
 
 ALIGN = 256
 
@@ -85,6 +97,47 @@ def vmm(stack: ExitStack, dev: Any, nbytes: int, chunk: int) -> Allocation:
         stack.callback(drv.vmm_unmap, base + off, chunk)
     drv.vmm_set_access(base, total, dev)
     return Allocation(base, total, "vmm")
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A VMM allocation whose chunks can be exported: the allocation, the handle kind, and each
+    chunk's (offset, bytes, driver handle)."""
+
+    alloc: Allocation
+    kind: str
+    chunks: tuple[tuple[int, int, Any], ...]
+
+
+def shareable(stack: ExitStack, dev: Any, nbytes: int, chunk: int, kind: str) -> Shared:
+    """`vmm` with chunks made exportable as `kind` ("fabric" or "posix_fd")."""
+    gran = drv.vmm_granularity(dev)
+    chunk = align_up(chunk, gran)
+    total = align_up(max(nbytes, 1), chunk)
+    base = drv.vmm_reserve(total, gran)
+    stack.callback(drv.vmm_free_address, base, total)
+    chunks: list[tuple[int, int, Any]] = []
+    for off in range(0, total, chunk):
+        handle = drv.vmm_create_shareable(chunk, dev, kind)
+        stack.callback(drv.vmm_release, handle)
+        drv.vmm_map(base + off, chunk, handle)
+        stack.callback(drv.vmm_unmap, base + off, chunk)
+        chunks.append((off, chunk, handle))
+    drv.vmm_set_access(base, total, dev)
+    return Shared(Allocation(base, total, "vmm"), kind, tuple(chunks))
+
+
+def map_imported(stack: ExitStack, dev: Any, handles: list[tuple[int, int, Any]], total: int) -> int:
+    """Maps imported chunk handles (offset, bytes, handle) into one fresh address range readable
+    and writable by `dev`; returns its base. Released (unmapped, handles dropped) on `stack`."""
+    base = drv.vmm_reserve(total, drv.vmm_granularity(dev))
+    stack.callback(drv.vmm_free_address, base, total)
+    for off, size, handle in handles:
+        stack.callback(drv.vmm_release, handle)
+        drv.vmm_map(base + off, size, handle)
+        stack.callback(drv.vmm_unmap, base + off, size)
+    drv.vmm_set_access(base, total, dev)
+    return base
 
 
 # -- NUMA placement of pinned blocks ---------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,14 +14,15 @@ import numpy as np
 import numpy.typing as npt
 
 import kern_pool
-from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest
+from kern_manifest import Buffer, ExternLaunch, KernelLaunch, Manifest, digest
 from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg, VarArg
 from kern_pool import Capacity
 
 from . import _driver as drv
-from . import _timing, memory
+from . import _timing, memory, nccl, sass
 from ._loader import CHUNK_BYTES, Job, run_jobs
 from ._manifest import bind_segments, load_manifest
+from ._peering import Needs, Peering, check_offers, check_ranks, program_needs
 from ._program import Resources, Step, Value, call_value, compile_program, gemm_shape
 from .blas import WORKSPACE_BYTES, Blas, GemmShape
 from .domains import InputDomain, StateUnits, check_domain, input_domains
@@ -30,14 +32,16 @@ from .errors import (
     KernelArtifactError,
     KernRuntimeError,
     ManifestUnsupportedError,
+    NotConnectedError,
 )
 from .graphs import Graph, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
 from .memory import Allocation
+from .peers import Offer, PeerHandle, choose_handle_kind
 from .sequences import Sequences, Waking, pool_config_for, pool_layout
 from .weights import Tensors, plan_bind
 
-__all__ = ["DEFAULT_CAPACITY", "Resident", "Runtime"]
+__all__ = ["DEFAULT_CAPACITY", "Resident", "Runtime", "connect_local"]
 
 _NP_DTYPES: Mapping[str, Any] = {
     "bf16": np.uint16, "f16": np.float16, "f32": np.float32, "fp8e4m3": np.uint8, "fp8e8m0": np.uint8,
@@ -143,6 +147,10 @@ class Runtime:
         self._ranks: dict[str, int] = {}
         self._seqs: Sequences | None = None
         self._domains: dict[str, InputDomain] = {}
+        self._module_data: dict[str, bytes] = {}
+        self._peering: Peering | None = None
+        self._needs: dict[str, Needs] = {}
+        self._digest_hex: str | None = None
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -178,7 +186,8 @@ class Runtime:
         if over is not None and over.gpu != gpu:
             raise ApiError(f"load_over: resident weights live on gpu {over.gpu}, not {gpu}")
         rt = cls(model, gpu, cap)
-        rt._ranks = dict(ranks or {})
+        rt._ranks = check_ranks(model, dict(ranks or {}))
+        rt._needs = {name: program_needs(model, name) for name in model.programs}
         try:
             rt._setup(Path(kernels_dir), over)
         except BaseException:
@@ -199,6 +208,11 @@ class Runtime:
         self._arch = major * 10 + minor
         self._load_modules(kernels_dir)
         self._resolve_launches()
+        self._scan_peer_kernels()
+        if self.manifest.topology is not None:
+            kind = choose_handle_kind(drv.handle_kind_supported(self._dev, "fabric"),
+                                      drv.handle_kind_supported(self._dev, "posix_fd"))
+            self._peering = Peering(self._stack, self.manifest, self._dev, self._ranks, kind)
         self._allocate_buffers(over)
         self._allocate_fixed_states()
         self._allocate_scratch()
@@ -214,6 +228,17 @@ class Runtime:
         for name, mod in self.manifest.modules.items():
             data = read_module(hashes, name, mod.sha256.lower())
             self._modules[name] = LoadedModule.load(self._stack, name, mod.sha256, data, self._arch)
+            self._module_data[name] = data
+
+    def _scan_peer_kernels(self) -> None:
+        """The trust boundary: every kernel a call hands a peer buffer is scanned (cuobjdump -sass)
+        and refused when it issues multicast instructions."""
+        dumps: dict[str, dict[str, list[str]]] = {}
+        for module, entry in sorted(_peer_kernels(self.manifest)):
+            if module not in dumps:
+                dumps[module] = sass.sass_functions(sass.dump_sass(self._module_data[module], module))
+            sass.scan_kernel(dumps[module], module, entry)
+        self._module_data.clear()
 
     def _resolve_launches(self) -> None:
         bounds = self.manifest.var_bounds
@@ -243,7 +268,8 @@ class Runtime:
     def _allocate_buffers(self, over: Resident | None) -> None:
         for name, buf in self.manifest.buffers.items():
             if buf.kind == "peer":
-                raise ManifestUnsupportedError(f"buffer {name!r}: peer buffers need import_peers, which this runtime lacks")
+                self._add_peer_buffer(name, buf)
+                continue
             if buf.kind == "source":
                 continue
             nbytes = self.manifest.buffer_max_bytes(name)
@@ -257,10 +283,23 @@ class Runtime:
             if buf.kind in ("input", "output"):
                 self._add_staging(name, nbytes)
 
+    def _add_peer_buffer(self, name: str, buf: Buffer) -> None:
+        of = self.manifest.states.get(buf.of or "")
+        if of is not None and of.bytes is None:
+            raise ManifestUnsupportedError(
+                f"peer buffer {name!r} mirrors pooled state {buf.of!r}: this runtime exports fixed states and "
+                "export buffers only")
+        alloc = memory.device(self._stack, self.manifest.buffer_max_bytes(name))
+        self._buffers[name] = alloc
+        assert self._peering is not None  # NOTE: the verifier requires a topology group on a peer
+        self._peering.add_peer_buffer(name, alloc)
+
     def _allocate(self, name: str, buf: Buffer, nbytes: int) -> Allocation:
         stack = ExitStack() if buf.kind == "weight" else self._stack
         if buf.placement == "host":
             alloc = memory.host(stack, nbytes)
+        elif buf.export and self._peering is not None and buf.kind != "weight":
+            alloc = self._peering.share(name, nbytes, drv.vmm_granularity(self._dev))
         elif buf.export:
             alloc = memory.vmm(stack, self._dev, nbytes, drv.vmm_granularity(self._dev))
         else:
@@ -281,7 +320,10 @@ class Runtime:
             if st.bytes is None:
                 continue
             nbytes, chunk, note = memory.state_size(st, self._tokens or 0, self.capacity.seqs, 1, gran)
-            alloc = memory.vmm(self._stack, self._dev, nbytes, chunk)
+            if self._peering is not None and self._peering.kind is not None:
+                alloc = self._peering.share(name, nbytes, chunk)
+            else:
+                alloc = memory.vmm(self._stack, self._dev, nbytes, chunk)
             drv.memset_async(alloc.ptr, alloc.nbytes, self._stream)
             self._states[name] = alloc
             self._state_notes[name] = note
@@ -327,7 +369,10 @@ class Runtime:
 
     def _check_externs(self) -> None:
         gemms = [(op_name, launch) for op_name, op in self.manifest.ops.items()
-                 for launch in op.impl.launches if isinstance(launch, ExternLaunch)]  # fmt: skip
+                 for launch in op.impl.launches
+                 if isinstance(launch, ExternLaunch) and not launch.signature.collective]  # fmt: skip
+        if any(n.groups for n in self._needs.values()):
+            nccl.bindings()
         if not gemms:
             return
         ws = memory.device(self._stack, WORKSPACE_BYTES)
@@ -368,7 +413,119 @@ class Runtime:
             blas=self._blas,
             ranks=self._ranks,
             stream=self._stream,
+            comms=self._peering.comms if self._peering is not None else {},
         )
+
+    # -- peers ------------------------------------------------------------------------------------
+
+    def _peers(self) -> Peering:
+        self._live()
+        if self._peering is None:
+            raise ApiError("this manifest declares no topology: there are no peers to connect")
+        return self._peering
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """This rank's index in every topology group."""
+        return dict(self._ranks)
+
+    def export_handles(self) -> dict[str, PeerHandle]:
+        """The shareable handle of every export buffer and fixed state, by name.
+
+        Raises:
+            ApiError: the manifest declares no topology.
+        """
+        return self._peers().export_handles()
+
+    def import_peers(self, group: str, members: Sequence[Mapping[str, PeerHandle]]) -> None:
+        """Fills the peer buffers of `group` from every member's handle table (in rank order; this
+        rank's own entry is not read). The mappings live as long as the runtime.
+
+        Raises:
+            ApiError: no topology, an unknown group or a wrong member count. OfferError: a member
+                exports no buffer a peer buffer mirrors.
+        """
+        peering = self._peers()
+        if group not in self._ranks:
+            raise ApiError(f"unknown group {group!r}; groups: {sorted(self._ranks)}")
+        drv.set_current(self._ctx)
+        peering.import_peers(group, members, self._own_address)
+
+    def _own_address(self, name: str) -> int:
+        alloc = self._buffers.get(name) or self._states.get(name)
+        if alloc is None:
+            raise ApiError(f"{name!r} has no memory in this runtime")
+        return alloc.ptr
+
+    def offer(self) -> Offer:
+        """This rank's offer: manifest digest, ranks, exported handles, and the NCCL id of each
+        group with collectives this rank is rank 0 of (made once per runtime).
+
+        Raises:
+            ApiError: the manifest declares no topology.
+        """
+        peering = self._peers()
+        drv.set_current(self._ctx)
+        ids = peering.nccl_ids(self._nccl_groups())
+        return Offer(self._digest(), dict(self._ranks), peering.export_handles(), ids)
+
+    def _digest(self) -> str:
+        if self._digest_hex is None:
+            self._digest_hex = digest(self.manifest)
+        return self._digest_hex
+
+    def _nccl_groups(self) -> set[str]:
+        return {g for n in self._needs.values() for g in n.groups}
+
+    def check_offers(self, offers: Mapping[str, Sequence[Offer]]) -> None:
+        """What `connect` checks before it imports or joins anything.
+
+        Raises:
+            OfferError: a group missing, a wrong count, a digest, rank or group mismatch, or rank 0
+                without the group's NCCL id.
+        """
+        self._peers()
+        check_offers(self.manifest, self._digest(), self._ranks, self.offer(), offers, self._nccl_groups())
+
+    def connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
+        """Connects this rank: checks every member's offer (`check_offers`), fills every peer buffer
+        (`import_peers`), joins each group's NCCL communicator (blocks until every rank has), then
+        runs the once programs that needed them.
+
+        Raises:
+            OfferError: see `check_offers` (nothing was imported or joined). ApiError, NcclError.
+        """
+        self.check_offers(offers)
+        self._attach(offers)
+        peering = self._peers()
+        for g in sorted(self._nccl_groups()):
+            if g not in peering.comms:
+                drv.set_current(self._ctx)
+                peering.join(g, offers[g][0].nccl[g])
+        self._connected()
+
+    def _attach(self, offers: Mapping[str, Sequence[Offer]]) -> None:
+        for g in sorted(offers):
+            self.import_peers(g, [o.handles for o in offers[g]])
+        self.require_peers()
+
+    def _connected(self) -> None:
+        if self._loaded:
+            self._run_once(connected=True)
+            self.synchronize()
+
+    def require_peers(self) -> None:
+        """Raises NotConnectedError while a peer buffer is not filled."""
+        peering = self._peers()
+        if peering.unfilled:
+            raise NotConnectedError(f"peer buffer(s) {sorted(peering.unfilled)} are not filled: connect first")
+
+    def require_nccl(self) -> None:
+        """Raises NotConnectedError while a group with collectives has no communicator."""
+        peering = self._peers()
+        missing = sorted(self._nccl_groups() - set(peering.comms))
+        if missing:
+            raise NotConnectedError(f"group(s) {missing} have collectives and no communicator: connect first")
 
     # -- weights ----------------------------------------------------------------------------------
 
@@ -407,11 +564,17 @@ class Runtime:
         done += run_jobs(jobs, self._ctx, threads=threads, progress=report, chunk=chunk_bytes)
         done += self._run_derive(sources, threads, report)
         self._loaded = True
-        for name in sorted(self.manifest.programs):
-            if self.manifest.programs[name].once:
-                self.run(name, {v: self._bounds[v] for v in self._reads[name]})
+        self._run_once(connected=False)
         self.synchronize()
         return done
+
+    def _run_once(self, *, connected: bool) -> None:
+        """Once programs: those that need no peers or collectives after the weights, the others
+        after connect."""
+        for name in sorted(self.manifest.programs):
+            needs = self._needs[name]
+            if self.manifest.programs[name].once and bool(needs.peers or needs.groups) == connected:
+                self.run(name, {v: self._bounds[v] for v in self._reads[name]})
 
     def _plan_weights(self, tensors: Tensors) -> list[Job]:
         jobs: list[Job] = []
@@ -473,6 +636,10 @@ class Runtime:
             raise ApiError(f"program {program!r} is a derive program; it runs only inside load_weights")
         if not self._loaded:
             raise ApiError("call load_weights before running programs")
+        needs = self._needs[program]
+        if needs.peers or needs.groups:
+            assert self._peering is not None
+            self._peering.require(needs, program)
 
     def _key(self, program: str, vars: Mapping[str, int]) -> VarKey:
         return normalize_vars(program, self._bounds, self._reads[program], vars)
@@ -981,3 +1148,43 @@ def _var_ends(manifest: Manifest, reads: frozenset[str], launch: ExternLaunch) -
 
 def _program_buffers(manifest: Manifest, program: str) -> set[str]:
     return {a.buf for c in manifest.programs[program].calls for a in c.args if isinstance(a, BufArg)}
+
+
+def _peer_kernels(manifest: Manifest) -> set[tuple[str, str]]:
+    """(module, entry) of every kernel launch in an op that some call hands a peer buffer."""
+    ops = {c.op for p in manifest.programs.values() for c in p.calls
+           if any(isinstance(a, BufArg) and manifest.buffers[a.buf].kind == "peer" for a in c.args)}
+    return {(la.module, la.entry) for op in sorted(ops) for la in manifest.ops[op].impl.launches
+            if isinstance(la, KernelLaunch)}
+
+
+def connect_local(runtimes: Sequence[Runtime]) -> None:
+    """Connects runtimes one process holds, every rank of every group: checks their offers,
+    fills their peer buffers, and joins each group's communicators in one NCCL group call.
+
+    Raises:
+        ApiError: the runtimes are not one rank each of every group. OfferError: see
+            `Runtime.check_offers`. NcclError.
+    """
+    if not runtimes:
+        raise ApiError("connect_local needs at least one runtime")
+    groups = dict(runtimes[0].manifest.topology.groups) if runtimes[0].manifest.topology else {}
+    for g, size in groups.items():
+        got = sorted(rt.ranks.get(g, -1) for rt in runtimes)
+        if got != list(range(size)):
+            raise ApiError(f"connect_local: group {g!r} has {size} ranks, the runtimes hold ranks {got}: "
+                           "pass one runtime per rank")
+    offers = [rt.offer() for rt in runtimes]
+    table = {g: [offers[i] for i in sorted(range(len(runtimes)), key=lambda i: runtimes[i].ranks[g])]
+             for g in groups}
+    for rt in runtimes:
+        rt.check_offers(table)
+    for rt in runtimes:
+        rt._attach(table)  # pyright: ignore[reportPrivateUsage]
+    for g in sorted(runtimes[0]._nccl_groups()):  # pyright: ignore[reportPrivateUsage]
+        ordered = sorted(runtimes, key=lambda rt: rt.ranks[g])
+        contexts = [functools.partial(drv.set_current, rt._ctx) for rt in ordered]  # pyright: ignore[reportPrivateUsage]
+        for rt, comm in zip(ordered, nccl.init_local(g, table[g][0].nccl[g], contexts), strict=True):
+            rt._peers().adopt(comm)  # pyright: ignore[reportPrivateUsage]
+    for rt in runtimes:
+        rt._connected()  # pyright: ignore[reportPrivateUsage]
