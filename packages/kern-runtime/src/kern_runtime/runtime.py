@@ -424,6 +424,12 @@ class Runtime:
             raise ApiError("this manifest declares no topology: there are no peers to connect")
         return self._peering
 
+    def make_current(self) -> None:
+        """Makes this runtime's CUDA context current on the calling thread (a thread that drives
+        one rank of several in one process calls it first)."""
+        self._live()
+        drv.set_current(self._ctx)
+
     @property
     def ranks(self) -> dict[str, int]:
         """This rank's index in every topology group."""

@@ -76,6 +76,7 @@ from kern_qwen3.shape import (
     preset,
     shape_from_config,
 )
+from kern_qwen3.tp import generate_tp, rank_shape, tensor_parallel, tp_weights
 
 __all__ = [
     "ARGMAX_PARTS",
@@ -148,14 +149,18 @@ __all__ = [
     "fold_shape",
     "gemv_launch",
     "generate",
+    "generate_tp",
     "iter_weight_files",
     "plan_passes",
     "preset",
     "qwen3_tensor_shapes",
     "random_checkpoint",
+    "rank_shape",
     "render",
     "shape_from_config",
     "silu_entries",
+    "tensor_parallel",
     "tensor_values",
     "to_bf16_bits",
+    "tp_weights",
 ]

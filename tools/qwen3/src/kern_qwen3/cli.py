@@ -28,6 +28,7 @@ from kern_qwen3.generate import generate
 from kern_qwen3.passes import plan_passes
 from kern_qwen3.plan import DEFAULT_CHUNK, FEEDS, PRECISIONS, Plan
 from kern_qwen3.shape import PRESETS, preset, shape_from_config
+from kern_qwen3.tp import generate_tp
 
 __all__ = ["PROG", "against_capture", "build_and_hash", "captured_modules", "main", "read_config"]
 
@@ -66,6 +67,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", choices=PRECISIONS, default="bf16",
                    help="f32: the reference-precision manifest (qwen3_f32.cu: float32 activations, "
                         "residual, logits and KV cache over the bf16 weights; no speed options)")
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor parallel over N ranks (topology group tp): one SPMD manifest, weights "
+                        "bound by rank (docs/qwen3.md)")
     p.add_argument("--feed", choices=FEEDS, default=None,
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
@@ -157,6 +161,10 @@ def _generate(args: argparse.Namespace) -> Json:
                    else build_and_hash(args.kernels_src, args.kernels))
     except KernelBuildError as exc:
         raise GenError(str(exc)) from exc
+    if args.tp is not None:
+        if args.capture is not None:
+            raise GenError("--tp manifests are not checked against a capture: drop --capture")
+        return generate_tp(shape, modules, entries, model=args.model or args.out.stem, tp=args.tp, plan=plan)
     return generate(shape, modules, entries, model=args.model or args.out.stem, plan=plan)
 
 
