@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TextIO
 
+from kern_cli import run
 from kern_cli.run import (
     Bar,
     NoGpuError,
     RunError,
     RunOptions,
     decode_text,
-    device_count,
     log,
     no_gpu,
     prepare,
@@ -50,13 +50,14 @@ def check_topology(manifest: Mapping[str, Any], tp: int) -> None:
                        f"declares {groups or 'none'}: generate one with kern-qwen3 --tp {tp}")
 
 
-def check_gpus(tp: int, first: int, count: Callable[[], int] = device_count) -> None:
-    """Refuses a run of `tp` ranks from GPU `first` on when fewer GPUs are visible.
+def check_gpus(tp: int, first: int, count: Callable[[], int] | None = None) -> None:
+    """Refuses a run of `tp` ranks from GPU `first` on when fewer GPUs are visible (`count`:
+    `kern_cli.run.device_count`).
 
     Raises:
-        NoGpuError: fewer than `first + tp` GPUs.
+        NoGpuError: no driver, or fewer than `first + tp` GPUs.
     """
-    have = count()
+    have = (count or run.device_count)()
     if have < first + tp:
         raise NoGpuError(f"--tp {tp} from --gpu {first} needs {first + tp} GPUs; this machine shows {have}")
 

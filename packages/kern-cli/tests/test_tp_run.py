@@ -1,0 +1,77 @@
+"""kern-run --tp: the flag's checks, the manifest's topology, and the GPU count, each one line and
+exit 2 before anything touches a GPU (and before the default checkpoint is written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kern_cli.run as run
+import kern_cli.tp_run as tp_run
+
+from .test_run import _manifest, _one_line, _write_manifest
+
+
+def _tp_manifest(n: int) -> dict[str, Any]:
+    m = _manifest()
+    m["topology"] = {"groups": {"tp": n}}
+    m["buffers"]["x"] = {"dtype": "bf16", "shape": [8], "kind": "workspace"}
+    m["ops"]["sum"] = {"params": ["in buffer<bf16>", "out buffer<bf16>", "i64"], "impl": {"launches": [
+        {"entry": "extern:nccl_allreduce_bf16", "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"rank": "tp"}]}]}}
+    m["programs"]["step"]["calls"] = [{"op": "sum", "args": [{"buf": "x"}, {"buf": "x"}, {"i64": 8}]}]
+    return m
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KERN_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _main(path: Path, *extra: str) -> int:
+    return run.main(["--manifest", str(path), "--kernels", "kernels", "--prompt-ids", "1,2,3", "--steps", "2",
+                     *extra])
+
+
+def test_fewer_gpus_than_ranks_is_one_line(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(run, "device_count", lambda: 1)
+    assert _main(_write_manifest(in_tmp, _tp_manifest(2)), "--tp", "2") == 2
+    assert _one_line(capsys) == "kern-run: --tp 2 from --gpu 0 needs 2 GPUs; this machine shows 1"
+    assert not (in_tmp / "cache").exists()
+
+
+def test_gpu_offset_counts_too(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(run, "device_count", lambda: 2)
+    assert _main(_write_manifest(in_tmp, _tp_manifest(2)), "--tp", "2", "--gpu", "1") == 2
+    assert "needs 3 GPUs; this machine shows 2" in _one_line(capsys)
+
+
+def test_a_manifest_of_another_size_is_refused_before_the_gpu(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(run, "device_count", lambda: pytest.fail("the GPU was looked for"))
+    assert _main(_write_manifest(in_tmp, _tp_manifest(4)), "--tp", "2") == 2
+    assert "declares {'tp': 4}: generate one with kern-qwen3 --tp 2" in _one_line(capsys)
+    assert _main(_write_manifest(in_tmp), "--tp", "2") == 2
+    assert "declares none" in _one_line(capsys)
+
+
+@pytest.mark.parametrize(("argv", "word"), [(("--tp", "0"), "at least 1"), (("--tp", "2", "--chat"), "one generation")])
+def test_bad_tp_flags(in_tmp: Path, argv: tuple[str, ...], word: str) -> None:
+    args = run.build_parser().parse_args(["--manifest", "m", *argv])
+    with pytest.raises(run.RunError, match=word):
+        run.resolve_options(args)
+
+
+def test_check_topology_and_gpus_directly() -> None:
+    tp_run.check_topology({"topology": {"groups": {"tp": 2}}}, 2)
+    with pytest.raises(run.RunError, match="declares"):
+        tp_run.check_topology(json.loads('{"topology": {"groups": {"tp": 2, "dp": 1}}}'), 2)
+    tp_run.check_gpus(2, 0, lambda: 2)
+    with pytest.raises(run.NoGpuError, match="needs 8 GPUs; this machine shows 1"):
+        tp_run.check_gpus(8, 0, lambda: 1)
