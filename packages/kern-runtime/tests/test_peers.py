@@ -9,6 +9,7 @@ import struct
 import zlib
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -229,3 +230,24 @@ def test_require_names_what_is_not_connected() -> None:
     with pytest.raises(NotConnectedError, match=r"group\(s\) \['tp'\] not joined"):
         peering.require(program_needs(m, "step"), "step")
     peering.require(Needs(frozenset(), frozenset()), "none")
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_gpu_test_manifests_verify(ranks: int) -> None:
+    from .helpers import peer_manifests as pm
+
+    km.load_manifest(json.dumps(pm.collectives(ranks)))
+    km.load_manifest(json.dumps(pm.peer_gather("a" * 64, ranks)))
+    km.load_manifest(json.dumps(pm.multicast_gather("a" * 64, "b" * 64)))
+
+
+def test_collective_definitions_on_numbers() -> None:
+    from .helpers import peer_manifests as pm
+
+    sends = pm.inputs(2, 0)
+    c = pm.COUNT
+    assert np.array_equal(pm.expected("allreduce", sends, 1), sends[0][:c] + sends[1][:c])
+    assert np.array_equal(pm.expected("allgather", sends, 0), np.concatenate([sends[0][:c], sends[1][:c]]))
+    assert np.array_equal(pm.expected("reducescatter", sends, 1), sends[0][c:] + sends[1][c:])
+    assert np.array_equal(pm.expected("alltoall", sends, 1), np.concatenate([sends[0][c:], sends[1][c:]]))
+    assert np.array_equal(pm.from_bf16(pm.to_bf16(sends[0])), sends[0])

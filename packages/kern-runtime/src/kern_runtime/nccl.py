@@ -45,6 +45,7 @@ def bindings() -> Any:
     Raises:
         ManifestUnsupportedError: nccl4py or the NCCL library is not installed.
     """
+    set_environment()
     try:
         return importlib.import_module("nccl.bindings.nccl")
     except ImportError as exc:

@@ -57,3 +57,10 @@ extern "C" __global__ void rt_tma_tile(const __grid_constant__ TmaPack p, float*
       ::"r"(b), "r"(0) : "memory");
   for (int i = threadIdx.x; i < 8 * 32; i += blockDim.x) out[blockIdx.x * 256 + i] = 2.0f * tile[i] + (float)p.add;
 }
+
+// Copies `count` floats from each of `ranks` peer addresses into out[r * count ..] (plain loads).
+extern "C" __global__ void rt_peer_gather(const unsigned long long* peers, float* out, int ranks, int count) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  for (int r = 0; r < ranks; ++r) out[r * count + i] = reinterpret_cast<const float*>(peers[r])[i];
+}

@@ -1,0 +1,71 @@
+"""The TP-N Qwen3 manifest on the host: every rank on the float32 interpreter, the collectives by
+their definitions, against the independent numpy Qwen3 (and so against the plain manifest, which
+the same reference checks in test_qwen3_interp.py): the split, the rank windows of the weights and
+the placement of the allreduces and the gather."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import qwen3_interp as interp
+from helpers import tp_interp
+from helpers.qwen3_options import plan_of
+
+import kern_qwen3 as gen
+
+ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
+                             *gen.DEFER_ENTRIES.values())}
+STEPS = 8
+TIED = {**interp.UNTIED_CONFIG, "tie_word_embeddings": True}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    return interp.untied_weights(tmp_path_factory.mktemp("ckpt"))
+
+
+def _tp(config: dict[str, Any], n: int, **kw: Any) -> dict[str, Any]:
+    return gen.generate_tp(gen.shape_from_config(config), {"m": "0" * 64}, ENTRIES, model="t", tp=n,
+                           plan=plan_of(chunk=128, **kw))
+
+
+@pytest.mark.parametrize(("n", "prompt", "chunk"), [(1, 37, 512), (2, 1, 512), (2, 37, 16), (2, 200, 97)])
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_tp_manifest_matches_reference(weights: dict[str, np.ndarray], n: int, prompt: int, chunk: int,
+                                       feed: str) -> None:
+    world = tp_interp.World(_tp(interp.UNTIED_CONFIG, n, feed=feed), weights, capacity=512)
+    tokens, first = interp.greedy(world, interp.random_prompt(prompt), STEPS, chunk)
+    want_tokens, want_first = interp.reference_greedy(interp.UNTIED_CONFIG, weights, interp.random_prompt(prompt),
+                                                      STEPS)
+    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
+    assert tokens == want_tokens
+    assert world.collectives > 0
+
+
+def test_tied_tp2_gathers_the_embedding_bands(weights: dict[str, np.ndarray]) -> None:
+    tied = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+    world = tp_interp.World(_tp(TIED, 2), tied, capacity=256)
+    tokens, first = interp.greedy(world, interp.random_prompt(37), STEPS, 512)
+    want_tokens, want_first = interp.reference_greedy(TIED, tied, interp.random_prompt(37), STEPS)
+    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
+    assert tokens == want_tokens
+
+
+def test_fast_tp2_matches_reference(weights: dict[str, np.ndarray]) -> None:
+    fast = {"feed": "device", "fuse": True, "gemv": ("qkv", "o", "gate_up", "down"), "fold_norm": True,
+            "defer_norm": True}
+    world = tp_interp.World(_tp(interp.UNTIED_CONFIG, 2, **fast), weights, capacity=256)
+    tokens, _ = interp.greedy(world, interp.random_prompt(37), STEPS, 512)
+    assert tokens == interp.reference_greedy(interp.UNTIED_CONFIG, weights, interp.random_prompt(37), STEPS)[0]
+
+
+def test_a_missing_allreduce_is_caught(weights: dict[str, np.ndarray]) -> None:
+    m = _tp(interp.UNTIED_CONFIG, 2)
+    decode = m["programs"]["decode"]["calls"]
+    m["programs"]["decode"]["calls"] = [c for c in decode if c["label"] != "l1.down.allreduce"]
+    world = tp_interp.World(m, weights, capacity=256)
+    _, first = interp.greedy(world, interp.random_prompt(37), 1, 512)
+    _, want_first = interp.reference_greedy(interp.UNTIED_CONFIG, weights, interp.random_prompt(37), 1)
+    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) > 1e-2
