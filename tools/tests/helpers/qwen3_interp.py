@@ -257,10 +257,11 @@ def k_attn_decode(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, part_o: Ptr,
 def k_attn_decode_rows(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_lens: Ptr, part_o: Ptr, part_lse: Ptr, counters: Ptr,
                        out: Ptr, nq: int, nkv: int, d: int, p: int, page_stride: int, table_stride: int,
                        max_splits: int, scale: float) -> None:
-    """`t` rows (the program's tokens), each over its own seq_lens[r] tokens through its block-table row
-    (block_table + r * table_stride): attention as kern_attn_decode_partial + _reduce give it (how the
-    kernel splits a row is its own business); a row of 0 tokens gets zeros. The counters ([rows,
-    nkv]) must be zero before (the load program zeroes them) and are zero after."""
+    """`t` rows (the program's rows: `tokens` for the one-row step, `rows` for the batched step), each
+    over its own seq_lens[r] tokens through its block-table row (block_table + r * table_stride):
+    attention as kern_attn_decode_partial + _reduce give it (how the kernel splits a row is its own
+    business); a row of 0 tokens gets zeros. The counters ([rows, nkv]) must be zero before (the load
+    program zeroes them) and are zero after."""
     assert not _view(counters, t * nkv).any(), "kern_attn_decode_rows' counters are not zero: the load program must zero them"
     width = (nq + 2 * nkv) * d
     o = _view(out, t * nq * d).reshape(t, nq * d)
@@ -283,6 +284,114 @@ def k_attn_decode_qkn(t: int, qkv: Ptr, wq: Ptr, wk: Ptr, pos: Ptr, cos: Ptr, si
     k_qk_norm_rope_kv(t, qkv, wq, wk, pos, cos, sin, kv, slots, nq, nkv, d, eps, p, page_stride)
     k_attn_decode(t, qkv, kv, bt, seq_len, part_o, part_lse, counters, out, nq, nkv, d, p, page_stride, splits, scale)
     _view(qkv, raw.size)[:] = raw
+
+
+_PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+def philox4x32(c: Sequence[np.ndarray], key: tuple[int, int]) -> list[np.ndarray]:
+    """Philox4x32-10 over arrays of counters (four uint32 words each) and one 64-bit key (two words),
+    as sampling.cu computes it."""
+    mask = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(w, dtype=np.uint64) for w in c)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for _ in range(10):
+        p0, p1 = np.uint64(_PHILOX_M[0]) * c0, np.uint64(_PHILOX_M[1]) * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & mask, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask
+        k0, k1 = (k0 + np.uint64(_PHILOX_W[0])) & mask, (k1 + np.uint64(_PHILOX_W[1])) & mask
+    return [w.astype(np.uint32) for w in (c0, c1, c2, c3)]
+
+
+def gumbel(seed: int, pos: int, n: int) -> np.ndarray:
+    """g_i = -log(-log(u_i)) (f32) for i < n: kern_sample_rows' draw keyed by (seed, position)."""
+    groups = np.arange(-(-n // 4), dtype=np.uint64)
+    s, q = seed & 0xFFFFFFFFFFFFFFFF, pos & 0xFFFFFFFFFFFFFFFF
+    words = philox4x32((groups, np.full_like(groups, q & 0xFFFFFFFF), np.full_like(groups, q >> 32),
+                        np.zeros_like(groups)), (s & 0xFFFFFFFF, s >> 32))
+    w = np.stack(words, axis=1).reshape(-1)[:n]
+    u = ((w >> np.uint32(8)).astype(F32) + F32(0.5)) * F32(1.0 / 16777216.0)
+    return (-np.log(-np.log(u))).astype(F32)
+
+
+def float_keys(z: np.ndarray) -> np.ndarray:
+    """sampling.cu's float_key: f32 values as order-preserving uint32."""
+    u = np.asarray(z, dtype=F32).view(np.uint32)
+    return np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000)).astype(np.uint32)
+
+
+def _largest_key(keys: np.ndarray, weight: np.ndarray, target: float) -> int:
+    """The largest key K with sum(weight[keys >= K]) >= target (ties of K included)."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    per = np.zeros(uniq.size, dtype=np.float64)
+    np.add.at(per, inverse, weight.astype(np.float64))
+    cum = np.cumsum(per[::-1])
+    return int(uniq[::-1][int(np.argmax(cum >= target))])
+
+
+def sample_mask(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """The tokens kern_sample_rows may draw for one row of logits x (temperature > 0): key(z) >= the
+    k-th largest key, then >= the largest key whose kept mass reaches top_p of the kept mass."""
+    z = (x.astype(F32) * (F32(1.0) / F32(temperature))).astype(F32)
+    keys = float_keys(z)
+    thr = 0
+    if 0 < top_k < x.size:
+        thr = _largest_key(keys, np.ones(x.size), top_k)
+    if top_p < 1.0:
+        kept = keys >= thr
+        e = np.where(kept, np.exp((z - z.max()).astype(F32)), F32(0)).astype(F32)
+        thr = max(thr, _largest_key(keys, e, float(F32(top_p) * F32(e.sum(dtype=np.float64)))))
+    return keys >= thr
+
+
+def sample_token(x: np.ndarray, params: Sequence[float], seed: int, pos: int) -> int:
+    """kern_sample_rows' token for one row of logits x (f32) and its (temperature, top_p, top_k, _)."""
+    temperature, top_p, top_k = float(params[0]), float(params[1]), int(params[2])
+    if not temperature > 0:
+        return int(np.argmax(x))
+    z = (x.astype(F32) * (F32(1.0) / F32(temperature))).astype(F32)
+    score = ((z - z.max()).astype(F32) + gumbel(seed, pos, x.size)).astype(F32)
+    score = np.where(sample_mask(x, temperature, top_k, top_p), score, -np.inf)
+    return int(np.argmax(score))
+
+
+def k_sample_rows(t: int, logits: Ptr, params: Ptr, seeds: Ptr, positions: Ptr, tokens: Ptr, lp: Ptr, top: Ptr,
+                  n: int, top_n: int) -> None:
+    """Per row r < t: tokens[r] = sample_token(...); with logprobs >= 0 the chosen token's
+    log-softmax of x in lp[r, 0], with N > 0 the N largest in lp[r, 1:1 + N] / top[r, :N]."""
+    xs = _view(logits, t * n).reshape(t, n)
+    prm = _view(params, t * 4).reshape(t, 4)
+    out_lp = _view(lp, t * (1 + top_n)).reshape(t, 1 + top_n)
+    out_top = _view(top, t * top_n).reshape(t, top_n)
+    for r in range(t):
+        x = xs[r].astype(F32)
+        tok = sample_token(x, prm[r], int(_view(seeds, t)[r]), int(_view(positions, t)[r]))
+        _view(tokens, t)[r] = tok
+        m = x.max()
+        lse = F32(m + np.log(np.exp(x - m).sum(dtype=np.float64)))
+        want = int(prm[r, 3])
+        if want >= 0:
+            out_lp[r, 0] = x[tok] - lse
+        order = np.lexsort((np.arange(n), -x))[: max(0, min(want, top_n))]
+        out_lp[r, 1 : 1 + order.size] = x[order] - lse
+        out_top[r, : order.size] = order
+
+
+def k_rows_advance(t: int, nxt: Ptr, ids: Ptr, pos: Ptr, slots: Ptr, lens: Ptr, bt: Ptr, stride: int, p: int,
+                   rows: int) -> None:
+    for r in range(rows):
+        q = int(_view(pos, rows)[r]) + 1
+        _view(ids, rows)[r] = _view(nxt, rows)[r]
+        _view(pos, rows)[r] = q
+        _view(slots, rows)[r] = int(bt[0][bt[1] + r * stride + q // p]) * p + q % p
+        _view(lens, rows)[r] += 1
+
+
+def k_rows_seed(t: int, ids_in: Ptr, pos_in: Ptr, slots_in: Ptr, lens_in: Ptr, valid: Ptr, ids: Ptr, pos: Ptr,
+                slots: Ptr, lens: Ptr, rows: int) -> None:
+    keep = _view(valid, rows) != 0
+    for src, dst in ((ids_in, ids), (pos_in, pos), (slots_in, slots), (lens_in, lens)):
+        _view(dst, rows)[keep] = _view(src, rows)[keep]
 
 
 def k_zero_i32(t: int, dst: Ptr, n: int) -> None:
@@ -400,6 +509,8 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
     "kern_attn_decode": k_attn_decode, "kern_attn_decode_rows": k_attn_decode_rows, "kern_attn_decode_wide": k_attn_decode, "kern_attn_decode_late": k_attn_decode,
     "kern_attn_decode_wide_late": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
+    "kern_sample_rows": k_sample_rows, "kern_rows_advance": k_rows_advance,
+    "kern_rows_seed": k_rows_seed,
     "kern_gemv_bf16_b4_n": k_gemv_norm, "kern_gemv_bf16_b4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_r4": k_gemv,
     "kern_gemv_bf16_r4_silu": k_gemv_silu, "kern_gemv_bf16_r4_n": k_gemv_norm,
     "kern_gemv_bf16_r4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_s4_an": k_gemv_tail,
@@ -477,7 +588,7 @@ class Interp:
         arr = np.asarray(values)
         if name in self.domains:
             kr_domains.check_domain(name, self.domains[name], arr)
-        self.mem[name][: arr.size] = arr
+        self.mem[name][: arr.size] = arr.reshape(-1)
 
     def read_output(self, name: str) -> np.ndarray:
         assert self.m["buffers"][name]["kind"] == "output"
@@ -494,17 +605,26 @@ class Interp:
         ((_, value),) = a.items()
         return value
 
+    def _rows(self, program: str, env: Mapping[str, int]) -> int:
+        """The rows a program's kernels run over: its batch's rows var, `rows` for a batch of many
+        one-row sequences, else `tokens`."""
+        batch = self.m["programs"][program].get("batch") or {}
+        if isinstance(batch.get("rows"), str):
+            return env[batch["rows"]]
+        return env.get("rows", 1) if batch.get("groups", 1) > 1 else env.get("tokens", 1)
+
     def run(self, program: str, vars: Mapping[str, int]) -> None:
         env = {v: vars.get(v, 1) for v in self.m["vars"]}
+        t = self._rows(program, env)
         for call in self.m["programs"][program]["calls"]:
             op = self.m["ops"][call["op"]]
             values = [self._arg(a, env) for a in call["args"]]
             for launch in op["impl"]["launches"]:
                 args = values if "args" not in launch else [self._launch_arg(call["op"], la, values) for la in launch["args"]]
                 if launch["entry"] == "extern:cublaslt_bf16_tn":
-                    k_linear(env.get("tokens", 1), *args)
+                    k_linear(t, *args)
                 else:
-                    KERNELS[launch["entry"]](env.get("tokens", 1), *args)
+                    KERNELS[launch["entry"]](t, *args)
 
     def _launch_arg(self, op: str, la: Mapping[str, Any], values: list[Any]) -> Any:
         if "param" in la:

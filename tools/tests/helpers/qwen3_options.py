@@ -13,12 +13,12 @@ import kern_qwen3 as gen
 
 def plan_of(*, chunk: int = gen.DEFAULT_CHUNK, feed: str = "host", precision: str = "bf16",
             gemv: Sequence[str] = (), fuse: bool = False, pdl: bool = False, fold_norm: bool = False,
-            defer_norm: bool = False, gemv_pick: Mapping[str, str] | None = None) -> gen.Plan:
+            defer_norm: bool = False, gemv_pick: Mapping[str, str] | None = None, rows: int = 0) -> gen.Plan:
     """The Plan of `kern-qwen3`'s flags (`gemv_pick` overrides GEMV_PICK per GEMM)."""
     picks = {**gen.GEMV_PICK, **(gemv_pick or {})}
     passes = gen.plan_passes(fold_norm=fold_norm, defer_norm=defer_norm, pdl=pdl)
     return gen.Plan(chunk=chunk, feed=feed, precision=precision, gemv=tuple(gemv), fuse=fuse,  # type: ignore[arg-type]
-                    picks=picks, passes=passes)
+                    picks=picks, passes=passes, rows=rows)
 
 
 def generate(shape: gen.Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str, str], *, model: str,
@@ -29,7 +29,7 @@ def generate(shape: gen.Qwen3Shape, modules: Mapping[str, str], entries: Mapping
 
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
-                          *gen.DEFER_ENTRIES.values(),
+                          *gen.DEFER_ENTRIES.values(), *gen.ROWS_ENTRIES,
                           *gen.F32_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 

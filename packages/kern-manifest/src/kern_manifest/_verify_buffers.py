@@ -13,6 +13,7 @@ from kern_manifest._verify_base import (
 )
 from kern_manifest.expr import Expr
 from kern_manifest.schema import (
+    FLOAT_FILLS,
     INPUT_FILLS,
     SCHEMA_VERSION,
     Buffer,
@@ -267,11 +268,12 @@ class BufferChecks(Base):
                 "each fill role appears at most once",
             )
         wanted = "input" if buf.fill in INPUT_FILLS else "output"
-        if buf.kind != wanted or buf.dtype not in ("i32", "i64"):
+        dtypes = ("f32",) if buf.fill in FLOAT_FILLS else ("i32", "i64")
+        if buf.kind != wanted or buf.dtype not in dtypes:
             self.err(
                 at + "/fill",
                 f"fill {buf.fill!r} on {buf.kind} buffer of {buf.dtype}",
-                f"fill {buf.fill!r} belongs on an i32/i64 {wanted} buffer",
+                f"fill {buf.fill!r} belongs on an {'/'.join(dtypes)} {wanted} buffer",
             )
 
     def domain(self, name: str, buf: Buffer, dom: Domain, at: str) -> None:

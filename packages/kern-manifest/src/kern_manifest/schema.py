@@ -63,6 +63,7 @@ __all__ = [
     "DTYPES",
     "DTYPE_BYTES",
     "EXTERN_SIGNATURES",
+    "FLOAT_FILLS",
     "INPUT_FILLS",
     "MANIFEST",
     "OUTPUT_FILLS",
@@ -459,9 +460,9 @@ class Segment(_Model):
 
 BufferKind: TypeAlias = Literal["input", "output", "weight", "source", "workspace", "carry", "peer"]
 InputFill: TypeAlias = Literal[
-    "token", "position", "valid", "slot", "seq_len", "cu_seqlens", "span_at", "blocks"
+    "token", "position", "valid", "slot", "seq_len", "cu_seqlens", "span_at", "blocks", "sampling", "seed"
 ]
-OutputFill: TypeAlias = Literal["tokens", "count", "error", "clock"]
+OutputFill: TypeAlias = Literal["tokens", "count", "error", "clock", "logprobs", "top_tokens"]
 INPUT_FILLS: Final = (
     "token",
     "position",
@@ -471,8 +472,12 @@ INPUT_FILLS: Final = (
     "cu_seqlens",
     "span_at",
     "blocks",
+    "sampling",
+    "seed",
 )
-OUTPUT_FILLS: Final = ("tokens", "count", "error", "clock")
+OUTPUT_FILLS: Final = ("tokens", "count", "error", "clock", "logprobs", "top_tokens")
+FLOAT_FILLS: Final = ("sampling", "logprobs")
+"""Fill roles on f32 buffers (every other role is on i32/i64 buffers)."""
 
 
 class Buffer(_Model):

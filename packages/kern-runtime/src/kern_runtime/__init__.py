@@ -11,6 +11,7 @@ prefixes reused through a `kern_pool.Prefix` index and the host tier. Errors are
 
 from kern_pool import Capacity
 
+from .batch import Sampled, Sampling
 from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .engine import Backend, Counters, Engine, EngineConfig, Prefilled, Sequence, Turn
 from .errors import (
@@ -39,7 +40,7 @@ from .graphs import Graph, normalize_vars
 from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
-from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
+from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Resident, Runtime, connect_local
 from .sequences import Waking
 from .session import Session, check_capacity, check_prompt, weight_files
@@ -93,8 +94,11 @@ __all__ = [
     "Resident",
     "Reuse",
     "RowInterleave",
+    "RowRoles",
     "Runtime",
     "Safetensors",
+    "Sampled",
+    "Sampling",
     "Sequence",
     "ServingRoles",
     "ServingRolesError",

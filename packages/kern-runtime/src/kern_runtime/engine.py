@@ -14,8 +14,12 @@ tier (dropped when it is full, or when there is none) until the lease fits. The 
 kern_pool's (`Prefix.lookup`, `Prefix.evict`) and `kern_runtime.reuse`'s; the engine only executes
 them.
 
-The manifest has one decode row: the engine seats one sequence on it at a time (its block table,
-its staged token, the device carries) and re-seats when another sequence steps.
+The one-row decode step seats one sequence at a time (its block table, its staged token, the
+device carries) and re-seats when another sequence steps. `decode(seqs, sampling)` runs one step
+of many sequences as the manifest's batched step (`ServingRoles.rows`): sequence i on row i of
+the smallest graph bucket that holds them, rows past them padding on a one-page lease of the
+engine's; a row is seeded from the host only when its sequence or position differs from what the
+device fed it, and a block-table row is written only when its lease changed.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from numpy.typing import ArrayLike, NDArray
 import kern_pool
 from kern_pool import Capacity, Checkpoint, Hit, Lease, Parked, Prefix
 
+from .batch import Sampled, Sampling, bucket, sampling_params
 from .errors import ApiError, EngineError
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
@@ -180,6 +185,10 @@ class Engine:
         self._seated: tuple[Sequence, Lease] | None = None
         self._closer = closer
         self._closed = False
+        rows = roles.rows.max_rows if roles.rows is not None else 0
+        self._rows: list[tuple[Sequence, Lease, int] | None] = [None] * rows
+        self._table = np.zeros((rows, roles.blocks_len), dtype=np.int32)
+        self._pad: Lease | None = None
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], kernels: str | os.PathLike[str],
@@ -322,6 +331,36 @@ class Engine:
                 self._seated = None
         return token
 
+    def decode(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> list[Sampled]:
+        """One decode step of every sequence in `seqs` (prefilled, distinct), `sampling[i]` for
+        `seqs[i]`: the one-row step when there is one sequence, greedy, without logprobs; else one
+        step of the batched program at the smallest graph bucket >= len(seqs). Appends each token.
+
+        Raises:
+            EngineError: no sequences, a length mismatch, a foreign, released, unprefilled or
+                repeated sequence, a spent room, more rows than the batched step holds, logprobs
+                above its top-N bound, or no batched step in the manifest. Nothing changed then.
+        """
+        seqs, sampling = list(seqs), list(sampling)
+        self._check_rows(seqs, sampling)
+        if len(seqs) == 1 and sampling[0].plain:
+            return [Sampled(self.step(seqs[0]), None, ())]
+        rows = self.roles.rows
+        assert rows is not None
+        b = bucket(len(seqs), rows.max_rows)
+        prm, seeds = sampling_params(sampling, rows, b - len(seqs))
+        if b > len(seqs) and self._pad is None:
+            self._pad = self._room(lambda: self.backend.lease(1))
+        self._seat_rows(seqs, b)
+        self.backend.write_input(rows.sampling, prm)
+        self.backend.write_input(rows.seed, seeds)
+        vars = {rows.var: b}
+        if self.config.eager:
+            self.backend.run(rows.program, vars)
+        else:
+            self.backend.issue(rows.program, vars)
+        return self._read_rows(seqs, sampling)
+
     def finish(self, seq: Sequence) -> None:
         """End `seq`'s turn: its lease is retired (no copy) into the index under the tokens it
         holds KV for; the last generated token stays pending in `seq.tokens`.
@@ -376,6 +415,9 @@ class Engine:
         for seq in list(self._seqs.values()):
             self._drop_lease(seq)
         self._seqs.clear()
+        if self._pad is not None:
+            self._pad.release()
+            self._pad = None
         self.prefix.clear()
         if self._closer is not None:
             self._closer()
@@ -513,6 +555,99 @@ class Engine:
             seq.lease, seq.kv, seq.room = None, 0, 0
         self._unseat(seq)
 
+    # ---- the rows ----------------------------------------------------------------------------
+
+    def _check_rows(self, seqs: list[Sequence], sampling: list[Sampling]) -> None:
+        if not seqs or len(seqs) != len(sampling):
+            raise EngineError(f"decode needs one Sampling per sequence and at least one: got {len(seqs)} "
+                              f"sequence(s) and {len(sampling)} Sampling(s)")
+        if len({s.id for s in seqs}) != len(seqs):
+            raise EngineError("decode got a sequence twice: each row is one sequence")
+        for seq in seqs:
+            self._mine(seq)
+            if seq.lease is None:
+                raise EngineError(f"sequence {seq.id} has no live turn: prefill a prompt first")
+            if seq.kv >= seq.room:
+                raise EngineError(f"sequence {seq.id} used its room of {seq.room} tokens: finish the turn and "
+                                  "prefill again")
+        rows = self.roles.rows
+        if len(seqs) == 1 and sampling[0].plain:
+            return
+        if rows is None:
+            raise EngineError("this manifest has no batched decode step (kern-qwen3 --rows R): only one greedy "
+                              "sequence per step, without logprobs")
+        if len(seqs) > rows.max_rows:
+            raise EngineError(f"{len(seqs)} sequences exceed the batched step's {rows.max_rows} rows")
+        sampling_params(sampling, rows, 0)
+
+    def _row_want(self, seqs: list[Sequence], b: int) -> list[tuple[int, int, int, tuple[int, ...]]]:
+        """(token, position, slot, table row) of each of the b rows: the sequences', then padding."""
+        out: list[tuple[int, int, int, tuple[int, ...]]] = []
+        for seq in seqs:
+            assert seq.lease is not None
+            out.append((seq.tokens[seq.kv], seq.kv, seq.lease.kv_index(seq.kv), seq.lease.table_row()))
+        if b > len(seqs):
+            assert self._pad is not None
+            page = self._pad.pages[0]
+            pad: tuple[int, int, int, tuple[int, ...]] = (0, 0, page * self.roles.page_tokens,
+                                                          (int(page),) * self.roles.blocks_len)
+            out += [pad] * (b - len(seqs))
+        return out
+
+    def _seat_rows(self, seqs: list[Sequence], b: int) -> None:
+        """Seeds the rows whose sequence or position the device did not feed, and writes the
+        block-table rows that changed."""
+        rows = self.roles.rows
+        assert rows is not None
+        want = self._row_want(seqs, b)
+        valid = np.zeros(rows.max_rows, dtype=np.int32)
+        changed: list[int] = []
+        for i, (_tok, _pos, _slot, table) in enumerate(want):
+            seq = seqs[i] if i < len(seqs) else None
+            held = self._rows[i]
+            if seq is None or held is None or held[0] is not seq or held[1] is not seq.lease or held[2] != seq.kv:
+                valid[i] = 1
+            row = np.full(self.roles.blocks_len, table[0], dtype=np.int32)
+            row[: min(len(table), self.roles.blocks_len)] = table[: self.roles.blocks_len]
+            if not np.array_equal(self._table[i], row):
+                self._table[i] = row
+                changed.append(i)
+        if changed:
+            self.backend.write_input(self.roles.blocks, self._table[: changed[-1] + 1])
+            if changed[0] == 0:
+                self._seated = None
+        r = self.roles
+        self.backend.write_input(r.token, np.array([w[0] for w in want], dtype=np.int64))
+        self.backend.write_input(r.position, np.array([w[1] for w in want], dtype=np.int64))
+        self.backend.write_input(r.slot, np.array([w[2] for w in want], dtype=np.int64))
+        self.backend.write_input(r.seq_len, np.array([w[1] + 1 for w in want], dtype=np.int32))
+        self.backend.write_input(rows.valid, valid)
+        self.backend.run(rows.seed_program, {})
+
+    def _read_rows(self, seqs: list[Sequence], sampling: list[Sampling]) -> list[Sampled]:
+        rows = self.roles.rows
+        assert rows is not None
+        n = len(seqs)
+        tokens = self.backend.read_output(self.roles.next_token, n)
+        want = max(s.logprobs for s in sampling)
+        lp = self.backend.read_output(rows.logprobs, n * (1 + rows.top_n)).reshape(n, -1) if want >= 0 else None
+        top = self.backend.read_output(rows.top_tokens, n * rows.top_n).reshape(n, -1) if want > 0 else None
+        out: list[Sampled] = []
+        for i, (seq, s) in enumerate(zip(seqs, sampling, strict=True)):
+            token = int(tokens[i])
+            pairs = tuple((int(top[i, j]), float(lp[i, 1 + j])) for j in range(s.logprobs)) \
+                if top is not None and lp is not None and s.logprobs > 0 else ()
+            out.append(Sampled(token, float(lp[i, 0]) if lp is not None and s.logprobs >= 0 else None, pairs))
+            assert seq.lease is not None
+            seq.kv += 1
+            seq.tokens.append(token)
+            self._rows[i] = (seq, seq.lease, seq.kv)
+            if self._seated is not None and self._seated[0] is seq:
+                self._seated = None
+        for i in range(n, len(self._rows)):
+            self._rows[i] = None
+        return out
+
     # ---- the row -----------------------------------------------------------------------------
 
     def _write_table(self, seq: Sequence) -> None:
@@ -522,6 +657,9 @@ class Engine:
         table = np.full(n, row[0], dtype=np.int32)
         table[: min(n, len(row))] = row[:n]
         self.backend.write_input(self.roles.blocks, table)
+        if self._rows:
+            self._rows[0] = None
+            self._table[0] = table
 
     def _stage(self, seq: Sequence, ids: Seq[int], start: int) -> None:
         assert seq.lease is not None

@@ -15,9 +15,36 @@ from typing import Any
 
 from .errors import InputFileError, ManifestParseError, ServingRolesError, SessionError
 
-__all__ = ["ServingRoles", "prefill_chunks", "read_manifest", "serving_roles"]
+__all__ = ["RowRoles", "ServingRoles", "prefill_chunks", "read_manifest", "serving_roles"]
 
 _INPUT_ROLES = ("token", "position", "slot", "seq_len", "blocks")
+_ROW_ROLES = ("valid", "sampling", "seed", "logprobs", "top_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class RowRoles:
+    """The batched decode step: a graph program of up to `max_rows` one-row sequences (`batch`
+    groups > 1, rows 1) over the var `var`, its per-row buffers and the program that seeds rows.
+
+    Row r reads token, position, slot and seq_len entry r and block-table row r (the shared fill
+    buffers, `ServingRoles`' names) once `seed_program` has copied the rows marked in `valid` into
+    its carries; the step then feeds each row's next inputs on the device. `sampling` holds
+    (temperature, top_p, top_k, logprobs) per row (f32), `seed` the row's seed (i64); the step
+    writes row r's token to the `tokens` output, its logprob and top-N logprobs to `logprobs`
+    [rows, 1 + top_n] and the top-N ids to `top_tokens` [rows, top_n]."""
+
+    program: str
+    var: str
+    max_rows: int
+    seed_program: str
+    valid: str
+    sampling: str
+    seed: str
+    logprobs: str
+    top_tokens: str
+    top_n: int
+    params: int
+    """Per-row sampling parameters (the `sampling` buffer's last dim)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +72,8 @@ class ServingRoles:
     """Tokens per KV page: the block table's domain stride (1 when undeclared)."""
     position_max: int | None = None
     """The largest position the model takes (the position input's domain max), when declared."""
+    rows: RowRoles | None = None
+    """The batched decode step, when the manifest has one."""
 
     def reach(self, capacity: int) -> int:
         """The most positions one sequence can hold: the block table's pages and the position
@@ -76,6 +105,27 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise ManifestParseError(f"manifest {path}: {first}{more}") from None
 
 
+def _row_roles(manifest: Mapping[str, Any], fills: Mapping[str, str], many: list[str],
+               seed: str | None) -> RowRoles | None:
+    if not many:
+        return None
+    missing = [r for r in _ROW_ROLES if r not in fills]
+    if len(many) > 1 or seed is None or missing:
+        raise ServingRolesError(f"a batched step needs one such program (found {many}), a row seed program (a "
+                                f"plain program reading the valid buffer) and buffers with fills {missing}")
+    program = manifest["programs"][many[0]]
+    used = sorted({a["var"] for c in program["calls"] for a in c["args"] if "var" in a})
+    if len(used) != 1 or used[0] not in manifest.get("vars", {}):
+        raise ServingRolesError(f"batched step {many[0]!r} must pass exactly one declared var (its rows), got {used}")
+    buffers = manifest["buffers"]
+    top = buffers[fills["top_tokens"]]["shape"]
+    return RowRoles(
+        program=many[0], var=used[0], max_rows=int(program["batch"]["groups"]), seed_program=seed,
+        valid=fills["valid"], sampling=fills["sampling"], seed=fills["seed"], logprobs=fills["logprobs"],
+        top_tokens=fills["top_tokens"], top_n=int(top[-1]), params=int(buffers[fills["sampling"]]["shape"][-1]),
+    )
+
+
 def _fills(manifest: Mapping[str, Any]) -> dict[str, str]:
     fills: dict[str, list[str]] = {}
     for name, buf in manifest.get("buffers", {}).items():
@@ -88,18 +138,28 @@ def _fills(manifest: Mapping[str, Any]) -> dict[str, str]:
     return {role: names[0] for role, names in fills.items()}
 
 
-def _programs(manifest: Mapping[str, Any]) -> tuple[str, str, str | None]:
+def _reads(program: Mapping[str, Any], name: str) -> bool:
+    return any(a.get("buf") == name for c in program.get("calls", []) for a in c.get("args", []))
+
+
+def _programs(manifest: Mapping[str, Any], valid: str | None) -> tuple[str, str, str | None, list[str], str | None]:
+    """(chunk, step, step seed, batched steps, row seed): the row seed is the plain program that
+    reads the `valid` buffer."""
     programs: Mapping[str, Any] = manifest.get("programs", {})
     chunk = [n for n, p in programs.items() if isinstance(p.get("batch", {}).get("rows"), str)]
-    step = [n for n, p in programs.items() if p.get("batch", {}).get("rows") == 1]
+    one = [n for n, p in programs.items() if p.get("batch", {}).get("rows") == 1]
+    step = [n for n in one if programs[n]["batch"].get("groups", 1) == 1]
+    many = [n for n in one if programs[n]["batch"].get("groups", 1) > 1]
     if len(chunk) != 1 or len(step) != 1:
         raise ServingRolesError(f"manifest needs one chunk program (batch rows = a var) and one step "
-                                f"program (rows = 1); found {chunk} and {step}")
+                                f"program (groups 1, rows 1); found {chunk} and {step}")
     plain = [n for n, p in programs.items() if not (p.get("batch") or p.get("once") or p.get("derive"))]
-    if len(plain) > 1:
-        raise ServingRolesError(
-            f"manifest has several plain programs {plain}; at most one (the step seed) is allowed")
-    return chunk[0], step[0], plain[0] if plain else None
+    seeds = [n for n in plain if valid is not None and _reads(programs[n], valid)]
+    starts = [n for n in plain if n not in seeds]
+    if len(starts) > 1 or len(seeds) > 1:
+        raise ServingRolesError(f"manifest has several plain programs {plain}; at most one step seed and one row seed "
+                                "(the one reading the valid buffer) are allowed")
+    return chunk[0], step[0], starts[0] if starts else None, many, seeds[0] if seeds else None
 
 
 def _domain_max(buf: Mapping[str, Any]) -> int | None:
@@ -122,7 +182,7 @@ def serving_roles(manifest: Mapping[str, Any]) -> ServingRoles:
         ServingRolesError: a role is missing or declared twice, or there is no chunk or step program.
     """
     fills = _fills(manifest)
-    chunk, step, start = _programs(manifest)
+    chunk, step, start, many, seed = _programs(manifest, fills.get("valid"))
     buffers = manifest["buffers"]
     var = manifest["programs"][chunk]["batch"]["rows"]
     if var not in manifest.get("vars", {}):
@@ -130,7 +190,7 @@ def serving_roles(manifest: Mapping[str, Any]) -> ServingRoles:
     blocks = buffers[fills["blocks"]]
     return ServingRoles(
         token=fills["token"], position=fills["position"], slot=fills["slot"],
-        seq_len=fills["seq_len"], blocks=fills["blocks"], blocks_len=_count(blocks["shape"]),
+        seq_len=fills["seq_len"], blocks=fills["blocks"], blocks_len=_count(blocks["shape"][-1:]),
         next_token=fills["tokens"], chunk_program=chunk, chunk_var=var,
         chunk_max=int(manifest["vars"][var]["max"]), step_program=step,
         step_vars={v: 1 for v in manifest.get("vars", {})},
@@ -138,6 +198,7 @@ def serving_roles(manifest: Mapping[str, Any]) -> ServingRoles:
         token_max=_domain_max(buffers[fills["token"]]),
         page_tokens=int((blocks.get("domain") or {}).get("stride") or 1),
         position_max=_domain_max(buffers[fills["position"]]),
+        rows=_row_roles(manifest, fills, many, seed),
     )
 
 

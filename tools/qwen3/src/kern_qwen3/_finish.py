@@ -45,8 +45,10 @@ def check_needed(modules: Mapping[str, str], entries: Mapping[str, str], needed:
         raise KernelsError(f"no sha256 for module(s) {', '.join(unhashed)}: {unhashed_hint}")
 
 
-def finish(manifest: Json, modules: Mapping[str, str], *, model: str, chunk: int, kv_bytes_per_token: int) -> Json:
-    """The manifest document: the ops no call uses dropped, the modules the launches use pinned.
+def finish(manifest: Json, modules: Mapping[str, str], *, model: str, chunk: int, kv_bytes_per_token: int,
+           rows: int = 0) -> Json:
+    """The manifest document: the ops no call uses dropped, the modules the launches use pinned
+    (`rows`: the batched step's `rows` var max, 0 for none).
 
     Raises:
         KernelsError: a launch's module has no hash.
@@ -60,7 +62,7 @@ def finish(manifest: Json, modules: Mapping[str, str], *, model: str, chunk: int
     return {
         "schema_version": 5,
         "model": model,
-        "vars": {"tokens": {"max": chunk}},
+        "vars": {"tokens": {"max": chunk}, **({"rows": {"max": rows}} if rows else {})},
         "states": {"kv": {"bytes_per_token": kv_bytes_per_token}},
         "buffers": manifest["buffers"],
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},

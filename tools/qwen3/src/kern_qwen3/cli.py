@@ -2,7 +2,7 @@
 
     kern-qwen3 (CONFIG.json | --preset qwen3-4b|qwen3-tiny) -o OUT.json [--model NAME]
         [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048] [--feed device|host]
-        [--precision bf16|f32] [--gemv GEMMS] [--fuse] [--fold-norm --defer-norm] [--pdl]
+        [--precision bf16|f32] [--gemv GEMMS] [--fuse] [--fold-norm --defer-norm] [--pdl] [--rows R]
 
 builds the kernel sources into the kernels directory (cached by hash), finds which module defines
 each entry, generates the manifest, checks it with kern_manifest's verifier and only then writes
@@ -58,6 +58,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="with --fold-norm: qkv and gate_up apply the norm's scale in their epilogue (gemv_defer.cu)")
     p.add_argument("--pdl", action="store_true",
                    help="programmatic dependent launch on every decode kernel (needs --gemv all)")
+    p.add_argument("--rows", type=int, default=0,
+                   help="R >= 2: add the batched decode step over 1..R rows (one sequence per row, "
+                        "GPU sampling; needs --feed device); the one-row step stays as it is")
     p.add_argument("--capture", type=Path, default=None,
                    help="a capture of the donor (tools/donor under kern-mine capture): pin the "
                         "cubins it ran (kern kernels --from DIR MANIFEST copies them); the "
@@ -132,7 +135,8 @@ def _plan(args: argparse.Namespace, entries: Mapping[str, str]) -> Plan:
     named = {"default": GEMV_DEFAULT, "all": GEMV_GEMMS}
     gemv = named.get(args.gemv) or tuple(g for g in args.gemv.split(",") if g)
     passes = plan_passes(fold_norm=args.fold_norm, defer_norm=args.defer_norm, pdl=args.pdl)
-    return Plan(chunk=args.chunk, feed=feed, precision=args.precision, gemv=gemv, fuse=args.fuse, passes=passes)
+    return Plan(chunk=args.chunk, feed=feed, precision=args.precision, gemv=gemv, fuse=args.fuse, passes=passes,
+                rows=args.rows)
 
 
 def _verified(manifest: Json) -> str:

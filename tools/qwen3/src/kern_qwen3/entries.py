@@ -32,6 +32,8 @@ __all__ = [
     "PREFILL_PART_ROWS",
     "PREFILL_SPLITS",
     "PREFILL_SPLIT_ROWS",
+    "ROWS_ENTRIES",
+    "SAMPLE_TOP_N",
     "SILU_ENTRIES",
     "GemvEntry",
     "Layout",
@@ -100,6 +102,12 @@ FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode_rows
 kern_kv_write), decode attention is one launch (kern_attn_decode_rows: up to 512 tokens its splits
 combine in a cluster's shared memory, beyond that the last block per kv head reduces; counters in a
 carry buffer that the load program zeroes)."""
+ROWS_ENTRIES: tuple[str, ...] = ("kern_attn_decode_rows", "kern_sample_rows", "kern_rows_advance", "kern_rows_seed",
+                                 "kern_zero_i32")
+"""Extra entries of `rows`: the batched step's decode attention over rows of different lengths,
+per-row sampling, the per-row feed and its seeding, and the zeroing of its attention counters."""
+SAMPLE_TOP_N = 20
+"""The most top-N logprobs kern_sample_rows writes per row (the `row_logprobs` / `row_top` width)."""
 
 GEMV_GEMMS = ("qkv", "o", "gate_up", "down", "lm_head")
 """Decode GEMMs (m = 1) that `--gemv` may move from cublasLt to our GEMV kernels (gemv.cu)."""

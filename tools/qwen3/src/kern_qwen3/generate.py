@@ -10,14 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kern_qwen3._finish import check_kernel_limits, check_needed, finish
-from kern_qwen3.entries import DEVICE_FEED_ENTRIES, ENTRIES, FUSED_ENTRIES, silu_entries
+from kern_qwen3.entries import (
+    DEVICE_FEED_ENTRIES,
+    ENTRIES,
+    FUSED_ENTRIES,
+    ROWS_ENTRIES,
+    silu_entries,
+)
 from kern_qwen3.errors import GenError
 from kern_qwen3.f32 import generate_f32
 from kern_qwen3.fragments import BF16_IN, BF16_OUT, Json, i32, kernel
 from kern_qwen3.gemv import gemv_launch
 from kern_qwen3.ops import base_ops, feed_ops
 from kern_qwen3.plan import Context, Plan
-from kern_qwen3.programs import buffers, gemv_op_name, programs
+from kern_qwen3.programs import buffers, forward_calls, gemv_op_name, programs
+from kern_qwen3.rows import ROW_CARRIES, add_rows
 from kern_qwen3.shape import Qwen3Shape
 
 __all__ = ["generate"]
@@ -46,7 +53,11 @@ def _base(shape: Qwen3Shape, entries: Mapping[str, str], plan: Plan, picks: Mapp
         prefix, shape_nk = op.rsplit("_", 1)
         n, k = (int(v) for v in shape_nk.split("x"))
         ops[op] = _gemv_op(plan, entries, gemv_ops[prefix], n, k)
-    return {"buffers": buffers(shape, plan.feed, plan.fuse), "ops": ops, "programs": progs}
+    manifest: Json = {"buffers": buffers(shape, plan.feed, plan.fuse), "ops": ops, "programs": progs}
+    if plan.rows:
+        row_io = {k: v[0] for k, v in ROW_CARRIES.items()}
+        add_rows(manifest, shape, entries, plan.rows, forward_calls(shape, row_io, decode=True, fuse=plan.fuse))
+    return manifest
 
 
 def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str, str], *, model: str,
@@ -69,7 +80,8 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
         return generate_f32(shape, modules, entries, model=model, chunk=plan.chunk, feed=plan.feed)
     picks = plan.picked()
     needed = (ENTRIES + (DEVICE_FEED_ENTRIES if plan.feed == "device" else ())
-              + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if plan.fuse else ()) + plan.needs(shape))
+              + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if plan.fuse else ()) + plan.needs(shape)
+              + (ROWS_ENTRIES if plan.rows else ()))
     check_needed(modules, entries, needed, missing_hint="see docs/qwen3.md",
                  unhashed_hint="build the kernels first (with --capture: the capture ran none of their kernels)")
     check_kernel_limits(shape, fuse=plan.fuse)
@@ -80,4 +92,5 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
             rewrite(manifest, ctx)
         except KeyError as exc:
             raise GenError(f"pass {rewrite.name}: no {exc} in the manifest it rewrites") from exc
-    return finish(manifest, modules, model=model, chunk=plan.chunk, kv_bytes_per_token=shape.kv_bytes_per_token)
+    return finish(manifest, modules, model=model, chunk=plan.chunk, kv_bytes_per_token=shape.kv_bytes_per_token,
+                  rows=plan.rows)

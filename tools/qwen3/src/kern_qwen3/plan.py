@@ -75,6 +75,8 @@ class Plan:
         table: the GEMV entries the picks may name, with their launch shapes.
         passes: the rewrites run on the generated manifest, in order (`passes.plan_passes` builds
             the product's).
+        rows: 0, or R >= 2: add the batched decode step over 1..R rows (`kern_qwen3.rows`;
+            device-fed, bf16, R <= chunk); the one-row `decode` program stays as it is.
     """
 
     chunk: int = DEFAULT_CHUNK
@@ -85,9 +87,11 @@ class Plan:
     picks: Mapping[str, str] = field(default_factory=lambda: dict(GEMV_PICK))
     table: Mapping[str, GemvEntry] = field(default_factory=lambda: dict(GEMV_ENTRIES))
     passes: tuple[Pass, ...] = ()
+    rows: int = 0
 
     def __post_init__(self) -> None:
         self._check_basics()
+        self._check_rows()
         self._check_gemv()
         if self.precision == "f32" and self.bf16_options():
             raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
@@ -100,6 +104,17 @@ class Plan:
             raise GenError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if isinstance(self.chunk, bool) or self.chunk < 1:
             raise GenError(f"chunk {self.chunk!r} must be a positive integer")
+
+    def _check_rows(self) -> None:
+        if self.rows == 0:
+            return
+        if isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 2:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise GenError(f"rows {self.rows!r} must be an integer >= 2 (one row is the decode program itself)")
+        if self.feed != "device" or self.precision != "bf16":
+            raise GenError(f"rows needs feed device and precision bf16, got feed {self.feed} and precision "
+                           f"{self.precision}")
+        if self.rows > self.chunk:
+            raise GenError(f"rows {self.rows} exceeds the chunk {self.chunk}: the step's workspaces hold chunk rows")
 
     def _check_gemv(self) -> None:
         unknown = sorted(set(self.gemv) - set(GEMV_GEMMS))

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from kern_qwen3.fragments import STEP_CARRIES, TOKENS, Json, buf, call, f32, i32, i64
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
 
-__all__ = ["Picks", "advance_call", "buffers", "gemv_op_name", "programs", "start_calls", "weights"]
+__all__ = ["Picks", "advance_call", "buffers", "forward_calls", "gemv_op_name", "programs", "start_calls", "weights"]
 
 Picks = Mapping[str, str]
 """Decode GEMM name (of GEMV_GEMMS) -> the GEMV entry it runs as; absent: cublasLt."""
@@ -149,9 +149,11 @@ def _mlp_calls(s: Qwen3Shape, i: int, next_norm: str, gemv: Picks, silu_entries:
     ]
 
 
-def _forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
-                   gemv: Picks = MappingProxyType({}), fuse: bool = False,
-                   silu_entries: Collection[str] = ()) -> list[Json]:
+def forward_calls(s: Qwen3Shape, io: Mapping[str, str], *, decode: bool,
+                  gemv: Picks = MappingProxyType({}), fuse: bool = False,
+                  silu_entries: Collection[str] = ()) -> list[Json]:
+    """embed through the last layer (prefill: up to the last layer's KV write) over the step
+    inputs `io` names (ids, positions, slots, seq_len)."""
     calls = [
         call("embed", "embed", buf(io["ids"]), buf("embed"), buf("h"), i32(s.hidden)),
         call("l0.in_norm", "rmsnorm", buf("h"), buf("l0.in_norm"), buf("x"), i32(s.hidden),
@@ -208,9 +210,9 @@ def programs(s: Qwen3Shape, feed: str, gemv: Picks, fuse: bool = False, silu_ent
     programs: Json = {
         "load": {"once": True, "calls": load},
         "prefill": {"batch": {"groups": 1, "rows": "tokens"},
-                    "calls": _forward_calls(s, host, decode=False, fuse=fuse)},
+                    "calls": forward_calls(s, host, decode=False, fuse=fuse)},
         "decode": {"batch": {"groups": 1, "rows": 1}, "graph": True,
-                   "calls": _forward_calls(s, step_io, decode=True, gemv=gemv, fuse=fuse, silu_entries=silu_entries)
+                   "calls": forward_calls(s, step_io, decode=True, gemv=gemv, fuse=fuse, silu_entries=silu_entries)
                    + _decode_tail(s, feed, gemv)},
     }
     if feed == "device":
