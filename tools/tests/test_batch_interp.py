@@ -206,3 +206,68 @@ def test_one_row_manifest_refuses_batches(weights: dict[str, np.ndarray]) -> Non
         assert eng.decode([a], [kr.Sampling()])[0].token == int(be.machine.read_output("next_token")[0])
         with pytest.raises(kr.EngineError, match="no batched decode step"):
             eng.decode([a], [kr.Sampling(logprobs=0)])
+
+
+@pytest.mark.parametrize("asks", [
+    [kr.Sampling()] * 3,
+    [kr.Sampling(temperature=0.9, seed=1, logprobs=2), kr.Sampling(), kr.Sampling(top_k=3, temperature=1.0)],
+    [kr.Sampling()],
+    [kr.Sampling(logprobs=1)],
+], ids=["greedy3", "mixed3", "one-row", "one-logprobs"])
+def test_pipelined_steps_equal_single_steps(manifest: dict[str, Any], weights: dict[str, np.ndarray],
+                                            asks: list[kr.Sampling]) -> None:
+    prompts = [_prompt(600 + i, LENGTHS[i + 1]) for i in range(len(asks))]
+
+    def run(pipelined: bool) -> tuple[list[list[kr.Sampled]], list[tuple[str, str]]]:
+        with _engine(manifest, weights) as eng:
+            seqs = [eng.sequence() for _ in prompts]
+            for seq, p in zip(seqs, prompts, strict=True):
+                eng.prefill(seq, p, STEPS)
+            be = eng.backend
+            assert isinstance(be, InterpBackend)
+            be.calls.clear()
+            out = list(eng.decode_steps(seqs, asks, STEPS)) if pipelined else [
+                eng.decode(seqs, asks) for _ in range(STEPS)]
+            assert all(len(s.tokens) == len(p) + STEPS for s, p in zip(seqs, prompts, strict=True))
+            return out, list(be.calls)
+
+    (steps, calls), (single, _) = run(True), run(False)
+    assert steps == single
+    kinds = [c[0] for c in calls if c[0] in ("issue", "fetched")]
+    order = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1] or k == "issue"]
+    # NOTE: step k + 1 is issued before step k is read back (a step's reads count once)
+    assert order == ["issue", "issue", *(["fetched", "issue"] * (STEPS - 2)), "fetched"]
+    assert kinds.count("issue") == STEPS
+
+
+def test_pipeline_closed_early_resumes(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """Closing the iterator after 2 of 5 steps leaves the sequences at 2 steps; the next steps
+    reseed the rows the device had moved on and give the uninterrupted tokens."""
+    prompts = [_prompt(700 + i, LENGTHS[i]) for i in range(3)]
+    asks = [kr.Sampling(temperature=1.2, seed=i) for i in range(3)]
+
+    def run(cut: bool) -> list[list[int]]:
+        with _engine(manifest, weights) as eng:
+            seqs = [eng.sequence() for _ in prompts]
+            for seq, p in zip(seqs, prompts, strict=True):
+                eng.prefill(seq, p, 8)
+            if cut:
+                it = eng.decode_steps(seqs, asks, 5)
+                next(it), next(it)
+                it.close()  # type: ignore[attr-defined]
+                assert [s.kv for s in seqs] == [len(p) + 1 for p in prompts]
+            for _ in range(6 if cut else 8):
+                eng.decode(seqs, asks)
+            return [s.tokens[len(p):] for s, p in zip(seqs, prompts, strict=True)]
+
+    assert run(True) == run(False)
+
+
+def test_pipeline_checks_first(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    with _engine(manifest, weights) as eng:
+        seq = eng.sequence()
+        eng.prefill(seq, _prompt(9, 4), 3)
+        for steps, match in [(0, "at least 1"), (4, "no room")]:
+            with pytest.raises(kr.EngineError, match=match):
+                eng.decode_steps([seq], [kr.Sampling()], steps)
+        assert seq.kv == 3

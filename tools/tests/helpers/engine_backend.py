@@ -51,6 +51,15 @@ class InterpBackend:
         out = self.machine.read_output(name)
         return out if count is None else out[:count]
 
+    def fetch_output(self, name: str, count: int | None = None) -> np.ndarray:
+        """The output as the stream has it now (the interpreter runs each call at once)."""
+        self.calls.append(("fetch", name))
+        return self.read_output(name, count).copy()
+
+    def fetched(self, fetch: np.ndarray) -> np.ndarray:
+        self.calls.append(("fetched", ""))
+        return fetch
+
     def synchronize(self) -> None:
         pass
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections import deque
+from collections.abc import Callable, Collection, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -44,7 +45,7 @@ from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .session import check_prompt, stage
 
-__all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Prefilled", "Sequence", "Turn"]
+__all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Fetching", "Prefilled", "Sequence", "Turn"]
 
 T = TypeVar("T")
 
@@ -79,6 +80,27 @@ class Backend(Protocol):
     def read_output(self, name: str, count: int | None = None) -> NDArray[Any]: ...
 
     def synchronize(self) -> None: ...
+
+
+@runtime_checkable
+class Fetching(Protocol):
+    """A backend that can read an output back without waiting for later work (`Runtime`'s
+    `fetch_output` / `fetched`); the engine's pipelined steps use it when the backend has it."""
+
+    def fetch_output(self, name: str, count: int | None = None) -> Any: ...
+
+    def fetched(self, fetch: Any) -> NDArray[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """A decode step to issue: its program, vars, the outputs (name, count) to read back, and
+    whether it is the batched step."""
+
+    program: str
+    vars: Mapping[str, int]
+    reads: tuple[tuple[str, int], ...]
+    rows: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,21 +367,29 @@ class Engine:
         self._check_rows(seqs, sampling)
         if len(seqs) == 1 and sampling[0].plain:
             return [Sampled(self.step(seqs[0]), None, ())]
-        rows = self.roles.rows
-        assert rows is not None
-        b = bucket(len(seqs), rows.max_rows)
-        prm, seeds = sampling_params(sampling, rows, b - len(seqs))
-        if b > len(seqs) and self._pad is None:
-            self._pad = self._room(lambda: self.backend.lease(1))
-        self._seat_rows(seqs, b)
-        self.backend.write_input(rows.sampling, prm)
-        self.backend.write_input(rows.seed, seeds)
-        vars = {rows.var: b}
-        if self.config.eager:
-            self.backend.run(rows.program, vars)
-        else:
-            self.backend.issue(rows.program, vars)
-        return self._read_rows(seqs, sampling)
+        (out,) = self._pipeline(seqs, sampling, 1)
+        return out
+
+    def decode_steps(self, seqs: Seq[Sequence], sampling: Seq[Sampling], steps: int) -> Iterator[list[Sampled]]:
+        """`steps` decode steps of `seqs` (as `decode`), pipelined: step k + 1 is issued before step
+        k's tokens are read back (the device feeds each row its next inputs), so the host's work
+        per step hides behind the GPU's. Yields each step's results; stopping early (closing the
+        iterator) leaves the sequences at the steps yielded.
+
+        Raises:
+            EngineError: as `decode` (checked before anything runs), steps below 1, or a sequence
+                without room for `steps` more tokens.
+        """
+        seqs, sampling = list(seqs), list(sampling)
+        self._check_rows(seqs, sampling)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise EngineError(f"decode_steps needs at least 1 step, got {steps!r}")
+        short = [s.id for s in seqs if s.kv + steps > s.room]
+        if short:
+            raise EngineError(f"sequence {short[0]} has no room for {steps} more tokens: prefill with more room")
+        if len(seqs) == 1 and sampling[0].plain and self.roles.start_program is None:
+            return (self.decode([seqs[0]], sampling) for _ in range(steps))
+        return self._pipeline(seqs, sampling, steps)
 
     def finish(self, seq: Sequence) -> None:
         """End `seq`'s turn: its lease is retired (no copy) into the index under the tokens it
@@ -616,6 +646,8 @@ class Engine:
             self.backend.write_input(self.roles.blocks, self._table[: changed[-1] + 1])
             if changed[0] == 0:
                 self._seated = None
+        if not valid.any():
+            return
         r = self.roles
         self.backend.write_input(r.token, np.array([w[0] for w in want], dtype=np.int64))
         self.backend.write_input(r.position, np.array([w[1] for w in want], dtype=np.int64))
@@ -624,28 +656,96 @@ class Engine:
         self.backend.write_input(rows.valid, valid)
         self.backend.run(rows.seed_program, {})
 
-    def _read_rows(self, seqs: list[Sequence], sampling: list[Sampling]) -> list[Sampled]:
-        rows = self.roles.rows
+    def _prepare(self, seqs: list[Sequence], sampling: list[Sampling]) -> _Launch:
+        """Seats the step's rows (the one-row step for one plain sequence, else the batched step)
+        and returns what to issue and read back."""
+        r = self.roles
+        if len(seqs) == 1 and sampling[0].plain:
+            seq = seqs[0]
+            if self._seated is None or self._seated[0] is not seq or self._seated[1] is not seq.lease:
+                self._write_table(seq)
+                self._seat(seq)
+            return _Launch(r.step_program, r.step_vars, ((r.next_token, 1),), rows=False)
+        rows = r.rows
         assert rows is not None
         n = len(seqs)
-        tokens = self.backend.read_output(self.roles.next_token, n)
+        b = bucket(n, rows.max_rows)
+        prm, seeds = sampling_params(sampling, rows, b - n)
+        if b > n and self._pad is None:
+            self._pad = self._room(lambda: self.backend.lease(1))
+        self._seat_rows(seqs, b)
+        self.backend.write_input(rows.sampling, prm)
+        self.backend.write_input(rows.seed, seeds)
         want = max(s.logprobs for s in sampling)
-        lp = self.backend.read_output(rows.logprobs, n * (1 + rows.top_n)).reshape(n, -1) if want >= 0 else None
-        top = self.backend.read_output(rows.top_tokens, n * rows.top_n).reshape(n, -1) if want > 0 else None
+        reads = ((r.next_token, n), *(((rows.logprobs, n * (1 + rows.top_n)),) if want >= 0 else ()),
+                 *(((rows.top_tokens, n * rows.top_n),) if want > 0 else ()))
+        return _Launch(rows.program, {rows.var: b}, reads, rows=True)
+
+    def _pipeline(self, seqs: list[Sequence], sampling: list[Sampling], steps: int) -> Iterator[list[Sampled]]:
+        launch = self._prepare(seqs, sampling)
+        fetch, fetched = self._fetchers()
+        kv0 = [s.kv for s in seqs]
+        pending: deque[list[Any]] = deque()
+        issued = 0
+        try:
+            while issued < steps or pending:
+                if issued < steps and len(pending) < 2:
+                    self._issue_step(launch, seqs, kv0, issued)
+                    pending.append([fetch(name, count) for name, count in launch.reads])
+                    issued += 1
+                    continue
+                out = self._apply(seqs, sampling, [fetched(f) for f in pending.popleft()], launch.rows)
+                if not launch.rows and not pending:
+                    lease = seqs[0].lease
+                    assert lease is not None
+                    self._seated = (seqs[0], lease)  # NOTE: the host has read every issued step
+                yield out
+        finally:
+            for batch in pending:
+                for f in batch:
+                    fetched(f)
+
+    def _issue_step(self, launch: _Launch, seqs: list[Sequence], kv0: list[int], k: int) -> None:
+        """Issues step k of a pipeline: the rows' KV positions recorded, the row state as the
+        device will have fed it."""
+        for i, seq in enumerate(seqs):
+            assert seq.lease is not None
+            seq.lease.kv_index(kv0[i] + k)
+            if launch.rows:
+                self._rows[i] = (seq, seq.lease, kv0[i] + k + 1)
+        if not launch.rows:
+            self._seated = None
+        if self.config.eager:
+            self.backend.run(launch.program, launch.vars)
+        else:
+            self.backend.issue(launch.program, launch.vars)
+        if launch.rows:
+            for i in range(len(seqs), len(self._rows)):
+                self._rows[i] = None
+
+    def _fetchers(self) -> tuple[Callable[[str, int], Any], Callable[[Any], NDArray[Any]]]:
+        be = self.backend
+        if isinstance(be, Fetching):
+            return be.fetch_output, be.fetched
+        return be.read_output, lambda got: got
+
+    def _apply(self, seqs: list[Sequence], sampling: list[Sampling], got: list[NDArray[Any]],
+               rows: bool) -> list[Sampled]:
+        """One step's read-back applied: each sequence's token appended, its results."""
+        n = len(seqs)
+        tokens = got[0]
+        lp = got[1].reshape(n, -1) if len(got) > 1 else None
+        top = got[2].reshape(n, -1) if len(got) > 2 else None
         out: list[Sampled] = []
         for i, (seq, s) in enumerate(zip(seqs, sampling, strict=True)):
             token = int(tokens[i])
             pairs = tuple((int(top[i, j]), float(lp[i, 1 + j])) for j in range(s.logprobs)) \
                 if top is not None and lp is not None and s.logprobs > 0 else ()
             out.append(Sampled(token, float(lp[i, 0]) if lp is not None and s.logprobs >= 0 else None, pairs))
-            assert seq.lease is not None
             seq.kv += 1
             seq.tokens.append(token)
-            self._rows[i] = (seq, seq.lease, seq.kv)
-            if self._seated is not None and self._seated[0] is seq:
+            if rows and self._seated is not None and self._seated[0] is seq:
                 self._seated = None
-        for i in range(n, len(self._rows)):
-            self._rows[i] = None
         return out
 
     # ---- the row -----------------------------------------------------------------------------

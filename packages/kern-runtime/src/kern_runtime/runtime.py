@@ -41,7 +41,7 @@ from .peers import Offer, PeerHandle, choose_handle_kind
 from .sequences import Sequences, Waking, pool_config_for, pool_layout
 from .weights import Tensors, plan_bind
 
-__all__ = ["DEFAULT_CAPACITY", "Resident", "Runtime", "connect_local"]
+__all__ = ["DEFAULT_CAPACITY", "Fetch", "Resident", "Runtime", "connect_local"]
 
 _NP_DTYPES: Mapping[str, Any] = {
     "bf16": np.uint16, "f16": np.float16, "f32": np.float32, "fp8e4m3": np.uint8, "fp8e8m0": np.uint8,
@@ -70,6 +70,17 @@ class _Staging:
     alloc: Allocation
     event: Any
     pending: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Fetch:
+    """An output copy in flight (`Runtime.fetch_output`): read it with `Runtime.fetched`."""
+
+    name: str
+    count: int
+    dtype: np.dtype[Any]
+    _slot: _Staging
+    _read: bool = False
 
 
 @dataclass(slots=True)
@@ -131,6 +142,7 @@ class Runtime:
         self._funcs: dict[tuple[str, int], Any] = {}
         self._modules: dict[str, LoadedModule] = {}
         self._staging: dict[str, _Staging] = {}
+        self._fetch_free: dict[str, list[_Staging]] = {}
         self._steps: dict[tuple[str, VarKey], list[Step]] = {}
         self._graphs: dict[tuple[str, VarKey], Graph] = {}
         self._reads = {name: manifest.program_vars(name) for name in manifest.programs}
@@ -1020,6 +1032,49 @@ class Runtime:
         drv.copy_dtoh_async(stage.alloc.ptr, alloc.ptr, nbytes, self._stream)
         drv.stream_synchronize(self._stream)
         return np.frombuffer(drv.host_view(stage.alloc.ptr, nbytes), dtype=dt).copy()
+
+    def fetch_output(self, name: str, count: int | None = None) -> Fetch:
+        """Enqueues a copy of the first `count` elements (default: all) of output `name`, ordered on
+        the stream after the work issued so far, into pinned memory of its own; later work may
+        overwrite the output without touching it. `fetched` waits for this copy only, so the next
+        step can be issued before the previous one's output is read.
+
+        Raises:
+            ApiError: unknown or non-output buffer, or count outside [0, its elements].
+        """
+        buf, alloc, _stage = self._io(name, "output")
+        dt = np.dtype(_NP_DTYPES[buf.dtype])
+        cap = alloc.nbytes // dt.itemsize
+        n = cap if count is None else count
+        if not 0 <= n <= cap:
+            raise ApiError(f"output {name!r} holds {cap} elements, asked for {count}")
+        free = self._fetch_free.setdefault(name, [])
+        if free:
+            slot = free.pop()
+        else:
+            event = drv.event_create(timing=False)
+            self._stack.callback(drv.event_destroy, event)
+            slot = _Staging(memory.host(self._stack, alloc.nbytes), event)
+        drv.copy_dtoh_async(slot.alloc.ptr, alloc.ptr, n * dt.itemsize, self._stream)
+        drv.event_record(slot.event, self._stream)
+        return Fetch(name, n, dt, slot)
+
+    def fetched(self, fetch: Fetch) -> npt.NDArray[Any]:
+        """The elements `fetch` copied, once its copy has landed (waits for it, not for later work).
+
+        Raises:
+            ApiError: the fetch was read already.
+        """
+        self._live()
+        if fetch._read:  # pyright: ignore[reportPrivateUsage]
+            raise ApiError(f"this fetch of {fetch.name!r} was read already")
+        slot = fetch._slot  # pyright: ignore[reportPrivateUsage]
+        drv.event_synchronize(slot.event)
+        nbytes = fetch.count * fetch.dtype.itemsize
+        out = np.frombuffer(drv.host_view(slot.alloc.ptr, nbytes), dtype=fetch.dtype).copy()
+        fetch._read = True  # pyright: ignore[reportPrivateUsage]
+        self._fetch_free[fetch.name].append(slot)
+        return out
 
     def read_buffer(self, name: str) -> npt.NDArray[np.uint8]:
         """Every byte of any device buffer (for tests and A/B harnesses); synchronizes."""
