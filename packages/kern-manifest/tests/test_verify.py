@@ -239,6 +239,8 @@ INVALID: list[tuple[str, Edit, type, str]] = [
         "/buffers/w_gu/bind/0/interleave/rows",
     ),
     ("fill-on-f32", _set("/buffers/logits/fill", "tokens"), ManifestVerify, "/buffers/logits/fill"),
+    ("float-fill-on-i64", _set("/buffers/next/fill", "logprobs"), ManifestVerify, "/buffers/next/fill"),
+    ("float-fill-wrong-direction", _set("/buffers/logits/fill", "sampling"), ManifestVerify, "/buffers/logits/fill"),
     (
         "fill-twice",
         _set(

@@ -65,6 +65,20 @@ def test_main_with_a_preset_writes_the_manifest(tmp_path: Path, monkeypatch: pyt
         defer_norm=True) | {"model": "qwen3-tiny"}
 
 
+def test_main_writes_the_batched_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "build_and_hash", lambda src, out: FAKE_HASHES)
+    monkeypatch.setattr(cli, "entry_modules", lambda src: FAKE_ENTRIES)
+    out = tmp_path / "b.json"
+    assert cli.main(["--preset", "qwen3-tiny", "-o", str(out), "--rows", "8"]) == 0
+    assert json.loads(out.read_text()) == manifest(QWEN3_TINY_CONFIG, feed="device", rows=8) | {"model": "b"}
+    capsys.readouterr()
+    for flags, words in ((["--rows", "1"], "rows 1 must be"), (["--rows", "8", "--feed", "host"], "needs feed device")):
+        assert cli.main(["--preset", "qwen3-tiny", "-o", str(tmp_path / "x.json"), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and not (tmp_path / "x.json").exists()
+
+
 def test_main_writes_the_f32_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(cli, "build_and_hash", lambda src, out: FAKE_HASHES)

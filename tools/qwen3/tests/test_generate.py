@@ -179,7 +179,9 @@ def test_examples_are_what_the_generator_writes() -> None:
                             "defer_norm": True}
     shipped_sets = [("qwen3-4b", QWEN3_4B_CONFIG, {}), ("qwen3-tiny", QWEN3_TINY_CONFIG, {}),
                     ("qwen3-4b-gemv", QWEN3_4B_CONFIG, {"gemv": list(gen.GEMV_DEFAULT)}),
-                    ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast), ("qwen3-4b-f32", QWEN3_4B_CONFIG, {"precision": "f32"})]
+                    ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast), ("qwen3-4b-f32", QWEN3_4B_CONFIG, {"precision": "f32"}),
+                    ("qwen3-4b-batch", QWEN3_4B_CONFIG, {**fast, "rows": 64}),
+                    ("qwen3-tiny-batch", QWEN3_TINY_CONFIG, {"rows": 8})]
     for name, config, kw in shipped_sets:
         shipped = json.loads((root / "examples" / f"{name}.json").read_text())
         entries = gen.entry_modules(TOOLS / "kernels-src")
@@ -298,3 +300,54 @@ def test_fused_attention_holds_at_most_16_query_heads_per_kv_head() -> None:
 # Reference precision (`precision="f32"`).
 
 
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("config", [QWEN3_TINY_CONFIG, QWEN3_4B_CONFIG], ids=["tiny", "4b"])
+def test_rows_add_the_batched_step_and_keep_the_one_row_step(config: dict[str, Any], fuse: bool) -> None:
+    kw: dict[str, Any] = {"feed": "device", "fuse": fuse}
+    one, many = manifest(config, **kw), manifest(config, rows=16, **kw)
+    verify_manifest(many)
+    for prog in ("decode", "prefill", "start"):
+        assert many["programs"][prog] == one["programs"][prog]
+    assert many["vars"] == {**one["vars"], "rows": {"max": 16}}
+    rows = many["programs"]["decode_rows"]
+    assert rows["batch"] == {"groups": 16, "rows": 1} and rows["graph"]
+    read = {a["buf"] for c in rows["calls"] for a in c["args"] if "buf" in a}
+    assert {"row_ids", "row_pos", "row_slot", "row_len", "block_table"} <= read
+    assert not {"ids", "positions", "slots", "seq_len", "step_ids", "logits"} & read
+    assert {a["var"] for c in rows["calls"] for a in c["args"] if "var" in a} == {"rows"}
+    ops = {c["op"] for c in rows["calls"]}
+    assert not {"gemv", "attn_decode", "attn_decode_fused"} & ops and "attn_decode_rows" in ops
+    assert all(c["op"] == "gemm" for c in rows["calls"] if c["label"].endswith((".qkv", ".o", ".down", "lm_head")))
+    assert [c["op"] for c in rows["calls"][-3:]] == ["gemm", "sample_rows", "rows_advance"]
+    assert many["ops"]["embed.rows"]["impl"]["launches"][0]["grid"] == ["rows", 1, 1]
+    attn = many["ops"]["attn_decode_rows"]["impl"]["launches"][0]
+    assert attn["entry"] == "kern_attn_decode_rows" and attn["grid"] == [config["num_key_value_heads"], 32, "rows"]
+    assert many["buffers"]["block_table"]["shape"] == [16, one["buffers"]["block_table"]["shape"][0]]
+    assert {many["buffers"][b]["fill"] for b in ("row_valid", "row_sampling", "row_seed", "row_logprobs", "row_top")} \
+        == {"valid", "sampling", "seed", "logprobs", "top_tokens"}
+    assert many["programs"]["load"]["calls"][-1]["args"] == [{"buf": "row_count"}, {"i32": 16 * config["num_key_value_heads"]}]
+    assert [c["op"] for c in many["programs"]["seed_rows"]["calls"]] == ["rows_seed"]
+
+
+def test_rows_ops_match_the_kernel_signatures() -> None:
+    src = TOOLS / "kernels-src"
+    entries = gen.entry_modules(src)
+    hashes = dict.fromkeys(set(entries.values()), "c" * 64)
+    m = _generate(gen.shape_from_config(QWEN3_4B_CONFIG), hashes, entries, model="t", feed="device", fuse=True,
+                  rows=8)
+    assert_abi(m["ops"], c_params(src))
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    ({"rows": 1}, "rows 1 must be an integer >= 2"),
+    ({"rows": True}, "rows True must be an integer >= 2"),
+    ({"rows": 4, "feed": "host"}, "rows needs feed device"),
+    ({"rows": 4, "feed": "device", "precision": "f32"}, "rows needs feed device and precision bf16"),
+    ({"rows": 64, "feed": "device", "chunk": 32}, "rows 64 exceeds the chunk 32"),
+])
+def test_bad_rows_are_refused(kw: dict[str, Any], words: str) -> None:
+    with pytest.raises(gen.GenError, match=words) as info:
+        gen.Plan(**kw)
+    assert "\n" not in str(info.value)
