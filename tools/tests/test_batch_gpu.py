@@ -181,3 +181,25 @@ def test_seeded_draw_alone_and_batched(rt: Any) -> None:
     # NOTE: batched rows run GEMMs at another m than alone: logits may differ by bf16 noise, which
     # can move a draw only where two Gumbel scores tie that closely
     assert same >= 8, (together, apart)
+
+
+def test_pipelined_steps_equal_steps_in_turn(rt: Any) -> None:
+    """decode_steps (step k + 1 issued before step k is read back, through Runtime.fetch_output)
+    gives the tokens and logprobs of one decode per step, for 7 rows and for the one-row step."""
+    import kern_runtime as kr
+
+    prompts = [_prompt(4000 + i, _length(i)) for i in range(7)]
+    cases = [[kr.Sampling(temperature=0.9, top_p=0.95, seed=i, logprobs=2) for i in range(7)], [kr.Sampling()]]
+    for asks in cases:
+        results = []
+        for pipelined in (True, False):
+            eng = _engine(rt)
+            try:
+                seqs = [eng.sequence() for _ in asks]
+                for seq, p in zip(seqs, prompts, strict=True):
+                    eng.prefill(seq, p, STEPS)
+                results.append(list(eng.decode_steps(seqs, asks, STEPS)) if pipelined else
+                               [eng.decode(seqs, asks) for _ in range(STEPS)])
+            finally:
+                eng.close()
+        assert results[0] == results[1]

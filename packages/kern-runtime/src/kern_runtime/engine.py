@@ -209,7 +209,9 @@ class Engine:
         self._closed = False
         rows = roles.rows.max_rows if roles.rows is not None else 0
         self._rows: list[tuple[Sequence, Lease, int] | None] = [None] * rows
-        self._table = np.zeros((rows, roles.blocks_len), dtype=np.int32)
+        # NOTE: the host's copy of the rows' block table; -1 (no page) until a row is written, so
+        # the first step writes every row it uses whatever the device buffer held before
+        self._table = np.full((rows, roles.blocks_len), -1, dtype=np.int32)
         self._pad: Lease | None = None
 
     @classmethod
