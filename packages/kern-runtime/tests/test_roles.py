@@ -94,3 +94,43 @@ def test_read_manifest_errors(tmp_path: Path) -> None:
     with pytest.raises(kr.ManifestParseError, match=r"bad\.json: /buffers/\w+/dtype.*\(and 1 more: kern manifest verify"):
         kr.read_manifest(tmp_path / "bad.json")
     assert issubclass(kr.InputFileError, kr.ApiError)
+
+
+def _batched() -> dict[str, object]:
+    """`serving` plus a batched step of 8 one-row sequences over the var `rows` and its buffers."""
+    m = serving()
+    m["vars"]["rows"] = {"max": 8}
+    b = m["buffers"]
+    b["bt"] = {"dtype": "i32", "shape": [8, 64], "kind": "input", "fill": "blocks"}
+    b["valid"] = {"dtype": "i32", "shape": [8], "kind": "input", "fill": "valid"}
+    b["prm"] = {"dtype": "f32", "shape": [8, 4], "kind": "input", "fill": "sampling"}
+    b["seed"] = {"dtype": "i64", "shape": [8], "kind": "input", "fill": "seed"}
+    b["lp"] = {"dtype": "f32", "shape": [8, 6], "kind": "output", "fill": "logprobs"}
+    b["top"] = {"dtype": "i64", "shape": [8, 5], "kind": "output", "fill": "top_tokens"}
+    m["programs"]["many"] = {"batch": {"groups": 8, "rows": 1}, "graph": True,
+                             "calls": [{"op": "x", "args": [{"buf": "prm"}, {"var": "rows"}]}]}
+    m["programs"]["seed_rows"] = {"calls": [{"op": "s", "args": [{"buf": "valid"}]}]}
+    m["programs"]["start"] = {"calls": []}
+    return m
+
+
+def test_roles_find_a_batched_step() -> None:
+    r = kr.serving_roles(_batched())
+    assert r.blocks_len == 64 and r.start_program == "start" and r.step_program == "step"
+    assert r.rows == kr.RowRoles(program="many", var="rows", max_rows=8, seed_program="seed_rows", valid="valid",
+                                 sampling="prm", seed="seed", logprobs="lp", top_tokens="top", top_n=5, params=4)
+    assert kr.serving_roles(serving()).rows is None
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda m: m["buffers"].pop("seed"), "fills \\['seed'\\]"),
+    (lambda m: m["programs"].pop("seed_rows"), "row seed program"),
+    (lambda m: m["programs"].__setitem__("more", dict(m["programs"]["many"])), "one such program"),
+    (lambda m: m["programs"]["many"]["calls"][0]["args"].append({"var": "tokens"}), "exactly one declared var"),
+])
+def test_a_broken_batched_step_is_one_line(change: object, words: str) -> None:
+    m = _batched()
+    change(m)  # type: ignore[operator]
+    with pytest.raises(kr.ServingRolesError, match=words) as err:
+        kr.serving_roles(m)
+    assert "\n" not in str(err.value)

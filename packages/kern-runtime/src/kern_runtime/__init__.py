@@ -13,7 +13,7 @@ from kern_pool import Capacity
 
 from .batch import Sampled, Sampling
 from .domains import InputDomain, StateUnits, check_domain, input_domains
-from .engine import Backend, Counters, Engine, EngineConfig, Prefilled, Sequence, Turn
+from .engine import Backend, Counters, Engine, EngineConfig, Fetching, Prefilled, Sequence, Turn
 from .errors import (
     ApiError,
     BlasError,
@@ -41,7 +41,7 @@ from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
-from .runtime import DEFAULT_CAPACITY, Resident, Runtime, connect_local
+from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local
 from .sequences import Waking
 from .session import Session, check_capacity, check_prompt, weight_files
 from .weights import (
@@ -73,6 +73,8 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineError",
+    "Fetch",
+    "Fetching",
     "FileBlob",
     "Graph",
     "InputDomain",
