@@ -271,3 +271,22 @@ def test_pipeline_checks_first(manifest: dict[str, Any], weights: dict[str, np.n
             with pytest.raises(kr.EngineError, match=match):
                 eng.decode_steps([seq], [kr.Sampling()], steps)
         assert seq.kv == 3
+
+
+def test_rows_in_step_are_not_seeded_again(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """The host seeds a row only when its sequence or position changed: a step after a step of
+    the same sequences runs the batched program alone; a joining sequence seeds again."""
+    with _engine(manifest, weights) as eng:
+        seqs = [eng.sequence() for _ in range(4)]
+        for i, seq in enumerate(seqs):
+            eng.prefill(seq, _prompt(800 + i, LENGTHS[i]), 4)
+        be = eng.backend
+        assert isinstance(be, InterpBackend)
+        g = [kr.Sampling()] * 4
+        runs: list[list[tuple[str, str]]] = []
+        for step in (seqs[:2], seqs[:2], seqs[:4], seqs[:4]):
+            be.calls.clear()
+            eng.decode(step, g[: len(step)])
+            runs.append([c for c in be.calls if c[0] in ("run", "issue")])
+    assert runs == [[("run", "seed_rows"), ("issue", "decode_rows")], [("issue", "decode_rows")],
+                    [("run", "seed_rows"), ("issue", "decode_rows")], [("issue", "decode_rows")]]

@@ -212,6 +212,8 @@ class Engine:
         # NOTE: the host's copy of the rows' block table; -1 (no page) until a row is written, so
         # the first step writes every row it uses whatever the device buffer held before
         self._table = np.full((rows, roles.blocks_len), -1, dtype=np.int32)
+        self._table_of: list[Lease | None] = [None] * rows
+        """The lease whose pages each device block-table row holds."""
         self._pad: Lease | None = None
 
     @classmethod
@@ -612,49 +614,64 @@ class Engine:
             raise EngineError(f"{len(seqs)} sequences exceed the batched step's {rows.max_rows} rows")
         sampling_params(sampling, rows, 0)
 
-    def _row_want(self, seqs: list[Sequence], b: int) -> list[tuple[int, int, int, tuple[int, ...]]]:
-        """(token, position, slot, table row) of each of the b rows: the sequences', then padding."""
-        out: list[tuple[int, int, int, tuple[int, ...]]] = []
-        for seq in seqs:
-            assert seq.lease is not None
-            out.append((seq.tokens[seq.kv], seq.kv, seq.lease.kv_index(seq.kv), seq.lease.table_row()))
-        if b > len(seqs):
-            assert self._pad is not None
-            page = self._pad.pages[0]
-            pad: tuple[int, int, int, tuple[int, ...]] = (0, 0, page * self.roles.page_tokens,
-                                                          (int(page),) * self.roles.blocks_len)
-            out += [pad] * (b - len(seqs))
-        return out
+    def _table_row(self, lease: Lease) -> NDArray[np.int32]:
+        """A lease's block-table row at the table's width (padded with its first page)."""
+        pages = lease.table_row()
+        n = self.roles.blocks_len
+        row = np.full(n, pages[0], dtype=np.int32)
+        row[: min(n, len(pages))] = pages[:n]
+        return row
 
     def _seat_rows(self, seqs: list[Sequence], b: int) -> None:
-        """Seeds the rows whose sequence or position the device did not feed, and writes the
-        block-table rows that changed."""
+        """Writes the block-table rows whose lease changed, and seeds the rows whose sequence or
+        position differs from what the device fed them (the b - len(seqs) rows after the
+        sequences are padding on the engine's one-page lease, seeded every time)."""
         rows = self.roles.rows
         assert rows is not None
-        want = self._row_want(seqs, b)
+        leases = self._row_leases(seqs, b)
         valid = np.zeros(rows.max_rows, dtype=np.int32)
         changed: list[int] = []
-        for i, (_tok, _pos, _slot, table) in enumerate(want):
-            seq = seqs[i] if i < len(seqs) else None
+        for i, lease in enumerate(leases):
             held = self._rows[i]
-            if seq is None or held is None or held[0] is not seq or held[1] is not seq.lease or held[2] != seq.kv:
+            if i >= len(seqs) or held is None or held[0] is not seqs[i] or held[1] is not lease or held[2] != seqs[i].kv:
                 valid[i] = 1
-            row = np.full(self.roles.blocks_len, table[0], dtype=np.int32)
-            row[: min(len(table), self.roles.blocks_len)] = table[: self.roles.blocks_len]
-            if not np.array_equal(self._table[i], row):
-                self._table[i] = row
+            if self._table_of[i] is not lease:
+                self._table[i] = self._table_row(lease)
+                self._table_of[i] = lease
                 changed.append(i)
         if changed:
             self.backend.write_input(self.roles.blocks, self._table[: changed[-1] + 1])
             if changed[0] == 0:
                 self._seated = None
-        if not valid.any():
-            return
+        if valid.any():
+            self._stage_rows(seqs, leases, valid)
+
+    def _row_leases(self, seqs: list[Sequence], b: int) -> list[Lease]:
+        """Each of the b rows' lease: the sequences', then the padding lease."""
+        out: list[Lease] = []
+        for seq in seqs:
+            assert seq.lease is not None
+            out.append(seq.lease)
+        if b > len(seqs):
+            assert self._pad is not None
+            out += [self._pad] * (b - len(seqs))
+        return out
+
+    def _stage_rows(self, seqs: list[Sequence], leases: list[Lease], valid: NDArray[np.int32]) -> None:
+        """The rows' token, position, slot and length inputs, then the row seed program (it copies
+        the rows marked in `valid` into the row carries)."""
+        rows = self.roles.rows
+        assert rows is not None
+        n, p = len(seqs), self.roles.page_tokens
+        pos = [s.kv for s in seqs] + [0] * (len(leases) - n)
+        slots = [lease.kv_index(q) if i < n else lease.pages[0] * p
+                 for i, (lease, q) in enumerate(zip(leases, pos, strict=True))]
         r = self.roles
-        self.backend.write_input(r.token, np.array([w[0] for w in want], dtype=np.int64))
-        self.backend.write_input(r.position, np.array([w[1] for w in want], dtype=np.int64))
-        self.backend.write_input(r.slot, np.array([w[2] for w in want], dtype=np.int64))
-        self.backend.write_input(r.seq_len, np.array([w[1] + 1 for w in want], dtype=np.int32))
+        self.backend.write_input(r.token, np.array([s.tokens[s.kv] for s in seqs] + [0] * (len(leases) - n),
+                                                   dtype=np.int64))
+        self.backend.write_input(r.position, np.array(pos, dtype=np.int64))
+        self.backend.write_input(r.slot, np.array(slots, dtype=np.int64))
+        self.backend.write_input(r.seq_len, np.array(pos, dtype=np.int32) + 1)
         self.backend.write_input(rows.valid, valid)
         self.backend.run(rows.seed_program, {})
 
@@ -760,8 +777,8 @@ class Engine:
         table[: min(n, len(row))] = row[:n]
         self.backend.write_input(self.roles.blocks, table)
         if self._rows:
-            self._rows[0] = None
             self._table[0] = table
+            self._table_of[0] = seq.lease
 
     def _stage(self, seq: Sequence, ids: Seq[int], start: int) -> None:
         assert seq.lease is not None
