@@ -228,3 +228,29 @@ def test_pipelined_steps_equal_steps_in_turn(rt: Any) -> None:
             finally:
                 eng.close()
         assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(5, 1.0), (0, 0.5), (40, 0.8)])
+def test_masks_and_draws_over_one_logits_row(rt: Any, top_k: int, top_p: float) -> None:
+    """16 rows of one prompt (the same logits on every row) and 16 seeds: each draw is numpy's and
+    inside numpy's exact mask, and together they cover more than one token of it."""
+    import kern_runtime as kr
+
+    prompt = _prompt(5000 + top_k, 300)
+    asks = [kr.Sampling(temperature=1.0, top_k=top_k, top_p=top_p, seed=100 + i) for i in range(16)]
+    eng = _engine(rt)
+    try:
+        seqs = [eng.sequence() for _ in asks]
+        for seq in seqs:
+            eng.prefill(seq, prompt, 2)
+        pos = seqs[0].kv
+        out = eng.decode(seqs, asks)
+        x = _row_logits(rt, 16)
+    finally:
+        eng.close()
+    assert all(np.array_equal(x[0], x[i]) for i in range(16))
+    mask = interp.sample_mask(x[0], 1.0, top_k, top_p)
+    for s, ask in zip(out, asks, strict=True):
+        assert mask[s.token]
+        assert s.token == interp.sample_token(x[0], (1.0, top_p, top_k, -1), ask.seed, pos)
+    assert len({s.token for s in out}) > 1 or mask.sum() == 1
