@@ -186,6 +186,7 @@ def test_bad_decode_changes_nothing(manifest: dict[str, Any], weights: dict[str,
             (([seqs[0], seqs[2]], [g, g]), "prefill"),
             (([seqs[0]], [g, g]), "one Sampling"),
             (([], []), "at least one"),
+            (([seqs[0]], [{"temperature": 1.0}]), "one kern_runtime.Sampling"),
             (([seqs[0], seqs[1]], [g, kr.Sampling(logprobs=21)]), "top-N"),
         ]:
             with pytest.raises(kr.EngineError, match=match):

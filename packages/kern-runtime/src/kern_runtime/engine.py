@@ -595,6 +595,8 @@ class Engine:
         if not seqs or len(seqs) != len(sampling):
             raise EngineError(f"decode needs one Sampling per sequence and at least one: got {len(seqs)} "
                               f"sequence(s) and {len(sampling)} Sampling(s)")
+        if not all(isinstance(s, Sampling) for s in sampling):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise EngineError("decode takes one kern_runtime.Sampling per sequence")
         if len({s.id for s in seqs}) != len(seqs):
             raise EngineError("decode got a sequence twice: each row is one sequence")
         for seq in seqs:
