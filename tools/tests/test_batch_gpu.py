@@ -1,9 +1,10 @@
 """The batched decode step on the GPU with the Qwen3-4B shape (seeded random checkpoint,
 kern_qwen3.checkpoint; the fast options plus rows = 64, as examples/qwen3-4b-batch.json): greedy
-rows of different lengths give the one-row step's tokens for 1, 7, 32 and 64 sequences (the one-row
-step runs other kernels, GEMV and one-launch attention, so a row may part from it only where the
-one-row step's two best logits lie within 2 bf16 steps, and nowhere else), and rows in another
-order give the same tokens bit for bit; and kern_sample_rows
+rows of different lengths give the one-row step's tokens for 1, 7, 32 and 64 sequences (both run
+kern_attn_decode_rows, but the one-row step's GEMMs are our GEMVs with the norms folded in where the
+batched step's are cuBLAS at m = rows, so a row may part from it only where the one-row step's two
+best logits lie within 2 bf16 steps, and nowhere else), and rows in another order give the same
+tokens bit for bit; and kern_sample_rows
 against its numpy statement (helpers.qwen3_interp) on the step's own bf16 logits: the drawn token
 is the numpy draw and inside the exact top-k / top-p mask, the same seed draws the same token
 alone and batched, logprobs within bf16-derived tolerance, top-N ids exact."""
@@ -66,7 +67,9 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 def _length(i: int) -> int:
-    return 5 + (i * 37) % 600
+    """5..604 tokens, and 1,505..2,104 for every eighth row (kern_attn_decode_rows beyond its
+    1,024-token cluster combine)."""
+    return 5 + (i * 37) % 600 + (1500 if i % 8 == 3 else 0)
 
 
 def _f32(raw: np.ndarray) -> np.ndarray:

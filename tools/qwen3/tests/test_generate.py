@@ -283,16 +283,19 @@ def test_decode_splits_must_fill_the_attention_clusters(monkeypatch: pytest.Monk
     manifest(QWEN3_TINY_CONFIG, feed="device")
     monkeypatch.setattr("kern_qwen3._finish.DECODE_SPLITS", 12)
     manifest(QWEN3_TINY_CONFIG, feed="device")  # the unfused attention has no clusters
-    with pytest.raises(gen.KernelsError, match="DECODE_SPLITS 12"):
-        manifest(QWEN3_TINY_CONFIG, feed="device", fuse=True)
+    for kw in ({"fuse": True}, {"rows": 4}):
+        with pytest.raises(gen.KernelsError, match="DECODE_SPLITS 12"):
+            manifest(QWEN3_TINY_CONFIG, feed="device", **kw)
 
 
 def test_fused_attention_holds_at_most_16_query_heads_per_kv_head() -> None:
-    """kern_attn_decode_rows' two head tiles of 8; the unfused pair takes wider groups."""
+    """kern_attn_decode_rows' two head tiles of 8 (the fused step's and the batched step's); the
+    unfused pair takes wider groups."""
     wide = {**QWEN3_4B_CONFIG, "num_attention_heads": 64, "num_key_value_heads": 2}
     manifest(wide, feed="device")
-    with pytest.raises(gen.KernelsError, match="32 query heads per kv head in the fused decode attention"):
-        manifest(wide, feed="device", fuse=True)
+    for kw in ({"fuse": True}, {"rows": 4}):
+        with pytest.raises(gen.KernelsError, match="32 query heads per kv head in kern_attn_decode_rows"):
+            manifest(wide, feed="device", **kw)
     manifest({**QWEN3_4B_CONFIG, "num_attention_heads": 64, "num_key_value_heads": 4}, feed="device", fuse=True)
 
 
@@ -300,6 +303,8 @@ def test_fused_attention_holds_at_most_16_query_heads_per_kv_head() -> None:
 # Reference precision (`precision="f32"`).
 
 
+# --------------------------------------------------------------------------------------------
+# The batched decode step (`rows`).
 
 
 @pytest.mark.parametrize("fuse", [False, True])

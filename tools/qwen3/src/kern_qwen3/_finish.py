@@ -12,9 +12,9 @@ from kern_qwen3.shape import Qwen3Shape
 __all__ = ["check_kernel_limits", "check_needed", "finish"]
 
 
-def check_kernel_limits(s: Qwen3Shape, *, fuse: bool = False) -> None:
+def check_kernel_limits(s: Qwen3Shape, *, attn_rows: bool = False) -> None:
     """What tools/kernels-src supports (its comments): vector widths and the attention's GQA tiling
-    (`fuse`: kern_attn_decode_rows' too).
+    (`attn_rows`: the manifest runs kern_attn_decode_rows, fused or batched step: its limits too).
 
     Raises:
         KernelsError: the shape is outside what the kernels hold.
@@ -26,9 +26,9 @@ def check_kernel_limits(s: Qwen3Shape, *, fuse: bool = False) -> None:
         *([f"hidden_size {s.hidden} (needs a multiple of 8)"] if s.hidden % 8 else []),
         *([f"intermediate_size {s.inter} (needs a multiple of 8)"] if s.inter % 8 else []),
         *([f"DECODE_SPLITS {DECODE_SPLITS} (kern_attn_decode_rows needs a multiple of {DECODE_CLUSTER})"]
-          if fuse and DECODE_SPLITS % DECODE_CLUSTER else []),
-        *([f"{group} query heads per kv head in the fused decode attention (needs <= {DECODE_ROWS_MAX_GROUP})"]
-          if fuse and group > DECODE_ROWS_MAX_GROUP else []),
+          if attn_rows and DECODE_SPLITS % DECODE_CLUSTER else []),
+        *([f"{group} query heads per kv head in kern_attn_decode_rows (needs <= {DECODE_ROWS_MAX_GROUP})"]
+          if attn_rows and group > DECODE_ROWS_MAX_GROUP else []),
     ]
     if problems:
         raise KernelsError("our kernels do not support " + "; ".join(problems))

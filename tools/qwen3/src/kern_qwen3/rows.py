@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from kern_qwen3.entries import DECODE_SPLITS, SAMPLE_TOP_N
-from kern_qwen3.fragments import BF16_IN, BF16_OUT, Json, buf, call, f32, i32, i64, kernel
-from kern_qwen3.ops import zero_op
+from kern_qwen3.entries import SAMPLE_TOP_N
+from kern_qwen3.fragments import BF16_IN, Json, buf, call, i32, kernel
+from kern_qwen3.ops import ATTN_ROWS_PARAMS, attn_rows_launch, rows_scratch, zero_op
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
 
 __all__ = ["ROWS_PROGRAM", "ROWS_VAR", "ROW_CARRIES", "SAMPLE_PARAMS", "SEED_PROGRAM", "add_rows", "row_buffers"]
@@ -66,21 +66,11 @@ def _over_rows(op: Json) -> Json:
 
 def row_ops(s: Qwen3Shape, ops: Mapping[str, Json], mods: Mapping[str, str], rows: int) -> Json:
     """`<op>.rows` copies of the token-grid ops, and the batched step's own ops."""
-    d, nq, nkv = s.head_dim, s.heads, s.kv_heads
+    d, nq = s.head_dim, s.heads
     out: Json = {f"{name}.rows": _over_rows(ops[name]) for name in _ROW_OPS if name in ops}
-    attn = kernel(
-        mods, "kern_attn_decode_rows", [nkv, DECODE_SPLITS, ROWS_VAR], 128,
-        params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>", "out buffer<f32>",
-                "inout buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32", "i64", "i32", "i32", "f32"],
-        args=[{"param": 0}, {"param": 1}, {"param": 2}, {"param": 3}, {"scratch": "part_o"},
-              {"scratch": "part_lse"}, {"param": 5}, {"param": 4}, i32(nq), i32(nkv), i32(d),
-              i32(PAGE_TOKENS), i64(s.page_stride), i32(s.max_pages), i32(DECODE_SPLITS), f32(d**-0.5)],
-    )
     out["attn_decode_rows"] = {
-        "params": [BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", BF16_OUT, "inout buffer<i32>"],
-        "impl": {"scratch": {"part_o": {"dtype": "f32", "shape": [rows, DECODE_SPLITS, nq * d]},
-                             "part_lse": {"dtype": "f32", "shape": [rows, DECODE_SPLITS, nq]}},
-                 "launches": [attn]},
+        "params": list(ATTN_ROWS_PARAMS),
+        "impl": {"scratch": rows_scratch(nq, nq * d, rows), "launches": [attn_rows_launch(s, mods, ROWS_VAR)]},
     }
     out["sample_rows"] = {
         "params": [BF16_IN, "in buffer<f32>", "in buffer<i64>", "in buffer<i64>", "out buffer<i64>",
