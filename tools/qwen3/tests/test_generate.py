@@ -328,7 +328,7 @@ def test_rows_add_the_batched_step_and_keep_the_one_row_step(config: dict[str, A
     assert [c["op"] for c in rows["calls"][-3:]] == ["gemm", "sample_rows", "rows_advance"]
     assert many["ops"]["embed.rows"]["impl"]["launches"][0]["grid"] == ["rows", 1, 1]
     attn = many["ops"]["attn_decode_rows"]["impl"]["launches"][0]
-    assert attn["entry"] == "kern_attn_decode_rows" and attn["grid"] == [config["num_key_value_heads"], 32, "rows"]
+    assert attn["entry"] == "kern_attn_decode_rows" and attn["grid"] == [config["num_key_value_heads"], gen.DECODE_SPLITS, "rows"]
     assert many["buffers"]["block_table"]["shape"] == [16, one["buffers"]["block_table"]["shape"][0]]
     assert {many["buffers"][b]["fill"] for b in ("row_valid", "row_sampling", "row_seed", "row_logprobs", "row_top")} \
         == {"valid", "sampling", "seed", "logprobs", "top_tokens"}
