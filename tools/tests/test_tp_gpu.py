@@ -108,7 +108,7 @@ def test_kern_run_tp2_with_one_visible_gpu_is_one_line(built: dict[str, Any]) ->
         [sys.executable, "-m", "kern_cli.run", "--manifest", str(built["tp2"]), "--kernels", str(built["kernels"]),
          "--weights", str(built["ckpt"]), "--prompt-ids", "1,2,3", "--steps", "2", "--tp", "2"],
         capture_output=True, text=True, check=False, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
-    assert (proc.returncode, proc.stdout) == (2, "")
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
     assert proc.stderr.strip() == "kern-run: --tp 2 from --gpu 0 needs 2 GPUs; this machine shows 1"
 
 

@@ -241,6 +241,20 @@ def handle_kind_supported(dev: Any, kind: str) -> bool:
     return device_attribute(dev, attr) != 0
 
 
+def handle_kind_usable(dev: Any, kind: str) -> bool:
+    """Whether a VMM chunk exportable as `kind` can be made here: the device attribute says it is
+    supported, and a probe chunk of the allocation granularity is created (a device may report
+    fabric handles while the system refuses them: CUDA_ERROR_NOT_PERMITTED without an IMEX
+    channel)."""
+    if not handle_kind_supported(dev, kind):
+        return False
+    err, handle = cu.cuMemCreate(vmm_granularity(dev), _vmm_prop(dev, kind), 0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        return False
+    _call(cu.cuMemRelease, handle)
+    return True
+
+
 def vmm_create_shareable(nbytes: int, dev: Any, kind: str) -> Any:
     """A physical chunk that can be exported as `kind`."""
     return _call(cu.cuMemCreate, nbytes, _vmm_prop(dev, kind), 0)

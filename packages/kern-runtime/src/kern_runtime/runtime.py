@@ -222,8 +222,8 @@ class Runtime:
         self._resolve_launches()
         self._scan_peer_kernels()
         if self.manifest.topology is not None:
-            kind = choose_handle_kind(drv.handle_kind_supported(self._dev, "fabric"),
-                                      drv.handle_kind_supported(self._dev, "posix_fd"))
+            kind = choose_handle_kind(drv.handle_kind_usable(self._dev, "fabric"),
+                                      drv.handle_kind_usable(self._dev, "posix_fd"))
             self._peering = Peering(self._stack, self.manifest, self._dev, self._ranks, kind)
         self._allocate_buffers(over)
         self._allocate_fixed_states()
