@@ -189,6 +189,120 @@ extern "C" __global__ void kern_qk_norm_rope_kv(bf16* __restrict__ qkv, const bf
     }
 }
 
+// kern_qk_norm_rope_kv for many rows: one warp per head, QKR_HEADS heads per block, the same
+// bits. Lane l owns the E = head_dim / 64 adjacent elements E l .. E l + E - 1 of each half (the
+// rotary pairs), so each load and store of a warp is one contiguous run. The sum of squares is
+// added in the order of kern_qk_norm_rope_kv's block_sum over threads (element i, i + half):
+// per element within each 16-lane half of the warp (that block's warp of 32 threads), then the E
+// elements, then the two halves.
+#define QKR_HEADS 8
+
+template <int E>
+struct QkrVec;
+template <>
+struct QkrVec<1> {
+    static __device__ __forceinline__ void load(const bf16* p, float (&x)[1]) { x[0] = to_f(*p); }
+    static __device__ __forceinline__ void store(bf16* p, const float (&x)[1]) { *p = to_bf(x[0]); }
+};
+template <>
+struct QkrVec<2> {
+    static __device__ __forceinline__ void load(const bf16* p, float (&x)[2]) {
+        const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(p);
+        x[0] = __low2float(v);
+        x[1] = __high2float(v);
+    }
+    static __device__ __forceinline__ void store(bf16* p, const float (&x)[2]) {
+        *reinterpret_cast<uint32_t*>(p) = pack2(x[0], x[1]);
+    }
+};
+
+// The head's sum of squares over its 2 * 32 * E elements (x1: first half, x2: second half).
+template <int E>
+static __device__ __forceinline__ float qkr_sumsq(const float (&x1)[E], const float (&x2)[E]) {
+    float v[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] = x1[e] * x1[e] + x2[e] * x2[e];
+    // NOTE: E == 1 is head_dim 64: kern_qk_norm_rope_kv's one warp, its lanes as here.
+    constexpr int FIRST = E == 1 ? 16 : 8;
+#pragma unroll
+    for (int o = FIRST; o > 0; o >>= 1) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] += __shfl_xor_sync(0xffffffffu, v[e], o);
+    }
+    if (E == 1) return v[0];
+    float w = v[0];
+#pragma unroll
+    for (int e = 1; e < E; ++e) w += v[e];
+    return w + __shfl_xor_sync(0xffffffffu, w, 16);
+}
+
+template <int E>
+static __device__ __forceinline__ void qkr_head(bf16* qkv, const bf16* wq, const bf16* wk,
+                                                const int64_t* pos, const bf16* cos_t,
+                                                const bf16* sin_t, bf16* kv, const int64_t* slots,
+                                                int head, int nq, int nkv, float eps,
+                                                int page_tokens, int64_t page_stride) {
+    constexpr int HALF = 32 * E;
+    constexpr int D = 2 * HALF;
+    const int lane = threadIdx.x & 31;
+    const int64_t row = blockIdx.x;
+    bf16* base = qkv + row * (int64_t)(nq + 2 * nkv) * D + (int64_t)head * D + E * lane;
+    float x1[E], x2[E];
+    QkrVec<E>::load(base, x1);
+    QkrVec<E>::load(base + HALF, x2);
+    if (head >= nq + nkv) {
+        bf16* v_dst = kv_row(kv, slots[row], head - nq - nkv, nkv, D, page_tokens, page_stride) +
+                      (int64_t)page_tokens * nkv * D + E * lane;
+        QkrVec<E>::store(v_dst, x1);
+        QkrVec<E>::store(v_dst + HALF, x2);
+        return;
+    }
+    const bf16* w = (head < nq ? wq : wk) + E * lane;
+    float w1[E], w2[E], c[E], s[E];
+    QkrVec<E>::load(w, w1);
+    QkrVec<E>::load(w + HALF, w2);
+    const int64_t p = pos[row];
+    QkrVec<E>::load(cos_t + p * HALF + E * lane, c);
+    QkrVec<E>::load(sin_t + p * HALF + E * lane, s);
+    const float r = rsqrtf(qkr_sumsq<E>(x1, x2) / (float)D + eps);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const float a = bf(bf(x1[e] * r) * w1[e]);
+        const float b = bf(bf(x2[e] * r) * w2[e]);
+        x1[e] = bf(bf(a * c[e]) - bf(b * s[e]));
+        x2[e] = bf(bf(b * c[e]) + bf(a * s[e]));
+    }
+    QkrVec<E>::store(base, x1);
+    QkrVec<E>::store(base + HALF, x2);
+    if (head >= nq) {
+        bf16* k_dst = kv_row(kv, slots[row], head - nq, nkv, D, page_tokens, page_stride) + E * lane;
+        QkrVec<E>::store(k_dst, x1);
+        QkrVec<E>::store(k_dst + HALF, x2);
+    }
+}
+
+// kern_qk_norm_rope_kv's result (the same parameters) for a chunk of rows: warp w of block (x, y)
+// does head y * QKR_HEADS + w of row x. head_dim in {64, 128}.
+// grid [t, ceil_div(nq + 2 * nkv, QKR_HEADS)], block [32 * QKR_HEADS].
+extern "C" __global__ void __launch_bounds__(32 * QKR_HEADS)
+kern_qk_norm_rope_kv_rows(bf16* __restrict__ qkv, const bf16* __restrict__ wq,
+                          const bf16* __restrict__ wk, const int64_t* __restrict__ pos,
+                          const bf16* __restrict__ cos_t, const bf16* __restrict__ sin_t,
+                          bf16* __restrict__ kv, const int64_t* __restrict__ slots, int nq, int nkv,
+                          int head_dim, float eps, int page_tokens, int64_t page_stride) {
+    kern_pdl_launch_dependents();
+    kern_pdl_wait();
+    const int head = blockIdx.y * QKR_HEADS + (threadIdx.x >> 5);
+    if (head >= nq + 2 * nkv) return;
+    if (head_dim == 64) {
+        qkr_head<1>(qkv, wq, wk, pos, cos_t, sin_t, kv, slots, head, nq, nkv, eps, page_tokens,
+                    page_stride);
+    } else {
+        qkr_head<2>(qkv, wq, wk, pos, cos_t, sin_t, kv, slots, head, nq, nkv, eps, page_tokens,
+                    page_stride);
+    }
+}
+
 // In place per-head RMSNorm of the q and k heads. grid [t, nq + nkv], block [head_dim / 2].
 extern "C" __global__ void kern_head_rmsnorm(bf16* __restrict__ qkv, const bf16* __restrict__ wq,
                                              const bf16* __restrict__ wk, int nq, int nkv,

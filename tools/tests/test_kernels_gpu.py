@@ -353,6 +353,35 @@ def test_qk_norm_rope_kv_is_qk_norm_rope_then_kv_write(
     assert torch.equal(bits(kv2.state), bits(kv.state))
 
 
+@pytest.mark.parametrize(("rows", "nq", "nkv", "d"), [
+    (1, 32, 8, 128), (37, 32, 8, 128), (700, 32, 8, 128), (5, 16, 8, 64), (3, 40, 8, 128),
+    (4, 14, 2, 128), (6, 8, 1, 64)])
+def test_qk_norm_rope_kv_rows_is_qk_norm_rope_kv(
+    k: object, gen: torch.Generator, rows: int, nq: int, nkv: int, d: int
+) -> None:
+    """The warp-per-head form (prefill's) leaves qkv and the pages bit-identical to the block-per-head
+    kernel, also when the last block of a row holds fewer than 8 heads."""
+    maxpos, pages = 4096, -(-(9 + rows) // PAGE) + 2
+    qkv, wq, wk, pos = qkv_case(gen, rows, nq, nkv, d, maxpos)
+    cos, sin = rope_tables(maxpos, d, 1e6)
+    kv = h.new_paged(LAYERS, pages, PAGE, nkv, d, gen)
+    table = block_table(pages, gen)
+    positions = torch.arange(9, 9 + rows, device=DEV)
+    slots = (table.long()[positions // PAGE] * PAGE + positions % PAGE).contiguous()
+    qkv2, kv2 = qkv.clone(), h.Paged(kv.state.clone(), LAYERS, pages, PAGE, nkv, d)
+    before = qkv.clone()
+    k.launch("kern_qk_norm_rope_kv", (rows, nq + 2 * nkv), (d // 2,), h.ptr(qkv), h.ptr(wq), h.ptr(wk),
+             h.ptr(pos), h.ptr(cos), h.ptr(sin), h.ptr(kv.state, kv.layer_offset(LAYER)), h.ptr(slots),
+             h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS), h.i32(PAGE), h.i64(kv.page_stride))
+    k.launch("kern_qk_norm_rope_kv_rows", (rows, -(-(nq + 2 * nkv) // 8)), (256,), h.ptr(qkv2), h.ptr(wq),
+             h.ptr(wk), h.ptr(pos), h.ptr(cos), h.ptr(sin), h.ptr(kv2.state, kv2.layer_offset(LAYER)),
+             h.ptr(slots), h.i32(nq), h.i32(nkv), h.i32(d), h.f32(EPS), h.i32(PAGE), h.i64(kv2.page_stride))
+    torch.cuda.synchronize()
+    assert not torch.equal(bits(qkv2), bits(before))
+    assert torch.equal(bits(qkv2), bits(qkv))
+    assert torch.equal(bits(kv2.state), bits(kv.state))
+
+
 def _prefill_case(
     k: object, gen: torch.Generator, nq: int, nkv: int, d: int, prefix: int, rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

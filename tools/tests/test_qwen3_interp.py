@@ -283,7 +283,8 @@ def test_fused_pdl_decode_matches_reference(weights: dict[str, np.ndarray], refe
     entries = {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
     assert "kern_kv_write" not in entries and "kern_attn_decode_partial" not in entries
     decode = {c["op"] for c in m["programs"]["decode"]["calls"]}
-    assert "qk_norm_rope_kv.pdl" in decode
+    assert "qk_norm_rope_kv" in decode
+    assert "qk_norm_rope_kv_rows" in {c["op"] for c in m["programs"]["prefill"]["calls"]}
     assert any(op.startswith("gemv_b4_silu_d") for op in decode) == fold
     machine = interp.Interp(m, weights, capacity=512)
     tokens, first = interp.greedy(machine, _prompt(n), STEPS, chunk)

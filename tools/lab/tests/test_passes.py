@@ -97,7 +97,7 @@ def test_qkn_folds_q_k_norm_into_the_decode_attention() -> None:
         "step_len", "attn", "attn_count"]
     (launch,) = m["ops"]["attn_decode_qkn"]["impl"]["launches"]
     assert (launch["entry"], launch["grid"], launch["pdl"]) == ("kern_attn_decode_qkn", [8, gen.DECODE_SPLITS, 1], True)
-    assert any(c["op"] == "qk_norm_rope_kv" for c in m["programs"]["prefill"]["calls"])
+    assert any(c["op"] == "qk_norm_rope_kv_rows" for c in m["programs"]["prefill"]["calls"])
     with pytest.raises(gen.GenError, match="needs fuse"):
         _manifest(lab.Qkn(), fuse=False)
     wide = gen.shape_from_config({**QWEN3_4B_CONFIG, "num_attention_heads": 64, "num_key_value_heads": 1})

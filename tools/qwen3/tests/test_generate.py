@@ -244,6 +244,11 @@ def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
     assert load[-1] == {"label": "attn_count", "op": "zero_i32", "args": [{"buf": "attn_count"}, {"i32": 8}]}
     prefill = [c["label"] for c in m["programs"]["prefill"]["calls"]]
     assert prefill[-2:] == ["l35.qkv", "l35.qk_norm_rope_kv"] and not any("kv_write" in p for p in prefill)
+    rows_op = m["programs"]["prefill"]["calls"][-1]["op"]
+    assert rows_op == "qk_norm_rope_kv_rows" and decode[3]["op"] == "qk_norm_rope_kv"
+    (rows_launch,) = m["ops"][rows_op]["impl"]["launches"]
+    assert (rows_launch["entry"], rows_launch["grid"], rows_launch["block"]) == (
+        "kern_qk_norm_rope_kv_rows", ["tokens", 6, 1], [256, 1, 1])
     kv = decode[3]["args"][6]
     assert kv == {"state": "kv"} and decode[3]["args"][-1] == {"i64": 36 * 2 * 16 * 8 * 128}
 

@@ -507,6 +507,7 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_c2": k_gemv, "kern_gemv_bf16_p4": k_gemv, "kern_gemv_bf16_d4": k_gemv,
     "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
+    "kern_qk_norm_rope_kv_rows": k_qk_norm_rope_kv,
     "kern_attn_decode": k_attn_decode, "kern_attn_decode_rows": k_attn_decode_rows, "kern_attn_decode_wide": k_attn_decode, "kern_attn_decode_late": k_attn_decode,
     "kern_attn_decode_wide_late": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
     "kern_sample_rows": k_sample_rows, "kern_rows_advance": k_rows_advance,

@@ -32,6 +32,7 @@ __all__ = [
     "PREFILL_PART_ROWS",
     "PREFILL_SPLITS",
     "PREFILL_SPLIT_ROWS",
+    "QK_ROWS_HEADS",
     "ROWS_ENTRIES",
     "SAMPLE_TOP_N",
     "SILU_ENTRIES",
@@ -97,11 +98,15 @@ DEVICE_FEED_ENTRIES: tuple[str, ...] = ("kern_decode_advance", "kern_copy_i64", 
 """Extra entries of `feed="device"`: the step's inputs live in carry buffers that a `start`
 program seeds from the host inputs and `kern_decode_advance` moves on (the verifier forbids kernels
 writing input buffers)."""
-FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_attn_decode_rows", "kern_zero_i32")
+FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_qk_norm_rope_kv_rows", "kern_attn_decode_rows",
+                                  "kern_zero_i32")
 """Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
-kern_kv_write), decode attention is one launch (kern_attn_decode_rows: up to 512 tokens its splits
-combine in a cluster's shared memory, beyond that the last block per kv head reduces; counters in a
-carry buffer that the load program zeroes)."""
+kern_kv_write; decode: `kern_qk_norm_rope_kv`, a block per head; prefill: its many-row form
+`kern_qk_norm_rope_kv_rows`, a warp per head), decode attention is one launch (kern_attn_decode_rows:
+up to 512 tokens its splits combine in a cluster's shared memory, beyond that the last block per kv
+head reduces; counters in a carry buffer that the load program zeroes)."""
+QK_ROWS_HEADS = 8
+"""Heads per block of kern_qk_norm_rope_kv_rows (qwen3_core.cu's QKR_HEADS: a warp each)."""
 ROWS_ENTRIES: tuple[str, ...] = ("kern_attn_decode_rows", "kern_sample_rows", "kern_rows_advance", "kern_rows_seed",
                                  "kern_zero_i32")
 """Extra entries of `rows`: the batched step's decode attention over rows of different lengths,

@@ -13,6 +13,7 @@ from kern_qwen3.entries import (
     PREFILL_PART_ROWS,
     PREFILL_SPLIT_ROWS,
     PREFILL_SPLITS,
+    QK_ROWS_HEADS,
     decode_rows_smem,
 )
 from kern_qwen3.fragments import BF16_IN, BF16_IO, BF16_OUT, Json, f32, i32, i64, kernel
@@ -143,11 +144,18 @@ def attn_rows_launch(s: Qwen3Shape, mods: Mapping[str, str], rows: int | str = 1
 def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     fused = attn_rows_launch(s, mods)
+    norm_rope_params = [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state",
+                        "in buffer<i64>", "i32", "i32", "i32", "f32", "i32", "i64"]
+    heads_grid = -(-(nq + 2 * nkv) // QK_ROWS_HEADS)
     return {
         "qk_norm_rope_kv": {
-            "params": [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state",
-                       "in buffer<i64>", "i32", "i32", "i32", "f32", "i32", "i64"],
+            "params": norm_rope_params,
             "impl": {"launches": [kernel(mods, "kern_qk_norm_rope_kv", ["tokens", nq + 2 * nkv, 1], d // 2)]},
+        },
+        "qk_norm_rope_kv_rows": {
+            "params": norm_rope_params,
+            "impl": {"launches": [kernel(mods, "kern_qk_norm_rope_kv_rows", ["tokens", heads_grid, 1],
+                                         32 * QK_ROWS_HEADS)]},
         },
         "attn_decode_fused": {
             "params": list(ATTN_ROWS_PARAMS),

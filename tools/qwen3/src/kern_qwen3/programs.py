@@ -103,7 +103,9 @@ def _attention_calls(s: Qwen3Shape, i: int, io: Mapping[str, str], *, decode: bo
     kv = {"state": "kv", "offset": s.kv_offset(i)} if i else {"state": "kv"}
     calls = [_gemm_call(f"l{i}.qkv", "x", f"l{i}.qkv", "qkv", s.qkv_rows, s.hidden, _gemv_of("qkv", gemv))]
     if fuse:
-        calls.append(call(f"l{i}.qk_norm_rope_kv", "qk_norm_rope_kv", buf("qkv"), buf(f"l{i}.q_norm"),
+        # NOTE: prefill's many rows take the warp-per-head form; decode's one row the block per head.
+        op = "qk_norm_rope_kv" if decode else "qk_norm_rope_kv_rows"
+        calls.append(call(f"l{i}.qk_norm_rope_kv", op, buf("qkv"), buf(f"l{i}.q_norm"),
                            buf(f"l{i}.k_norm"), buf(io["positions"]), buf("rope_cos"), buf("rope_sin"),
                            kv, buf(io["slots"]), i32(nq), i32(nkv), i32(d), f32(s.eps),
                            i32(PAGE_TOKENS), i64(s.page_stride)))
