@@ -30,6 +30,7 @@ from kern_lab.passes import (
     tail_counters,
     tail_launch,
 )
+from kern_lab.prefill import PREFILL_VARIANTS, PrefillVariant
 
 __all__ = [
     "ALT_ENTRIES",
@@ -41,6 +42,7 @@ __all__ = [
     "LAB_GEMV_ENTRIES",
     "LAB_SRC",
     "LATE_ENTRIES",
+    "PREFILL_VARIANTS",
     "PRODUCT_SRC",
     "QKN_MAX_GROUP",
     "RING_ENTRIES",
@@ -53,6 +55,7 @@ __all__ = [
     "LateTrigger",
     "NormTail",
     "PdlOff",
+    "PrefillVariant",
     "Qkn",
     "Splits",
     "build_lab_kernels",
