@@ -201,6 +201,17 @@ def test_real_machine_without_a_visible_gpu_exits_2(in_tmp: Path) -> None:
     assert done.stderr.startswith("kern-run: no NVIDIA GPU") and len(done.stderr.splitlines()) == 1
 
 
+def test_an_error_raised_in_a_module_run_imports_is_one_line_under_python_m(in_tmp: Path) -> None:
+    # NOTE: under `python -m kern_cli.run` the file runs as __main__, and kern_cli.tp_run (which
+    # raises here: the manifest has no TP topology) imports kern_cli.run again; its RunError must be
+    # the one __main__ catches.
+    _write_manifest(in_tmp)
+    done = subprocess.run([sys.executable, "-m", "kern_cli.run", "--manifest", "m.json", "--kernels", "kernels",
+                           "--prompt-ids", "1,2", "--tp", "2"], capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith("kern-run: --tp 2 needs a manifest with topology") and len(done.stderr.splitlines()) == 1
+
+
 def _bad_manifest(tmp: Path) -> None:
     m = _manifest()
     m["buffers"]["len"]["dtype"] = "int33"

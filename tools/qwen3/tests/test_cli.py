@@ -105,8 +105,8 @@ def test_capture_refuses_another_shape_and_other_constants(monkeypatch: pytest.M
     problems = cli.against_capture(m, DONOR_CAPTURE)
     assert any("bytes_per_token 147456, mined 2048" in p for p in problems)
     tiny = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), modules, entries, model="t", feed="device")
-    monkeypatch.setattr("kern_qwen3.entries.DECODE_SPLITS", 16)
-    assert "decode_splits is 16 here but 32 in the capture" in cli.against_capture(tiny, DONOR_CAPTURE)
+    monkeypatch.setattr("kern_qwen3.entries.DECODE_SPLITS", 32)
+    assert "decode_splits is 32 here but 16 in the capture" in cli.against_capture(tiny, DONOR_CAPTURE)
 
 
 def test_capture_of_other_kernels_names_the_module(tmp_path: Path) -> None:

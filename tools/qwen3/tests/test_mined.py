@@ -32,7 +32,7 @@ CUBLAS_MODULE = len(SHAS) + 1
 """The capture's module id of the cuBLAS library module (ours are 1 .. len(SHAS))."""
 PROMPTS = (6, 23, 64, 157)
 CHUNK = 96
-P, SPLITS, PARTS, BM = 16, 32, 64, 64
+P, SPLITS, PARTS, BM = 16, 16, 64, 64
 MS = 1_000_000
 
 
@@ -407,7 +407,7 @@ MUTATIONS: list[tuple[Mutation, str]] = [
     (lambda m: _first_launch(m, "attn_prefill")["grid"].__setitem__(2, 1), "grid[2]"),
     (lambda m: _first_launch(m, "kv_write").update(grid=["tokens", 1, 1]), "grid[1]"),
     (lambda m: _first_launch(m, "silu_mul").update(block=[256, 1, 1]), "block"),
-    (lambda m: m["ops"]["attn_decode"]["impl"]["launches"][0]["args"].__setitem__(11, {"i32": 16}), "splits"),
+    (lambda m: m["ops"]["attn_decode"]["impl"]["launches"][0]["args"].__setitem__(11, {"i32": 32}), "splits"),
     (lambda m: m["ops"]["kv_write"]["params"].__setitem__(7, "i32"), "param sizes"),
     (lambda m: m["programs"]["decode"]["calls"][1]["args"].__setitem__(4, {"f32": 1e-5}), "eps"),
     (lambda m: m["programs"]["prefill"]["calls"][4]["args"].__setitem__(1, {"state": "kv", "offset": 64}), "state offset"),

@@ -572,4 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # NOTE: `python -m kern_cli.run` runs this file as __main__; the modules it imports (tp_run,
+    # chat) import kern_cli.run, a second copy whose error classes this copy would not catch.
+    from kern_cli.run import main as _main
+
+    sys.exit(_main())
