@@ -26,9 +26,11 @@ pytestmark = pytest.mark.gpu
 TOOLS = Path(__file__).resolve().parents[1]
 ROWS = 64
 STEPS = 8
-TIE_ULPS = 2
+TIE_ULPS = 4
 """Two logits at most this many bf16 steps apart count as a tie between two step programs that sum
-in other orders (docs/qwen3.md: 0-2 ulps at many steps on random weights)."""
+in other orders: the one-row step's GEMVs and deferred norms against cuBLAS at m = rows (the same
+bound as the bf16 manifests' near-tie rule against transformers, tools/gpu/qwen3_checks.py; the
+H200 showed 3-step gaps at random-weight near-ties)."""
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +226,7 @@ def test_pipelined_steps_equal_steps_in_turn(rt: Any) -> None:
             eng = _engine(rt)
             try:
                 seqs = [eng.sequence() for _ in asks]
-                for seq, p in zip(seqs, prompts, strict=True):
+                for seq, p in zip(seqs, prompts[: len(asks)], strict=True):
                     eng.prefill(seq, p, STEPS)
                 results.append(list(eng.decode_steps(seqs, asks, STEPS)) if pipelined else
                                [eng.decode(seqs, asks) for _ in range(STEPS)])
