@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import qwen3_interp as interp
-from helpers.engine_backend import InterpBackend
+from kern_interp import qwen3 as interp
+from kern_interp.backend import InterpBackend
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import qwen3_interp as interp
+from kern_interp import qwen3 as interp
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen

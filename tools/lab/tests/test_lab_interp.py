@@ -1,4 +1,4 @@
-"""A lab plan's manifest run by the float32 numpy interpreter of tools/tests/helpers/qwen3_interp.py
+"""A lab plan's manifest run by the float32 numpy interpreter of kern_interp.qwen3 (tools/interp)
 against the independent numpy Qwen3: the deferred fold of a prefetched gate_up pick
 (gemv_defer_p4.cu's kern_gemv_bf16_p4_silu_d) in the fused PDL decode step."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import qwen3_interp as interp
+from kern_interp import qwen3 as interp
 
 import kern_lab as lab
 import kern_qwen3 as gen

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from helpers import qwen3_interp as interp
+from kern_interp import qwen3 as interp
 
 import kern_pool
 import kern_runtime as kr

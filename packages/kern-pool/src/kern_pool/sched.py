@@ -1,0 +1,456 @@
+"""Serving decisions: continuous batching of many requests over one engine, as values.
+
+A `Scheduler` holds the requests of a server: a FCFS queue, at most one sequence in prefill, the
+rows in decode, and the parked ones. Each step `plan()` returns a `Plan` (what to retire, park,
+admit, grow, prefill and decode this step), computed from that state alone (no clock, no device:
+the same calls give the same plans); the engine executes it and `commit(plan, outcome)` records
+what came of it: how far the prefill got, the token each decode row produced, which rows matched a
+stop string. The memory model is whole pages of `unit` tokens: a running request reserves the
+pages of its lease (`lease_tokens(prompt, room)`), and reservations never pass `pages`.
+
+The rules, in the order a plan applies them:
+- retire: a request cancelled (queued or running), or finished on its last step (a stop id, a stop
+  string the engine matched, max_tokens).
+- grow: a decode row whose lease room is spent gets `grow` more steps (`SchedConfig.grow`; 0
+  reserves every step at admission, so nothing ever grows). When the pages are not there, the
+  newest running request is parked (its KV goes to the prefix index, the engine parks it to the
+  host tier when the pool needs the pages) and waits at the head of the queue, before every
+  request that came after it; it resumes with its prompt and the tokens it generated so far.
+- admit: with no prefill in flight, a free row and the head's pages, the head of the queue (FCFS:
+  a head that does not fit holds everyone behind it).
+- prefill: the one admitted sequence computes one chunk: the step's token budget less one token
+  per decode row (at least one token, at most `chunk`).
+- decode: every running row whose prefill is done and whose lease has room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kern_pool.errors import ApiError
+
+__all__ = [
+    "Admit",
+    "Ask",
+    "Chunk",
+    "Finish",
+    "Grow",
+    "Outcome",
+    "Plan",
+    "Queued",
+    "Refusal",
+    "Refused",
+    "Retire",
+    "SchedConfig",
+    "Scheduler",
+    "lease_pages",
+]
+
+
+class Finish(Enum):
+    """Why a request ended."""
+
+    STOP = "stop"
+    """A stop token id, or a stop string the engine matched."""
+    LENGTH = "length"
+    """max_tokens generated."""
+    CANCELLED = "cancelled"
+    """The client went away (or asked to cancel)."""
+
+
+class Refusal(Enum):
+    """Why a request was not queued."""
+
+    QUEUE_FULL = "queue_full"
+    """`SchedConfig.queued` requests are waiting already: try again later."""
+    NEVER_FITS = "never_fits"
+    """Its prompt and max_tokens need more pages than the pool has, or more than a row holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedConfig:
+    """How the scheduler batches.
+
+    Attributes:
+        rows: most requests running at once (decode rows, the one in prefill included).
+        queued: most requests waiting; one more is refused with `Refusal.QUEUE_FULL`.
+        step_tokens: tokens one step computes: one per decode row, the rest go to the prefill chunk.
+        chunk: most tokens of one prefill chunk.
+        grow: decode steps a lease holds at a time (0: all of max_tokens at admission).
+    """
+
+    rows: int = 64
+    queued: int = 1024
+    step_tokens: int = 512
+    chunk: int = 512
+    grow: int = 0
+
+    def check(self) -> None:
+        """Raises ApiError naming the first value out of range."""
+        for name in ("rows", "queued", "step_tokens", "chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ApiError(f"SchedConfig.{name} must be an integer of at least 1, got {value!r}")
+        if isinstance(self.grow, bool) or not isinstance(self.grow, int) or self.grow < 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ApiError(f"SchedConfig.grow must be an integer of at least 0, got {self.grow!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A request as the scheduler sees it: its id, prompt length, most tokens to generate and the
+    token ids that end it."""
+
+    id: int
+    prompt: int
+    max_tokens: int
+    stop: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """`submit`'s answer: queued, `ahead` requests before it."""
+
+    id: int
+    ahead: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """`submit`'s answer: not queued, and why."""
+
+    id: int
+    why: Refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Start (or resume) request `id`: a sequence over its first `tokens` tokens (the prompt, and
+    for a resumed request the tokens it generated), whose lease holds `lease` tokens."""
+
+    id: int
+    tokens: int
+    lease: int
+    resume: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Prefill at most `budget` more tokens of request `id` (its cached prefix comes free)."""
+
+    id: int
+    budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class Grow:
+    """Request `id`'s lease grows to `lease` tokens (its KV kept: no prefill)."""
+
+    id: int
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """Request `id` ends (`why`); a running one's KV goes to the prefix index."""
+
+    id: int
+    why: Finish
+    running: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One step's decisions, applied in this order: retire, park, grow, admit, chunk, decode."""
+
+    retire: tuple[Retire, ...] = ()
+    park: tuple[int, ...] = ()
+    grow: tuple[Grow, ...] = ()
+    admit: Admit | None = None
+    chunk: Chunk | None = None
+    decode: tuple[int, ...] = ()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to do this step."""
+        return not (self.retire or self.park or self.grow or self.admit or self.chunk or self.decode)
+
+    @property
+    def tokens(self) -> int:
+        """The most tokens this step computes."""
+        return len(self.decode) + (self.chunk.budget if self.chunk else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What executing a plan gave.
+
+    Attributes:
+        prefilled: the chunked request's tokens with KV now (its cached prefix counted), when a
+            chunk ran.
+        tokens: the token each decode row produced.
+        stopped: decode rows whose text now holds a stop string.
+    """
+
+    prefilled: int | None = None
+    tokens: Mapping[int, int] = field(default_factory=dict[int, int])
+    stopped: Collection[int] = ()
+
+
+def lease_pages(tokens: int, unit: int) -> int:
+    """Pages of `unit` tokens a lease of `tokens` tokens takes."""
+    return -(-tokens // unit)
+
+
+@dataclass(slots=True)
+class _Req:
+    ask: Ask
+    order: int
+    generated: int = 0
+    done: int = 0
+    """Tokens with KV, once admitted (the prefill's progress)."""
+    lease: int = 0
+    """Tokens the lease holds (0 while waiting)."""
+    last: int | None = None
+    cancelled: bool = False
+    stopped: bool = False
+    started: bool = False
+    """Admitted once (a parked request waits again, outside the queue's limit)."""
+
+    @property
+    def total(self) -> int:
+        """The prompt and the generated tokens: what a (re)started sequence holds."""
+        return self.ask.prompt + self.generated
+
+    @property
+    def left(self) -> int:
+        return self.ask.max_tokens - self.generated
+
+    @property
+    def prefilling(self) -> bool:
+        return self.lease > 0 and self.done < self.total - 1
+
+    @property
+    def room(self) -> int:
+        """Decode steps the lease has left (its tokens past the last KV position)."""
+        return self.lease - self.done
+
+
+class Scheduler:
+    """Continuous batching decisions for one engine whose pool holds `pages` pages of `unit`
+    tokens, a row at most `row_tokens` tokens.
+
+    Raises:
+        ApiError: a config value out of range, or pages, unit or row_tokens below 1.
+    """
+
+    def __init__(self, config: SchedConfig, *, pages: int, unit: int, row_tokens: int) -> None:
+        config.check()
+        for name, value in (("pages", pages), ("unit", unit), ("row_tokens", row_tokens)):
+            if value < 1:
+                raise ApiError(f"the scheduler's {name} must be at least 1, got {value}")
+        self.config = config
+        self.pages = pages
+        self.unit = unit
+        self.row_tokens = row_tokens
+        self._reqs: dict[int, _Req] = {}
+        self._queue: list[int] = []
+        self._running: list[int] = []
+        self._order = 0
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def submit(self, ask: Ask) -> Queued | Refused:
+        """Queue `ask` at the tail, or refuse it (queue full; never fits).
+
+        Raises:
+            ApiError: an id already known, a prompt or max_tokens below 1.
+        """
+        if ask.id in self._reqs:
+            raise ApiError(f"request {ask.id} is already scheduled")
+        if ask.prompt < 1 or ask.max_tokens < 1:
+            raise ApiError(f"a request needs a prompt and max_tokens of at least 1, got {ask.prompt}, {ask.max_tokens}")
+        whole = ask.prompt + ask.max_tokens - 1
+        if whole > self.row_tokens or lease_pages(whole, self.unit) > self.pages:
+            return Refused(ask.id, Refusal.NEVER_FITS)
+        waiting = sum(not self._reqs[i].started for i in self._queue)
+        if waiting >= self.config.queued:
+            return Refused(ask.id, Refusal.QUEUE_FULL)
+        self._reqs[ask.id] = _Req(ask, self._order)
+        self._order += 1
+        self._queue.append(ask.id)
+        return Queued(ask.id, len(self._queue) - 1)
+
+    def cancel(self, rid: int) -> bool:
+        """Mark `rid` cancelled (the next plan retires it); False when it is not scheduled."""
+        req = self._reqs.get(rid)
+        if req is None:
+            return False
+        req.cancelled = True
+        return True
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._reqs
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting (parked ones included)."""
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        """Requests holding a lease (the one in prefill included)."""
+        return len(self._running)
+
+    @property
+    def reserved(self) -> int:
+        """Pages the running requests' leases reserve."""
+        return sum(lease_pages(self._reqs[i].lease, self.unit) for i in self._running)
+
+    def generated(self, rid: int) -> int:
+        """Tokens `rid` generated so far."""
+        return self._reqs[rid].generated
+
+    # ---- a step ------------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """This step's decisions (nothing changes until `commit`)."""
+        retire = self._retirements()
+        gone = {r.id for r in retire}
+        running = [i for i in self._running if i not in gone]
+        free = self.pages - sum(lease_pages(self._reqs[i].lease, self.unit) for i in running)
+        grow, park, free = self._grow(running, free)
+        running = [i for i in running if i not in park]
+        admit = self._admit(running, park, free, gone)
+        decode = tuple(i for i in running if self._decodes(i, grow))
+        chunk = self._chunk(running, admit, len(decode))
+        return Plan(tuple(retire), tuple(park), tuple(grow), admit, chunk, decode)
+
+    def commit(self, plan: Plan, outcome: Outcome) -> None:
+        """Record that `plan` ran and gave `outcome`.
+
+        Raises:
+            ApiError: an outcome for a request the plan did not prefill or decode.
+        """
+        for r in plan.retire:
+            self._drop(r.id)
+        for rid in plan.park:
+            self._park(rid)
+        for g in plan.grow:
+            self._reqs[g.id].lease = g.lease
+        if plan.admit is not None:
+            self._start(plan.admit)
+        if outcome.prefilled is not None:
+            self._prefilled(plan, outcome.prefilled)
+        extra = (set(outcome.tokens) | set(outcome.stopped)) - set(plan.decode)
+        if extra:
+            raise ApiError(f"tokens for request(s) {sorted(extra)} that this plan did not decode")
+        for rid, token in outcome.tokens.items():
+            req = self._reqs[rid]
+            req.generated += 1
+            req.done += 1
+            req.last = token
+            req.stopped = rid in outcome.stopped
+
+    # ---- decisions ---------------------------------------------------------------------------
+
+    def _finished(self, req: _Req) -> Finish | None:
+        if req.cancelled:
+            return Finish.CANCELLED
+        if req.stopped or (req.last is not None and req.last in req.ask.stop):
+            return Finish.STOP
+        if req.generated >= req.ask.max_tokens:
+            return Finish.LENGTH
+        return None
+
+    def _retirements(self) -> list[Retire]:
+        out: list[Retire] = []
+        for rid in [*self._running, *self._queue]:
+            why = self._finished(self._reqs[rid])
+            if why is not None:
+                out.append(Retire(rid, why, rid in self._running))
+        return out
+
+    def _grow(self, running: list[int], free: int) -> tuple[list[Grow], set[int], int]:
+        """Leases of decode rows whose room is spent grow; the newest running requests are parked
+        while the pages are short."""
+        grow: list[Grow] = []
+        park: set[int] = set()
+        for rid in sorted(running, key=lambda i: self._reqs[i].order):
+            req = self._reqs[rid]
+            if rid in park or req.prefilling or req.room > 0:
+                continue
+            lease = req.done + min(req.left, self.config.grow or req.left)
+            need = lease_pages(lease, self.unit) - lease_pages(req.lease, self.unit)
+            while need > free and (victim := self._newest(running, park)) is not None and victim != rid:
+                park.add(victim)
+                free += lease_pages(self._reqs[victim].lease, self.unit)
+            if need > free:
+                park.add(rid)
+                free += lease_pages(req.lease, self.unit)
+                continue
+            free -= need
+            grow.append(Grow(rid, lease))
+        return grow, park, free
+
+    def _newest(self, running: list[int], park: set[int]) -> int | None:
+        left = [i for i in running if i not in park]
+        return max(left, key=lambda i: self._reqs[i].order) if left else None
+
+    def _admit(self, running: list[int], park: set[int], free: int, gone: set[int]) -> Admit | None:
+        if any(self._reqs[i].prefilling for i in running) or len(running) >= self.config.rows:
+            return None
+        head = next((i for i in self._queue if i not in gone), None)
+        if head is None or park:
+            return None
+        req = self._reqs[head]
+        lease = self._first_lease(req)
+        if lease_pages(lease, self.unit) > free:
+            return None
+        return Admit(head, req.total, lease, req.generated > 0)
+
+    def _first_lease(self, req: _Req) -> int:
+        steps = min(req.left, self.config.grow or req.left)
+        return req.total + steps - 1
+
+    def _decodes(self, rid: int, grow: list[Grow]) -> bool:
+        req = self._reqs[rid]
+        return not req.prefilling and (req.room > 0 or any(g.id == rid for g in grow))
+
+    def _chunk(self, running: list[int], admit: Admit | None, rows: int) -> Chunk | None:
+        rid = admit.id if admit is not None else next((i for i in running if self._reqs[i].prefilling), None)
+        if rid is None:
+            return None
+        budget = max(1, min(self.config.chunk, self.config.step_tokens - rows))
+        return Chunk(rid, budget)
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def _drop(self, rid: int) -> None:
+        if rid in self._running:
+            self._running.remove(rid)
+        else:
+            self._queue.remove(rid)
+        del self._reqs[rid]
+
+    def _park(self, rid: int) -> None:
+        req = self._reqs[rid]
+        self._running.remove(rid)
+        req.lease, req.done = 0, 0
+        at = next((k for k, i in enumerate(self._queue) if self._reqs[i].order > req.order), len(self._queue))
+        self._queue.insert(at, rid)
+
+    def _start(self, a: Admit) -> None:
+        req = self._reqs[a.id]
+        self._queue.remove(a.id)
+        self._running.append(a.id)
+        req.lease, req.done, req.started = a.lease, 0, True
+
+    def _prefilled(self, plan: Plan, done: int) -> None:
+        if plan.chunk is None:
+            raise ApiError("a prefill outcome for a plan without a chunk")
+        req = self._reqs[plan.chunk.id]
+        if not req.done <= done <= req.total - 1:
+            raise ApiError(f"request {req.ask.id} prefilled to {done}, outside [{req.done}, {req.total - 1}]")
+        req.done = done
