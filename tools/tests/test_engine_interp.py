@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kern_interp import qwen3 as interp
-from kern_interp.backend import InterpBackend
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen
 import kern_runtime as kr
+from kern_interp import qwen3 as interp
+from kern_interp.backend import InterpBackend
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kern_interp import qwen3 as interp
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen
+from kern_interp import qwen3 as interp
 
 TOOLS = Path(__file__).resolve().parents[1]
 CONFIG = interp.UNTIED_CONFIG

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kern_interp import qwen3 as interp
 
 import kern_lab as lab
 import kern_qwen3 as gen
+from kern_interp import qwen3 as interp
 from kern_lab.variants import DEFER
 
 TOOLS = Path(__file__).resolve().parents[2]

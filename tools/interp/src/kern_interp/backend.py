@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from kern_interp import qwen3 as interp
 
 import kern_pool
 import kern_runtime as kr
+from kern_interp import qwen3 as interp
 
 
 class InterpBackend:

@@ -1,0 +1,256 @@
+"""kern_runtime.serving on the float32 Qwen3 interpreter (examples/qwen3-tiny.json): requests
+sharing a system prompt, batched with chunked prefill, give the tokens each gives alone; with
+leases grown a few steps at a time on a small pool the newest requests are parked to the host
+tier and resume with the same tokens; cancellation, stop ids and strings, queue-full refusals, a
+decoder that samples per row and an engine failure mid-step."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kern_runtime as kr
+from kern_interp import qwen3 as interp
+from kern_interp.backend import InterpBackend
+from kern_pool import Finish, Queued, Refusal, Refused, SchedConfig
+from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
+from kern_runtime.serving import (
+    Done,
+    Event,
+    Request,
+    RowByRow,
+    Sampled,
+    Sampling,
+    Serving,
+    ServingConfig,
+    Token,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def manifest() -> dict[str, Any]:
+    return kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json")
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    path, _ = random_checkpoint(dict(QWEN3_TINY_CONFIG), seed=3, name="serve", root=tmp_path_factory.mktemp("ckpt"))
+    return interp.read_checkpoint(path)
+
+
+def engine(manifest: dict[str, Any], weights: dict[str, np.ndarray], pages: int = 64, host: int = 0) -> kr.Engine:
+    be = InterpBackend(manifest, weights, pages=pages, chunk_pages=8, host_pages=host)
+    return kr.Engine(be, kr.serving_roles(manifest), kr.EngineConfig(chunk=64, park=host > 0))
+
+
+def prompts(n: int) -> list[list[int]]:
+    system = [int(x) for x in np.random.default_rng(1).integers(0, 4000, size=37)]
+    return [system + [int(x) for x in np.random.default_rng(10 + i).integers(0, 4000, size=2 + 3 * i)]
+            for i in range(n)]
+
+
+def alone(manifest: dict[str, Any], weights: dict[str, np.ndarray], ps: list[list[int]]) -> list[list[int]]:
+    out = []
+    for p in ps:
+        with engine(manifest, weights) as e:
+            out.append(e.turn(e.sequence(), p, STEPS).tokens)
+    return out
+
+
+class Client:
+    """A request's events, collected; `wait` until its Done."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.events: list[Event] = []
+        self.done: Done | None = None
+        self.ended = threading.Event()
+        self.first = threading.Event()
+
+    def __call__(self, ev: Event) -> None:
+        self.events.append(ev)
+        if isinstance(ev, Token):
+            self.tokens.append(ev.token)
+            self.first.set()
+        else:
+            self.done = ev
+            self.ended.set()
+
+    def wait(self) -> Done:
+        assert self.ended.wait(60), "no Done"
+        assert self.done is not None
+        return self.done
+
+
+def run(srv: Serving, reqs: list[Request], clients: list[Client]) -> list[Done]:
+    for r in reqs:
+        assert isinstance(srv.submit(r), Queued)
+    srv.start()
+    return [c.wait() for c in clients]
+
+
+def requests(ps: list[list[int]], **kw: Any) -> tuple[list[Request], list[Client]]:
+    clients = [Client() for _ in ps]
+    return [Request(p, STEPS, c, **kw) for p, c in zip(ps, clients, strict=True)], clients
+
+
+def idle(srv: Serving) -> None:
+    g = srv.snapshot()
+    assert g["queue_depth"] == g["running_rows"] == g["open_sequences"] == g["leased_pages"] == 0
+
+
+def test_batched_requests_sharing_a_prefix_get_their_tokens_alone(manifest: dict[str, Any],
+                                                                  weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(9)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=4, step_tokens=12, chunk=12)))
+    reqs, clients = requests(ps)
+    done = run(srv, reqs, clients)
+    srv.close()
+    assert [c.tokens for c in clients] == want
+    assert all(d.finish is Finish.LENGTH and d.generated == STEPS for d in done)
+    assert srv.stats.hits >= 7 and sum(d.cached > 0 for d in done) >= 7  # the system prompt, reused
+    assert srv.stats.steps > 0 and srv.stats.generated == 9 * STEPS and len(srv.drain_samples()[0]) == 9
+    idle(srv)
+    e.close()
+
+
+def test_a_small_pool_parks_the_newest_and_they_resume_with_the_same_tokens(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(6)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights, pages=8, host=64)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=6, step_tokens=16, chunk=16, grow=3)))
+    reqs, clients = requests(ps)
+    run(srv, reqs, clients)
+    srv.close()
+    assert [c.tokens for c in clients] == want
+    assert srv.stats.parks > 0 and e.counters.parks > 0
+    idle(srv)
+    assert srv.snapshot()["host_units_used"] > 0
+    e.close()
+
+
+def test_cancel_stop_ids_and_stop_strings(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(3)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights)
+    srv = Serving(e, text=lambda ids: " ".join(f"<{i}>" for i in ids))
+    c0, c1, c2 = Client(), Client(), Client()
+    r0 = Request(ps[0], 500, c0)
+    r1 = Request(ps[1], STEPS, c1, stop_ids=frozenset({want[1][3]}))
+    r2 = Request(ps[2], STEPS, c2, stop_text=(f"<{want[2][4]}>",))
+    for r in (r0, r1, r2):
+        assert isinstance(srv.submit(r), Queued)
+    srv.start()
+    assert c0.first.wait(60)
+    assert srv.cancel(r0.id)
+    d0, d1, d2 = c0.wait(), c1.wait(), c2.wait()
+    srv.close()
+    assert d0.finish is Finish.CANCELLED and 0 < d0.generated < 500
+    assert d1.finish is Finish.STOP and c1.tokens == want[1][: want[1].index(want[1][3]) + 1]
+    assert d2.finish is Finish.STOP and c2.tokens == want[2][: want[2].index(want[2][4]) + 1]
+    assert not srv.cancel(r0.id)
+    idle(srv)
+    e.close()
+
+
+def test_queue_full_and_never_fits_refusals(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    e = engine(manifest, weights, pages=16)
+    srv = Serving(e, config=ServingConfig(SchedConfig(queued=2)))
+    p = prompts(1)[0]
+    assert isinstance(srv.submit(Request(p, 2, Client())), Queued)
+    assert isinstance(srv.submit(Request(p, 2, Client())), Queued)
+    assert srv.submit(Request(p, 2, Client())) == Refused(2, Refusal.QUEUE_FULL)
+    assert srv.submit(Request(p, 16 * 16, Client())) == Refused(3, Refusal.NEVER_FITS)
+    with pytest.raises(kr.ApiError, match="greedily"):
+        srv.submit(Request(p, 2, Client(), sampling=Sampling(temperature=0.5)))
+    with pytest.raises(kr.ApiError, match="at least one prompt token"):
+        srv.submit(Request([], 2, Client()))
+    srv.close()
+    assert srv.stats.refused == 1
+    idle(srv)
+    e.close()
+
+
+class Seeded:
+    """A sampling double: one engine step per row, but the token is a function of the row's seed
+    and how many tokens it generated, whatever rows share the step."""
+
+    def __init__(self, engine: kr.Engine) -> None:
+        self.rows = RowByRow(engine)
+        self.widths: list[int] = []
+
+    @property
+    def sampling(self) -> bool:
+        return True
+
+    def decode(self, seqs: Sequence[kr.Sequence], sampling: Sequence[Sampling]) -> list[Sampled]:
+        self.widths.append(len(seqs))
+        self.rows.decode(seqs, sampling)
+        out = []
+        for seq, s in zip(seqs, sampling, strict=True):
+            rng = np.random.default_rng([s.seed, len(seq.tokens)])
+            out.append(Sampled(int(rng.integers(0, 4000)), -1.0, ((1, -2.0),) if s.logprobs > 0 else ()))
+        return out
+
+
+def test_each_row_gets_its_own_sampling(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(5)
+
+    def sampled(batch: list[int]) -> list[list[int]]:
+        e = engine(manifest, weights)
+        dec = Seeded(e)
+        srv = Serving(e, dec, ServingConfig(SchedConfig(rows=5)))
+        reqs, clients = requests([ps[i] for i in batch])
+        for r, i in zip(reqs, batch, strict=True):
+            r.sampling = Sampling(temperature=0.7, seed=100 + i, logprobs=1)
+        run(srv, reqs, clients)
+        srv.close()
+        e.close()
+        assert all(isinstance(ev, Token) and ev.top == ((1, -2.0),) for c in clients for ev in c.events[:-1])
+        if len(batch) > 1:
+            assert max(dec.widths) > 1
+        return [c.tokens for c in clients]
+
+    together = sampled(list(range(5)))
+    assert together == [sampled([i])[0] for i in range(5)]
+
+
+class Failing(RowByRow):
+    """Fails the `at`-th decode call."""
+
+    def __init__(self, engine: kr.Engine, at: int) -> None:
+        super().__init__(engine)
+        self.calls, self.at = 0, at
+
+    def decode(self, seqs: Sequence[kr.Sequence], sampling: Sequence[Sampling]) -> list[Sampled]:
+        self.calls += 1
+        if self.calls == self.at:
+            raise kr.EngineError("injected")
+        return super().decode(seqs, sampling)
+
+
+def test_an_engine_failure_ends_the_requests_of_that_step_and_serving_goes_on(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(2)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights)
+    srv = Serving(e, Failing(e, 3), ServingConfig(SchedConfig(rows=1)))
+    reqs, clients = requests(ps)
+    d0, d1 = run(srv, reqs, clients)
+    assert d0.finish is None and d0.error == "EngineError: injected"
+    assert d1.finish is Finish.LENGTH and clients[1].tokens == want[1]
+    srv.close()
+    assert srv.stats.failed == 1
+    idle(srv)
+    e.close()
