@@ -17,26 +17,33 @@ every given sequence. `RowByRow` is today's: each row is one `Engine.step` (gree
 
 from __future__ import annotations
 
+import bisect
+import copy
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import kern_pool
 from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler, Tier
 
-from .engine import Engine, Sequence
+from .engine import Engine, EngineConfig, Sequence
 from .errors import ApiError, KernRuntimeError
 from .reuse import shared_prefix
 
 __all__ = [
+    "BUCKETS",
     "RATE_WINDOW_S",
     "Decoder",
     "Done",
+    "EngineFactory",
+    "EngineSpec",
     "Event",
+    "Histogram",
     "Request",
     "RowByRow",
     "Sampled",
@@ -45,7 +52,49 @@ __all__ = [
     "ServingConfig",
     "Stats",
     "Token",
+    "open_engine",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What a server asks an engine factory for (`kern serve --backend MODULE:FACTORY`).
+
+    Attributes:
+        manifest: the manifest JSON file.
+        kernels: the directory of its cubins.
+        weights: .safetensors files, or checkpoint directories (empty: the factory's default).
+        gpu: the device ordinal.
+        tokens: KV tokens of the pool.
+        seqs: live sequences the pool is sized for.
+        host_bytes: bytes of the host tier (0: none; evicted prefixes are dropped).
+        chunk: prefill chunk rows.
+    """
+
+    manifest: Path
+    kernels: Path
+    weights: tuple[Path, ...]
+    gpu: int
+    tokens: int
+    seqs: int
+    host_bytes: int
+    chunk: int
+
+
+EngineFactory = Callable[[EngineSpec], Engine]
+
+
+def open_engine(spec: EngineSpec) -> Engine:
+    """The GPU engine of `spec` (`Engine.open`): the default `kern serve` backend.
+
+    Raises:
+        as `Engine.open`.
+    """
+    from .session import weight_files
+
+    files = [str(p) for p in weight_files(spec.weights)]
+    return Engine.open(spec.manifest, spec.kernels, files, gpu=spec.gpu, tokens=spec.tokens, seqs=spec.seqs,
+                       host_bytes=spec.host_bytes, config=EngineConfig(chunk=spec.chunk))
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +200,28 @@ class ServingConfig:
     idle_s: float = 0.05
 
 
+BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Upper bounds (seconds) of the TTFT and TPOT histograms' buckets."""
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Observations counted in `BUCKETS` (the last count: above every bound), with their sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    sum: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        self.counts[bisect.bisect_left(BUCKETS, value)] += 1
+        self.sum += value
+        self.count += 1
+
+
 @dataclass(slots=True)
 class Stats:
-    """What the server did, for /metrics: counts, and the TTFT and TPOT samples since the last
-    `drain_samples` (seconds)."""
+    """What the server did, for /metrics: counts, and the TTFT and TPOT histograms (seconds)."""
 
     submitted: int = 0
     refused: int = 0
@@ -167,8 +234,8 @@ class Stats:
     hits: int = 0
     parks: int = 0
     steps: int = 0
-    ttft: list[float] = field(default_factory=list[float])
-    tpot: list[float] = field(default_factory=list[float])
+    ttft: Histogram = field(default_factory=Histogram)
+    tpot: Histogram = field(default_factory=Histogram)
 
 
 class Serving:
@@ -252,12 +319,11 @@ class Serving:
         with self._lock:
             return dict(self._gauges)
 
-    def drain_samples(self) -> tuple[list[float], list[float]]:
-        """The TTFT and TPOT samples since the last call (seconds)."""
+    def report(self) -> tuple[Stats, dict[str, float]]:
+        """A copy of the counters and histograms, and the gauges (`snapshot`)."""
         with self._lock:
-            ttft, tpot = self.stats.ttft, self.stats.tpot
-            self.stats.ttft, self.stats.tpot = [], []
-            return ttft, tpot
+            st = copy.deepcopy(self.stats)
+            return st, dict(self._gauges)
 
     def close(self) -> None:
         """Stop the engine thread; requests still open end cancelled. The engine stays open."""
@@ -397,7 +463,7 @@ class Serving:
         with self._lock:
             self.stats.generated += len(outcome.tokens)
             for ttft, value in samples:
-                (self.stats.ttft if ttft else self.stats.tpot).append(value)
+                (self.stats.ttft if ttft else self.stats.tpot).observe(value)
         self._window.append((now, len(outcome.tokens)))
 
     def _measure(self) -> None:

@@ -29,8 +29,13 @@ Ptr = tuple[np.ndarray, int]  # flat array, element offset
 
 def read_checkpoint(directory: Path) -> dict[str, np.ndarray]:
     """bf16 safetensors -> float32 arrays (exact widening)."""
+    return read_files(sorted(directory.glob("*.safetensors")))
+
+
+def read_files(paths: Sequence[Path]) -> dict[str, np.ndarray]:
+    """The tensors of bf16 .safetensors files as float32 arrays (exact widening)."""
     out: dict[str, np.ndarray] = {}
-    for path in sorted(directory.glob("*.safetensors")):
+    for path in paths:
         raw = path.read_bytes()
         (n,) = struct.unpack("<Q", raw[:8])
         header = json.loads(raw[8 : 8 + n])

