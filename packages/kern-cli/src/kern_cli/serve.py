@@ -12,12 +12,14 @@ told) and `--port`. `--api-key` (or $KERN_API_KEY) guards /v1/*.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -230,12 +232,34 @@ def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok:
                  _template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
 
 
-def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
-    """Load the engine, listen, serve until interrupted; returns the exit status."""
+def _server_class() -> type[Any]:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        """uvicorn's server; SIGINT and SIGTERM end it gracefully and exit 0 (uvicorn re-raises
+        them after shutting down, which would end the process with the signal's status)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None]:
+            kept = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in kept.items():
+                    signal.signal(s, handler)
+
+    return Server
+
+
+def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
+    """Load the engine, listen, serve until interrupted; returns the exit status."""
+    try:
+        import uvicorn
+
+        from kern_cli.serve_app import make_app
+    except ImportError as exc:
+        raise ServeError(f"kern serve needs the serve extra ({exc}): install kern-cli[serve]") from None
     import kern_runtime as kr
-    from kern_cli.serve_app import make_app
 
     if not opts.load.manifest.is_file():
         raise ServeError(f"--manifest {opts.load.manifest}: no such file")
@@ -257,7 +281,7 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
             log(f"listening on http://{host}:{port}" + (" (API key required)" if opts.api_key else ""))
             config = uvicorn.Config(make_app(model), log_level="warning", access_log=False, lifespan="off",
                                     timeout_graceful_shutdown=5)
-            uvicorn.Server(config).run(sockets=[sock])
+            _server_class()(config).run(sockets=[sock])
         finally:
             model.serving.close()
             sock.close()

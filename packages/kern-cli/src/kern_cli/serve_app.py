@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from kern_cli.serve_api import ApiFailure, Ask, Text, bad, chat_ask, completion_ask, error_body
 from kern_pool import Finish, Refusal, Refused
-from kern_runtime import SessionError, check_prompt
+from kern_runtime import ApiError, SessionError, check_prompt
 from kern_runtime.serving import BUCKETS, Done, Event, Histogram, Serving, Token
 from kern_runtime.serving import Request as Job
 
@@ -119,11 +119,17 @@ def _fits(m: Model, ask: Ask, ids: list[int]) -> None:
 
 
 def _submit(m: Model, ask: Ask, ids: list[int], sink: Callable[[Event], None]) -> Job:
+    if not m.serving.decoder.sampling:
+        if ask.sampling.temperature > 0:
+            raise bad("this engine decodes greedily: temperature must be 0", "temperature", "unsupported_parameter")
+        if ask.sampling.logprobs >= 0:
+            raise bad("this engine decodes greedily: logprobs are not available", "logprobs",
+                      "unsupported_parameter")
     job = Job(ids, ask.max_tokens, sink, ask.sampling, m.stop_ids, ask.stop)
     try:
         answer = m.serving.submit(job)
-    except Exception as exc:  # kern_runtime.ApiError: sampling the decoder cannot do, shutting down
-        raise bad(str(exc), "temperature" if "greedily" in str(exc) else None) from None
+    except ApiError:
+        raise ApiFailure(503, "the server is shutting down", "overloaded_error", code="shutting_down") from None
     if isinstance(answer, Refused):
         if answer.why is Refusal.QUEUE_FULL:
             raise ApiFailure(503, "the server's queue is full: retry later", "overloaded_error", code="queue_full",
