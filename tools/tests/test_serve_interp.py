@@ -310,13 +310,17 @@ def test_load_with_faults(server: Server, ref: Reference) -> None:
         await asyncio.gather(*(worker() for _ in range(CLIENTS)))
 
     async def main() -> tuple[int, int]:
-        warm = min(200, LOAD // 5)
-        await run(range(warm))
-        await settle(raw, server)
-        before = server.rss_kib()
-        await run(range(warm, LOAD))
-        await settle(raw, server)
-        return before, server.rss_kib()
+        try:
+            warm = min(200, LOAD // 5)
+            await run(range(warm))
+            await settle(raw, server)
+            before = server.rss_kib()
+            await run(range(warm, LOAD))
+            await settle(raw, server)
+            return before, server.rss_kib()
+        finally:
+            await aclient.close()
+            await raw.aclose()
 
     before, after = asyncio.run(main())
     assert not wrong, wrong[:3]

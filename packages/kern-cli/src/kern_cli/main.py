@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `kern`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "serve"]:
+        # NOTE: `kern bench` takes a target as its first positional, so `serve` has its own parser
+        from kern_cli import bench_serve
+
+        return bench_serve.main(argv[2:])
     args = build_parser().parse_args(argv)
     return quiet_ends(f"kern {args.command}", lambda: int(args.handler(args)))
 

