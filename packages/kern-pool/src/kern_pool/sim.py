@@ -409,7 +409,13 @@ def _table(figures: Figures) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point: run, print the table, optionally write `--json FILE`."""
+    """Console entry point: run, print the table, optionally write `--json FILE`; `serve ...`
+    replays a serving workload through the scheduler (kern_pool.sim_serve)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from kern_pool import sim_serve
+
+        return sim_serve.main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return _run(args)

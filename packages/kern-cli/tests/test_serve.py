@@ -1,0 +1,127 @@
+"""kern serve on the host, without a model: flags checked before anything loads (one line, exit 2),
+the OpenAI request checks, and the text a client sees (stop ids and strings, streamed deltas whose
+sum is the whole answer). The server itself runs as a process in tools/tests/test_serve_interp.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kern_cli import serve
+from kern_cli.main import main as kern_main
+from kern_cli.serve_api import ApiFailure, Text, chat_ask, completion_ask
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = str(ROOT / "examples" / "qwen3-tiny.json")
+
+
+def _line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--port", "70000"], "kern serve: --port must be in 0..65535, got 70000"),
+    (["--rows", "0"], "kern serve: --rows must be at least 1, got 0"),
+    (["--grow", "-1"], "kern serve: --grow must be at least 0, got -1"),
+    (["--api-key", ""], "kern serve: the API key is empty: pass --api-key KEY or unset KERN_API_KEY"),
+    (["--backend", "nomodule"], "kern serve: --backend 'nomodule': write MODULE:ATTRIBUTE (e.g. "
+                                "kern_runtime.serving:open_engine)"),
+    (["--backend", "kern_cli.nothing:engine"], "kern serve: --backend 'kern_cli.nothing:engine': cannot import "
+                                               "kern_cli.nothing (No module named 'kern_cli.nothing')"),
+    (["--backend", "kern_cli.serve:nothing"], "kern serve: --backend 'kern_cli.serve:nothing': kern_cli.serve has "
+                                              "no callable nothing"),
+    (["--tokenizer", "kern_cli.serve:nothing"], "kern serve: --tokenizer 'kern_cli.serve:nothing': kern_cli.serve has "
+                                                "no callable nothing"),
+])
+def test_bad_flags_are_one_line(argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert kern_main(["serve", "--manifest", TINY, "--port", "0", *argv]) == 2
+    assert _line(capsys) == line
+
+
+def test_a_missing_manifest_and_a_taken_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert kern_main(["serve", "--manifest", str(tmp_path / "no.json")]) == 2
+    assert _line(capsys) == f"kern serve: --manifest {tmp_path / 'no.json'}: no such file"
+    sock = serve._bind("127.0.0.1", 0)  # pyright: ignore[reportPrivateUsage]
+    try:
+        port = sock.getsockname()[1]
+        argv = ["serve", "--manifest", TINY, "--port", str(port), "--tokenizer", "kern_interp.serve:tokenizer"]
+        assert kern_main(argv) == 2
+        assert _line(capsys).startswith(f"kern serve: cannot listen on 127.0.0.1:{port}: ")
+    finally:
+        sock.close()
+
+
+def test_the_api_key_comes_from_the_environment() -> None:
+    args = serve.build_parser().parse_args(["--manifest", TINY])
+    assert serve.resolve(args, {"KERN_API_KEY": "k"}).api_key == "k"
+    assert serve.resolve(args, {}).api_key is None
+    args = serve.build_parser().parse_args(["--manifest", TINY, "--api-key", "flag"])
+    assert serve.resolve(args, {"KERN_API_KEY": "env"}).api_key == "flag"
+    assert serve.resolve(args, {}).host == "127.0.0.1"
+
+
+def test_bench_serve_is_routed_and_checks_its_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kern_main(["bench", "serve", "--manifest", TINY, "--clients", "0"]) == 2
+    assert _line(capsys) == "kern bench serve: --clients needs positive integers, got '0'"
+    assert kern_main(["bench", "serve", "--manifest", TINY, "--rounds", "0"]) == 2
+    assert _line(capsys) == "kern bench serve: --rounds must be at least 1, got 0"
+
+
+# ---- the request checks ---------------------------------------------------------------------------
+
+
+def test_completion_asks() -> None:
+    ask = completion_ask({"model": "m", "prompt": ["hi"], "max_tokens": 3, "stop": "x", "seed": -1,
+                          "stream": True, "stream_options": {"include_usage": True}}, "m")
+    assert (ask.prompt, ask.max_tokens, ask.stop, ask.stream, ask.usage) == ("hi", 3, ("x",), True, True)
+    assert ask.sampling.seed == (1 << 64) - 1 and ask.sampling.temperature == 0 and ask.sampling.logprobs == -1
+    assert completion_ask({"model": "m", "prompt": [[1, 2]], "logprobs": 2}, "m").prompt == [1, 2]
+    assert completion_ask({"model": "m", "prompt": "a"}, "m").max_tokens == 16
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "m", "prompt": [True]}, "prompt"),
+    ({"model": "m", "prompt": "a", "top_p": 1.5}, "top_p"),
+    ({"model": "m", "prompt": "a", "temperature": float("inf")}, "temperature"),
+    ({"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"model": "m", "prompt": "a", "echo": True}, "echo"),
+    ({"model": "m", "prompt": "a", "suffix": "z"}, "suffix"),
+    ({"model": "m", "prompt": "a", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "m", "prompt": "a", "logit_bias": {"1": 2}}, "logit_bias"),
+    ({"model": "m", "prompt": "a", "logprobs": 21}, "logprobs"),
+])
+def test_bad_completion_asks(body: dict[str, object], param: str) -> None:
+    with pytest.raises(ApiFailure) as err:
+        completion_ask(body, "m")
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_chat_asks() -> None:
+    ask = chat_ask({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                          {"type": "text", "text": "b"}]}],
+                    "max_completion_tokens": 5, "logprobs": True, "top_logprobs": 3}, "m")
+    assert ask.messages == ({"role": "user", "content": "ab"},) and ask.max_tokens == 5 and ask.sampling.logprobs == 3
+    with pytest.raises(ApiFailure, match="text parts"):
+        chat_ask({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "m")
+
+
+# ---- the text ---------------------------------------------------------------------------------
+
+
+def _letters(ids: list[int]) -> str:
+    return "".join(chr(ord("a") + i) if i < 26 else "\ufffd" for i in ids)
+
+
+def test_text_deltas_sum_to_the_whole_and_stop_strings_cut() -> None:
+    t = Text(_letters, ("cd",), frozenset({25}))
+    deltas = [t.push(i) for i in (0, 1, 2)]
+    assert deltas == ["", "a", "b"]  # one character held back: it could start "cd"
+    assert t.push(3) == "" and t.end() == ""  # "abcd" holds the stop string: the answer is "ab"
+    assert t.shown == "ab"
+    u = Text(_letters, (), frozenset({25}))
+    assert [u.push(i) for i in (0, 30, 1, 25)] == ["a", "", "\ufffdb", ""] and u.end() == ""
+    assert u.shown == "a\ufffdb"

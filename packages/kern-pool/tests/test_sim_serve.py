@@ -1,0 +1,58 @@
+"""kern-pool-sim serve: a serving workload replayed through the scheduler, in steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kern_pool.sim import SimError
+from kern_pool.sim import main as sim_main
+from kern_pool.sim_serve import ServeWorkload, replay
+
+SMALL = ServeWorkload(requests=120, rate=0.8, prefixes=2, prefix_len=64, prompt_min=4, prompt_max=40,
+                      output_min=2, output_max=24, rows=8, step_tokens=64, chunk=32, pages=128, unit=16)
+
+
+def test_every_request_ends_and_the_replay_is_deterministic() -> None:
+    f = replay(SMALL)
+    assert f == replay(SMALL)
+    assert f.requests == f.finished == 120 and f.refused == 0
+    assert 2 * 120 <= f.tokens <= 24 * 120
+    assert 0 < f.rows_mean <= 8 and f.ttft_p50 >= f.queue_p50 and f.tpot_p50 >= 1
+    assert 100 <= f.prefix_hits <= 120  # two system prompts, cached after their first prefill
+
+
+def test_a_small_pool_with_growth_parks_and_still_finishes() -> None:
+    w = ServeWorkload(requests=60, rate=0.8, prefixes=2, prefix_len=32, prompt_min=4, prompt_max=20, output_min=8,
+                      output_max=40, rows=8, step_tokens=64, chunk=32, pages=16, unit=16, grow=4)
+    f = replay(w)
+    assert f.parks > 0 and f.finished == 60
+
+
+def test_a_short_queue_refuses() -> None:
+    w = ServeWorkload(requests=80, rate=5.0, prefixes=1, prefix_len=16, prompt_min=4, prompt_max=8, output_min=16,
+                      output_max=16, rows=2, queued=4, pages=64, unit=16)
+    f = replay(w)
+    assert f.refused > 0 and f.finished == 80 - f.refused
+
+
+@pytest.mark.parametrize(("knob", "value", "match"), [
+    ("rate", 0.0, "--rate"), ("rate", float("nan"), "--rate"), ("rows", 0, "--rows"),
+    ("requests", True, "--requests"), ("prompt_min", 9, "--prompt-min"),
+])
+def test_bad_knobs(knob: str, value: object, match: str) -> None:
+    fields: dict[str, object] = {knob: value, "prompt_max": 8} if knob == "prompt_min" else {knob: value}
+    w = ServeWorkload(**fields)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(SimError, match=match):
+        replay(w)
+
+
+def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "f.json"
+    assert sim_main(["serve", "--requests", "40", "--pages", "256", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["finished"] == 40 and "ttft_p99" in capsys.readouterr().out
+    assert sim_main(["serve", "--rows", "0"]) == 2
+    assert "kern-pool-sim serve: --rows must be at least 1" in capsys.readouterr().err

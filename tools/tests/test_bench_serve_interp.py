@@ -1,0 +1,33 @@
+"""`kern bench serve` on the CPU backend (the tiny Qwen3 through the interpreter): the one-row level
+and each client level, their counts and percentiles consistent, the JSON as printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kern_cli.main import main as kern_main
+from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_serve_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    weights, _ = random_checkpoint(dict(QWEN3_TINY_CONFIG), seed=1, name="bench", root=tmp_path)
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--backend", "kern_interp.serve:engine", "--manifest", str(ROOT / "examples" / "qwen3-tiny.json"),
+            "--weights", str(weights), "--capacity", "4096", "--clients", "1,3", "--system", "40", "--question", "6",
+            "--max-tokens", "5", "--rounds", "2", "--rows", "4", "--json", str(out)]
+    assert kern_main(argv) == 0
+    levels = json.loads(out.read_text())
+    assert [lv["clients"] for lv in levels] == [0, 1, 3]
+    assert [lv["requests"] for lv in levels] == [2, 2, 6]
+    assert [lv["tokens"] for lv in levels] == [10, 10, 30]
+    for lv in levels:
+        assert lv["output_tok_s"] == pytest.approx(lv["tokens"] / lv["wall_s"])
+        assert 0 < lv["ttft_p50_ms"] <= lv["ttft_p99_ms"] and 0 < lv["tpot_p50_ms"] <= lv["tpot_p99_ms"]
+        assert lv["x_one_row"] == pytest.approx(lv["output_tok_s"] / levels[0]["output_tok_s"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split()[0] == "clients" and [r.split()[0] for r in printed[1:]] == ["1", "1", "3"]
