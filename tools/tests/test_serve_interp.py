@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from helpers.serve_load import DISTINCT, LOAD, load_with_faults, parse_metrics
 from helpers.serve_proc import CAPACITY, MODEL, Reference, Server, start
 
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
@@ -142,22 +141,6 @@ def test_models_health_and_metrics(client: openai.OpenAI, server: Server) -> Non
     assert samples["kern_tpot_seconds_count"] > 0 and 0 < samples["kern_prefix_hit_rate"] <= 1
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text: every line a comment or `name{labels} value`; buckets never decrease."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("# "):
-            assert re.fullmatch(r"# (HELP|TYPE) kern_\w+ .+", line), line
-            continue
-        m = re.fullmatch(r'(kern_\w+(?:\{\w+="[^"]*"\})?) (\S+)', line)
-        assert m is not None, line
-        out[m.group(1)] = float(m.group(2))
-    for hist in ("kern_ttft_seconds", "kern_tpot_seconds"):
-        counts = [v for k, v in out.items() if k.startswith(hist + "_bucket")]
-        assert counts == sorted(counts) and counts
-    return out
-
-
 # ---- errors -------------------------------------------------------------------------------------
 
 
@@ -260,96 +243,13 @@ def test_a_full_queue_is_503_with_retry_after(weights: Path) -> None:
 
 # ---- load and faults ----------------------------------------------------------------------------
 
-LOAD = int(os.environ.get("KERN_SERVE_LOAD_REQUESTS", "1000"))
-CLIENTS = 64
-
-
-def kind_of(i: int) -> str:
-    """10% cancelled mid-stream, 5% malformed, 5% past the capacity, the rest valid."""
-    r = i % 20
-    return "cancel" if r < 2 else "malformed" if r == 2 else "oversized" if r == 3 else "valid"
-
 
 def test_load_with_faults(server: Server, ref: Reference) -> None:
-    distinct = 16
     want = {(i, c): ref.chat(messages(i), 8) if c else ref.completion(prompt(i), 8)
-            for i in range(distinct) for c in (False, True)}
-    aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
-    raw = httpx.AsyncClient(timeout=300, headers={"authorization": f"Bearer {KEY}"})
-    results: dict[str, int] = {"valid": 0, "cancel": 0, "malformed": 0, "oversized": 0}
-    wrong: list[tuple[int, str, str]] = []
-
-    async def one(i: int) -> None:
-        kind, n, is_chat = kind_of(i), i % distinct, (i // 5) % 2 == 1
-        if kind == "malformed":
-            r = await raw.post(server.url + "/v1/completions", content=b'{"model": "' + MODEL.encode() + b'", "pr')
-            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
-        elif kind == "oversized":
-            r = await raw.post(server.url + "/v1/completions", json={**BASE, "max_tokens": CAPACITY + i})
-            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-        elif kind == "cancel":
-            stream = await aclient.completions.create(model=MODEL, prompt=prompt(n), max_tokens=200, stream=True)
-            async for _ in stream:
-                break
-            await stream.close()
-        else:
-            got = await (achat(aclient, n) if is_chat else acompletion(aclient, n, i % 3 == 0))
-            if got != want[(n, is_chat)]:
-                wrong.append((i, got, want[(n, is_chat)]))
-        results[kind] += 1
-
-    async def run(ids: range) -> None:
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in ids:
-            queue.put_nowait(i)
-
-        async def worker() -> None:
-            while not queue.empty():
-                await one(queue.get_nowait())
-
-        await asyncio.gather(*(worker() for _ in range(CLIENTS)))
-
-    async def main() -> tuple[int, int]:
-        try:
-            warm = min(200, LOAD // 5)
-            await run(range(warm))
-            await settle(raw, server)
-            before = server.rss_kib()
-            await run(range(warm, LOAD))
-            await settle(raw, server)
-            return before, server.rss_kib()
-        finally:
-            await aclient.close()
-            await raw.aclose()
-
-    before, after = asyncio.run(main())
-    assert not wrong, wrong[:3]
-    assert sum(results.values()) == LOAD and results["valid"] == sum(kind_of(i) == "valid" for i in range(LOAD))
+            for i in range(DISTINCT) for c in (False, True)}
+    before, after, results = load_with_faults(server, KEY, MODEL, want, prompt, messages, CAPACITY)
+    assert sum(results.values()) == LOAD
     assert after - before < 48 * 1024, (before, after)  # KiB: flat, not growing with the requests
     samples = parse_metrics(httpx.get(server.url + "/metrics").text)
     assert samples['kern_requests_total{outcome="cancelled"}'] >= results["cancel"]
     assert samples["kern_host_units_used"] <= samples["kern_host_units_total"]
-
-
-async def acompletion(c: openai.AsyncOpenAI, n: int, stream: bool) -> str:
-    if not stream:
-        return (await c.completions.create(model=MODEL, prompt=prompt(n), max_tokens=8)).choices[0].text
-    parts = await c.completions.create(model=MODEL, prompt=prompt(n), max_tokens=8, stream=True)
-    return "".join([p.choices[0].text async for p in parts if p.choices])
-
-
-async def achat(c: openai.AsyncOpenAI, n: int) -> str:
-    msgs: Any = messages(n)
-    out = await c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8)
-    return out.choices[0].message.content or ""
-
-
-async def settle(raw: httpx.AsyncClient, server: Server) -> None:
-    """Wait until the server is idle: nothing queued or running, no open sequence or leased page."""
-    for _ in range(600):
-        h = (await raw.get(server.url + "/health")).json()
-        if h["queue_depth"] == h["running_rows"] == h["open_sequences"] == h["leased_pages"] == 0:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the server did not return to idle: {h}")
-

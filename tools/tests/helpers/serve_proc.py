@@ -65,11 +65,15 @@ class Server:
 def start(weights: Path, *flags: str, timeout: float = 120.0) -> Server:
     """`kern serve` with the CPU flags, `--weights weights`, port 0 and `flags`; returns once it
     listens."""
-    cmd = [sys.executable, "-m", "kern_cli.main", "serve", *CPU_FLAGS, "--weights", str(weights), "--port", "0",
-           *flags]
+    return launch([*CPU_FLAGS, "--weights", str(weights), "--port", "0", *flags], timeout)
+
+
+def launch(flags: Sequence[str], timeout: float) -> Server:
+    """`kern serve FLAGS` from the repository root; returns once it listens (its stderr says where)."""
+    cmd = [sys.executable, "-m", "kern_cli.main", "serve", *flags]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("KERN_API_KEY", None)
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
     srv = Server(proc)
     ready = threading.Event()
 
