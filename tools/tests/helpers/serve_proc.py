@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kern_interp.serve import ByteTokenizer
-from kern_interp.serve import engine as cpu_engine
 from kern_qwen3 import STOP_TEXTS, render
 from kern_runtime.serving import EngineSpec
 
@@ -102,6 +100,9 @@ class Reference:
     """The same engine in this process: each prompt alone, greedy, until a stop id or max_tokens."""
 
     def __init__(self, weights: Path) -> None:
+        from kern_interp.serve import ByteTokenizer
+        from kern_interp.serve import engine as cpu_engine
+
         spec = EngineSpec(MANIFEST, ROOT / "kernels", (weights,), 0, CAPACITY, 1, 0, 512)
         self.engine = cpu_engine(spec)
         self.tok = ByteTokenizer()
