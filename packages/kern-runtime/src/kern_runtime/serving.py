@@ -32,7 +32,7 @@ import kern_pool
 from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler, Tier
 
 from .engine import Engine, EngineConfig, Sequence
-from .errors import ApiError, KernRuntimeError
+from .errors import ApiError
 from .reuse import shared_prefix
 
 __all__ = [
@@ -361,7 +361,7 @@ class Serving:
     def _step(self, plan: Plan) -> None:
         try:
             outcome, picked = self._execute(plan)
-        except (KernRuntimeError, kern_pool.PoolError) as exc:
+        except Exception as exc:  # NOTE: the engine thread outlives any one step's failure
             self._fail(plan, f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
