@@ -17,6 +17,7 @@ import pytest
 import kern_runtime as kr
 from kern_interp import qwen3 as interp
 from kern_interp.backend import InterpBackend
+from kern_interp.serve import ByteTokenizer
 from kern_pool import Finish, Queued, Refusal, Refused, SchedConfig
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 from kern_runtime.serving import (
@@ -255,3 +256,34 @@ def test_an_engine_failure_ends_the_requests_of_that_step_and_serving_goes_on(
     assert srv.stats.failed == 1
     idle(srv)
     e.close()
+
+
+def test_the_app_with_a_sampling_decoder_answers_logprobs(manifest: dict[str, Any],
+                                                          weights: dict[str, np.ndarray]) -> None:
+    from starlette.testclient import TestClient
+
+    from kern_cli.serve_app import Model, make_app
+
+    e = engine(manifest, weights)
+    srv = Serving(e, Seeded(e))
+    srv.start()
+    tok = ByteTokenizer()
+    app = make_app(Model("tiny", srv, tok.encode, tok.decode, lambda ms: "".join(m["content"] for m in ms),
+                         frozenset(), None, 1 << 16, 0))
+    try:
+        with TestClient(app) as client:
+            body = {"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0.5, "seed": 9, "logprobs": 1}
+            a = client.post("/v1/completions", json=body).json()["choices"][0]
+            b = client.post("/v1/completions", json=body).json()["choices"][0]
+            assert a == b and len(a["logprobs"]["tokens"]) == 3
+            assert a["logprobs"]["token_logprobs"] == [-1.0] * 3 and a["logprobs"]["top_logprobs"][0] == {"\x01": -2.0}
+            assert a["logprobs"]["text_offset"][0] == 0
+            other = client.post("/v1/completions", json={**body, "seed": 10}).json()["choices"][0]
+            assert other["text"] != a["text"]
+            chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                    "temperature": 1.0, "logprobs": True, "top_logprobs": 1}
+            content = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]["content"]
+            assert [c["logprob"] for c in content] == [-1.0, -1.0] and content[0]["top_logprobs"][0]["logprob"] == -2.0
+    finally:
+        srv.close()
+        e.close()

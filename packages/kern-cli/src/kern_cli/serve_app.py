@@ -198,8 +198,10 @@ def _logprobs(m: Model, ask: Ask, tokens: Sequence[Token]) -> dict[str, Any] | N
                              "top_logprobs": [{"token": m.decode([i]), "logprob": lp,
                                                "bytes": list(m.decode([i]).encode())} for i, lp in t.top]}
                             for t in tokens]}
-    return {"tokens": [m.decode([t.token]) for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{m.decode([i]): lp for i, lp in t.top} for t in tokens], "text_offset": []}
+    texts = [m.decode([t.token]) for t in tokens]
+    offsets = [sum(len(x) for x in texts[:k]) for k in range(len(texts))]
+    return {"tokens": texts, "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{m.decode([i]): lp for i, lp in t.top} for t in tokens], "text_offset": offsets}
 
 
 class _Answer:
