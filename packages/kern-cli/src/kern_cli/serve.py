@@ -333,7 +333,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=DEFAULT_BACKEND,
                    help=f"engine factory MODULE:FACTORY (default {DEFAULT_BACKEND}; CPU: kern_interp.serve:engine)")
     p.add_argument("--rows", type=int, default=64, help="most requests running at once (default 64)")
-    p.add_argument("--step-tokens", type=int, default=512, help="tokens per engine step (default 512)")
+    p.add_argument("--step-tokens", type=int, default=2048, help="tokens per engine step (default 2048)")
     p.add_argument("--chunk", type=int, help=f"most tokens of a prefill chunk (default {DEFAULT_CHUNK})")
     p.add_argument("--grow", type=int, default=0,
                    help="decode steps a lease holds at a time (default 0: all of max_tokens at admission)")
