@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import qwen3_interp as interp
 from helpers import tp_interp
 from helpers.qwen3_options import plan_of
 
 import kern_qwen3 as gen
+from kern_interp import qwen3 as interp
 
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
                              *gen.DEFER_ENTRIES.values())}

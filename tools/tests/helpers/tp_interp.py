@@ -1,7 +1,7 @@
-"""A TP-N manifest on the float32 numpy interpreter (`qwen3_interp.Interp`): one interpreter per
+"""A TP-N manifest on the float32 numpy interpreter (`kern_interp.qwen3.Interp`): one interpreter per
 rank with that rank's weight windows, run call by call in lock step, the NCCL collectives done
 across the ranks' buffers by their definitions. Shaped like an `Interp` (`m`, `capacity`,
-`write_input`, `read_output`, `run`), so `qwen3_interp.greedy` drives it unchanged."""
+`write_input`, `read_output`, `run`), so `kern_interp.qwen3.greedy` drives it unchanged."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from helpers import qwen3_interp as interp
 
+from kern_interp import qwen3 as interp
 from kern_manifest.expr import parse_expr
 
 __all__ = ["World", "rank_tensors"]

@@ -17,7 +17,7 @@ from kern_interp import qwen3 as interp
 
 
 class InterpBackend:
-    """`kern_runtime.Backend` over `qwen3_interp.Interp`: `pages` KV pages in chunks of
+    """`kern_runtime.Backend` over `kern_interp.qwen3.Interp`: `pages` KV pages in chunks of
     `chunk_pages`, a host tier of `host_pages` pages (0: none)."""
 
     def __init__(self, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray], *, pages: int = 64,
