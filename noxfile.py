@@ -19,6 +19,7 @@ PACKAGES = {
     "kern-qwen3": "tools/qwen3",
     "kern-lab": "tools/lab",
     "kern-peer": "tools/peer",
+    "kern-interp": "tools/interp",
 }
 """Distribution -> its project directory (the wheelhouse builds each one's wheel)."""
 

@@ -5,7 +5,7 @@ kern_attn_decode_rows, but the one-row step's GEMMs are our GEMVs with the norms
 batched step's are cuBLAS at m = rows, so a row may part from it only where the one-row step's two
 best logits lie within 2 bf16 steps, and nowhere else), and rows in another order give the same
 tokens bit for bit; and kern_sample_rows
-against its numpy statement (helpers.qwen3_interp) on the step's own bf16 logits: the drawn token
+against its numpy statement (kern_interp.qwen3) on the step's own bf16 logits: the drawn token
 is the numpy draw and inside the exact top-k / top-p mask, the same seed draws the same token
 alone and batched, logprobs within bf16-derived tolerance, top-N ids exact."""
 
@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import qwen3_interp as interp
+
+from kern_interp import qwen3 as interp
 
 pytestmark = pytest.mark.gpu
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import bench_batch
 import numpy as np
 import pytest
-from helpers import qwen3_interp as interp
-from helpers.engine_backend import InterpBackend
 
 import kern_runtime as kr
+from kern_interp import qwen3 as interp
+from kern_interp.backend import InterpBackend
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_serve_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     weights, _ = random_checkpoint(dict(QWEN3_TINY_CONFIG), seed=1, name="bench", root=tmp_path)
     out = tmp_path / "serve.json"
-    argv = ["bench", "serve", "--backend", "kern_interp.serve:engine", "--manifest", str(ROOT / "examples" / "qwen3-tiny.json"),
+    argv = ["bench", "serve", "--backend", "kern_interp.serve:engine", "--manifest", str(ROOT / "examples" / "qwen3-tiny-batch.json"),
             "--weights", str(weights), "--capacity", "4096", "--clients", "1,3", "--system", "40", "--question", "6",
             "--max-tokens", "5", "--rounds", "2", "--rows", "4", "--json", str(out)]
     assert kern_main(argv) == 0

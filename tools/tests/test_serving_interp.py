@@ -1,8 +1,10 @@
-"""kern_runtime.serving on the float32 Qwen3 interpreter (examples/qwen3-tiny.json): requests
-sharing a system prompt, batched with chunked prefill, give the tokens each gives alone; with
-leases grown a few steps at a time on a small pool the newest requests are parked to the host
+"""kern_runtime.serving on the float32 Qwen3 interpreter (examples/qwen3-tiny.json, row by row):
+requests sharing a system prompt, batched with chunked prefill, give the tokens each gives alone;
+with leases grown a few steps at a time on a small pool the newest requests are parked to the host
 tier and resume with the same tokens; cancellation, stop ids and strings, queue-full refusals, a
-decoder that samples per row and an engine failure mid-step."""
+decoder that samples per row and an engine failure mid-step. On examples/qwen3-tiny-batch.json
+(8 rows) the `Batched` decoder: more rows than the step holds, greedy and seeded rows with
+logprobs give what each gives alone."""
 
 from __future__ import annotations
 
@@ -20,16 +22,17 @@ from kern_interp.backend import InterpBackend
 from kern_interp.serve import ByteTokenizer
 from kern_pool import Finish, Queued, Refusal, Refused, SchedConfig
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
+from kern_runtime import Sampled, Sampling
 from kern_runtime.serving import (
+    Batched,
     Done,
     Event,
     Request,
     RowByRow,
-    Sampled,
-    Sampling,
     Serving,
     ServingConfig,
     Token,
+    decoder_for,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,6 +199,10 @@ class Seeded:
     def sampling(self) -> bool:
         return True
 
+    @property
+    def top_n(self) -> int:
+        return 1
+
     def decode(self, seqs: Sequence[kr.Sequence], sampling: Sequence[Sampling]) -> list[Sampled]:
         self.widths.append(len(seqs))
         self.rows.decode(seqs, sampling)
@@ -287,3 +294,80 @@ def test_the_app_with_a_sampling_decoder_answers_logprobs(manifest: dict[str, An
     finally:
         srv.close()
         e.close()
+
+
+def test_a_greedy_engine_refuses_sampling_with_400(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    from starlette.testclient import TestClient
+
+    from kern_cli.serve_app import Model, make_app
+
+    e = engine(manifest, weights)
+    srv = Serving(e)
+    assert isinstance(srv.decoder, RowByRow)
+    srv.start()
+    tok = ByteTokenizer()
+    app = make_app(Model("tiny", srv, tok.encode, tok.decode, lambda ms: "".join(m["content"] for m in ms),
+                         frozenset(), None, 1 << 16, 0))
+    try:
+        with TestClient(app) as client:
+            base = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
+            for extra, param in (({"temperature": 0.7}, "temperature"), ({"logprobs": 1}, "logprobs")):
+                err = client.post("/v1/completions", json={**base, **extra}).json()["error"]
+                assert (err["code"], err["param"]) == ("unsupported_parameter", param)
+            assert client.post("/v1/completions", json=base).status_code == 200
+    finally:
+        srv.close()
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def batch_manifest() -> dict[str, Any]:
+    return kr.read_manifest(ROOT / "examples" / "qwen3-tiny-batch.json")
+
+
+def sampled_alone(e: kr.Engine, p: list[int], ask: Sampling) -> list[Sampled]:
+    seq = e.sequence()
+    e.prefill(seq, p, STEPS)
+    out = [e.decode([seq], [ask])[0] for _ in range(STEPS)]
+    e.finish(seq)
+    e.release(seq)
+    return out
+
+
+def test_the_batched_decoder_gives_each_row_its_tokens_alone(batch_manifest: dict[str, Any],
+                                                             weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(10)
+    asks = [Sampling() if i % 3 == 0 else Sampling(temperature=0.8, top_k=50, top_p=0.9, seed=i, logprobs=i % 3)
+            for i in range(10)]
+    with engine(batch_manifest, weights) as e:
+        want = [sampled_alone(e, p, a) for p, a in zip(ps, asks, strict=True)]
+    assert [s.token for s in want[0]] == alone(manifest=batch_manifest, weights=weights, ps=ps[:1])[0]
+    e = engine(batch_manifest, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=10, step_tokens=64, chunk=64)))
+    assert isinstance(srv.decoder, Batched) and isinstance(decoder_for(e), Batched) and srv.decoder.top_n == 20
+    with pytest.raises(kr.ApiError, match="top-N bound of 20"):
+        srv.submit(Request(ps[0], 2, Client(), sampling=Sampling(logprobs=21)))
+    steps: list[int] = []
+    step = e.decode
+
+    def counted(seqs: Sequence[kr.Sequence], sampling: Sequence[Sampling]) -> list[Sampled]:
+        steps.append(len(seqs))
+        return step(seqs, sampling)
+
+    e.decode = counted  # type: ignore[method-assign]
+    reqs, clients = requests(ps)
+    for r, a in zip(reqs, asks, strict=True):
+        r.sampling = a
+    run(srv, reqs, clients)
+    srv.close()
+    assert max(steps) == 8  # the step's most rows: 10 running rows take two calls
+    for c, w, a in zip(clients, want, asks, strict=True):
+        toks = [ev for ev in c.events if isinstance(ev, Token)]
+        assert [t.token for t in toks] == [s.token for s in w]
+        if a.logprobs < 0:
+            assert all(t.logprob is None and t.top == () for t in toks)
+        else:
+            assert [t.logprob for t in toks] == pytest.approx([s.logprob for s in w], abs=1e-5)
+            assert all(len(t.top) == a.logprobs for t in toks)
+    idle(srv)
+    e.close()

@@ -77,7 +77,7 @@ def test_completion_asks() -> None:
     ask = completion_ask({"model": "m", "prompt": ["hi"], "max_tokens": 3, "stop": "x", "seed": -1,
                           "stream": True, "stream_options": {"include_usage": True}}, "m")
     assert (ask.prompt, ask.max_tokens, ask.stop, ask.stream, ask.usage) == ("hi", 3, ("x",), True, True)
-    assert ask.sampling.seed == (1 << 64) - 1 and ask.sampling.temperature == 0 and ask.sampling.logprobs == -1
+    assert ask.sampling.seed == (1 << 63) - 1 and ask.sampling.temperature == 0 and ask.sampling.logprobs == -1
     assert completion_ask({"model": "m", "prompt": [[1, 2]], "logprobs": 2}, "m").prompt == [1, 2]
     assert completion_ask({"model": "m", "prompt": "a"}, "m").max_tokens == 16
 

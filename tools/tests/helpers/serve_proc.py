@@ -1,6 +1,7 @@
-"""A real `kern serve` process on the CPU backend (the tiny Qwen3 through the interpreter): started
-on a free port, its stderr kept, stopped with SIGINT; and the reference answers of the same engine
-in this process (greedy, one request at a time)."""
+"""A real `kern serve` process on the CPU backend (the tiny Qwen3 with its batched step,
+examples/qwen3-tiny-batch.json, through the interpreter): started on a free port, its stderr kept,
+stopped with SIGINT; and the reference answers of the same engine in this process (one request at
+a time: greedy, or sampled with a seed)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kern_qwen3 import STOP_TEXTS, render
+from kern_runtime import Sampled, Sampling
 from kern_runtime.serving import EngineSpec
 
 ROOT = Path(__file__).resolve().parents[3]
-MANIFEST = ROOT / "examples" / "qwen3-tiny.json"
+MANIFEST = ROOT / "examples" / "qwen3-tiny-batch.json"
 CAPACITY = 4096
-MODEL = "qwen3-tiny"
+MODEL = "qwen3-tiny-batch"
 CPU_FLAGS = ("--backend", "kern_interp.serve:engine", "--tokenizer", "kern_interp.serve:tokenizer",
              "--manifest", str(MANIFEST), "--capacity", str(CAPACITY))
 
@@ -97,7 +99,8 @@ def launch(flags: Sequence[str], timeout: float) -> Server:
 
 
 class Reference:
-    """The same engine in this process: each prompt alone, greedy, until a stop id or max_tokens."""
+    """The same engine in this process: each prompt alone until a stop id or max_tokens, greedy
+    (`tokens`, `text`, ...) or with a `Sampling` (`sampled`)."""
 
     def __init__(self, weights: Path) -> None:
         from kern_interp.serve import ByteTokenizer
@@ -117,9 +120,21 @@ class Reference:
             self.engine.release(seq)
         return self.cache[key]
 
-    def text(self, prompt: Sequence[int], max_tokens: int) -> str:
-        ids = self.tokens(prompt, max_tokens)
+    def sampled(self, prompt: Sequence[int], max_tokens: int, sampling: Sampling) -> list[Sampled]:
+        seq = self.engine.sequence()
+        self.engine.prefill(seq, list(prompt), max_tokens)
+        out: list[Sampled] = []
+        while len(out) < max_tokens and not (out and out[-1].token in self.stops):
+            out += self.engine.decode([seq], [sampling])
+        self.engine.finish(seq)
+        self.engine.release(seq)
+        return out
+
+    def shown(self, ids: Sequence[int]) -> str:
         return self.tok.decode([t for t in ids if t not in self.stops])
+
+    def text(self, prompt: Sequence[int], max_tokens: int) -> str:
+        return self.shown(self.tokens(prompt, max_tokens))
 
     def completion(self, prompt: str, max_tokens: int) -> str:
         return self.text(self.tok.encode(prompt), max_tokens)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kern_runtime.serving import Sampling
+from kern_runtime import Sampling
 
 __all__ = [
     "MAX_LOGPROBS",
@@ -147,7 +147,7 @@ def _sampling(body: Mapping[str, Any], logprobs: int) -> Sampling:
         temperature=_float(body, "temperature", 0.0, 0.0, 2.0),
         top_k=_int(body, "top_k", 0, 0),
         top_p=_float(body, "top_p", 1.0, 0.0, 1.0, open_lo=True),
-        seed=_int(body, "seed", 0, -(1 << 63), (1 << 64) - 1) % (1 << 64),
+        seed=_int(body, "seed", 0, -(1 << 63), (1 << 64) - 1) % (1 << 63),
         logprobs=logprobs,
     )
 

@@ -125,6 +125,10 @@ def _submit(m: Model, ask: Ask, ids: list[int], sink: Callable[[Event], None]) -
         if ask.sampling.logprobs >= 0:
             raise bad("this engine decodes greedily: logprobs are not available", "logprobs",
                       "unsupported_parameter")
+    top_n = m.serving.decoder.top_n
+    if ask.sampling.logprobs > top_n:
+        param = "top_logprobs" if ask.chat else "logprobs"
+        raise bad(f"{param} {ask.sampling.logprobs} is past this engine's bound of {top_n}", param)
     job = Job(ids, ask.max_tokens, sink, ask.sampling, m.stop_ids, ask.stop)
     try:
         answer = m.serving.submit(job)

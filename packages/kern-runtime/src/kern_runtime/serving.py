@@ -12,7 +12,9 @@ request gets a `Sequence`, the prefill chunk is a `prefill` of the prompt's firs
 the chunk's budget past its cached prefix, and the decode rows go to the decoder in one call.
 
 The decoder is the seam to the engine's step: `decode(seqs, sampling) -> [Sampled]`, one step of
-every given sequence. `RowByRow` is today's: each row is one `Engine.step` (greedy).
+every given sequence. `Batched` runs them in one `Engine.decode` (the manifest's batched step, each
+row with its own `Sampling`); `RowByRow`, for a manifest with only the one-row step, runs each row
+as one `Engine.step` (greedy). `decoder_for` picks between them.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ from typing import Protocol
 import kern_pool
 from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler, Tier
 
+from .batch import Sampled, Sampling
 from .engine import Engine, EngineConfig, Sequence
-from .errors import ApiError
+from .errors import ApiError, EngineError
 from .reuse import shared_prefix
 
 __all__ = [
     "BUCKETS",
     "RATE_WINDOW_S",
+    "Batched",
     "Decoder",
     "Done",
     "EngineFactory",
@@ -46,12 +50,11 @@ __all__ = [
     "Histogram",
     "Request",
     "RowByRow",
-    "Sampled",
-    "Sampling",
     "Serving",
     "ServingConfig",
     "Stats",
     "Token",
+    "decoder_for",
     "open_engine",
 ]
 
@@ -97,34 +100,17 @@ def open_engine(spec: EngineSpec) -> Engine:
                        host_bytes=spec.host_bytes, config=EngineConfig(chunk=spec.chunk))
 
 
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """How a row picks its next token: greedy at temperature 0; `seed` makes a sampled row's
-    tokens the same alone or batched; `logprobs` >= 0 asks for the chosen token's log-probability
-    and that many top alternatives (-1: none)."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    logprobs: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class Sampled:
-    """A row's step: the token, its log-probability and the top alternatives when asked."""
-
-    token: int
-    logprob: float | None
-    top: tuple[tuple[int, float], ...]
-
-
 class Decoder(Protocol):
     """One decode step of many prefilled sequences."""
 
     @property
     def sampling(self) -> bool:
         """Whether rows may sample (temperature > 0, logprobs); else greedy only."""
+        ...
+
+    @property
+    def top_n(self) -> int:
+        """The most top alternatives a row's logprobs may ask for (-1: no logprobs)."""
         ...
 
     def decode(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> list[Sampled]: ...
@@ -140,8 +126,49 @@ class RowByRow:
     def sampling(self) -> bool:
         return False
 
+    @property
+    def top_n(self) -> int:
+        return -1
+
     def decode(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> list[Sampled]:
         return [Sampled(self.engine.step(s), None, ()) for s in seqs]
+
+
+class Batched:
+    """The `Decoder` of a manifest with a batched step: every row in one `Engine.decode` (in groups
+    of the step's most rows when more run), each with its own sampling."""
+
+    def __init__(self, engine: Engine) -> None:
+        """Decode on `engine`.
+
+        Raises:
+            EngineError: the manifest has no batched step.
+        """
+        rows = engine.roles.rows
+        if rows is None:
+            raise EngineError("this manifest has no batched decode step (kern-qwen3 --rows): decode row by row")
+        self.engine = engine
+        self.rows = rows
+
+    @property
+    def sampling(self) -> bool:
+        return True
+
+    @property
+    def top_n(self) -> int:
+        return self.rows.top_n
+
+    def decode(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> list[Sampled]:
+        step = self.rows.max_rows
+        out: list[Sampled] = []
+        for i in range(0, len(seqs), step):
+            out += self.engine.decode(seqs[i : i + step], sampling[i : i + step])
+        return out
+
+
+def decoder_for(engine: Engine) -> Decoder:
+    """`Batched` when the engine's manifest has a batched step, else `RowByRow`."""
+    return Batched(engine) if engine.roles.rows is not None else RowByRow(engine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +208,7 @@ class Request:
     prompt: list[int]
     max_tokens: int
     sink: Callable[[Event], None]
-    sampling: Sampling = Sampling()
+    sampling: Sampling = field(default_factory=Sampling)
     stop_ids: frozenset[int] = frozenset()
     stop_text: tuple[str, ...] = ()
     id: int = -1
@@ -243,14 +270,14 @@ class Serving:
 
     def __init__(self, engine: Engine, decoder: Decoder | None = None, config: ServingConfig | None = None,
                  *, text: Callable[[Seq[int]], str] | None = None) -> None:
-        """Schedule requests on `engine` (its pool sizes the scheduler); `text` detokenizes for
-        stop strings.
+        """Schedule requests on `engine` (its pool sizes the scheduler) through `decoder`
+        (default `decoder_for(engine)`); `text` detokenizes for stop strings.
 
         Raises:
             kern_pool.ApiError: a scheduler limit out of range.
         """
         self.engine = engine
-        self.decoder: Decoder = decoder or RowByRow(engine)
+        self.decoder: Decoder = decoder or decoder_for(engine)
         self.config = config or ServingConfig()
         pool = engine.backend.pool
         # NOTE: one page stays spare: a grown lease is restored from its checkpoint, whose
@@ -284,12 +311,14 @@ class Serving:
 
         Raises:
             ApiError: the server is closed, an empty prompt, max_tokens below 1, or sampling the
-                decoder cannot do.
+                decoder cannot do (logprobs past its top-N bound).
         """
         if not req.prompt or req.max_tokens < 1:
             raise ApiError("a request needs at least one prompt token and max_tokens of at least 1")
         if not self.decoder.sampling and (req.sampling.temperature > 0 or req.sampling.logprobs >= 0):
             raise ApiError("this engine decodes greedily: temperature must be 0 and logprobs off")
+        if req.sampling.logprobs > self.decoder.top_n:
+            raise ApiError(f"logprobs {req.sampling.logprobs} exceeds this engine's top-N bound of {self.decoder.top_n}")
         with self._lock:
             if self._closed:
                 raise ApiError("the server is shutting down")
