@@ -60,9 +60,11 @@ async def _settle(raw: httpx.AsyncClient, server: Server) -> None:
 
 def load_with_faults(server: Server, key: str, model: str, want: Mapping[tuple[int, bool], str],
                      prompt: Callable[[int], str], messages: Callable[[int], list[dict[str, str]]],
-                     capacity: int) -> tuple[int, int, dict[str, int]]:
+                     capacity: int, agree: Callable[[str, tuple[int, bool]], bool] | None = None,
+                     ) -> tuple[int, int, dict[str, int]]:
     """Run the load; returns the server's RSS (KiB) after the first fifth and at the end, and the
-    requests done by kind. Fails on the first wrong status and on any wrong answer."""
+    requests done by kind. Fails on the first wrong status and on any wrong answer: one that is not
+    `want`'s, or that `agree(answer, key)` refuses when given."""
     aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=600)
     raw = httpx.AsyncClient(timeout=600, headers={"authorization": f"Bearer {key}"})
     results = {"valid": 0, "cancel": 0, "malformed": 0, "oversized": 0}
@@ -95,7 +97,7 @@ def load_with_faults(server: Server, key: str, model: str, want: Mapping[tuple[i
             await stream.close()
         else:
             got = await (chat(n) if is_chat else completion(n, i % 3 == 0))
-            if got != want[(n, is_chat)]:
+            if not (agree(got, (n, is_chat)) if agree is not None else got == want[(n, is_chat)]):
                 wrong.append((i, got, want[(n, is_chat)]))
         results[kind] += 1
 

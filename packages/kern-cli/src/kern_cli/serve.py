@@ -297,7 +297,9 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
         model.serving.start()
         try:
             host, port = sock.getsockname()[:2]
-            log(f"model {model.name}: reach {engine.reach} tokens, {opts.rows} rows, backend {opts.backend}")
+            rows = engine.roles.rows
+            step = f"batched step of {rows.max_rows} rows" if rows is not None else "row by row, greedy"
+            log(f"model {model.name}: reach {engine.reach} tokens, {opts.rows} rows ({step}), backend {opts.backend}")
             log(f"listening on http://{host}:{port}" + (" (API key required)" if opts.api_key else ""))
             config = uvicorn.Config(make_app(model), log_level="warning", access_log=False, lifespan="off",
                                     timeout_graceful_shutdown=5)

@@ -2,7 +2,7 @@
 its 4,096 ids.
 
     kern serve --backend kern_interp.serve:engine --tokenizer kern_interp.serve:tokenizer \\
-        --manifest examples/qwen3-tiny.json --capacity 4096
+        --manifest examples/qwen3-tiny-batch.json --capacity 4096
 
 `engine(spec)` builds the `kern_runtime.Engine` over `InterpBackend` (the pool holds `spec.tokens`
 KV tokens in chunks of 8 pages, a host tier of `spec.host_bytes`); without weights it writes (once)
