@@ -27,11 +27,13 @@ pytestmark = pytest.mark.gpu
 TOOLS = Path(__file__).resolve().parents[1]
 ROWS = 64
 STEPS = 8
-TIE_ULPS = 4
-"""Two logits at most this many bf16 steps apart count as a tie between two step programs that sum
-in other orders: the one-row step's GEMVs and deferred norms against cuBLAS at m = rows (the same
-bound as the bf16 manifests' near-tie rule against transformers, tools/gpu/qwen3_checks.py; the
-H200 showed 3-step gaps at random-weight near-ties)."""
+TOP_N = 20
+"""Logprobs the batched step returns per row in the greedy comparison: how far its logits lie
+from the one-row step's is measured on them."""
+DISAGREE_MAX = 0.25
+"""The largest difference allowed between the two steps' logit differences (top-N tokens against
+the batched top-1, same context): 8 bf16 steps at logits near 4. The one-row step runs our GEMVs
+with deferred norms, the batched step cuBLAS at m = rows: they round differently at every layer."""
 
 
 @pytest.fixture(scope="module")
@@ -94,47 +96,52 @@ def _alone(rt: Any, prompt: list[int]) -> tuple[list[int], list[np.ndarray]]:
         eng.close()
 
 
-def _ulp(x: float) -> float:
-    """One bf16 step at |x|."""
-    return 2.0 ** (np.floor(np.log2(max(abs(x), 2.0**-126))) - 7)
-
-
-def _batched(rt: Any, prompts: list[list[int]], asks: list[Any], order: list[int]) -> dict[int, list[int]]:
-    """Tokens of the sequences `order` names, batched in that order."""
+def _batched(rt: Any, prompts: list[list[int]], asks: list[Any], order: list[int]) -> dict[int, list[Any]]:
+    """The Sampled of each step for the sequences `order` names, batched in that order."""
     eng = _engine(rt)
     try:
         seqs = {i: eng.sequence() for i in order}
         for i in order:
             eng.prefill(seqs[i], prompts[i], STEPS)
-        got: dict[int, list[int]] = {i: [] for i in order}
+        got: dict[int, list[Any]] = {i: [] for i in order}
         for _ in range(STEPS):
             for i, s in zip(order, eng.decode([seqs[i] for i in order], [asks[i] for i in order]), strict=True):
-                got[i].append(s.token)
+                got[i].append(s)
         return got
     finally:
         eng.close()
 
 
+def _disagreement(top: tuple[tuple[int, float], ...], logits: np.ndarray) -> float:
+    """The largest difference between the batched step's logprob differences (each top-N token
+    against its top-1) and the one-row step's logit differences for the same tokens."""
+    t0, l0 = top[0]
+    return max(abs((lp - l0) - float(logits[t] - logits[t0])) for t, lp in top)
+
+
 @pytest.mark.parametrize("n", [1, 7, 32, 64])
 def test_batched_greedy_equals_one_row(rt: Any, n: int) -> None:
     """Each row's tokens are the one-row step's until a step where the one-row step's top two
-    logits lie within TIE_ULPS bf16 steps (the two programs sum in other orders: random weights give
-    nearly flat logits, docs/qwen3.md); any other difference fails."""
+    logits lie closer than the two steps disagree: the disagreement is measured in the same run
+    on the batched step's top-N logprobs at every step both ran from the same context (the
+    largest one over all rows, D, at most DISAGREE_MAX), and a row may part only where the one-row
+    gap between its token and the batched token is at most 2 D; any other difference fails."""
     import kern_runtime as kr
 
     prompts = [_prompt(1000 + i, _length(i)) for i in range(n)]
     want = [_alone(rt, p) for p in prompts]
-    # NOTE: logprobs=0 sends a lone row through the batched step too
-    got = _batched(rt, prompts, [kr.Sampling(logprobs=0)] * n, list(range(n)))
-    parted = []
+    got = _batched(rt, prompts, [kr.Sampling(logprobs=TOP_N)] * n, list(range(n)))
+    worst, parted = 0.0, []
     for i, (toks, logits) in enumerate(want):
-        for j, (a, b) in enumerate(zip(toks, got[i], strict=True)):
-            if a != b:
-                gap = float(logits[j][a] - logits[j][b])
-                assert gap <= TIE_ULPS * _ulp(float(logits[j][a])), f"row {i} parted at step {j}: {a} vs {b}, gap {gap}"
-                parted.append((i, j))
+        for j, (a, sampled) in enumerate(zip(toks, got[i], strict=True)):
+            worst = max(worst, _disagreement(sampled.top, logits[j]))
+            if a != sampled.token:
+                parted.append((i, j, float(logits[j][a] - logits[j][sampled.token])))
                 break
-    print(f"{n} rows: {len(parted)} parted from the one-row step at a near-tie {parted}")
+    print(f"{n} rows: largest disagreement {worst:.4f}; parted (row, step, one-row gap) {parted}")
+    assert worst <= DISAGREE_MAX
+    for i, j, gap in parted:
+        assert gap <= 2 * worst, f"row {i} parted at step {j} with a one-row gap {gap} > 2 x {worst}"
 
 
 def test_rows_are_independent_of_their_neighbours(rt: Any) -> None:
@@ -143,7 +150,8 @@ def test_rows_are_independent_of_their_neighbours(rt: Any) -> None:
 
     prompts = [_prompt(1500 + i, _length(3 * i)) for i in range(7)]
     asks = [kr.Sampling(temperature=0.7 * (i % 2), seed=i, logprobs=0) for i in range(7)]
-    assert _batched(rt, prompts, asks, list(range(7))) == _batched(rt, prompts, asks, [6, 2, 4, 0, 5, 1, 3])
+    first, second = _batched(rt, prompts, asks, list(range(7))), _batched(rt, prompts, asks, [6, 2, 4, 0, 5, 1, 3])
+    assert {i: [s.token for s in v] for i, v in first.items()} == {i: [s.token for s in v] for i, v in second.items()}
 
 
 def _row_logits(rt: Any, rows: int) -> np.ndarray:
