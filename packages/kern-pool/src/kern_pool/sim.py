@@ -26,13 +26,16 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from itertools import accumulate
 from pathlib import Path
-from typing import NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TextIO, TypeVar
 
 from kern_pool.chunks import Capacity, PagedState, PoolConfig, SeqState, pool_config
 from kern_pool.errors import Busy, HostFull, PoolError, Remapping
 from kern_pool.host import Host, Parked
 from kern_pool.pages import Checkpoint, Lease, Pool
 from kern_pool.prefix import Prefix
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "MAX_DEVICE_BYTES",
@@ -116,12 +119,12 @@ class Workload:
                      "batch", "tokens", "unit", "host_tokens", "bytes_per_token", "state_bytes"):
             value: object = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise SimError(f"{_flag(name)} must be an integer, got {value!r}")
+                raise SimError(f"{flag(name)} must be an integer, got {value!r}")
             if value > _I64_MAX and name != "seed":
-                raise SimError(f"{_flag(name)} {value} is over {_I64_MAX}")
+                raise SimError(f"{flag(name)} {value} is over {_I64_MAX}")
         for name in ("sessions", "turns", "system_prompts", "prompt_len", "answer_len", "batch", "tokens", "unit", "bytes_per_token"):
             if getattr(self, name) <= 0:
-                raise SimError(f"{_flag(name)} must be positive")
+                raise SimError(f"{flag(name)} must be positive")
         if self.system_len < 0 or self.host_tokens < 0 or self.state_bytes < 0:
             raise SimError("--system-len, --host-tokens and --state-bytes must not be negative")
         if not 0 <= self.seed <= _MASK:
@@ -173,7 +176,8 @@ class _Turn:
     full: list[int]
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The command-line flag of a workload field: `--prompt-len` for `prompt_len`."""
     return "--" + name.replace("_", "-")
 
 
@@ -359,11 +363,11 @@ _HELP = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """Argparse errors as one `kern-pool-sim: message (see kern-pool-sim --help)` line, exit 2."""
+class Parser(argparse.ArgumentParser):
+    """Argparse errors as one `PROG: message (see PROG --help)` line, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: {message} (see {PROG} --help)", file=sys.stderr)
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -375,12 +379,12 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--version", action="version", version=_version())
     defaults = Workload()
     for name in Workload.__dataclass_fields__:
         value = getattr(defaults, name)
-        p.add_argument(_flag(name), type=type(value), default=value,
+        p.add_argument(flag(name), type=type(value), default=value,
                        metavar=type(value).__name__.upper(), help=f"{_HELP[name]} (default {value})")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -402,8 +406,9 @@ def _output_problem(path: Path) -> str | None:
     return None
 
 
-def _table(figures: Figures) -> str:
-    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in asdict(figures).items()]
+def table(figures: DataclassInstance, digits: int = 4) -> str:
+    """A figures dataclass as aligned `name  value` lines, floats with `digits` decimals."""
+    rows = [(k, f"{v:.{digits}f}" if isinstance(v, float) else str(v)) for k, v in asdict(figures).items()]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
@@ -441,7 +446,7 @@ def _run(args: argparse.Namespace) -> int:
         figures = simulate(workload, None if args.quiet else sys.stderr)
     except PoolError as exc:
         return _fail(str(exc))
-    print(_table(figures))
+    print(table(figures))
     sys.stdout.flush()
     if args.json is not None:
         try:

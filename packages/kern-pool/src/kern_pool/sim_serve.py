@@ -20,11 +20,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 from kern_pool.errors import PoolError
 from kern_pool.sched import Ask, Outcome, Plan, Refused, SchedConfig, Scheduler
-from kern_pool.sim import SimError, SplitMix64
+from kern_pool.sim import Parser, SimError, SplitMix64, flag, table
 
 __all__ = ["ServeFigures", "ServeWorkload", "main", "replay"]
 
@@ -64,10 +63,10 @@ class ServeWorkload:
                     raise SimError(f"--rate must be a positive finite number, got {value!r}")
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise SimError(f"{_flag(name)} must be an integer, got {value!r}")
+                raise SimError(f"{flag(name)} must be an integer, got {value!r}")
             low = 0 if name in ("seed", "prefix_len", "grow") else 1
             if value < low:
-                raise SimError(f"{_flag(name)} must be at least {low}, got {value}")
+                raise SimError(f"{flag(name)} must be at least {low}, got {value}")
         if self.requests > MAX_REQUESTS:
             raise SimError(f"--requests {self.requests} is over {MAX_REQUESTS}")
         if self.prompt_min > self.prompt_max or self.output_min > self.output_max:
@@ -160,10 +159,6 @@ class _Replay:
         return self.kv[rid]
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _arrivals(w: ServeWorkload) -> list[_Req]:
     rng = SplitMix64(w.seed)
     t = 0.0
@@ -223,18 +218,12 @@ def _figures(r: _Replay, steps: int) -> ServeFigures:
     return f
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: {message} (see {PROG} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     defaults = ServeWorkload()
     for name in ServeWorkload.__dataclass_fields__:
         value = getattr(defaults, name)
-        p.add_argument(_flag(name), type=type(value), default=value, metavar=type(value).__name__.upper(),
+        p.add_argument(flag(name), type=type(value), default=value, metavar=type(value).__name__.upper(),
                        help=f"(default {value})")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     return p
@@ -249,9 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PoolError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    rows = [(k, f"{v:.2f}" if isinstance(v, float) else str(v)) for k, v in asdict(figures).items()]
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+    print(table(figures, digits=2))
     if args.json is not None:
         try:
             args.json.write_text(json.dumps(asdict(figures), indent=2, sort_keys=True) + "\n")
