@@ -306,7 +306,7 @@ class Scheduler:
     @property
     def reserved(self) -> int:
         """Pages the running requests' leases reserve."""
-        return sum(lease_pages(self._reqs[i].lease, self.unit) for i in self._running)
+        return self._pages(self._running)
 
     def generated(self, rid: int) -> int:
         """Tokens `rid` generated so far."""
@@ -319,7 +319,7 @@ class Scheduler:
         retire = self._retirements()
         gone = {r.id for r in retire}
         running = [i for i in self._running if i not in gone]
-        free = self.pages - sum(lease_pages(self._reqs[i].lease, self.unit) for i in running)
+        free = self.pages - self._pages(running)
         grow, park, free = self._grow(running, free)
         running = [i for i in running if i not in park]
         admit = self._admit(running, park, free, gone)
@@ -381,7 +381,7 @@ class Scheduler:
             req = self._reqs[rid]
             if rid in park or req.prefilling or req.room > 0:
                 continue
-            lease = req.done + min(req.left, self.config.grow or req.left)
+            lease = req.done + self._steps(req)
             need = lease_pages(lease, self.unit) - lease_pages(req.lease, self.unit)
             while need > free and (victim := self._newest(running, park)) is not None and victim != rid:
                 park.add(victim)
@@ -411,8 +411,15 @@ class Scheduler:
         return Admit(head, req.total, lease, req.generated > 0)
 
     def _first_lease(self, req: _Req) -> int:
-        steps = min(req.left, self.config.grow or req.left)
-        return req.total + steps - 1
+        return req.total + self._steps(req) - 1
+
+    def _steps(self, req: _Req) -> int:
+        """Decode steps a new or grown lease of `req` holds: `grow` of them, or all it has left."""
+        return min(req.left, self.config.grow or req.left)
+
+    def _pages(self, rids: list[int]) -> int:
+        """Pages the leases of `rids` reserve."""
+        return sum(lease_pages(self._reqs[i].lease, self.unit) for i in rids)
 
     def _decodes(self, rid: int, grow: list[Grow]) -> bool:
         req = self._reqs[rid]
