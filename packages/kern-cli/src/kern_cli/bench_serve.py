@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kern_cli.config import KernTomlError
-from kern_cli.console import Parser, add_version, fail, output_file_problem, quiet_ends
+from kern_cli.console import Parser, add_version, fail, output_file_problem, run_handler
 from kern_cli.run import RunError
 
 if TYPE_CHECKING:
@@ -245,5 +245,4 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`kern bench serve` (the dispatcher routes `kern bench serve ...` here)."""
-    args = build_parser().parse_args(argv)
-    return quiet_ends(PROG, lambda: int(args.handler(args)))
+    return run_handler(PROG, build_parser(), argv)

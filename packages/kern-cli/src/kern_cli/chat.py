@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kern_cli.config import KernTomlError
-from kern_cli.console import Parser, add_version, fail, quiet_ends
+from kern_cli.console import Parser, add_version, fail, run_handler
 
 if TYPE_CHECKING:
     from kern_cli.run import RunOptions
@@ -279,5 +279,4 @@ def build_parser(prog: str = "kern chat") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`kern chat` as a function (the dispatcher's `kern chat` is the console entry)."""
-    args = build_parser().parse_args(argv)
-    return quiet_ends("kern chat", lambda: int(args.handler(args)))
+    return run_handler("kern chat", build_parser(), argv)

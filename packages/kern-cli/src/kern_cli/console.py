@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
@@ -27,6 +27,7 @@ __all__ = [
     "output_file_problem",
     "program",
     "quiet_ends",
+    "run_handler",
 ]
 
 
@@ -116,3 +117,9 @@ def quiet_ends(prog: str, main: Callable[[], int]) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return code
+
+
+def run_handler(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parses `argv` and runs the handler it chose (`args.handler(args)`) under `quiet_ends(prog)`."""
+    args = parser.parse_args(argv)
+    return quiet_ends(prog, lambda: int(args.handler(args)))

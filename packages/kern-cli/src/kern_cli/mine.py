@@ -24,7 +24,7 @@ from kern_cli.console import (
     fail,
     output_dir_problem,
     output_file_problem,
-    quiet_ends,
+    run_handler,
 )
 from kern_mining import AnalyzeConfig, MiningError, analyze_dir, build_library, run_capture
 
@@ -169,8 +169,7 @@ def register(subparsers: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `kern-mine`."""
-    args = build_parser().parse_args(argv)
-    return quiet_ends("kern-mine", lambda: int(args.handler(args)))
+    return run_handler("kern-mine", build_parser(), argv)
 
 
 if __name__ == "__main__":

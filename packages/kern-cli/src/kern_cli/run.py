@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kern_cli.config import KernConfig, KernTomlError, Target, config_for
-from kern_cli.console import Parser, add_version, fail, quiet_ends
+from kern_cli.console import Parser, add_version, fail, run_handler
 from kern_qwen3 import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
 
 if TYPE_CHECKING:
@@ -567,8 +567,7 @@ def register(subparsers: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of `kern-run`."""
-    args = build_parser().parse_args(argv)
-    return quiet_ends("kern-run", lambda: int(args.handler(args)))
+    return run_handler("kern-run", build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kern_cli.config import KernTomlError, config_for
-from kern_cli.console import Parser, add_version, fail, quiet_ends
+from kern_cli.console import Parser, add_version, fail, run_handler
 from kern_cli.run import (
     DEFAULT_CHUNK,
     DEFAULT_TOKENIZER,
@@ -372,5 +372,4 @@ def build_parser(prog: str = "kern serve") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`kern serve` as a function."""
-    args = build_parser().parse_args(argv)
-    return quiet_ends("kern serve", lambda: int(args.handler(args)))
+    return run_handler("kern serve", build_parser(), argv)
