@@ -30,12 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from kern_cli.bench_report import row as _row
+
 ROOT = Path(__file__).resolve().parents[2]
 WARM = 4
-
-
-def _row(name: str, value: float, unit: str, target: float | None = None, peer: str = "") -> dict[str, Any]:
-    return {"name": name, "value": round(value, 4), "unit": unit, "target": target, "peer": peer}
 
 
 def _time(run: Callable[[], object], steps: int) -> float:
