@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from helpers.openai_text import chat_text, completion_text
 from helpers.serve_load import DISTINCT, load_with_faults, parse_metrics
 from helpers.serve_proc import Server, launch
 
@@ -57,19 +58,11 @@ def client(server: Server) -> openai.OpenAI:
 
 
 def completion(client: openai.OpenAI, i: int, stream: bool, max_tokens: int = 8) -> str:
-    if not stream:
-        return client.completions.create(model=MODEL, prompt=prompt(i), max_tokens=max_tokens).choices[0].text
-    parts = client.completions.create(model=MODEL, prompt=prompt(i), max_tokens=max_tokens, stream=True)
-    return "".join(c.choices[0].text for c in parts if c.choices)
+    return completion_text(client, MODEL, prompt(i), max_tokens, stream)
 
 
 def chat(client: openai.OpenAI, i: int, stream: bool = False, max_tokens: int = 8) -> str:
-    msgs: Any = messages(i)
-    if not stream:
-        out = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=max_tokens)
-        return out.choices[0].message.content or ""
-    parts = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=max_tokens, stream=True)
-    return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+    return chat_text(client, MODEL, messages(i), max_tokens, stream)
 
 
 @dataclass(frozen=True)
