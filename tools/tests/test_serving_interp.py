@@ -8,10 +8,11 @@ logprobs give what each gives alone."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -34,6 +35,9 @@ from kern_runtime.serving import (
     Token,
     decoder_for,
 )
+
+if TYPE_CHECKING:
+    from starlette.testclient import TestClient
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 10
@@ -265,59 +269,54 @@ def test_an_engine_failure_ends_the_requests_of_that_step_and_serving_goes_on(
     e.close()
 
 
-def test_the_app_with_a_sampling_decoder_answers_logprobs(manifest: dict[str, Any],
-                                                          weights: dict[str, np.ndarray]) -> None:
+@contextlib.contextmanager
+def app_client(e: kr.Engine, srv: Serving) -> Iterator[TestClient]:
+    """`srv` (serving `e`) started behind kern serve's app with a byte tokenizer; a client of that
+    app; `srv` and `e` closed after."""
     from starlette.testclient import TestClient
 
     from kern_cli.serve_app import Model, make_app
 
-    e = engine(manifest, weights)
-    srv = Serving(e, Seeded(e))
     srv.start()
     tok = ByteTokenizer()
     app = make_app(Model("tiny", srv, tok.encode, tok.decode, lambda ms: "".join(m["content"] for m in ms),
                          frozenset(), None, 1 << 16, 0))
     try:
         with TestClient(app) as client:
-            body = {"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0.5, "seed": 9, "logprobs": 1}
-            a = client.post("/v1/completions", json=body).json()["choices"][0]
-            b = client.post("/v1/completions", json=body).json()["choices"][0]
-            assert a == b and len(a["logprobs"]["tokens"]) == 3
-            assert a["logprobs"]["token_logprobs"] == [-1.0] * 3 and a["logprobs"]["top_logprobs"][0] == {"\x01": -2.0}
-            assert a["logprobs"]["text_offset"][0] == 0
-            other = client.post("/v1/completions", json={**body, "seed": 10}).json()["choices"][0]
-            assert other["text"] != a["text"]
-            chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                    "temperature": 1.0, "logprobs": True, "top_logprobs": 1}
-            content = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]["content"]
-            assert [c["logprob"] for c in content] == [-1.0, -1.0] and content[0]["top_logprobs"][0]["logprob"] == -2.0
+            yield client
     finally:
         srv.close()
         e.close()
+
+
+def test_the_app_with_a_sampling_decoder_answers_logprobs(manifest: dict[str, Any],
+                                                          weights: dict[str, np.ndarray]) -> None:
+    e = engine(manifest, weights)
+    with app_client(e, Serving(e, Seeded(e))) as client:
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0.5, "seed": 9, "logprobs": 1}
+        a = client.post("/v1/completions", json=body).json()["choices"][0]
+        b = client.post("/v1/completions", json=body).json()["choices"][0]
+        assert a == b and len(a["logprobs"]["tokens"]) == 3
+        assert a["logprobs"]["token_logprobs"] == [-1.0] * 3 and a["logprobs"]["top_logprobs"][0] == {"\x01": -2.0}
+        assert a["logprobs"]["text_offset"][0] == 0
+        other = client.post("/v1/completions", json={**body, "seed": 10}).json()["choices"][0]
+        assert other["text"] != a["text"]
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "temperature": 1.0, "logprobs": True, "top_logprobs": 1}
+        content = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["logprobs"]["content"]
+        assert [c["logprob"] for c in content] == [-1.0, -1.0] and content[0]["top_logprobs"][0]["logprob"] == -2.0
 
 
 def test_a_greedy_engine_refuses_sampling_with_400(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
-    from starlette.testclient import TestClient
-
-    from kern_cli.serve_app import Model, make_app
-
     e = engine(manifest, weights)
     srv = Serving(e)
     assert isinstance(srv.decoder, RowByRow)
-    srv.start()
-    tok = ByteTokenizer()
-    app = make_app(Model("tiny", srv, tok.encode, tok.decode, lambda ms: "".join(m["content"] for m in ms),
-                         frozenset(), None, 1 << 16, 0))
-    try:
-        with TestClient(app) as client:
-            base = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
-            for extra, param in (({"temperature": 0.7}, "temperature"), ({"logprobs": 1}, "logprobs")):
-                err = client.post("/v1/completions", json={**base, **extra}).json()["error"]
-                assert (err["code"], err["param"]) == ("unsupported_parameter", param)
-            assert client.post("/v1/completions", json=base).status_code == 200
-    finally:
-        srv.close()
-        e.close()
+    with app_client(e, srv) as client:
+        base = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
+        for extra, param in (({"temperature": 0.7}, "temperature"), ({"logprobs": 1}, "logprobs")):
+            err = client.post("/v1/completions", json={**base, **extra}).json()["error"]
+            assert (err["code"], err["param"]) == ("unsupported_parameter", param)
+        assert client.post("/v1/completions", json=base).status_code == 200
 
 
 @pytest.fixture(scope="module")
