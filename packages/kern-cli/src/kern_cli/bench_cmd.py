@@ -52,7 +52,7 @@ from kern_cli.bench_report import (
     write_report,
 )
 from kern_cli.config import KernTomlError, config_for
-from kern_cli.console import fail, output_dir_problem, output_file_problem
+from kern_cli.console import fail, output_dir_problem, output_file_problem, positive_ints
 from kern_cli.run import (
     LoadOptions,
     RunError,
@@ -387,13 +387,7 @@ def _step_program(manifest: Mapping[str, Any]) -> str:
 
 
 def _ints(flag: str, text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise BenchError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise BenchError(f"{flag} needs positive integers, got {text!r}")
-    return values
+    return positive_ints(flag, text, BenchError)
 
 
 def _breakdown(text: str | None, contexts: tuple[int, ...]) -> tuple[int, ...]:

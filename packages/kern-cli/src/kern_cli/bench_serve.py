@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kern_cli.config import KernTomlError
-from kern_cli.console import Parser, add_version, fail, output_file_problem, run_handler
+from kern_cli.console import (
+    Parser,
+    add_version,
+    fail,
+    output_file_problem,
+    positive_ints,
+    run_handler,
+)
 from kern_cli.run import RunError
 
 if TYPE_CHECKING:
@@ -178,16 +185,6 @@ def table(levels: Sequence[Level]) -> str:
     return "\n".join(lines)
 
 
-def _clients(text: str) -> list[int]:
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise RunError(f"--clients must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise RunError(f"--clients needs positive integers, got {text!r}")
-    return values
-
-
 def _check(args: argparse.Namespace) -> None:
     for name in ("system", "question", "max_tokens", "rounds"):
         if getattr(args, name) < 1:
@@ -205,7 +202,7 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
     try:
-        clients = _clients(args.clients)
+        clients = list(positive_ints("--clients", args.clients, RunError))
         _check(args)
         opts = serve.resolve(args)
         levels = serve.with_engine(opts, log, lambda engine: measure(

@@ -25,6 +25,7 @@ __all__ = [
     "fail",
     "output_dir_problem",
     "output_file_problem",
+    "positive_ints",
     "program",
     "quiet_ends",
     "run_handler",
@@ -102,6 +103,22 @@ def _dir_problem(path: Path) -> str | None:
     if not os.access(ancestor, os.W_OK):
         return f"{path}: cannot create it under {ancestor} (not writable)"
     return None
+
+
+def positive_ints(flag: str, text: str, error: Callable[[str], Exception]) -> tuple[int, ...]:
+    """The comma-separated positive integers `text` that `flag` was given.
+
+    Raises:
+        Exception: `error(message)`, when `text` holds something else than integers, none, or one
+            below 1.
+    """
+    try:
+        values = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise error(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise error(f"{flag} needs positive integers, got {text!r}")
+    return values
 
 
 def quiet_ends(prog: str, main: Callable[[], int]) -> int:
