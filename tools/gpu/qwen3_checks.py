@@ -58,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+from kern_cli.bench_report import row as _row
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 64
 PROMPT_LENS = (1, 37, 709)
@@ -409,10 +411,6 @@ def hf_bench(model: Any) -> list[dict[str, Any]]:
         ms = _cuda_ms(lambda: model(input_ids=p709), 6)
         rows.append(_row("transformers_prefill_ms@709", ms, "ms", peer="transformers eager, bf16"))
     return rows
-
-
-def _row(name: str, value: float, unit: str, target: float | None = None, peer: str = "") -> dict[str, Any]:
-    return {"name": name, "value": round(float(value), 4), "unit": unit, "target": target, "peer": peer}
 
 
 # --------------------------------------------------------------------------------------------
