@@ -56,3 +56,27 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert figures["finished"] == 40 and "ttft_p99" in capsys.readouterr().out
     assert sim_main(["serve", "--rows", "0"]) == 2
     assert "kern-pool-sim serve: --rows must be at least 1" in capsys.readouterr().err
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_replay(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import kern_pool.sim_serve as sim_serve
+
+    def no_replay(w: ServeWorkload) -> None:
+        raise AssertionError("the replay ran")
+
+    monkeypatch.setattr(sim_serve, "replay", no_replay)
+    assert sim_main(["serve", "--json", str(tmp_path / "missing" / "f.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kern-pool-sim serve: --json ") and "does not exist" in err and len(err.splitlines()) == 1
+
+
+def test_a_closed_stdout_ends_the_serve_replay_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kern_pool.sim_serve as sim_serve
+
+    def closed(w: ServeWorkload) -> None:
+        raise BrokenPipeError
+
+    monkeypatch.setattr(sim_serve, "replay", closed)
+    monkeypatch.setattr("os.dup2", lambda fd, fd2: None)
+    assert sim_main(["serve", "--requests", "4"]) == 141

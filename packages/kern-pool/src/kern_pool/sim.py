@@ -391,7 +391,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _output_problem(path: Path) -> str | None:
+def output_problem(path: Path) -> str | None:
     """Why `path` cannot be written, or None (nothing is written)."""
     try:
         if path.is_dir():
@@ -417,13 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: run, print the table, optionally write `--json FILE`; `serve ...`
     replays a serving workload through the scheduler (kern_pool.sim_serve)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["serve"]:
-        from kern_pool import sim_serve
-
-        return sim_serve.main(argv[1:])
-    args = _parser().parse_args(argv)
     try:
-        return _run(args)
+        if argv[:1] == ["serve"]:
+            from kern_pool import sim_serve
+
+            return sim_serve.main(argv[1:])
+        return _run(_parser().parse_args(argv))
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
@@ -439,7 +438,7 @@ def _fail(message: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     workload = Workload(**{k: getattr(args, k) for k in Workload.__dataclass_fields__})
-    problem = _output_problem(args.json) if args.json is not None else None
+    problem = output_problem(args.json) if args.json is not None else None
     if problem is not None:
         return _fail(f"--json {problem}")
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kern_pool.errors import PoolError
 from kern_pool.sched import Ask, Outcome, Plan, Refused, SchedConfig, Scheduler
-from kern_pool.sim import Parser, SimError, SplitMix64, flag, table
+from kern_pool.sim import Parser, SimError, SplitMix64, flag, output_problem, table
 
 __all__ = ["ServeFigures", "ServeWorkload", "main", "replay"]
 
@@ -233,6 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`kern-pool-sim serve ...`: replay, print the figures, optionally write `--json FILE`."""
     args = _parser().parse_args(argv)
     w = ServeWorkload(**{k: getattr(args, k) for k in ServeWorkload.__dataclass_fields__})
+    problem = output_problem(args.json) if args.json is not None else None
+    if problem is not None:
+        print(f"{PROG}: --json {problem}", file=sys.stderr)
+        return 2
     try:
         figures = replay(w)
     except PoolError as exc:
