@@ -41,6 +41,9 @@ def test_config_of_the_4b_and_the_tiny() -> None:
         ({"rms_norm_eps": 1}, "'rms_norm_eps' must be a float in (0, 1), got 1"),
         ({"rope_scaling": {"rope_type": "yarn"}}, "is not supported (only the default rope)"),
         ({"hidden_size": 0}, "'hidden_size' must be a positive integer, got 0"),
+        ({"head_dim": 128.5}, "'head_dim' must be a positive integer, got 128.5"),
+        ({"head_dim": 127}, "head_dim 127 is odd (rope rotates pairs)"),
+        ({"attention_bias": True}, "'attention_bias' true is not supported"),
     ],
 )
 def test_configs_it_refuses(change: dict[str, Any], message: str) -> None:

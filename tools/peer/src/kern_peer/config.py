@@ -67,12 +67,16 @@ def parse_config(cfg: dict[str, Any]) -> PeerConfig:
     if heads % kv:
         raise PeerConfigError(f"config.json: {heads} attention heads are not a multiple of {kv} kv heads")
     hidden = _int(cfg, "hidden_size")
-    head_dim = cfg.get("head_dim") or hidden // heads
+    head_dim = _int(cfg, "head_dim") if cfg.get("head_dim") is not None else hidden // heads
+    if head_dim % 2:
+        raise PeerConfigError(f"config.json: head_dim {head_dim} is odd (rope rotates pairs)")
+    if cfg.get("attention_bias", False):
+        raise PeerConfigError("config.json: 'attention_bias' true is not supported (the peer's projections have no bias)")
     eps = cfg.get("rms_norm_eps")
     if not isinstance(eps, float) or not 0 < eps < 1:
         raise PeerConfigError(f"config.json: 'rms_norm_eps' must be a float in (0, 1), got {eps!r}")
     return PeerConfig(hidden=hidden, layers=_int(cfg, "num_hidden_layers"), heads=heads, kv_heads=kv,
-                      head_dim=int(head_dim), inter=_int(cfg, "intermediate_size"), vocab=_int(cfg, "vocab_size"),
+                      head_dim=head_dim, inter=_int(cfg, "intermediate_size"), vocab=_int(cfg, "vocab_size"),
                       eps=eps, theta=_theta(cfg), tied=bool(cfg.get("tie_word_embeddings", False)),
                       max_pos=_int(cfg, "max_position_embeddings"))
 
