@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from kern_manifest.expr import Expr
 from kern_manifest.schema import (
     BufArg,
     Call,
@@ -51,7 +55,7 @@ from .blas import Blas, GemmShape
 from .errors import ManifestUnsupportedError
 from .launch import ArgBlock, KernelRecord, encode_value, pack_bytes
 
-__all__ = ["Resources", "Step", "Value", "call_value", "compile_program", "gemm_shape"]
+__all__ = ["ProgramTemplate", "Resources", "Step", "Value", "call_value", "compile_program", "gemm_shape"]
 
 _TMAP_BYTES = {"u8": 1, "u16": 2, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f16": 2, "bf16": 2,
                "f32": 4, "tf32": 4, "u4": 1, "u4packed": 1}  # fmt: skip
@@ -163,7 +167,7 @@ class _Compiler:
                 steps.append(Step(position, label, _launcher(rec, self.res.stream)))
         return steps
 
-    def _arg(self, op_name: str, op: Op, arg: object, ptype: ParamType, values: Sequence[Value], where: str) -> bytes:
+    def arg_bytes(self, op_name: str, op: Op, arg: object, ptype: ParamType, values: Sequence[Value], where: str) -> bytes:
         if isinstance(arg, ParamArg):
             return _encode(ptype, values[arg.param], where)
         if isinstance(arg, ScratchArg):
@@ -225,7 +229,7 @@ class _Compiler:
     ) -> KernelRecord:
         params = launch.params if launch.params is not None else op.params
         args = launch.args if launch.args is not None else _by_position(len(params))
-        raw = [self._arg(op_name, op, a, p, values, f"{where} arg {i}") for i, (a, p) in enumerate(zip(args, params, strict=True))]
+        raw = [self.arg_bytes(op_name, op, a, p, values, f"{where} arg {i}") for i, (a, p) in enumerate(zip(args, params, strict=True))]
         grid = (launch.grid[0].eval(self.env), launch.grid[1].eval(self.env), launch.grid[2].eval(self.env))
         smem = launch.shared_mem.eval(self.env)
         block = (launch.block[0], launch.block[1], launch.block[2])
@@ -239,6 +243,10 @@ class _Compiler:
     ) -> tuple[Callable[[], None], Mapping[str, int] | None]:
         if launch.signature.collective:
             return self.collective(launch, values, where), None
+        gemm = self.gemm(launch, values, where)
+        return gemm.run, gemm.blas.describe(gemm.plan)
+
+    def gemm(self, launch: ExternLaunch, values: Sequence[Value], where: str) -> _Gemm:
         blas = self.res.blas
         if blas is None or not launch.entry.startswith("extern:cubl"):
             raise ManifestUnsupportedError(f"{where}: {launch.entry} is not available in this runtime")
@@ -248,9 +256,7 @@ class _Compiler:
         if a is None or w is None or c is None:
             raise ManifestUnsupportedError(f"{where}: GEMM a/w/c must be buffers")
         shape = gemm_shape(launch.entry, [int(v.scalar or 0) for v in vals[3:]], where)
-        plan = blas.plan(shape, _algo_tuple(launch))
-        stream = int(self.res.stream)
-        return (lambda: blas.matmul(plan, a, w, c, stream)), blas.describe(plan)
+        return _Gemm(blas, shape, blas.plan(shape, _algo_tuple(launch)), a, w, c, int(self.res.stream))
 
     def collective(self, launch: ExternLaunch, values: Sequence[Value], where: str) -> Callable[[], None]:
         args = launch.args or ()
@@ -280,6 +286,22 @@ class _Compiler:
         if isinstance(arg, ExprArg):
             return Value(scalar=arg.expr.eval(self.env))
         raise ManifestUnsupportedError(f"{where}: unsupported extern arg {arg!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Gemm:
+    """One resolved extern GEMM: its plan and pointers; `run` is the step's action."""
+
+    blas: Blas
+    shape: GemmShape
+    plan: Any
+    a: int
+    w: int
+    c: int
+    stream: int
+
+    def run(self) -> None:
+        self.blas.matmul(self.plan, self.a, self.w, self.c, self.stream)
 
 
 def _algo_tuple(launch: ExternLaunch) -> tuple[int, ...] | None:
@@ -341,3 +363,356 @@ def compile_program(res: Resources, program: str, env: Mapping[str, int]) -> lis
     for position, call in enumerate(res.manifest.programs[program].calls):
         steps.extend(comp.call(position, call))
     return steps
+
+
+# -- templates: a program staged once, compiled per var key by patching what reads vars ----------
+
+
+class _Restage(Exception):
+    """A var key the template cannot stage exactly; the plain compile runs instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """Everything a template read from `Resources`, copied (the runtime's tables are mutable)."""
+
+    manifest: Manifest
+    buffers: dict[str, tuple[int, int]]
+    states: dict[str, tuple[int, int]]
+    scratch: dict[str, dict[str, int]]
+    funcs: dict[tuple[str, int], Any]
+    blas: Blas | None
+    ranks: dict[str, int]
+    stream: Any
+    comms: dict[str, nccl.Communicator]
+
+
+def _snapshot(res: Resources) -> _Snapshot:
+    return _Snapshot(
+        res.manifest, dict(res.buffers), dict(res.states), {k: dict(v) for k, v in res.scratch.items()},
+        dict(res.funcs), res.blas, dict(res.ranks), res.stream, dict(res.comms),
+    )  # fmt: skip
+
+
+def _fixed_value(arg: object) -> bool:
+    """Whether a call arg's value reads no var."""
+    if isinstance(arg, BufArg | StateArg):
+        return arg.offset.const is not None
+    if isinstance(arg, ExprArg):
+        return arg.expr.const is not None
+    return isinstance(arg, I32Arg | I64Arg | U8Arg | F32Arg | RankArg)
+
+
+def _fixed_field(f: object, moving: frozenset[int]) -> bool:
+    if isinstance(f, PackParam):
+        return f.param not in moving
+    if isinstance(f, PackExpr):
+        return f.expr.const is not None
+    return isinstance(f, PackScratch | PackF32 | PackI32 | PackI64 | PackU8 | PackRank)
+
+
+def _fixed_arg(arg: object, moving: frozenset[int]) -> bool:
+    """Whether a launch arg's bytes read no var (`moving`: the call values that do)."""
+    if isinstance(arg, ParamArg):
+        return arg.param not in moving
+    if isinstance(arg, ExprArg):
+        return arg.expr.const is not None
+    if isinstance(arg, PackArg):
+        return all(_fixed_field(f, moving) for f in arg.pack.fields)
+    return isinstance(arg, ScratchArg | I32Arg | I64Arg | U8Arg | F32Arg | RankArg)
+
+
+def _slot(n: int) -> int:
+    return -(-max(n, 1) // 8) * 8
+
+
+_SCALAR_FORMATS = {"i32": "<i", "i64": "<q", "u8": "<B", "f32": "<f"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Patch:
+    """A launch arg that reads vars: where its bytes go in the program's slot image, and how to
+    make them (`expr` and `fmt` for a var or expression scalar, else the plain encoder)."""
+
+    pos: int
+    size: int
+    arg: object
+    ptype: ParamType
+    where: str
+    expr: Any  # Expr | None
+    fmt: str | None
+
+    def write(
+        self, comp: _Compiler, op_name: str, op: Op, values: Sequence[Value], data: bytearray
+    ) -> None:
+        if self.fmt is not None:
+            v = self.expr.eval(comp.env)
+            try:
+                struct.pack_into(self.fmt, data, self.pos, float(v) if self.fmt == "<f" else v)
+            except struct.error:
+                raise _Restage from None
+            return
+        raw = comp.arg_bytes(op_name, op, self.arg, self.ptype, values, self.where)
+        if len(raw) != self.size:
+            raise _Restage
+        data[self.pos : self.pos + self.size] = raw
+
+
+def _patch(pos: int, arg: object, ptype: ParamType, where: str) -> _Patch:
+    size = arg.pack.size if isinstance(arg, PackArg) else ptype.size
+    expr = (
+        Expr.of(arg.var)
+        if isinstance(arg, VarArg)
+        else arg.expr
+        if isinstance(arg, ExprArg)
+        else None
+    )
+    fmt = None
+    if expr is not None and not ptype.is_pointer and ptype.kind != "bytes":
+        fmt = _SCALAR_FORMATS.get(str(ptype.dtype))
+        if fmt is not None and struct.calcsize(fmt) != size:
+            fmt = None
+    return _Patch(pos, size, arg, ptype, where, expr, fmt)
+
+
+class _Layout:
+    """The slot image of every launch of a program that reads vars, built once; a key copies it
+    into one array and each record's ArgBlock views its slice."""
+
+    def __init__(self) -> None:
+        self.image = bytearray()
+        self.offsets: list[int] = []
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """A compile's copy of the layout: the bytes (patched in place) and every slot's address."""
+
+    data: bytearray
+    array: npt.NDArray[np.uint8]
+    ptrs: npt.NDArray[np.uint64]
+
+
+class _KernelTemplate:
+    """One kernel launch staged once: the whole step when nothing reads vars, else its slot image
+    with every var-free arg encoded, the args that read vars, and its geometry."""
+
+    __slots__ = ("block", "call", "cluster", "dstart", "func", "grid", "launch", "nargs", "nbytes",
+                 "patches", "position", "pstart", "smem", "step", "when")  # fmt: skip
+
+    def __init__(
+        self,
+        comp: _Compiler,
+        position: int,
+        call: _CallTemplate,
+        li: int,
+        layout: _Layout,
+        where: str,
+    ) -> None:
+        op = call.opdef
+        launch = op.impl.launches[li]
+        assert isinstance(launch, KernelLaunch)
+        self.position, self.call, self.launch, self.when = position, call, launch, launch.when
+        self.func = comp.res.funcs[(call.op, li)]
+        self.block = (launch.block[0], launch.block[1], launch.block[2])
+        g0, g1, g2 = (g.const for g in launch.grid)
+        self.grid = (g0, g1, g2) if g0 is not None and g1 is not None and g2 is not None else None
+        self.smem = launch.shared_mem.const
+        self.cluster = launch.cluster is not None or launch.pdl
+        params = launch.params if launch.params is not None else op.params
+        args = launch.args if launch.args is not None else _by_position(len(params))
+        pairs: list[tuple[object, ParamType]] = list(zip(args, params, strict=True))
+        self.step: Step | None = None
+        self.patches: tuple[_Patch, ...] = ()
+        self.dstart = self.pstart = self.nargs = self.nbytes = 0
+        if (
+            self.grid is not None
+            and self.smem is not None
+            and all(_fixed_arg(a, call.moving) for a, _ in pairs)
+        ):
+            rec = comp.kernel(call.op, li, launch, op, call.values, where, call.label)
+            self.step = Step(position, call.label, _launcher(rec, comp.res.stream))
+            return
+        self._lay(comp, pairs, layout, where)
+
+    def _lay(
+        self, comp: _Compiler, pairs: list[tuple[object, ParamType]], layout: _Layout, where: str
+    ) -> None:
+        image = layout.image
+        self.dstart, self.pstart, self.nargs = len(image), len(layout.offsets), len(pairs)
+        patches: list[_Patch] = []
+        for i, (a, p) in enumerate(pairs):
+            aw = f"{where} arg {i}"
+            layout.offsets.append(len(image))
+            if _fixed_arg(a, self.call.moving):
+                raw = comp.arg_bytes(self.call.op, self.call.opdef, a, p, self.call.values, aw)
+                image += raw + bytes(_slot(len(raw)) - len(raw))
+            else:
+                patch = _patch(len(image), a, p, aw)
+                patches.append(patch)
+                image += bytes(_slot(patch.size))
+        self.nbytes = len(image) - self.dstart
+        image += bytes(max(8 - self.nbytes, 0))
+        self.patches = tuple(patches)
+
+    def make(self, comp: _Compiler, values: Sequence[Value], staged: _Staged) -> Step:
+        if self.step is not None:
+            return self.step
+        env = comp.env
+        for p in self.patches:
+            p.write(comp, self.call.op, self.call.opdef, values, staged.data)
+        g = self.launch.grid
+        grid = (
+            self.grid if self.grid is not None else (g[0].eval(env), g[1].eval(env), g[2].eval(env))
+        )
+        smem = self.smem if self.smem is not None else self.launch.shared_mem.eval(env)
+        config = None
+        if self.cluster:
+            config = drv.launch_config(
+                grid, self.block, smem, comp.res.stream, self.launch.cluster, self.launch.pdl
+            )
+        d0, p0 = self.dstart, self.pstart
+        data = staged.array[d0 : d0 + max(self.nbytes, 8)]
+        ptrs = staged.ptrs[p0 : p0 + self.nargs] if self.nargs else np.zeros(1, dtype=np.uint64)
+        rec = KernelRecord(
+            self.func,
+            grid,
+            self.block,
+            smem,
+            ArgBlock.view(data, ptrs, self.nbytes),
+            config,
+            self.call.label,
+        )
+        return Step(self.position, self.call.label, _launcher(rec, comp.res.stream))
+
+
+class _ExternTemplate:
+    """One extern launch: a GEMM that reads no var is one step for every key; otherwise it
+    resolves per key (the BLAS caches plans by shape), each plan's algo described once."""
+
+    __slots__ = ("call", "described", "launch", "position", "step", "when", "where")
+
+    def __init__(
+        self,
+        comp: _Compiler,
+        position: int,
+        call: _CallTemplate,
+        li: int,
+        layout: _Layout,
+        where: str,
+    ) -> None:
+        launch = call.opdef.impl.launches[li]
+        assert isinstance(launch, ExternLaunch)
+        self.position, self.call, self.launch, self.when, self.where = (
+            position,
+            call,
+            launch,
+            launch.when,
+            where,
+        )
+        self.described: dict[int, tuple[Any, Mapping[str, int]]] = {}
+        self.step: Step | None = None
+        args = launch.args if launch.args is not None else _by_position(len(call.values))
+        if not launch.signature.collective and all(_fixed_arg(a, call.moving) for a in args):
+            self.step = self.make(comp, call.values, None)
+
+    def make(self, comp: _Compiler, values: Sequence[Value], staged: _Staged | None) -> Step:
+        if self.step is not None:
+            return self.step
+        if self.launch.signature.collective:
+            return Step(
+                self.position,
+                self.call.label,
+                comp.collective(self.launch, values, self.where),
+                None,
+            )
+        gemm = comp.gemm(self.launch, values, self.where)
+        seen = self.described.get(id(gemm.plan))
+        if seen is None or seen[0] is not gemm.plan:
+            seen = (gemm.plan, gemm.blas.describe(gemm.plan))
+            self.described[id(gemm.plan)] = seen
+        return Step(self.position, self.call.label, gemm.run, seen[1])
+
+
+class _CallTemplate:
+    """One call: its var-free values resolved once, and a template per launch."""
+
+    __slots__ = ("label", "launches", "moving", "op", "opdef", "values", "where")
+
+    def __init__(self, comp: _Compiler, position: int, call: Call, layout: _Layout) -> None:
+        self.op = call.op
+        self.opdef = comp.res.manifest.ops[call.op]
+        self.label = call.label or call.op
+        self.where = f"program {comp.program!r} call {position} ({self.label})"
+        self.moving: frozenset[int] = frozenset(
+            i for i, a in enumerate(call.args) if not _fixed_value(a)
+        )
+        self.values = [
+            Value() if i in self.moving else call_value(comp.res, a, {}, self.where)
+            for i, a in enumerate(call.args)
+        ]
+        self.launches: list[_KernelTemplate | _ExternTemplate] = []
+        for li, launch in enumerate(self.opdef.impl.launches):
+            kind = _ExternTemplate if isinstance(launch, ExternLaunch) else _KernelTemplate
+            self.launches.append(
+                kind(comp, position, self, li, layout, f"{self.where} launch {li}")
+            )
+
+    def steps(
+        self, comp: _Compiler, args: Sequence[object], staged: _Staged, out: list[Step]
+    ) -> None:
+        values = self.values
+        if self.moving:
+            values = list(values)
+            for i in self.moving:
+                values[i] = call_value(comp.res, args[i], comp.env, self.where)
+        env = comp.env
+        for t in self.launches:
+            if t.when is None or _inside(t.when, env):
+                out.append(t.make(comp, values, staged))
+
+
+class ProgramTemplate:
+    """A program staged once for compiling at many var keys.
+
+    Everything that reads no var (call values, encoded arg bytes, geometry, whole launches and
+    GEMMs) is resolved when the template is built, and the slot bytes of every launch that reads
+    vars lie in one image; `compile` copies that image once, evaluates only the expressions that
+    read vars and patches their bytes. Its steps are those `compile_program` makes at the same
+    key; a program the template cannot build, or a key it cannot stage exactly (every error
+    among them), takes the plain compile, which raises what it always raised.
+    """
+
+    def __init__(self, res: Resources, program: str) -> None:
+        self.program = program
+        self.snapshot = _snapshot(res)
+        comp = _Compiler(res, program, {})
+        layout = _Layout()
+        calls = res.manifest.programs[program].calls
+        try:
+            built = [(_CallTemplate(comp, i, c, layout), c.args) for i, c in enumerate(calls)]
+        except Exception:  # any failure: the plain compile reports it at every key
+            built = None
+        self._calls = built
+        self._image = bytes(layout.image)
+        self._offsets = np.array(layout.offsets, dtype=np.uint64)
+
+    def fits(self, res: Resources) -> bool:
+        """Whether `res` holds what this template was built from (addresses, functions, ...)."""
+        return _snapshot(res) == self.snapshot
+
+    def compile(self, res: Resources, env: Mapping[str, int]) -> list[Step]:
+        """The steps of the program at `env` (`res` must fit the template)."""
+        if self._calls is None:
+            return compile_program(res, self.program, env)
+        comp = _Compiler(res, self.program, env)
+        data = bytearray(self._image)
+        array = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, dtype=np.uint8)
+        staged = _Staged(data, array, self._offsets + np.uint64(array.ctypes.data))
+        steps: list[Step] = []
+        try:
+            for call, args in self._calls:
+                call.steps(comp, args, staged, steps)
+        except Exception:  # the plain compile raises the error it always raised
+            return compile_program(res, self.program, env)
+        return steps

@@ -62,6 +62,14 @@ class ArgBlock:
             pos += s
         self.nbytes = pos
 
+    @classmethod
+    def view(cls, data: npt.NDArray[np.uint8], ptrs: npt.NDArray[np.uint64], nbytes: int) -> ArgBlock:
+        """A block over slot bytes and a pointer array staged already (views of larger arrays
+        that hold many blocks): the layout the constructor builds, without encoding again."""
+        block = cls.__new__(cls)
+        block.data, block.ptrs, block.nbytes = data, ptrs, nbytes
+        return block
+
     @property
     def address(self) -> int:
         """The address of the void* array (cuLaunchKernel's kernelParams)."""

@@ -23,7 +23,15 @@ from . import _timing, memory, nccl, sass
 from ._loader import CHUNK_BYTES, Job, run_jobs
 from ._manifest import bind_segments, load_manifest
 from ._peering import Needs, Peering, check_offers, check_ranks, program_needs
-from ._program import Resources, Step, Value, call_value, compile_program, gemm_shape
+from ._program import (
+    ProgramTemplate,
+    Resources,
+    Step,
+    Value,
+    call_value,
+    compile_program,
+    gemm_shape,
+)
 from .blas import WORKSPACE_BYTES, Blas, GemmShape
 from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .errors import (
@@ -144,6 +152,7 @@ class Runtime:
         self._staging: dict[str, _Staging] = {}
         self._fetch_free: dict[str, list[_Staging]] = {}
         self._steps: dict[tuple[str, VarKey], list[Step]] = {}
+        self._templates: dict[str, ProgramTemplate] = {}
         self._graphs: dict[tuple[str, VarKey], Graph] = {}
         self._reads = {name: manifest.program_vars(name) for name in manifest.programs}
         self._bounds = manifest.var_max
@@ -665,12 +674,17 @@ class Runtime:
     def _compile(self, program: str, key: VarKey) -> list[Step]:
         steps = self._steps.get((program, key))
         if steps is None:
-            try:
-                steps = compile_program(self._resources(), program, dict(key))
-            except KernRuntimeError:
-                raise
+            res = self._resources()
+            steps = compile_program(res, program, {}) if not key else self._template(program, res).compile(res, dict(key))
             self._steps[(program, key)] = steps
         return steps
+
+    def _template(self, program: str, res: Resources) -> ProgramTemplate:
+        template = self._templates.get(program)
+        if template is None or not template.fits(res):
+            template = ProgramTemplate(res, program)
+            self._templates[program] = template
+        return template
 
     def _execute(self, program: str, steps: list[Step]) -> None:
         for step in steps:
@@ -1107,6 +1121,7 @@ class Runtime:
         self._closed = True
         self._graphs.clear()
         self._steps.clear()
+        self._templates.clear()
         for w in self._weights.values():
             w.stack.close()
         self._weights.clear()
