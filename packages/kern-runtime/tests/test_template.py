@@ -197,3 +197,28 @@ def test_launch_kinds_in_the_fast_prefill_are_templated() -> None:
     kernels = sum(isinstance(la, KernelLaunch) for c in m.programs["prefill"].calls for la in m.ops[c.op].impl.launches)
     steps = ProgramTemplate(res, "prefill").compile(res, {"tokens": 200})
     assert sum(hasattr(s.run, "record") for s in steps) == kernels > 0
+
+
+def _config_fields(cfg: Any) -> tuple[Any, ...]:
+    attrs = [(int(a.id), a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z,
+              a.value.programmaticStreamSerializationAllowed) for a in cfg.attrs]  # fmt: skip
+    return (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ,
+            cfg.sharedMemBytes, int(cfg.numAttrs), attrs)  # fmt: skip
+
+
+def test_launch_configs_share_cached_attributes_but_no_memory() -> None:
+    cu = program.drv.cu
+    stream = cu.CUstream(0)
+    a = program.drv.launch_config((8, 1, 1), (32, 1, 1), 0, stream, (4, 1, 1), True)
+    before = _config_fields(a)
+    b = program.drv.launch_config((16, 2, 1), (64, 1, 1), 4096, stream, [4, 1, 1], True)
+    c = program.drv.launch_config((2, 1, 1), (32, 1, 1), 0, stream, (2, 1, 1), False)
+    d = program.drv.launch_config((2, 1, 1), (32, 1, 1), 0, stream, None, True)
+    cluster, pdl = int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), int(
+        cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    assert _config_fields(a) == before
+    assert before[:8] == (8, 1, 1, 32, 1, 1, 0, 2) and [x[0] for x in before[8]] == [cluster, pdl]
+    assert before[8][0][1:4] == (4, 1, 1) and before[8][1][4] == 1
+    assert _config_fields(b)[:8] == (16, 2, 1, 64, 1, 1, 4096, 2) and _config_fields(b)[8] == before[8]
+    assert _config_fields(c)[7] == 1 and _config_fields(c)[8][0][:4] == (cluster, 2, 1, 1)
+    assert _config_fields(d)[7] == 1 and _config_fields(d)[8][0][0] == pdl

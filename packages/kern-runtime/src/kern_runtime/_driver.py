@@ -7,6 +7,7 @@ Each call's result passes `check()`, which unpacks cuda-bindings' `(CUresult, *v
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -402,6 +403,16 @@ def launch_config(
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
     cfg.sharedMemBytes = smem
     cfg.hStream = stream
+    attrs = _launch_attributes(tuple(cluster) if cluster is not None else None, pdl)
+    cfg.attrs = list(attrs)
+    cfg.numAttrs = len(attrs)
+    return cfg
+
+
+@functools.cache
+def _launch_attributes(cluster: tuple[int, ...] | None, pdl: bool) -> tuple[Any, ...]:
+    """The launch attributes of a cluster shape and PDL flag, made once: assigning them to a
+    config's `attrs` copies each struct, so configs share none of their memory."""
     attrs: list[Any] = []
     if cluster is not None:
         attr = cu.CUlaunchAttribute()
@@ -413,9 +424,7 @@ def launch_config(
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
         attrs.append(attr)
-    cfg.attrs = attrs
-    cfg.numAttrs = len(attrs)
-    return cfg
+    return tuple(attrs)
 
 
 def launch_ex(config: Any, func: Any, params: int) -> None:
