@@ -17,12 +17,14 @@ import pytest
 
 from kern_manifest import KernelLaunch, Manifest, parse_manifest
 from kern_runtime import _program as program
+from kern_runtime import nccl
 from kern_runtime._program import ProgramTemplate, Resources, Step, compile_program
 from kern_runtime.blas import GemmShape
 
 from .helpers import manifests, peer_manifests
 
 SHA = "ab" * 32
+_COLLECTIVES: list[tuple[Any, ...]] = []
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
@@ -50,7 +52,9 @@ def _resources(m: Manifest) -> Resources:
     scratch = {o: {s: 0x9000000000 + (i << 24) + j * 4096 for j, s in enumerate(op.impl.scratch)}
                for i, (o, op) in enumerate(m.ops.items())}  # fmt: skip
     funcs = {(o, i): f"{o}#{i}" for o, op in m.ops.items() for i in range(len(op.impl.launches))}
-    return Resources(m, buffers, states, scratch, funcs, FakeBlas(), {g: 0 for g in m.topology.groups} if m.topology else {}, 0)  # type: ignore[arg-type]
+    groups = m.topology.groups if m.topology else {}
+    comms = {g: nccl.Communicator(g, 0, size, None) for g, size in groups.items()}
+    return Resources(m, buffers, states, scratch, funcs, FakeBlas(), dict.fromkeys(groups, 0), 0, comms)  # type: ignore[arg-type]
 
 
 def _dump(step: Step, blas: FakeBlas) -> tuple[Any, ...]:
@@ -58,8 +62,9 @@ def _dump(step: Step, blas: FakeBlas) -> tuple[Any, ...]:
     rec = getattr(step.run, "record", None)
     if rec is None:
         blas.calls.clear()
+        _COLLECTIVES.clear()
         step.run()
-        return (*head, tuple(blas.calls))
+        return (*head, tuple(blas.calls), tuple(_COLLECTIVES))
     base = rec.args.data.ctypes.data
     layout = [int(p) - base if p else 0 for p in rec.args.ptrs]
     slots = [rec.args.slot(i) for i in range(len(rec.args.ptrs))]
@@ -92,6 +97,10 @@ def _keys(m: Manifest, name: str) -> list[dict[str, int]]:
 
 
 def _fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    def collective(entry: str, comm: nccl.Communicator, send: int, recv: int, n: int, stream: Any) -> Any:
+        return lambda: _COLLECTIVES.append((entry, comm.group, comm.size, send, recv, n, stream))
+
+    monkeypatch.setattr(program.nccl, "collective", collective)
     def encode(*args: Any) -> bytes:
         return hashlib.sha512(repr(args).encode()).digest() * 2
 
@@ -167,8 +176,8 @@ TEST_MANIFESTS: dict[str, Any] = {
 
 @pytest.mark.parametrize("name", sorted(TEST_MANIFESTS))
 def test_runtime_manifests_compile_identically(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    compared, _staged = _check(TEST_MANIFESTS[name], monkeypatch)
-    assert compared > 0
+    compared, staged = _check(TEST_MANIFESTS[name], monkeypatch)
+    assert staged == compared > 0
 
 
 def test_when_packs_and_tensormaps_are_staged_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,3 +231,18 @@ def test_launch_configs_share_cached_attributes_but_no_memory() -> None:
     assert _config_fields(b)[:8] == (16, 2, 1, 64, 1, 1, 4096, 2) and _config_fields(b)[8] == before[8]
     assert _config_fields(c)[7] == 1 and _config_fields(c)[8][0][:4] == (cluster, 2, 1, 1)
     assert _config_fields(d)[7] == 1 and _config_fields(d)[8][0][0] == pdl
+
+
+@pytest.mark.parametrize("what", ["no buffer", "no blas"])
+def test_errors_are_the_plain_compile_errors(what: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = parse_manifest(json.dumps(manifests.gemm() if what == "no blas" else manifests.basic(SHA)))
+    full = _resources(m)
+    if what == "no blas":
+        res = Resources(m, full.buffers, full.states, full.scratch, full.funcs, None, {}, 0)
+        name, key = "plain", {"m": 4}
+    else:
+        res = Resources(m, {k: v for k, v in full.buffers.items() if k != "y"}, {}, full.scratch, full.funcs, None, {}, 0)
+        name, key = "main", {"n": 100}
+    plain = _outcome(lambda: compile_program(res, name, key), full)
+    assert plain[0] == "error" and plain[1] == "ManifestUnsupportedError"
+    assert _outcome(lambda: ProgramTemplate(res, name).compile(res, key), full) == plain

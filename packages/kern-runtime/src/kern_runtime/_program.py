@@ -251,7 +251,7 @@ class _Compiler:
         if blas is None or not launch.entry.startswith("extern:cubl"):
             raise ManifestUnsupportedError(f"{where}: {launch.entry} is not available in this runtime")
         args = launch.args if launch.args is not None else _by_position(len(values))
-        vals = [self._extern_value(a, values, where) for a in args]
+        vals = [self.extern_value(a, values, where) for a in args]
         a, w, c = (vals[i].ptr for i in range(3))
         if a is None or w is None or c is None:
             raise ManifestUnsupportedError(f"{where}: GEMM a/w/c must be buffers")
@@ -264,7 +264,7 @@ class _Compiler:
         comm = self.res.comms.get(group)
         if comm is None:
             raise ManifestUnsupportedError(f"{where}: group {group!r} has no communicator (connect first)")
-        send, recv, count = (self._extern_value(a, values, where) for a in args[:3])
+        send, recv, count = (self.extern_value(a, values, where) for a in args[:3])
         if send.ptr is None or recv.ptr is None or count.scalar is None:
             raise ManifestUnsupportedError(f"{where}: {launch.entry} takes send and recv buffers and a count")
         n = int(count.scalar)
@@ -276,7 +276,7 @@ class _Compiler:
                 f"{want_recv * size} recv bytes, the buffers hold {send.room} and {recv.room}")
         return nccl.collective(launch.entry, comm, send.ptr, recv.ptr, n, self.res.stream)
 
-    def _extern_value(self, arg: object, values: Sequence[Value], where: str) -> Value:
+    def extern_value(self, arg: object, values: Sequence[Value], where: str) -> Value:
         if isinstance(arg, ParamArg):
             return values[arg.param]
         if isinstance(arg, I32Arg | I64Arg | U8Arg | F32Arg):
@@ -587,51 +587,52 @@ class _KernelTemplate:
 
 
 class _ExternTemplate:
-    """One extern launch: a GEMM that reads no var is one step for every key; otherwise it
-    resolves per key (the BLAS caches plans by shape), each plan's algo described once."""
+    """One extern launch: a GEMM that reads no var is one step for every key; otherwise its
+    var-free args are resolved once and the rest per key (the BLAS caches plans by shape), each
+    plan's algo described once. Collectives resolve per key."""
 
-    __slots__ = ("call", "described", "launch", "position", "step", "when", "where")
+    __slots__ = ("algo", "args", "call", "described", "fixed", "launch", "moving", "position", "step", "when", "where")
 
-    def __init__(
-        self,
-        comp: _Compiler,
-        position: int,
-        call: _CallTemplate,
-        li: int,
-        layout: _Layout,
-        where: str,
-    ) -> None:
+    def __init__(self, comp: _Compiler, position: int, call: _CallTemplate, li: int, layout: _Layout, where: str) -> None:
         launch = call.opdef.impl.launches[li]
         assert isinstance(launch, ExternLaunch)
-        self.position, self.call, self.launch, self.when, self.where = (
-            position,
-            call,
-            launch,
-            launch.when,
-            where,
-        )
+        self.position, self.call, self.launch, self.when, self.where = position, call, launch, launch.when, where
         self.described: dict[int, tuple[Any, Mapping[str, int]]] = {}
         self.step: Step | None = None
-        args = launch.args if launch.args is not None else _by_position(len(call.values))
-        if not launch.signature.collective and all(_fixed_arg(a, call.moving) for a in args):
+        self.algo = _algo_tuple(launch)
+        self.args = launch.args if launch.args is not None else _by_position(len(call.values))
+        self.moving: tuple[int, ...] = ()
+        self.fixed: list[Value] = []
+        if launch.signature.collective:
+            return
+        self.moving = tuple(i for i, a in enumerate(self.args) if not _fixed_arg(a, call.moving))
+        self.fixed = [Value() if i in self.moving else comp.extern_value(a, call.values, where) for i, a in enumerate(self.args)]
+        if not self.moving:
             self.step = self.make(comp, call.values, None)
 
     def make(self, comp: _Compiler, values: Sequence[Value], staged: _Staged | None) -> Step:
         if self.step is not None:
             return self.step
         if self.launch.signature.collective:
-            return Step(
-                self.position,
-                self.call.label,
-                comp.collective(self.launch, values, self.where),
-                None,
-            )
-        gemm = comp.gemm(self.launch, values, self.where)
-        seen = self.described.get(id(gemm.plan))
-        if seen is None or seen[0] is not gemm.plan:
-            seen = (gemm.plan, gemm.blas.describe(gemm.plan))
-            self.described[id(gemm.plan)] = seen
-        return Step(self.position, self.call.label, gemm.run, seen[1])
+            return Step(self.position, self.call.label, comp.collective(self.launch, values, self.where), None)
+        blas = comp.res.blas
+        if blas is None or not self.launch.entry.startswith("extern:cubl") or len(self.fixed) < 3:
+            raise _Restage
+        vals = self.fixed
+        if self.moving:
+            vals = list(vals)
+            for i in self.moving:
+                vals[i] = comp.extern_value(self.args[i], values, self.where)
+        a, w, c = vals[0].ptr, vals[1].ptr, vals[2].ptr
+        if a is None or w is None or c is None:
+            raise _Restage
+        shape = gemm_shape(self.launch.entry, [int(v.scalar or 0) for v in vals[3:]], self.where)
+        plan = blas.plan(shape, self.algo)
+        seen = self.described.get(id(plan))
+        if seen is None or seen[0] is not plan:
+            seen = (plan, blas.describe(plan))
+            self.described[id(plan)] = seen
+        return Step(self.position, self.call.label, _Gemm(blas, shape, plan, a, w, c, int(comp.res.stream)).run, seen[1])
 
 
 class _CallTemplate:
