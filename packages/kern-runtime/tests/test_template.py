@@ -34,11 +34,13 @@ class FakeBlas:
     def __init__(self) -> None:
         self.plans: dict[tuple[GemmShape, tuple[int, ...] | None], tuple[Any, ...]] = {}
         self.calls: list[tuple[Any, ...]] = []
+        self.described: list[tuple[Any, ...]] = []
 
     def plan(self, shape: GemmShape, algo: tuple[int, ...] | None) -> tuple[Any, ...]:
         return self.plans.setdefault((shape, algo), ("plan", shape, algo))
 
     def describe(self, plan: tuple[Any, ...]) -> dict[str, int]:
+        self.described.append(plan)
         return {"id": plan[1].m % 7, "tile": plan[1].n % 5}
 
     def matmul(self, plan: Any, a: int, w: int, c: int, stream: int) -> None:
@@ -200,12 +202,19 @@ def test_a_template_fits_only_the_resources_it_was_built_from() -> None:
     assert steps[0].run.record.args.slot(0) == (0x5550000).to_bytes(8, "little")  # type: ignore[attr-defined]
 
 
-def test_launch_kinds_in_the_fast_prefill_are_templated() -> None:
+def test_fast_prefill_templates_every_kernel_and_describes_each_plan_once() -> None:
     m = parse_manifest((EXAMPLES / "qwen3-4b-fast.json").read_bytes())
     res = _resources(m)
     kernels = sum(isinstance(la, KernelLaunch) for c in m.programs["prefill"].calls for la in m.ops[c.op].impl.launches)
-    steps = ProgramTemplate(res, "prefill").compile(res, {"tokens": 200})
-    assert sum(hasattr(s.run, "record") for s in steps) == kernels > 0
+    template = ProgramTemplate(res, "prefill")
+    assert isinstance(res.blas, FakeBlas)
+    for tokens in (200, 201):
+        res.blas.described.clear()
+        steps = template.compile(res, {"tokens": tokens})
+        assert sum(hasattr(s.run, "record") for s in steps) == kernels > 0
+        gemms = [s for s in steps if s.algo is not None]
+        shapes = {shape for shape, _algo in res.blas.plans if shape.m == tokens}
+        assert len(gemms) > len(shapes) == len(res.blas.described) > 0
 
 
 def _config_fields(cfg: Any) -> tuple[Any, ...]:

@@ -476,12 +476,14 @@ def _patch(pos: int, arg: object, ptype: ParamType, where: str) -> _Patch:
 
 
 class _Layout:
-    """The slot image of every launch of a program that reads vars, built once; a key copies it
-    into one array and each record's ArgBlock views its slice."""
+    """The slot image of every launch of a program that reads vars, built once (a key copies it
+    into one array and each record's ArgBlock views its slice), and the algo of every GEMM plan
+    the program's steps hold, described once per plan."""
 
     def __init__(self) -> None:
         self.image = bytearray()
         self.offsets: list[int] = []
+        self.described: dict[int, tuple[Any, Mapping[str, int]]] = {}  # id(plan) -> (plan, algo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,7 +591,7 @@ class _KernelTemplate:
 class _ExternTemplate:
     """One extern launch: a GEMM that reads no var is one step for every key; otherwise its
     var-free args are resolved once and the rest per key (the BLAS caches plans by shape), each
-    plan's algo described once. Collectives resolve per key."""
+    plan's algo described once for the whole program. Collectives resolve per key."""
 
     __slots__ = ("algo", "args", "call", "described", "fixed", "launch", "moving", "position", "step", "when", "where")
 
@@ -597,7 +599,7 @@ class _ExternTemplate:
         launch = call.opdef.impl.launches[li]
         assert isinstance(launch, ExternLaunch)
         self.position, self.call, self.launch, self.when, self.where = position, call, launch, launch.when, where
-        self.described: dict[int, tuple[Any, Mapping[str, int]]] = {}
+        self.described = layout.described
         self.step: Step | None = None
         self.algo = _algo_tuple(launch)
         self.args = launch.args if launch.args is not None else _by_position(len(call.values))
