@@ -125,3 +125,33 @@ def test_text_deltas_sum_to_the_whole_and_stop_strings_cut() -> None:
     u = Text(_letters, (), frozenset({25}))
     assert [u.push(i) for i in (0, 30, 1, 25)] == ["a", "", "\ufffdb", ""] and u.end() == ""
     assert u.shown == "a\ufffdb"
+
+
+def _toml(tmp: Path, serve_table: str) -> Path:
+    (tmp / "a.json").write_text("{}")
+    (tmp / "b.json").write_text("{}")
+    path = tmp / "kern.toml"
+    path.write_text('target = "a"\n[targets.a]\nmanifest = "a.json"\n[targets.b]\nmanifest = "b.json"\n' + serve_table)
+    return path
+
+
+def test_serve_takes_kern_toml_serve_target_unless_one_is_named(tmp_path: Path) -> None:
+    cfg = str(_toml(tmp_path, '[serve]\ntarget = "b"\n'))
+    assert serve.resolve(serve.build_parser().parse_args(["--config", cfg])).load.manifest == tmp_path / "b.json"
+    named = serve.build_parser().parse_args(["--config", cfg, "a"])
+    assert serve.resolve(named).load.manifest == tmp_path / "a.json"
+    flag = serve.build_parser().parse_args(["--config", cfg, "--manifest", TINY])
+    assert serve.resolve(flag).load.manifest == Path(TINY)
+    plain = str(_toml(tmp_path, ""))
+    assert serve.resolve(serve.build_parser().parse_args(["--config", plain])).load.manifest == tmp_path / "a.json"
+
+
+@pytest.mark.parametrize(("table", "word"), [
+    ('[serve]\ntarget = "nope"\n', "no target 'nope' (declared: a, b)"),
+    ("[serve]\ntarget = 3\n", "[serve]"),
+    ('[serve]\nrows = 4\n', "rows"),
+])
+def test_a_bad_serve_table_is_one_line(tmp_path: Path, table: str, word: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert kern_main(["serve", "--config", str(_toml(tmp_path, table))]) == 2
+    line = _line(capsys)
+    assert line.startswith("kern serve: ") and word in line

@@ -17,6 +17,8 @@
     [bench]
     peer = "auto"                # kern bench's compiled PyTorch peer: auto, on or off
     out = "out/kern-bench"       # where kern bench writes its JSON, table and plot
+    [serve]
+    target = "qwen3-4b-batch"    # kern serve's and kern bench serve's target (else the default)
 
 Relative paths resolve against the file's directory and `~` expands. The nearest `kern.toml` in the
 working directory or above is used unless `--config` names one. Precedence: flag, toml, default.
@@ -36,6 +38,7 @@ __all__ = [
     "KernConfig",
     "KernTomlError",
     "RunDefaults",
+    "ServeDefaults",
     "Target",
     "config_for",
     "find_config",
@@ -44,11 +47,12 @@ __all__ = [
 
 CONFIG_NAME = "kern.toml"
 
-_TOP = {"target", "gpu", "capacity", "targets", "kernels", "run", "bench"}
+_TOP = {"target", "gpu", "capacity", "targets", "kernels", "run", "bench", "serve"}
 _TARGET = {"manifest", "kernels", "weights", "tokenizer"}
 _RUN = {"prompt", "steps", "chunk"}
 _KERNELS = {"sources"}
 _BENCH = {"peer", "out"}
+_SERVE = {"target"}
 _PEER_MODES = ("auto", "on", "off")
 
 
@@ -85,6 +89,13 @@ class BenchDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class ServeDefaults:
+    """`[serve]`: the target `kern serve` and `kern bench serve` use when none is named."""
+
+    target: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KernConfig:
     """A parsed kern.toml (or the empty config when there is none)."""
 
@@ -96,6 +107,7 @@ class KernConfig:
     kernel_sources: Path | None = None
     run: RunDefaults = field(default_factory=RunDefaults)
     bench: BenchDefaults = field(default_factory=BenchDefaults)
+    serve: ServeDefaults = field(default_factory=ServeDefaults)
 
     def target(self, name: str | None) -> Target | None:
         """The named target, else the default one; None when the file declares no target.
@@ -197,6 +209,8 @@ def load_config(path: Path) -> KernConfig:
     peer = _typed(f"{where}: [bench]", bench, "peer", str)
     if peer is not None and peer not in _PEER_MODES:
         raise KernTomlError(f"{where}: [bench]: peer must be one of {', '.join(_PEER_MODES)}, got {peer!r}")
+    serve = _table(f"{where}: [serve]", raw.get("serve", {}))
+    _unknown(f"{where}: [serve]", serve, _SERVE)
     config = KernConfig(
         path=path,
         default_target=default,
@@ -210,8 +224,11 @@ def load_config(path: Path) -> KernConfig:
             chunk=_typed(f"{where}: [run]", run, "chunk", int),
         ),
         bench=BenchDefaults(peer=peer, out=res.path(_typed(f"{where}: [bench]", bench, "out", str))),
+        serve=ServeDefaults(target=_typed(f"{where}: [serve]", serve, "target", str)),
     )
     config.target(default)
+    if config.serve.target is not None:
+        config.target(config.serve.target)
     return config
 
 

@@ -106,6 +106,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         ServeError, RunError, KernTomlError: a bad value, a missing manifest, a bad kern.toml.
     """
     cfg = config_for(args.config, Path.cwd())
+    if args.target is None and args.manifest is None and cfg.serve.target is not None:
+        args = argparse.Namespace(**{**vars(args), "target": cfg.serve.target})
     load = resolve_load(args, cfg)
     if load.capacity is None:
         load = LoadOptions(load.manifest, load.kernels, load.kernel_sources, load.weights, load.gpu, DEFAULT_CAPACITY)
