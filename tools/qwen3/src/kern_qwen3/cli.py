@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from kern_manifest import ManifestError, load_manifest
 from kern_qwen3.entries import DEVICE_FEED_ENTRIES, GEMV_DEFAULT, GEMV_GEMMS, entry_modules
@@ -35,8 +35,16 @@ __all__ = ["PROG", "against_capture", "build_and_hash", "captured_modules", "mai
 PROG = "kern-qwen3"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flag errors as one `kern-qwen3: message (see kern-qwen3 --help)` line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: {message} (see {PROG} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").splitlines()[0])
+    p = _Parser(prog=PROG, description=(__doc__ or "").splitlines()[0])
     p.add_argument("--version", action="version", version=f"{PROG} {version('kern-qwen3')}")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("config", type=Path, nargs="?", help="Hugging Face config.json of a Qwen3 model")
@@ -58,7 +66,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="with --fold-norm: qkv and gate_up apply the norm's scale in their epilogue (gemv_defer.cu)")
     p.add_argument("--pdl", action="store_true",
                    help="programmatic dependent launch on every decode kernel (needs --gemv all)")
-    p.add_argument("--rows", type=int, default=0,
+    p.add_argument("--rows", type=int, default=None,
                    help="R >= 2: add the batched decode step over 1..R rows (one sequence per row, "
                         "GPU sampling; needs --feed device); the one-row step stays as it is")
     p.add_argument("--capture", type=Path, default=None,
@@ -76,7 +84,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--feed", choices=FEEDS, default=None,
                    help="who writes the decode step's inputs (default: device when the kernel "
                         "sources define the copy and advance kernels, else host)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rows is not None and args.rows < 2:
+        p.error(f"--rows {args.rows}: the batched step needs R >= 2 (one row is the decode program itself)")
+    return args
 
 
 def read_config(path: Path) -> Mapping[str, Any]:
@@ -136,7 +147,7 @@ def _plan(args: argparse.Namespace, entries: Mapping[str, str]) -> Plan:
     gemv = named.get(args.gemv) or tuple(g for g in args.gemv.split(",") if g)
     passes = plan_passes(fold_norm=args.fold_norm, defer_norm=args.defer_norm, pdl=args.pdl)
     return Plan(chunk=args.chunk, feed=feed, precision=args.precision, gemv=gemv, fuse=args.fuse, passes=passes,
-                rows=args.rows)
+                rows=args.rows or 0)
 
 
 def _verified(manifest: Json) -> str:
