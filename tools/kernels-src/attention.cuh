@@ -690,8 +690,16 @@ __device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* 
 // P is rounded to bf16 for the P.V product and the row sums add the rounded weights, so each
 // split's output is an exact convex combination of its V rows with those weights.
 
-constexpr int ROWS_WARPS = 4;
-constexpr int ROWS_STAGES = 3;
+// Warps per block and page slots per warp (a lab build may define KERN_ROWS_WARPS /
+// KERN_ROWS_STAGES before including this header; the product takes the defaults).
+#ifndef KERN_ROWS_WARPS
+#define KERN_ROWS_WARPS 4
+#endif
+#ifndef KERN_ROWS_STAGES
+#define KERN_ROWS_STAGES 3
+#endif
+constexpr int ROWS_WARPS = KERN_ROWS_WARPS;
+constexpr int ROWS_STAGES = KERN_ROWS_STAGES;
 constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles of 8
 constexpr int ROWS_MIN_PAGES = ROWS_WARPS;  // pages per split at least on the global path
 constexpr int ROWS_CLUSTER_PAGES = 2 * ROWS_WARPS;  // pages per split at most on the cluster path
