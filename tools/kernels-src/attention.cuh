@@ -704,6 +704,13 @@ constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles o
 constexpr int ROWS_MIN_PAGES = ROWS_WARPS;  // pages per split at least on the global path
 constexpr int ROWS_CLUSTER_PAGES = 2 * ROWS_WARPS;  // pages per split at most on the cluster path
 constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
+// Blocks with a split that a launch aims at, over all its rows: a row's splits take at least
+// ceil(nkv * launch pages / ROWS_TARGET) pages each, so many rows (or long ones) get fewer, longer
+// splits instead of thousands of blocks of a page or two each (a lab build may set it).
+#ifndef KERN_ROWS_TARGET
+#define KERN_ROWS_TARGET 512
+#endif
+constexpr int ROWS_TARGET = KERN_ROWS_TARGET;
 
 // Dynamic shared memory of kern_attn_decode_rows at head_dim d (the launch must give it).
 __host__ __device__ constexpr int rows_smem_bytes(int d) { return ROWS_WARPS * ROWS_STAGES * (d / 8) * 32 * 16; }
@@ -1026,6 +1033,16 @@ __device__ void rows_fold_split(const bf16* qrow, const RowsSplit& sp, int group
 template <int D>
 __host__ __device__ constexpr int rows_cluster_offset() { return ROWS_WARPS * 16 * (2 + D); }
 
+// The pages of all `rows` rows (every warp sums them itself: the same total in every block).
+__device__ __forceinline__ int launch_pages(const int* seq_lens, int rows) {
+    const int lane = threadIdx.x & 31;
+    int sum = 0;
+    for (int r = lane; r < rows; r += 32) sum += (seq_lens[r] + ROWS_PAGE - 1) / ROWS_PAGE;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return sum;
+}
+
 // kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles.
 template <int D, int HT>
 __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
@@ -1041,9 +1058,10 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     // them.
     const int len = seq_lens[row];
     const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
+    const int share = (launch_pages(seq_lens, gridDim.z) * nkv + ROWS_TARGET - 1) / ROWS_TARGET;
     const bool clustered = pages <= DEC_CLUSTER * ROWS_CLUSTER_PAGES;
-    const int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
-                              : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
+    const int pps = clustered ? max(max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1), share)
+                              : max(max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits), share);
     const int used = (pages + pps - 1) / pps;
     // Beyond the cluster path the splits combine in two levels: the (up to) 8 of each cluster through
     // distributed shared memory into one partial per cluster (cluster_partial), then the last block

@@ -49,8 +49,11 @@ ROW_BYTES = 2 * NKV * D * 2
 
 
 VARIANTS = {"kern_attn_decode_rows_w4s4": (4, 4), "kern_attn_decode_rows_w4s6": (4, 6),
-            "kern_attn_decode_rows_w8s2": (8, 2), "kern_attn_decode_rows_w8s3": (8, 3)}
-"""The lab's builds of the rows entry (tools/lab/kernels-src/attention_rows_w*.cu): (warps, stages)."""
+            "kern_attn_decode_rows_w8s2": (8, 2), "kern_attn_decode_rows_w8s3": (8, 3),
+            "kern_attn_decode_rows_t256": (4, 3), "kern_attn_decode_rows_t1024": (4, 3),
+            "kern_attn_decode_rows_t2048": (4, 3)}
+"""The lab's builds of the rows entry (tools/lab/kernels-src/attention_rows_*.cu): (warps, stages);
+the _t builds take another launch target (KERN_ROWS_TARGET) than the product's 512."""
 VARIANT_SPLITS = (16, 32)
 
 

@@ -1,5 +1,6 @@
 """Build the lab's kernel modules (tools/lab/kernels-src) against the product's headers
-(tools/kernels-src/*.cuh): both are staged into one directory and built by `kern kernels`' builder."""
+(tools/kernels-src/*.cuh) and the lab's own: all are staged into one directory and built by `kern
+kernels`' builder. A lab header may not take a product header's name."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ PRODUCT_SRC = Path("tools/kernels-src")
 def _stage(dst: Path, lab_src: Path, product_src: Path) -> None:
     for header in (*product_src.glob("*.cuh"), *product_src.glob("*.h")):
         shutil.copy2(header, dst / header.name)
-    for module in lab_src.glob("*.cu"):
-        shutil.copy2(module, dst / module.name)
+    for source in (*lab_src.glob("*.cuh"), *lab_src.glob("*.cu")):
+        if (dst / source.name).exists():
+            raise ValueError(f"lab source {source.name} shadows the product header of that name: rename it")
+        shutil.copy2(source, dst / source.name)
 
 
 def build_lab_kernels(out_dir: Path, *, lab_src: Path = LAB_SRC, product_src: Path = PRODUCT_SRC,
