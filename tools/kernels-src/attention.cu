@@ -86,7 +86,9 @@ kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 //   part_lse[r, c] (cluster_partial); every block of those clusters counts itself in
 //   counters[r, kv head]; the last reduces the clusters' partials in order into out and sets the
 //   counter back to 0.
-// Blocks without a split exit at once (after the PDL wait). Scratch: part_o f32[rows, max_splits,
+// A row of one split (or none) is written by its block at y = 0 alone, the bits cluster_reduce
+// gives one split; the rest of its cluster exits at once. Blocks without a split exit at once
+// (after the PDL wait). Scratch: part_o f32[rows, max_splits,
 // nq, head_dim], part_lse f32[rows, max_splits, nq], counters i32[rows, nkv] (zero before the first
 // launch, zero again after each). page_tokens 16, head_dim 64 or 128, nq / nkv <= 16 (the
 // generator checks; anything else traps). grid [nkv, max_splits, rows] (max_splits a multiple of

@@ -702,7 +702,10 @@ constexpr int ROWS_WARPS = KERN_ROWS_WARPS;
 constexpr int ROWS_STAGES = KERN_ROWS_STAGES;
 constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles of 8
 constexpr int ROWS_MIN_PAGES = ROWS_WARPS;  // pages per split at least on the global path
-constexpr int ROWS_CLUSTER_PAGES = 2 * ROWS_WARPS;  // pages per split at most on the cluster path
+#ifndef KERN_ROWS_CLUSTER_PAGES
+#define KERN_ROWS_CLUSTER_PAGES (2 * KERN_ROWS_WARPS)
+#endif
+constexpr int ROWS_CLUSTER_PAGES = KERN_ROWS_CLUSTER_PAGES;  // pages per split at most on the cluster path
 constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
 // Blocks with a split that a launch aims at, over all its rows: a row's splits take at least
 // ceil(nkv * launch pages / ROWS_TARGET) pages each, so many rows (or long ones) get fewer, longer
@@ -1058,7 +1061,7 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     // them.
     const int len = seq_lens[row];
     const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
-    const int share = (launch_pages(seq_lens, gridDim.z) * nkv + ROWS_TARGET - 1) / ROWS_TARGET;
+    const int share = ROWS_TARGET > 0 ? (launch_pages(seq_lens, gridDim.z) * nkv + ROWS_TARGET - 1) / ROWS_TARGET : 0;
     const bool clustered = pages <= DEC_CLUSTER * ROWS_CLUSTER_PAGES;
     const int pps = clustered ? max(max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1), share)
                               : max(max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits), share);
@@ -1067,13 +1070,34 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     // distributed shared memory into one partial per cluster (cluster_partial), then the last block
     // to count over the `clusters` partials, so the serial tail reads a few rows, not every split's.
     const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;
+    bf16* out_row = out + (int64_t)row * nq * D;
+    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
+    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
+    if (used <= 1) {
+        // NOTE: one split (or none: a row of 0 tokens gets zeros): block 0 writes the row itself,
+        // the bits cluster_reduce gives one split (weight 2^0 = 1), and the cluster's other blocks
+        // leave at once instead of holding their shared memory until a cluster barrier.
+        if (split > 0) {
+            kern_pdl_wait();
+            return;
+        }
+        if (used == 1) {
+            const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
+                               0, pages};
+            rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, cl_o,
+                                   cl_lse, smem);
+            __syncthreads();
+        } else {
+            kern_pdl_wait();
+        }
+        for (int i = threadIdx.x; i < group * D; i += blockDim.x)
+            out_row[(int64_t)head * group * D + i] = to_bf(used == 1 ? cl_o[i] : 0.0f);
+        return;
+    }
     if (split >= (clustered ? DEC_CLUSTER : clusters * DEC_CLUSTER)) {
         kern_pdl_wait();
         return;
     }
-    bf16* out_row = out + (int64_t)row * nq * D;
-    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
-    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
     if (split < used) {
         const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
                            split * pps, min(pps, pages - split * pps)};

@@ -48,13 +48,14 @@ ROW_BYTES = 2 * NKV * D * 2
 """K/V bytes of one token in one layer."""
 
 
-VARIANTS = {"kern_attn_decode_rows_w4s4": (4, 4), "kern_attn_decode_rows_w4s6": (4, 6),
-            "kern_attn_decode_rows_w8s2": (8, 2), "kern_attn_decode_rows_w8s3": (8, 3),
-            "kern_attn_decode_rows_t256": (4, 3), "kern_attn_decode_rows_t1024": (4, 3),
-            "kern_attn_decode_rows_t2048": (4, 3)}
-"""The lab's builds of the rows entry (tools/lab/kernels-src/attention_rows_*.cu): (warps, stages);
-the _t builds take another launch target (KERN_ROWS_TARGET) than the product's 512."""
-VARIANT_SPLITS = (16, 32)
+VARIANTS = {"kern_attn_decode_rows_w8s3": (8, 3), "kern_attn_decode_rows_t0": (4, 3),
+            "kern_attn_decode_rows_t1024": (4, 3), "kern_attn_decode_rows_t2048": (4, 3),
+            "kern_attn_decode_rows_t4096": (4, 3), "kern_attn_decode_rows_c16": (4, 3),
+            "kern_attn_decode_rows_c16t2048": (4, 3)}
+"""The lab's builds of the rows entry (tools/lab/kernels-src/attention_rows_*.cu): (warps, stages).
+_wWsS: W warps of S page slots (the product's: 4 x 3); _tN: a launch target of N blocks with work
+(KERN_ROWS_TARGET; the product's 512, 0 none); _c16: the cluster path up to 16 pages a split."""
+VARIANT_SPLITS = (16,)
 
 
 def smem_bytes(d: int, warps: int = 4, stages: int = 3) -> int:
@@ -202,14 +203,14 @@ def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float, va
     for rows in row_counts:
         for ctx in contexts:
             lens = lengths(ctx, rows)
-            sweep = SPLIT_SWEEP if rows == 1 else (SPLITS,)
+            sweep = SPLIT_SWEEP if rows == 1 else (16,)
             case = Case(lens, max(sweep))
             copy_us = case.copy_us()
             timed: list[tuple[str, int, list[Callable[[], None]]]] = [
                 ("kern_attn_decode_rows", s, [case.rows_launch(k, i, s) for i in range(LAYERS)]) for s in sweep]
             if variants:
                 timed += [(v, sp, [case.rows_launch(k, i, sp, v) for i in range(LAYERS)])
-                          for v in VARIANTS for sp in (VARIANT_SPLITS if rows == 1 else (16,))]
+                          for v in VARIANTS for sp in VARIANT_SPLITS]
             timed.append(("kern_attn_decode" if rows == 1 else "kern_attn_decode (a launch per row)", SPLITS,
                           [case.today_launch(k, i, r) for i in range(LAYERS) for r in range(rows)]))
             for entry, splits, bodies in timed:
