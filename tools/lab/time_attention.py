@@ -48,13 +48,13 @@ ROW_BYTES = 2 * NKV * D * 2
 """K/V bytes of one token in one layer."""
 
 
-VARIANTS = {"kern_attn_decode_rows_w8s3": (8, 3), "kern_attn_decode_rows_t0": (4, 3),
-            "kern_attn_decode_rows_t1024": (4, 3), "kern_attn_decode_rows_t2048": (4, 3),
-            "kern_attn_decode_rows_t4096": (4, 3), "kern_attn_decode_rows_c16": (4, 3),
-            "kern_attn_decode_rows_c16t2048": (4, 3)}
+VARIANTS = {"kern_attn_decode_rows_t0": (4, 3), "kern_attn_decode_rows_t2048": (4, 3),
+            "kern_attn_decode_rows_c16t2048": (4, 3), "kern_attn_decode_rows_flat4": (4, 3),
+            "kern_attn_decode_rows_flat8": (4, 3), "kern_attn_decode_rows_flat16": (4, 3)}
 """The lab's builds of the rows entry (tools/lab/kernels-src/attention_rows_*.cu): (warps, stages).
-_wWsS: W warps of S page slots (the product's: 4 x 3); _tN: a launch target of N blocks with work
-(KERN_ROWS_TARGET; the product's 512, 0 none); _c16: the cluster path up to 16 pages a split."""
+_tN: a launch target of N blocks with work (KERN_ROWS_TARGET; the product's 512, 0 none); _c16: the
+cluster path up to 16 pages a split; _flatM: no clusters, at least M pages a split, the splits'
+partials reduced by the last block."""
 VARIANT_SPLITS = (16,)
 
 

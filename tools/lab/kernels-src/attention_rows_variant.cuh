@@ -25,3 +25,76 @@
         attn_rows_run<128, 1>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv, \
                               page_stride, table_stride, max_splits, scale, rows_smem);              \
     }
+
+// A cluster-free form of the rows entry (grid [nkv, max_splits, rows], block 128, no cluster
+// dims, so any max_splits): row r's pages = ceil(len / 16) split in whole pages, pps =
+// max(MIN_PAGES, ceil(pages / max_splits)) per split; a row of one split (or none) is written by
+// its block at y = 0 alone (as the product's entry does); otherwise each split writes its
+// normalized rows and log2-sum-exps to part_o[r, s] / part_lse[r, s], counts itself in
+// counters[r, kv head], and the last block reduces the splits in order (decode_reduce_heads) and
+// sets the counter back to 0. head_dim 128, up to 8 query heads per kv head.
+template <int MIN_PAGES>
+__device__ void attn_rows_flat_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
+                                   float* part_o, float* part_lse, int* counters, bf16* out, int nq, int nkv,
+                                   int64_t page_stride, int table_stride, int max_splits, float scale,
+                                   unsigned char* smem) {
+    constexpr int D = 128;
+    const int row = blockIdx.z;
+    const int split = blockIdx.y;
+    const int head = blockIdx.x;
+    const int group = nq / nkv;
+    const int len = seq_lens[row];
+    const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
+    const int pps = max(MIN_PAGES, (pages + max_splits - 1) / max_splits);
+    const int used = (pages + pps - 1) / pps;
+    if (split >= max(used, 1)) {
+        kern_pdl_wait();
+        return;
+    }
+    bf16* out_row = out + (int64_t)row * nq * D;
+    const bf16* qrow = qkv + (int64_t)row * (nq + 2 * nkv) * D;
+    const int* table = block_table + (int64_t)row * table_stride;
+    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
+    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
+    if (used <= 1) {
+        if (used == 1) {
+            const RowsSplit sp{kv, table, page_stride, nkv, head, len, pages, 0, pages};
+            rows_fold_split<D, 1>(qrow, sp, group, scale * LOG2E, cl_o, cl_lse, smem);
+            __syncthreads();
+        } else {
+            kern_pdl_wait();
+        }
+        for (int i = threadIdx.x; i < group * D; i += blockDim.x)
+            out_row[(int64_t)head * group * D + i] = to_bf(used == 1 ? cl_o[i] : 0.0f);
+        return;
+    }
+    float* po = part_o + (int64_t)row * max_splits * nq * D;
+    float* pl = part_lse + (int64_t)row * max_splits * nq;
+    const RowsSplit sp{kv, table, page_stride, nkv, head, len, pages, split * pps, min(pps, pages - split * pps)};
+    rows_fold_split<D, 1>(qrow, sp, group, scale * LOG2E, po + ((int64_t)split * nq + head * group) * D,
+                          pl + split * nq + head * group, smem);
+    __threadfence();
+    __syncthreads();
+    __shared__ int is_last;
+    int* count = counters + (int64_t)row * nkv + head;
+    if (threadIdx.x == 0) is_last = atomicAdd(count, 1) == used - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    decode_reduce_heads(po, pl, out_row, head * group, group, used, nq, D, reinterpret_cast<float*>(smem));
+    if (threadIdx.x == 0) *count = 0;
+}
+
+#define KERN_ROWS_FLAT(NAME, MIN_PAGES)                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                                \
+    NAME(const bf16* __restrict__ qkv, const bf16* __restrict__ kv, const int* __restrict__ block_table, \
+         const int* __restrict__ seq_lens, float* part_o, float* part_lse, int* counters,              \
+         bf16* __restrict__ out, int nq, int nkv, int head_dim, int page_tokens, int64_t page_stride,  \
+         int table_stride, int max_splits, float scale) {                                            \
+        kern_pdl_launch_dependents();                                                                \
+        extern __shared__ __align__(16) unsigned char rows_smem[];                                   \
+        const int group = nq / nkv;                                                                  \
+        if (page_tokens != ROWS_PAGE || group * nkv != nq || group > 8 || head_dim != 128) __trap();  \
+        attn_rows_flat_run<MIN_PAGES>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, \
+                                      nkv, page_stride, table_stride, max_splits, scale, rows_smem); \
+    }
