@@ -73,22 +73,17 @@ kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 // Decode attention over `rows` sequences of their own lengths (grid z = row r): row r's query
 // heads at qkv + r * (nq + 2 nkv) * head_dim (the fused qkv row), its length seq_lens[r], its
 // block-table row block_table + r * table_stride, its output out + r * nq * head_dim.
-// The split plan follows the row's length seq_lens[r] and the launch's pages, P = sum over the
-// rows of ceil(seq_lens / 16) (so a row gives the same bits in any batch of the same P, in any row
-// order; one row alone, P = its pages, keeps the plan of its length): its pages = ceil(len / 16)
-// split in whole pages, at least share = ceil(nkv P / ROWS_TARGET) pages per split (ROWS_TARGET
-// 512: many rows or long rows get fewer, longer splits),
-// - up to DEC_CLUSTER * ROWS_CLUSTER_PAGES pages (1024 tokens): max(ceil(pages / 8), share) pages
-//   per split over the first cluster of 8 blocks along y, combined through distributed shared
-//   memory (cluster_reduce; part_o, part_lse and counters untouched; a row of 0 tokens gets zeros);
-// - beyond: max(ROWS_WARPS, ceil(pages / max_splits), share) pages per split; the splits of each cluster
+// The split plan is the row's own, from seq_lens[r] (so a row gives the same bits alone and in any
+// batch): its pages = ceil(len / 16) split in whole pages,
+// - up to DEC_CLUSTER * ROWS_CLUSTER_PAGES pages (1024 tokens): ceil(pages / 8) pages per split
+//   over the first cluster of 8 blocks along y, combined through distributed shared memory
+//   (cluster_reduce; part_o, part_lse and counters untouched; a row of 0 tokens gets zeros);
+// - beyond: max(ROWS_WARPS, ceil(pages / max_splits)) pages per split; the splits of each cluster
 //   combine through distributed shared memory into one partial per cluster, part_o[r, c] /
 //   part_lse[r, c] (cluster_partial); every block of those clusters counts itself in
 //   counters[r, kv head]; the last reduces the clusters' partials in order into out and sets the
 //   counter back to 0.
-// A row of one split (or none) is written by its block at y = 0 alone, the bits cluster_reduce
-// gives one split; the rest of its cluster exits at once. Blocks without a split exit at once
-// (after the PDL wait). Scratch: part_o f32[rows, max_splits,
+// Blocks without a split exit at once (after the PDL wait). Scratch: part_o f32[rows, max_splits,
 // nq, head_dim], part_lse f32[rows, max_splits, nq], counters i32[rows, nkv] (zero before the first
 // launch, zero again after each). page_tokens 16, head_dim 64 or 128, nq / nkv <= 16 (the
 // generator checks; anything else traps). grid [nkv, max_splits, rows] (max_splits a multiple of

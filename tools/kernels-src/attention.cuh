@@ -690,8 +690,9 @@ __device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* 
 // P is rounded to bf16 for the P.V product and the row sums add the rounded weights, so each
 // split's output is an exact convex combination of its V rows with those weights.
 
-// Warps per block and page slots per warp (a lab build may define KERN_ROWS_WARPS /
-// KERN_ROWS_STAGES before including this header; the product takes the defaults).
+// Warps per block, page slots per warp and the cluster path's most pages per split (a lab build
+// may define KERN_ROWS_WARPS / KERN_ROWS_STAGES / KERN_ROWS_CLUSTER_PAGES before including this
+// header; the product takes the defaults).
 #ifndef KERN_ROWS_WARPS
 #define KERN_ROWS_WARPS 4
 #endif
@@ -707,13 +708,6 @@ constexpr int ROWS_MIN_PAGES = ROWS_WARPS;  // pages per split at least on the g
 #endif
 constexpr int ROWS_CLUSTER_PAGES = KERN_ROWS_CLUSTER_PAGES;  // pages per split at most on the cluster path
 constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
-// Blocks with a split that a launch aims at, over all its rows: a row's splits take at least
-// ceil(nkv * launch pages / ROWS_TARGET) pages each, so many rows (or long ones) get fewer, longer
-// splits instead of thousands of blocks of a page or two each (a lab build may set it).
-#ifndef KERN_ROWS_TARGET
-#define KERN_ROWS_TARGET 512
-#endif
-constexpr int ROWS_TARGET = KERN_ROWS_TARGET;
 
 // Dynamic shared memory of kern_attn_decode_rows at head_dim d (the launch must give it).
 __host__ __device__ constexpr int rows_smem_bytes(int d) { return ROWS_WARPS * ROWS_STAGES * (d / 8) * 32 * 16; }
@@ -1036,16 +1030,6 @@ __device__ void rows_fold_split(const bf16* qrow, const RowsSplit& sp, int group
 template <int D>
 __host__ __device__ constexpr int rows_cluster_offset() { return ROWS_WARPS * 16 * (2 + D); }
 
-// The pages of all `rows` rows (every warp sums them itself: the same total in every block).
-__device__ __forceinline__ int launch_pages(const int* seq_lens, int rows) {
-    const int lane = threadIdx.x & 31;
-    int sum = 0;
-    for (int r = lane; r < rows; r += 32) sum += (seq_lens[r] + ROWS_PAGE - 1) / ROWS_PAGE;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    return sum;
-}
-
 // kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles.
 template <int D, int HT>
 __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
@@ -1061,43 +1045,21 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     // them.
     const int len = seq_lens[row];
     const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
-    const int share = ROWS_TARGET > 0 ? (launch_pages(seq_lens, gridDim.z) * nkv + ROWS_TARGET - 1) / ROWS_TARGET : 0;
     const bool clustered = pages <= DEC_CLUSTER * ROWS_CLUSTER_PAGES;
-    const int pps = clustered ? max(max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1), share)
-                              : max(max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits), share);
+    const int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
+                              : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
     const int used = (pages + pps - 1) / pps;
     // Beyond the cluster path the splits combine in two levels: the (up to) 8 of each cluster through
     // distributed shared memory into one partial per cluster (cluster_partial), then the last block
     // to count over the `clusters` partials, so the serial tail reads a few rows, not every split's.
     const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;
-    bf16* out_row = out + (int64_t)row * nq * D;
-    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
-    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
-    if (used <= 1) {
-        // NOTE: one split (or none: a row of 0 tokens gets zeros): block 0 writes the row itself,
-        // the bits cluster_reduce gives one split (weight 2^0 = 1), and the cluster's other blocks
-        // leave at once instead of holding their shared memory until a cluster barrier.
-        if (split > 0) {
-            kern_pdl_wait();
-            return;
-        }
-        if (used == 1) {
-            const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
-                               0, pages};
-            rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, cl_o,
-                                   cl_lse, smem);
-            __syncthreads();
-        } else {
-            kern_pdl_wait();
-        }
-        for (int i = threadIdx.x; i < group * D; i += blockDim.x)
-            out_row[(int64_t)head * group * D + i] = to_bf(used == 1 ? cl_o[i] : 0.0f);
-        return;
-    }
     if (split >= (clustered ? DEC_CLUSTER : clusters * DEC_CLUSTER)) {
         kern_pdl_wait();
         return;
     }
+    bf16* out_row = out + (int64_t)row * nq * D;
+    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
+    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
     if (split < used) {
         const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
                            split * pps, min(pps, pages - split * pps)};
