@@ -1030,8 +1030,22 @@ __device__ void rows_fold_split(const bf16* qrow, const RowsSplit& sp, int group
 template <int D>
 __host__ __device__ constexpr int rows_cluster_offset() { return ROWS_WARPS * 16 * (2 + D); }
 
+// The pages of all `rows` rows (every warp sums them itself: the same total in every block).
+__device__ __forceinline__ int launch_pages(const int* seq_lens, int rows) {
+    const int lane = threadIdx.x & 31;
+    int sum = 0;
+    for (int r = lane; r < rows; r += 32) sum += (seq_lens[r] + ROWS_PAGE - 1) / ROWS_PAGE;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return sum;
+}
+
 // kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles.
-template <int D, int HT>
+// TARGET > 0 (the lab's builds; the product takes 0): every split takes at least share =
+// ceil(nkv * the launch's pages / TARGET) pages, and a row of one split (or none) is written by its
+// block at y = 0 alone, the bits cluster_reduce gives one split, while the rest of its cluster
+// leaves at once.
+template <int D, int HT, int TARGET = 0>
 __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
                               float* part_o, float* part_lse, int* counters, bf16* out, int nq, int nkv,
                               int64_t page_stride, int table_stride, int max_splits, float scale,
@@ -1046,9 +1060,31 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     const int len = seq_lens[row];
     const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
     const bool clustered = pages <= DEC_CLUSTER * ROWS_CLUSTER_PAGES;
-    const int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
-                              : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
+    int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
+                        : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
+    if constexpr (TARGET > 0) pps = max(pps, (launch_pages(seq_lens, gridDim.z) * nkv + TARGET - 1) / TARGET);
     const int used = (pages + pps - 1) / pps;
+    if constexpr (TARGET > 0) {
+        if (used <= 1) {
+            if (split == 0) {
+                float* o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
+                if (used == 1) {
+                    const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len,
+                                       pages, 0, pages};
+                    rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, o,
+                                           o + DEC_CLUSTER_FLOATS, smem);
+                    __syncthreads();
+                } else {
+                    kern_pdl_wait();
+                }
+                bf16* dst = out + (int64_t)row * nq * D + (int64_t)head * group * D;
+                for (int i = threadIdx.x; i < group * D; i += blockDim.x) dst[i] = to_bf(used == 1 ? o[i] : 0.0f);
+            } else {
+                kern_pdl_wait();
+            }
+            return;
+        }
+    }
     // Beyond the cluster path the splits combine in two levels: the (up to) 8 of each cluster through
     // distributed shared memory into one partial per cluster (cluster_partial), then the last block
     // to count over the `clusters` partials, so the serial tail reads a few rows, not every split's.

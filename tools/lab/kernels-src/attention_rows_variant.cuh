@@ -1,7 +1,7 @@
 // Lab forms of kern_attn_decode_rows (attention.cu), for builds that may set KERN_ROWS_WARPS
 // (warps per block), KERN_ROWS_STAGES (page slots per warp), KERN_ROWS_CLUSTER_PAGES (the cluster
-// path's most pages per split) and KERN_ROWS_TARGET (blocks with work a launch aims at; 0: none)
-// before including this header. KERN_ROWS_VARIANT: the product's arguments and grid, block
+// path's most pages per split) and KERN_ROWS_TARGET (attn_rows_run's TARGET: blocks with work a
+// launch aims at; 0, the product's, none) before including this header. KERN_ROWS_VARIANT: the product's arguments and grid, block
 // [32 * KERN_ROWS_WARPS], rows_smem_bytes(head_dim) bytes of dynamic shared memory
 // (KERN_ROWS_WARPS * KERN_ROWS_STAGES pages of head_dim x 2 x 16 bf16). KERN_ROWS_FLAT: below.
 #pragma once
@@ -12,104 +12,6 @@
 #ifndef KERN_ROWS_TARGET
 #define KERN_ROWS_TARGET 0
 #endif
-constexpr int ROWS_TARGET = KERN_ROWS_TARGET;
-
-// The pages of all `rows` rows (every warp sums them itself: the same total in every block).
-__device__ __forceinline__ int launch_pages(const int* seq_lens, int rows) {
-    const int lane = threadIdx.x & 31;
-    int sum = 0;
-    for (int r = lane; r < rows; r += 32) sum += (seq_lens[r] + ROWS_PAGE - 1) / ROWS_PAGE;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    return sum;
-}
-
-// attention.cuh's attn_rows_run with two changes: every split takes at least share =
-// ceil(nkv * the launch's pages / ROWS_TARGET) pages (ROWS_TARGET 0: no share, the product's plan),
-// and a row of one split (or none) is written by its block at y = 0 alone, the bits
-// cluster_reduce gives one split, while the rest of its cluster leaves at once.
-template <int D, int HT>
-__device__ void attn_rows_share_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
-                              float* part_o, float* part_lse, int* counters, bf16* out, int nq, int nkv,
-                              int64_t page_stride, int table_stride, int max_splits, float scale,
-                              unsigned char* smem) {
-    const int row = blockIdx.z;
-    const int split = blockIdx.y;
-    const int head = blockIdx.x;
-    const int group = nq / nkv;
-    // NOTE: seq_lens, the block table and the k / v rows before each row's last token are read
-    // before the PDL wait (see rows_fold_split): no launch of the step before this one may write
-    // them.
-    const int len = seq_lens[row];
-    const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
-    const int share = ROWS_TARGET > 0 ? (launch_pages(seq_lens, gridDim.z) * nkv + ROWS_TARGET - 1) / ROWS_TARGET : 0;
-    const bool clustered = pages <= DEC_CLUSTER * ROWS_CLUSTER_PAGES;
-    const int pps = clustered ? max(max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1), share)
-                              : max(max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits), share);
-    const int used = (pages + pps - 1) / pps;
-    // Beyond the cluster path the splits combine in two levels: the (up to) 8 of each cluster through
-    // distributed shared memory into one partial per cluster (cluster_partial), then the last block
-    // to count over the `clusters` partials, so the serial tail reads a few rows, not every split's.
-    const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;
-    bf16* out_row = out + (int64_t)row * nq * D;
-    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
-    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
-    if (used <= 1) {
-        if (split > 0) {
-            kern_pdl_wait();
-            return;
-        }
-        if (used == 1) {
-            const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
-                               0, pages};
-            rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, cl_o,
-                                   cl_lse, smem);
-            __syncthreads();
-        } else {
-            kern_pdl_wait();
-        }
-        for (int i = threadIdx.x; i < group * D; i += blockDim.x)
-            out_row[(int64_t)head * group * D + i] = to_bf(used == 1 ? cl_o[i] : 0.0f);
-        return;
-    }
-    if (split >= (clustered ? DEC_CLUSTER : clusters * DEC_CLUSTER)) {
-        kern_pdl_wait();
-        return;
-    }
-    if (split < used) {
-        const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
-                           split * pps, min(pps, pages - split * pps)};
-        rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, cl_o, cl_lse,
-                               smem);
-    } else {
-        kern_pdl_wait();
-    }
-    const int rank = split % DEC_CLUSTER;
-    cluster_sync();
-    if (clustered) {
-        // NOTE: a row of 0 tokens (used = 0) gets zeros from cluster_reduce.
-        cluster_reduce(cl_o, cl_lse, out_row, head * group, group, D, used, rank);
-        cluster_sync();  // no block may exit while another can still read its shared memory
-        return;
-    }
-    float* po = part_o + (int64_t)row * max_splits * nq * D;
-    float* pl = part_lse + (int64_t)row * max_splits * nq;
-    const int c = split / DEC_CLUSTER;
-    const int64_t crow0 = (int64_t)c * nq + head * group;
-    cluster_partial(cl_o, cl_lse, po + crow0 * D, pl + crow0, group, D, min(DEC_CLUSTER, used - c * DEC_CLUSTER),
-                    rank);
-    cluster_sync();  // no block may exit while another can still read its shared memory
-    __threadfence();
-    __syncthreads();
-    __shared__ int is_last;
-    int* count = counters + (int64_t)row * nkv + head;
-    if (threadIdx.x == 0) is_last = atomicAdd(count, 1) == clusters * DEC_CLUSTER - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    decode_reduce_heads(po, pl, out_row, head * group, group, clusters, nq, D, reinterpret_cast<float*>(smem));
-    if (threadIdx.x == 0) *count = 0;
-}
 
 #define KERN_ROWS_VARIANT(NAME)                                                                      \
     extern "C" __global__ void __cluster_dims__(1, DEC_CLUSTER, 1)                                   \
@@ -126,14 +28,14 @@ __device__ void attn_rows_share_run(const bf16* qkv, const bf16* kv, const int* 
         extern __shared__ __align__(16) unsigned char rows_smem[];                                   \
         const int group = nq / nkv;                                                                  \
         if (page_tokens != ROWS_PAGE || group * nkv != nq || group > 8 || head_dim != 128) __trap();  \
-        attn_rows_share_run<128, 1>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv, \
+        attn_rows_run<128, 1, KERN_ROWS_TARGET>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv, \
                               page_stride, table_stride, max_splits, scale, rows_smem);              \
     }
 
 // A cluster-free form of the rows entry (grid [nkv, max_splits, rows], block 128, no cluster
 // dims, so any max_splits): row r's pages = ceil(len / 16) split in whole pages, pps =
 // max(MIN_PAGES, ceil(pages / max_splits)) per split; a row of one split (or none) is written by
-// its block at y = 0 alone (as the product's entry does); otherwise each split writes its
+// its block at y = 0 alone (as attn_rows_run does at TARGET > 0); otherwise each split writes its
 // normalized rows and log2-sum-exps to part_o[r, s] / part_lse[r, s], counts itself in
 // counters[r, kv head], and the last block reduces the splits in order (decode_reduce_heads) and
 // sets the counter back to 0. head_dim 128, up to 8 query heads per kv head.
