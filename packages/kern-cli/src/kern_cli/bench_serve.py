@@ -1,11 +1,15 @@
 """`kern bench serve`: continuous batching throughput and latency, beside the same engine at one row.
 
 The engine comes from the `kern serve` factory (`--backend`, default the GPU). First the engine at
-one row: `--rounds` requests one after another through `Engine.turn` (the shared system prompt
-cached after the first). Then, for each `--clients` count, a fresh `kern_runtime.serving.Serving`
-on the same engine and that many clients in a closed loop, each sending `--rounds` requests (the
-system prompt, then its own question of `--question` random ids; `--max-tokens` tokens each, no
-stop id). Reported per level: output tokens/s over the level's wall time, TTFT p50/p99 (submission
+one row: `--rounds` requests one after another through `Engine.turn`. Then, for each `--clients`
+count, a fresh `kern_runtime.serving.Serving` on the same engine and that many clients in a closed
+loop, each sending `--rounds` requests. Every request is the shared system prompt of `--system`
+random ids, then a question of `--question` random ids drawn for it alone (no level finds another
+level's questions in the prefix cache); `--max-tokens` tokens each, no stop id. Before the one-row
+level one unmeasured request runs through the engine (it prefills the system prompt and builds the
+step's graph), and before each client level as many unmeasured requests as clients run at once,
+4 tokens each (the batched step's graphs of that many rows are built then), so no level times a
+one-time cost. Reported per level: output tokens/s over the level's wall time, TTFT p50/p99 (submission
 to the first token), TPOT p50/p99 (a request's mean time between tokens), and the output rate as a
 multiple of the one-row rate. The server is measured in process (no HTTP), so the numbers are the
 engine's and the scheduler's.
@@ -72,10 +76,17 @@ def _level(clients: int, tokens: int, wall: float, ttft: list[float], tpot: list
                  percentile(tpot, 50) * 1e3, percentile(tpot, 99) * 1e3, rate / base if base else 1.0)
 
 
-def _prompts(vocab: int, system: int, question: int, count: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    shared = [int(x) for x in rng.integers(0, vocab, size=system)]
-    return [shared + [int(x) for x in rng.integers(0, vocab, size=question)] for _ in range(count)]
+class _Prompts:
+    """The shared system prompt and, per call, that many fresh questions after it."""
+
+    def __init__(self, vocab: int, system: int, question: int, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.vocab, self.question = vocab, question
+        self.shared = [int(x) for x in self.rng.integers(0, vocab, size=system)]
+
+    def __call__(self, count: int) -> list[list[int]]:
+        return [self.shared + [int(x) for x in self.rng.integers(0, self.vocab, size=self.question)]
+                for _ in range(count)]
 
 
 def one_row(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Level:
@@ -133,6 +144,29 @@ class _Client:
                 self.tpot.append((times[-1] - times[0]) / (len(times) - 1))
 
 
+WARM_TOKENS = 4
+"""Tokens of each warm-up request of a client level."""
+
+
+def _run_clients(serving: Any, clients: list[_Client], n: int, what: str) -> float:
+    """Wall seconds of `clients` run at once against `serving`.
+
+    Raises:
+        RunError: a request was refused or failed.
+    """
+    threads = [threading.Thread(target=c.run, args=(serving,)) for c in clients]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    errors = [c.error for c in clients if c.error is not None]
+    if errors:
+        raise RunError(f"{n} clients{f' ({what})' if what else ''}: {errors[0]}")
+    return wall
+
+
 def measure(engine: Engine, clients: Sequence[int], *, system: int, question: int, max_tokens: int, rounds: int,
             rows: int, step_tokens: int, chunk: int, seed: int = 0,
             log: Callable[[str], None] = lambda s: None) -> list[Level]:
@@ -146,26 +180,21 @@ def measure(engine: Engine, clients: Sequence[int], *, system: int, question: in
 
     vocab = (engine.roles.token_max or 0) + 1
     need = max(clients) * rounds
-    prompts = _prompts(vocab, system, question, need + rounds, seed)
-    base = one_row(engine, prompts[:rounds], max_tokens)
+    fresh = _Prompts(vocab, system, question, seed)
+    one_row(engine, fresh(1), max_tokens)  # NOTE: warm-up, not measured
+    base = one_row(engine, fresh(rounds), max_tokens)
     log(f"one row: {base.output_tok_s:.1f} tokens/s, TTFT p50 {base.ttft_p50_ms:.2f} ms")
     out = [base]
     for n in clients:
         serving = Serving(engine, config=ServingConfig(SchedConfig(rows=max(rows, 1), queued=max(need, 1),
                                                                    step_tokens=step_tokens, chunk=chunk)))
         serving.start()
-        mine = [_Client(prompts[rounds + i * rounds : rounds + (i + 1) * rounds], max_tokens) for i in range(n)]
-        threads = [threading.Thread(target=c.run, args=(serving,)) for c in mine]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
-        serving.close()
-        errors = [c.error for c in mine if c.error is not None]
-        if errors:
-            raise RunError(f"{n} clients: {errors[0]}")
+        try:
+            _run_clients(serving, [_Client([p], min(WARM_TOKENS, max_tokens)) for p in fresh(n)], n, "warm-up")
+            mine = [_Client(fresh(rounds), max_tokens) for _ in range(n)]
+            wall = _run_clients(serving, mine, n, "")
+        finally:
+            serving.close()
         level = _level(n, sum(c.tokens for c in mine), wall, [x for c in mine for x in c.ttft],
                        [x for c in mine for x in c.tpot], base.output_tok_s)
         log(f"{n} clients: {level.output_tok_s:.1f} tokens/s ({level.x_one_row:.1f}x one row), "
