@@ -1,18 +1,20 @@
 """Qwen3 on kern, checked against transformers and benchmarked, in one command on a GPU host:
 
-    python3 tools/gpu/qwen3_checks.py OUTDIR [--gpu 0] [--models tiny,4b] [--no-bench]
+    python3 tools/gpu/qwen3_checks.py OUTDIR [--gpu 0] [--models tiny,4b] [--no-bench] [--long]
 
 1. builds tools/kernels-src into OUTDIR/kernels and generates OUTDIR/manifests/qwen3-{tiny,4b}.json
    from the checkpoints' config.json (kern_qwen3);
 2. writes random-weight checkpoints with transformers' save_pretrained (torch.manual_seed(0), bf16)
    for a 2-layer tiny Qwen3 and the Qwen3-4B shape under OUTDIR/ckpt/;
 3. references from transformers (eager attention): greedy tokens in bf16 for 64 steps on prompts of
-   1, 37 and 709 ids with the top-1 minus top-2 logit gap of every step, and first-step logits in
-   float32; its eager decode and 709-token prefill times (4B);
+   1, 37 and 709 ids (with --long, on the 4B, also 8,200 and 32,800 ids: past 8k and 32k, computed
+   with SDPA attention and the last position's logits only) with the top-1 minus top-2 logit gap of
+   every step, and first-step logits in float32; its eager decode and 709-token prefill times (4B);
 4. kern, for each model and prompt: greedy tokens (graph, --chunk 512) == transformers (a divergence
    passes only where transformers' gap is <= 4 bf16 ulps: reported), first-step logits within 1e-2
    relative error (L2) of float32 (and, as a regression guard, within 1.25x of transformers' own
-   bf16 error), graph == eager, --chunk 512 == 1 == 97 (exact equality is
+   bf16 error), graph == eager, --chunk 512 == 1 == 97 (512 == 2048 == 97 past 4,096 ids; the
+   session holds the longest prompt and its steps; exact equality is
    reported; a divergence passes only at a near-tie of the --chunk 512 run: its top-1 logit minus
    the other run's token's logit <= 4 bf16 ulps, reported); kern-run as a process (--output ids
    equals the in-process tokens; kern.toml + random checkpoint + text prompt); the same checks for
@@ -63,7 +65,15 @@ from kern_cli.bench_report import row as _row
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 64
 PROMPT_LENS = (1, 37, 709)
+LONG_PROMPT_LENS = (8200, 32800)
+"""`--long`: prompts past 8k and 32k tokens (the 4B only; its positions reach 40,960)."""
+LONG = 4096
+"""Prompts longer than this take the long path: transformers' references with SDPA attention (eager
+would hold a [heads, n, n] score matrix: 137 GB in float32 at 32,800) and only the last position's
+logits, kern's chunk runs at CHUNKS_LONG."""
 CHUNKS = (512, 1, 97)
+CHUNKS_LONG = (512, 2048, 97)
+"""The chunk runs of a long prompt (a chunk of 1 would prefill 32,800 tokens one by one)."""
 NEAR_TIE_ULPS = 4.0
 LOGIT_REL_TOL = 1e-2
 F32_NEAR_TIE_ULPS = 1 / 16
@@ -259,10 +269,20 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def prompts(vocab: int) -> dict[int, list[int]]:
+def prompts(vocab: int, lens: Sequence[int] = PROMPT_LENS) -> dict[int, list[int]]:
     rng = np.random.default_rng(1234)
     hi = min(vocab, 151643)  # NOTE: ordinary (non-special) ids
-    return {n: [int(x) for x in rng.integers(0, hi, size=n)] for n in PROMPT_LENS}
+    return {n: [int(x) for x in rng.integers(0, hi, size=n)] for n in lens}
+
+
+def capacity(ps: dict[int, list[int]]) -> int:
+    """The KV tokens a session needs for `ps`: CAPACITY, or the longest prompt, its STEPS and a page."""
+    return max(CAPACITY, max(ps, default=0) + STEPS + 16)
+
+
+def chunks_of(n: int) -> tuple[int, ...]:
+    """The --chunk runs of an n-token prompt (the first is the base run)."""
+    return CHUNKS_LONG if n > LONG else CHUNKS
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,11 +309,16 @@ class Reference:
     """Their top-1 minus top-2 gaps, in bf16 ulps of the top-1 logit."""
 
 
-def _hf(path: Path, dtype: Any) -> Any:
+def _hf(path: Path, dtype: Any, attn: str = "eager") -> Any:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     return model.to(DEVICE).eval()
+
+
+def _last_only(prompt: list[int]) -> dict[str, Any]:
+    """Forward kwargs for a prompt: a long one computes only its last position's logits."""
+    return {"logits_to_keep": 1} if len(prompt) > LONG else {}
 
 
 def _cache_kw(model: Any) -> str:
@@ -313,7 +338,7 @@ def hf_greedy(model: Any, prompt: list[int], steps: int) -> tuple[list[int], lis
     gaps: list[float] = []
     first = np.empty(0)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt], device=DEVICE), use_cache=True)
+        out = model(input_ids=torch.tensor([prompt], device=DEVICE), use_cache=True, **_last_only(prompt))
         for i in range(steps):
             logits = out.logits[0, -1]
             if i == 0:
@@ -332,7 +357,7 @@ def hf_logits32(model: Any, prompt: list[int]) -> np.ndarray:
     import torch
 
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt], device=DEVICE))
+        out = model(input_ids=torch.tensor([prompt], device=DEVICE), **_last_only(prompt))
     return out.logits[0, -1].float().cpu().numpy()
 
 
@@ -345,25 +370,34 @@ def references(rec: Recorder, name: str, ckpt: Path, ps: dict[int, list[int]],
     ref = Reference({}, {}, {})
     ok = False
     with rec.check(f"{name}.reference") as c:
-        model = _hf(ckpt, torch.bfloat16)
-        for n, p in ps.items():
-            ref.tokens[n], ref.gaps_ulps[n], ref.logits_bf16[n] = hf_greedy(model, p, STEPS)
-        if name == "4b":
-            rec.bench += hf_bench(model)
-        del model
-        _free()
-        model = _hf(ckpt, torch.float32)
-        for n, p in ps.items():
-            if f32_greedy:
-                ref.tokens32[n], ref.gaps32_ulps[n], ref.logits32[n] = hf_greedy(model, p, STEPS)
-            else:
-                ref.logits32[n] = hf_logits32(model, p)
-        del model
-        _free()
+        for attn, part in _by_attention(ps):
+            model = _hf(ckpt, torch.bfloat16, attn)
+            for n, p in part.items():
+                ref.tokens[n], ref.gaps_ulps[n], ref.logits_bf16[n] = hf_greedy(model, p, STEPS)
+            if name == "4b" and attn == "eager":
+                rec.bench += hf_bench(model)
+            del model
+            _free()
+            model = _hf(ckpt, torch.float32, attn)
+            for n, p in part.items():
+                if f32_greedy:
+                    ref.tokens32[n], ref.gaps32_ulps[n], ref.logits32[n] = hf_greedy(model, p, STEPS)
+                else:
+                    ref.logits32[n] = hf_logits32(model, p)
+            del model
+            _free()
         c.data["min_gap_ulps"] = {n: round(min(g), 2) for n, g in ref.gaps_ulps.items()}
         c.detail = f"min top1-top2 gap (bf16 ulps) by prompt: {c.data['min_gap_ulps']}"
         ok = True
     return ref if ok else None
+
+
+def _by_attention(ps: dict[int, list[int]]) -> list[tuple[str, dict[int, list[int]]]]:
+    """The prompts by the attention transformers computes them with: eager up to LONG tokens,
+    SDPA beyond (only the sets that have prompts)."""
+    short = {n: p for n, p in ps.items() if n <= LONG}
+    long = {n: p for n, p in ps.items() if n > LONG}
+    return [(attn, part) for attn, part in (("eager", short), ("sdpa", long)) if part]
 
 
 def _sync() -> None:
@@ -518,7 +552,7 @@ def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[i
     with rec.check(f"{name}.load") as c:
         logs: list[str] = []
         session = Session.open(manifest, rec.out / "kernels", weight_files([ckpt]), gpu=gpu,
-                               capacity=CAPACITY, log=logs.append)
+                               capacity=capacity(ps), log=logs.append)
         (rec.logs / f"{name}.summary.txt").write_text("\n".join(logs) + "\n")
         c.detail = logs[0].splitlines()[0] if logs else ""
     if session is None:
@@ -560,8 +594,8 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
         if eager.tokens != base.tokens:
             j = next(i for i, (a, b) in enumerate(zip(eager.tokens, base.tokens, strict=True)) if a != b)
             _fail(c, f"eager differs from graph at step {j}: {eager.tokens[j]} vs {base.tokens[j]}")
-    with rec.check(f"{name}.p{n}.chunks_512_1_97") as c:
-        for chunk in CHUNKS[1:]:
+    with rec.check(f"{name}.p{n}.chunks_{'_'.join(map(str, chunks_of(n)))}") as c:
+        for chunk in chunks_of(n)[1:]:
             other = kern_generate(s, p, chunk=chunk, eager=False)
             if not compare_chunks(c, chunk, other.tokens, base, F32_NEAR_TIE_ULPS if f32 else NEAR_TIE_ULPS):
                 break
@@ -768,6 +802,8 @@ def main(argv: Sequence[str] | None = None, *, variants: dict[str, Variant] | No
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--models", default="tiny,4b", help="comma-separated subset of tiny,4b")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--long", action="store_true",
+                    help=f"the 4B also on prompts of {' and '.join(map(str, LONG_PROMPT_LENS))} tokens")
     ap.add_argument("--variants", default="fast",
                     help=f"comma-separated manifest variants beside the all-cublasLt one ({','.join(table)}; "
                          "default fast)")
@@ -785,13 +821,13 @@ def main(argv: Sequence[str] | None = None, *, variants: dict[str, Variant] | No
     cfgs = configs()
     for name in [m for m in args.models.split(",") if m]:
         run_model(rec, gen, name, cfgs[name], hashes, 0, bench=(name == "4b" and not args.no_bench),
-                  variants={v: table[v] for v in chosen}, sources=sources)
+                  variants={v: table[v] for v in chosen}, sources=sources, long=args.long and name == "4b")
     return summarize(rec)
 
 
 def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], hashes: dict[str, str], gpu: int,
               *, bench: bool, variants: dict[str, Variant] | None = None,
-              sources: Sources = PRODUCT_SOURCES) -> None:
+              sources: Sources = PRODUCT_SOURCES, long: bool = False) -> None:
     ckpt = write_checkpoint(rec, name, cfg)
     if ckpt is None or not hashes:
         return
@@ -800,7 +836,7 @@ def run_model(rec: Recorder, gen: ModuleType, name: str, cfg: dict[str, Any], ha
     plans = {v: build_plan("device") for v, build_plan in chosen.items()}
     labelled = [(f"{name}-{v}", generate_manifest(rec, gen, f"{name}-{v}", ckpt, hashes, chosen[v], sources), plans[v])
                 for v in chosen]
-    ps = prompts(int(cfg["vocab_size"]))
+    ps = prompts(int(cfg["vocab_size"]), PROMPT_LENS + (LONG_PROMPT_LENS if long else ()))
     ref = references(rec, name, ckpt, ps, f32_greedy=any(is_f32(p) for p in plans.values()))
     if manifest is None:
         return

@@ -272,3 +272,39 @@ def test_an_unknown_variant_is_refused_before_any_build(tmp_path: Path, monkeypa
     with pytest.raises(SystemExit) as info:
         checks.main([str(tmp_path), "--variants", "fast,qkn"])
     assert info.value.code == 2 and "unknown variant(s) qkn" in capsys.readouterr().err
+
+
+def test_long_prompts_cross_8k_and_32k_and_size_their_session() -> None:
+    ps = checks.prompts(151936, checks.PROMPT_LENS + checks.LONG_PROMPT_LENS)
+    assert sorted(ps) == [1, 37, 709, 8200, 32800] and all(len(p) == n for n, p in ps.items())
+    assert ps[709] == checks.prompts(151936)[709], "the short prompts stay as they were"
+    assert checks.capacity(checks.prompts(4096)) == checks.CAPACITY
+    assert checks.capacity(ps) >= 32800 + checks.STEPS
+    assert checks.chunks_of(709) == (512, 1, 97) and checks.chunks_of(32800) == (512, 2048, 97)
+
+
+def test_long_prompts_take_sdpa_and_the_last_logits_only() -> None:
+    ps = checks.prompts(151936, (37, 709, 8200, 32800))
+    parts = checks._by_attention(ps)  # pyright: ignore[reportPrivateUsage]
+    assert [(attn, sorted(part)) for attn, part in parts] == [("eager", [37, 709]), ("sdpa", [8200, 32800])]
+    assert [attn for attn, _ in checks._by_attention(checks.prompts(4096))] == ["eager"]  # pyright: ignore[reportPrivateUsage]
+    assert checks._last_only(ps[709]) == {}  # pyright: ignore[reportPrivateUsage]
+    assert checks._last_only(ps[8200]) == {"logits_to_keep": 1}  # pyright: ignore[reportPrivateUsage]
+
+
+def test_run_model_with_long_checks_the_long_prompts_on_the_4b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = checks._load_gen()  # pyright: ignore[reportPrivateUsage]
+    seen: list[tuple[str, list[int]]] = []
+    monkeypatch.setattr(checks, "write_checkpoint", lambda rec, name, cfg: tmp_path)
+    monkeypatch.setattr(checks, "generate_manifest",
+                        lambda rec, gen, name, ckpt, hashes, variant=None, sources=None: tmp_path / f"{name}.json")
+    monkeypatch.setattr(checks, "references",
+                        lambda rec, name, ckpt, ps, f32_greedy=False: seen.append(("references", sorted(ps))))
+    monkeypatch.setattr(checks, "kern_checks",
+                        lambda rec, name, manifest, ckpt, ps, ref, gpu, f32=False: seen.append((name, sorted(ps))) or {})
+    monkeypatch.setattr(checks, "cli_checks", lambda *a: None)
+    monkeypatch.setattr(checks, "cli_default_check", lambda *a: None)
+    checks.run_model(checks.Recorder(tmp_path / "out"), gen, "4b", checks.configs()["4b"], {"m": "c" * 64}, 0,
+                     bench=False, variants={"fast": checks.product_variants(gen)["fast"]}, long=True)
+    want = [1, 37, 709, 8200, 32800]
+    assert seen == [("references", want), ("4b", want), ("4b-fast", want)]
