@@ -15,6 +15,10 @@ to the context). kern_attn_decode (one row per launch) is timed at rows 1 and, f
 launch per row. Usage (GPU host, from the repository root):
 
     PYTHONPATH=tools/tests python3 tools/lab/time_attention.py OUT_DIR [--contexts 128,1024] [--rows 1,8]
+        [--variants] [--layout scattered|sequential|layer-major]
+
+`--variants` adds the lab's builds of the rows entry (VARIANTS), each first checked against the
+product entry on the same case (max diff column); `--layout` places the pages (LAYOUTS).
 
 writes OUT_DIR/time_attention.json and OUT_DIR/time_attention.md.
 """
@@ -130,10 +134,17 @@ def lengths(context: int, rows: int) -> list[int]:
     return [lo + round((context - lo) * r / (rows - 1)) for r in range(rows)]
 
 
+LAYOUTS = ("scattered", "sequential", "layer-major")
+"""Where a row's pages lie (`--layout`): scattered (a random block table over pages that hold every
+layer, as a pool that has churned: the default), sequential (the same pages in order), layer-major
+(each layer's pages one contiguous run, page_stride one layer-page: a layout the pool does not
+have, to see what the 2.3 MB page stride costs the KV stream, e.g. in address translation)."""
+
+
 class Case:
     """The paged KV state (`layers` layers), block tables, q rows and scratch of one row set."""
 
-    def __init__(self, lens: list[int], max_splits: int) -> None:
+    def __init__(self, lens: list[int], max_splits: int, layout: str = "scattered") -> None:
         self.lens = lens
         tokens = sum(lens)
         per_layer = tokens * ROW_BYTES
@@ -143,9 +154,13 @@ class Case:
         self.stride = max(need)
         gen = torch.Generator(device="cuda")
         gen.manual_seed(0)
-        self.page_stride = self.layers * 2 * PAGE * NKV * D
-        self.state = torch.randn(pages * self.page_stride, generator=gen, device="cuda", dtype=torch.bfloat16)
+        page = 2 * PAGE * NKV * D
+        self.layout, self.pages = layout, pages
+        self.page_stride = page if layout == "layer-major" else self.layers * page
+        self.state = torch.randn(pages * self.layers * page, generator=gen, device="cuda", dtype=torch.bfloat16)
         perm = torch.randperm(pages, generator=gen, device="cuda").to(torch.int32)
+        if layout != "scattered":
+            perm = torch.arange(pages, device="cuda", dtype=torch.int32)
         self.table = torch.zeros(len(lens), self.stride, dtype=torch.int32, device="cuda")
         at = 0
         for r, n in enumerate(need):
@@ -161,7 +176,8 @@ class Case:
         self.kv_bytes = per_layer
 
     def layer(self, i: int) -> object:
-        return h.ptr(self.state, (i % self.layers) * 2 * PAGE * NKV * D)
+        page = 2 * PAGE * NKV * D
+        return h.ptr(self.state, (i % self.layers) * (self.pages * page if self.layout == "layer-major" else page))
 
     def rows_launch(self, k: h.Kernels, i: int, splits: int, entry: str = "kern_attn_decode_rows") -> Callable[[], None]:
         warps, stages = VARIANTS.get(entry, (4, 3))
@@ -198,13 +214,14 @@ def kernels(lab: bool = False) -> h.Kernels:
     return k
 
 
-def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float, variants: bool = False) -> list[Row]:
+def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float, variants: bool = False,
+        layout: str = "scattered") -> list[Row]:
     out: list[Row] = []
     for rows in row_counts:
         for ctx in contexts:
             lens = lengths(ctx, rows)
             sweep = SPLIT_SWEEP if rows == 1 else (16,)
-            case = Case(lens, max(sweep))
+            case = Case(lens, max(sweep), layout)
             copy_us = case.copy_us()
             timed: list[tuple[str, int, list[Callable[[], None]]]] = [
                 ("kern_attn_decode_rows", s, [case.rows_launch(k, i, s) for i in range(LAYERS)]) for s in sweep]
@@ -250,19 +267,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("out", type=Path, help="directory for time_attention.json and time_attention.md")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--layout", choices=LAYOUTS, default="scattered",
+                    help="where the pages lie: scattered (random block table, the default), sequential, layer-major")
     ap.add_argument("--variants", action="store_true",
                     help="also the lab's warps x stages builds of the rows entry (attention_rows_w*.cu)")
     args = ap.parse_args(argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     k = kernels(args.variants)
     big = big_copy_gbps()
-    head = (f"GPU: {torch.cuda.get_device_name()}; 1 GiB D2D copy {big:.0f} GB/s (read + write); "
+    head = (f"GPU: {torch.cuda.get_device_name()}; layout {args.layout}; 1 GiB D2D copy {big:.0f} GB/s (read + write); "
             f"graphs of {LAYERS} layer launches, L2 flushed before each of {REPLAYS} replays, median")
     print(head + "\n\n" + HEADER, flush=True)
     rows = run(k, [int(c) for c in args.contexts.split(",")], [int(r) for r in args.rows.split(",")], big,
-               args.variants)
+               args.variants, args.layout)
     (args.out / "time_attention.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "copy_1gib_gbps_rw": big, "rows": [asdict(r) for r in rows]},
+        {"device": torch.cuda.get_device_name(), "layout": args.layout, "copy_1gib_gbps_rw": big, "rows": [asdict(r) for r in rows]},
         indent=1) + "\n")
     (args.out / "time_attention.md").write_text(head + "\n\n" + HEADER + "\n" + "\n".join(map(_line, rows)) + "\n")
     return 0
