@@ -775,9 +775,16 @@ __device__ __forceinline__ void rows_issue(const RowsSplit& sp, uint32_t slot, i
     const int g = lane >> 2;
     const int t = lane & 3;
     const int valid = min(ROWS_PAGE, sp.len - gp * ROWS_PAGE);
+#ifdef KERN_ROWS_HEAD_MAJOR
+    // NOTE: a lab layout, [k|v][nkv][page_tokens][head_dim]: a head's 16 k (v) rows contiguous.
+    const int64_t row = D;
+    const bf16* k0 = sp.kv + phys * sp.page_stride + (int64_t)sp.head * ROWS_PAGE * D;
+    const bf16* v0 = k0 + (int64_t)ROWS_PAGE * sp.nkv * D;
+#else
     const int64_t row = (int64_t)sp.nkv * D;
     const bf16* k0 = sp.kv + phys * sp.page_stride + (int64_t)sp.head * D;
     const bf16* v0 = k0 + ROWS_PAGE * row;
+#endif
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
         const int tok = g + 8 * nt;
