@@ -291,3 +291,133 @@ def test_rows_in_step_are_not_seeded_again(manifest: dict[str, Any], weights: di
             runs.append([c for c in be.calls if c[0] in ("run", "issue")])
     assert runs == [[("run", "seed_rows"), ("issue", "decode_rows")], [("issue", "decode_rows")],
                     [("run", "seed_rows"), ("issue", "decode_rows")], [("issue", "decode_rows")]]
+
+
+def test_a_pipeline_keeps_steps_in_flight_and_the_rows_are_its_meanwhile(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """Engine.pipeline: steps issued two ahead and read in order give decode_steps' results; while
+    one is in flight every call on rows is refused (nothing changes); after it, another call ends
+    the idle pipeline; a step past a lease's room is refused."""
+    prompts = [_prompt(900 + i, LENGTHS[i]) for i in range(3)]
+    asks = [kr.Sampling(), kr.Sampling(temperature=0.9, seed=5, logprobs=1), kr.Sampling(top_k=4, temperature=1.0)]
+
+    def opened(eng: kr.Engine) -> list[kr.Sequence]:
+        seqs = [eng.sequence() for _ in prompts]
+        for seq, p in zip(seqs, prompts, strict=True):
+            eng.prefill(seq, p, 4)
+        return seqs
+
+    with _engine(manifest, weights) as eng:
+        want = list(eng.decode_steps(opened(eng), asks, 4))
+    with _engine(manifest, weights) as eng:
+        seqs = opened(eng)
+        other = eng.sequence()
+        pipe = eng.pipeline(seqs, asks)
+        assert pipe is not None and pipe.seqs == tuple(seqs) and pipe.pending == 0
+        pipe.issue()
+        pipe.issue()
+        assert pipe.pending == 2 and [s.kv for s in seqs] == [len(p) - 1 for p in prompts]
+        for call in (lambda: eng.prefill(other, _prompt(1, 3), 2), lambda: eng.decode(seqs, asks),
+                     lambda: eng.finish(seqs[0]), lambda: eng.release(seqs[1]), lambda: eng.step(seqs[0]),
+                     lambda: eng.pipeline(seqs, asks)):
+            with pytest.raises(kr.EngineError, match="in flight"):
+                call()
+        got = [pipe.read()]
+        pipe.issue()
+        got += [pipe.read(), pipe.read()]
+        pipe.issue()
+        got.append(pipe.read())
+        assert got == want and [s.kv for s in seqs] == [len(p) + 3 for p in prompts]
+        with pytest.raises(kr.EngineError, match="no room"):
+            pipe.issue()
+        with pytest.raises(kr.EngineError, match="no decode step"):
+            pipe.read()
+        eng.prefill(other, _prompt(1, 3), 2)  # the idle pipeline ends
+        assert not pipe.open
+        with pytest.raises(kr.EngineError, match="closed"):
+            pipe.issue()
+
+
+def test_a_pipeline_closed_with_steps_in_flight_drops_them(manifest: dict[str, Any],
+                                                           weights: dict[str, np.ndarray]) -> None:
+    """Closing drops the unread steps: the sequences stay at the steps read and the next steps
+    (the rows seeded again) give the tokens of an uninterrupted run."""
+    prompts = [_prompt(950 + i, LENGTHS[i]) for i in range(2)]
+    asks = [kr.Sampling(temperature=1.1, seed=3), kr.Sampling()]
+
+    def run(cut: bool) -> list[list[int]]:
+        with _engine(manifest, weights) as eng:
+            seqs = [eng.sequence() for _ in prompts]
+            for seq, p in zip(seqs, prompts, strict=True):
+                eng.prefill(seq, p, 6)
+            if cut:
+                pipe = eng.pipeline(seqs, asks)
+                assert pipe is not None
+                pipe.issue()
+                pipe.issue()
+                pipe.read()
+                pipe.close()
+                assert pipe.pending == 0 and [s.kv for s in seqs] == [len(p) for p in prompts]
+            for _ in range(5 if cut else 6):
+                eng.decode(seqs, asks)
+            return [s.tokens[len(p):] for s, p in zip(seqs, prompts, strict=True)]
+
+    assert run(True) == run(False)
+
+
+def test_one_greedy_row_pipelines_on_the_one_row_step(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    prompt = _prompt(990, 11)
+    want = _alone(manifest, weights, prompt, 4)
+    with _engine(manifest, weights) as eng:
+        seq = eng.sequence()
+        eng.prefill(seq, prompt, 4)
+        pipe = eng.pipeline([seq], [kr.Sampling()])
+        assert pipe is not None
+        pipe.issue()
+        got: list[int] = []
+        for k in range(4):
+            if k < 3:
+                pipe.issue()
+            got.append(pipe.read()[0].token)
+        be = eng.backend
+        assert isinstance(be, InterpBackend)
+        assert ("issue", "decode") in be.calls and ("issue", "decode_rows") not in be.calls
+    assert got == want
+
+
+def test_the_rows_sampling_inputs_are_written_only_when_they_change(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """Steps whose rows keep their Sampling and bucket write no sampling inputs; a changed Sampling
+    or bucket writes them again, and the tokens are those of an engine that writes them every
+    step."""
+    prompts = [_prompt(1000 + i, LENGTHS[i]) for i in range(3)]
+    a, b = kr.Sampling(temperature=0.8, seed=1), kr.Sampling(temperature=1.3, top_p=0.5, seed=2)
+    steps = [[a, b], [a, b], [b, a], [b, a], [a, b, a], [a, b, a], [a, b]]
+
+    def run(always: bool) -> tuple[list[list[int]], list[int]]:
+        with _engine(manifest, weights) as eng:
+            be = eng.backend
+            assert isinstance(be, InterpBackend)
+            writes: list[str] = []
+            write = be.write_input
+
+            def counted(name: str, array: Any) -> None:
+                writes.append(name)
+                write(name, array)
+
+            be.write_input = counted  # type: ignore[method-assign]
+            seqs = [eng.sequence() for _ in prompts]
+            for seq, p in zip(seqs, prompts, strict=True):
+                eng.prefill(seq, p, 8)
+            per: list[int] = []
+            for asks in steps:
+                if always:
+                    eng._params = None  # pyright: ignore[reportPrivateUsage]
+                writes.clear()
+                eng.decode(seqs[: len(asks)], asks)
+                per.append(writes.count("row_sampling") + writes.count("row_seed"))
+            return [s.tokens[len(p):] for s, p in zip(seqs, prompts, strict=True)], per
+
+    (cached, writes), (fresh, _) = run(False), run(True)
+    assert cached == fresh
+    assert writes == [2, 0, 2, 0, 2, 0, 2]

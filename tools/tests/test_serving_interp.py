@@ -370,3 +370,158 @@ def test_the_batched_decoder_gives_each_row_its_tokens_alone(batch_manifest: dic
             assert all(len(t.top) == a.logprobs for t in toks)
     idle(srv)
     e.close()
+
+
+LONG = 14
+
+
+def text(ids: Sequence[int]) -> str:
+    return " ".join(f"<{i}>" for i in ids)
+
+
+def serving(e: kr.Engine, pipeline: bool) -> Serving:
+    return Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=64, chunk=64), pipeline=pipeline), text=text)
+
+
+def served(e: kr.Engine, reqs: list[Request], clients: list[Client], pipeline: bool) -> Serving:
+    srv = serving(e, pipeline)
+    run(srv, reqs, clients)
+    srv.close()
+    return srv
+
+
+def mixed(i: int) -> Sampling:
+    return [Sampling(), Sampling(temperature=0.9, top_k=40, seed=50 + i, logprobs=2), Sampling(logprobs=0)][i % 3]
+
+
+def test_pipelined_serving_gives_the_tokens_of_serving_step_by_step(
+        batch_manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """Seven rows of greedy and seeded requests, each ending its own way (max_tokens, a stop id, a
+    stop string, a cancellation from its sink) while a step past it is in flight: the clients get
+    the same events pipelined as step by step, the dropped tokens are counted nowhere, and the
+    engine is idle after."""
+    ps = prompts(7)
+    e = engine(batch_manifest, weights)
+    reqs, clients = requests(ps)
+    for i, r in enumerate(reqs):
+        r.max_tokens, r.sampling = LONG, mixed(i)
+    served(e, reqs, clients, pipeline=False)
+    e.close()
+    streams = [c.tokens for c in clients]
+
+    def once(pipeline: bool) -> tuple[list[Client], Serving]:
+        e = engine(batch_manifest, weights)
+        reqs, clients = requests(ps)
+        for i, r in enumerate(reqs):
+            r.max_tokens, r.sampling = LONG - i % 3, mixed(i)
+        reqs[1].stop_ids = frozenset({streams[1][10]})
+        reqs[4].stop_ids = frozenset({streams[4][9]})
+        reqs[2].stop_text = (f"<{streams[2][11]}>",)
+        victim, sink = reqs[5], reqs[5].sink
+
+        def cancelling(ev: Event) -> None:
+            sink(ev)
+            if isinstance(ev, Token) and len(clients[5].tokens) == 8:
+                srv.cancel(victim.id)
+
+        victim.sink = cancelling
+        srv = serving(e, pipeline)
+        run(srv, reqs, clients)
+        srv.close()
+        idle(srv)
+        e.close()
+        return clients, srv
+
+    (piped, p), (plain, q) = once(True), once(False)
+    for a, b in zip(piped, plain, strict=True):
+        assert a.done == b.done, (a.done, b.done)
+        assert a.tokens == b.tokens
+        ta = [ev for ev in a.events if isinstance(ev, Token)]
+        tb = [ev for ev in b.events if isinstance(ev, Token)]
+        assert [t.top and [x for x, _ in t.top] for t in ta] == [t.top and [x for x, _ in t.top] for t in tb]
+        assert [t.logprob for t in ta] == pytest.approx([t.logprob for t in tb], abs=1e-5)
+    assert [c.tokens for c in plain][3] == streams[3][: LONG]
+    assert len(plain[1].tokens) <= 11 and plain[1].tokens[-1] == streams[1][10]
+    assert [c.done.finish for c in plain if c.done] == [Finish.LENGTH, Finish.STOP, Finish.STOP, Finish.LENGTH,
+                                                        Finish.STOP, Finish.CANCELLED, Finish.LENGTH]
+    assert len(plain[5].tokens) == 8
+    assert p.stats.ahead > 0 and p.stats.stale > 0 and q.stats.ahead == q.stats.stale == 0
+    assert p.stats.generated == q.stats.generated == sum(len(c.tokens) for c in plain)
+    assert p.stats.tpot.count == q.stats.tpot.count and p.stats.finished == q.stats.finished
+
+
+def test_no_step_is_issued_past_max_tokens(batch_manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """Requests that end by length only: pipelined, nothing is dropped, and each sequence's KV
+    ends where the step-by-step loop's does (the index holds the same entries)."""
+    ps = prompts(5)
+
+    def once(pipeline: bool) -> tuple[list[list[int]], Serving, list[int]]:
+        e = engine(batch_manifest, weights)
+        reqs, clients = requests(ps)
+        for i, r in enumerate(reqs):
+            r.max_tokens, r.sampling = 6 + 2 * i, mixed(i)
+        srv = served(e, reqs, clients, pipeline)
+        hits = [hit.length if (hit := e.prefix.lookup([*p, *c.tokens, 0])) is not None else 0
+                for p, c in zip(ps, clients, strict=True)]
+        e.close()
+        return [c.tokens for c in clients], srv, hits
+
+    (a, p, ha), (b, q, hb) = once(True), once(False)
+    assert a == b and ha == hb and all(h == len(x) + len(t) - 1 for h, x, t in zip(ha, ps, a, strict=True))
+    assert p.stats.ahead > 0 and p.stats.stale == 0 and q.stats.ahead == 0
+
+
+def test_a_request_that_stopped_with_a_step_in_flight_continues_from_what_its_kv_holds(
+        batch_manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """The row's sequence retires with the tokens its KV holds (the stop token too, written by
+    the step past it); a follow-up turn reusing that entry samples what a fresh engine samples,
+    with the same logprobs."""
+    ps = prompts(3)
+    ask = Sampling(temperature=1.0, seed=11)
+
+    def once(stop: frozenset[int], pipeline: bool) -> tuple[kr.Engine, list[Client], Serving]:
+        e = engine(batch_manifest, weights)
+        reqs, clients = requests(ps)
+        for r in reqs:
+            r.max_tokens, r.sampling = LONG, ask
+        reqs[0].stop_ids = stop
+        return e, clients, served(e, reqs, clients, pipeline)
+
+    e, clients, _ = once(frozenset(), False)
+    e.close()
+    toks = clients[0].tokens
+    stop = next(t for j, t in enumerate(toks) if j >= 5 and t not in toks[:j])
+    e, clients, srv = once(frozenset({stop}), True)
+    assert srv.stats.stale > 0 and clients[0].tokens == toks[: toks.index(stop) + 1]
+    said = [*ps[0], *clients[0].tokens]
+    hit = e.prefix.lookup([*said, 7])
+    assert hit is not None and hit.length == len(said)
+    follow = [*said, 7, 8, 9]
+    probe = Sampling(temperature=1.0, seed=5, logprobs=0)
+
+    def continued(eng: kr.Engine) -> tuple[kr.Prefilled, list[Sampled]]:
+        seq = eng.sequence()
+        pre = eng.prefill(seq, follow, 5)
+        return pre, [eng.decode([seq], [probe])[0] for _ in range(5)]
+
+    pre, again = continued(e)
+    e.close()
+    assert pre.reused == len(said)
+    with engine(batch_manifest, weights) as fresh:
+        base, want = continued(fresh)
+    assert base.reused == 0 and [s.token for s in again] == [s.token for s in want]
+    assert [s.logprob for s in again] == pytest.approx([s.logprob for s in want], abs=1e-4)
+
+
+def test_one_client_pipelines_on_the_one_row_step(batch_manifest: dict[str, Any],
+                                                 weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(1)
+    want = alone(batch_manifest, weights, ps)
+    e = engine(batch_manifest, weights)
+    reqs, clients = requests(ps)
+    srv = served(e, reqs, clients, pipeline=True)
+    be = e.backend
+    assert isinstance(be, InterpBackend)
+    assert [c.tokens for c in clients] == want and srv.stats.ahead == STEPS - 1 and srv.stats.stale == 0
+    assert ("issue", "decode_rows") not in be.calls
+    e.close()

@@ -48,9 +48,16 @@ class Model:
     stop_at: dict[int, int] = field(default_factory=dict[int, int])
     admitted: list[int] = field(default_factory=list[int])
     plans: list[Plan] = field(default_factory=list[Plan])
+    limits: dict[int, int] = field(default_factory=dict[int, int])
+    """max_tokens of the requests run piped."""
 
     def step(self) -> Plan:
         plan = self.sched.plan()
+        self.land(plan, self.execute(plan), self.device(plan, []))
+        return plan
+
+    def execute(self, plan: Plan) -> int | None:
+        """The plan's retirements, parks, admission and chunk; how far the chunk got."""
         for r in plan.retire:
             self.ended[r.id] = r.why
             self.kv.pop(r.id, None)
@@ -60,18 +67,55 @@ class Model:
             self.admitted.append(plan.admit.id)
             self.totals[plan.admit.id] = plan.admit.tokens
             self.kv[plan.admit.id] = 0
-        done = None
-        if plan.chunk is not None:
-            c = plan.chunk
-            start = max(self.kv[c.id], min(self.cached.get(c.id, 0), self.totals[c.id] - 1))
-            done = min(self.totals[c.id] - 1, start + c.budget)
-            self.kv[c.id] = done
-        tokens = {rid: token(rid, len(self.out.setdefault(rid, []))) for rid in plan.decode}
-        stopped = [rid for rid in plan.decode if self.stop_at.get(rid) == len(self.out[rid]) + 1]
-        for rid, t in tokens.items():
-            self.out[rid].append(t)
-        self.sched.commit(plan, Outcome(done, tokens, stopped))
+        if plan.chunk is None:
+            return None
+        c = plan.chunk
+        start = max(self.kv[c.id], min(self.cached.get(c.id, 0), self.totals[c.id] - 1))
+        self.kv[c.id] = min(self.totals[c.id] - 1, start + c.budget)
+        return self.kv[c.id]
+
+    def device(self, plan: Plan, flight: list[Plan]) -> dict[int, int]:
+        """The tokens the model gives the plan's rows, `flight` steps of them issued before."""
+        return {rid: token(rid, len(self.out.get(rid, [])) + sum(rid in p.decode for p in flight))
+                for rid in plan.decode}
+
+    def land(self, plan: Plan, done: int | None, tokens: dict[int, int]) -> None:
+        """The step's read-back committed: the stale rows' tokens dropped."""
+        stale = set(self.sched.stale(plan))
+        live = {rid: t for rid, t in tokens.items() if rid not in stale}
+        stopped = [rid for rid in live if self.stop_at.get(rid) == len(self.out.get(rid, [])) + 1]
+        for rid, t in live.items():
+            self.out.setdefault(rid, []).append(t)
+        self.sched.commit(plan, Outcome(done, live, stopped))
         self.plans.append(plan)
+
+    def piped(self, steps: int) -> list[Plan]:
+        """`steps` steps as an engine that issues a step before reading the last one runs them:
+        a step of the same rows is issued `ahead` while one is in flight; every step lands in
+        order. Returns the plans landed."""
+        flight: list[tuple[Plan, int | None, dict[int, int]]] = []
+        landed: list[Plan] = []
+        for _ in range(steps):
+            if not flight:
+                plan = self.sched.plan()
+                flight.append((plan, self.execute(plan), self.device(plan, [])))
+                continue
+            nxt = self.sched.ahead(flight[-1][0])
+            if nxt is not None:
+                assert not self.sched.stale(nxt)
+                for rid in nxt.decode:  # never past max_tokens
+                    assert self.sched.generated(rid) + sum(rid in f[0].decode for f in flight) < self.limits[rid]
+                flight.append((nxt, None, self.device(nxt, [f[0] for f in flight])))
+            landed.append(self._land_first(flight))
+        while flight:
+            landed.append(self._land_first(flight))
+        return landed
+
+    def _land_first(self, flight: list[tuple[Plan, int | None, dict[int, int]]]) -> Plan:
+        plan, done, tokens = flight.pop(0)
+        self.land(plan, done, tokens)
+        if flight and not self.sched.stale(flight[0][0]):
+            assert self.sched.plan() == flight[0][0]  # ahead: what plan() gives once its step lands
         return plan
 
     def drain(self, limit: int = 10_000) -> None:
@@ -277,6 +321,90 @@ def test_plans_are_pure() -> None:
     assert s.queued == 1 and s.running == 0
 
 
+def running_two(max_tokens: int = 6, stop: frozenset[int] = frozenset()) -> tuple[Scheduler, Model]:
+    s = sched(rows=2, pages=64)
+    s.submit(Ask(0, 2, max_tokens, stop))
+    s.submit(Ask(1, 2, max_tokens, stop))
+    m = Model(s)
+    while s.plan() != Plan(decode=(0, 1)):
+        m.step()
+    return s, m
+
+
+def test_ahead_is_a_step_of_the_same_rows_while_nothing_else_happens() -> None:
+    s, _ = running_two()
+    plan = s.plan()
+    assert s.ahead(plan) == plan and s.plan() == plan  # nothing changed
+    s.submit(Ask(2, 2, 4))
+    assert s.ahead(plan) == plan  # both rows taken: the arrival waits either way
+    s.cancel(0)
+    assert s.ahead(plan) is None
+    s2, _ = running_two()
+    s2.submit(Ask(2, 2, 4))
+    assert s2.ahead(Plan(decode=(0, 1), chunk=Chunk(2, 1))) is None  # only a plain step goes ahead
+    s3 = sched(rows=3, pages=64)
+    s3.submit(Ask(0, 2, 6))
+    m3 = Model(s3)
+    while s3.plan() != Plan(decode=(0,)):
+        m3.step()
+    assert s3.ahead(Plan(decode=(0,))) == Plan(decode=(0,))
+    s3.submit(Ask(1, 2, 6))
+    assert s3.ahead(Plan(decode=(0,))) is None  # a free row and pages: the arrival is admitted next
+
+
+def test_no_step_goes_ahead_past_max_tokens_or_the_lease() -> None:
+    s, m = running_two(max_tokens=3)
+    assert s.ahead(s.plan()) is not None  # 1 generated: the in-flight step makes 2, the next 3
+    m.step()
+    assert s.ahead(s.plan()) is None  # the in-flight step makes 3 = max_tokens
+    g = sched(rows=1, grow=2, pages=64)
+    g.submit(Ask(0, 2, 8))
+    mg = Model(g)
+    while g.plan() != Plan(decode=(0,)):
+        mg.step()
+    assert g.ahead(Plan(decode=(0,))) == Plan(decode=(0,))  # the lease holds two steps
+    mg.step()
+    assert g.ahead(Plan(decode=(0,))) is None  # the in-flight step spends it: the next one grows
+
+
+def test_a_row_that_stops_with_a_step_in_flight_is_stale_there() -> None:
+    stop = token(0, 3)
+    s, m = running_two(stop=frozenset({stop}))
+    while len(m.out[0]) < 2:
+        m.step()
+    assert (len(m.out[0]), len(m.out[1])) == (2, 1)
+    first = s.plan()
+    second = s.ahead(first)
+    assert second == first
+    m.land(first, None, m.device(first, []))
+    assert s.stale(second) == ()
+    third = s.ahead(second)
+    assert third == second
+    m.land(second, None, m.device(second, []))
+    assert m.out[0][-1] == stop and s.stale(third) == (0,) and s.ahead(third) is None
+    with pytest.raises(ApiError, match="had ended"):
+        s.commit(third, Outcome(None, m.device(third, [])))
+    s.commit(third, Outcome(None, {1: token(1, 3)}))
+    assert s.generated(0) == 4 and s.generated(1) == 4
+    assert s.plan().retire == (Retire(0, Finish.STOP, True),)
+
+
+def test_piped_steps_give_every_request_the_tokens_of_plain_steps() -> None:
+    def run(piped: bool) -> tuple[dict[int, list[int]], dict[int, Finish]]:
+        s = sched(rows=3, step_tokens=6, chunk=4, pages=64)
+        for i in range(6):
+            s.submit(Ask(i, 3 + i, 4 + i % 3, frozenset({token(i, 2)}) if i == 4 else frozenset()))
+        m = Model(s, stop_at={1: 3}, limits={i: 4 + i % 3 for i in range(6)})
+        if piped:
+            while s.queued or s.running:
+                m.piped(50)
+        else:
+            m.drain()
+        return m.out, m.ended
+
+    assert run(True) == run(False)
+
+
 # ---- the state machine ---------------------------------------------------------------------------
 
 
@@ -309,6 +437,7 @@ class Machine(RuleBasedStateMachine):
         answer = self.s.submit(ask)
         if isinstance(answer, Queued):
             self.asks[ask.id] = ask
+            self.m.limits[ask.id] = max_tokens
             self.m.cached[ask.id] = cached
         else:
             assert ask.id not in self.s
@@ -328,6 +457,13 @@ class Machine(RuleBasedStateMachine):
         assert self.m is not None
         for _ in range(n):
             self.check(self.m.step())
+
+    @precondition(lambda self: self.s is not None)
+    @rule(n=st.integers(1, 8))
+    def piped(self, n: int) -> None:
+        assert self.m is not None
+        for plan in self.m.piped(n):
+            self.check(plan)
 
     def check(self, plan: Plan) -> None:
         assert self.s is not None and self.m is not None

@@ -474,7 +474,8 @@ def metrics_text(serving: Serving) -> str:
                 "reused_tokens": (st.reused, "Prompt tokens reused from the prefix cache."),
                 "refused_requests": (st.refused, "Requests refused with a full queue."),
                 "parked_requests": (st.parks, "Running requests parked to make room."),
-                "steps": (st.steps, "Engine steps executed.")}
+                "steps": (st.steps, "Engine steps executed."),
+                "ahead_steps": (st.ahead, "Engine steps issued before the step in flight was read back.")}
     for key, (value, doc) in counters.items():
         out += [f"# HELP kern_{key}_total {doc}", f"# TYPE kern_{key}_total counter", f"kern_{key}_total {value}"]
     out += ["# HELP kern_requests_total Requests ended, by outcome.", "# TYPE kern_requests_total counter"]

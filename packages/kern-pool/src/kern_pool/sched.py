@@ -21,6 +21,14 @@ The rules, in the order a plan applies them:
 - prefill: the one admitted sequence computes one chunk: the step's token budget less one token
   per decode row (at least one token, at most `chunk`).
 - decode: every running row whose prefill is done and whose lease has room.
+
+Steps in flight: an engine that issues a step before reading the previous one back asks
+`ahead(plan)` while `plan`'s step is in flight (executed, not committed). The answer is the next
+step's plan when it is what `plan()` would give once `plan` commits with no row ending (a step of
+the same rows, nothing else: no admission, chunk, growth or retirement, so no row reaches
+max_tokens or the end of its lease), else None: the next step waits for `plan`'s tokens. A row
+that does end on `plan`'s step (a stop id, a stop string, a cancellation) is `stale` in the
+step issued ahead of it: that step's token for it is dropped, never committed.
 """
 
 from __future__ import annotations
@@ -327,11 +335,38 @@ class Scheduler:
         chunk = self._chunk(running, admit, len(decode))
         return Plan(tuple(retire), tuple(park), tuple(grow), admit, chunk, decode)
 
+    def ahead(self, plan: Plan) -> Plan | None:
+        """The plan of the step after `plan` while `plan`'s decode step is in flight (`plan` came
+        from `plan()` or `ahead()` and is not committed yet): a step of the same rows when `plan` is
+        such a step too and `plan()` would give it after `plan` commits with no row ending, else
+        None. Nothing changes."""
+        if not plan.decode or plan != Plan(decode=plan.decode):
+            return None
+        rows = [self._reqs[i] for i in plan.decode if i in self._reqs]
+        if len(rows) != len(plan.decode) or any(self._finished(r) is not None for r in rows):
+            return None
+        saved = [(r.generated, r.done, r.last, r.stopped) for r in rows]
+        try:
+            for r in rows:
+                r.generated, r.done, r.last, r.stopped = r.generated + 1, r.done + 1, None, False
+            nxt = self.plan()
+        finally:
+            for r, (generated, done, last, stopped) in zip(rows, saved, strict=True):
+                r.generated, r.done, r.last, r.stopped = generated, done, last, stopped
+        return nxt if nxt == plan else None
+
+    def stale(self, plan: Plan) -> tuple[int, ...]:
+        """The decode rows of `plan` that ended before its step landed (a step issued `ahead` of
+        the one they ended on, or cancelled while it ran): their tokens are dropped, not
+        committed."""
+        return tuple(i for i in plan.decode if i not in self._reqs or self._finished(self._reqs[i]) is not None)
+
     def commit(self, plan: Plan, outcome: Outcome) -> None:
-        """Record that `plan` ran and gave `outcome`.
+        """Record that `plan` ran and gave `outcome` (no tokens for its `stale` rows).
 
         Raises:
-            ApiError: an outcome for a request the plan did not prefill or decode.
+            ApiError: an outcome for a request the plan did not prefill or decode, or a token for a
+                request that had ended.
         """
         for r in plan.retire:
             self._drop(r.id)
@@ -346,6 +381,9 @@ class Scheduler:
         extra = (set(outcome.tokens) | set(outcome.stopped)) - set(plan.decode)
         if extra:
             raise ApiError(f"tokens for request(s) {sorted(extra)} that this plan did not decode")
+        ended = [rid for rid in outcome.tokens if self._finished(self._reqs[rid]) is not None]
+        if ended:
+            raise ApiError(f"tokens for request(s) {sorted(ended)} that had ended: drop the stale rows' tokens")
         for rid, token in outcome.tokens.items():
             req = self._reqs[rid]
             req.generated += 1

@@ -19,7 +19,11 @@ device carries) and re-seats when another sequence steps. `decode(seqs, sampling
 of many sequences as the manifest's batched step (`ServingRoles.rows`): sequence i on row i of
 the smallest graph bucket that holds them, rows past them padding on a one-page lease of the
 engine's; a row is seeded from the host only when its sequence or position differs from what the
-device fed it, and a block-table row is written only when its lease changed.
+device fed it, a block-table row is written only when its lease changed, and the rows' sampling
+inputs only when a row's `Sampling` or the bucket changed. `pipeline(seqs, sampling)` keeps steps of
+fixed rows in flight: `Pipeline.issue` queues the next step before the last one is read back (the
+device feeds each row its token), `Pipeline.read` reads the oldest; while steps are in flight the
+engine refuses every call that would touch the rows (prefill, step, decode, finish, release).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .session import check_prompt, stage
 
-__all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Fetching", "Prefilled", "Sequence", "Turn"]
+__all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Fetching", "Pipeline", "Prefilled", "Sequence", "Turn"]
 
 T = TypeVar("T")
 
@@ -101,6 +105,19 @@ class _Launch:
     vars: Mapping[str, int]
     reads: tuple[tuple[str, int], ...]
     rows: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Hooks:
+    """What a `Pipeline` calls on its engine: issue step k, apply a read-back, note that every
+    issued one-row step was read (the row is seated), note the pipeline closed."""
+
+    issue: Callable[[_Launch, list[Sequence], list[int], int], None]
+    apply: Callable[[list[Sequence], list[Sampling], list[NDArray[Any]], bool], list[Sampled]]
+    seated: Callable[[Sequence], None]
+    closed: Callable[[Pipeline], None]
+    fetch: Callable[[str, int], Any]
+    fetched: Callable[[Any], NDArray[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +189,99 @@ class Sequence:
     """Positions the live lease may write (its tokens), 0 without one."""
 
 
+class Pipeline:
+    """Decode steps of fixed rows kept in flight, made by `Engine.pipeline`.
+
+    `issue()` queues the next step of every row; the device feeds it each row's token from the
+    step before, so it may be issued before that step is read back. `read()` reads the oldest
+    step still in flight and appends its tokens to the sequences (as `Engine.decode`). Each step
+    in flight holds its read-back copy of its own. While any step is in flight the engine refuses
+    every call that touches the rows; `close()` waits for the steps still in flight and drops
+    them (the sequences stay at the steps read; their rows are seeded again on their next step).
+    Any other engine call on rows ends an idle pipeline.
+    """
+
+    def __init__(self, hooks: _Hooks, seqs: list[Sequence], sampling: list[Sampling], launch: _Launch) -> None:
+        self._hooks = hooks
+        self._seqs = seqs
+        self._sampling = sampling
+        self._launch = launch
+        self._kv0 = [q.kv for q in seqs]
+        self._issued = 0
+        self._pending: deque[list[Any]] = deque()
+        self._open = True
+
+    @property
+    def seqs(self) -> tuple[Sequence, ...]:
+        """The rows' sequences, in row order."""
+        return tuple(self._seqs)
+
+    @property
+    def pending(self) -> int:
+        """Steps issued and not read back yet."""
+        return len(self._pending)
+
+    @property
+    def open(self) -> bool:
+        """Whether more steps may be issued (not closed, and the engine did nothing else since)."""
+        return self._open
+
+    def issue(self) -> None:
+        """Queue the next step of every row.
+
+        Raises:
+            EngineError: the pipeline is closed (or the engine ran other rows since), or a row's
+                lease has no room for one more token.
+        """
+        if not self._open:
+            raise EngineError("this pipeline is closed: start another with Engine.pipeline")
+        k = self._issued
+        short = [q.id for q, kv in zip(self._seqs, self._kv0, strict=True) if kv + k >= q.room]
+        if short:
+            raise EngineError(f"sequence {short[0]} has no room for another token: finish the turn and prefill again")
+        self._hooks.issue(self._launch, self._seqs, self._kv0, k)
+        self._pending.append([self._hooks.fetch(name, count) for name, count in self._launch.reads])
+        self._issued += 1
+
+    def read(self) -> list[Sampled]:
+        """The oldest step in flight, read back: each row's result, its token appended.
+
+        Raises:
+            EngineError: no step in flight.
+        """
+        if not self._pending:
+            raise EngineError("no decode step of this pipeline is in flight: issue one first")
+        batch = self._pending.popleft()
+        out = self._hooks.apply(self._seqs, self._sampling, [self._hooks.fetched(f) for f in batch], self._launch.rows)
+        if not self._launch.rows and not self._pending:
+            self._hooks.seated(self._seqs[0])  # NOTE: the host has read every issued step
+        return out
+
+    def close(self) -> None:
+        """Wait for the steps still in flight and drop their results; no more steps."""
+        try:
+            while self._pending:
+                for f in self._pending.popleft():
+                    self._hooks.fetched(f)
+        finally:
+            self._pending.clear()
+            self._open = False
+            self._hooks.closed(self)
+
+
+def _steps(pipe: Pipeline, steps: int) -> Iterator[list[Sampled]]:
+    """`steps` steps of `pipe`, each issued before the one before it is read back."""
+    try:
+        for k in range(steps):
+            if k == 0:
+                pipe.issue()
+            if k + 1 < steps:
+                pipe.issue()
+            yield pipe.read()
+    finally:
+        pipe.close()
+
+
 class Engine:
     """Many sequences on one backend, their prefixes kept in a `kern_pool.Prefix` index.
 
@@ -215,6 +325,10 @@ class Engine:
         self._table_of: list[Lease | None] = [None] * rows
         """The lease whose pages each device block-table row holds."""
         self._pad: Lease | None = None
+        self._params: tuple[tuple[Sampling, ...], int] | None = None
+        """The rows' sampling and the bucket the device's sampling inputs hold."""
+        self._pipe: Pipeline | None = None
+        self._hooks: _Hooks | None = None
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], kernels: str | os.PathLike[str],
@@ -281,6 +395,7 @@ class Engine:
             EngineError: a sequence of another engine or released.
         """
         self._mine(seq)
+        self._claim()
         self._drop_lease(seq)
         del self._seqs[seq.id]
 
@@ -303,6 +418,7 @@ class Engine:
                 the pool. Nothing changed then but what eviction parked or dropped.
         """
         self._mine(seq)
+        self._claim()
         prompt = list(prompt)
         need = self._need(prompt, room)
         decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
@@ -338,6 +454,7 @@ class Engine:
             raise EngineError(f"sequence {seq.id} has no live turn: prefill a prompt first")
         if seq.kv >= seq.room:
             raise EngineError(f"sequence {seq.id} used its room of {seq.room} tokens: finish the turn and prefill again")
+        self._claim()
         if self._seated is None or self._seated[0] is not seq or self._seated[1] is not lease:
             self._write_table(seq)
             self._seat(seq)
@@ -365,13 +482,17 @@ class Engine:
         Raises:
             EngineError: no sequences, a length mismatch, a foreign, released, unprefilled or
                 repeated sequence, a spent room, more rows than the batched step holds, logprobs
-                above its top-N bound, or no batched step in the manifest. Nothing changed then.
+                above its top-N bound, no batched step in the manifest, or steps of a pipeline in
+                flight. Nothing changed then.
         """
         seqs, sampling = list(seqs), list(sampling)
         self._check_rows(seqs, sampling)
         if len(seqs) == 1 and sampling[0].plain:
             return [Sampled(self.step(seqs[0]), None, ())]
-        (out,) = self._pipeline(seqs, sampling, 1)
+        pipe = self._open(seqs, sampling)
+        pipe.issue()
+        out = pipe.read()
+        pipe.close()
         return out
 
     def decode_steps(self, seqs: Seq[Sequence], sampling: Seq[Sampling], steps: int) -> Iterator[list[Sampled]]:
@@ -393,7 +514,21 @@ class Engine:
             raise EngineError(f"sequence {short[0]} has no room for {steps} more tokens: prefill with more room")
         if len(seqs) == 1 and sampling[0].plain and self.roles.start_program is None:
             return (self.decode([seqs[0]], sampling) for _ in range(steps))
-        return self._pipeline(seqs, sampling, steps)
+        return _steps(self._open(seqs, sampling), steps)
+
+    def pipeline(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> Pipeline | None:
+        """Decode steps of `seqs` (as `decode`) kept in flight: nothing is issued yet (see
+        `Pipeline`). None when these rows cannot be fed on the device (one greedy row of a manifest
+        whose one-row step has no start program): decode them step by step.
+
+        Raises:
+            EngineError: as `decode`.
+        """
+        seqs, sampling = list(seqs), list(sampling)
+        self._check_rows(seqs, sampling)
+        if len(seqs) == 1 and sampling[0].plain and self.roles.start_program is None:
+            return None
+        return self._open(seqs, sampling)
 
     def finish(self, seq: Sequence) -> None:
         """End `seq`'s turn: its lease is retired (no copy) into the index under the tokens it
@@ -403,6 +538,7 @@ class Engine:
             EngineError: a foreign or released sequence.
         """
         self._mine(seq)
+        self._claim()
         self._retire(seq)
 
     def turn(self, seq: Sequence, prompt: Seq[int], steps: int, *, stop: Collection[int] = (),
@@ -445,6 +581,8 @@ class Engine:
         """Release every live lease and index entry; close the runtime the engine loaded."""
         if self._closed:
             return
+        if self._pipe is not None:
+            self._pipe.close()
         self._closed = True
         for seq in list(self._seqs.values()):
             self._drop_lease(seq)
@@ -614,7 +752,9 @@ class Engine:
                               "sequence per step, without logprobs")
         if len(seqs) > rows.max_rows:
             raise EngineError(f"{len(seqs)} sequences exceed the batched step's {rows.max_rows} rows")
-        sampling_params(sampling, rows, 0)
+        over = [s.logprobs for s in sampling if s.logprobs > rows.top_n]
+        if over:
+            raise EngineError(f"logprobs {over[0]} exceeds this manifest's top-N bound of {rows.top_n}")
 
     def _table_row(self, lease: Lease) -> NDArray[np.int32]:
         """A lease's block-table row at the table's width (padded with its first page)."""
@@ -691,40 +831,48 @@ class Engine:
         assert rows is not None
         n = len(seqs)
         b = bucket(n, rows.max_rows)
-        prm, seeds = sampling_params(sampling, rows, b - n)
         if b > n and self._pad is None:
             self._pad = self._room(lambda: self.backend.lease(1))
         self._seat_rows(seqs, b)
-        self.backend.write_input(rows.sampling, prm)
-        self.backend.write_input(rows.seed, seeds)
+        params = (tuple(sampling), b)
+        if params != self._params:
+            prm, seeds = sampling_params(sampling, rows, b - n)
+            self.backend.write_input(rows.sampling, prm)
+            self.backend.write_input(rows.seed, seeds)
+            self._params = params
         want = max(s.logprobs for s in sampling)
         reads = ((r.next_token, n), *(((rows.logprobs, n * (1 + rows.top_n)),) if want >= 0 else ()),
                  *(((rows.top_tokens, n * rows.top_n),) if want > 0 else ()))
         return _Launch(rows.program, {rows.var: b}, reads, rows=True)
 
-    def _pipeline(self, seqs: list[Sequence], sampling: list[Sampling], steps: int) -> Iterator[list[Sampled]]:
+    def _open(self, seqs: list[Sequence], sampling: list[Sampling]) -> Pipeline:
+        """A pipeline over checked rows, seated now (the engine's previous one ends)."""
+        self._claim()
         launch = self._prepare(seqs, sampling)
-        fetch, fetched = self._fetchers()
-        kv0 = [s.kv for s in seqs]
-        pending: deque[list[Any]] = deque()
-        issued = 0
-        try:
-            while issued < steps or pending:
-                if issued < steps and len(pending) < 2:
-                    self._issue_step(launch, seqs, kv0, issued)
-                    pending.append([fetch(name, count) for name, count in launch.reads])
-                    issued += 1
-                    continue
-                out = self._apply(seqs, sampling, [fetched(f) for f in pending.popleft()], launch.rows)
-                if not launch.rows and not pending:
-                    lease = seqs[0].lease
-                    assert lease is not None
-                    self._seated = (seqs[0], lease)  # NOTE: the host has read every issued step
-                yield out
-        finally:
-            for batch in pending:
-                for f in batch:
-                    fetched(f)
+        if self._hooks is None:
+            fetch, fetched = self._fetchers()
+            self._hooks = _Hooks(self._issue_step, self._apply, self._seat_read, self._pipe_closed, fetch, fetched)
+        pipe = Pipeline(self._hooks, seqs, sampling, launch)
+        self._pipe = pipe
+        return pipe
+
+    def _seat_read(self, seq: Sequence) -> None:
+        assert seq.lease is not None
+        self._seated = (seq, seq.lease)
+
+    def _pipe_closed(self, pipe: Pipeline) -> None:
+        if self._pipe is pipe:
+            self._pipe = None
+
+    def _claim(self) -> None:
+        """The rows are the caller's now: refused while a pipeline's steps are in flight, and an
+        idle pipeline ends (its rows' inputs may be rewritten)."""
+        pipe = self._pipe
+        if pipe is None:
+            return
+        if pipe.pending:
+            raise EngineError(f"{pipe.pending} decode step(s) of a pipeline are in flight: read them or close it first")
+        pipe.close()
 
     def _issue_step(self, launch: _Launch, seqs: list[Sequence], kv0: list[int], k: int) -> None:
         """Issues step k of a pipeline: the rows' KV positions recorded, the row state as the

@@ -15,11 +15,27 @@ The decoder is the seam to the engine's step: `decode(seqs, sampling) -> [Sample
 every given sequence. `Batched` runs them in one `Engine.decode` (the manifest's batched step, each
 row with its own `Sampling`); `RowByRow`, for a manifest with only the one-row step, runs each row
 as one `Engine.step` (greedy). `decoder_for` picks between them.
+
+Steps in flight: a decoder that also makes pipelines (`Pipelining`: `Batched`, while the rows fit
+one step) has its decode step issued, not read, when a plan is executed. While that step is in
+flight the engine thread asks the scheduler for the next plan `ahead` of it: when the next step is
+the same rows decoding once more (no admission, chunk, growth, park or retirement due, no row at
+max_tokens), it is issued at once and only then is the earlier step read back, committed and its
+tokens sent; so the host's work of a step (planning, commit, stop strings, sinks, gauges) runs
+while the GPU computes the next one. Otherwise the step in flight is read back first and the next
+plan made from its outcome, as without pipelining: a new arrival waits for at most the steps in
+flight. A row that ends on a step (a stop id, a stop string, a cancellation) while the step after
+it is in flight is `stale` there: that step's token is dropped (never sent, counted or committed).
+The engine has appended it to the sequence, and the stop token's KV was written by that step, so
+the sequence retires into the prefix index with the tokens its KV holds (the stop token
+included). Tokens are those of the loop without pipelining: a row's token depends only on its own
+inputs, and a seeded draw on its seed and position.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import threading
 import time
@@ -28,13 +44,13 @@ from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import kern_pool
 from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler, Tier
 
 from .batch import Sampled, Sampling
-from .engine import Engine, EngineConfig, Sequence
+from .engine import Engine, EngineConfig, Pipeline, Sequence
 from .errors import ApiError, EngineError
 from .reuse import shared_prefix
 
@@ -48,6 +64,7 @@ __all__ = [
     "EngineSpec",
     "Event",
     "Histogram",
+    "Pipelining",
     "Request",
     "RowByRow",
     "Serving",
@@ -116,6 +133,16 @@ class Decoder(Protocol):
     def decode(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> list[Sampled]: ...
 
 
+@runtime_checkable
+class Pipelining(Decoder, Protocol):
+    """A decoder whose steps of fixed rows can be kept in flight."""
+
+    def pipeline(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> Pipeline | None:
+        """The engine's pipeline over these rows (nothing issued yet), None when they cannot
+        pipeline (then `decode` runs them)."""
+        ...
+
+
 class RowByRow:
     """The `Decoder` of a one-row step program: each sequence is one `Engine.step` (greedy)."""
 
@@ -164,6 +191,10 @@ class Batched:
         for i in range(0, len(seqs), step):
             out += self.engine.decode(seqs[i : i + step], sampling[i : i + step])
         return out
+
+    def pipeline(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> Pipeline | None:
+        """`Engine.pipeline` of the rows, None when more run than one step holds."""
+        return self.engine.pipeline(seqs, sampling) if len(seqs) <= self.rows.max_rows else None
 
 
 def decoder_for(engine: Engine) -> Decoder:
@@ -221,10 +252,23 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class ServingConfig:
-    """The scheduler's limits and how long the idle engine thread sleeps between looks."""
+    """The scheduler's limits, how long the idle engine thread sleeps between looks, and whether a
+    step of unchanged rows is issued before the one in flight is read back (with a `Pipelining`
+    decoder; off: every step is read back before the next is planned)."""
 
     sched: SchedConfig = field(default_factory=SchedConfig)
     idle_s: float = 0.05
+    pipeline: bool = True
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A step executed and not landed yet: its plan, how far its chunk got, and its decode rows'
+    results once read (None while its step is in a pipeline)."""
+
+    plan: Plan
+    prefilled: int | None
+    picked: list[Sampled] | None = None
 
 
 BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -261,6 +305,10 @@ class Stats:
     hits: int = 0
     parks: int = 0
     steps: int = 0
+    ahead: int = 0
+    """Steps issued before the step in flight was read back."""
+    stale: int = 0
+    """Tokens of rows that had ended when their step landed (dropped)."""
     ttft: Histogram = field(default_factory=Histogram)
     tpot: Histogram = field(default_factory=Histogram)
 
@@ -296,6 +344,10 @@ class Serving:
         self._leases: dict[int, int] = {}
         self._window: deque[tuple[float, int]] = deque()
         self._gauges: dict[str, float] = {}
+        self._flight: deque[_Flight] = deque()
+        self._pipe: Pipeline | None = None
+        self._piping: Pipelining | None = self.decoder \
+            if self.config.pipeline and isinstance(self.decoder, Pipelining) else None
         self._measure()
 
     # ---- callers -----------------------------------------------------------------------------
@@ -372,34 +424,95 @@ class Serving:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                plan = self.sched.plan()
                 closed = self._closed
-            if plan.idle:
-                self._measure()
-                if closed:
-                    return
-                self._wake.wait(self.config.idle_s)
-                self._wake.clear()
+            if self._turn():
                 continue
-            self._step(plan)
+            self._measure()
+            if closed:
+                return
+            self._wake.wait(self.config.idle_s)
+            self._wake.clear()
 
     def _drain(self) -> None:
-        while not (plan := self.sched.plan()).idle:
-            self._step(plan)
+        while self._turn():
+            pass
 
-    def _step(self, plan: Plan) -> None:
+    def _turn(self) -> bool:
+        """One turn of the engine thread: with no step in flight, the next plan executed (False:
+        nothing to do); else the next plan issued `ahead` when the scheduler gives one, then the
+        oldest step in flight landed."""
+        with self._lock:
+            head = self._flight[-1] if self._flight else None
+            plan = self.sched.plan() if head is None else None
+            nxt = self.sched.ahead(head.plan) if head is not None and self._pipe is not None else None
+        if plan is not None and plan.idle:
+            return False
         try:
-            outcome, picked = self._execute(plan)
+            if plan is not None:
+                self._begin(plan)
+                return True
+            if nxt is not None:
+                self._issue(nxt)
+            self._land()
         except Exception as exc:  # NOTE: the engine thread outlives any one step's failure
             self._fail(plan, f"{type(exc).__name__}: {exc}")
-            return
+        return True
+
+    def _begin(self, plan: Plan) -> None:
+        """Executes `plan`: its decode step issued into a pipeline, else decoded and landed."""
+        flight = _Flight(plan, self._execute(plan))
+        self._flight.append(flight)
+        if plan.decode:
+            rows = [self._seqs[i] for i in plan.decode]
+            sampling = [self._reqs[i].sampling for i in plan.decode]
+            pipe = self._piping.pipeline(rows, sampling) if self._piping is not None else None
+            if pipe is None:
+                flight.picked = self.decoder.decode(rows, sampling)
+            else:
+                self._pipe = pipe
+                pipe.issue()
+        else:
+            flight.picked = []
+        if flight.picked is not None:
+            self._land()
+
+    def _issue(self, plan: Plan) -> None:
+        """The step of `plan` (the rows of the step in flight) issued behind it."""
+        pipe = self._pipe
+        assert pipe is not None and plan.decode == self._flight[-1].plan.decode
+        self._flight.append(_Flight(plan, None))
+        pipe.issue()
         with self._lock:
+            self.stats.ahead += 1
+
+    def _land(self) -> None:
+        """The oldest step in flight read back (the pipeline closed when it was the last one),
+        committed without its stale rows' tokens, and those tokens sent."""
+        flight = self._flight[0]
+        picked = flight.picked
+        if picked is None:
+            assert self._pipe is not None
+            picked = self._pipe.read()
+        self._flight.popleft()
+        if not self._flight and self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+        plan = flight.plan
+        got = dict(zip(plan.decode, picked, strict=True))
+        stops = {rid for rid, s in got.items() if self._stops(self._reqs[rid], s.token)}
+        with self._lock:
+            stale = set(self.sched.stale(plan))
+            live = {rid: s for rid, s in got.items() if rid not in stale}
+            outcome = kern_pool.Outcome(flight.prefilled, {rid: s.token for rid, s in live.items()}, stops & set(live))
             self.sched.commit(plan, outcome)
             self.stats.steps += 1
-        self._emit(outcome, picked)
+            self.stats.stale += len(got) - len(live)
+        self._emit(live)
         self._measure()
 
-    def _execute(self, plan: Plan) -> tuple[kern_pool.Outcome, dict[int, Sampled]]:
+    def _execute(self, plan: Plan) -> int | None:
+        """The plan's retirements, parks, growths, admission and prefill chunk; how far the chunk
+        got (None without one)."""
         for r in plan.retire:
             self._retire(r.id, r.why)
         for rid in plan.park:
@@ -410,15 +523,7 @@ class Serving:
         if plan.admit is not None:
             self._seqs[plan.admit.id] = self.engine.sequence()
             self._leases[plan.admit.id] = plan.admit.lease
-        prefilled = self._chunk(plan) if plan.chunk is not None else None
-        tokens: dict[int, int] = {}
-        picked: list[Sampled] = []
-        if plan.decode:
-            rows = [self._seqs[i] for i in plan.decode]
-            picked = self.decoder.decode(rows, [self._reqs[i].sampling for i in plan.decode])
-            tokens = {rid: s.token for rid, s in zip(plan.decode, picked, strict=True)}
-        stopped = [rid for rid in plan.decode if self._stops(self._reqs[rid], tokens[rid])]
-        return kern_pool.Outcome(prefilled, tokens, stopped), dict(zip(plan.decode, picked, strict=True))
+        return self._chunk(plan) if plan.chunk is not None else None
 
     def _chunk(self, plan: Plan) -> int:
         assert plan.chunk is not None
@@ -475,25 +580,24 @@ class Serving:
         with self._lock:
             self.stats.parks += 1
 
-    def _emit(self, outcome: kern_pool.Outcome, picked: Mapping[int, Sampled]) -> None:
+    def _emit(self, picked: Mapping[int, Sampled]) -> None:
         now = time.perf_counter()
         samples: list[tuple[bool, float]] = []
-        for rid, token in outcome.tokens.items():
+        for rid, s in picked.items():
             req = self._reqs[rid]
-            s = picked[rid]
             if req.first is None:
                 req.first = now
                 samples.append((True, now - req.submitted))
             elif req.last is not None:
                 samples.append((False, now - req.last))
             req.last = now
-            req.generated.append(token)
-            req.sink(Token(token, s.logprob, s.top))
+            req.generated.append(s.token)
+            req.sink(Token(s.token, s.logprob, s.top))
         with self._lock:
-            self.stats.generated += len(outcome.tokens)
+            self.stats.generated += len(picked)
             for ttft, value in samples:
                 (self.stats.ttft if ttft else self.stats.tpot).observe(value)
-        self._window.append((now, len(outcome.tokens)))
+        self._window.append((now, len(picked)))
 
     def _measure(self) -> None:
         """The gauges, read on the engine thread between steps."""
@@ -516,11 +620,17 @@ class Serving:
         with self._lock:
             self._gauges = gauges
 
-    def _fail(self, plan: Plan, message: str) -> None:
-        """The engine raised while executing `plan`: every request it touched ends with the error
-        (its sequence released), the rest carry on."""
-        touched = {*plan.park, *(g.id for g in plan.grow), *plan.decode}
-        touched |= {c.id for c in (plan.admit, plan.chunk) if c is not None}
+    def _fail(self, plan: Plan | None, message: str) -> None:
+        """The engine raised while executing `plan` or a step in flight: every request those steps
+        touched ends with the error (its sequence released), the rest carry on."""
+        plans = [f.plan for f in self._flight] + ([plan] if plan is not None else [])
+        self._flight.clear()
+        if self._pipe is not None:
+            with contextlib.suppress(Exception):
+                self._pipe.close()
+            self._pipe = None
+        touched = {i for p in plans for i in (*p.park, *(g.id for g in p.grow), *p.decode)}
+        touched |= {c.id for p in plans for c in (p.admit, p.chunk) if c is not None}
         with self._lock:
             for rid in touched:
                 if rid in self.sched:
