@@ -29,5 +29,24 @@ def test_bench_serve_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert lv["output_tok_s"] == pytest.approx(lv["tokens"] / lv["wall_s"])
         assert 0 < lv["ttft_p50_ms"] <= lv["ttft_p99_ms"] and 0 < lv["tpot_p50_ms"] <= lv["tpot_p99_ms"]
         assert lv["x_one_row"] == pytest.approx(lv["output_tok_s"] / levels[0]["output_tok_s"])
+    assert [lv["pipelined"] for lv in levels] == [False, True, True]
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split()[0] == "clients" and [r.split()[0] for r in printed[1:]] == ["1", "1", "3"]
+    assert [r.split()[-1] for r in printed[1:]] == ["turn", "pipelined", "pipelined"]
+
+
+def test_bench_serve_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    weights, _ = random_checkpoint(dict(QWEN3_TINY_CONFIG), seed=1, name="bench", root=tmp_path)
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--backend", "kern_interp.serve:engine", "--manifest", str(ROOT / "examples" / "qwen3-tiny-batch.json"),
+            "--weights", str(weights), "--capacity", "4096", "--clients", "2", "--system", "40", "--question", "6",
+            "--max-tokens", "6", "--rounds", "1", "--rows", "4", "--pipeline", "both", "--json", str(out)]
+    assert kern_main(argv) == 0
+    levels = json.loads(out.read_text())
+    assert [(lv["clients"], lv["pipelined"], lv["tokens"]) for lv in levels] == [(0, False, 6), (2, False, 12),
+                                                                                  (2, True, 12)]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as bad:
+        kern_main([*argv[:-4], "--pipeline", "sideways"])
+    assert bad.value.code == 2
+    assert "--pipeline" in capsys.readouterr().err
