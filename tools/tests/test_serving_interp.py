@@ -525,3 +525,23 @@ def test_one_client_pipelines_on_the_one_row_step(batch_manifest: dict[str, Any]
     assert [c.tokens for c in clients] == want and srv.stats.ahead == STEPS - 1 and srv.stats.stale == 0
     assert ("issue", "decode_rows") not in be.calls
     e.close()
+
+
+def test_a_sink_that_raises_cancels_its_request_and_serving_goes_on(
+        batch_manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(3)
+    e = engine(batch_manifest, weights)
+    reqs, clients = requests(ps)
+    sink = reqs[1].sink
+
+    def broken(ev: Event) -> None:
+        sink(ev)
+        if isinstance(ev, Token) and len(clients[1].tokens) == 4:
+            raise RuntimeError("the client's loop is closed")
+
+    reqs[1].sink = broken
+    srv = served(e, reqs, clients, pipeline=True)
+    assert [c.wait().finish for c in clients] == [Finish.LENGTH, Finish.CANCELLED, Finish.LENGTH]
+    assert len(clients[1].tokens) == 4 and srv.stats.failed == 0 and srv.stats.generated == 2 * STEPS + 4
+    idle(srv)
+    e.close()

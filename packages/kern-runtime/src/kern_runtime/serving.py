@@ -3,8 +3,8 @@
 `Serving(engine, decoder, config)` owns the engine from `start()` to `close()`: callers (a server's
 event loop, tests) `submit` a `Request` from any thread and get the scheduler's answer at once
 (queued, or refused: queue full, never fits); the request's `sink` then receives its `Token`s and
-one `Done` on the engine thread (a server hands them to its loop). `cancel` ends a request at the
-next step (a client that went away). Each step the engine thread takes the scheduler's `Plan` and
+one `Done` on the engine thread (a server hands them to its loop; a sink that raises cancels its
+request). `cancel` ends a request at the next step (a client that went away). Each step the engine thread takes the scheduler's `Plan` and
 executes it: retired and parked requests `finish` (their KV goes to the prefix index; the engine
 parks it to the host tier when the pool needs the pages), a grown lease is a `prefill` of the
 tokens so far with more room (the index's entry is restored, nothing is computed), the admitted
@@ -570,7 +570,7 @@ class Serving:
         req = self._reqs.pop(rid)
         with self._lock:
             self.stats.finished[why.value] = self.stats.finished.get(why.value, 0) + 1
-        req.sink(Done(why, len(req.prompt), len(req.generated), req.cached))
+        self._send(rid, req, Done(why, len(req.prompt), len(req.generated), req.cached))
 
     def _park(self, rid: int) -> None:
         self._leases.pop(rid, None)
@@ -592,12 +592,20 @@ class Serving:
                 samples.append((False, now - req.last))
             req.last = now
             req.generated.append(s.token)
-            req.sink(Token(s.token, s.logprob, s.top))
+            self._send(rid, req, Token(s.token, s.logprob, s.top))
         with self._lock:
             self.stats.generated += len(picked)
             for ttft, value in samples:
                 (self.stats.ttft if ttft else self.stats.tpot).observe(value)
         self._window.append((now, len(picked)))
+
+    def _send(self, rid: int, req: Request, ev: Event) -> None:
+        """`ev` to the request's sink; a sink that raises is a client gone: its request is cancelled."""
+        try:
+            req.sink(ev)
+        except Exception:  # NOTE: whatever the sink raised, the engine thread goes on
+            with self._lock:
+                self.sched.cancel(rid)
 
     def _measure(self) -> None:
         """The gauges, read on the engine thread between steps."""
@@ -646,9 +654,9 @@ class Serving:
             if req is None:
                 continue
             if r.id in touched:
-                req.sink(Done(None, len(req.prompt), len(req.generated), req.cached, message))
+                self._send(r.id, req, Done(None, len(req.prompt), len(req.generated), req.cached, message))
             else:
-                req.sink(Done(r.why, len(req.prompt), len(req.generated), req.cached))
+                self._send(r.id, req, Done(r.why, len(req.prompt), len(req.generated), req.cached))
 
 
 def _host(engine: Engine) -> tuple[int, int] | None:
