@@ -545,3 +545,37 @@ def test_a_sink_that_raises_cancels_its_request_and_serving_goes_on(
     assert len(clients[1].tokens) == 4 and srv.stats.failed == 0 and srv.stats.generated == 2 * STEPS + 4
     idle(srv)
     e.close()
+
+
+def test_an_arrival_waits_for_at_most_the_step_in_flight(batch_manifest: dict[str, Any],
+                                                         weights: dict[str, np.ndarray]) -> None:
+    """A request submitted (from a sink, so at a known step) while a run of steps is in flight is
+    admitted once the step in flight lands: one step later than in turn, never more."""
+    ps = prompts(2)
+
+    def seen(pipeline: bool) -> int:
+        e = engine(batch_manifest, weights)
+        srv = serving(e, pipeline)
+        a, b = Client(), Client()
+        later = Request(ps[1], 3, b)
+        at: list[int] = []
+
+        def first(ev: Event) -> None:
+            a(ev)
+            if isinstance(ev, Token) and len(a.tokens) == 5:
+                assert isinstance(srv.submit(later), Queued)
+
+        def second(ev: Event) -> None:
+            if not b.tokens and isinstance(ev, Token):
+                at.append(len(a.tokens))
+            b(ev)
+
+        later.sink = second
+        run(srv, [Request(ps[0], 20, first)], [a])
+        b.wait()
+        srv.close()
+        idle(srv)
+        e.close()
+        return at[0]
+
+    assert (seen(False), seen(True)) == (7, 8)  # A decodes while B is admitted and prefilled, then both
