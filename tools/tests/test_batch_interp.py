@@ -296,8 +296,8 @@ def test_rows_in_step_are_not_seeded_again(manifest: dict[str, Any], weights: di
 def test_a_pipeline_keeps_steps_in_flight_and_the_rows_are_its_meanwhile(
         manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
     """Engine.pipeline: steps issued two ahead and read in order give decode_steps' results; while
-    one is in flight every call on rows is refused (nothing changes); after it, another call ends
-    the idle pipeline; a step past a lease's room is refused."""
+    one is in flight every call on its rows is refused (nothing changes); after it, another call
+    ends the idle pipeline; a step past a lease's room is refused."""
     prompts = [_prompt(900 + i, LENGTHS[i]) for i in range(3)]
     asks = [kr.Sampling(), kr.Sampling(temperature=0.9, seed=5, logprobs=1), kr.Sampling(top_k=4, temperature=1.0)]
 
@@ -317,7 +317,7 @@ def test_a_pipeline_keeps_steps_in_flight_and_the_rows_are_its_meanwhile(
         pipe.issue()
         pipe.issue()
         assert pipe.pending == 2 and [s.kv for s in seqs] == [len(p) - 1 for p in prompts]
-        for call in (lambda: eng.prefill(other, _prompt(1, 3), 2), lambda: eng.decode(seqs, asks),
+        for call in (lambda: eng.prefill(seqs[2], [*prompts[2], 1], 2), lambda: eng.decode(seqs, asks),
                      lambda: eng.finish(seqs[0]), lambda: eng.release(seqs[1]), lambda: eng.step(seqs[0]),
                      lambda: eng.pipeline(seqs, asks)):
             with pytest.raises(kr.EngineError, match="in flight"):
@@ -421,3 +421,43 @@ def test_the_rows_sampling_inputs_are_written_only_when_they_change(
     (cached, writes), (fresh, _) = run(False), run(True)
     assert cached == fresh
     assert writes == [2, 0, 2, 0, 2, 0, 2]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_prefill_of_another_sequence_queues_behind_the_steps_in_flight(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray], n: int) -> None:
+    """While a pipeline (the one-row step for one greedy row, else the batched step) has steps in
+    flight, another sequence is prefilled: the pipeline issues no more, its steps in flight read
+    back as if nothing came between, and both sequences then decode the tokens of runs without
+    the interruption."""
+    prompts = [_prompt(1100 + i, LENGTHS[i]) for i in range(n)]
+    late = _prompt(1200, 13)
+    asks = [kr.Sampling()] if n == 1 else [kr.Sampling(), kr.Sampling(temperature=0.9, seed=4), kr.Sampling(logprobs=1)]
+    with _engine(manifest, weights) as eng:
+        seqs = [eng.sequence() for _ in prompts]
+        for seq, p in zip(seqs, prompts, strict=True):
+            eng.prefill(seq, p, 6)
+        want = list(eng.decode_steps(seqs, asks, 6))
+    with _engine(manifest, weights) as eng:
+        alone = eng.sequence()
+        eng.prefill(alone, late, 3)
+        want_late = [eng.decode([alone], [kr.Sampling()])[0] for _ in range(3)]
+    with _engine(manifest, weights) as eng:
+        seqs = [eng.sequence() for _ in prompts]
+        for seq, p in zip(seqs, prompts, strict=True):
+            eng.prefill(seq, p, 6)
+        pipe = eng.pipeline(seqs, asks)
+        assert pipe is not None
+        pipe.issue()
+        pipe.issue()
+        other = eng.sequence()
+        eng.prefill(other, late, 3)
+        assert not pipe.open and pipe.pending == 2
+        with pytest.raises(kr.EngineError, match="closed"):
+            pipe.issue()
+        with pytest.raises(kr.EngineError, match="in flight"):
+            eng.decode([other], [kr.Sampling()])
+        got = [pipe.read(), pipe.read()]
+        got += [eng.decode(seqs, asks) for _ in range(4)]
+        got_late = [eng.decode([other], [kr.Sampling()])[0] for _ in range(3)]
+    assert got == want and got_late == want_late

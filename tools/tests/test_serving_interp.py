@@ -550,10 +550,12 @@ def test_a_sink_that_raises_cancels_its_request_and_serving_goes_on(
 def test_an_arrival_waits_for_at_most_the_step_in_flight(batch_manifest: dict[str, Any],
                                                          weights: dict[str, np.ndarray]) -> None:
     """A request submitted (from a sink, so at a known step) while a run of steps is in flight is
-    admitted once the step in flight lands: one step later than in turn, never more."""
+    admitted once the step in flight lands: one step later than in turn, never more; its prefill
+    runs behind the first row's step (the one-row step), and both get the tokens they get in
+    turn."""
     ps = prompts(2)
 
-    def seen(pipeline: bool) -> int:
+    def seen(pipeline: bool) -> tuple[int, list[int], list[int]]:
         e = engine(batch_manifest, weights)
         srv = serving(e, pipeline)
         a, b = Client(), Client()
@@ -576,6 +578,8 @@ def test_an_arrival_waits_for_at_most_the_step_in_flight(batch_manifest: dict[st
         srv.close()
         idle(srv)
         e.close()
-        return at[0]
+        return at[0], a.tokens, b.tokens
 
-    assert (seen(False), seen(True)) == (7, 8)  # A decodes while B is admitted and prefilled, then both
+    (at, a, b), (at_piped, a_piped, b_piped) = seen(False), seen(True)
+    assert (at, at_piped) == (7, 8)  # A decodes while B is admitted and prefilled, then both
+    assert (a, b) == (a_piped, b_piped) and (len(a), len(b)) == (20, 3)

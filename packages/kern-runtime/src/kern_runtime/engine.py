@@ -196,9 +196,10 @@ class Pipeline:
     step before, so it may be issued before that step is read back. `read()` reads the oldest
     step still in flight and appends its tokens to the sequences (as `Engine.decode`). Each step
     in flight holds its read-back copy of its own. While any step is in flight the engine refuses
-    every call that touches the rows; `close()` waits for the steps still in flight and drops
-    them (the sequences stay at the steps read; their rows are seeded again on their next step).
-    Any other engine call on rows ends an idle pipeline.
+    every call that touches the rows but the prefill of another sequence (queued behind the
+    steps, which may still be read; `interrupt`: no more are issued); `close()` waits for the
+    steps still in flight and drops them (the sequences stay at the steps read; their rows are
+    seeded again on their next step). Any other engine call on rows ends an idle pipeline.
     """
 
     def __init__(self, hooks: _Hooks, seqs: list[Sequence], sampling: list[Sampling], launch: _Launch) -> None:
@@ -210,6 +211,7 @@ class Pipeline:
         self._issued = 0
         self._pending: deque[list[Any]] = deque()
         self._open = True
+        self._interrupted = False
 
     @property
     def seqs(self) -> tuple[Sequence, ...]:
@@ -253,9 +255,15 @@ class Pipeline:
             raise EngineError("no decode step of this pipeline is in flight: issue one first")
         batch = self._pending.popleft()
         out = self._hooks.apply(self._seqs, self._sampling, [self._hooks.fetched(f) for f in batch], self._launch.rows)
-        if not self._launch.rows and not self._pending:
+        if not self._launch.rows and not self._pending and not self._interrupted:
             self._hooks.seated(self._seqs[0])  # NOTE: the host has read every issued step
         return out
+
+    def interrupt(self) -> None:
+        """Other work was queued behind the steps in flight: no more steps (they may still be
+        read), and the one-row step's inputs are no longer this pipeline's row."""
+        self._open = False
+        self._interrupted = True
 
     def close(self) -> None:
         """Wait for the steps still in flight and drop their results; no more steps."""
@@ -410,17 +418,21 @@ class Engine:
         """Make `prompt` (the whole conversation so far) `seq`'s tokens: reuse its longest cached
         proper prefix, prefill the rest but the last token through the chunk program, and stage
         that last token for the first decode step. The lease holds the prompt and `room` steps.
+        While a pipeline's steps are in flight, a sequence that is not one of its rows may be
+        prefilled (the prefill queues behind them); the pipeline then issues no more steps.
 
         Raises:
             SessionError: an empty prompt or ids outside the model's tokens.
-            EngineError: a foreign or released sequence, room below 1, more tokens than the
-                model, the pool or a block-table row hold, or no room while live sequences hold
-                the pool. Nothing changed then but what eviction parked or dropped.
+            EngineError: a foreign or released sequence, a row of a pipeline with steps in flight,
+                room below 1, more tokens than the model, the pool or a block-table row hold, or
+                no room while live sequences hold the pool. Nothing changed then but what
+                eviction parked or dropped.
         """
         self._mine(seq)
-        self._claim()
+        self._claim(seq, dry=True)
         prompt = list(prompt)
         need = self._need(prompt, room)
+        self._claim(seq)
         decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
         if decision.source is not Source.CONTINUE and seq.lease is not None:
             # NOTE: the live lease goes into the index first (its KV stays reusable); the index
@@ -864,15 +876,22 @@ class Engine:
         if self._pipe is pipe:
             self._pipe = None
 
-    def _claim(self) -> None:
-        """The rows are the caller's now: refused while a pipeline's steps are in flight, and an
-        idle pipeline ends (its rows' inputs may be rewritten)."""
+    def _claim(self, prefill: Sequence | None = None, *, dry: bool = False) -> None:
+        """The rows are the caller's now: refused while a pipeline's steps are in flight (but for
+        the prefill of a sequence that is not one of its rows: the pipeline then only reads back
+        what it issued), and an idle pipeline ends (its rows' inputs may be rewritten). `dry`
+        only checks."""
         pipe = self._pipe
         if pipe is None:
             return
-        if pipe.pending:
+        if pipe.pending and (prefill is None or prefill in pipe.seqs):
             raise EngineError(f"{pipe.pending} decode step(s) of a pipeline are in flight: read them or close it first")
-        pipe.close()
+        if dry:
+            return
+        if pipe.pending:
+            pipe.interrupt()
+        else:
+            pipe.close()
 
     def _issue_step(self, launch: _Launch, seqs: list[Sequence], kv0: list[int], k: int) -> None:
         """Issues step k of a pipeline: the rows' KV positions recorded, the row state as the

@@ -9,7 +9,8 @@ executes it: retired and parked requests `finish` (their KV goes to the prefix i
 parks it to the host tier when the pool needs the pages), a grown lease is a `prefill` of the
 tokens so far with more room (the index's entry is restored, nothing is computed), the admitted
 request gets a `Sequence`, the prefill chunk is a `prefill` of the prompt's first tokens up to
-the chunk's budget past its cached prefix, and the decode rows go to the decoder in one call.
+the chunk's budget past its cached prefix, and the decode rows go to the decoder in one call
+(with a pipeline, issued before the chunk runs, so the chunk's host work overlaps the step).
 
 The decoder is the seam to the engine's step: `decode(seqs, sampling) -> [Sampled]`, one step of
 every given sequence. `Batched` runs them in one `Engine.decode` (the manifest's batched step, each
@@ -459,21 +460,21 @@ class Serving:
         return True
 
     def _begin(self, plan: Plan) -> None:
-        """Executes `plan`: its decode step issued into a pipeline, else decoded and landed."""
-        flight = _Flight(plan, self._execute(plan))
+        """Executes `plan`: with a pipeline, its decode step is issued before the prefill chunk runs
+        (the chunk's host work overlaps the step on the GPU; the rows are not the chunk's
+        sequence), else the chunk runs and the rows decode in turn, and the step lands."""
+        self._execute(plan)
+        flight = _Flight(plan, None)
         self._flight.append(flight)
-        if plan.decode:
-            rows = [self._seqs[i] for i in plan.decode]
-            sampling = [self._reqs[i].sampling for i in plan.decode]
-            pipe = self._piping.pipeline(rows, sampling) if self._piping is not None else None
-            if pipe is None:
-                flight.picked = self.decoder.decode(rows, sampling)
-            else:
-                self._pipe = pipe
-                pipe.issue()
-        else:
-            flight.picked = []
-        if flight.picked is not None:
+        rows = [self._seqs[i] for i in plan.decode]
+        sampling = [self._reqs[i].sampling for i in plan.decode]
+        pipe = self._piping.pipeline(rows, sampling) if rows and self._piping is not None else None
+        if pipe is not None:
+            self._pipe = pipe
+            pipe.issue()
+        flight.prefilled = self._chunk(plan) if plan.chunk is not None else None
+        if pipe is None:
+            flight.picked = self.decoder.decode(rows, sampling) if rows else []
             self._land()
 
     def _issue(self, plan: Plan) -> None:
@@ -510,9 +511,8 @@ class Serving:
         self._emit(live)
         self._measure()
 
-    def _execute(self, plan: Plan) -> int | None:
-        """The plan's retirements, parks, growths, admission and prefill chunk; how far the chunk
-        got (None without one)."""
+    def _execute(self, plan: Plan) -> None:
+        """The plan's retirements, parks, growths and admission."""
         for r in plan.retire:
             self._retire(r.id, r.why)
         for rid in plan.park:
@@ -523,7 +523,6 @@ class Serving:
         if plan.admit is not None:
             self._seqs[plan.admit.id] = self.engine.sequence()
             self._leases[plan.admit.id] = plan.admit.lease
-        return self._chunk(plan) if plan.chunk is not None else None
 
     def _chunk(self, plan: Plan) -> int:
         assert plan.chunk is not None
