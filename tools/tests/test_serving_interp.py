@@ -547,12 +547,12 @@ def test_a_sink_that_raises_cancels_its_request_and_serving_goes_on(
     e.close()
 
 
-def test_an_arrival_waits_for_at_most_the_step_in_flight(batch_manifest: dict[str, Any],
-                                                         weights: dict[str, np.ndarray]) -> None:
+def test_an_arrival_is_admitted_behind_the_step_in_flight(batch_manifest: dict[str, Any],
+                                                           weights: dict[str, np.ndarray]) -> None:
     """A request submitted (from a sink, so at a known step) while a run of steps is in flight is
-    admitted once the step in flight lands: one step later than in turn, never more; its prefill
-    runs behind the first row's step (the one-row step), and both get the tokens they get in
-    turn."""
+    admitted and prefilled behind the step in flight (the first row's, on the one-row step): its
+    first token comes with the same token of the first row as in turn, and both get the tokens
+    they get in turn."""
     ps = prompts(2)
 
     def seen(pipeline: bool) -> tuple[int, list[int], list[int]]:
@@ -581,5 +581,40 @@ def test_an_arrival_waits_for_at_most_the_step_in_flight(batch_manifest: dict[st
         return at[0], a.tokens, b.tokens
 
     (at, a, b), (at_piped, a_piped, b_piped) = seen(False), seen(True)
-    assert (at, at_piped) == (7, 8)  # A decodes while B is admitted and prefilled, then both
+    assert (at, at_piped) == (7, 7)  # A decodes while B is admitted and prefilled, then both
     assert (a, b) == (a_piped, b_piped) and (len(a), len(b)) == (20, 3)
+
+
+def test_a_failure_behind_a_step_in_flight_ends_the_requests_of_both(
+        batch_manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """The prefill of an arrival, run behind the first row's step in flight, raises: both requests
+    end with the error (as they do when the step and the chunk are one plan), the pipeline's step
+    is dropped, and a later request is served with its tokens alone."""
+    ps = prompts(3)
+    want = alone(batch_manifest, weights, ps[2:])
+    e = engine(batch_manifest, weights)
+    srv = serving(e, True)
+    a, b, c = Client(), Client(), Client()
+    prefill = e.prefill
+
+    def failing(seq: kr.Sequence, prompt: Sequence[int], room: int) -> kr.Prefilled:
+        if list(prompt) == ps[1]:
+            raise kr.EngineError("injected")
+        return prefill(seq, prompt, room)
+
+    e.prefill = failing  # type: ignore[method-assign]
+
+    def first(ev: Event) -> None:
+        a(ev)
+        if isinstance(ev, Token) and len(a.tokens) == 4:
+            assert isinstance(srv.submit(Request(ps[1], 5, b)), Queued)
+
+    run(srv, [Request(ps[0], 20, first)], [a])
+    b.wait()
+    assert a.done is not None and a.done.error == b.wait().error == "EngineError: injected"
+    assert srv.stats.ahead > 0 and srv.stats.failed == 2 and len(a.tokens) == 4  # its step in flight: dropped
+    run(srv, [Request(ps[2], STEPS, c)], [c])
+    srv.close()
+    assert c.tokens == want[0]
+    idle(srv)
+    e.close()

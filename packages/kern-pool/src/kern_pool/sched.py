@@ -26,7 +26,9 @@ Steps in flight: an engine that issues a step before reading the previous one ba
 `ahead(plan)` while `plan`'s step is in flight (executed, not committed). The answer is the next
 step's plan when it is what `plan()` would give once `plan` commits with no row ending (a step of
 the same rows, nothing else: no admission, chunk, growth or retirement, so no row reaches
-max_tokens or the end of its lease), else None: the next step waits for `plan`'s tokens. A row
+max_tokens or the end of its lease); or, when that plan also admits the head of the queue, the
+admission and its chunk alone, to run behind the step in flight and commit after it; else None:
+the next step waits for `plan`'s tokens. A row
 that does end on `plan`'s step (a stop id, a stop string, a cancellation) is `stale` in the
 step issued ahead of it: that step's token for it is dropped, never committed.
 """
@@ -336,10 +338,13 @@ class Scheduler:
         return Plan(tuple(retire), tuple(park), tuple(grow), admit, chunk, decode)
 
     def ahead(self, plan: Plan) -> Plan | None:
-        """The plan of the step after `plan` while `plan`'s decode step is in flight (`plan` came
-        from `plan()` or `ahead()` and is not committed yet): a step of the same rows when `plan` is
-        such a step too and `plan()` would give it after `plan` commits with no row ending, else
-        None. Nothing changes."""
+        """What may run while `plan`'s decode step is in flight (`plan` came from `plan()` or
+        `ahead()` and is not committed yet), when `plan` is a plain decode step: take what `plan()`
+        would give once `plan` commits with no row ending. When that is the same step again, it;
+        when it is the same rows' step and an admission with its chunk (nothing retired, parked or
+        grown), that admission and chunk alone (`Plan(admit=, chunk=)`: it runs behind the step in
+        flight and commits after it; the rows' next step is planned then). Else None. Nothing
+        changes."""
         if not plan.decode or plan != Plan(decode=plan.decode):
             return None
         rows = [self._reqs[i] for i in plan.decode if i in self._reqs]
@@ -353,7 +358,11 @@ class Scheduler:
         finally:
             for r, (generated, done, last, stopped) in zip(rows, saved, strict=True):
                 r.generated, r.done, r.last, r.stopped = generated, done, last, stopped
-        return nxt if nxt == plan else None
+        if nxt == plan:
+            return nxt
+        if nxt.admit is not None and nxt == Plan(admit=nxt.admit, chunk=nxt.chunk, decode=plan.decode):
+            return Plan(admit=nxt.admit, chunk=nxt.chunk)
+        return None
 
     def stale(self, plan: Plan) -> tuple[int, ...]:
         """The decode rows of `plan` that ended before its step landed (a step issued `ahead` of

@@ -18,19 +18,22 @@ row with its own `Sampling`); `RowByRow`, for a manifest with only the one-row s
 as one `Engine.step` (greedy). `decoder_for` picks between them.
 
 Steps in flight: a decoder that also makes pipelines (`Pipelining`: `Batched`, while the rows fit
-one step) has its decode step issued, not read, when a plan is executed. While that step is in
-flight the engine thread asks the scheduler for the next plan `ahead` of it: when the next step is
-the same rows decoding once more (no admission, chunk, growth, park or retirement due, no row at
-max_tokens), it is issued at once and only then is the earlier step read back, committed and its
-tokens sent; so the host's work of a step (planning, commit, stop strings, sinks, gauges) runs
-while the GPU computes the next one. Otherwise the step in flight is read back first and the next
-plan made from its outcome, as without pipelining: a new arrival waits for at most the steps in
-flight. A row that ends on a step (a stop id, a stop string, a cancellation) while the step after
-it is in flight is `stale` there: that step's token is dropped (never sent, counted or committed).
-The engine has appended it to the sequence, and the stop token's KV was written by that step, so
-the sequence retires into the prefix index with the tokens its KV holds (the stop token
-included). Tokens are those of the loop without pipelining: a row's token depends only on its own
-inputs, and a seeded draw on its seed and position.
+one step) has its decode step issued, not read, when a plan is executed (before the plan's prefill
+chunk runs, so the chunk's host work overlaps the step). While that step is in flight the engine
+thread asks the scheduler what may run `ahead` of it: the same rows' next step (no admission,
+chunk, growth, park or retirement due, no row at max_tokens) is issued at once, and only then is
+the earlier step read back, committed and its tokens sent; so the host's work of a step
+(planning, commit, stop strings, sinks, gauges) runs while the GPU computes the next one. An
+admission due beside the same rows' next step runs behind the step in flight instead (the
+admitted request's chunk is prefilled there and commits after the step); the rows' next step is
+planned once both landed. Anything else waits: the step in flight is read back and the next plan
+made from its outcome, as without pipelining. A row that ends on a step (a stop id, a stop
+string, a cancellation) while the step after it is in flight is `stale` there: that step's token
+is dropped (never sent, counted or committed). The engine has appended it to the sequence, and
+the stop token's KV was written by that step, so the sequence retires into the prefix index with
+the tokens its KV holds (the stop token included). Tokens are those of the loop without
+pipelining: a row's token depends only on its own inputs, and a seeded draw on its seed and
+position.
 """
 
 from __future__ import annotations
@@ -440,8 +443,8 @@ class Serving:
 
     def _turn(self) -> bool:
         """One turn of the engine thread: with no step in flight, the next plan executed (False:
-        nothing to do); else the next plan issued `ahead` when the scheduler gives one, then the
-        oldest step in flight landed."""
+        nothing to do); else what the scheduler gives `ahead` (the rows' next step issued, or an
+        admission and its chunk run behind the step in flight), then the oldest step landed."""
         with self._lock:
             head = self._flight[-1] if self._flight else None
             plan = self.sched.plan() if head is None else None
@@ -452,8 +455,10 @@ class Serving:
             if plan is not None:
                 self._begin(plan)
                 return True
-            if nxt is not None:
+            if nxt is not None and nxt.decode:
                 self._issue(nxt)
+            elif nxt is not None:
+                self._behind(nxt)
             self._land()
         except Exception as exc:  # NOTE: the engine thread outlives any one step's failure
             self._fail(plan, f"{type(exc).__name__}: {exc}")
@@ -485,6 +490,14 @@ class Serving:
         pipe.issue()
         with self._lock:
             self.stats.ahead += 1
+
+    def _behind(self, plan: Plan) -> None:
+        """An admission and its chunk (`plan`, from `ahead`) run behind the step in flight; they
+        land after it."""
+        flight = _Flight(plan, None, [])
+        self._flight.append(flight)
+        self._execute(plan)
+        flight.prefilled = self._chunk(plan)
 
     def _land(self) -> None:
         """The oldest step in flight read back (the pipeline closed when it was the last one),
