@@ -4,13 +4,13 @@
 event loop, tests) `submit` a `Request` from any thread and get the scheduler's answer at once
 (queued, or refused: queue full, never fits); the request's `sink` then receives its `Token`s and
 one `Done` on the engine thread (a server hands them to its loop; a sink that raises cancels its
-request). `cancel` ends a request at the next step (a client that went away). Each step the engine thread takes the scheduler's `Plan` and
-executes it: retired and parked requests `finish` (their KV goes to the prefix index; the engine
-parks it to the host tier when the pool needs the pages), a grown lease is a `prefill` of the
-tokens so far with more room (the index's entry is restored, nothing is computed), the admitted
-request gets a `Sequence`, the prefill chunk is a `prefill` of the prompt's first tokens up to
-the chunk's budget past its cached prefix, and the decode rows go to the decoder in one call
-(with a pipeline, issued before the chunk runs, so the chunk's host work overlaps the step).
+request). `cancel` ends a request at the next step (a client that went away). Each step the
+engine thread takes the scheduler's `Plan` and executes it: retired and parked requests `finish`
+(their KV goes to the prefix index; the engine parks it to the host tier when the pool needs the
+pages), a grown lease is a `prefill` of the tokens so far with more room (the index's entry is
+restored, nothing is computed), the admitted request gets a `Sequence`, the prefill chunk is a
+`prefill` of the prompt's first tokens up to the chunk's budget past its cached prefix, and the
+decode rows go to the decoder in one call (with a pipeline, issued before the chunk runs).
 
 The decoder is the seam to the engine's step: `decode(seqs, sampling) -> [Sampled]`, one step of
 every given sequence. `Batched` runs them in one `Engine.decode` (the manifest's batched step, each
