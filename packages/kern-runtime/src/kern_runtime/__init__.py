@@ -13,7 +13,17 @@ from kern_pool import Capacity
 
 from .batch import Sampled, Sampling
 from .domains import InputDomain, StateUnits, check_domain, input_domains
-from .engine import Backend, Counters, Engine, EngineConfig, Fetching, Prefilled, Sequence, Turn
+from .engine import (
+    Backend,
+    Counters,
+    Engine,
+    EngineConfig,
+    Fetching,
+    Pipeline,
+    Prefilled,
+    Sequence,
+    Turn,
+)
 from .errors import (
     ApiError,
     BlasError,
@@ -92,6 +102,7 @@ __all__ = [
     "Offer",
     "OfferError",
     "PeerHandle",
+    "Pipeline",
     "Prefilled",
     "Resident",
     "Reuse",

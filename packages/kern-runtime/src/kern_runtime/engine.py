@@ -23,7 +23,8 @@ device fed it, a block-table row is written only when its lease changed, and the
 inputs only when a row's `Sampling` or the bucket changed. `pipeline(seqs, sampling)` keeps steps of
 fixed rows in flight: `Pipeline.issue` queues the next step before the last one is read back (the
 device feeds each row its token), `Pipeline.read` reads the oldest; while steps are in flight the
-engine refuses every call that would touch the rows (prefill, step, decode, finish, release).
+engine refuses every call that would touch their rows (step, decode, finish, release, a prefill of
+one of them), and a prefill of another sequence queues behind them (the pipeline issues no more).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class _Launch:
 @dataclass(frozen=True, slots=True)
 class _Hooks:
     """What a `Pipeline` calls on its engine: issue step k, apply a read-back, note that every
-    issued one-row step was read (the row is seated), note the pipeline closed."""
+    issued one-row step was read (the row is seated), note the pipeline closed, and the backend's
+    read-back (`Fetching`, or plain reads)."""
 
     issue: Callable[[_Launch, list[Sequence], list[int], int], None]
     apply: Callable[[list[Sequence], list[Sampling], list[NDArray[Any]], bool], list[Sampled]]
