@@ -7,7 +7,8 @@ best logits lie within 2 bf16 steps, and nowhere else), and rows in another orde
 tokens bit for bit; and kern_sample_rows
 against its numpy statement (kern_interp.qwen3) on the step's own bf16 logits: the drawn token
 is the numpy draw and inside the exact top-k / top-p mask, the same seed draws the same token
-alone and batched, logprobs within bf16-derived tolerance, top-N ids exact."""
+alone and batched, logprobs within bf16-derived tolerance, top-N ids exact; pipelined steps equal
+steps in turn, and a prefill queued behind steps in flight changes no token."""
 
 from __future__ import annotations
 
@@ -268,3 +269,42 @@ def test_masks_and_draws_over_one_logits_row(rt: Any, top_k: int, top_p: float) 
         assert mask[s.token]
         assert s.token == interp.sample_token(x[0], (1.0, top_p, top_k, -1), ask.seed, pos)
     assert len({s.token for s in out}) > 1 or mask.sum() == 1
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_a_prefill_queued_behind_steps_in_flight(rt: Any, n: int) -> None:
+    """Engine.pipeline with two steps in flight (the one-row step for one greedy row, else the
+    batched step) and another sequence prefilled meanwhile, queued behind them on the stream: the
+    steps in flight, the rows' later steps and the new sequence's steps equal, bit for bit, a run
+    that prefilled it before the pipeline."""
+    import kern_runtime as kr
+
+    prompts = [_prompt(6000 + i, _length(i)) for i in range(n)]
+    late = _prompt(6100, 300)
+    asks = [kr.Sampling()] if n == 1 else [kr.Sampling(temperature=0.9, top_p=0.95, seed=i, logprobs=2)
+                                           for i in range(n)]
+
+    def run(behind: bool) -> tuple[list[list[Any]], list[Any]]:
+        eng = _engine(rt)
+        try:
+            seqs = [eng.sequence() for _ in prompts]
+            for seq, p in zip(seqs, prompts, strict=True):
+                eng.prefill(seq, p, 6)
+            other = eng.sequence()
+            if not behind:
+                eng.prefill(other, late, 3)
+            pipe = eng.pipeline(seqs, asks)
+            assert pipe is not None
+            pipe.issue()
+            pipe.issue()
+            if behind:
+                eng.prefill(other, late, 3)
+                assert not pipe.open
+            got = [pipe.read(), pipe.read()]
+            pipe.close()
+            got += [eng.decode(seqs, asks) for _ in range(4)]
+            return got, [eng.decode([other], [kr.Sampling()])[0] for _ in range(3)]
+        finally:
+            eng.close()
+
+    assert run(True) == run(False)
