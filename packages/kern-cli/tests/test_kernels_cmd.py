@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -411,6 +412,41 @@ def test_kern_kernels_in_the_repo_builds_exactly_the_pinned_cubins(
             pinned[module] = entry["sha256"]
     assert built == pinned
     assert sorted(p.stem.rsplit("-", 1)[0] for p in tmp_path.glob("*.cubin")) == sorted(pinned)
+
+
+def _fake_cubin(flags: str, source: bytes, header: bytes) -> bytes:
+    """What FAKE_NVCC writes for `source` built with `flags`."""
+    return b"CUBIN" + hashlib.sha256(flags.encode() + source + header).digest() * 4
+
+
+def test_an_arch_builds_only_the_named_module_for_it(src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]) -> None:
+    """`arch` swaps -arch for the modules it names; the others keep NVCC_FLAGS and their cache keys
+    (not rebuilt); dropping it rebuilds the named module with NVCC_FLAGS again."""
+    out = tmp_path / "out"
+    header = (src / "common.cuh").read_bytes()
+    plain = build_kernels(src, out, compiler=fake_nvcc)
+    hopper = build_kernels(src, out, compiler=fake_nvcc, arch={"beta": "sm_90a"})
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu"]
+    assert hopper["alpha"] == plain["alpha"]
+    assert plain["beta"][0].read_bytes() == _fake_cubin(" ".join(NVCC_FLAGS), (src / "beta.cu").read_bytes(), header)
+    assert hopper["beta"][0].read_bytes() == _fake_cubin("-cubin -arch=sm_90a -O3", (src / "beta.cu").read_bytes(), header)
+    assert build_kernels(src, out, compiler=fake_nvcc, arch={"beta": "sm_90a"}) == hopper  # cached
+    assert build_kernels(src, out, compiler=fake_nvcc)["beta"][1] == plain["beta"][1]
+    assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu", "beta.cu"]
+
+
+@pytest.mark.parametrize(("arch", "modules", "message"), [
+    ({"gamma": "sm_90a"}, None, "an architecture is given for module(s) gamma, which are not built"),
+    ({"beta": "sm_90a"}, ["alpha"], "an architecture is given for module(s) beta, which are not built"),
+    ({"beta": "90a"}, None, "module beta: architecture '90a' is not of the form sm_<digits>[a]"),
+    ({"beta": "sm_90a -G"}, None, "module beta: architecture 'sm_90a -G' is not of the form"),
+])
+def test_a_bad_arch_is_refused_before_anything_builds(src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...],
+                                                      arch: dict[str, str], modules: list[str] | None,
+                                                      message: str) -> None:
+    with pytest.raises(KernelSourceError, match=re.escape(message)):
+        build_kernels(src, tmp_path / "out", compiler=fake_nvcc, modules=modules, arch=arch)
+    assert not (tmp_path / "out").exists() and _calls(fake_nvcc) == []
 
 
 def test_a_change_to_an_included_source_rebuilds_the_module_that_includes_it(

@@ -1,9 +1,10 @@
 """Building kernel sources into cubins: one `.cu` module -> one `<module>-<sha12>.cubin`.
 
 Builds are reproducible (fixed flags, no line info, the source compiled by its bare name from its
-own directory) and cached: a module is rebuilt only when the hash of (its source, every header
-beside it, the flags, the compiler's version) changes. `kern kernels` is the command line over it;
-providers call `build_kernels` to pin what they build.
+own directory; a caller may name modules that build for another architecture, such as sm_90a) and
+cached: a module is rebuilt only when the hash of (its source, every header beside it, its flags,
+the compiler's version) changes. `kern kernels` is the command line over it; providers call
+`build_kernels` to pin what they build.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def build_kernels(
     *,
     compiler: Sequence[str] = DEFAULT_COMPILER,
     modules: Collection[str] | None = None,
+    arch: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[Path, str]]:
     """Builds the `*.cu` modules under `src_dir` into `out_dir/<module>-<sha12>.cubin`.
 
@@ -84,22 +86,27 @@ def build_kernels(
         out_dir: where cubins and the cache record go (created if missing).
         compiler: command prefix of the compiler, `nvcc` by default.
         modules: the modules to build (`.cu` stems); None builds every module in `src_dir`.
+        arch: module -> the GPU architecture it builds for in place of NVCC_FLAGS' `sm_90` (for
+            instance `sm_90a`, which wgmma needs); a module not named builds with NVCC_FLAGS as they
+            are, under the same cache key as without this argument.
 
     Returns:
         module -> (cubin path, sha256 hex of the cubin bytes) of the selected modules, sorted.
 
     Raises:
-        KernelSourceError: no sources, a bad module name, or a selected module with no source.
+        KernelSourceError: no sources, a bad module name, a selected module with no source, or an
+            `arch` entry naming no selected module or no `sm_<digits>[a]` architecture.
         CompilerNotFoundError: the compiler cannot be run.
         CompileError: a module failed to compile (nothing written).
     """
     sources = _select(_sources(src_dir), modules, src_dir)
+    flags = _module_flags(sources, arch or {})
     version = _compiler_version(compiler)
     headers = _headers_digest(src_dir)
     cache = _load_cache(out_dir)
-    keys = {m: _cache_key(_with_included_sources(p), headers, version) for m, p in sources.items()}
+    keys = {m: _cache_key(_with_included_sources(p), headers, version, flags[m]) for m, p in sources.items()}
     stale = [m for m in sources if not _is_fresh(cache.get(m), keys[m], out_dir)]
-    built = _compile_all(compiler, sources, stale)
+    built = _compile_all(compiler, sources, stale, flags)
     out_dir.mkdir(parents=True, exist_ok=True)
     for module, data in built.items():
         sha = hashlib.sha256(data).hexdigest()
@@ -135,6 +142,23 @@ def _select(sources: Mapping[str, Path], modules: Collection[str] | None, src_di
     return {m: p for m, p in sources.items() if m in modules}
 
 
+_ARCH = re.compile(r"^sm_[0-9]+a?$")
+
+
+def _module_flags(sources: Mapping[str, Path], arch: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """Each module's compiler flags: NVCC_FLAGS, with `-arch=` set from `arch` where it names one."""
+    unknown = sorted(set(arch) - set(sources))
+    if unknown:
+        raise KernelSourceError(f"an architecture is given for module(s) {', '.join(unknown)}, which are not built")
+    for module, value in arch.items():
+        if not _ARCH.match(value):
+            raise KernelSourceError(f"module {module}: architecture {value!r} is not of the form sm_<digits>[a]")
+    return {
+        m: tuple(f"-arch={arch[m]}" if f.startswith("-arch=") else f for f in NVCC_FLAGS) if m in arch else NVCC_FLAGS
+        for m in sources
+    }
+
+
 def _headers_digest(src_dir: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in src_dir.iterdir() if p.suffix in _HEADER_SUFFIXES):
@@ -159,9 +183,9 @@ def _with_included_sources(path: Path) -> bytes:
     return b"\0".join(p.name.encode() + b"\0" + p.read_bytes() for p in seen)
 
 
-def _cache_key(source: bytes, headers: str, version: str) -> str:
+def _cache_key(source: bytes, headers: str, version: str, flags: Sequence[str]) -> str:
     digest = hashlib.sha256()
-    for part in (source, headers.encode(), "\0".join(NVCC_FLAGS).encode(), version.encode()):
+    for part in (source, headers.encode(), "\0".join(flags).encode(), version.encode()):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
 
@@ -188,7 +212,10 @@ def _is_fresh(entry: _Entry | None, key: str, out_dir: Path) -> bool:
 
 
 def _compile_all(
-    compiler: Sequence[str], sources: Mapping[str, Path], modules: Sequence[str]
+    compiler: Sequence[str],
+    sources: Mapping[str, Path],
+    modules: Sequence[str],
+    flags: Mapping[str, Sequence[str]],
 ) -> dict[str, bytes]:
     """Every module in `modules`, compiled side by side (one nvcc process per module, at most one per
     CPU); the first failure in `modules`' order is raised once all have finished."""
@@ -196,13 +223,15 @@ def _compile_all(
         return {}
     workers = min(len(modules), os.cpu_count() or 1)
     with tempfile.TemporaryDirectory(prefix="kern-kernels-") as tmp, ThreadPoolExecutor(workers) as pool:
-        jobs = {m: pool.submit(_compile_one, compiler, sources[m], Path(tmp) / f"{m}.cubin") for m in modules}
+        jobs = {
+            m: pool.submit(_compile_one, compiler, flags[m], sources[m], Path(tmp) / f"{m}.cubin") for m in modules
+        }
         return {m: job.result() for m, job in jobs.items()}
 
 
-def _compile_one(compiler: Sequence[str], source: Path, out: Path) -> bytes:
+def _compile_one(compiler: Sequence[str], flags: Sequence[str], source: Path, out: Path) -> bytes:
     # NOTE: compiling the bare file name from its own directory keeps paths out of the output.
-    cmd = [*compiler, *NVCC_FLAGS, "-o", str(out), source.name]
+    cmd = [*compiler, *flags, "-o", str(out), source.name]
     done = subprocess.run(cmd, cwd=source.parent, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not out.is_file():
         lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
