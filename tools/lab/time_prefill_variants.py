@@ -1,9 +1,15 @@
-"""The prefill attention variants of tools/lab/kernels-src/prefill_lab.cu against the shipped
-kern_prefill_attn, and kern_qk_norm_rope_kv_rows against kern_qk_norm_rope_kv, on the local GPU.
+"""The prefill attention variants of tools/lab/kernels-src/prefill_lab.cu and the wgmma entries of
+prefill_wgmma.cu against the shipped kern_prefill_attn, and kern_qk_norm_rope_kv_rows against
+kern_qk_norm_rope_kv, on the local GPU.
 
     PYTHONPATH=tools/tests python3 tools/lab/time_prefill_variants.py DIR [--reps 30] [--variants a,b]
 
-1. Checks: every variant (attention + its combine) on chunks of several GQA shapes against the f32
+`--variants` picks among both tables (default: all of them), e.g.
+`--variants kern_prefill_attn_wgmma,kern_prefill_attn_wgmma_s3` for the wgmma entries alone.
+
+0. Each entry's registers, local memory and blocks per SM at its dynamic shared memory (head_dim 128).
+1. Checks: every variant (attention + its combine; the wgmma entries merge their splits with the
+   shipped kern_prefill_combine) on chunks of several GQA shapes against the f32
    reference over the gathered pages (|out - ref| <= 1e-2 + 1e-2 |ref|, as
    tools/tests/test_prefill_gpu.py) and against the shipped pair (largest difference); every row
    must be written.
@@ -26,7 +32,6 @@ import math
 import shutil
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,8 +42,7 @@ from helpers import kernel_harness as h
 from helpers.kernel_cases import EPS, LAYER, LAYERS, block_table, qkv_case, rope_tables
 from helpers.prefill_cases import PAGE, Chunk, attention_ref, new_case
 
-from kern_lab import PREFILL_VARIANTS, PrefillVariant
-from kern_mining.build import build_kernels
+from kern_lab import PREFILL_VARIANTS, WGMMA_PREFILL, PrefillVariant, build_lab_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 NQ, NKV, D = 32, 8, 128
@@ -52,18 +56,64 @@ NORM_ROWS = (1, 709, 2048, 4096)
 TOL = 1e-2
 
 
+ENTRIES = (*PREFILL_VARIANTS, *WGMMA_PREFILL)
+"""Every entry the script can check and time."""
+
+
 def load_kernels(out: Path) -> h.Kernels:
-    """The product's modules and prefill_lab.cu (built against the product's headers)."""
+    """The product's modules, prefill_lab.cu and prefill_wgmma.cu (the lab builder: the product's
+    headers and the lab's, prefill_wgmma.cu for the sm_90a its lab-arch line names)."""
     k = h.Kernels(out)
-    src = ROOT / "tools" / "kernels-src"
-    with tempfile.TemporaryDirectory(prefix="kern-pl-") as tmp:
-        for header in src.glob("*.cuh"):
-            shutil.copy2(header, Path(tmp) / header.name)
-        shutil.copy2(ROOT / "tools" / "lab" / "kernels-src" / "prefill_lab.cu", Path(tmp) / "prefill_lab.cu")
-        nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
-        built = build_kernels(Path(tmp), out, compiler=(nvcc,))
+    nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+    built = build_lab_kernels(out, lab_src=ROOT / "tools" / "lab" / "kernels-src",
+                              product_src=ROOT / "tools" / "kernels-src", compiler=(nvcc,),
+                              modules={"prefill_lab", "prefill_wgmma"})
     k.modules.update({m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()})
     return k
+
+
+def launch_wgmma(k: h.Kernels, name: str, c: Chunk) -> None:
+    """A prefill_wgmma.cu entry on the chunk's buffers, then the shipped kern_prefill_combine (the
+    entry has kern_prefill_attn's arguments, grid and partials; only its shared memory differs)."""
+    case = c.case
+    v = WGMMA_PREFILL[name]
+    k.launch(name, v.grid(c.rows, case.nq, case.nkv), (v.threads,), h.ptr(c.qkv), h.ptr(case.state),
+             h.ptr(case.table), h.ptr(c.seq), h.ptr(c.out), h.ptr(c.part_o), h.ptr(c.part_lse), h.i32(c.rows),
+             h.i32(case.nq), h.i32(case.nkv), h.i32(case.d), h.i32(PAGE), h.i64(case.page_stride),
+             h.f32(case.d**-0.5), shared_mem=v.smem(case.d))
+    k.launch("kern_prefill_combine", (c.rows,), (128,), h.ptr(c.part_o), h.ptr(c.part_lse), h.ptr(c.seq),
+             h.ptr(c.out), h.i32(c.rows), h.i32(case.nq), h.i32(case.nkv), h.i32(case.d))
+
+
+def launch_entry(k: h.Kernels, name: str, c: Chunk) -> None:
+    """Any entry of ENTRIES with its split merge."""
+    if name in WGMMA_PREFILL:
+        launch_wgmma(k, name, c)
+    else:
+        launch_variant(k, name, PREFILL_VARIANTS[name], c)
+
+
+def blocks_per_sm(k: h.Kernels, name: str, threads: int, smem: int) -> int:
+    """The driver's count of resident blocks per SM for the entry at `smem` bytes of dynamic
+    shared memory (the opt-in attribute raised first, as a launch does)."""
+    fn = k.fn(name)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    return int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem))
+
+
+def resources(k: h.Kernels, names: list[str]) -> list[dict[str, Any]]:
+    """Registers, static shared memory and blocks per SM (head_dim 128) of the shipped entry and `names`."""
+    shapes = {"kern_prefill_attn": (128, 2 * 2 * 64 * (D + 8) * 2)}
+    for name in names:
+        v = WGMMA_PREFILL[name] if name in WGMMA_PREFILL else PREFILL_VARIANTS[name]
+        shapes[name] = (v.threads, v.smem(D))
+    out = []
+    for name, (threads, smem) in shapes.items():
+        fn = k.fn(name)
+        out.append({"entry": name, "threads": threads, "dynamic_smem": smem, "registers": int(fn.num_regs),
+                    "local_bytes": int(fn.local_size_bytes), "blocks_per_sm": blocks_per_sm(k, name, threads, smem)})
+    return out
 
 
 def launch_variant(k: h.Kernels, name: str, v: PrefillVariant, c: Chunk) -> None:
@@ -104,7 +154,7 @@ def check_rows(k: h.Kernels, names: list[str]) -> list[dict[str, Any]]:
         rows.append({"shape": [nq, nkv, d, start, n], "entry": "shipped", **_errors(shipped, ref, shipped)})
         for name in names:
             _fresh(c)
-            launch_variant(k, name, PREFILL_VARIANTS[name], c)
+            launch_entry(k, name, c)
             torch.cuda.synchronize()
             rows.append({"shape": [nq, nkv, d, start, n], "entry": name, **_errors(c.out, ref, shipped)})
         del case, c, ref
@@ -141,7 +191,7 @@ def time_rows(k: h.Kernels, names: list[str], reps: int) -> list[dict[str, Any]]
         row: dict[str, Any] = {"start": start, "rows": n, "ms": {}, "tflops": {}}
         runs: dict[str, Callable[[], None]] = {"shipped": lambda c=c: c.launch_new(k)}
         for name in names:
-            runs[name] = lambda c=c, name=name: launch_variant(k, name, PREFILL_VARIANTS[name], c)
+            runs[name] = lambda c=c, name=name: launch_entry(k, name, c)
         for name, run in runs.items():
             ms = _event_ms(run, reps)
             row["ms"][name] = ms
@@ -194,8 +244,12 @@ def norm_rows(k: h.Kernels, reps: int) -> list[dict[str, Any]]:
 
 
 def tables(checks: list[dict[str, Any]], times: list[dict[str, Any]], norms: list[dict[str, Any]],
-           names: list[str]) -> str:
-    lines = ["## Checks (f32 reference; tolerance 1e-2 + 1e-2 |ref|)", "",
+           names: list[str], res: list[dict[str, Any]]) -> str:
+    lines = ["## Resources (head_dim 128)", "", "| entry | threads | dynamic smem | registers | local bytes | blocks/SM |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['entry']} | {r['threads']} | {r['dynamic_smem']} | {r['registers']} | {r['local_bytes']} | "
+              f"{r['blocks_per_sm']} |" for r in res]
+    lines += ["", "## Checks (f32 reference; tolerance 1e-2 + 1e-2 |ref|)", "",
              "| entry | shapes ok | worst max err | worst vs shipped |", "|---|---|---|---|"]
     for name in ["shipped", *names]:
         rs = [r for r in checks if r["entry"] == name]
@@ -221,23 +275,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--variants", default=",".join(PREFILL_VARIANTS))
+    ap.add_argument("--variants", default=",".join(ENTRIES))
     args = ap.parse_args()
     names = [v for v in args.variants.split(",") if v]
-    unknown = sorted(set(names) - set(PREFILL_VARIANTS))
+    unknown = sorted(set(names) - set(ENTRIES))
     if unknown:
-        print(f"time_prefill_variants: unknown variants {unknown}; choose from {', '.join(PREFILL_VARIANTS)}",
+        print(f"time_prefill_variants: unknown variants {unknown}; choose from {', '.join(ENTRIES)}",
               file=sys.stderr)
         return 2
     args.dir.mkdir(parents=True, exist_ok=True)
     k = load_kernels(args.dir / "kernels")
+    res = resources(k, names)
+    print(json.dumps(res), flush=True)
     checks = check_rows(k, names)
     print("checks done", flush=True)
     norms = norm_rows(k, args.reps)
     times = time_rows(k, names, args.reps)
-    text = tables(checks, times, norms, names)
+    text = tables(checks, times, norms, names, res)
     (args.dir / "prefill_variants.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "checks": checks, "times": times, "norms": norms}, indent=1))
+        {"device": torch.cuda.get_device_name(), "resources": res, "checks": checks, "times": times, "norms": norms},
+        indent=1))
     (args.dir / "prefill_variants.md").write_text(text)
     print(text)
     ok = all(r["ok"] for r in checks) and all(r["bit_identical"] for r in norms)
