@@ -31,16 +31,24 @@
 //   into one FFMA before ex2; the causal mask only on tiles that cross a warp's first position);
 //   wgmma.fence, the P V group, wait. Every warp takes part in every tile of its block (wgmma is
 //   warpgroup-wide): a warp whose rows all precede a tile gets P = 0 there.
+// - Overlapped (OVERLAP, 3 stages): the P V group of tile t - 1 is issued right behind the S group
+//   of tile t; wait_group 1 retires S, the softmax of tile t runs while P V still does, then
+//   wait_group 0 and O's rescale. The stage of tile t - 1 is then still read after the barrier,
+//   so one tile (not two) is loaded ahead. The first tile is peeled off (ptxas serializes wgmma
+//   issued or waited under a branch it cannot follow).
 // - Key splits exactly as kern_prefill_attn: splits = prefill_splits(seq_len, rows, nq, nkv)
 //   (prefill.cuh), the block's 64-key tiles cut into `splits` equal runs, bf16 rows to `out` with
 //   one split, f32 normalized rows and log2-sum-exps to the partials with more.
 // - Two blocks per SM (__launch_bounds__(128, 2); shared memory 81 KiB at 2 stages, 113 KiB at 3,
 //   head_dim 128): while one block's warpgroup is in its softmax the other's wgmmas run.
 //
-// Entries: kern_prefill_attn_wgmma (2 stages) and kern_prefill_attn_wgmma_s3 (3 stages).
+// Entries: kern_prefill_attn_wgmma (2 stages), kern_prefill_attn_wgmma_s3 (3 stages) and
+// kern_prefill_attn_wgmma_ov (3 stages, overlapped).
 // Arguments, grid [ceil_div(rows * nq / nkv, 64), nkv, min(16, ceil_div(512, rows))] and block
 // [128] as kern_prefill_attn; dynamic shared memory 1024 + (1 + 2 * STAGES) * 64 * head_dim * 2
 // bytes. head_dim in {64, 128}; nq a multiple of nkv.
+#include <type_traits>
+
 #include "prefill.cuh"
 #include "wgmma.cuh"
 
@@ -125,11 +133,11 @@ __device__ __forceinline__ void wg_pv(float (&o)[D / 2], const uint32_t (&pa)[WG
 }
 
 // Masks (when `mask`: key <= the row's position) the scores of the tile at keys kb.., updates the
-// running max m (log2 units, scale folded in) and sum l, rescales o, and leaves P in s.
+// running max m (log2 units, scale folded in) and sum l, leaves P in s and the factor o's rows
+// must be scaled by in alpha (o itself is left alone: a P V product may still be adding to it).
 // s[4 j + e]: row i = e / 2 of the thread, key kb + 8 j + 2 (lane % 4) + e % 2.
-template <int NO>
-__device__ __forceinline__ void wg_softmax(float (&s)[32], float (&o)[NO], float (&m)[2], float (&l)[2],
-                                           int kb, bool mask, const int (&qpos)[2], float scale_log2) {
+__device__ __forceinline__ void wg_softmax(float (&s)[32], float (&alpha)[2], float (&m)[2], float (&l)[2], int kb,
+                                           bool mask, const int (&qpos)[2], float scale_log2) {
     const int tq = threadIdx.x & 3;
     if (mask) {
 #pragma unroll
@@ -149,14 +157,9 @@ __device__ __forceinline__ void wg_softmax(float (&s)[32], float (&o)[NO], float
         const float mn = fmaxf(m[i], mx[i] * scale_log2);
         // NOTE: a row with every key so far masked keeps m = -inf, l = 0, o = 0 (exp2(-inf) = 0).
         ms[i] = mn == KERN_NEG_INF ? 0.0f : mn;
-        const float alpha = exp2f(m[i] - ms[i]);
+        alpha[i] = exp2f(m[i] - ms[i]);
         m[i] = mn;
-        l[i] *= alpha;
-#pragma unroll
-        for (int j = 0; j < NO / 4; ++j) {
-            o[4 * j + 2 * i] *= alpha;
-            o[4 * j + 2 * i + 1] *= alpha;
-        }
+        l[i] *= alpha[i];
     }
 #pragma unroll
     for (int v = 0; v < 32; ++v) {
@@ -164,6 +167,18 @@ __device__ __forceinline__ void wg_softmax(float (&s)[32], float (&o)[NO], float
         const float p = exp2f(fmaf(s[v], scale_log2, -ms[i]));
         s[v] = p;
         l[i] += p;
+    }
+}
+
+// o's rows scaled by the softmax's alpha (o[4 j + e] is row e / 2's).
+template <int NO>
+__device__ __forceinline__ void wg_rescale(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < NO / 4; ++j) {
+        o[4 * j + 0] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
     }
 }
 
@@ -211,11 +226,16 @@ __device__ __forceinline__ void wg_store(const PfRows& r, float (&o)[D / 2], con
 }
 
 // The block (blockIdx.x from the last packed rows first, as kern_prefill_attn), split blockIdx.z
-// of `splits`; `smem` is 1024-byte aligned.
-template <int D, int STAGES>
+// of `splits`; `smem` is 1024-byte aligned. OVERLAP (STAGES 3): the P V product of tile t - 1 is
+// issued right after S of tile t and runs during tile t's softmax.
+template <int D, int STAGES, bool OVERLAP>
 __device__ void wg_block(const bf16* qkv, const PfPages& kv, int len, int rows, int nq, int splits, bf16* out,
                          float* part_o, float* part_lse, float scale_log2, uint32_t smem) {
     using C = WgCfg<D, STAGES>;
+    static_assert(!OVERLAP || STAGES == 3, "the overlapped loop keeps tile t, tile t - 1 and the load of t + 1");
+    // NOTE: tiles in flight while tile t is computed: STAGES - 1, or 1 when the stage of tile
+    // t - 1 is still read by its P V product.
+    constexpr int AHEAD = OVERLAP ? 1 : STAGES - 1;
     const int warp = threadIdx.x >> 5;
     const int group = nq / kv.nkv;
     const int kvh = blockIdx.y;
@@ -237,7 +257,7 @@ __device__ void wg_block(const bf16* qkv, const PfPages& kv, int len, int rows, 
     }
     cp_async_commit();
 #pragma unroll
-    for (int s = 1; s < STAGES - 1; ++s) {
+    for (int s = 1; s < AHEAD; ++s) {
         if (t0 + s < t1) {
             const uint32_t st = kv_smem + s * C::STAGE;
             wg_load_kv<D>(st, st + C::TILE, kv, (t0 + s) * WG_BN, r.kv_end, kvh);
@@ -251,47 +271,75 @@ __device__ void wg_block(const bf16* qkv, const PfPages& kv, int len, int rows, 
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    float m[2] = {KERN_NEG_INF, KERN_NEG_INF}, l[2] = {0.0f, 0.0f};
+    uint32_t pa[WG_BN / 16][4];
+    float m[2] = {KERN_NEG_INF, KERN_NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
 
-    for (int t = t0; t < t1; ++t) {
+    // One tile; `chained` (a std::integral_constant, so the wgmma issue and waits are not under a
+    // branch ptxas cannot follow): P V of tile t - 1 goes behind S of tile t.
+    auto tile = [&](int t, auto chained) {
         const int j = t - t0;
-        cp_async_wait<STAGES - 2>();  // tile t's group (the later ones may still be in flight)
+        cp_async_wait<AHEAD - 1>();  // tile t's group (the later ones may still be in flight)
         wg_fence_proxy_smem();
         __syncthreads();
-        // NOTE: tile t + STAGES - 1 goes to the stage of tile t - 1, whose wgmmas every warp has
-        // waited for before the barrier above; a group is committed even when empty so that the
-        // wait above always counts STAGES - 2 younger groups.
-        if (t + STAGES - 1 < t1) {
-            const uint32_t st = kv_smem + (uint32_t)((j + STAGES - 1) % STAGES) * C::STAGE;
-            wg_load_kv<D>(st, st + C::TILE, kv, (t + STAGES - 1) * WG_BN, r.kv_end, kvh);
+        // NOTE: tile t + AHEAD goes to a stage no wgmma reads any more: that of tile t - 1 (every
+        // warp waited for its products before the barrier above) or, overlapped, of tile t - 2. A
+        // group is committed even when empty so that the wait above counts AHEAD - 1 younger groups.
+        if (t + AHEAD < t1) {
+            const uint32_t st = kv_smem + (uint32_t)((j + AHEAD) % STAGES) * C::STAGE;
+            wg_load_kv<D>(st, st + C::TILE, kv, (t + AHEAD) * WG_BN, r.kv_end, kvh);
         }
         cp_async_commit();
         const uint32_t k_smem = kv_smem + (uint32_t)(j % STAGES) * C::STAGE;
         const int kb = t * WG_BN;
 
         wg_pin(s);
+        wg_pin(o);
         wg_fence();
         wg_scores<D>(s, q_smem, k_smem);
         wg_commit();
-        wg_wait<0>();
+        if constexpr (decltype(chained)::value) {
+            // P V of tile t - 1 (P in pa since the last tile) behind S of tile t.
+            wg_pv<D>(o, pa, kv_smem + (uint32_t)((j + STAGES - 1) % STAGES) * C::STAGE + C::TILE);
+            wg_commit();
+            wg_wait<1>();  // S done; P V may still run
+        } else {
+            wg_wait<0>();
+        }
         wg_pin(s);
 
-        wg_softmax<C::NO>(s, o, m, l, kb, kb + WG_BN - 1 > wqmin, r.qpos, scale_log2);
-        uint32_t pa[WG_BN / 16][4];
+        wg_softmax(s, alpha, m, l, kb, kb + WG_BN - 1 > wqmin, r.qpos, scale_log2);
+        if constexpr (decltype(chained)::value) wg_wait<0>();
+        wg_pin(o);
+        wg_rescale(o, alpha);
         wg_pack_p(pa, s);
 
-        wg_pin(o);
-        wg_fence();
-        wg_pv<D>(o, pa, k_smem + C::TILE);
-        wg_commit();
-        wg_wait<0>();
-        wg_pin(o);
+        if constexpr (!OVERLAP) {
+            wg_fence();
+            wg_pv<D>(o, pa, k_smem + C::TILE);
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(o);
+        }
+    };
+    if constexpr (OVERLAP) {
+        if (t0 < t1) {
+            tile(t0, std::false_type{});
+            for (int t = t0 + 1; t < t1; ++t) tile(t, std::true_type{});
+            wg_pin(o);
+            wg_fence();
+            wg_pv<D>(o, pa, kv_smem + (uint32_t)((t1 - 1 - t0) % STAGES) * C::STAGE + C::TILE);
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(o);
+        }
+    } else {
+        for (int t = t0; t < t1; ++t) tile(t, std::false_type{});
     }
     cp_async_wait<0>();
     wg_store<D>(r, o, m, l, rows, nq, splits, out, part_o, part_lse);
 }
 
-#define WG_ENTRY(NAME, STAGES)                                                                       \
+#define WG_ENTRY(NAME, STAGES, OVERLAP)                                                              \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)                                    \
     NAME(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,                                \
          const int* __restrict__ block_table, const int* __restrict__ seq_len,                     \
@@ -307,14 +355,15 @@ __device__ void wg_block(const bf16* qkv, const PfPages& kv, int len, int rows, 
         const int splits = min((int)gridDim.z, prefill_splits(len, rows, nq, nkv));                \
         if ((int)blockIdx.z >= splits) return;                                                     \
         if (head_dim == 64) {                                                                      \
-            wg_block<64, STAGES>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,         \
-                                 scale * PF_LOG2E, smem);                                          \
+            wg_block<64, STAGES, OVERLAP>(qkv, paged, len, rows, nq, splits, out, part_o,          \
+                                          part_lse, scale * PF_LOG2E, smem);                       \
         } else {                                                                                   \
-            wg_block<128, STAGES>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,        \
-                                  scale * PF_LOG2E, smem);                                         \
+            wg_block<128, STAGES, OVERLAP>(qkv, paged, len, rows, nq, splits, out, part_o,         \
+                                           part_lse, scale * PF_LOG2E, smem);                      \
         }                                                                                          \
     }
 
-// name, cp.async stages
-WG_ENTRY(kern_prefill_attn_wgmma, 2)
-WG_ENTRY(kern_prefill_attn_wgmma_s3, 3)
+// name, shared-memory stages of K/V, P V of the previous tile during the softmax (1) or not (0)
+WG_ENTRY(kern_prefill_attn_wgmma, 2, 0)
+WG_ENTRY(kern_prefill_attn_wgmma_s3, 3, 0)
+WG_ENTRY(kern_prefill_attn_wgmma_ov, 3, 1)

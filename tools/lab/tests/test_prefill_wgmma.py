@@ -24,10 +24,12 @@ BLOCK_SMEM = 227 * 1024  # the most one block may ask for
 
 
 def test_table_is_the_sources_entries() -> None:
-    found = {name: lab.WgmmaPrefill(int(stages))
-             for name, stages in re.findall(r"^WG_ENTRY\((\w+), (\d+)\)$", SRC.read_text(), re.MULTILINE)}
+    found = {name: lab.WgmmaPrefill(int(stages), overlap=bool(int(overlap)))
+             for name, stages, overlap in re.findall(r"^WG_ENTRY\((\w+), (\d+), ([01])\)$", SRC.read_text(),
+                                                      re.MULTILINE)}
     assert found == dict(lab.WGMMA_PREFILL)
-    assert set(found) == {"kern_prefill_attn_wgmma", "kern_prefill_attn_wgmma_s3"}
+    assert set(found) == {"kern_prefill_attn_wgmma", "kern_prefill_attn_wgmma_s3", "kern_prefill_attn_wgmma_ov"}
+    assert all(v.stages == 3 for v in found.values() if v.overlap)  # the overlapped loop's static_assert
     assert lab.lab_arch(LAB_SRC) == {"prefill_wgmma": "sm_90a"}
 
 

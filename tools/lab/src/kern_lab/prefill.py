@@ -65,10 +65,12 @@ block [head_dim])."""
 @dataclass(frozen=True, slots=True)
 class WgmmaPrefill:
     """A `WG_ENTRY` of prefill_wgmma.cu: kern_prefill_attn's arguments, grid, block and split plan
-    (its partials merged by kern_prefill_combine), one warpgroup per block, `stages` cp.async stages
-    of 64 keys and two blocks per SM."""
+    (its partials merged by kern_prefill_combine), one warpgroup per block, `stages` shared-memory
+    stages of 64 keys, two blocks per SM; `overlap`: the P V product of the previous tile runs
+    during the softmax."""
 
     stages: int
+    overlap: bool = False
 
     threads: ClassVar[int] = 128
     """Threads per block (one warpgroup)."""
@@ -90,5 +92,6 @@ class WgmmaPrefill:
 WGMMA_PREFILL = MappingProxyType({
     "kern_prefill_attn_wgmma": WgmmaPrefill(2),
     "kern_prefill_attn_wgmma_s3": WgmmaPrefill(3),
+    "kern_prefill_attn_wgmma_ov": WgmmaPrefill(3, overlap=True),
 })
 """prefill_wgmma.cu's attention entries; their split merge is the product's kern_prefill_combine."""
