@@ -64,9 +64,9 @@ struct WgCfg {
     static constexpr int STAGE = 2 * TILE;              // K then V
     static constexpr int BYTES = TILE + STAGES * STAGE; // Q then the stages
     static constexpr int SMEM = BYTES + 1024;           // + rounding the base up to 1024
-    static constexpr int CH = D / 8;                    // 16-byte chunks per row
-    static constexpr int KSTEPS = D / 16;               // k16 steps of S = Q K^T
     static constexpr int NO = D / 2;                    // O accumulator registers per thread
+    static_assert(SMEM == 1024 + (1 + 2 * STAGES) * 64 * D * 2, "the launch's shared memory (header)");
+    static_assert(2 * (SMEM + 1024) <= 228 * 1024, "two blocks per SM, 1 KiB reserved for each");
 };
 
 // Q rows of the block into the swizzled Q slabs; rows past the chunk are zeros.
