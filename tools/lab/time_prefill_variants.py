@@ -29,6 +29,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -62,9 +63,11 @@ ENTRIES = (*PREFILL_VARIANTS, *WGMMA_PREFILL)
 
 def load_kernels(out: Path) -> h.Kernels:
     """The product's modules, prefill_lab.cu and prefill_wgmma.cu (the lab builder: the product's
-    headers and the lab's, prefill_wgmma.cu for the sm_90a its lab-arch line names)."""
+    headers and the lab's, prefill_wgmma.cu for the sm_90a its lab-arch line names), built into
+    `out` or, as the harness does, into KERN_TEST_KERNELS."""
     k = h.Kernels(out)
     nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
+    out = Path(os.environ.get("KERN_TEST_KERNELS", out))
     built = build_lab_kernels(out, lab_src=ROOT / "tools" / "lab" / "kernels-src",
                               product_src=ROOT / "tools" / "kernels-src", compiler=(nvcc,),
                               modules={"prefill_lab", "prefill_wgmma"})
