@@ -81,10 +81,9 @@ __device__ __forceinline__ void wg_load_q(uint32_t dst, const bf16* qkv, int p0,
         const int row = c / CH;
         const int ch = c % CH;
         const int p = p0 + row;
-        const bool valid = p < packed;
-        const bf16* src = valid ? qkv + (p / group) * qstride + (int64_t)(kvh * group + p % group) * D + ch * 8
-                                : qkv;
-        cp_async16(dst + wg_swizzle(row, ch), src, valid);
+        const int pc = min(p, packed - 1);  // NOTE: a valid address for the zero-fill too (no branch)
+        const bf16* src = qkv + (pc / group) * qstride + (int64_t)(kvh * group + pc % group) * D + ch * 8;
+        cp_async16(dst + wg_swizzle(row, ch), src, p < packed);
     }
 }
 
@@ -101,10 +100,12 @@ __device__ __forceinline__ void wg_load_kv(uint32_t kdst, uint32_t vdst, const P
         const int ch = c % CH;
         const int tok = kb + key;
         const bool valid = tok < end;
-        const bf16* kp = valid ? kv.k_row(tok, head, D) + ch * 8 : kv.kv;
+        // NOTE: the last key's row stands in for keys past `end` (zero-filled): every address is
+        // valid and the block-table read needs no branch.
+        const bf16* kp = kv.k_row(min(tok, end - 1), head, D) + ch * 8;
         const uint32_t off = wg_swizzle(key, ch);
         cp_async16(kdst + off, kp, valid);
-        cp_async16(vdst + off, valid ? kp + voff : kv.kv, valid);
+        cp_async16(vdst + off, kp + voff, valid);
     }
 }
 
