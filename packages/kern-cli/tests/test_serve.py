@@ -4,9 +4,12 @@ sum is the whole answer). The server itself runs as a process in tools/tests/tes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kern_cli import serve
 from kern_cli.main import main as kern_main
@@ -125,6 +128,59 @@ def test_text_deltas_sum_to_the_whole_and_stop_strings_cut() -> None:
     u = Text(_letters, (), frozenset({25}))
     assert [u.push(i) for i in (0, 30, 1, 25)] == ["a", "", "\ufffdb", ""] and u.end() == ""
     assert u.shown == "a\ufffdb"
+
+
+_PIECES = [b"a", b"b", b"c", b" ", "\u00e9".encode(), "\u4e2d".encode()[:1], "\u4e2d".encode()[1:], b"\xff",
+           b"cd", b"\n"]
+
+
+def _bytes(ids: Sequence[int]) -> str:
+    return b"".join(_PIECES[i] for i in ids).decode("utf-8", errors="replace")
+
+
+class _WholeText:
+    """The streaming rule over the whole decode each token: the text cut at the first stop string;
+    while running, the last len(longest stop) - 1 characters and a trailing U+FFFD held back; a
+    delta only when the text extends what was shown."""
+
+    def __init__(self, stops: tuple[str, ...], stop_ids: frozenset[int]) -> None:
+        self.stops, self.stop_ids, self.ids, self.shown = stops, stop_ids, list[int](), ""
+
+    def _text(self, final: bool) -> str:
+        text = _bytes(self.ids)
+        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            return text[: min(cuts)]
+        if not final:
+            hold = max((len(s) for s in self.stops), default=1) - 1
+            text = (text[: len(text) - hold] if hold else text).rstrip("\ufffd")
+        return text
+
+    def _delta(self, text: str) -> str:
+        if len(text) <= len(self.shown) or not text.startswith(self.shown):
+            return ""
+        delta, self.shown = text[len(self.shown) :], text
+        return delta
+
+    def push(self, token: int) -> str:
+        if token not in self.stop_ids:
+            self.ids.append(token)
+        return self._delta(self._text(False))
+
+    def end(self) -> str:
+        return self._delta(self._text(True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, len(_PIECES) - 1), max_size=40),
+       st.lists(st.sampled_from(["cd", "b c", "\u4e2d", "a", "\ufffd\n", "ca"]), max_size=2, unique=True))
+def test_text_streams_what_the_whole_decode_streams(ids: list[int], stops: list[str]) -> None:
+    """Token by token the same deltas as the rule applied to the whole decode each time, though
+    each token decodes only a few ids."""
+    t, ref = Text(_bytes, tuple(stops), frozenset({9})), _WholeText(tuple(stops), frozenset({9}))
+    for i in ids:
+        assert t.push(i) == ref.push(i)
+    assert t.end() == ref.end() and t.shown == ref.shown
 
 
 def _toml(tmp: Path, serve_table: str) -> Path:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kern_runtime import Sampling
+from kern_runtime.detok import Detok
 
 __all__ = [
     "MAX_LOGPROBS",
@@ -230,17 +231,32 @@ def chat_ask(body: Mapping[str, Any], model: str) -> Ask:
 
 @dataclass
 class Text:
-    """Generated ids to the text a client sees, streamed as deltas whose sum is the final text."""
+    """Generated ids to the text a client sees, streamed as deltas whose sum is the final text.
+
+    The text is `decode` of the ids (a stop id is not text), cut before the first stop string;
+    while the request runs, the last len(longest stop) - 1 characters and an unfinished last
+    character are held back. Each token costs a decode of a few ids (kern_runtime.detok.Detok)
+    and a stop-string search of the text not shown yet, not of the whole answer."""
 
     decode: Callable[[Sequence[int]], str]
     stops: tuple[str, ...] = ()
     stop_ids: frozenset[int] = frozenset()
-    ids: list[int] = field(default_factory=list[int])
     shown: str = ""
+    detok: Detok = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.detok = Detok(self.decode)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The ids of the text (the generated ids but stop ids)."""
+        return self.detok.ids
 
     def _text(self, final: bool) -> str:
-        text = self.decode(self.ids)
-        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        text = self.detok.text(final=True)
+        # NOTE: what is shown held no stop string (the request would have ended), so a stop string
+        # now found ends past the shown text
+        cuts = [i for i in (text.find(s, max(0, len(self.shown) - len(s))) for s in self.stops) if i >= 0]
         if cuts:
             return text[: min(cuts)]
         if not final:
@@ -252,7 +268,7 @@ class Text:
     def push(self, token: int) -> str:
         """The new text once `token` is generated ('' while held back)."""
         if token not in self.stop_ids:
-            self.ids.append(token)
+            self.detok.push([token])
         return self._delta(self._text(False))
 
     def end(self) -> str:

@@ -54,6 +54,7 @@ import kern_pool
 from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler, Tier
 
 from .batch import Sampled, Sampling
+from .detok import Detok, stop_after
 from .engine import Engine, EngineConfig, Pipeline, Sequence
 from .errors import ApiError, EngineError
 from .reuse import shared_prefix
@@ -338,6 +339,8 @@ class Serving:
                                row_tokens=engine.reach)
         self.stats = Stats()
         self._text = text
+        self._detoks: dict[int, Detok] = {}
+        """Each running request's text so far, for its stop strings."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._reqs: dict[int, Request] = {}
@@ -568,13 +571,19 @@ class Serving:
                 self.stats.reused += reused
 
     def _stops(self, req: Request, token: int) -> bool:
+        """Whether the text of `req`'s tokens and `token` holds one of its stop strings. Its
+        tokens so far held none (it would have ended), so only a string ending in the text
+        `token` adds is looked for: a decode of a few ids and a search of a short tail."""
         if not req.stop_text or self._text is None:
             return False
-        text = self._text([*req.generated, token])
-        return any(s in text for s in req.stop_text)
+        detok = self._detoks.get(req.id)
+        if detok is None:
+            detok = self._detoks[req.id] = Detok(self._text)
+        return stop_after(detok, req.generated, token, req.stop_text)
 
     def _retire(self, rid: int, why: Finish) -> None:
         self._leases.pop(rid, None)
+        self._detoks.pop(rid, None)
         seq = self._seqs.pop(rid, None)
         if seq is not None:
             self.engine.finish(seq)
