@@ -53,7 +53,8 @@ ROW_BYTES = 2 * NKV * D * 2
 
 
 VARIANTS = {"kern_attn_decode_rows_t0": (4, 3), "kern_attn_decode_rows_t2048": (4, 3),
-            "kern_attn_decode_rows_c16t2048": (4, 3), "kern_attn_decode_rows_flat4": (4, 3),
+            "kern_attn_decode_rows_c16": (4, 3), "kern_attn_decode_rows_c16t2048": (4, 3),
+            "kern_attn_decode_rows_flat4": (4, 3),
             "kern_attn_decode_rows_flat8": (4, 3), "kern_attn_decode_rows_flat16": (4, 3),
             "kern_attn_decode_rows_hm": (4, 3)}
 """The lab's builds of the rows entry (tools/lab/kernels-src/attention_rows_*.cu): (warps, stages).
