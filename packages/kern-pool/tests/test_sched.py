@@ -37,7 +37,8 @@ def token(rid: int, n: int) -> int:
 
 @dataclass
 class Model:
-    """Executes plans: prefill up to the budget past the cached prefix, decode rows emit `token`."""
+    """Executes plans: the chunks in turn, each up to its budget and the step's budget left past
+    the cached prefix (the next only after a finished prefill), decode rows emit `token`."""
 
     sched: Scheduler
     cached: dict[int, int] = field(default_factory=dict[int, int])
@@ -56,30 +57,38 @@ class Model:
         self.land(plan, self.execute(plan), self.device(plan, []))
         return plan
 
-    def execute(self, plan: Plan) -> int | None:
-        """The plan's retirements, parks, admission and chunk; how far the chunk got."""
+    def execute(self, plan: Plan) -> dict[int, int]:
+        """The plan's retirements, parks, chunks and the admissions they start; how far each chunk
+        that ran got."""
         for r in plan.retire:
             self.ended[r.id] = r.why
             self.kv.pop(r.id, None)
         for rid in plan.park:
             del self.kv[rid]
-        if plan.admit is not None:
-            self.admitted.append(plan.admit.id)
-            self.totals[plan.admit.id] = plan.admit.tokens
-            self.kv[plan.admit.id] = 0
-        if plan.chunk is None:
-            return None
-        c = plan.chunk
-        start = max(self.kv[c.id], min(self.cached.get(c.id, 0), self.totals[c.id] - 1))
-        self.kv[c.id] = min(self.totals[c.id] - 1, start + c.budget)
-        return self.kv[c.id]
+        admits = {a.id: a for a in plan.admits}
+        done: dict[int, int] = {}
+        left = plan.budget
+        for c in plan.chunks:
+            if left < 1:
+                break
+            if c.id in admits:
+                self.admitted.append(c.id)
+                self.totals[c.id] = admits[c.id].tokens
+                self.kv[c.id] = 0
+            start = max(self.kv[c.id], min(self.cached.get(c.id, 0), self.totals[c.id] - 1))
+            self.kv[c.id] = min(self.totals[c.id] - 1, start + min(c.budget, left))
+            left -= max(1, self.kv[c.id] - start)
+            done[c.id] = self.kv[c.id]
+            if self.kv[c.id] < self.totals[c.id] - 1:
+                break
+        return done
 
     def device(self, plan: Plan, flight: list[Plan]) -> dict[int, int]:
         """The tokens the model gives the plan's rows, `flight` steps of them issued before."""
         return {rid: token(rid, len(self.out.get(rid, [])) + sum(rid in p.decode for p in flight))
                 for rid in plan.decode}
 
-    def land(self, plan: Plan, done: int | None, tokens: dict[int, int]) -> None:
+    def land(self, plan: Plan, done: dict[int, int], tokens: dict[int, int]) -> None:
         """The step's read-back committed: the stale rows' tokens dropped."""
         stale = set(self.sched.stale(plan))
         live = {rid: t for rid, t in tokens.items() if rid not in stale}
@@ -92,9 +101,9 @@ class Model:
     def piped(self, steps: int) -> list[Plan]:
         """`steps` steps as an engine that issues a step before reading the last one runs them:
         what `ahead` gives while a step is in flight is issued (a step of the same rows) or
-        executed (an admission and its chunk) at once; every plan lands in order. Returns the
+        executed (admissions and their chunks) at once; every plan lands in order. Returns the
         plans landed."""
-        flight: list[tuple[Plan, int | None, dict[int, int]]] = []
+        flight: list[tuple[Plan, dict[int, int], dict[int, int]]] = []
         landed: list[Plan] = []
         for _ in range(steps):
             if not flight:
@@ -103,25 +112,25 @@ class Model:
                 continue
             nxt = self.sched.ahead(flight[-1][0])
             if nxt is not None and not nxt.decode:
-                assert nxt.admit is not None and nxt.chunk is not None and not nxt.retire
+                assert nxt.admits and nxt.chunks and not nxt.retire
                 flight.append((nxt, self.execute(nxt), {}))
             elif nxt is not None:
                 assert not self.sched.stale(nxt)
                 for rid in nxt.decode:  # never past max_tokens
                     assert self.sched.generated(rid) + sum(rid in f[0].decode for f in flight) < self.limits[rid]
-                flight.append((nxt, None, self.device(nxt, [f[0] for f in flight])))
+                flight.append((nxt, {}, self.device(nxt, [f[0] for f in flight])))
             landed.append(self._land_first(flight))
         while flight:
             landed.append(self._land_first(flight))
         return landed
 
-    def _land_first(self, flight: list[tuple[Plan, int | None, dict[int, int]]]) -> Plan:
+    def _land_first(self, flight: list[tuple[Plan, dict[int, int], dict[int, int]]]) -> Plan:
         plan, done, tokens = flight.pop(0)
         self.land(plan, done, tokens)
         if flight and plan.decode and not self.sched.stale(flight[0][0]):
-            # NOTE: ahead: what plan() gives once the step before lands (an admission: its part)
+            # NOTE: ahead: what plan() gives once the step before lands (admissions: their part)
             nxt, now = flight[0][0], self.sched.plan()
-            assert now == nxt if nxt.decode else (now.admit, now.chunk) == (nxt.admit, nxt.chunk)
+            assert now == nxt if nxt.decode else (now.admits, now.chunks, now.budget) == (nxt.admits, nxt.chunks, nxt.budget)
         return plan
 
     def drain(self, limit: int = 10_000) -> None:
@@ -144,10 +153,10 @@ def test_one_request_prefills_in_chunks_then_decodes_to_max_tokens() -> None:
     s = sched(step_tokens=6, chunk=4)
     assert s.submit(Ask(0, 10, 3)) == Queued(0, 0)
     m = Model(s)
-    assert m.step() == Plan(admit=Admit(0, 10, 12, False), chunk=Chunk(0, 4))
+    assert m.step() == Plan(admits=(Admit(0, 10, 12, False),), chunks=(Chunk(0, 4),), budget=6)
     assert m.kv[0] == 4
-    assert m.step() == Plan(chunk=Chunk(0, 4))
-    assert m.step() == Plan(chunk=Chunk(0, 4))  # the model stops at the 9 prompt tokens with KV
+    assert m.step() == Plan(chunks=(Chunk(0, 4),), budget=6)
+    assert m.step() == Plan(chunks=(Chunk(0, 4),), budget=6)  # the model stops at the 9 prompt tokens with KV
     assert m.kv[0] == 9
     assert [m.step().decode for _ in range(3)] == [(0,), (0,), (0,)]
     assert m.step() == Plan(retire=(Retire(0, Finish.LENGTH, True),))
@@ -159,12 +168,11 @@ def test_decode_rows_take_the_budget_first_and_the_chunk_gets_the_rest() -> None
     for i in range(3):
         s.submit(Ask(i, 2, 20))
     m = Model(s)
-    m.step()  # 0 admitted, prefilled (1 token)
-    m.step()  # 0 decodes, 1 admitted
-    m.step()  # 0, 1 decode, 2 admitted
+    first = m.step()  # 0, 1 and 2 admitted and prefilled (1 token each) in one step
+    assert [a.id for a in first.admits] == m.admitted == [0, 1, 2] and first.budget == 5
     s.submit(Ask(3, 40, 2))
     plan = m.step()
-    assert plan.decode == (0, 1, 2) and plan.admit == Admit(3, 40, 41, False) and plan.chunk == Chunk(3, 2)
+    assert plan == Plan(admits=(Admit(3, 40, 41, False),), chunks=(Chunk(3, 2),), decode=(0, 1, 2), budget=2)
     assert plan.tokens == 5
 
 
@@ -173,10 +181,11 @@ def test_the_chunk_keeps_one_token_when_decode_rows_fill_the_budget() -> None:
     for i in range(3):
         s.submit(Ask(i, 2, 20))
     m = Model(s)
-    for _ in range(3):
-        m.step()
+    assert len(m.step().admits) == 2  # a budget of 2: each admission takes at least one token
+    assert m.step() == Plan(admits=(Admit(2, 2, 21, False),), chunks=(Chunk(2, 1),), decode=(0, 1), budget=1)
+    m.step()
     s.submit(Ask(3, 10, 2))
-    assert m.step().chunk == Chunk(3, 1)
+    assert m.step().chunks == (Chunk(3, 1),)
 
 
 def test_one_prefill_at_a_time_and_fcfs() -> None:
@@ -184,9 +193,135 @@ def test_one_prefill_at_a_time_and_fcfs() -> None:
     s.submit(Ask(0, 9, 2))
     s.submit(Ask(1, 2, 2))
     m = Model(s)
-    assert m.step().admit == Admit(0, 9, 10, False)
-    assert m.step().admit is None  # 0 is still prefilling (8 tokens, 4 a chunk): 1 waits
-    assert m.step() == Plan(admit=Admit(1, 2, 3, False), chunk=Chunk(1, 3), decode=(0,))
+    assert m.step().admits == (Admit(0, 9, 10, False), Admit(1, 2, 3, False))
+    assert m.admitted == [0] and s.queued == 1  # 0's prefill did not finish in the step: 1 waits
+    assert m.step() == Plan(chunks=(Chunk(0, 4),), budget=4)  # 0 finishes with the whole budget
+    assert m.step() == Plan(admits=(Admit(1, 2, 3, False),), chunks=(Chunk(1, 3),), decode=(0,), budget=3)
+
+
+def test_a_burst_with_cached_prefixes_is_admitted_and_prefilled_in_one_step() -> None:
+    s = sched(rows=8, step_tokens=16, chunk=8, pages=64)
+    for i in range(6):
+        s.submit(Ask(i, 10, 3))
+    m = Model(s, cached=dict.fromkeys(range(6), 8))  # one token each past the cached prefix
+    plan = m.step()
+    assert [a.id for a in plan.admits] == [c.id for c in plan.chunks] == m.admitted == list(range(6))
+    assert all(c.budget == 8 for c in plan.chunks) and plan.budget == 16
+    assert s.running == 6 and not s.queued and all(m.kv[i] == 9 for i in range(6))
+    assert m.step().decode == tuple(range(6))  # every first token on the second step
+    m.drain()
+    assert all(m.out[i] == [token(i, n) for n in range(3)] for i in range(6))
+
+
+def test_the_budget_is_split_in_turn_and_one_prefill_is_left_unfinished() -> None:
+    s = sched(rows=8, step_tokens=10, chunk=8, pages=64)
+    for i in range(4):
+        s.submit(Ask(i, 5, 2))  # 4 tokens to prefill each
+    m = Model(s)
+    first = m.step()
+    assert len(first.admits) == 4 and m.admitted == [0, 1, 2]  # 4 + 4 + 2 of the 10 tokens
+    assert (m.kv[0], m.kv[1], m.kv[2]) == (4, 4, 2) and s.queued == 1
+    second = m.step()  # 2 finishes (2 tokens), then 3 is admitted with what the 2 rows leave
+    assert second.chunks == (Chunk(2, 8), Chunk(3, 8)) and second.admits == (Admit(3, 5, 6, False),)
+    assert second.decode == (0, 1) and second.budget == 8
+    assert m.kv[2] == m.kv[3] == 4 and m.admitted == [0, 1, 2, 3]
+
+
+def test_a_prefill_that_does_not_finish_within_the_budget_admits_nobody() -> None:
+    s = sched(rows=8, step_tokens=6, chunk=4, pages=64)
+    s.submit(Ask(0, 12, 2))
+    m = Model(s)
+    m.step()
+    s.submit(Ask(1, 2, 2))
+    assert m.step() == Plan(chunks=(Chunk(0, 4),), budget=6)  # 7 tokens left, 4 a chunk
+    assert m.step() == Plan(chunks=(Chunk(0, 4), Chunk(1, 4)), admits=(Admit(1, 2, 3, False),), budget=6)
+    assert m.kv == {0: 11, 1: 1}
+
+
+def test_a_burst_stops_at_the_first_head_that_does_not_fit() -> None:
+    s = sched(rows=8, step_tokens=32, pages=6, unit=4)
+    s.submit(Ask(0, 4, 5))  # 8 tokens: 2 pages
+    s.submit(Ask(1, 4, 5))  # 2 pages
+    s.submit(Ask(2, 8, 5))  # 3 pages: 1 and 2 leave 2
+    s.submit(Ask(3, 1, 1))  # 1 page would fit, but 2 is ahead of it
+    m = Model(s)
+    assert [a.id for a in m.step().admits] == [0, 1]
+    assert m.step().admits == ()
+    m.drain()
+    assert m.admitted == [0, 1, 2, 3] and s.reserved == 0
+
+
+def test_a_burst_takes_the_free_rows_only() -> None:
+    s = sched(rows=3, step_tokens=32, pages=64)
+    for i in range(5):
+        s.submit(Ask(i, 2, 2))
+    m = Model(s)
+    assert [a.id for a in m.step().admits] == [0, 1, 2] and s.queued == 2
+    m.drain()
+    assert m.admitted == list(range(5))
+
+
+def test_cancelling_requests_admitted_together() -> None:
+    s = sched(rows=4, step_tokens=16, pages=16, unit=4)
+    for i in range(4):
+        s.submit(Ask(i, 3, 6))
+    m = Model(s)
+    m.step()
+    assert m.admitted == [0, 1, 2, 3] and s.reserved == 8
+    s.cancel(1)
+    s.cancel(2)
+    plan = m.step()
+    assert plan.retire == (Retire(1, Finish.CANCELLED, True), Retire(2, Finish.CANCELLED, True))
+    assert plan.decode == (0, 3) and s.reserved == 4
+    m.drain()
+    assert m.out[0] == [token(0, n) for n in range(6)] and m.out[3] == [token(3, n) for n in range(6)]
+    assert 1 not in m.out and 2 not in m.out and m.ended[1] is m.ended[2] is Finish.CANCELLED
+    assert s.reserved == 0 and not s.running and not s.queued
+
+
+def test_a_listed_head_cancelled_before_its_turn_is_retired_from_the_queue() -> None:
+    s = sched(rows=4, step_tokens=4, chunk=4, pages=64)
+    s.submit(Ask(0, 9, 2))
+    s.submit(Ask(1, 2, 2))
+    m = Model(s)
+    assert len(m.step().admits) == 2 and m.admitted == [0]  # 1 listed, not reached
+    s.cancel(1)
+    assert m.step().retire == (Retire(1, Finish.CANCELLED, False),)
+    m.drain()
+    assert m.admitted == [0] and m.ended[1] is Finish.CANCELLED and s.reserved == 0
+
+
+def test_a_burst_that_outgrows_the_pool_parks_and_resumes_with_its_tokens() -> None:
+    s = sched(rows=4, pages=6, unit=4, grow=2, step_tokens=16)
+    for i in range(4):
+        s.submit(Ask(i, 3, 8))
+    m = Model(s)
+    assert m.step().admits and m.admitted == [0, 1, 2, 3]  # 4 leases of 4 tokens: a page each
+    parks: list[int] = []
+    for _ in range(300):
+        plan = m.step()
+        parks += plan.park
+        assert s.reserved <= 6 and not (plan.park and plan.admits)
+        if plan.idle and not s.queued and not s.running:
+            break
+    assert parks and 0 not in parks
+    assert [a.id for p in m.plans for a in p.admits if a.resume]
+    assert all(m.out[i] == [token(i, n) for n in range(8)] for i in range(4))
+
+
+def test_prefill_outcomes_out_of_the_plans_order_raise() -> None:
+    s = sched(rows=4, step_tokens=16, pages=64)
+    for i in range(3):
+        s.submit(Ask(i, 5, 2))
+    plan = s.plan()
+    assert [c.id for c in plan.chunks] == [0, 1, 2]
+    with pytest.raises(ApiError, match="run in the order"):
+        s.commit(plan, Outcome({1: 4}))
+    with pytest.raises(ApiError, match="unfinished prefill"):
+        s.commit(plan, Outcome({0: 3, 1: 4}))
+    assert s.running == 0 and s.queued == 3  # nothing changed
+    s.commit(plan, Outcome({0: 4, 1: 2}))
+    assert s.running == 2 and s.queued == 1
 
 
 def test_a_head_that_does_not_fit_holds_the_queue() -> None:
@@ -195,9 +330,9 @@ def test_a_head_that_does_not_fit_holds_the_queue() -> None:
     s.submit(Ask(1, 8, 5))
     s.submit(Ask(2, 1, 1))  # 1 page would fit beside 0, but 1 is ahead of it
     m = Model(s)
-    m.step()
+    assert m.step().admits == (Admit(0, 8, 12, False),)
     for _ in range(4):
-        assert m.step().admit is None
+        assert m.step().admits == ()
     m.drain()
     assert m.admitted == [0, 1, 2]
 
@@ -261,7 +396,7 @@ def test_cancel_a_waiting_and_a_running_request() -> None:
     assert s.cancel(1) and s.cancel(0) and not s.cancel(7)
     plan = m.step()
     assert plan.retire == (Retire(0, Finish.CANCELLED, True), Retire(1, Finish.CANCELLED, False))
-    assert plan.admit is None and plan.decode == ()
+    assert plan.admits == () and plan.decode == ()
     assert not s.running and not s.queued and s.reserved == 0
 
 
@@ -292,7 +427,7 @@ def test_growth_parks_the_newest_and_it_resumes_with_its_tokens() -> None:
         if plan.idle and not s.queued and not s.running:
             break
     assert parks and set(parks) == {1}  # the newer one is parked, never the older
-    resumed = [p.admit for p in m.plans if p.admit is not None and p.admit.resume]
+    resumed = [a for p in m.plans for a in p.admits if a.resume]
     assert resumed and all(a.id == 1 and a.tokens > 4 for a in resumed)
     assert m.out[0] == [token(0, i) for i in range(8)] and m.out[1] == [token(1, i) for i in range(8)]
     assert grows[0] == Grow(0, 7)  # 5 tokens with KV after the first 2 steps, 2 more steps
@@ -313,11 +448,11 @@ def test_outcomes_for_rows_the_plan_did_not_decode_raise() -> None:
     s.submit(Ask(0, 5, 1))
     plan = s.plan()
     with pytest.raises(ApiError, match="did not decode"):
-        s.commit(plan, Outcome(4, {3: 1}))
+        s.commit(plan, Outcome({0: 4}, {3: 1}))
     s2 = sched()
     s2.submit(Ask(0, 5, 1))
     with pytest.raises(ApiError, match="outside"):
-        s2.commit(s2.plan(), Outcome(9))
+        s2.commit(s2.plan(), Outcome({0: 9}))
 
 
 def test_plans_are_pure() -> None:
@@ -330,8 +465,9 @@ def test_plans_are_pure() -> None:
 def running_two(max_tokens: int = 6, stop: frozenset[int] = frozenset()) -> tuple[Scheduler, Model]:
     s = sched(rows=2, pages=64)
     s.submit(Ask(0, 2, max_tokens, stop))
-    s.submit(Ask(1, 2, max_tokens, stop))
     m = Model(s)
+    m.step()
+    s.submit(Ask(1, 2, max_tokens, stop))  # a step later: 0 is one token ahead of 1
     while s.plan() != Plan(decode=(0, 1)):
         m.step()
     return s, m
@@ -347,7 +483,7 @@ def test_ahead_is_a_step_of_the_same_rows_while_nothing_else_happens() -> None:
     assert s.ahead(plan) is None
     s2, _ = running_two()
     s2.submit(Ask(2, 2, 4))
-    assert s2.ahead(Plan(decode=(0, 1), chunk=Chunk(2, 1))) is None  # only a plain step goes ahead
+    assert s2.ahead(Plan(decode=(0, 1), chunks=(Chunk(2, 1),), budget=1)) is None  # only a plain step goes ahead
     s3 = sched(rows=3, pages=64)
     s3.submit(Ask(0, 2, 6))
     m3 = Model(s3)
@@ -356,14 +492,31 @@ def test_ahead_is_a_step_of_the_same_rows_while_nothing_else_happens() -> None:
     assert s3.ahead(Plan(decode=(0,))) == Plan(decode=(0,))
     s3.submit(Ask(1, 2, 6))
     side = s3.ahead(Plan(decode=(0,)))  # a free row and pages: the arrival is admitted behind the step
-    assert side == Plan(admit=Admit(1, 2, 7, False), chunk=Chunk(1, 8))
+    assert side == Plan(admits=(Admit(1, 2, 7, False),), chunks=(Chunk(1, 8),), budget=15)
     assert s3.ahead(side) is None  # nothing goes ahead of an admission
-    m3.land(Plan(decode=(0,)), None, m3.device(Plan(decode=(0,)), []))
+    m3.land(Plan(decode=(0,)), {}, m3.device(Plan(decode=(0,)), []))
     m3.land(side, m3.execute(side), {})
     assert s3.plan() == Plan(decode=(0, 1))
     s3.submit(Ask(2, 2, 6))
     s3.cancel(0)
     assert s3.ahead(Plan(decode=(0, 1))) is None  # a retirement is due
+
+
+def test_a_burst_is_admitted_behind_the_step_in_flight() -> None:
+    s = sched(rows=4, step_tokens=16, chunk=8, pages=64)
+    s.submit(Ask(0, 2, 6))
+    m = Model(s)
+    while s.plan() != Plan(decode=(0,)):
+        m.step()
+    for i in range(1, 4):
+        s.submit(Ask(i, 3, 6))
+    step = Plan(decode=(0,))
+    side = s.ahead(step)
+    assert side == Plan(admits=tuple(Admit(i, 3, 8, False) for i in range(1, 4)),
+                        chunks=tuple(Chunk(i, 8) for i in range(1, 4)), budget=15)
+    m.land(step, {}, m.device(step, []))
+    m.land(side, m.execute(side), {})
+    assert m.admitted == [0, 1, 2, 3] and s.plan() == Plan(decode=(0, 1, 2, 3))
 
 
 def test_no_step_goes_ahead_past_max_tokens_or_the_lease() -> None:
@@ -390,15 +543,15 @@ def test_a_row_that_stops_with_a_step_in_flight_is_stale_there() -> None:
     first = s.plan()
     second = s.ahead(first)
     assert second == first
-    m.land(first, None, m.device(first, []))
+    m.land(first, {}, m.device(first, []))
     assert s.stale(second) == ()
     third = s.ahead(second)
     assert third == second
-    m.land(second, None, m.device(second, []))
+    m.land(second, {}, m.device(second, []))
     assert m.out[0][-1] == stop and s.stale(third) == (0,) and s.ahead(third) is None
     with pytest.raises(ApiError, match="had ended"):
-        s.commit(third, Outcome(None, m.device(third, [])))
-    s.commit(third, Outcome(None, {1: token(1, 3)}))
+        s.commit(third, Outcome({}, m.device(third, [])))
+    s.commit(third, Outcome({}, {1: token(1, 3)}))
     assert s.generated(0) == 4 and s.generated(1) == 4
     assert s.plan().retire == (Retire(0, Finish.STOP, True),)
 
@@ -456,6 +609,13 @@ class Machine(RuleBasedStateMachine):
         else:
             assert ask.id not in self.s
 
+    @precondition(lambda self: self.s is not None)
+    @rule(n=st.integers(2, 6), prompt=st.integers(1, 12), cached=st.integers(0, 12))
+    def burst(self, n: int, prompt: int, cached: int) -> None:
+        """`n` arrivals sharing a cached prefix between two steps."""
+        for k in range(n):
+            self.submit(prompt + k % 3, 1 + k % 4, cached, None)
+
     @precondition(lambda self: self.asks)
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
@@ -485,11 +645,15 @@ class Machine(RuleBasedStateMachine):
         assert self.s.reserved <= self.s.pages
         assert self.s.running <= cfg.rows and len(plan.decode) <= cfg.rows
         assert sum(1 for rid, kv in self.m.kv.items() if kv < self.m.totals[rid] - 1) <= 1
-        if plan.chunk is not None:
-            assert 1 <= plan.chunk.budget <= cfg.chunk
+        for c in plan.chunks:
+            assert 1 <= c.budget <= min(cfg.chunk, plan.budget)
+        if plan.chunks:
             assert plan.tokens <= max(cfg.step_tokens, len(plan.decode) + 1)
-        fresh = [rid for rid in self.m.admitted if rid not in {p.admit.id for p in self.m.plans
-                                                                  if p.admit is not None and p.admit.resume}]
+        assert [c.id for c in plan.chunks[len(plan.chunks) - len(plan.admits):]] == [a.id for a in plan.admits]
+        assert len(plan.chunks) - len(plan.admits) <= 1 and len(plan.admits) <= plan.budget
+        assert not (plan.admits and plan.park)
+        resumed = {a.id for p in self.m.plans for a in p.admits if a.resume}
+        fresh = [rid for rid in self.m.admitted if rid not in resumed]
         assert fresh == sorted(fresh)  # first admissions in submission order
 
     @invariant()
@@ -511,7 +675,8 @@ class Machine(RuleBasedStateMachine):
         if self.m is not None:
             self.m.drain()
             assert set(self.m.ended) == set(self.asks)
-            assert self.s is not None and self.s.reserved == 0
+            assert self.s is not None and self.s.reserved == 0 and not self.s.running and not self.s.queued
+            assert not self.m.kv
 
 
 TestMachine = Machine.TestCase

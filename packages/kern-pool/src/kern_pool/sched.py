@@ -1,12 +1,13 @@
 """Serving decisions: continuous batching of many requests over one engine, as values.
 
-A `Scheduler` holds the requests of a server: a FCFS queue, at most one sequence in prefill, the
-rows in decode, and the parked ones. Each step `plan()` returns a `Plan` (what to retire, park,
-admit, grow, prefill and decode this step), computed from that state alone (no clock, no device:
-the same calls give the same plans); the engine executes it and `commit(plan, outcome)` records
-what came of it: how far the prefill got, the token each decode row produced, which rows matched a
-stop string. The memory model is whole pages of `unit` tokens: a running request reserves the
-pages of its lease (`lease_tokens(prompt, room)`), and reservations never pass `pages`.
+A `Scheduler` holds the requests of a server: a FCFS queue, at most one sequence in prefill
+between steps, the rows in decode, and the parked ones. Each step `plan()` returns a `Plan` (what
+to retire, park, grow, admit, prefill and decode this step), computed from that state alone (no
+clock, no device: the same calls give the same plans); the engine executes it and
+`commit(plan, outcome)` records what came of it: how far each prefill chunk got (so which
+admissions started), the token each decode row produced, which rows matched a stop string. The
+memory model is whole pages of `unit` tokens: a running request reserves the pages of its lease
+(`lease_tokens(prompt, room)`), and reservations never pass `pages`.
 
 The rules, in the order a plan applies them:
 - retire: a request cancelled (queued or running), or finished on its last step (a stop id, a stop
@@ -16,21 +17,31 @@ The rules, in the order a plan applies them:
   newest running request is parked (its KV goes to the prefix index, the engine parks it to the
   host tier when the pool needs the pages) and waits at the head of the queue, before every
   request that came after it; it resumes with its prompt and the tokens it generated so far.
-- admit: with no prefill in flight, a free row and the head's pages, the head of the queue (FCFS:
-  a head that does not fit holds everyone behind it).
-- prefill: the one admitted sequence computes one chunk: the step's token budget less one token
-  per decode row (at least one token, at most `chunk`).
+- prefill and admit: the step's prefill budget is its token budget (`step_tokens`) less one token
+  per decode row, at least one token. Prefill runs one sequence at a time, chunk after chunk in
+  the plan's order: first the sequence already in prefill (when there is one), then the heads of
+  the queue in FCFS order, each admitted when its turn comes. A chunk computes the tokens of its
+  sequence past its cached prefix, at most `chunk` and at most the budget left, and takes what it
+  computed from the budget (at least one token); the next chunk runs only when this one finished
+  its sequence's prefill and the budget has tokens left. So a burst of short remainders (a cached
+  system prompt, a short question) is admitted and prefilled in one step, and at most one
+  sequence's prefill is unfinished when a step ends. The plan lists the heads that may be
+  admitted: while each has a free row, its lease's pages (counted as if every listed head before
+  it started) and a token of the budget, and the sequence in prefill is due to finish within
+  the budget; the first head that does not fit ends the list and holds everyone behind it (FCFS),
+  and no head is admitted on a step that parks. A listed head whose chunk did not run (an
+  earlier one did not finish, or the budget ran out) stays at the head of the queue.
 - decode: every running row whose prefill is done and whose lease has room.
 
 Steps in flight: an engine that issues a step before reading the previous one back asks
 `ahead(plan)` while `plan`'s step is in flight (executed, not committed). The answer is the next
 step's plan when it is what `plan()` would give once `plan` commits with no row ending (a step of
 the same rows, nothing else: no admission, chunk, growth or retirement, so no row reaches
-max_tokens or the end of its lease); or, when that plan also admits the head of the queue, the
-admission and its chunk alone, to run behind the step in flight and commit after it; else None:
-the next step waits for `plan`'s tokens. A row
-that does end on `plan`'s step (a stop id, a stop string, a cancellation) is `stale` in the
-step issued ahead of it: that step's token for it is dropped, never committed.
+max_tokens or the end of its lease); or, when that plan also admits heads of the queue, the
+admissions with their chunks and budget alone, to run behind the step in flight (one sequence
+after another, as in any plan) and commit after it; else None: the next step waits for `plan`'s
+tokens. A row that does end on `plan`'s step (a stop id, a stop string, a cancellation) is
+`stale` in the step issued ahead of it: that step's token for it is dropped, never committed.
 """
 
 from __future__ import annotations
@@ -147,7 +158,8 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Prefill at most `budget` more tokens of request `id` (its cached prefix comes free)."""
+    """Prefill at most `budget` more tokens of request `id` (its cached prefix comes free), and no
+    more than the step's prefill budget has left when its turn comes."""
 
     id: int
     budget: int
@@ -172,24 +184,40 @@ class Retire:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One step's decisions, applied in this order: retire, park, grow, admit, chunk, decode."""
+    """One step's decisions, applied in this order: retire, park, grow, the chunks (with the
+    admissions), decode.
+
+    Attributes:
+        retire: requests that end.
+        park: running requests parked (they wait at the head of the queue).
+        grow: leases that grow.
+        admits: heads of the queue that may start, in queue order. Each starts when its turn
+            comes in `chunks` (its chunk runs then); the rest stay queued.
+        chunks: prefill chunks, one sequence after another: the sequence already in prefill
+            first (when there is one), then one per admission. Each runs only when the one before
+            it finished its prefill and the step's `budget` has tokens left.
+        decode: rows that decode one token.
+        budget: the prefill tokens of the step, shared by its chunks in turn: each chunk takes
+            what it computes, at least one token (0 when there are no chunks).
+    """
 
     retire: tuple[Retire, ...] = ()
     park: tuple[int, ...] = ()
     grow: tuple[Grow, ...] = ()
-    admit: Admit | None = None
-    chunk: Chunk | None = None
+    admits: tuple[Admit, ...] = ()
+    chunks: tuple[Chunk, ...] = ()
     decode: tuple[int, ...] = ()
+    budget: int = 0
 
     @property
     def idle(self) -> bool:
         """Nothing to do this step."""
-        return not (self.retire or self.park or self.grow or self.admit or self.chunk or self.decode)
+        return not (self.retire or self.park or self.grow or self.admits or self.chunks or self.decode)
 
     @property
     def tokens(self) -> int:
         """The most tokens this step computes."""
-        return len(self.decode) + (self.chunk.budget if self.chunk else 0)
+        return len(self.decode) + (self.budget if self.chunks else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,13 +225,15 @@ class Outcome:
     """What executing a plan gave.
 
     Attributes:
-        prefilled: the chunked request's tokens with KV now (its cached prefix counted), when a
-            chunk ran.
+        prefilled: for each chunk that ran (the first chunks of the plan, in its order, every
+            one but the last with its prefill finished), its request's tokens with KV now (the
+            cached prefix counted). A plan's admission whose chunk ran started; the others did
+            not (they stay queued).
         tokens: the token each decode row produced.
         stopped: decode rows whose text now holds a stop string.
     """
 
-    prefilled: int | None = None
+    prefilled: Mapping[int, int] = field(default_factory=dict[int, int])
     tokens: Mapping[int, int] = field(default_factory=dict[int, int])
     stopped: Collection[int] = ()
 
@@ -332,19 +362,27 @@ class Scheduler:
         free = self.pages - self._pages(running)
         grow, park, free = self._grow(running, free)
         running = [i for i in running if i not in park]
-        admit = self._admit(running, park, free, gone)
         decode = tuple(i for i in running if self._decodes(i, grow))
-        chunk = self._chunk(running, admit, len(decode))
-        return Plan(tuple(retire), tuple(park), tuple(grow), admit, chunk, decode)
+        budget = max(1, self.config.step_tokens - len(decode))
+        cap = min(self.config.chunk, budget)
+        current = next((i for i in running if self._reqs[i].prefilling), None)
+        if current is None:
+            left = budget
+        else:
+            rest = self._reqs[current].total - 1 - self._reqs[current].done
+            left = budget - rest if rest <= cap else 0
+        admits = self._admits(running, park, free, gone, left) if not park else ()
+        chunks = tuple(Chunk(i, cap) for i in ([] if current is None else [current]) + [a.id for a in admits])
+        return Plan(tuple(retire), tuple(park), tuple(grow), admits, chunks, decode, budget if chunks else 0)
 
     def ahead(self, plan: Plan) -> Plan | None:
         """What may run while `plan`'s decode step is in flight (`plan` came from `plan()` or
         `ahead()` and is not committed yet), when `plan` is a plain decode step: take what `plan()`
         would give once `plan` commits with no row ending. When that is the same step again, it;
-        when it is the same rows' step and an admission with its chunk (nothing retired, parked or
-        grown), that admission and chunk alone (`Plan(admit=, chunk=)`: it runs behind the step in
-        flight and commits after it; the rows' next step is planned then). Else None. Nothing
-        changes."""
+        when it is the same rows' step with admissions and their chunks (nothing retired, parked or
+        grown), those admissions, chunks and budget alone (`Plan(admits=, chunks=, budget=)`: they
+        run behind the step in flight, one sequence after another as in any plan, and commit after
+        it; the rows' next step is planned then). Else None. Nothing changes."""
         if not plan.decode or plan != Plan(decode=plan.decode):
             return None
         rows = [self._reqs[i] for i in plan.decode if i in self._reqs]
@@ -360,8 +398,9 @@ class Scheduler:
                 r.generated, r.done, r.last, r.stopped = generated, done, last, stopped
         if nxt == plan:
             return nxt
-        if nxt.admit is not None and nxt == Plan(admit=nxt.admit, chunk=nxt.chunk, decode=plan.decode):
-            return Plan(admit=nxt.admit, chunk=nxt.chunk)
+        side = Plan(admits=nxt.admits, chunks=nxt.chunks, budget=nxt.budget)
+        if nxt.admits and nxt == Plan(admits=nxt.admits, chunks=nxt.chunks, decode=plan.decode, budget=nxt.budget):
+            return side
         return None
 
     def stale(self, plan: Plan) -> tuple[int, ...]:
@@ -374,19 +413,22 @@ class Scheduler:
         """Record that `plan` ran and gave `outcome` (no tokens for its `stale` rows).
 
         Raises:
-            ApiError: an outcome for a request the plan did not prefill or decode, or a token for a
-                request that had ended.
+            ApiError: an outcome for a request the plan did not prefill or decode, chunks that ran
+                out of the plan's order or after an unfinished prefill, a prefill outside the
+                request's tokens, or a token for a request that had ended.
         """
+        self._check_prefilled(plan, outcome.prefilled)
         for r in plan.retire:
             self._drop(r.id)
         for rid in plan.park:
             self._park(rid)
         for g in plan.grow:
             self._reqs[g.id].lease = g.lease
-        if plan.admit is not None:
-            self._start(plan.admit)
-        if outcome.prefilled is not None:
-            self._prefilled(plan, outcome.prefilled)
+        for a in plan.admits:
+            if a.id in outcome.prefilled:
+                self._start(a)
+        for rid, done in outcome.prefilled.items():
+            self._reqs[rid].done = done
         extra = (set(outcome.tokens) | set(outcome.stopped)) - set(plan.decode)
         if extra:
             raise ApiError(f"tokens for request(s) {sorted(extra)} that this plan did not decode")
@@ -445,17 +487,21 @@ class Scheduler:
         left = [i for i in running if i not in park]
         return max(left, key=lambda i: self._reqs[i].order) if left else None
 
-    def _admit(self, running: list[int], park: set[int], free: int, gone: set[int]) -> Admit | None:
-        if any(self._reqs[i].prefilling for i in running) or len(running) >= self.config.rows:
-            return None
-        head = next((i for i in self._queue if i not in gone), None)
-        if head is None or park:
-            return None
-        req = self._reqs[head]
-        lease = self._first_lease(req)
-        if lease_pages(lease, self.unit) > free:
-            return None
-        return Admit(head, req.total, lease, req.generated > 0)
+    def _admits(self, running: list[int], park: set[int], free: int, gone: set[int], left: int) -> tuple[Admit, ...]:
+        """The heads of the queue that may start this step, in order: each takes a row, its
+        lease's pages and at least one token of the `left` budget; the first that does not fit
+        ends the list (it holds everyone behind it)."""
+        out: list[Admit] = []
+        most = min(left, self.config.rows - len(running))
+        for rid in (i for i in self._queue if i not in gone):
+            req = self._reqs[rid]
+            lease = self._first_lease(req)
+            need = lease_pages(lease, self.unit)
+            if len(out) >= most or need > free:
+                break
+            free -= need
+            out.append(Admit(rid, req.total, lease, req.generated > 0))
+        return tuple(out)
 
     def _first_lease(self, req: _Req) -> int:
         return req.total + self._steps(req) - 1
@@ -472,12 +518,6 @@ class Scheduler:
         req = self._reqs[rid]
         return not req.prefilling and (req.room > 0 or any(g.id == rid for g in grow))
 
-    def _chunk(self, running: list[int], admit: Admit | None, rows: int) -> Chunk | None:
-        rid = admit.id if admit is not None else next((i for i in running if self._reqs[i].prefilling), None)
-        if rid is None:
-            return None
-        budget = max(1, min(self.config.chunk, self.config.step_tokens - rows))
-        return Chunk(rid, budget)
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -501,10 +541,17 @@ class Scheduler:
         self._running.append(a.id)
         req.lease, req.done, req.started = a.lease, 0, True
 
-    def _prefilled(self, plan: Plan, done: int) -> None:
-        if plan.chunk is None:
-            raise ApiError("a prefill outcome for a plan without a chunk")
-        req = self._reqs[plan.chunk.id]
-        if not req.done <= done <= req.total - 1:
-            raise ApiError(f"request {req.ask.id} prefilled to {done}, outside [{req.done}, {req.total - 1}]")
-        req.done = done
+    def _check_prefilled(self, plan: Plan, prefilled: Mapping[int, int]) -> None:
+        """The chunks that ran are the plan's first ones, each after a finished prefill, each
+        within its request's tokens."""
+        order = [c.id for c in plan.chunks]
+        ran = order[: len(prefilled)]
+        if set(prefilled) != set(ran):
+            raise ApiError(f"prefill outcomes for request(s) {sorted(prefilled)}: the plan's chunks run in the order {order}")
+        for rid in ran:
+            req, done = self._reqs[rid], prefilled[rid]
+            if not req.done <= done <= req.total - 1:
+                raise ApiError(f"request {rid} prefilled to {done}, outside [{req.done}, {req.total - 1}]")
+        for rid, after in zip(ran, ran[1:], strict=False):
+            if prefilled[rid] != self._reqs[rid].total - 1:
+                raise ApiError(f"request {after}'s chunk ran after request {rid}'s unfinished prefill")

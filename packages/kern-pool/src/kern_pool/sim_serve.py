@@ -3,9 +3,11 @@
 Requests arrive at seeded exponential gaps (`--rate` per step on average), each a shared system
 prompt (one of `--prefixes`, `--prefix-len` tokens) and its own question (`--prompt-min`..
 `--prompt-max` tokens), asking for `--output-min`..`--output-max` tokens. Each step the scheduler's
-plan runs on a model engine: a prefill chunk computes its budget past the cached prefix (a system
-prompt is cached once a request holding it has prefilled past it), each decode row makes one
-token. Measured in steps: the queue wait (arrival to admission), TTFT (arrival to the first
+plan runs on a model engine: the prefill chunks run one sequence after another, each computing
+past its cached prefix up to its budget and what the step's budget has left (a system prompt is
+cached once a request holding it has prefilled past it, so a request admitted after it in the
+same step reuses it), the next admitted only when the one before finished its prefill; each
+decode row makes one token. Measured in steps: the queue wait (arrival to admission), TTFT (arrival to the first
 token), TPOT (a request's steps per token after the first), the rows per step, the refusals and
 the parks (a parked request's KV comes back whole when it resumes: the engine parks it to the host
 tier and wakes it). The same arguments give the same figures.
@@ -124,9 +126,7 @@ class _Replay:
         for r in plan.retire:
             self.kv.pop(r.id, None)
             self.figures.finished += 1
-        if plan.admit is not None:
-            self._admit(plan.admit.id, plan.admit.tokens, now)
-        done = self._chunk(plan) if plan.chunk is not None else None
+        done = self._prefill(plan, now)
         tokens = {rid: 1 for rid in plan.decode}
         for rid in plan.decode:
             req = self.reqs[rid]
@@ -149,14 +149,26 @@ class _Replay:
             self.figures.prefix_hits += 1
             self.kv[rid] = min(self.w.prefix_len, total - 1)
 
-    def _chunk(self, plan: Plan) -> int:
-        assert plan.chunk is not None
-        rid = plan.chunk.id
-        total = self.totals[rid]
-        self.kv[rid] = min(total - 1, self.kv[rid] + plan.chunk.budget)
-        if self.kv[rid] >= self.w.prefix_len:
-            self.cached.add(self.reqs[rid].prefix)
-        return self.kv[rid]
+    def _prefill(self, plan: Plan, now: int) -> dict[int, int]:
+        """The plan's chunks in turn (an admission starts when its chunk's turn comes); how far
+        each one that ran got."""
+        admits = {a.id: a for a in plan.admits}
+        done: dict[int, int] = {}
+        left = plan.budget
+        for c in plan.chunks:
+            if left < 1:
+                break
+            if c.id in admits:
+                self._admit(c.id, admits[c.id].tokens, now)
+            total, start = self.totals[c.id], self.kv[c.id]
+            self.kv[c.id] = min(total - 1, start + min(c.budget, left))
+            left -= max(1, self.kv[c.id] - start)
+            if self.kv[c.id] >= self.w.prefix_len:
+                self.cached.add(self.reqs[c.id].prefix)
+            done[c.id] = self.kv[c.id]
+            if self.kv[c.id] < total - 1:
+                break
+        return done
 
 
 def _arrivals(w: ServeWorkload) -> list[_Req]:
