@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import pairwise
 
 from kern_pool.errors import ApiError
 
@@ -552,6 +553,6 @@ class Scheduler:
             req, done = self._reqs[rid], prefilled[rid]
             if not req.done <= done <= req.total - 1:
                 raise ApiError(f"request {rid} prefilled to {done}, outside [{req.done}, {req.total - 1}]")
-        for rid, after in zip(ran, ran[1:], strict=False):
+        for rid, after in pairwise(ran):
             if prefilled[rid] != self._reqs[rid].total - 1:
                 raise ApiError(f"request {after}'s chunk ran after request {rid}'s unfinished prefill")

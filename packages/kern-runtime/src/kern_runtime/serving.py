@@ -8,9 +8,13 @@ request). `cancel` ends a request at the next step (a client that went away). Ea
 engine thread takes the scheduler's `Plan` and executes it: retired and parked requests `finish`
 (their KV goes to the prefix index; the engine parks it to the host tier when the pool needs the
 pages), a grown lease is a `prefill` of the tokens so far with more room (the index's entry is
-restored, nothing is computed), the admitted request gets a `Sequence`, the prefill chunk is a
-`prefill` of the prompt's first tokens up to the chunk's budget past its cached prefix, and the
-decode rows go to the decoder in one call (with a pipeline, issued before the chunk runs).
+restored, nothing is computed), the prefill chunks run one sequence after another, each a
+`prefill` of the prompt's first tokens up to its budget, and what the step's budget has left, past
+its cached prefix (an admitted request gets its `Sequence` when its chunk's turn comes; the next
+chunk runs only after a finished prefill and while the budget lasts, so a burst of requests with
+short remainders is admitted in one step, each reusing the system prompt the one before it
+prefilled), and the decode rows go to the decoder in one call (with a pipeline, issued before the
+chunks run).
 
 The decoder is the seam to the engine's step: `decode(seqs, sampling) -> [Sampled]`, one step of
 every given sequence. `Batched` runs them in one `Engine.decode` (the manifest's batched step, each
@@ -19,14 +23,14 @@ as one `Engine.step` (greedy). `decoder_for` picks between them.
 
 Steps in flight: a decoder that also makes pipelines (`Pipelining`: `Batched`, while the rows fit
 one step) has its decode step issued, not read, when a plan is executed (before the plan's prefill
-chunk runs, so the chunk's host work overlaps the step). While that step is in flight the engine
+chunks run, so their host work overlaps the step). While that step is in flight the engine
 thread asks the scheduler what may run `ahead` of it: the same rows' next step (no admission,
 chunk, growth, park or retirement due, no row at max_tokens) is issued at once, and only then is
 the earlier step read back, committed and its tokens sent; so the host's work of a step
-(planning, commit, stop strings, sinks, gauges) runs while the GPU computes the next one. An
-admission due beside the same rows' next step runs behind the step in flight instead (the
-admitted request's chunk is prefilled there and commits after the step); the rows' next step is
-planned once both landed. Anything else waits: the step in flight is read back and the next plan
+(planning, commit, stop strings, sinks, gauges) runs while the GPU computes the next one.
+Admissions due beside the same rows' next step run behind the step in flight instead (their
+chunks are prefilled there, in turn, and commit after the step); the rows' next step is planned
+once both landed. Anything else waits: the step in flight is read back and the next plan
 made from its outcome, as without pipelining. A row that ends on a step (a stop id, a stop
 string, a cancellation) while the step after it is in flight is `stale` there: that step's token
 is dropped (never sent, counted or committed). The engine has appended it to the sequence, and
@@ -268,11 +272,11 @@ class ServingConfig:
 
 @dataclass(slots=True)
 class _Flight:
-    """A step executed and not landed yet: its plan, how far its chunk got, and its decode rows'
-    results once read (None while its step is in a pipeline)."""
+    """A step executed and not landed yet: its plan, how far each of its chunks that ran got, and
+    its decode rows' results once read (None while its step is in a pipeline)."""
 
     plan: Plan
-    prefilled: int | None
+    prefilled: dict[int, int] = field(default_factory=dict[int, int])
     picked: list[Sampled] | None = None
 
 
@@ -447,7 +451,7 @@ class Serving:
     def _turn(self) -> bool:
         """One turn of the engine thread: with no step in flight, the next plan executed (False:
         nothing to do); else what the scheduler gives `ahead` (the rows' next step issued, or an
-        admission and its chunk run behind the step in flight), then the oldest step landed."""
+        admissions and their chunks run behind the step in flight), then the oldest step landed."""
         with self._lock:
             head = self._flight[-1] if self._flight else None
             plan = self.sched.plan() if head is None else None
@@ -468,11 +472,11 @@ class Serving:
         return True
 
     def _begin(self, plan: Plan) -> None:
-        """Executes `plan`: with a pipeline, its decode step is issued before the prefill chunk runs
-        (the chunk's host work overlaps the step on the GPU; the rows are not the chunk's
-        sequence), else the chunk runs and the rows decode in turn, and the step lands."""
+        """Executes `plan`: with a pipeline, its decode step is issued before the prefill chunks run
+        (their host work overlaps the step on the GPU; the rows are not the chunks' sequences),
+        else the chunks run and the rows decode in turn, and the step lands."""
         self._execute(plan)
-        flight = _Flight(plan, None)
+        flight = _Flight(plan)
         self._flight.append(flight)
         rows = [self._seqs[i] for i in plan.decode]
         sampling = [self._reqs[i].sampling for i in plan.decode]
@@ -480,7 +484,7 @@ class Serving:
         if pipe is not None:
             self._pipe = pipe
             pipe.issue()
-        flight.prefilled = self._chunk(plan) if plan.chunk is not None else None
+        flight.prefilled = self._prefill(plan)
         if pipe is None:
             flight.picked = self.decoder.decode(rows, sampling) if rows else []
             self._land()
@@ -489,18 +493,18 @@ class Serving:
         """The step of `plan` (the rows of the step in flight) issued behind it."""
         pipe = self._pipe
         assert pipe is not None and plan.decode == self._flight[-1].plan.decode
-        self._flight.append(_Flight(plan, None))
+        self._flight.append(_Flight(plan))
         pipe.issue()
         with self._lock:
             self.stats.ahead += 1
 
     def _behind(self, plan: Plan) -> None:
-        """An admission and its chunk (`plan`, from `ahead`) run behind the step in flight; they
+        """Admissions and their chunks (`plan`, from `ahead`) run behind the step in flight; they
         land after it."""
-        flight = _Flight(plan, None, [])
+        flight = _Flight(plan, {}, [])
         self._flight.append(flight)
         self._execute(plan)
-        flight.prefilled = self._chunk(plan)
+        flight.prefilled = self._prefill(plan)
 
     def _land(self) -> None:
         """The oldest step in flight read back (the pipeline closed when it was the last one),
@@ -528,7 +532,7 @@ class Serving:
         self._measure()
 
     def _execute(self, plan: Plan) -> None:
-        """The plan's retirements, parks, growths and admission."""
+        """The plan's retirements, parks and growths."""
         for r in plan.retire:
             self._retire(r.id, r.why)
         for rid in plan.park:
@@ -536,22 +540,40 @@ class Serving:
         for g in plan.grow:
             seq = self._seqs[g.id]
             self.engine.prefill(seq, seq.tokens, g.lease - seq.kv)
-        if plan.admit is not None:
-            self._seqs[plan.admit.id] = self.engine.sequence()
-            self._leases[plan.admit.id] = plan.admit.lease
 
-    def _chunk(self, plan: Plan) -> int:
-        assert plan.chunk is not None
-        rid = plan.chunk.id
+    def _prefill(self, plan: Plan) -> dict[int, int]:
+        """The plan's chunks, one sequence after another while the step's budget lasts (each takes
+        the tokens it computed, at least one): an admission gets its `Sequence` when its chunk's
+        turn comes, and the next chunk runs only after a finished prefill. Returns each chunk's
+        tokens with KV, for the chunks that ran."""
+        admits = {a.id: a for a in plan.admits}
+        done: dict[int, int] = {}
+        left = plan.budget
+        for c in plan.chunks:
+            if left < 1:
+                break
+            if c.id in admits:
+                self._seqs[c.id] = self.engine.sequence()
+                self._leases[c.id] = admits[c.id].lease
+            computed, finished = self._chunk(c.id, min(c.budget, left))
+            done[c.id] = self._seqs[c.id].kv
+            left -= max(1, computed)
+            if not finished:
+                break
+        return done
+
+    def _chunk(self, rid: int, budget: int) -> tuple[int, bool]:
+        """Request `rid`'s prefill, `budget` more tokens past what its KV or the cache holds: the
+        tokens computed, and whether its prefill is done."""
         req, seq = self._reqs[rid], self._seqs[rid]
         tokens = [*req.prompt, *req.generated]
         first = seq.lease is None
         start = self._cached(seq, tokens) if first else seq.kv
-        stop = min(len(tokens), start + plan.chunk.budget + 1)
+        stop = min(len(tokens), start + budget + 1)
         pre = self.engine.prefill(seq, tokens[:stop], self._leases[rid] - stop + 1)
         if first:
             self._admitted(req, pre.reused)
-        return seq.kv
+        return seq.kv - (pre.reused if first else start), seq.kv >= len(tokens) - 1
 
     def _cached(self, seq: Sequence, tokens: list[int]) -> int:
         """The prompt tokens the engine can reuse now: the index's hit or a live sequence's."""
@@ -659,7 +681,7 @@ class Serving:
                 self._pipe.close()
             self._pipe = None
         touched = {i for p in plans for i in (*p.park, *(g.id for g in p.grow), *p.decode)}
-        touched |= {c.id for p in plans for c in (p.admit, p.chunk) if c is not None}
+        touched |= {c.id for p in plans for c in p.chunks if c.id in self._seqs}
         with self._lock:
             for rid in touched:
                 if rid in self.sched:
@@ -668,6 +690,7 @@ class Serving:
             self.sched.commit(Plan(retire=drop), kern_pool.Outcome())
             self.stats.failed += len(touched)
         for r in drop:
+            self._leases.pop(r.id, None)
             seq = self._seqs.pop(r.id, None)
             if seq is not None:
                 self.engine.release(seq)
