@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ import kern_runtime as kr
 from kern_interp import qwen3 as interp
 from kern_interp.backend import InterpBackend
 from kern_interp.serve import ByteTokenizer
-from kern_pool import Finish, Queued, Refusal, Refused, SchedConfig
+from kern_pool import Finish, Outcome, Plan, Queued, Refusal, Refused, SchedConfig
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 from kern_runtime import Sampled, Sampling
 from kern_runtime.serving import (
@@ -618,3 +618,183 @@ def test_a_failure_behind_a_step_in_flight_ends_the_requests_of_both(
     assert c.tokens == want[0]
     idle(srv)
     e.close()
+
+
+def recorded(srv: Serving) -> list[tuple[Plan, Outcome]]:
+    """Every plan the scheduler commits, with its outcome, in order."""
+    log: list[tuple[Plan, Outcome]] = []
+    commit = srv.sched.commit
+
+    def record(plan: Plan, outcome: Outcome) -> None:
+        log.append((plan, outcome))
+        commit(plan, outcome)
+
+    srv.sched.commit = record  # type: ignore[method-assign]
+    return log
+
+
+def finished(plan: Plan, outcome: Outcome, rid: int) -> bool:
+    """Whether `rid`'s prefill is done after `plan` ran."""
+    total = next((a.tokens for a in plan.admits if a.id == rid), None)
+    return total is None or outcome.prefilled[rid] == total - 1
+
+
+@pytest.mark.parametrize(("batch", "pipeline"), [(False, False), (True, False), (True, True)])
+def test_a_burst_is_admitted_and_prefilled_in_one_step_with_the_tokens_alone(
+        manifest: dict[str, Any], batch_manifest: dict[str, Any], weights: dict[str, np.ndarray],
+        batch: bool, pipeline: bool) -> None:
+    """Six requests arriving together, sharing the system prompt: the first step admits and
+    prefills them all (each after the first reuses the system prompt the one before it
+    prefilled), the second gives every first token, and each gets its tokens alone."""
+    m = batch_manifest if batch else manifest
+    ps = prompts(6)
+    want = alone(m, weights, ps)
+    e = engine(m, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=128, chunk=128), pipeline=pipeline))
+    log = recorded(srv)
+    reqs, clients = requests(ps)
+    done = run(srv, reqs, clients)
+    srv.close()
+    assert [c.tokens for c in clients] == want
+    (first, got), (second, _) = log[0], log[1]
+    assert [a.id for a in first.admits] == list(got.prefilled) == [r.id for r in reqs]
+    assert all(finished(first, got, r.id) for r in reqs) and second.decode == tuple(r.id for r in reqs)
+    assert sum(d.cached > 0 for d in done) == 5 and srv.stats.hits == 5 and srv.stats.failed == 0
+    assert (srv.stats.ahead > 0) == pipeline
+    idle(srv)
+    e.close()
+
+
+def test_the_step_budget_is_split_in_turn_and_one_prefill_carries_over(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """A budget of 48 tokens: the first request's 38, then the next ones' remainders past the
+    system prompt (4, then 7 with 6 left) while the budget lasts; the one it runs out on finishes
+    first thing next step, and the next heads follow it in that step."""
+    ps = prompts(6)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=48, chunk=48)))
+    log = recorded(srv)
+    reqs, clients = requests(ps)
+    run(srv, reqs, clients)
+    srv.close()
+    assert [c.tokens for c in clients] == want
+    (first, got), (second, then) = log[0], log[1]
+    assert got.prefilled == {0: 38, 1: 41, 2: 43} and not finished(first, got, 2)
+    assert [c.id for c in second.chunks] == [2, 3, 4, 5] and second.decode == (0, 1) and second.budget == 46
+    assert then.prefilled == {2: 44, 3: 47, 4: 50, 5: 53}  # 1 + 10 + 10 + 10 tokens of the 46
+    assert srv.stats.hits == 5 and srv.stats.failed == 0
+    idle(srv)
+    e.close()
+
+
+def test_a_burst_takes_the_free_rows_and_the_rest_follow_in_turn(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(7)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=3, step_tokens=256, chunk=256)))
+    log = recorded(srv)
+    reqs, clients = requests(ps)
+    run(srv, reqs, clients)
+    srv.close()
+    assert [c.tokens for c in clients] == want
+    assert list(log[0][1].prefilled) == [0, 1, 2]
+    starts = [rid for p, o in log for rid in o.prefilled if any(a.id == rid for a in p.admits)]
+    assert starts == list(range(7))  # first come, first served
+    idle(srv)
+    e.close()
+
+
+def test_cancelling_a_request_admitted_in_a_burst(manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """Of five requests admitted together, one is cancelled by its sink after its second token and
+    one before its first step: the others get their tokens alone, the engine ends idle."""
+    ps = prompts(5)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=128, chunk=128)))
+    log = recorded(srv)
+    reqs, clients = requests(ps)
+    sink = reqs[1].sink
+
+    def cancelling(ev: Event) -> None:
+        sink(ev)
+        if isinstance(ev, Token) and len(clients[1].tokens) == 2:
+            srv.cancel(reqs[1].id)
+
+    reqs[1].sink = cancelling
+    for r in reqs:
+        assert isinstance(srv.submit(r), Queued)
+    srv.cancel(reqs[3].id)
+    srv.start()
+    done = [c.wait() for c in clients]
+    srv.close()
+    assert [a.id for a in log[0][0].admits] == [0, 1, 2, 4]
+    assert done[1].finish is done[3].finish is Finish.CANCELLED and clients[3].tokens == []
+    assert clients[1].tokens == want[1][:2]
+    assert [clients[i].tokens for i in (0, 2, 4)] == [want[i] for i in (0, 2, 4)]
+    idle(srv)
+    e.close()
+
+
+def test_a_burst_on_a_small_pool_parks_and_resumes_with_the_tokens_alone(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    ps = prompts(6)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights, pages=8, host=64)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=6, step_tokens=128, chunk=128, grow=3)))
+    log = recorded(srv)
+    reqs, clients = requests(ps)
+    run(srv, reqs, clients)
+    srv.close()
+    assert [c.tokens for c in clients] == want
+    assert len(log[0][1].prefilled) > 1 and srv.stats.parks > 0 and e.counters.parks > 0
+    resumed = [rid for p, o in log for a in p.admits if a.resume and (rid := a.id) in o.prefilled]
+    assert resumed
+    idle(srv)
+    e.close()
+
+
+def test_a_burst_is_admitted_behind_the_step_in_flight(batch_manifest: dict[str, Any],
+                                                        weights: dict[str, np.ndarray]) -> None:
+    """Three requests submitted together while the first row's steps are in flight are admitted
+    and prefilled behind the step in flight in one plan: their first tokens come on one step, the
+    same as in turn, and every request gets its tokens alone."""
+    ps = prompts(4)
+    want = alone(batch_manifest, weights, ps)
+
+    def seen(pipeline: bool) -> tuple[list[list[int]], list[int], list[tuple[Plan, Outcome]]]:
+        e = engine(batch_manifest, weights)
+        srv = serving(e, pipeline)
+        log = recorded(srv)
+        clients = [Client() for _ in ps]
+        at: list[int] = []
+        later = [Request(p, STEPS, c) for p, c in zip(ps[1:], clients[1:], strict=True)]
+
+        def first(ev: Event) -> None:
+            clients[0](ev)
+            if isinstance(ev, Token) and len(clients[0].tokens) == 3:
+                for r in later:
+                    assert isinstance(srv.submit(r), Queued)
+
+        def noting(c: Client) -> Callable[[Event], None]:
+            def sink(ev: Event) -> None:
+                if not c.tokens and isinstance(ev, Token):
+                    at.append(len(clients[0].tokens))
+                c(ev)
+            return sink
+
+        for r, c in zip(later, clients[1:], strict=True):
+            r.sink = noting(c)
+        run(srv, [Request(ps[0], STEPS, first)], clients[:1])
+        for c in clients[1:]:
+            c.wait()
+        srv.close()
+        idle(srv)
+        e.close()
+        return [c.tokens for c in clients], at, log
+
+    (plain, at, _), (piped, at_piped, log) = seen(False), seen(True)
+    assert plain == piped == want and at == at_piped and len(set(at)) == 1
+    (plan, got), = [(p, o) for p, o in log if 1 in o.prefilled]
+    assert plan.decode == () and [a.id for a in plan.admits] == list(got.prefilled) == [1, 2, 3]  # behind
