@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,6 +30,16 @@ def test_a_small_pool_with_growth_parks_and_still_finishes() -> None:
                       output_max=40, rows=8, step_tokens=64, chunk=32, pages=16, unit=16, grow=4)
     f = replay(w)
     assert f.parks > 0 and f.finished == 60
+
+
+def test_a_burst_sharing_a_cached_system_prompt_is_admitted_within_one_step_budget() -> None:
+    burst = ServeWorkload(requests=32, rate=1000.0, prefixes=1, prefix_len=512, prompt_min=32, prompt_max=32,
+                          output_min=64, output_max=64, step_tokens=2048, chunk=2048)
+    f = replay(burst)
+    assert f.prefix_hits == 31 and f.queue_p99 == 0 and f.ttft_p50 == f.ttft_p99 == 1  # 543 + 31 x 32 tokens
+    assert f.steps == 1 + 64 + 1  # every first token on the second step, one step to retire them
+    more = replay(dataclasses.replace(burst, requests=64))
+    assert more.ttft_p50 == 1 and more.ttft_p99 == 2  # 47 fit the first step's 2,048 tokens
 
 
 def test_a_short_queue_refuses() -> None:
