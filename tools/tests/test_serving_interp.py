@@ -798,3 +798,30 @@ def test_a_burst_is_admitted_behind_the_step_in_flight(batch_manifest: dict[str,
     assert plain == piped == want and at == at_piped and len(set(at)) == 1
     (plan, got), = [(p, o) for p, o in log if 1 in o.prefilled]
     assert plan.decode == () and [a.id for a in plan.admits] == list(got.prefilled) == [1, 2, 3]  # behind
+
+
+def test_a_failing_prefill_in_a_burst_ends_the_requests_it_started_and_the_rest_are_served(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """Three arrivals admitted together, the second one's prefill raising: the first (started in
+    that step) and the second end with the error, the third (never reached) is served next with
+    its tokens alone."""
+    ps = prompts(3)
+    want = alone(manifest, weights, ps[2:])
+    e = engine(manifest, weights)
+    prefill = e.prefill
+
+    def failing(seq: kr.Sequence, prompt: Sequence[int], room: int) -> kr.Prefilled:
+        if list(prompt) == ps[1]:
+            raise kr.EngineError("injected")
+        return prefill(seq, prompt, room)
+
+    e.prefill = failing  # type: ignore[method-assign]
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=128, chunk=128)))
+    reqs, clients = requests(ps)
+    done = run(srv, reqs, clients)
+    srv.close()
+    assert done[0].error == done[1].error == "EngineError: injected" and done[0].finish is done[1].finish is None
+    assert done[2].finish is Finish.LENGTH and clients[2].tokens == want[0]
+    assert srv.stats.failed == 2
+    idle(srv)
+    e.close()
