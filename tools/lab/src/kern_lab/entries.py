@@ -19,6 +19,7 @@ __all__ = [
     "LATE_ENTRIES",
     "QKN_MAX_GROUP",
     "RING_ENTRIES",
+    "ROWS_ENTRIES",
     "TAIL_GROUP",
     "TAIL_OF",
     "TAIL_STRIDE",
@@ -113,3 +114,10 @@ LATE_ENTRIES: Mapping[str, str] = MappingProxyType({
     "kern_attn_decode": "kern_attn_decode_late", "kern_attn_decode_wide": "kern_attn_decode_wide_late"})
 """attention_wide.cu: the decode attention entries whose blocks let the next launch start only
 once they have folded their splits."""
+ROWS_ENTRIES: tuple[str, ...] = (
+    "kern_attn_decode_rows_t0", "kern_attn_decode_rows_t2048", "kern_attn_decode_rows_c16",
+    "kern_attn_decode_rows_c16t2048", "kern_attn_decode_rows_flat4", "kern_attn_decode_rows_flat8",
+    "kern_attn_decode_rows_flat16")
+"""The lab's builds of kern_attn_decode_rows (attention_rows_*.cu) with its arguments, grid, block,
+shared memory and page layout (head_dim 128, up to 8 query heads per kv head): what `RowsAttention`
+may put in a manifest (attention_rows_hm.cu reads another page layout and is left out)."""
