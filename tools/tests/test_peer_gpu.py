@@ -1,7 +1,8 @@
 """kern bench's PyTorch peer (tools/peer) against transformers on the GPU: greedy tokens from its
 compiled, CUDA-graph decode equal transformers' eager bf16 greedy tokens on random-weight
 checkpoints written by transformers' save_pretrained (tied and untied head, and the Qwen3-4B
-shape), a divergence passing only at a near-tie (tools/gpu/qwen3_checks.py's rule)."""
+shape, one prompt long enough for the split attention), a divergence passing only at a near-tie
+(tools/gpu/qwen3_checks.py's rule); the split attention against SDPA."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _compare(ckpt: Path, prompt_lens: tuple[int, ...], steps: int) -> list[str]:
 
     config_path, files = checkpoint_files([ckpt])
     cfg = read_config(config_path)
-    ps = {n: p for n, p in checks.prompts(cfg.vocab).items() if n in prompt_lens}
+    ps = checks.prompts(cfg.vocab, prompt_lens)
     with torch.no_grad():
         model = checks._hf(ckpt, torch.bfloat16)
         ref = {n: checks.hf_greedy(model, p, steps)[:2] for n, p in ps.items()}
@@ -69,5 +70,28 @@ def test_peer_matches_transformers_tiny(tied: bool, tmp_path: Path) -> None:
 def test_peer_matches_transformers_4b_shape(tmp_path: Path) -> None:
     from kern_qwen3 import QWEN3_4B_CONFIG
 
-    details = _compare(_checkpoint(tmp_path, "4b", dict(QWEN3_4B_CONFIG)), (37, 709), 32)
+    # NOTE: 2,200 + 32 steps attend over a cache bucket past SPLIT_FROM: the split attention
+    details = _compare(_checkpoint(tmp_path, "4b", dict(QWEN3_4B_CONFIG)), (37, 709, 2200), 32)
     print("\n".join(details))
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings(*WARNINGS)
+@pytest.mark.parametrize(("length", "written"), [(2048, 2048), (2048, 1500), (4096, 257), (32768, 30001)])
+def test_split_attention_is_sdpa_over_the_written_positions(length: int, written: int) -> None:
+    """The peer's long-cache decode attention (compiled, as the step graph runs it) against torch
+    SDPA in float32 over the same keys: within bf16 rounding of the output."""
+    torch = gpu_import("torch")
+    import torch.nn.functional as F
+
+    from kern_peer.model import _split_compiled  # pyright: ignore[reportPrivateUsage]
+
+    gen = torch.Generator(device="cuda").manual_seed(length + written)
+    q, kc, vc = (torch.randn(*shape, generator=gen, device="cuda").bfloat16()
+                 for shape in ((8, 4, 128), (8, length, 128), (8, length, 128)))
+    valid = torch.arange(length, device="cuda") < written
+    got = _split_compiled()(q, kc, vc, valid).float()
+    ref = F.scaled_dot_product_attention(q[None].float(), kc[None].float(), vc[None].float(),
+                                         attn_mask=valid.view(1, 1, 1, length))[0]
+    bound = 2.0**-7 * ref.abs() + 2e-3
+    assert bool(((got - ref).abs() <= bound).all()), float((got - ref).abs().max())

@@ -1,5 +1,6 @@
-"""The peer's Qwen3 in PyTorch: the layers' dense work compiled by torch.compile, attention through
-torch SDPA over a static KV cache, a decode step captured as one CUDA graph that feeds itself.
+"""The peer's Qwen3 in PyTorch: the layers' dense work compiled by torch.compile, attention over a
+static KV cache (torch SDPA; for long caches a compiled attention split over the keys), a decode
+step captured as one CUDA graph that feeds itself.
 
 A decode step is `first` (embedding, RMSNorm, qkv, q/k norm, RoPE), then per layer the cache write
 and SDPA (GQA: the query heads of each KV head are that head's query rows, so the cache is read
@@ -7,7 +8,9 @@ as it is, never repeated) and `mid` (o, residual, RMSNorm, gate/up, SiLU, down, 
 next layer's RMSNorm, qkv, q/k norm, RoPE: one compiled function per layer boundary, so the norm
 fuses with the add before it), and `last` (the last layer's o and MLP, the final norm, the head and
 the argmax). The step's graph attends over a fixed cache length (a bucket past the context) with a
-mask of the positions written so far; its last ops copy the argmax into the token input and add 1
+mask of the positions written so far (from SPLIT_FROM positions on, `split_attention`: the scores
+in one batched product, softmax and P V per chunk of keys, the chunks combined by their maxima,
+compiled); its last ops copy the argmax into the token input and add 1
 to the position, so replays decode on without the host. Prefill runs the same compiled functions
 over the prompt (dynamic length) with causal SDPA (flash), writing the cache.
 """
@@ -26,10 +29,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kern_peer.config import PeerConfig
 
-__all__ = ["BUCKET", "Peer", "bucket"]
+__all__ = ["BUCKET", "SPLIT_FROM", "Peer", "bucket", "split_attention"]
 
 BUCKET = 256
 """Cache lengths a step graph attends over are multiples of this."""
+SPLIT_FROM = 2048
+"""Step graphs over at least this many cache positions attend with `split_attention` (compiled);
+shorter ones with torch SDPA, whose one block per (kv head, query rows) is enough there."""
 
 
 def bucket(tokens: int) -> int:
@@ -78,6 +84,33 @@ def _layers(t: dict[str, torch.Tensor], cfg: PeerConfig) -> list[_Layer]:
                           w("self_attn.o_proj.weight"), w("post_attention_layernorm.weight"), gu,
                           w("mlp.down_proj.weight")))
     return out
+
+
+def split_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, valid: torch.Tensor,
+                    chunk: int = BUCKET) -> torch.Tensor:
+    """Decode attention split over the keys: q [kv, g, D] (a kv head's g query heads), kc and vc
+    [kv, L, D] (L a multiple of `chunk`), valid [L] bool (the positions written so far) -> [kv, g, D].
+    The scores are one batched product over all L keys; softmax and P V run per chunk of `chunk`
+    keys (each chunk's max, sum and weighted V, P rounded to the cache's dtype as flash attention
+    does), and the chunks combine by their maxima. So the V reduction runs over kv x L / chunk
+    independent products instead of one per (kv head, query rows), which is what an SDPA kernel
+    with a mask does at one query row, and a long cache is read at the GPU's bandwidth."""
+    kv, g, d = q.shape
+    n = kc.shape[1] // chunk
+    s = torch.einsum("hgd,hld->hgl", q, kc).float() * d**-0.5
+    s = s.masked_fill(~valid, float("-inf")).view(kv, g, n, chunk)
+    m = s.amax(-1)
+    p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)).unsqueeze(-1))
+    total = p.sum(-1)
+    o = torch.einsum("hgnc,hncd->hgnd", p.to(vc.dtype), vc.view(kv, n, chunk, d)).float()
+    top = m.amax(-1, keepdim=True)
+    w = torch.where(total > 0, torch.exp(m - top), torch.zeros_like(m))
+    return ((w.unsqueeze(-1) * o).sum(2) / (w * total).sum(-1, keepdim=True)).to(q.dtype)
+
+
+@functools.cache
+def _split_compiled() -> Callable[..., torch.Tensor]:
+    return torch.compile(split_attention, dynamic=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,6 +214,9 @@ class Peer:
         kc.index_copy_(1, self.pos, k.transpose(0, 1))
         vc.index_copy_(1, self.pos, v.transpose(0, 1))
         qg = q.reshape(1, c.kv_heads, c.group, c.head_dim)
+        if length >= SPLIT_FROM:
+            o = _split_compiled()(qg[0], kc[:, :length], vc[:, :length], mask.view(length))
+            return o.reshape(1, c.heads * c.head_dim)
         # NOTE: a mask rules flash out; the efficient kernel takes it (math only where it cannot).
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
             o = F.scaled_dot_product_attention(qg, kc[None, :, :length], vc[None, :, :length], attn_mask=mask)
