@@ -27,6 +27,7 @@ from kern_pool import (
     Retire,
     SchedConfig,
     Scheduler,
+    run_chunks,
 )
 
 
@@ -682,3 +683,26 @@ class Machine(RuleBasedStateMachine):
 TestMachine = Machine.TestCase
 TestMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
                                 suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_run_chunks_takes_the_budget_in_turn_and_stops_after_an_unfinished_prefill() -> None:
+    """run_chunks: an admission is started when its chunk comes up, each chunk gets what the budget
+    has left (its own cap too) and takes what it computed (at least one token); an unfinished
+    prefill or a spent budget ends the step; the chunks that ran report their tokens with KV."""
+    need = {1: 5, 2: 0, 3: 40, 4: 3}  # tokens each still has to compute (2: all cached)
+    calls: list[tuple[str, int, int]] = []
+
+    def chunk(rid: int, budget: int) -> tuple[int, int, bool]:
+        computed = min(need[rid], budget)
+        calls.append(("chunk", rid, budget))
+        return computed, 100 + computed, computed == need[rid]
+
+    plan = Plan(admits=(Admit(2, 10, 20, False), Admit(3, 50, 60, False), Admit(4, 10, 20, False)),
+                chunks=(Chunk(1, 8), Chunk(2, 8), Chunk(3, 8), Chunk(4, 8)), budget=20)
+    done = run_chunks(plan, lambda a: calls.append(("start", a.id, a.tokens)), chunk)
+    assert calls == [("chunk", 1, 8), ("start", 2, 10), ("chunk", 2, 8), ("start", 3, 50), ("chunk", 3, 8)]
+    assert done == {1: 105, 2: 100, 3: 108}  # 3 did not finish: 4 waits (it stays queued)
+    calls.clear()
+    spent = Plan(chunks=(Chunk(1, 8), Chunk(4, 8)), admits=(Admit(4, 10, 20, False),), budget=5)
+    assert run_chunks(spent, lambda a: calls.append(("start", a.id, a.tokens)), chunk) == {1: 105}
+    assert calls == [("chunk", 1, 5)]  # the budget is spent: no admission starts

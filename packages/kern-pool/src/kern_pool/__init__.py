@@ -55,6 +55,7 @@ from kern_pool.sched import (
     SchedConfig,
     Scheduler,
     lease_pages,
+    run_chunks,
 )
 
 __all__ = [
@@ -120,4 +121,5 @@ __all__ = [
     "fold",
     "lease_pages",
     "pool_config",
+    "run_chunks",
 ]

@@ -46,7 +46,7 @@ tokens. A row that does end on `plan`'s step (a stop id, a stop string, a cancel
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import pairwise
@@ -68,6 +68,7 @@ __all__ = [
     "SchedConfig",
     "Scheduler",
     "lease_pages",
+    "run_chunks",
 ]
 
 
@@ -237,6 +238,30 @@ class Outcome:
     prefilled: Mapping[int, int] = field(default_factory=dict[int, int])
     tokens: Mapping[int, int] = field(default_factory=dict[int, int])
     stopped: Collection[int] = ()
+
+
+def run_chunks(plan: Plan, start: Callable[[Admit], None],
+               chunk: Callable[[int, int], tuple[int, int, bool]]) -> dict[int, int]:
+    """Executes `plan`'s chunks as the rules say: one sequence after another while the step's
+    budget lasts, `start(admit)` as an admission's chunk comes up, then `chunk(id, budget)`, which
+    prefills at most `budget` tokens of request `id` past what its KV or the cache holds and returns
+    (the tokens it computed, its tokens with KV now, whether its prefill is done); each chunk takes
+    what it computed from the budget, at least one token, and the next runs only after a finished
+    prefill. Returns the `Outcome.prefilled` of the chunks that ran."""
+    admits = {a.id: a for a in plan.admits}
+    done: dict[int, int] = {}
+    left = plan.budget
+    for c in plan.chunks:
+        if left < 1:
+            break
+        if c.id in admits:
+            start(admits[c.id])
+        computed, kv, finished = chunk(c.id, min(c.budget, left))
+        done[c.id] = kv
+        left -= max(1, computed)
+        if not finished:
+            break
+    return done
 
 
 def lease_pages(tokens: int, unit: int) -> int:

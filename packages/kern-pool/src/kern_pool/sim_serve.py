@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kern_pool.errors import PoolError
-from kern_pool.sched import Ask, Outcome, Plan, Refused, SchedConfig, Scheduler
+from kern_pool.sched import Ask, Outcome, Plan, Refused, SchedConfig, Scheduler, run_chunks
 from kern_pool.sim import Parser, SimError, SplitMix64, flag, output_problem, table
 
 __all__ = ["ServeFigures", "ServeWorkload", "main", "replay"]
@@ -150,25 +150,16 @@ class _Replay:
             self.kv[rid] = min(self.w.prefix_len, total - 1)
 
     def _prefill(self, plan: Plan, now: int) -> dict[int, int]:
-        """The plan's chunks in turn (an admission starts when its chunk's turn comes); how far
-        each one that ran got."""
-        admits = {a.id: a for a in plan.admits}
-        done: dict[int, int] = {}
-        left = plan.budget
-        for c in plan.chunks:
-            if left < 1:
-                break
-            if c.id in admits:
-                self._admit(c.id, admits[c.id].tokens, now)
-            total, start = self.totals[c.id], self.kv[c.id]
-            self.kv[c.id] = min(total - 1, start + min(c.budget, left))
-            left -= max(1, self.kv[c.id] - start)
-            if self.kv[c.id] >= self.w.prefix_len:
-                self.cached.add(self.reqs[c.id].prefix)
-            done[c.id] = self.kv[c.id]
-            if self.kv[c.id] < total - 1:
-                break
-        return done
+        """The plan's chunks in turn (`run_chunks`); how far each one that ran got."""
+        return run_chunks(plan, lambda a: self._admit(a.id, a.tokens, now), self._chunk)
+
+    def _chunk(self, rid: int, budget: int) -> tuple[int, int, bool]:
+        """`budget` more tokens of `rid`'s prefill; a request past the system prompt caches it."""
+        total, start = self.totals[rid], self.kv[rid]
+        self.kv[rid] = min(total - 1, start + budget)
+        if self.kv[rid] >= self.w.prefix_len:
+            self.cached.add(self.reqs[rid].prefix)
+        return self.kv[rid] - start, self.kv[rid], self.kv[rid] >= total - 1
 
 
 def _arrivals(w: ServeWorkload) -> list[_Req]:

@@ -546,25 +546,15 @@ class Serving:
         the tokens it computed, at least one): an admission gets its `Sequence` when its chunk's
         turn comes, and the next chunk runs only after a finished prefill. Returns each chunk's
         tokens with KV, for the chunks that ran."""
-        admits = {a.id: a for a in plan.admits}
-        done: dict[int, int] = {}
-        left = plan.budget
-        for c in plan.chunks:
-            if left < 1:
-                break
-            if c.id in admits:
-                self._seqs[c.id] = self.engine.sequence()
-                self._leases[c.id] = admits[c.id].lease
-            computed, finished = self._chunk(c.id, min(c.budget, left))
-            done[c.id] = self._seqs[c.id].kv
-            left -= max(1, computed)
-            if not finished:
-                break
-        return done
+        return kern_pool.run_chunks(plan, self._start, self._chunk)
 
-    def _chunk(self, rid: int, budget: int) -> tuple[int, bool]:
+    def _start(self, admit: kern_pool.Admit) -> None:
+        self._seqs[admit.id] = self.engine.sequence()
+        self._leases[admit.id] = admit.lease
+
+    def _chunk(self, rid: int, budget: int) -> tuple[int, int, bool]:
         """Request `rid`'s prefill, `budget` more tokens past what its KV or the cache holds: the
-        tokens computed, and whether its prefill is done."""
+        tokens computed, its tokens with KV now, and whether its prefill is done."""
         req, seq = self._reqs[rid], self._seqs[rid]
         tokens = [*req.prompt, *req.generated]
         first = seq.lease is None
@@ -573,7 +563,7 @@ class Serving:
         pre = self.engine.prefill(seq, tokens[:stop], self._leases[rid] - stop + 1)
         if first:
             self._admitted(req, pre.reused)
-        return seq.kv - (pre.reused if first else start), seq.kv >= len(tokens) - 1
+        return seq.kv - (pre.reused if first else start), seq.kv, seq.kv >= len(tokens) - 1
 
     def _cached(self, seq: Sequence, tokens: list[int]) -> int:
         """The prompt tokens the engine can reuse now: the index's hit or a live sequence's."""
