@@ -46,12 +46,14 @@ PREFIX = 14000
 TURNS = (37, 200)
 
 
-def _flops(start: int, rows: int) -> float:
+def causal_flops(start: int, rows: int) -> float:
+    """FLOPs of a chunk of `rows` rows after `start` cached tokens: 4 head_dim nq per causal pair."""
     pairs = rows * start + rows * (rows + 1) / 2
     return 4.0 * D * NQ * pairs
 
 
-def _event_ms(run: Callable[[], None], reps: int) -> float:
+def event_ms(run: Callable[[], None], reps: int) -> float:
+    """Median ms of `run` between CUDA events over `reps` runs, after one warm-up."""
     run()
     torch.cuda.synchronize()
     times = []
@@ -81,9 +83,9 @@ def kernel_rows(k: h.Kernels, reps: int) -> list[dict[str, Any]]:
     rows = []
     for start, n in CHUNKS:
         chunk = Chunk(new_case(NQ, NKV, D, start + n, gen), start, n)
-        new = _event_ms(lambda c=chunk: c.launch_new(k), reps)
-        old = _event_ms(lambda c=chunk: c.launch_old(k), reps) if has_old else float("nan")
-        fl = _flops(start, n)
+        new = event_ms(lambda c=chunk: c.launch_new(k), reps)
+        old = event_ms(lambda c=chunk: c.launch_old(k), reps) if has_old else float("nan")
+        fl = causal_flops(start, n)
         rows.append({"start": start, "rows": n, "new_ms": new, "old_ms": old, "new_tflops": fl / new / 1e9,
                      "old_tflops": fl / old / 1e9, "new_over_old": new / old})
         del chunk

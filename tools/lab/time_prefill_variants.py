@@ -31,7 +31,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +41,7 @@ import torch
 from helpers import kernel_harness as h
 from helpers.kernel_cases import EPS, LAYER, LAYERS, block_table, qkv_case, rope_tables
 from helpers.prefill_cases import PAGE, Chunk, attention_ref, new_case
+from time_prefill import causal_flops, event_ms
 
 from kern_lab import PREFILL_VARIANTS, WGMMA_PREFILL, PrefillVariant, build_lab_kernels
 
@@ -172,24 +172,6 @@ def check_rows(k: h.Kernels, names: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _event_ms(run: Callable[[], None], reps: int) -> float:
-    run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def _flops(start: int, rows: int) -> float:
-    return 4.0 * D * NQ * (rows * start + rows * (rows + 1) / 2)
-
-
 def time_rows(k: h.Kernels, names: list[str], reps: int) -> list[dict[str, Any]]:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
@@ -201,9 +183,9 @@ def time_rows(k: h.Kernels, names: list[str], reps: int) -> list[dict[str, Any]]
         for name in names:
             runs[name] = lambda c=c, name=name: launch_entry(k, name, c)
         for name, run in runs.items():
-            ms = _event_ms(run, reps)
+            ms = event_ms(run, reps)
             row["ms"][name] = ms
-            row["tflops"][name] = _flops(start, n) / ms / 1e9
+            row["tflops"][name] = causal_flops(start, n) / ms / 1e9
         rows.append(row)
         del c
         torch.cuda.empty_cache()
@@ -239,7 +221,7 @@ def norm_rows(k: h.Kernels, reps: int) -> list[dict[str, Any]]:
             torch.cuda.synchronize()
             results[entry] = (q.clone(), state.clone())
             q.copy_(qkv)
-            ms[entry] = _event_ms(run, reps)  # NOTE: re-normalizes in place: the bytes are the same
+            ms[entry] = event_ms(run, reps)  # NOTE: re-normalizes in place: the bytes are the same
         (qa, sa), (qb, sb) = results.values()
         same = bool(torch.equal(qa.view(torch.int16), qb.view(torch.int16))
                     and torch.equal(sa.view(torch.int16), sb.view(torch.int16)))
