@@ -1047,6 +1047,23 @@ __device__ __forceinline__ int launch_pages(const int* seq_lens, int rows) {
     return sum;
 }
 
+// A row of one split (used 1: `sp` holds all its pages) or none (used 0) written by one block: the
+// split folded into shared memory past the warps' combine area, then its rows to `dst` (the kv
+// head's group * D outputs) as bf16: the bits cluster_reduce gives one split (weight 2^0 = 1);
+// zeros for none.
+template <int D, int HT>
+__device__ __forceinline__ void rows_write_whole(const bf16* qrow, const RowsSplit& sp, int group, float scale, int used, bf16* dst,
+                                 unsigned char* smem) {
+    float* o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
+    if (used == 1) {
+        rows_fold_split<D, HT>(qrow, sp, group, scale * LOG2E, o, o + DEC_CLUSTER_FLOATS, smem);
+        __syncthreads();
+    } else {
+        kern_pdl_wait();
+    }
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) dst[i] = to_bf(used == 1 ? o[i] : 0.0f);
+}
+
 // kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles.
 // TARGET > 0 (the lab's builds; the product takes 0): every split takes at least share =
 // ceil(nkv * the launch's pages / TARGET) pages, and a row of one split (or none) is written by its
@@ -1074,18 +1091,10 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     if constexpr (TARGET > 0) {
         if (used <= 1) {
             if (split == 0) {
-                float* o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
-                if (used == 1) {
-                    const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len,
-                                       pages, 0, pages};
-                    rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, o,
-                                           o + DEC_CLUSTER_FLOATS, smem);
-                    __syncthreads();
-                } else {
-                    kern_pdl_wait();
-                }
-                bf16* dst = out + (int64_t)row * nq * D + (int64_t)head * group * D;
-                for (int i = threadIdx.x; i < group * D; i += blockDim.x) dst[i] = to_bf(used == 1 ? o[i] : 0.0f);
+                const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len,
+                                   pages, 0, pages};
+                rows_write_whole<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale, used,
+                                        out + (int64_t)row * nq * D + (int64_t)head * group * D, smem);
             } else {
                 kern_pdl_wait();
             }

@@ -60,18 +60,9 @@ __device__ void attn_rows_flat_run(const bf16* qkv, const bf16* kv, const int* b
     bf16* out_row = out + (int64_t)row * nq * D;
     const bf16* qrow = qkv + (int64_t)row * (nq + 2 * nkv) * D;
     const int* table = block_table + (int64_t)row * table_stride;
-    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
-    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
     if (used <= 1) {
-        if (used == 1) {
-            const RowsSplit sp{kv, table, page_stride, nkv, head, len, pages, 0, pages};
-            rows_fold_split<D, 1>(qrow, sp, group, scale * LOG2E, cl_o, cl_lse, smem);
-            __syncthreads();
-        } else {
-            kern_pdl_wait();
-        }
-        for (int i = threadIdx.x; i < group * D; i += blockDim.x)
-            out_row[(int64_t)head * group * D + i] = to_bf(used == 1 ? cl_o[i] : 0.0f);
+        const RowsSplit sp{kv, table, page_stride, nkv, head, len, pages, 0, pages};
+        rows_write_whole<D, 1>(qrow, sp, group, scale, used, out_row + (int64_t)head * group * D, smem);
         return;
     }
     float* po = part_o + (int64_t)row * max_splits * nq * D;
