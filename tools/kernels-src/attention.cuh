@@ -285,218 +285,6 @@ __device__ __forceinline__ void decode_reduce_heads(const float* part_o, const f
 }
 
 // ------------------------------------------------------------------------------------------------
-// Thread-block clusters (sm_90) for kern_attn_decode_rows and the lab's kern_attn_decode: the
-// DEC_CLUSTER splits of a cluster combine through distributed shared memory instead of global
-// partials, a fence and an atomic counter.
-// Every thread of the cluster reaches each cluster_sync().
-
-constexpr int DEC_CLUSTER = 8;            // blocks per cluster along grid y (the portable maximum)
-constexpr int DEC_CLUSTER_PAGES = 4;      // pages per split at most on the cluster path
-constexpr int DEC_CLUSTER_FLOATS = 2048;  // a kv head's partial rows: group * head_dim floats
-constexpr int DEC_CLUSTER_HEADS = DEC_CLUSTER_FLOATS / 64;
-
-// barrier.cluster with release / acquire: shared-memory writes before it are visible to every
-// block of the cluster after it. NOTE: not .aligned: threads may reach it from divergent code.
-static __device__ __forceinline__ void cluster_sync() {
-    asm volatile(
-        "barrier.cluster.arrive.release;\n\t"
-        "barrier.cluster.wait.acquire;" ::: "memory");
-}
-
-// The f32 at `p` (this block's shared memory) in the shared memory of cluster block `rank`.
-static __device__ __forceinline__ float cluster_load(const float* p, int rank) {
-    const uint32_t local = (uint32_t)__cvta_generic_to_shared(p);
-    uint32_t remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-
-// Cluster block `rank` writes out[head0 * head_dim + i] for its slice of i < group * head_dim from
-// the partial rows of splits [0, used) in the shared memory of cluster blocks 0 .. used - 1, with
-// kern_attn_decode_reduce's arithmetic in its order over DEC_CLUSTER splits (so the same bits as
-// kern_attn_decode_partial + kern_attn_decode_reduce at splits = DEC_CLUSTER); all of a thread's
-// remote loads are in flight together.
-__device__ __forceinline__ void cluster_reduce(const float* cl_o, const float* cl_lse, bf16* out,
-                                               int head0, int group, int head_dim, int used,
-                                               int rank) {
-    const int total = group * head_dim;
-    const int slice = (total + DEC_CLUSTER - 1) / DEC_CLUSTER;
-    const int end = min(total, (rank + 1) * slice);
-    for (int i = rank * slice + threadIdx.x; i < end; i += blockDim.x) {
-        const int g = i / head_dim;
-        float lse[DEC_CLUSTER], o[DEC_CLUSTER];
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) {
-            lse[s] = s < used ? cluster_load(cl_lse + g, s) : KERN_NEG_INF;
-            o[s] = s < used ? cluster_load(cl_o + i, s) : 0.0f;
-        }
-        float mx = KERN_NEG_INF;
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
-        float num = 0.0f, den = 0.0f;
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) {
-            if (lse[s] == KERN_NEG_INF) continue;
-            const float w = exp2f(lse[s] - mx);
-            den += w;
-            num += w * o[s];
-        }
-        out[(int64_t)head0 * head_dim + i] = to_bf(den > 0.0f ? num / den : 0.0f);
-    }
-}
-
-// The two-level combine of kern_attn_decode_rows' global path (and the lab's kern_attn_decode_wide,
-// attention_wide.cu): cluster block `rank` writes,
-// for its slice of i < group * head_dim, the cluster's combined row o[i] = sum_s w_s o_s / sum_s w_s
-// (w_s = 2^(lse_s - max lse), cluster_reduce's arithmetic in its order, left in f32) to
-// part_o[i] and, at each head's element 0, the cluster's log2-sum-exp max + log2(sum_s w_s) to
-// part_lse[head]: one partial of kern_attn_decode_partial's form for the cluster's `used` splits.
-__device__ __forceinline__ void cluster_partial(const float* cl_o, const float* cl_lse, float* part_o,
-                                                float* part_lse, int group, int head_dim, int used,
-                                                int rank) {
-    const int total = group * head_dim;
-    const int slice = (total + DEC_CLUSTER - 1) / DEC_CLUSTER;
-    const int end = min(total, (rank + 1) * slice);
-    for (int i = rank * slice + threadIdx.x; i < end; i += blockDim.x) {
-        const int g = i / head_dim;
-        float lse[DEC_CLUSTER], o[DEC_CLUSTER];
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) {
-            lse[s] = s < used ? cluster_load(cl_lse + g, s) : KERN_NEG_INF;
-            o[s] = s < used ? cluster_load(cl_o + i, s) : 0.0f;
-        }
-        float mx = KERN_NEG_INF;
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) mx = fmaxf(mx, lse[s]);
-        float num = 0.0f, den = 0.0f;
-#pragma unroll
-        for (int s = 0; s < DEC_CLUSTER; ++s) {
-            if (lse[s] == KERN_NEG_INF) continue;
-            const float w = exp2f(lse[s] - mx);
-            den += w;
-            num += w * o[s];
-        }
-        part_o[i] = num / den;  // used >= 1 split with tokens: den >= 1
-        if (i % head_dim == 0) part_lse[g] = mx + log2f(den);
-    }
-}
-
-
-// The body of the lab's one-row decode attention, kern_attn_decode (tools/lab/kernels-src:
-// attention_cluster.cu, and its variants in attention_wide.cu and attention_qkn.cu): a fixed
-// split count (grid y), 4 warps a block, a warp per token. `q_rows(tok0, tok1, len)` runs after the
-// PDL wait in every block that has a split to fold (block-uniform) and returns where query head h's
-// row starts at h * head_dim:
-// the qkv row for kern_attn_decode, this block's shared copy for the fused q/k-norm entry
-// (attention_qkn.cu). LATE: the entry did not call kern_pdl_launch_dependents at its start; every
-// block that stays calls it once its split is folded (blocks that return early count as exited),
-// so the next launch's blocks start, and issue their loads, behind this launch's KV loads
-// (attention_wide.cu's `_late` entries).
-template <bool WIDE = false, bool LATE = false, typename QRows>
-static __device__ __forceinline__ void attn_decode_run(const bf16* __restrict__ kv,
-                                                       const int* __restrict__ block_table,
-                                                       const int* __restrict__ seq_len, float* part_o,
-                                                       float* part_lse, int* counters,
-                                                       bf16* __restrict__ out, int nq, int nkv,
-                                                       int head_dim, int page_tokens,
-                                                       int64_t page_stride, int splits, float scale,
-                                                       QRows&& q_rows) {
-    const PagedKV paged{kv, block_table, nkv, head_dim, page_tokens, page_stride};
-    // NOTE: seq_len, the block table and the k / v rows before the last token are read before the
-    // wait. Code before the wait may overlap every launch back to the stream's last launch without
-    // PDL, so none of those may write them: kern_qwen3 launches a decode step's first kernel without
-    // PDL, and within the step only q/k-norm writes k / v (the last token's rows) and only the
-    // advance, after the argmax, writes the length and reads the table (kern_qwen3's tests check it).
-    const int len = *seq_len;
-    const int pages = (len + page_tokens - 1) / page_tokens;
-    const int group = nq / nkv;
-    const int split = blockIdx.y;
-    const bool clustered = pages <= DEC_CLUSTER * DEC_CLUSTER_PAGES && group * head_dim <= DEC_CLUSTER_FLOATS;
-    const int plan = clustered ? DEC_CLUSTER : splits;
-    const int pps = max((pages + plan - 1) / plan, 1);
-    const int used = (pages + pps - 1) / pps;
-    // WIDE: the global plan's splits combine per cluster first (cluster_partial), then the last
-    // block over the clusters' partials, where a kv head's rows fit a cluster block's shared area.
-    const bool two_level = WIDE && !clustered && group * head_dim <= DEC_CLUSTER_FLOATS;
-    const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;  // two_level: those with a used split
-    if (split >= (clustered ? DEC_CLUSTER : two_level ? clusters * DEC_CLUSTER : used)) {
-        kern_pdl_wait();
-        return;
-    }
-    if (split < used) {
-        // Pull the split's k / v rows (but the last token's) into L2 while the previous launches
-        // finish, so the fold's page-by-page loads after the wait hit L2 instead of DRAM.
-        const int t0 = min(split * pps * page_tokens, len);
-        const int t1 = min((split + 1) * pps * page_tokens, len - 1);
-        const int lines = head_dim * 2 / 128;  // 128-byte lines per k (or v) row
-        for (int i = threadIdx.x; i < (t1 - t0) * 2 * lines; i += blockDim.x) {
-            const int tok = t0 + i / (2 * lines);
-            const int rest = i % (2 * lines);
-            const bf16* row = paged.k_row(tok, blockIdx.x) + (rest >= lines ? paged.v_offset() : 0);
-            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(row + (rest % lines) * 64));
-        }
-    }
-    kern_pdl_wait();
-    __shared__ float smem[DEC_SMEM_FLOATS];
-    __shared__ float cl_o[DEC_CLUSTER_FLOATS];
-    __shared__ float cl_lse[DEC_CLUSTER_HEADS];
-    if (split < used) {
-        const int tok0 = min(split * pps * page_tokens, len);
-        const int tok1 = min((split + 1) * pps * page_tokens, len);
-        const int64_t row0 = (int64_t)split * nq + blockIdx.x * group;
-        const bf16* qkv = q_rows(tok0, tok1, len);
-        const bool in_smem = clustered || two_level;
-        decode_split_rows(qkv, paged, tok0, tok1, in_smem ? cl_o : part_o + row0 * head_dim,
-                          in_smem ? cl_lse : part_lse + row0, group, scale * LOG2E, smem);
-    }
-    if constexpr (LATE) kern_pdl_launch_dependents();
-    if constexpr (WIDE) {
-        if (two_level) {
-            const int c = split / DEC_CLUSTER;
-            const int64_t crow0 = (int64_t)c * nq + blockIdx.x * group;
-            cluster_sync();
-            cluster_partial(cl_o, cl_lse, part_o + crow0 * head_dim, part_lse + crow0, group, head_dim,
-                            min(DEC_CLUSTER, used - c * DEC_CLUSTER), split % DEC_CLUSTER);
-            // NOTE: no block may exit while another can still read its shared memory.
-            cluster_sync();
-            __threadfence();
-            __syncthreads();
-            __shared__ int wide_last;
-            if (threadIdx.x == 0)
-                wide_last = atomicAdd(&counters[blockIdx.x], 1) == clusters * DEC_CLUSTER - 1;
-            __syncthreads();
-            if (!wide_last) return;
-            __threadfence();
-            decode_reduce_heads(part_o, part_lse, out, blockIdx.x * group, group, clusters, nq, head_dim,
-                                smem);
-            if (threadIdx.x == 0) counters[blockIdx.x] = 0;
-            return;
-        }
-    }
-    if (clustered) {
-        cluster_sync();
-        cluster_reduce(cl_o, cl_lse, out, blockIdx.x * group, group, head_dim, used, split);
-        // NOTE: no block may exit while another can still read its shared memory.
-        cluster_sync();
-        return;
-    }
-    // Publish this block's partials, then count it; the last of the kv head's blocks reduces.
-    __threadfence();
-    __syncthreads();
-    __shared__ int is_last;
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == used - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    decode_reduce_heads(part_o, part_lse, out, blockIdx.x * group, group, used, nq, head_dim, smem);
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
-}
-
-
-
-// ------------------------------------------------------------------------------------------------
 // Prefill: causal attention of `rows` new query rows (row i at position seq_len - rows + i) over
 // every cached token, tensor cores (mma.m16n8k16 bf16 -> f32), flash-style online softmax.
 // Block = 4 warps x 16 query rows of one query head; keys in tiles of PF_BN from the pages.
@@ -690,9 +478,8 @@ __device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* 
 // P is rounded to bf16 for the P.V product and the row sums add the rounded weights, so each
 // split's output is an exact convex combination of its V rows with those weights.
 
-// Warps per block, page slots per warp and the cluster path's most pages per split (a lab build
-// may define KERN_ROWS_WARPS / KERN_ROWS_STAGES / KERN_ROWS_CLUSTER_PAGES before including this
-// header; the product takes the defaults).
+// Warps per block and page slots per warp (a lab build may define KERN_ROWS_WARPS /
+// KERN_ROWS_STAGES before including this header; the product takes the defaults).
 #ifndef KERN_ROWS_WARPS
 #define KERN_ROWS_WARPS 4
 #endif
@@ -702,11 +489,9 @@ __device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* 
 constexpr int ROWS_WARPS = KERN_ROWS_WARPS;
 constexpr int ROWS_STAGES = KERN_ROWS_STAGES;
 constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles of 8
-constexpr int ROWS_MIN_PAGES = ROWS_WARPS;  // pages per split at least on the global path
-#ifndef KERN_ROWS_CLUSTER_PAGES
-#define KERN_ROWS_CLUSTER_PAGES (2 * KERN_ROWS_WARPS)
-#endif
-constexpr int ROWS_CLUSTER_PAGES = KERN_ROWS_CLUSTER_PAGES;  // pages per split at most on the cluster path
+// Pages per split at least (256 tokens): a block streams 4 pages a warp or more, so short rows take
+// few blocks (one, up to 256 tokens) instead of many one-page splits and their combine.
+constexpr int ROWS_MIN_PAGES = 16;
 constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
 
 // Dynamic shared memory of kern_attn_decode_rows at head_dim d (the launch must give it).
@@ -1032,31 +817,23 @@ __device__ void rows_fold_split(const bf16* qrow, const RowsSplit& sp, int group
     }
 }
 
-// Float offset of the cluster rows / lse in kern_attn_decode_rows' dynamic shared memory (past
-// the warps' combine area of rows_fold_split).
+// Float offset of a whole row's output rows / lse in kern_attn_decode_rows' dynamic shared memory
+// (past the warps' combine area of rows_fold_split): ROWS_MAX_GROUP * D rows, then the lse.
 template <int D>
-__host__ __device__ constexpr int rows_cluster_offset() { return ROWS_WARPS * 16 * (2 + D); }
-
-// The pages of all `rows` rows (every warp sums them itself: the same total in every block).
-__device__ __forceinline__ int launch_pages(const int* seq_lens, int rows) {
-    const int lane = threadIdx.x & 31;
-    int sum = 0;
-    for (int r = lane; r < rows; r += 32) sum += (seq_lens[r] + ROWS_PAGE - 1) / ROWS_PAGE;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    return sum;
-}
+__host__ __device__ constexpr int rows_whole_offset() { return ROWS_WARPS * 16 * (2 + D); }
+static_assert(rows_whole_offset<128>() + ROWS_MAX_GROUP * (128 + 1) <= rows_smem_bytes(128) / 4 &&
+                  rows_whole_offset<64>() + ROWS_MAX_GROUP * (64 + 1) <= rows_smem_bytes(64) / 4,
+              "a whole row's outputs fit the launch's shared memory");
 
 // A row of one split (used 1: `sp` holds all its pages) or none (used 0) written by one block: the
 // split folded into shared memory past the warps' combine area, then its rows to `dst` (the kv
-// head's group * D outputs) as bf16: the bits cluster_reduce gives one split (weight 2^0 = 1);
-// zeros for none.
+// head's group * D outputs) as bf16 (the split's normalized rows rounded once); zeros for none.
 template <int D, int HT>
-__device__ __forceinline__ void rows_write_whole(const bf16* qrow, const RowsSplit& sp, int group, float scale, int used, bf16* dst,
-                                 unsigned char* smem) {
-    float* o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
+__device__ __forceinline__ void rows_write_whole(const bf16* qrow, const RowsSplit& sp, int group, float scale, int used,
+                                                 bf16* dst, unsigned char* smem) {
+    float* o = reinterpret_cast<float*>(smem) + rows_whole_offset<D>();
     if (used == 1) {
-        rows_fold_split<D, HT>(qrow, sp, group, scale * LOG2E, o, o + DEC_CLUSTER_FLOATS, smem);
+        rows_fold_split<D, HT>(qrow, sp, group, scale * LOG2E, o, o + ROWS_MAX_GROUP * D, smem);
         __syncthreads();
     } else {
         kern_pdl_wait();
@@ -1064,12 +841,14 @@ __device__ __forceinline__ void rows_write_whole(const bf16* qrow, const RowsSpl
     for (int i = threadIdx.x; i < group * D; i += blockDim.x) dst[i] = to_bf(used == 1 ? o[i] : 0.0f);
 }
 
-// kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles.
-// TARGET > 0 (the lab's builds; the product takes 0): every split takes at least share =
-// ceil(nkv * the launch's pages / TARGET) pages, and a row of one split (or none) is written by its
-// block at y = 0 alone, the bits cluster_reduce gives one split, while the rest of its cluster
-// leaves at once.
-template <int D, int HT, int TARGET = 0>
+// kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles. The
+// split plan is the row's own: its pages = ceil(len / 16), pps = max(ROWS_MIN_PAGES,
+// ceil(pages / max_splits)) pages per split, used = ceil(pages / pps) splits. A row of one split
+// (or none) is written by its block at y = 0 alone; otherwise each split writes its normalized rows
+// and log2-sum-exps to part_o[row, s] / part_lse[row, s], counts itself in counters[row, kv head],
+// and the last block to count reduces the splits in order (decode_reduce_heads) and sets the
+// counter back to 0. Blocks past the row's splits exit after the PDL wait.
+template <int D, int HT>
 __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
                               float* part_o, float* part_lse, int* counters, bf16* out, int nq, int nkv,
                               int64_t page_stride, int table_stride, int max_splits, float scale,
@@ -1083,66 +862,33 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     // them.
     const int len = seq_lens[row];
     const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
-    const bool clustered = pages <= DEC_CLUSTER * ROWS_CLUSTER_PAGES;
-    int pps = clustered ? max((pages + DEC_CLUSTER - 1) / DEC_CLUSTER, 1)
-                        : max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
-    if constexpr (TARGET > 0) pps = max(pps, (launch_pages(seq_lens, gridDim.z) * nkv + TARGET - 1) / TARGET);
+    const int pps = max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
     const int used = (pages + pps - 1) / pps;
-    if constexpr (TARGET > 0) {
-        if (used <= 1) {
-            if (split == 0) {
-                const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len,
-                                   pages, 0, pages};
-                rows_write_whole<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale, used,
-                                        out + (int64_t)row * nq * D + (int64_t)head * group * D, smem);
-            } else {
-                kern_pdl_wait();
-            }
-            return;
-        }
-    }
-    // Beyond the cluster path the splits combine in two levels: the (up to) 8 of each cluster through
-    // distributed shared memory into one partial per cluster (cluster_partial), then the last block
-    // to count over the `clusters` partials, so the serial tail reads a few rows, not every split's.
-    const int clusters = (used + DEC_CLUSTER - 1) / DEC_CLUSTER;
-    if (split >= (clustered ? DEC_CLUSTER : clusters * DEC_CLUSTER)) {
+    if (split >= max(used, 1)) {
         kern_pdl_wait();
         return;
     }
     bf16* out_row = out + (int64_t)row * nq * D;
-    float* cl_o = reinterpret_cast<float*>(smem) + rows_cluster_offset<D>();
-    float* cl_lse = cl_o + DEC_CLUSTER_FLOATS;
-    if (split < used) {
-        const RowsSplit sp{kv, block_table + (int64_t)row * table_stride, page_stride, nkv, head, len, pages,
-                           split * pps, min(pps, pages - split * pps)};
-        rows_fold_split<D, HT>(qkv + (int64_t)row * (nq + 2 * nkv) * D, sp, group, scale * LOG2E, cl_o, cl_lse,
-                               smem);
-    } else {
-        kern_pdl_wait();
-    }
-    const int rank = split % DEC_CLUSTER;
-    cluster_sync();
-    if (clustered) {
-        // NOTE: a row of 0 tokens (used = 0) gets zeros from cluster_reduce.
-        cluster_reduce(cl_o, cl_lse, out_row, head * group, group, D, used, rank);
-        cluster_sync();  // no block may exit while another can still read its shared memory
+    const bf16* qrow = qkv + (int64_t)row * (nq + 2 * nkv) * D;
+    const int* table = block_table + (int64_t)row * table_stride;
+    if (used <= 1) {
+        const RowsSplit sp{kv, table, page_stride, nkv, head, len, pages, 0, pages};
+        rows_write_whole<D, HT>(qrow, sp, group, scale, used, out_row + (int64_t)head * group * D, smem);
         return;
     }
     float* po = part_o + (int64_t)row * max_splits * nq * D;
     float* pl = part_lse + (int64_t)row * max_splits * nq;
-    const int c = split / DEC_CLUSTER;
-    const int64_t crow0 = (int64_t)c * nq + head * group;
-    cluster_partial(cl_o, cl_lse, po + crow0 * D, pl + crow0, group, D, min(DEC_CLUSTER, used - c * DEC_CLUSTER),
-                    rank);
-    cluster_sync();  // no block may exit while another can still read its shared memory
+    const RowsSplit sp{kv, table, page_stride, nkv, head, len, pages, split * pps, min(pps, pages - split * pps)};
+    rows_fold_split<D, HT>(qrow, sp, group, scale * LOG2E, po + ((int64_t)split * nq + head * group) * D,
+                           pl + split * nq + head * group, smem);
     __threadfence();
     __syncthreads();
     __shared__ int is_last;
     int* count = counters + (int64_t)row * nkv + head;
-    if (threadIdx.x == 0) is_last = atomicAdd(count, 1) == clusters * DEC_CLUSTER - 1;
+    if (threadIdx.x == 0) is_last = atomicAdd(count, 1) == used - 1;
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    decode_reduce_heads(po, pl, out_row, head * group, group, clusters, nq, D, reinterpret_cast<float*>(smem));
+    decode_reduce_heads(po, pl, out_row, head * group, group, used, nq, D, reinterpret_cast<float*>(smem));
     if (threadIdx.x == 0) *count = 0;
 }

@@ -15,10 +15,9 @@ to the context). kern_attn_decode (one row per launch) is timed at rows 1 and, f
 launch per row. Usage (GPU host, from the repository root):
 
     PYTHONPATH=tools/tests python3 tools/lab/time_attention.py OUT_DIR [--contexts 128,1024] [--rows 1,8]
-        [--variants] [--layout scattered|sequential|layer-major]
+        [--layout scattered|sequential|layer-major]
 
-`--variants` adds the lab's builds of the rows entry (VARIANTS), each first checked against the
-product entry on the same case (max diff column); `--layout` places the pages (LAYOUTS).
+`--layout` places the pages (LAYOUTS).
 
 writes OUT_DIR/time_attention.json and OUT_DIR/time_attention.md.
 """
@@ -52,23 +51,9 @@ ROW_BYTES = 2 * NKV * D * 2
 """K/V bytes of one token in one layer."""
 
 
-VARIANTS = {"kern_attn_decode_rows_t0": (4, 3), "kern_attn_decode_rows_t2048": (4, 3),
-            "kern_attn_decode_rows_c16": (4, 3), "kern_attn_decode_rows_c16t2048": (4, 3),
-            "kern_attn_decode_rows_flat4": (4, 3),
-            "kern_attn_decode_rows_flat8": (4, 3), "kern_attn_decode_rows_flat16": (4, 3),
-            "kern_attn_decode_rows_hm": (4, 3)}
-"""The lab's builds of the rows entry (tools/lab/kernels-src/attention_rows_*.cu): (warps, stages).
-_tN: a launch target of N blocks with work (KERN_ROWS_TARGET; the product's 512, 0 none); _c16: the
-cluster path up to 16 pages a split; _flatM: no clusters, at least M pages a split, the splits'
-partials reduced by the last block; _hm: the product's entry over head-major pages (a kv head's 16
-rows contiguous), whose outputs are not compared (another layout: NaN in the max diff column)."""
-OTHER_LAYOUT = {"kern_attn_decode_rows_hm"}
-VARIANT_SPLITS = (16,)
-
-
-def smem_bytes(d: int, warps: int = 4, stages: int = 3) -> int:
-    """attention.cuh's rows_smem_bytes (the product: 4 warps x 3 stages)."""
-    return warps * stages * (d // 8) * 32 * 16
+def smem_bytes(d: int) -> int:
+    """attention.cuh's rows_smem_bytes (4 warps x 3 page slots)."""
+    return 4 * 3 * (d // 8) * 32 * 16
 
 
 @dataclass(frozen=True)
@@ -87,8 +72,6 @@ class Row:
     copy_gbps_rw: float
     of_copy: float
     of_big_copy: float
-    max_diff: float = 0.0
-    """Largest |out - the product entry's out| over the rows (lab variants; 0 for the rest)."""
 
 
 _FLUSH: list[torch.Tensor] = []
@@ -184,12 +167,11 @@ class Case:
         return h.ptr(self.state, (i % self.layers) * (self.pages * page if self.layout == "layer-major" else page))
 
     def rows_launch(self, k: h.Kernels, i: int, splits: int, entry: str = "kern_attn_decode_rows") -> Callable[[], None]:
-        warps, stages = VARIANTS.get(entry, (4, 3))
         args = (h.ptr(self.qkv), self.layer(i), h.ptr(self.table), h.ptr(self.seq), h.ptr(self.part_o),
                 h.ptr(self.part_lse), h.ptr(self.counters), h.ptr(self.out), h.i32(NQ), h.i32(NKV), h.i32(D),
                 h.i32(PAGE), h.i64(self.page_stride), h.i32(self.stride), h.i32(splits), h.f32(D**-0.5))
         grid = (NKV, splits, len(self.lens))
-        return lambda: k.launch(entry, grid, (32 * warps,), *args, shared_mem=smem_bytes(D, warps, stages))
+        return lambda: k.launch(entry, grid, (128,), *args, shared_mem=smem_bytes(D))
 
     def today_launch(self, k: h.Kernels, i: int, r: int) -> Callable[[], None]:
         args = (h.ptr(self.qkv[r]), self.layer(i), h.ptr(self.table[r]), h.ptr(self.seq[r:]),
@@ -206,10 +188,8 @@ class Case:
         return time_graph([lambda i=i: dst.copy_(src[i % self.layers]) for i in range(LAYERS)])
 
 
-def kernels(lab: bool = False) -> h.Kernels:
+def kernels() -> h.Kernels:
     work = Path(tempfile.mkdtemp(prefix="kern-time-attn-"))
-    if lab:
-        return h.Kernels(work, lab=True)
     k = h.Kernels(work)
     try:
         k.fn("kern_attn_decode")
@@ -218,7 +198,7 @@ def kernels(lab: bool = False) -> h.Kernels:
     return k
 
 
-def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float, variants: bool = False,
+def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float,
         layout: str = "scattered") -> list[Row]:
     out: list[Row] = []
     for rows in row_counts:
@@ -229,42 +209,27 @@ def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float, va
             copy_us = case.copy_us()
             timed: list[tuple[str, int, list[Callable[[], None]]]] = [
                 ("kern_attn_decode_rows", s, [case.rows_launch(k, i, s) for i in range(LAYERS)]) for s in sweep]
-            if variants:
-                timed += [(v, sp, [case.rows_launch(k, i, sp, v) for i in range(LAYERS)])
-                          for v in VARIANTS for sp in VARIANT_SPLITS]
             timed.append(("kern_attn_decode" if rows == 1 else "kern_attn_decode (a launch per row)", SPLITS,
                           [case.today_launch(k, i, r) for i in range(LAYERS) for r in range(rows)]))
             for entry, splits, bodies in timed:
-                diff = (math.nan if entry in OTHER_LAYOUT else variant_diff(k, case, entry, splits)) \
-                    if entry in VARIANTS else 0.0
                 us = time_graph(bodies) * (len(bodies) // LAYERS)
                 gbps = case.kv_bytes / us / 1e3
                 copy_gbps = 2 * case.kv_bytes / copy_us / 1e3
                 out.append(Row(entry, ctx, rows, splits, sum(lens), case.kv_bytes, us, gbps, copy_us, copy_gbps,
-                               gbps / copy_gbps, gbps / big, diff))
+                               gbps / copy_gbps, gbps / big))
                 print(_line(out[-1]), flush=True)
             del case
             torch.cuda.empty_cache()
     return out
 
 
-def variant_diff(k: h.Kernels, case: Case, entry: str, splits: int) -> float:
-    """Largest |out| difference between `entry` and the product's rows entry on layer 0."""
-    case.rows_launch(k, 0, splits)()
-    ref = case.out.float().clone()
-    case.rows_launch(k, 0, splits, entry)()
-    torch.cuda.synchronize()
-    return float((case.out.float() - ref).abs().max())
-
-
 HEADER = ("| entry | context | rows | splits | KV MB / layer | us / layer | GB/s | copy us | copy GB/s (rw) "
-          "| of copy | of 1 GiB copy | max diff |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| of copy | of 1 GiB copy |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _line(r: Row) -> str:
     return (f"| {r.entry} | {r.context} | {r.rows} | {r.max_splits} | {r.kv_bytes / 1e6:.2f} | {r.us:.2f} | "
-            f"{r.gbps:.0f} | {r.copy_us:.2f} | {r.copy_gbps_rw:.0f} | {r.of_copy:.0%} | {r.of_big_copy:.0%} | "
-            f"{r.max_diff:.3g} |")
+            f"{r.gbps:.0f} | {r.copy_us:.2f} | {r.copy_gbps_rw:.0f} | {r.of_copy:.0%} | {r.of_big_copy:.0%} |")
 
 
 def main(argv: list[str]) -> int:
@@ -274,17 +239,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     ap.add_argument("--layout", choices=LAYOUTS, default="scattered",
                     help="where the pages lie: scattered (random block table, the default), sequential, layer-major")
-    ap.add_argument("--variants", action="store_true",
-                    help="also the lab's warps x stages builds of the rows entry (attention_rows_w*.cu)")
     args = ap.parse_args(argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
-    k = kernels(args.variants)
+    k = kernels()
     big = big_copy_gbps()
     head = (f"GPU: {torch.cuda.get_device_name()}; layout {args.layout}; 1 GiB D2D copy {big:.0f} GB/s (read + write); "
             f"graphs of {LAYERS} layer launches, L2 flushed before each of {REPLAYS} replays, median")
     print(head + "\n\n" + HEADER, flush=True)
     rows = run(k, [int(c) for c in args.contexts.split(",")], [int(r) for r in args.rows.split(",")], big,
-               args.variants, args.layout)
+               args.layout)
     (args.out / "time_attention.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "layout": args.layout, "copy_1gib_gbps_rw": big, "rows": [asdict(r) for r in rows]},
         indent=1) + "\n")

@@ -28,7 +28,7 @@ U = 2.0**-8
 LAYERS, LAYER = 2, 1
 ENTRY = "kern_attn_decode_rows"
 WARPS, STAGES = 4, 3  # attention.cuh's ROWS_WARPS, ROWS_STAGES
-LENGTHS = (1, 15, 16, 17, 1000, 4097, 32768)
+LENGTHS = (1, 15, 16, 17, 256, 257, 1000, 4097, 32768)
 
 
 def smem_bytes(d: int) -> int:
@@ -128,9 +128,9 @@ SHAPES = [(32, 8, 128), (8, 8, 128), (64, 8, 128), (32, 8, 64), (8, 8, 64), (64,
 @pytest.mark.parametrize("seq_len", LENGTHS)
 @pytest.mark.parametrize(("nq", "nkv", "d"), SHAPES)
 def test_one_row(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int) -> None:
-    """One row at the lengths around a page (1, 15, 16, 17), near the cluster path's end (1000;
-    it ends at 1024), past a power of two (4097) and at 32k; three launches in a row each give the
-    same bits and leave the counters at zero."""
+    """One row at the lengths around a page (1, 15, 16, 17), around one block's whole row (256: one
+    split of 16 pages; 257: two), at 1000, past a power of two (4097) and at 32k; three launches in
+    a row each give the same bits and leave the counters at zero."""
     b = Batch(gen, nq, nkv, d, [seq_len])
     first, counters = b.launch(k, 32)
     assert not counters.any(), "the reducing block must set its counter back to 0"
@@ -183,9 +183,11 @@ def test_a_row_of_no_tokens_gets_zeros(k: object, gen: torch.Generator) -> None:
     b.check(out)
 
 
-@pytest.mark.parametrize("max_splits", [12, 20])
-def test_splits_off_the_cluster_are_refused(k: object, gen: torch.Generator, max_splits: int) -> None:
-    """Clusters of 8 blocks along y: the driver refuses a grid y that is not a multiple of 8."""
-    b = Batch(gen, 32, 8, 128, [100])
-    with pytest.raises(cupy.cuda.driver.CUDADriverError):
-        b.launch(k, max_splits)
+@pytest.mark.parametrize("max_splits", [1, 5, 12, 20])
+def test_any_split_count(k: object, gen: torch.Generator, max_splits: int) -> None:
+    """No cluster shape: any grid y runs, a row's splits capped at it (one split for the whole row at
+    max_splits 1), every row within its bound and the counters back at zero."""
+    b = Batch(gen, 32, 8, 128, [100, 700, 5000, 0, 257])
+    out, counters = b.launch(k, max_splits)
+    assert not counters.any()
+    b.check(out)

@@ -2,8 +2,7 @@
 // (attention.cu), kept as the baseline the lab's attention experiments (attention_wide.cu,
 // attention_qkn.cu) and tools/lab/time_attention.py compare with. Its own module, so that it leaves
 // attention.cu's cubin as it was. Its body is attention.cuh's attn_decode_run.
-#pragma nv_diag_suppress 177  // attention.cu's prefill helpers, unused here
-#include "attention.cuh"
+#include "attention_lab.cuh"
 
 // kern_attn_decode_partial and kern_attn_decode_reduce in one launch. Clusters of DEC_CLUSTER (8)
 // blocks along grid y, so `splits` (grid y) must be a multiple of 8: the driver refuses any other

@@ -12,8 +12,7 @@
 // split plan, the L2 prefetch before the wait, the cluster or global combine. The raw q/k in qkv
 // stay as the GEMV wrote them (no later launch of the step reads them).
 // head_dim 64 or 128; nq / nkv <= 32 (and <= 8 or a multiple of 8, as kern_attn_decode). grid [nkv, splits] (splits a multiple of 8), block [128].
-#pragma nv_diag_suppress 177  // attention.cu's prefill helpers, unused here
-#include "attention.cuh"
+#include "attention_lab.cuh"
 
 constexpr int QKN_MAX_GROUP = 32;  // query heads per kv head held in shared memory (kern_lab checks)
 constexpr int QKN_MAX_D = 128;

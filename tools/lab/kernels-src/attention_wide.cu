@@ -16,8 +16,7 @@
 // of them, the wider groups' global path up to `splits`); counters as kern_attn_decode's
 // (i32[nkv], zero before the first launch, zero again after each). grid [nkv, splits] (splits a
 // multiple of 8), block [128].
-#pragma nv_diag_suppress 177  // attention.cu's prefill helpers, unused here
-#include "attention.cuh"
+#include "attention_lab.cuh"
 
 // The `_late` entries: kern_attn_decode and kern_attn_decode_wide (the same bits) that let the next
 // launch start only once their blocks have folded their splits, not at their start, so the next

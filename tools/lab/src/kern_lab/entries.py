@@ -11,6 +11,7 @@ from kern_qwen3 import GEMV_ENTRIES, GemvEntry, Layout
 __all__ = [
     "ALT_ENTRIES",
     "CLUSTER_ENTRY",
+    "DECODE_CLUSTER",
     "DECODE_SPLITS_WIDE",
     "DEFER_P4",
     "FOLDED",
@@ -19,7 +20,6 @@ __all__ = [
     "LATE_ENTRIES",
     "QKN_MAX_GROUP",
     "RING_ENTRIES",
-    "ROWS_ENTRIES",
     "TAIL_GROUP",
     "TAIL_OF",
     "TAIL_STRIDE",
@@ -103,6 +103,9 @@ TAIL_GROUP, TAIL_STRIDE = 64, 32
 i32 apart, after the top one (`passes.tail_counters`)."""
 QKN_MAX_GROUP = 32
 """attention_qkn.cu's QKN_MAX_GROUP: query heads per kv head its shared memory holds."""
+DECODE_CLUSTER = 8
+"""attention_lab.cuh's DEC_CLUSTER: kern_attn_decode's `__cluster_dims__(1, 8, 1)` (its grid y a
+multiple of 8)."""
 CLUSTER_ENTRY = "kern_attn_decode"
 """attention_cluster.cu's one-row decode attention (32 fixed splits, a cluster combine up to 512
 tokens): the form the lab's attention experiments start from."""
@@ -114,10 +117,3 @@ LATE_ENTRIES: Mapping[str, str] = MappingProxyType({
     "kern_attn_decode": "kern_attn_decode_late", "kern_attn_decode_wide": "kern_attn_decode_wide_late"})
 """attention_wide.cu: the decode attention entries whose blocks let the next launch start only
 once they have folded their splits."""
-ROWS_ENTRIES: tuple[str, ...] = (
-    "kern_attn_decode_rows_t0", "kern_attn_decode_rows_t2048", "kern_attn_decode_rows_c16",
-    "kern_attn_decode_rows_c16t2048", "kern_attn_decode_rows_flat4", "kern_attn_decode_rows_flat8",
-    "kern_attn_decode_rows_flat16")
-"""The lab's builds of kern_attn_decode_rows (attention_rows_*.cu) with its arguments, grid, block,
-shared memory and page layout (head_dim 128, up to 8 query heads per kv head): what `RowsAttention`
-may put in a manifest (attention_rows_hm.cu reads another page layout and is left out)."""

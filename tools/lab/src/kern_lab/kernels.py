@@ -68,23 +68,12 @@ def build_lab_kernels(out_dir: Path, *, lab_src: Path = LAB_SRC, product_src: Pa
         return build_kernels(Path(tmp), out_dir, compiler=compiler, modules=modules, arch=arch)
 
 
-_MACRO_ENTRY = re.compile(r"^KERN_ROWS_(?:VARIANT|FLAT)\((kern_\w+)", re.MULTILINE)
-"""attention_rows_variant.cuh's entry macros, as a lab module invokes them at the start of a line."""
-
-
 def lab_entry_modules(*, lab_src: Path = LAB_SRC, product_src: Path = PRODUCT_SRC) -> dict[str, str]:
-    """Kernel entry -> module over the product's and the lab's sources (with the entries the lab
-    defines through attention_rows_variant.cuh's macros).
+    """Kernel entry -> module over the product's and the lab's sources.
 
     Raises:
         KernelsError: an entry is defined twice.
     """
-    from kern_qwen3 import KernelsError, entry_modules
+    from kern_qwen3 import entry_modules
 
-    found = entry_modules(product_src, lab_src)
-    for path in sorted(lab_src.glob("*.cu")):
-        for entry in _MACRO_ENTRY.findall(path.read_text(encoding="utf-8", errors="replace")):
-            if found.get(entry, path.stem) != path.stem:
-                raise KernelsError(f"kernel entry {entry} is defined in both {found[entry]} and {path.stem}")
-            found[entry] = path.stem
-    return found
+    return entry_modules(product_src, lab_src)

@@ -10,19 +10,18 @@ from typing import Any
 
 from kern_lab.entries import (
     CLUSTER_ENTRY,
+    DECODE_CLUSTER,
     DECODE_SPLITS_WIDE,
     FOLD_ENTRIES,
     FOLDED,
     LATE_ENTRIES,
     QKN_MAX_GROUP,
-    ROWS_ENTRIES,
     TAIL_GROUP,
     TAIL_OF,
     TAIL_STRIDE,
     WIDE_ENTRY,
 )
 from kern_qwen3 import (
-    DECODE_CLUSTER,
     DECODE_SPLITS,
     GEMV_GEMMS,
     Context,
@@ -50,7 +49,6 @@ __all__ = [
     "NormTail",
     "PdlOff",
     "Qkn",
-    "RowsAttention",
     "Splits",
     "tail_counters",
     "tail_launch",
@@ -324,34 +322,3 @@ class Carveout:
             for launch in op["impl"]["launches"]:
                 if "module" in launch:
                     launch["carveout"] = self.percent
-
-
-@dataclass(frozen=True, slots=True)
-class RowsAttention:
-    """The batched step's decode attention (op attn_decode_rows) and, `one_row`, the one-row step's
-    (attn_decode_fused) on `entry`, a lab build of kern_attn_decode_rows with its arguments, grid,
-    block and shared memory (ROWS_ENTRIES)."""
-
-    entry: str
-    one_row: bool = False
-    name: str = "rows_attention"
-
-    def needs(self, plan: Plan, shape: Qwen3Shape) -> tuple[str, ...]:
-        """`entry`, when the plan has the ops it rewrites and the shape is one the builds take."""
-        if self.entry not in ROWS_ENTRIES:
-            raise GenError(f"{self.name}: {self.entry} is not one of the rows builds ({', '.join(ROWS_ENTRIES)})")
-        if not plan.rows:
-            raise GenError(f"{self.name} rewrites the batched step: it needs rows (--rows R)")
-        if self.one_row:
-            _needs_fuse(plan, self.name)
-        if shape.head_dim != 128 or shape.heads // shape.kv_heads > 8:
-            raise GenError(f"{self.name}: the rows builds take head_dim 128 and up to 8 query heads per kv head")
-        return (self.entry,)
-
-    def __call__(self, manifest: Json, ctx: Context) -> None:
-        """Rewrites the ops' launches (in place)."""
-        for name in ("attn_decode_rows", *(("attn_decode_fused",) if self.one_row else ())):
-            (launch,) = manifest["ops"][name]["impl"]["launches"]
-            if launch["entry"] != "kern_attn_decode_rows":
-                raise GenError(f"{self.name}: op {name} launches {launch['entry']}, not kern_attn_decode_rows")
-            launch |= {"module": ctx.entries[self.entry], "entry": self.entry}

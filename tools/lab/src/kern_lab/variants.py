@@ -15,7 +15,6 @@ from kern_lab.passes import (
     NormTail,
     PdlOff,
     Qkn,
-    RowsAttention,
     Splits,
 )
 from kern_qwen3 import (
@@ -30,7 +29,7 @@ from kern_qwen3 import (
     Plan,
 )
 
-__all__ = ["BAND_PICK", "BATCH_ROWS", "DEFER", "RING_PICK", "STREAM_PICK", "Variant", "batch_plan", "lab_variants"]
+__all__ = ["BAND_PICK", "DEFER", "RING_PICK", "STREAM_PICK", "Variant", "lab_variants"]
 
 Variant = Callable[[Feed], Plan]
 """A variant: the feed the kernel sources allow -> its plan."""
@@ -143,19 +142,3 @@ def lab_variants(pick: Mapping[str, str] | None = None) -> dict[str, Variant]:
     variants: dict[str, Variant] = {n: s.plan for n, s in _specs(pick).items()}
     variants["gemv"] = lambda feed: Plan(feed=feed, gemv=GEMV_DEFAULT)
     return variants
-
-
-BATCH_ROWS = 64
-"""Rows of examples/qwen3-4b-batch.json's batched step."""
-
-
-def batch_plan(rows_entry: str | None = None, *, one_row: bool = False) -> Plan:
-    """examples/qwen3-4b-batch.json's options (`kern-qwen3 --gemv all --fuse --pdl --fold-norm
-    --defer-norm --rows 64`, device-fed), with the batched step's attention (and, `one_row`, the
-    one-row step's) on the lab's `rows_entry` build when given."""
-    from kern_qwen3 import GEMV_GEMMS, plan_passes
-
-    passes = plan_passes(fold_norm=True, defer_norm=True, pdl=True)
-    if rows_entry is not None:
-        passes = (*passes, RowsAttention(rows_entry, one_row=one_row))
-    return Plan(feed="device", gemv=GEMV_GEMMS, fuse=True, passes=passes, rows=BATCH_ROWS)

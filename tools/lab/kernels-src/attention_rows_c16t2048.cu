@@ -1,8 +1,0 @@
-// kern_attn_decode_rows with the cluster path up to 16 pages a split and a launch target of 2048
-// blocks with work (the product's: 8 pages, 512), 4 warps of 3 page slots: a variant timed by
-// tools/lab/time_attention.py.
-#define KERN_ROWS_CLUSTER_PAGES 16
-#define KERN_ROWS_TARGET 2048
-#include "attention_rows_variant.cuh"
-
-KERN_ROWS_VARIANT(kern_attn_decode_rows_c16t2048)

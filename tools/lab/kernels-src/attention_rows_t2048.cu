@@ -1,6 +1,0 @@
-// kern_attn_decode_rows at a launch target of 2048 blocks with work (the product's: 512), 4 warps
-// of 3 page slots: a variant timed by tools/lab/time_attention.py.
-#define KERN_ROWS_TARGET 2048
-#include "attention_rows_variant.cuh"
-
-KERN_ROWS_VARIANT(kern_attn_decode_rows_t2048)
