@@ -38,7 +38,7 @@ from cuda.bindings import driver as cu
 
 from kern_mining.build import build_kernels
 from kern_qwen3 import PAGE_TOKENS as _GEN_PAGE_TOKENS
-from kern_qwen3 import QWEN3_TINY_CONFIG, Qwen3Shape, shape_from_config
+from kern_qwen3 import QWEN3_TINY_CONFIG, Qwen3Shape, prefill_smem, shape_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -256,7 +256,7 @@ class Engine:
             grid = (math.ceil(t * group / PREFILL_BM), s.kv_heads, min(PREFILL_SPLITS, -(-PREFILL_SPLIT_ROWS // t)))
             k.launch("kern_prefill_attn", grid, 128, self.qkv, self._kv(i), self.block_table, io["len"],
                      self.attn, self.pf_o, self.pf_lse, I32(t), nq, nkv, d, I32(PAGE_TOKENS),
-                     I64(s.page_stride), scale, smem=2 * 2 * 64 * (s.head_dim + 8) * 2)
+                     I64(s.page_stride), scale, smem=prefill_smem(s.head_dim))
             k.launch("kern_prefill_combine", (t, 1, 1), 128, self.pf_o, self.pf_lse, io["len"], self.attn,
                      I32(t), nq, nkv, d)
         return True

@@ -1,4 +1,5 @@
-// Causal prefill attention over paged KV on the tensor cores (device code: prefill.cuh).
+// kern-arch: sm_90a
+// Causal prefill attention over paged KV on the tensor cores, wgmma (device code: prefill.cuh).
 #include "prefill.cuh"
 
 // out[i, h * D:(h + 1) * D] = softmax(q_i . K^T * scale, keys <= seq_len - rows + i) V for the
@@ -10,7 +11,7 @@
 // kern_prefill_combine. part_o holds 2 * PF_SPLIT_ROWS * nq * head_dim floats, part_lse
 // 2 * PF_SPLIT_ROWS * nq. head_dim in {64, 128}; nq a multiple of nkv.
 // grid [ceil_div(rows * nq / nkv, 64), nkv, min(16, ceil_div(512, rows))], block [128],
-// dynamic shared memory 2 * 2 * 64 * (head_dim + 8) * 2 bytes.
+// dynamic shared memory 1024 + 7 * 64 * head_dim * 2 bytes (PfSmem: Q and 3 K/V stages).
 extern "C" __global__ void __launch_bounds__(PF_THREADS, 2)
 kern_prefill_attn(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                   const int* __restrict__ block_table, const int* __restrict__ seq_len,
@@ -19,17 +20,18 @@ kern_prefill_attn(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                   int page_tokens, int64_t page_stride, float scale) {
     kern_pdl_launch_dependents();
     kern_pdl_wait();
-    extern __shared__ __align__(16) uint8_t pf_smem[];
+    extern __shared__ __align__(1024) uint8_t pf_smem[];
+    const uint32_t smem = (smem_u32(pf_smem) + 1023u) & ~1023u;
     const PfPages paged{kv, block_table, nkv, page_tokens, page_stride};
     const int len = *seq_len;
     const int splits = min((int)gridDim.z, prefill_splits(len, rows, nq, nkv));
     if ((int)blockIdx.z >= splits) return;
     if (head_dim == 64) {
         prefill_block<64>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,
-                          scale * PF_LOG2E, pf_smem);
+                          scale * PF_LOG2E, smem);
     } else {
         prefill_block<128>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,
-                           scale * PF_LOG2E, pf_smem);
+                           scale * PF_LOG2E, smem);
     }
 }
 

@@ -1,19 +1,49 @@
-// Causal prefill attention over paged KV on the tensor cores (mma.sync m16n8k16 bf16 -> f32,
-// ldmatrix, cp.async double buffering), for Qwen3-style GQA.
+// Causal prefill attention over paged KV on Hopper's warpgroup MMA (wgmma, sm_90a; the facts it
+// relies on: wgmma.cuh), for Qwen3-style GQA.
 //
-// A block owns one kv head and PF_BM "packed rows": packed row p of a kv head is query head
-// kvh * group + p % group at chunk row p / group, so the group's query heads share every K/V tile
-// the block gathers from the pages. Warp w computes packed rows [16w, 16w + 16) of the block.
-// Keys stream in tiles of PF_BN through two shared-memory stages (padded rows: conflict-free
-// ldmatrix). Softmax is online, in f32 and log2 units; P rounds to bf16 for the P.V product.
+// - A block is one warpgroup (128 threads) over one kv head and PF_BM "packed rows": packed row p
+//   of a kv head is query head kvh * group + p % group at chunk row p / group, so the group's
+//   query heads share every K/V tile the block gathers from the pages. Warp w's accumulator rows
+//   are packed rows 16w..16w+15 (pf_rows gives every thread's rows, heads and positions).
+// - S = Q K^T: D / 16 wgmma m64n64k16 per 64-key tile, Q and K both read from shared memory
+//   through descriptors (K-major: head_dim contiguous). O += P V: 4 wgmma m64n{D}k16 per tile, P
+//   from registers (S's f32 accumulator rounded to bf16 and packed in place: the accumulator's
+//   layout per 16 keys is the A fragment's), V from shared memory MN-major (the token's head_dim
+//   row contiguous, as the page holds it; imm-trans-b 1).
+// - Shared memory: Q [64 rows][D], then PF_STAGES stages of K [64 keys][D] and V [64 keys][D].
+//   Each is a stack of 64 x 64 slabs (8 KiB: 64 rows of 128 bytes, 64 bf16 each; D 128 takes two,
+//   columns 0-63 then 64-127) in the 128-byte swizzle: the 16-byte chunk c (columns 8c..8c+7 of
+//   the slab) of row r lies at slab + 128 r + 16 (c ^ (r % 8)). The base is rounded up to 1024
+//   bytes (the swizzle atom), hence 1 KiB more than the tiles need. Descriptors: Q and K: start =
+//   slab of step k / 4 + 32 (k % 4) bytes (16 columns per k16 step), SBO 1024 (8 rows of 128
+//   bytes), LBO unused; V for keys 16 kk..16 kk + 15: start = V + 2048 kk, SBO 1024 (8 keys), LBO
+//   8192 (the next 64 columns' slab).
+// - Gathering: cp.async 16-byte chunks from the pages (a token's k or v head row is D contiguous
+//   bf16; PfPages) into the swizzled slots; keys at or past the block's last position are
+//   zero-filled (finite; masked). Q rows past the chunk are zeros.
+// - Per tile t: wait for its cp.async group, fence.proxy.async, barrier; load tile t + 1 into the
+//   stage of tile t - 2; wgmma.fence and the S group of tile t, then the P V group of tile t - 1
+//   (P in registers since the last tile) right behind it; wait_group 1 retires S, the online
+//   softmax of tile t (f32, log2 units, the scale folded into one FFMA before ex2, the causal mask
+//   only on tiles that cross a warp's first position) runs while P V still does, then wait_group
+//   0, O's rescale and P's packing. The stage of tile t - 1 is still read after the barrier, so
+//   three stages hold one tile loaded ahead. The first tile is peeled off and the last tile's P V
+//   issued after the loop (ptxas serializes wgmma issued or waited under a branch it cannot
+//   follow). Every warp takes part in every tile of its block (wgmma is warpgroup-wide): a warp
+//   whose rows all precede a tile gets P = 0 there.
+// - Two blocks per SM (__launch_bounds__(128, 2), 113 KiB of shared memory each at D 128): while
+//   one block's warpgroup is in its softmax the other's wgmmas run.
 //
 // Split over the keys: for a short chunk over a long prefix the grid's z dimension splits each
-// block's key tiles into `prefill_splits(...)` parts, decided on the device from seq_len and rows
-// (the same function in both entries). With one split a block writes bf16 rows to `out`; with
-// more, each split writes its normalized f32 rows and log2-sum-exp to the partials and
+// block's 64-key tiles into `prefill_splits(...)` equal runs, decided on the device from seq_len
+// and rows (the same function in both entries). With one split a block writes bf16 rows to `out`;
+// with more, each split writes its normalized f32 rows and log2-sum-exp to the partials and
 // kern_prefill_combine merges them.
 #pragma once
+#include <type_traits>
+
 #include "kern_common.cuh"
+#include "wgmma.cuh"
 
 #define PF_LOG2E 1.4426950408889634f
 
@@ -37,9 +67,10 @@ struct PfPages {
     }
 };
 
-constexpr int PF_BM = 64;           // packed rows per block (4 warps x 16)
+constexpr int PF_BM = 64;           // packed rows per block: one m64
 constexpr int PF_BN = 64;           // keys per tile
-constexpr int PF_THREADS = 128;
+constexpr int PF_THREADS = 128;     // one warpgroup
+constexpr int PF_STAGES = 3;        // K/V tiles in shared memory
 constexpr int PF_MAX_SPLITS = 16;   // grid z at most
 constexpr int PF_SPLIT_ROWS = 512;  // chunks of this many rows or more never split
 constexpr int PF_TARGET = 264;      // blocks the split aims for (2 per SM on 132 SMs)
@@ -62,17 +93,17 @@ static __device__ __forceinline__ int prefill_splits(int len, int rows, int nq, 
     return n;
 }
 
+// The shared-memory layout of kern_prefill_attn at head_dim D (bytes).
 template <int D>
-struct PfStage {
-    static constexpr int LD = D + 8;  // NOTE: 16 bytes of padding per row: ldmatrix conflict-free.
-    bf16 k[PF_BN][LD];
-    bf16 v[PF_BN][LD];
+struct PfSmem {
+    static constexpr int TILE = D / 64 * (int)WG_SLAB;  // one 64-row operand
+    static constexpr int STAGE = 2 * TILE;              // K then V
+    static constexpr int BYTES = TILE + PF_STAGES * STAGE;  // Q then the stages
+    static constexpr int SMEM = BYTES + 1024;           // + rounding the base up to 1024
+    static constexpr int NO = D / 2;                    // O accumulator registers per thread
+    static_assert(SMEM == 1024 + (1 + 2 * PF_STAGES) * 64 * D * 2, "the launch's shared memory (prefill.cu)");
+    static_assert(2 * (SMEM + 1024) <= 228 * 1024, "two blocks per SM, 1 KiB reserved for each");
 };
-
-template <int D>
-constexpr int prefill_smem_bytes() {
-    return 2 * (int)sizeof(PfStage<D>);
-}
 
 static __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -95,138 +126,13 @@ static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-static __device__ __forceinline__ void pf_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Gathers keys [kb, kb + PF_BN) of kv head `head` (k and v) into `st`; keys at or past `end`
-// are zeros.
-template <int D>
-__device__ __forceinline__ void pf_load_tile(PfStage<D>& st, const PfPages& kv, int kb, int end,
-                                             int head) {
-    constexpr int CH = D / 8;
-    const int64_t voff = kv.v_offset(D);
-#pragma unroll
-    for (int i = 0; i < PF_BN * CH / PF_THREADS; ++i) {
-        const int c = threadIdx.x + i * PF_THREADS;
-        const int key = c / CH;
-        const int ch = c % CH;
-        const int tok = kb + key;
-        const bool valid = tok < end;
-        const bf16* kp = valid ? kv.k_row(tok, head, D) + ch * 8 : kv.kv;
-        cp_async16(smem_u32(&st.k[key][ch * 8]), kp, valid);
-        cp_async16(smem_u32(&st.v[key][ch * 8]), valid ? kp + voff : kv.kv, valid);
-    }
-}
-
-// S = Q K^T for the warp's 16 rows and the tile's PF_BN keys.
-template <int D>
-__device__ __forceinline__ void pf_scores(float (&s)[PF_BN / 8][4], const uint32_t (&qa)[D / 16][4],
-                                          const PfStage<D>& st) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int nt = 0; nt < PF_BN / 8; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks += 2) {
-            uint32_t b[4];
-            ldsm_x4(b, smem_u32(&st.k[nt * 8 + (lane & 7)][ks * 16 + (lane >> 3) * 8]));
-            pf_mma(s[nt], qa[ks], b[0], b[1]);
-            pf_mma(s[nt], qa[ks + 1], b[2], b[3]);
-        }
-    }
-}
-
-// Masks (key <= qpos of the row) and scales one score tile, updates the running max and sum,
-// rescales o, and leaves P in s. Rows with every key so far masked keep m = -inf, l = 0, o = 0.
-template <int NO>
-__device__ __forceinline__ void pf_softmax(float (&s)[PF_BN / 8][4], float (&o)[NO][4],
-                                           float (&m)[2], float (&l)[2], int kb,
-                                           const int (&qpos)[2], float scale_log2) {
-    const int tq = threadIdx.x & 3;
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nt = 0; nt < PF_BN / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = kb + nt * 8 + 2 * tq + (e & 1);
-            const int r = e >> 1;
-            const float v = key <= qpos[r] ? s[nt][e] * scale_log2 : KERN_NEG_INF;
-            s[nt][e] = v;
-            mx[r] = fmaxf(mx[r], v);
-        }
-    }
-    float ms[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        ms[r] = mx[r] == KERN_NEG_INF ? 0.0f : mx[r];
-        const float alpha = exp2f(m[r] - ms[r]);
-        m[r] = mx[r];
-        l[r] *= alpha;
-#pragma unroll
-        for (int nt = 0; nt < NO; ++nt) {
-            o[nt][2 * r] *= alpha;
-            o[nt][2 * r + 1] *= alpha;
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < PF_BN / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float p = exp2f(s[nt][e] - ms[e >> 1]);
-            s[nt][e] = p;
-            l[e >> 1] += p;
-        }
-    }
-}
-
-// o += P V for the warp's 16 rows over the tile's keys.
-template <int D>
-__device__ __forceinline__ void pf_pv(float (&o)[D / 8][4], const float (&s)[PF_BN / 8][4],
-                                      const PfStage<D>& st) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int kk = 0; kk < PF_BN / 16; ++kk) {
-        const uint32_t pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                                pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt += 2) {
-            uint32_t b[4];
-            ldsm_x4_t(b, smem_u32(&st.v[key][(nt + (lane >> 4)) * 8]));
-            pf_mma(o[nt], pa, b[0], b[1]);
-            pf_mma(o[nt + 1], pa, b[2], b[3]);
-        }
-    }
-}
-
 // Where a block's packed rows sit: its chunk rows and query heads, and the keys it reads.
 struct PfRows {
     int tok[2];   // chunk row of this thread's two rows (clamped to rows - 1 for loads)
     int head[2];  // query head of the two rows
     bool live[2];
     int qpos[2];  // positions of the two rows
-    int warp_qmax;  // the warp's largest position: later key tiles are masked for all its rows
+    int warp_qmin;  // the warp's first position: key tiles ending at or before it need no mask
     int kv_end;     // keys the block reads: [0, kv_end)
 };
 
@@ -244,71 +150,142 @@ __device__ __forceinline__ PfRows pf_rows(int p0, int rows, int group, int kvh, 
         r.head[i] = kvh * group + pc % group;
         r.qpos[i] = base + r.tok[i];
     }
-    const int wlast = min(p0 + warp * 16 + 15, packed - 1);
-    r.warp_qmax = base + wlast / group;
+    r.warp_qmin = base + min(p0 + warp * 16, packed - 1) / group;
     r.kv_end = base + min(p0 + PF_BM - 1, packed - 1) / group + 1;
     return r;
 }
 
-// The block (blockIdx.x from the last packed rows first: causal blocks late in the chunk read the
-// most keys, so they start first), split blockIdx.z of `splits`.
+// Q rows of the block into the swizzled Q slabs; rows past the chunk are zeros.
 template <int D>
-__device__ void prefill_block(const bf16* qkv, const PfPages& kv, int len, int rows, int nq,
-                              int splits, bf16* out, float* part_o, float* part_lse,
-                              float scale_log2, uint8_t* smem) {
-    constexpr int KS = D / 16;
-    constexpr int NO = D / 8;
-    PfStage<D>* stage = reinterpret_cast<PfStage<D>*>(smem);
-    const int lane = threadIdx.x & 31;
-    const int tq = lane & 3;
-    const int group = nq / kv.nkv;
-    const int kvh = blockIdx.y;
-    const int p0 = (gridDim.x - 1 - blockIdx.x) * PF_BM;
-    const int base = len - rows;
-    const PfRows r = pf_rows(p0, rows, group, kvh, base);
-    const int ntiles = (r.kv_end + PF_BN - 1) / PF_BN;
-    const int per = (ntiles + splits - 1) / splits;
-    const int t0 = min((int)blockIdx.z * per, ntiles);
-    const int t1 = min(t0 + per, ntiles);
-    if (t0 < t1) pf_load_tile<D>(stage[0], kv, t0 * PF_BN, r.kv_end, kvh);
-    cp_async_commit();
-
-    const int64_t qstride = (int64_t)(nq + 2 * kv.nkv) * D;
-    uint32_t qa[KS][4];
+__device__ __forceinline__ void pf_load_q(uint32_t dst, const bf16* qkv, int p0, int packed, int group,
+                                          int kvh, int nq, int nkv) {
+    constexpr int CH = D / 8;
+    const int64_t qstride = (int64_t)(nq + 2 * nkv) * D;
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int col = ks * 16 + 2 * tq + (i >> 1) * 8;
-            qa[ks][i] = *reinterpret_cast<const uint32_t*>(
-                qkv + r.tok[i & 1] * qstride + (int64_t)r.head[i & 1] * D + col);
-        }
+    for (int i = 0; i < PF_BM * CH / PF_THREADS; ++i) {
+        const int c = threadIdx.x + i * PF_THREADS;
+        const int row = c / CH;
+        const int ch = c % CH;
+        const int p = p0 + row;
+        const int pc = min(p, packed - 1);  // NOTE: a valid address for the zero-fill too (no branch)
+        const bf16* src = qkv + (pc / group) * qstride + (int64_t)(kvh * group + pc % group) * D + ch * 8;
+        cp_async16(dst + wg_swizzle(row, ch), src, p < packed);
     }
-    float o[NO][4];
-#pragma unroll
-    for (int nt = 0; nt < NO; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float m[2] = {KERN_NEG_INF, KERN_NEG_INF}, l[2] = {0.0f, 0.0f};
+}
 
-    for (int t = t0; t < t1; ++t) {
-        if (t + 1 < t1) {
-            pf_load_tile<D>(stage[(t - t0 + 1) & 1], kv, (t + 1) * PF_BN, r.kv_end, kvh);
-            cp_async_commit();
-            cp_async_wait<1>();
+// Keys [kb, kb + 64) of kv head `head`, k to `kdst` and v to `vdst`; keys at or past `end` are zeros.
+template <int D>
+__device__ __forceinline__ void pf_load_kv(uint32_t kdst, uint32_t vdst, const PfPages& kv, int kb, int end,
+                                           int head) {
+    constexpr int CH = D / 8;
+    const int64_t voff = kv.v_offset(D);
+#pragma unroll
+    for (int i = 0; i < PF_BN * CH / PF_THREADS; ++i) {
+        const int c = threadIdx.x + i * PF_THREADS;
+        const int key = c / CH;
+        const int ch = c % CH;
+        const int tok = kb + key;
+        const bool valid = tok < end;
+        // NOTE: the last key's row stands in for keys past `end` (zero-filled): every address is
+        // valid and the block-table read needs no branch.
+        const bf16* kp = kv.k_row(min(tok, end - 1), head, D) + ch * 8;
+        const uint32_t off = wg_swizzle(key, ch);
+        cp_async16(kdst + off, kp, valid);
+        cp_async16(vdst + off, kp + voff, valid);
+    }
+}
+
+// s = Q K^T for the tile in `k` (Q in `q`).
+template <int D>
+__device__ __forceinline__ void pf_scores(float (&s)[32], uint32_t q, uint32_t k) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t off = (uint32_t)(ks >> 2) * WG_SLAB + (uint32_t)(ks & 3) * 32;
+        wg_m64n64k16_ss(s, wg_desc(q + off, 16, 1024), wg_desc(k + off, 16, 1024), ks > 0);
+    }
+}
+
+// o += P V for the tile's V in `v`; `pa` holds P's A fragments per 16 keys.
+template <int D>
+__device__ __forceinline__ void pf_pv(float (&o)[D / 2], const uint32_t (&pa)[PF_BN / 16][4], uint32_t v) {
+#pragma unroll
+    for (int kk = 0; kk < PF_BN / 16; ++kk) {
+        const uint64_t desc = wg_desc(v + (uint32_t)kk * 16 * WG_ATOM_ROW, WG_SLAB, 8 * WG_ATOM_ROW);
+        if constexpr (D == 128) {
+            wg_m64n128k16_rs(o, pa[kk], desc);
         } else {
-            cp_async_wait<0>();
+            wg_m64n64k16_rs(o, pa[kk], desc);
         }
-        __syncthreads();
-        const PfStage<D>& st = stage[(t - t0) & 1];
-        const int kb = t * PF_BN;
-        if (kb <= r.warp_qmax) {
-            float s[PF_BN / 8][4];
-            pf_scores<D>(s, qa, st);
-            pf_softmax<NO>(s, o, m, l, kb, r.qpos, scale_log2);
-            pf_pv<D>(o, s, st);
-        }
-        __syncthreads();
     }
+}
 
+// Masks (when `mask`: key <= the row's position) the scores of the tile at keys kb.., updates the
+// running max m (log2 units, scale folded in) and sum l, leaves P in s and the factor o's rows
+// must be scaled by in alpha (o itself is left alone: a P V product may still be adding to it).
+// s[4 j + e]: row i = e / 2 of the thread, key kb + 8 j + 2 (lane % 4) + e % 2.
+__device__ __forceinline__ void pf_softmax(float (&s)[32], float (&alpha)[2], float (&m)[2], float (&l)[2], int kb,
+                                           bool mask, const int (&qpos)[2], float scale_log2) {
+    const int tq = threadIdx.x & 3;
+    if (mask) {
+#pragma unroll
+        for (int v = 0; v < 32; ++v) {
+            const int key = kb + 8 * (v >> 2) + 2 * tq + (v & 1);
+            if (key > qpos[(v >> 1) & 1]) s[v] = KERN_NEG_INF;
+        }
+    }
+    float mx[2] = {KERN_NEG_INF, KERN_NEG_INF};
+#pragma unroll
+    for (int v = 0; v < 32; ++v) mx[(v >> 1) & 1] = fmaxf(mx[(v >> 1) & 1], s[v]);
+    float ms[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(m[i], mx[i] * scale_log2);
+        // NOTE: a row with every key so far masked keeps m = -inf, l = 0, o = 0 (exp2(-inf) = 0).
+        ms[i] = mn == KERN_NEG_INF ? 0.0f : mn;
+        alpha[i] = exp2f(m[i] - ms[i]);
+        m[i] = mn;
+        l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int v = 0; v < 32; ++v) {
+        const int i = (v >> 1) & 1;
+        const float p = exp2f(fmaf(s[v], scale_log2, -ms[i]));
+        s[v] = p;
+        l[i] += p;
+    }
+}
+
+// o's rows scaled by the softmax's alpha (o[4 j + e] is row e / 2's).
+template <int NO>
+__device__ __forceinline__ void pf_rescale(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < NO / 4; ++j) {
+        o[4 * j + 0] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+    }
+}
+
+// P's A fragments: keys 16 kk..16 kk + 15 are accumulator columns j = 2 kk, 2 kk + 1.
+__device__ __forceinline__ void pf_pack_p(uint32_t (&pa)[PF_BN / 16][4], const float (&s)[32]) {
+#pragma unroll
+    for (int kk = 0; kk < PF_BN / 16; ++kk) {
+        pa[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);  // row g, keys 2t, 2t + 1
+        pa[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);  // row g + 8
+        pa[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);  // row g, keys 8 + 2t, 8 + 2t + 1
+        pa[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);  // row g + 8
+    }
+}
+
+// The rows of one split: bf16 to `out` (one split) or the normalized f32 partials and log2-sum-exps.
+template <int D>
+__device__ __forceinline__ void pf_store(const PfRows& r, float (&o)[D / 2], const float (&m)[2], float (&l)[2],
+                                         int rows, int nq, int splits, bf16* out, float* part_o,
+                                         float* part_lse) {
+    const int tq = threadIdx.x & 3;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -322,17 +299,100 @@ __device__ void prefill_block(const bf16* qkv, const PfPages& kv, int len, int r
         if (splits == 1) {
             bf16* dst = out + row * D + 2 * tq;
 #pragma unroll
-            for (int nt = 0; nt < NO; ++nt)
-                *reinterpret_cast<uint32_t*>(dst + nt * 8) =
-                    pack2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+            for (int j = 0; j < D / 8; ++j)
+                *reinterpret_cast<uint32_t*>(dst + 8 * j) = pack2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
         } else {
             const int64_t prow = (int64_t)blockIdx.z * rows * nq + row;
             float* dst = part_o + prow * D + 2 * tq;
 #pragma unroll
-            for (int nt = 0; nt < NO; ++nt)
-                *reinterpret_cast<float2*>(dst + nt * 8) =
-                    make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
+            for (int j = 0; j < D / 8; ++j)
+                *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
             if (tq == 0) part_lse[prow] = l[i] > 0.0f ? m[i] + log2f(l[i]) : KERN_NEG_INF;
         }
     }
+}
+
+// The block (blockIdx.x from the last packed rows first: causal blocks late in the chunk read the
+// most keys, so they start first), split blockIdx.z of `splits`; `smem` is 1024-byte aligned.
+template <int D>
+__device__ void prefill_block(const bf16* qkv, const PfPages& kv, int len, int rows, int nq, int splits,
+                              bf16* out, float* part_o, float* part_lse, float scale_log2, uint32_t smem) {
+    using C = PfSmem<D>;
+    const int group = nq / kv.nkv;
+    const int kvh = blockIdx.y;
+    const int p0 = (gridDim.x - 1 - blockIdx.x) * PF_BM;
+    const int packed = rows * group;
+    const int base = len - rows;
+    const PfRows r = pf_rows(p0, rows, group, kvh, base);
+    const int ntiles = (r.kv_end + PF_BN - 1) / PF_BN;
+    const int per = (ntiles + splits - 1) / splits;
+    const int t0 = min((int)blockIdx.z * per, ntiles);
+    const int t1 = min(t0 + per, ntiles);
+    const uint32_t q_smem = smem;
+    const uint32_t kv_smem = smem + C::TILE;
+
+    if (t0 < t1) {
+        pf_load_q<D>(q_smem, qkv, p0, packed, group, kvh, nq, kv.nkv);
+        pf_load_kv<D>(kv_smem, kv_smem + C::TILE, kv, t0 * PF_BN, r.kv_end, kvh);
+    }
+    cp_async_commit();
+
+    float o[C::NO];
+#pragma unroll
+    for (int i = 0; i < C::NO; ++i) o[i] = 0.0f;
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    uint32_t pa[PF_BN / 16][4];
+    float m[2] = {KERN_NEG_INF, KERN_NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+
+    // One tile; `chained` (a std::integral_constant, so the wgmma issue and waits are not under a
+    // branch ptxas cannot follow): P V of tile t - 1 goes behind S of tile t.
+    auto tile = [&](int t, auto chained) {
+        const int j = t - t0;
+        cp_async_wait<0>();  // tile t's group
+        wg_fence_proxy_smem();
+        __syncthreads();
+        // NOTE: tile t + 1 goes to the stage of tile t - 2, which no wgmma reads any more (every
+        // warp waited for its P V before the barrier above).
+        if (t + 1 < t1) {
+            const uint32_t st = kv_smem + (uint32_t)((j + 1) % PF_STAGES) * C::STAGE;
+            pf_load_kv<D>(st, st + C::TILE, kv, (t + 1) * PF_BN, r.kv_end, kvh);
+        }
+        cp_async_commit();
+        const uint32_t k_smem = kv_smem + (uint32_t)(j % PF_STAGES) * C::STAGE;
+        const int kb = t * PF_BN;
+
+        wg_pin(s);
+        wg_pin(o);
+        wg_fence();
+        pf_scores<D>(s, q_smem, k_smem);
+        wg_commit();
+        if constexpr (decltype(chained)::value) {
+            pf_pv<D>(o, pa, kv_smem + (uint32_t)((j + PF_STAGES - 1) % PF_STAGES) * C::STAGE + C::TILE);
+            wg_commit();
+            wg_wait<1>();  // S done; P V may still run
+        } else {
+            wg_wait<0>();
+        }
+        wg_pin(s);
+
+        pf_softmax(s, alpha, m, l, kb, kb + PF_BN - 1 > r.warp_qmin, r.qpos, scale_log2);
+        if constexpr (decltype(chained)::value) wg_wait<0>();
+        wg_pin(o);
+        pf_rescale(o, alpha);
+        pf_pack_p(pa, s);
+    };
+    if (t0 < t1) {
+        tile(t0, std::false_type{});
+        for (int t = t0 + 1; t < t1; ++t) tile(t, std::true_type{});
+        wg_pin(o);
+        wg_fence();
+        pf_pv<D>(o, pa, kv_smem + (uint32_t)((t1 - 1 - t0) % PF_STAGES) * C::STAGE + C::TILE);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(o);
+    }
+    cp_async_wait<0>();
+    pf_store<D>(r, o, m, l, rows, nq, splits, out, part_o, part_lse);
 }

@@ -1,15 +1,12 @@
-"""The prefill attention variants of tools/lab/kernels-src/prefill_lab.cu and the wgmma entries of
-prefill_wgmma.cu against the shipped kern_prefill_attn, and kern_qk_norm_rope_kv_rows against
-kern_qk_norm_rope_kv, on the local GPU.
+"""The prefill attention variants of tools/lab/kernels-src/prefill_lab.cu against the shipped
+kern_prefill_attn, and kern_qk_norm_rope_kv_rows against kern_qk_norm_rope_kv, on the local GPU.
 
     PYTHONPATH=tools/tests python3 tools/lab/time_prefill_variants.py DIR [--reps 30] [--variants a,b]
 
-`--variants` picks among both tables (default: all of them), e.g.
-`--variants kern_prefill_attn_wgmma,kern_prefill_attn_wgmma_s3,kern_prefill_attn_wgmma_ov` for the wgmma entries alone.
+`--variants` picks among kern_lab.PREFILL_VARIANTS (default: all of them).
 
 0. Each entry's registers, local memory and blocks per SM at its dynamic shared memory (head_dim 128).
-1. Checks: every variant (attention + its combine; the wgmma entries merge their splits with the
-   shipped kern_prefill_combine) on chunks of several GQA shapes against the f32
+1. Checks: every variant (attention + its combine) on chunks of several GQA shapes against the f32
    reference over the gathered pages (|out - ref| <= 1e-2 + 1e-2 |ref|, as
    tools/tests/test_prefill_gpu.py) and against the shipped pair (largest difference); every row
    must be written.
@@ -43,7 +40,8 @@ from helpers.kernel_cases import EPS, LAYER, LAYERS, block_table, qkv_case, rope
 from helpers.prefill_cases import PAGE, Chunk, attention_ref, new_case
 from time_prefill import causal_flops, event_ms
 
-from kern_lab import PREFILL_VARIANTS, WGMMA_PREFILL, PrefillVariant, build_lab_kernels
+from kern_lab import PREFILL_VARIANTS, PrefillVariant, build_lab_kernels
+from kern_qwen3 import prefill_smem
 
 ROOT = Path(__file__).resolve().parents[2]
 NQ, NKV, D = 32, 8, 128
@@ -57,43 +55,21 @@ NORM_ROWS = (1, 709, 2048, 4096)
 TOL = 1e-2
 
 
-ENTRIES = (*PREFILL_VARIANTS, *WGMMA_PREFILL)
+ENTRIES = tuple(PREFILL_VARIANTS)
 """Every entry the script can check and time."""
 
 
 def load_kernels(out: Path) -> h.Kernels:
-    """The product's modules, prefill_lab.cu and prefill_wgmma.cu (the lab builder: the product's
-    headers and the lab's, prefill_wgmma.cu for the sm_90a its lab-arch line names), built into
-    `out` or, as the harness does, into KERN_TEST_KERNELS."""
+    """The product's modules and prefill_lab.cu (the lab builder: the product's headers and the
+    lab's), built into `out` or, as the harness does, into KERN_TEST_KERNELS."""
     k = h.Kernels(out)
     nvcc = shutil.which("nvcc") or "/usr/local/bin/nvcc"
     out = Path(os.environ.get("KERN_TEST_KERNELS", out))
     built = build_lab_kernels(out, lab_src=ROOT / "tools" / "lab" / "kernels-src",
                               product_src=ROOT / "tools" / "kernels-src", compiler=(nvcc,),
-                              modules={"prefill_lab", "prefill_wgmma"})
+                              modules={"prefill_lab"})
     k.modules.update({m: cp.RawModule(path=str(p)) for m, (p, _sha) in built.items()})
     return k
-
-
-def launch_wgmma(k: h.Kernels, name: str, c: Chunk) -> None:
-    """A prefill_wgmma.cu entry on the chunk's buffers, then the shipped kern_prefill_combine (the
-    entry has kern_prefill_attn's arguments, grid and partials; only its shared memory differs)."""
-    case = c.case
-    v = WGMMA_PREFILL[name]
-    k.launch(name, v.grid(c.rows, case.nq, case.nkv), (v.threads,), h.ptr(c.qkv), h.ptr(case.state),
-             h.ptr(case.table), h.ptr(c.seq), h.ptr(c.out), h.ptr(c.part_o), h.ptr(c.part_lse), h.i32(c.rows),
-             h.i32(case.nq), h.i32(case.nkv), h.i32(case.d), h.i32(PAGE), h.i64(case.page_stride),
-             h.f32(case.d**-0.5), shared_mem=v.smem(case.d))
-    k.launch("kern_prefill_combine", (c.rows,), (128,), h.ptr(c.part_o), h.ptr(c.part_lse), h.ptr(c.seq),
-             h.ptr(c.out), h.i32(c.rows), h.i32(case.nq), h.i32(case.nkv), h.i32(case.d))
-
-
-def launch_entry(k: h.Kernels, name: str, c: Chunk) -> None:
-    """Any entry of ENTRIES with its split merge."""
-    if name in WGMMA_PREFILL:
-        launch_wgmma(k, name, c)
-    else:
-        launch_variant(k, name, PREFILL_VARIANTS[name], c)
 
 
 def blocks_per_sm(k: h.Kernels, name: str, threads: int, smem: int) -> int:
@@ -108,9 +84,9 @@ def blocks_per_sm(k: h.Kernels, name: str, threads: int, smem: int) -> int:
 def resources(k: h.Kernels, names: list[str]) -> list[dict[str, Any]]:
     """Registers, local memory and blocks per SM (head_dim 128) of the shipped entry and `names`;
     a driver error in the count is recorded in its place (the checks and timings still run)."""
-    shapes = {"kern_prefill_attn": (128, 2 * 2 * 64 * (D + 8) * 2)}
+    shapes = {"kern_prefill_attn": (128, prefill_smem(D))}
     for name in names:
-        v = WGMMA_PREFILL[name] if name in WGMMA_PREFILL else PREFILL_VARIANTS[name]
+        v = PREFILL_VARIANTS[name]
         shapes[name] = (v.threads, v.smem(D))
     out = []
     for name, (threads, smem) in shapes.items():
@@ -162,7 +138,7 @@ def check_rows(k: h.Kernels, names: list[str]) -> list[dict[str, Any]]:
         rows.append({"shape": [nq, nkv, d, start, n], "entry": "shipped", **_errors(shipped, ref, shipped)})
         for name in names:
             _fresh(c)
-            launch_entry(k, name, c)
+            launch_variant(k, name, PREFILL_VARIANTS[name], c)
             torch.cuda.synchronize()
             rows.append({"shape": [nq, nkv, d, start, n], "entry": name, **_errors(c.out, ref, shipped)})
         del case, c, ref
@@ -181,7 +157,7 @@ def time_rows(k: h.Kernels, names: list[str], reps: int) -> list[dict[str, Any]]
         row: dict[str, Any] = {"start": start, "rows": n, "ms": {}, "tflops": {}}
         runs: dict[str, Callable[[], None]] = {"shipped": lambda c=c: c.launch_new(k)}
         for name in names:
-            runs[name] = lambda c=c, name=name: launch_entry(k, name, c)
+            runs[name] = lambda c=c, name=name: launch_variant(k, name, PREFILL_VARIANTS[name], c)
         for name, run in runs.items():
             ms = event_ms(run, reps)
             row["ms"][name] = ms

@@ -18,6 +18,7 @@ from kern_mining.build import (
     NVCC_FLAGS,
     CompileError,
     CompilerNotFoundError,
+    KernelArchError,
     KernelSourceError,
     build_kernels,
 )
@@ -419,34 +420,45 @@ def _fake_cubin(flags: str, source: bytes, header: bytes) -> bytes:
     return b"CUBIN" + hashlib.sha256(flags.encode() + source + header).digest() * 4
 
 
-def test_an_arch_builds_only_the_named_module_for_it(src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...]) -> None:
-    """`arch` swaps -arch for the modules it names; the others keep NVCC_FLAGS and their cache keys
-    (not rebuilt); dropping it rebuilds the named module with NVCC_FLAGS again."""
+def test_a_kern_arch_line_builds_that_module_for_its_architecture(src: Path, tmp_path: Path,
+                                                                   fake_nvcc: tuple[str, ...]) -> None:
+    """A module's `// kern-arch: sm_90a` line swaps -arch for it alone; the others keep NVCC_FLAGS
+    and their cache keys (not rebuilt); dropping the line rebuilds the module with NVCC_FLAGS."""
     out = tmp_path / "out"
     header = (src / "common.cuh").read_bytes()
+    plain_source = (src / "beta.cu").read_bytes()
     plain = build_kernels(src, out, compiler=fake_nvcc)
-    hopper = build_kernels(src, out, compiler=fake_nvcc, arch={"beta": "sm_90a"})
+    (src / "beta.cu").write_bytes(b"// kern-arch: sm_90a\n" + plain_source)
+    hopper = build_kernels(src, out, compiler=fake_nvcc)
     assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu"]
     assert hopper["alpha"] == plain["alpha"]
-    assert plain["beta"][0].read_bytes() == _fake_cubin(" ".join(NVCC_FLAGS), (src / "beta.cu").read_bytes(), header)
-    assert hopper["beta"][0].read_bytes() == _fake_cubin("-cubin -arch=sm_90a -O3", (src / "beta.cu").read_bytes(), header)
-    assert build_kernels(src, out, compiler=fake_nvcc, arch={"beta": "sm_90a"}) == hopper  # cached
+    assert plain["beta"][0].read_bytes() == _fake_cubin(" ".join(NVCC_FLAGS), plain_source, header)
+    assert hopper["beta"][0].read_bytes() == _fake_cubin("-cubin -arch=sm_90a -O3", (src / "beta.cu").read_bytes(),
+                                                         header)
+    assert build_kernels(src, out, compiler=fake_nvcc) == hopper  # cached
+    (src / "beta.cu").write_bytes(plain_source)
     assert build_kernels(src, out, compiler=fake_nvcc)["beta"][1] == plain["beta"][1]
     assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu", "beta.cu"]
 
 
-@pytest.mark.parametrize(("arch", "modules", "message"), [
-    ({"gamma": "sm_90a"}, None, "an architecture is given for module(s) gamma, which are not built"),
-    ({"beta": "sm_90a"}, ["alpha"], "an architecture is given for module(s) beta, which are not built"),
-    ({"beta": "90a"}, None, "module beta: architecture '90a' is not of the form sm_<digits>[a]"),
-    ({"beta": "sm_90a -G"}, None, "module beta: architecture 'sm_90a -G' is not of the form"),
-])
-def test_a_bad_arch_is_refused_before_anything_builds(src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...],
-                                                      arch: dict[str, str], modules: list[str] | None,
-                                                      message: str) -> None:
-    with pytest.raises(KernelSourceError, match=re.escape(message)):
-        build_kernels(src, tmp_path / "out", compiler=fake_nvcc, modules=modules, arch=arch)
+def test_a_bad_kern_arch_line_is_refused_before_anything_builds(src: Path, tmp_path: Path,
+                                                                fake_nvcc: tuple[str, ...]) -> None:
+    (src / "beta.cu").write_text('// kern-arch: sm_90a -G\nextern "C" __global__ void b() {}\n')
+    with pytest.raises(KernelArchError, match=re.escape("beta.cu: '// kern-arch: sm_90a -G' names no architecture")):
+        build_kernels(src, tmp_path / "out", compiler=fake_nvcc)
     assert not (tmp_path / "out").exists() and _calls(fake_nvcc) == []
+    assert build_kernels(src, tmp_path / "out", compiler=fake_nvcc, modules=["alpha"])  # beta not selected
+
+
+def test_kern_kernels_reports_a_bad_kern_arch_line_on_one_line(src: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (src / "alpha.cu").write_text("// kern-arch: sm_90a\n// kern-arch: sm_100a\n")
+    out = tmp_path / "out"
+    assert kern_main.main(["kernels", "--all", "--kernel-sources", str(src), "--out", str(out),
+                           "--nvcc", sys.executable]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kern kernels: alpha.cu has 2 kern-arch lines: keep one"]
+    assert not out.exists()
 
 
 def test_a_change_to_an_included_source_rebuilds_the_module_that_includes_it(

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from helpers import kernel_harness as h
 
-from kern_qwen3.entries import PREFILL_BM, PREFILL_PART_ROWS, PREFILL_SPLIT_ROWS, PREFILL_SPLITS
+from kern_qwen3.entries import PREFILL_BM, PREFILL_PART_ROWS, PREFILL_SPLIT_ROWS, PREFILL_SPLITS, prefill_smem
 
-__all__ = ["PAGE", "Chunk", "PrefillCase", "attention_ref", "new_case", "prefill_grid", "prefill_smem"]
+__all__ = ["PAGE", "Chunk", "PrefillCase", "attention_ref", "new_case", "prefill_grid"]
 
 PAGE = 16
 DEV = "cuda"
@@ -22,11 +22,6 @@ def prefill_grid(rows: int, nq: int, nkv: int) -> tuple[int, int, int]:
     """kern_prefill_attn's grid (kern_qwen3.ops.prefill_op's expressions at tokens = rows)."""
     return (math.ceil(rows * (nq // nkv) / PREFILL_BM), nkv,
             min(PREFILL_SPLITS, math.ceil(PREFILL_SPLIT_ROWS / rows)))
-
-
-def prefill_smem(d: int) -> int:
-    """kern_prefill_attn's dynamic shared memory: two stages of k and v tiles of 64 padded rows."""
-    return 2 * 2 * 64 * (d + 8) * 2
 
 
 @dataclass

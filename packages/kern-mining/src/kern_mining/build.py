@@ -1,8 +1,8 @@
 """Building kernel sources into cubins: one `.cu` module -> one `<module>-<sha12>.cubin`.
 
 Builds are reproducible (fixed flags, no line info, the source compiled by its bare name from its
-own directory; a caller may name modules that build for another architecture, such as sm_90a) and
-cached: a module is rebuilt only when the hash of (its source, every header beside it, its flags,
+own directory; a module that needs another architecture than sm_90, such as sm_90a for wgmma, says
+so in a line of its own source, `// kern-arch: sm_90a`) and cached: a module is rebuilt only when the hash of (its source, every header beside it, its flags,
 the compiler's version) changes. `kern kernels` is the command line over it; providers call
 `build_kernels` to pin what they build.
 """
@@ -26,9 +26,11 @@ __all__ = [
     "NVCC_FLAGS",
     "CompileError",
     "CompilerNotFoundError",
+    "KernelArchError",
     "KernelBuildError",
     "KernelSourceError",
     "build_kernels",
+    "module_arch",
 ]
 
 NVCC_FLAGS: tuple[str, ...] = ("-cubin", "-arch=sm_90", "-O3")
@@ -52,6 +54,10 @@ class KernelSourceError(KernelBuildError):
     """The source directory is missing, empty, or holds a badly named module."""
 
 
+class KernelArchError(KernelSourceError):
+    """A module's `// kern-arch:` line is malformed or repeated."""
+
+
 class CompilerNotFoundError(KernelBuildError):
     """The compiler command cannot be run."""
 
@@ -73,7 +79,6 @@ def build_kernels(
     *,
     compiler: Sequence[str] = DEFAULT_COMPILER,
     modules: Collection[str] | None = None,
-    arch: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[Path, str]]:
     """Builds the `*.cu` modules under `src_dir` into `out_dir/<module>-<sha12>.cubin`.
 
@@ -85,22 +90,22 @@ def build_kernels(
         src_dir: directory of `.cu` modules and the headers they include.
         out_dir: where cubins and the cache record go (created if missing).
         compiler: command prefix of the compiler, `nvcc` by default.
-        modules: the modules to build (`.cu` stems); None builds every module in `src_dir`.
-        arch: module -> the GPU architecture it builds for in place of NVCC_FLAGS' `sm_90` (for
-            instance `sm_90a`, which wgmma needs); a module not named builds with NVCC_FLAGS as they
-            are, under the same cache key as without this argument.
+        modules: the modules to build (`.cu` stems); None builds every module in `src_dir`. A
+            module whose source declares `// kern-arch: sm_90a` (`module_arch`) builds for that
+            architecture in place of NVCC_FLAGS' `sm_90`; every other module builds with
+            NVCC_FLAGS as they are.
 
     Returns:
         module -> (cubin path, sha256 hex of the cubin bytes) of the selected modules, sorted.
 
     Raises:
-        KernelSourceError: no sources, a bad module name, a selected module with no source, or an
-            `arch` entry naming no selected module or no `sm_<digits>[a]` architecture.
+        KernelSourceError: no sources, a bad module name, or a selected module with no source.
+        KernelArchError: a selected module's `kern-arch` line is malformed or repeated.
         CompilerNotFoundError: the compiler cannot be run.
         CompileError: a module failed to compile (nothing written).
     """
     sources = _select(_sources(src_dir), modules, src_dir)
-    flags = _module_flags(sources, arch or {})
+    flags = {m: _module_flags(p) for m, p in sources.items()}
     version = _compiler_version(compiler)
     headers = _headers_digest(src_dir)
     cache = _load_cache(out_dir)
@@ -142,21 +147,39 @@ def _select(sources: Mapping[str, Path], modules: Collection[str] | None, src_di
     return {m: p for m, p in sources.items() if m in modules}
 
 
+_ARCH_LINE = re.compile(r"^[ \t]*(//[ \t]*kern-arch\b(.*))$", re.MULTILINE)
 _ARCH = re.compile(r"^sm_[0-9]+a?$")
 
 
-def _module_flags(sources: Mapping[str, Path], arch: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """Each module's compiler flags: NVCC_FLAGS, with `-arch=` set from `arch` where it names one."""
-    unknown = sorted(set(arch) - set(sources))
-    if unknown:
-        raise KernelSourceError(f"an architecture is given for module(s) {', '.join(unknown)}, which are not built")
-    for module, value in arch.items():
-        if not _ARCH.match(value):
-            raise KernelSourceError(f"module {module}: architecture {value!r} is not of the form sm_<digits>[a]")
-    return {
-        m: tuple(f"-arch={arch[m]}" if f.startswith("-arch=") else f for f in NVCC_FLAGS) if m in arch else NVCC_FLAGS
-        for m in sources
-    }
+def module_arch(source: Path) -> str | None:
+    """The GPU architecture a module's source declares in a line of its own, `// kern-arch: sm_90a`
+    (None: it declares none and builds for NVCC_FLAGS' sm_90). A mention inside another line is no
+    declaration.
+
+    Raises:
+        KernelArchError: a `kern-arch` line without `: sm_<digits>[a]`, or more than one such line.
+    """
+    lines = _ARCH_LINE.findall(source.read_text(encoding="utf-8", errors="replace"))
+    if len(lines) > 1:
+        raise KernelArchError(f"{source.name} has {len(lines)} kern-arch lines: keep one")
+    if not lines:
+        return None
+    line, rest = lines[0]
+    rest = rest.strip()
+    arch = rest[1:].strip() if rest.startswith(":") else ""
+    if not _ARCH.match(arch):
+        raise KernelArchError(
+            f"{source.name}: {line.strip()!r} names no architecture: write the line as `// kern-arch: sm_90a`"
+        )
+    return arch
+
+
+def _module_flags(source: Path) -> tuple[str, ...]:
+    """A module's compiler flags: NVCC_FLAGS, with `-arch=` set from its kern-arch line if it has one."""
+    arch = module_arch(source)
+    if arch is None:
+        return NVCC_FLAGS
+    return tuple(f"-arch={arch}" if f.startswith("-arch=") else f for f in NVCC_FLAGS)
 
 
 def _headers_digest(src_dir: Path) -> str:

@@ -18,7 +18,7 @@ from kern_lab.entries import (
     WIDE_ENTRY,
     ring_table,
 )
-from kern_lab.kernels import LAB_SRC, PRODUCT_SRC, build_lab_kernels, lab_arch, lab_entry_modules
+from kern_lab.kernels import LAB_SRC, PRODUCT_SRC, build_lab_kernels, lab_entry_modules
 from kern_lab.passes import (
     Carveout,
     FoldNorms,
@@ -30,7 +30,7 @@ from kern_lab.passes import (
     tail_counters,
     tail_launch,
 )
-from kern_lab.prefill import PREFILL_VARIANTS, WGMMA_PREFILL, PrefillVariant, WgmmaPrefill
+from kern_lab.prefill import PREFILL_VARIANTS, PrefillVariant
 
 __all__ = [
     "ALT_ENTRIES",
@@ -49,7 +49,6 @@ __all__ = [
     "TAIL_GROUP",
     "TAIL_OF",
     "TAIL_STRIDE",
-    "WGMMA_PREFILL",
     "WIDE_ENTRY",
     "Carveout",
     "FoldNorms",
@@ -59,9 +58,7 @@ __all__ = [
     "PrefillVariant",
     "Qkn",
     "Splits",
-    "WgmmaPrefill",
     "build_lab_kernels",
-    "lab_arch",
     "lab_entry_modules",
     "ring_table",
     "tail_counters",

@@ -1,10 +1,7 @@
 """Build the lab's kernel modules (tools/lab/kernels-src) against the product's headers
 (tools/kernels-src/*.cuh) and the lab's own: all are staged into one directory and built by `kern
-kernels`' builder. A lab header may not take a product header's name.
-
-A lab module that needs another GPU architecture than the product's sm_90 says so in a line of its
-own, `// lab-arch: sm_90a` (wgmma needs sm_90a); every other module builds exactly as `kern kernels`
-builds the product's."""
+kernels`' builder, exactly as it builds the product's (a module's `// kern-arch: ...` line
+included). A lab header may not take a product header's name."""
 
 from __future__ import annotations
 
@@ -16,30 +13,12 @@ from pathlib import Path
 
 from kern_mining.build import build_kernels
 
-__all__ = ["LAB_SRC", "PRODUCT_SRC", "build_lab_kernels", "lab_arch", "lab_entry_modules"]
+__all__ = ["LAB_SRC", "PRODUCT_SRC", "build_lab_kernels", "lab_entry_modules"]
 
 LAB_SRC = Path("tools/lab/kernels-src")
 """The lab's modules, relative to the repository root."""
 PRODUCT_SRC = Path("tools/kernels-src")
 """The product's modules and headers, relative to the repository root."""
-
-_ARCH_LINE = re.compile(r"^// lab-arch: (\S+)[ \t]*$", re.MULTILINE)
-
-
-def lab_arch(lab_src: Path = LAB_SRC) -> dict[str, str]:
-    """Module -> the architecture its `// lab-arch: ...` line names, for the lab modules that have one.
-
-    Raises:
-        ValueError: a module names two architectures.
-    """
-    found: dict[str, str] = {}
-    for source in sorted(lab_src.glob("*.cu")):
-        named = _ARCH_LINE.findall(source.read_text(encoding="utf-8", errors="replace"))
-        if len(set(named)) > 1:
-            raise ValueError(f"{source.name} names architectures {', '.join(sorted(set(named)))}: keep one lab-arch line")
-        if named:
-            found[source.stem] = named[0]
-    return found
 
 
 def _stage(dst: Path, lab_src: Path, product_src: Path) -> None:
@@ -55,17 +34,14 @@ def build_lab_kernels(out_dir: Path, *, lab_src: Path = LAB_SRC, product_src: Pa
                       compiler: tuple[str, ...] = ("nvcc",),
                       modules: Collection[str] | None = None) -> dict[str, tuple[Path, str]]:
     """Builds the lab modules (`modules`, or all of them) into `out_dir` (cached by hash, as `kern
-    kernels` does), each for the architecture of its `lab-arch` line if it has one.
+    kernels` does).
 
     Returns:
         module -> (cubin path, sha256), as `build_kernels` returns it.
     """
-    arch = lab_arch(lab_src)
-    if modules is not None:
-        arch = {m: a for m, a in arch.items() if m in modules}
     with tempfile.TemporaryDirectory(prefix="kern-lab-src-") as tmp:
         _stage(Path(tmp), lab_src, product_src)
-        return build_kernels(Path(tmp), out_dir, compiler=compiler, modules=modules, arch=arch)
+        return build_kernels(Path(tmp), out_dir, compiler=compiler, modules=modules)
 
 
 def lab_entry_modules(*, lab_src: Path = LAB_SRC, product_src: Path = PRODUCT_SRC) -> dict[str, str]:

@@ -1,18 +1,15 @@
-"""The prefill attention variants of tools/lab/kernels-src/prefill_lab.cu (each entry's tiling and
-the launch shapes that follow from it) and prefill_wgmma.cu's wgmma entries (kern_prefill_attn's
-grid, their own shared memory); the kernels' own ABI is prefill.cu's."""
+"""The prefill attention variants of tools/lab/kernels-src/prefill_lab.cu: each entry's tiling and
+the launch shapes that follow from it; the kernels' own ABI is prefill.cu's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import ClassVar
 
-__all__ = ["PREFILL_VARIANTS", "WGMMA_PREFILL", "PrefillVariant", "WgmmaPrefill"]
+__all__ = ["PREFILL_VARIANTS", "PrefillVariant"]
 
 _SPLITS = 16  # grid z at most (prefill.cuh's PF_MAX_SPLITS)
 _SPLIT_ROWS = 512  # chunks of this many rows or more never split (PF_SPLIT_ROWS)
-_BM = 64  # packed rows per block of kern_prefill_attn (PF_BM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,38 +57,3 @@ PREFILL_VARIANTS = MappingProxyType({
 })
 """Attention entry -> its tiling; each entry's split merge is `<entry>_combine` (grid [rows, nq],
 block [head_dim])."""
-
-
-@dataclass(frozen=True, slots=True)
-class WgmmaPrefill:
-    """A `WG_ENTRY` of prefill_wgmma.cu: kern_prefill_attn's arguments, grid, block and split plan
-    (its partials merged by kern_prefill_combine), one warpgroup per block, `stages` shared-memory
-    stages of 64 keys, two blocks per SM; `overlap`: the P V product of the previous tile runs
-    during the softmax."""
-
-    stages: int
-    overlap: bool = False
-
-    threads: ClassVar[int] = 128
-    """Threads per block (one warpgroup)."""
-    packed_rows: ClassVar[int] = _BM
-    """Packed rows per block, as kern_prefill_attn."""
-    per_sm: ClassVar[int] = 2
-    """Blocks per SM (its `__launch_bounds__`)."""
-
-    def smem(self, head_dim: int) -> int:
-        """Dynamic shared memory in bytes: Q and `stages` K/V tiles of 64 rows, and 1 KiB to round
-        the base up to the 1024-byte swizzle atom."""
-        return 1024 + (1 + 2 * self.stages) * 64 * head_dim * 2
-
-    def grid(self, rows: int, nq: int, nkv: int) -> tuple[int, int, int]:
-        """kern_prefill_attn's grid for a chunk of `rows` rows."""
-        return (-(-rows * (nq // nkv) // _BM), nkv, min(_SPLITS, -(-_SPLIT_ROWS // rows)))
-
-
-WGMMA_PREFILL = MappingProxyType({
-    "kern_prefill_attn_wgmma": WgmmaPrefill(2),
-    "kern_prefill_attn_wgmma_s3": WgmmaPrefill(3),
-    "kern_prefill_attn_wgmma_ov": WgmmaPrefill(3, overlap=True),
-})
-"""prefill_wgmma.cu's attention entries; their split merge is the product's kern_prefill_combine."""

@@ -38,6 +38,7 @@ from kern_qwen3.entries import (
     Layout,
     decode_rows_smem,
     entry_modules,
+    prefill_smem,
     silu_entries,
 )
 from kern_qwen3.errors import ConfigError, GenError, KernelsError
@@ -154,6 +155,7 @@ __all__ = [
     "generate_tp",
     "iter_weight_files",
     "plan_passes",
+    "prefill_smem",
     "preset",
     "qwen3_tensor_shapes",
     "random_checkpoint",

@@ -31,6 +31,7 @@ __all__ = [
     "PREFILL_PART_ROWS",
     "PREFILL_SPLITS",
     "PREFILL_SPLIT_ROWS",
+    "PREFILL_STAGES",
     "QK_ROWS_HEADS",
     "ROWS_ENTRIES",
     "SAMPLE_TOP_N",
@@ -39,6 +40,7 @@ __all__ = [
     "Layout",
     "decode_rows_smem",
     "entry_modules",
+    "prefill_smem",
     "silu_entries",
 ]
 
@@ -70,6 +72,15 @@ PREFILL_SPLIT_ROWS = 512
 """prefill.cuh's PF_SPLIT_ROWS: chunks of this many rows or more run one split."""
 PREFILL_PART_ROWS = 2 * PREFILL_SPLIT_ROWS
 """Chunk rows x splits that kern_prefill_attn's partials hold (splits x rows < 2 x PREFILL_SPLIT_ROWS)."""
+PREFILL_STAGES = 3
+"""prefill.cuh's PF_STAGES: the K/V tiles of 64 keys kern_prefill_attn keeps in shared memory."""
+
+
+def prefill_smem(head_dim: int) -> int:
+    """Dynamic shared memory of kern_prefill_attn at `head_dim` (prefill.cuh's PfSmem): Q and
+    PREFILL_STAGES K and V tiles of 64 rows of bf16, and 1 KiB to round the base up to the
+    1024-byte swizzle atom."""
+    return 1024 + (1 + 2 * PREFILL_STAGES) * PREFILL_BM * head_dim * 2
 ARGMAX_PARTS = 64
 """Blocks of the first argmax stage."""
 

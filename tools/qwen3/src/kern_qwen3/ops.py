@@ -15,6 +15,7 @@ from kern_qwen3.entries import (
     PREFILL_SPLITS,
     QK_ROWS_HEADS,
     decode_rows_smem,
+    prefill_smem,
 )
 from kern_qwen3.fragments import BF16_IN, BF16_IO, BF16_OUT, Json, f32, i32, i64, kernel
 from kern_qwen3.shape import PAGE_TOKENS, Qwen3Shape
@@ -84,7 +85,7 @@ def prefill_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
     grid = [{"ceil_div": [{"mul": ["tokens", group]}, PREFILL_BM]}, nkv,
             {"min": [PREFILL_SPLITS, {"ceil_div": [PREFILL_SPLIT_ROWS, "tokens"]}]}]
     attn = kernel(
-        mods, "kern_prefill_attn", grid, 128, shared_mem=2 * 2 * 64 * (d + 8) * 2,
+        mods, "kern_prefill_attn", grid, 128, shared_mem=prefill_smem(d),
         params=[*PREFILL_PARAMS[:5], "out buffer<f32>", "out buffer<f32>", *PREFILL_PARAMS[5:]],
         args=[*({"param": i} for i in range(5)), {"scratch": "part_o"}, {"scratch": "part_lse"},
               *({"param": i} for i in range(5, 12))],

@@ -1,7 +1,7 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) for the lab's kernels: shared-memory matrix descriptors of
-// the 128-byte swizzle, the fences and group waits, and the three bf16 -> f32 shapes the prefill
-// attention issues. Facts from the PTX ISA ("Asynchronous Warpgroup Level Matrix Multiply-Accumulate
-// Instructions"):
+// Hopper warpgroup MMA (wgmma, sm_90a; a module that includes this header declares
+// `// kern-arch: sm_90a`): shared-memory matrix descriptors of the 128-byte swizzle, the fences and
+// group waits, and the three bf16 -> f32 shapes the prefill attention (prefill.cuh) issues. Facts
+// from the PTX ISA ("Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions"):
 //
 // - A warpgroup is 4 consecutive warps (128 threads); every wgmma instruction is issued by all of
 //   them with the same descriptors. m64nNk16: D[64][N] (+)= A[64][16] B[16][N], f32 D in N/2
