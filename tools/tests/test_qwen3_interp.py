@@ -392,6 +392,18 @@ def test_prefill_splits_and_combine_give_the_chunk_attention(n: int, rows: int, 
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
+def test_prefill_split_plan_is_the_kernels() -> None:
+    """The model's split plan takes its constants from prefill.cuh (the kernel's prefill_splits and
+    tiles of PF_BN keys)."""
+    text = (TOOLS / "kernels-src" / "prefill.cuh").read_text()
+    for name, value in (("PF_BM", interp.PREFILL_BM), ("PF_BN", interp.PREFILL_BN),
+                        ("PF_TARGET", interp.PREFILL_TARGET), ("PF_MIN_TILES", interp.PREFILL_MIN_TILES)):
+        assert f"constexpr int {name} = {value};" in text
+    assert "int n = min(prefill_zcap(rows), max(1, PF_TARGET / work));\n    n = min(n, max(1, tiles / PF_MIN_TILES));" in text
+    assert [interp.prefill_splits(n, r, 32, 8) for n, r in ((14037, 37), (14200, 200), (4096, 4096), (1, 1))] == [
+        11, 2, 1, 1]
+
+
 def test_decode_attention_over_rows_is_each_row_alone() -> None:
     """kern_attn_decode_rows' model over 4 rows of their own lengths and block-table rows: each row
     is the one-row pair (partial + reduce) over its own pages; a row of 0 tokens gets zeros; the

@@ -293,6 +293,26 @@ def test_the_rows_attention_constants_are_the_headers(monkeypatch: pytest.Monkey
         assert grids and all(g[1] == 12 for g in grids)
 
 
+@pytest.mark.parametrize(("head_dim", "smem"), [(128, 115712), (64, 58368)])
+def test_prefill_attention_launch_is_the_kernel_sources(head_dim: int, smem: int) -> None:
+    """kern_prefill_attn's grid constants and dynamic shared memory are prefill.cuh's (Q and three
+    K/V stages of 64 rows, 1 KiB of alignment), and the manifest that asks for it (past 48 KiB: the
+    opt-in limit, two blocks per SM) verifies."""
+    src = TOOLS / "kernels-src"
+    text = (src / "prefill.cuh").read_text()
+    for name, value in (("PF_BM", gen.PREFILL_BM), ("PF_MAX_SPLITS", 16), ("PF_SPLIT_ROWS", 512),
+                        ("PF_STAGES", 3), ("PF_THREADS", 128)):
+        assert f"constexpr int {name} = {value};" in text
+    assert "static_assert(SMEM == 1024 + (1 + 2 * PF_STAGES) * 64 * D * 2," in text
+    assert "dynamic shared memory 1024 + 7 * 64 * head_dim * 2 bytes" in (src / "prefill.cu").read_text()
+    assert gen.prefill_smem(head_dim) == smem and 2 * (smem + 1024) <= 228 * 1024
+    m = manifest({**QWEN3_TINY_CONFIG, "head_dim": head_dim}, feed="device")
+    verify_manifest(m)
+    attn, combine = m["ops"]["attn_prefill"]["impl"]["launches"]
+    assert (attn["entry"], attn["block"], attn["shared_mem"]) == ("kern_prefill_attn", [128, 1, 1], smem)
+    assert combine["entry"] == "kern_prefill_combine" and "shared_mem" not in combine
+
+
 def test_fused_attention_holds_at_most_16_query_heads_per_kv_head() -> None:
     """kern_attn_decode_rows' two head tiles of 8 (the fused step's and the batched step's); the
     unfused pair takes wider groups."""

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import torch
 from helpers import kernel_harness as h
 
-from kern_qwen3.entries import PREFILL_BM, PREFILL_PART_ROWS, PREFILL_SPLIT_ROWS, PREFILL_SPLITS, prefill_smem
+from kern_qwen3.entries import (
+    PREFILL_BM,
+    PREFILL_PART_ROWS,
+    PREFILL_SPLIT_ROWS,
+    PREFILL_SPLITS,
+    prefill_smem,
+)
 
 __all__ = ["PAGE", "Chunk", "PrefillCase", "attention_ref", "new_case", "prefill_grid"]
 
