@@ -5,7 +5,6 @@ included). A lab header may not take a product header's name."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from collections.abc import Collection
