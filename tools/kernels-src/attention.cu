@@ -73,10 +73,10 @@ kern_attn_prefill(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 // Decode attention over `rows` sequences of their own lengths (grid z = row r): row r's query
 // heads at qkv + r * (nq + 2 nkv) * head_dim (the fused qkv row), its length seq_lens[r], its
 // block-table row block_table + r * table_stride, its output out + r * nq * head_dim.
-// The split plan is the row's own, from seq_lens[r] (so a row gives the same bits alone and in any
-// batch): its pages = ceil(len / 16) split in whole pages, max(16, ceil(pages / max_splits)) per
-// split (attention.cuh's attn_rows_run):
-// - one split (up to 256 tokens): the block at y = 0 writes the row's outputs itself (a row of 0
+// The split plan is the row's own, from seq_lens[r] (so a row gives the same bits in any launch of
+// two rows or more): its pages = ceil(len / 16) split in whole pages, max(m, ceil(pages /
+// max_splits)) per split, m = 16, or 4 in a launch of one row (attention.cuh's attn_rows_run):
+// - one split (up to 16 m tokens): the block at y = 0 writes the row's outputs itself (a row of 0
 //   tokens gets zeros); part_o, part_lse and counters untouched;
 // - more: each split writes its normalized rows and log2-sum-exps to part_o[r, s] / part_lse[r, s]
 //   and counts itself in counters[r, kv head]; the last to count reduces the splits in order into

@@ -489,9 +489,13 @@ __device__ void prefill_impl(const bf16* qkv, const PagedKV& kv, int len, bf16* 
 constexpr int ROWS_WARPS = KERN_ROWS_WARPS;
 constexpr int ROWS_STAGES = KERN_ROWS_STAGES;
 constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles of 8
-// Pages per split at least (256 tokens): a block streams 4 pages a warp or more, so short rows take
-// few blocks (one, up to 256 tokens) instead of many one-page splits and their combine.
+// Pages per split at least. In a launch of several rows, 16 (256 tokens): a block streams 4 pages a
+// warp or more, so short rows take few blocks (one, up to 256 tokens) instead of many one-page
+// splits and their combine. A launch of one row (the one-row step) takes 4: its few blocks would
+// otherwise leave the GPU idle below 4,096 tokens, where a warp's chain of pages, not the bytes,
+// sets the time.
 constexpr int ROWS_MIN_PAGES = 16;
+constexpr int ROWS_MIN_PAGES_ONE = 4;
 constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
 
 // Dynamic shared memory of kern_attn_decode_rows at head_dim d (the launch must give it).
@@ -842,8 +846,10 @@ __device__ __forceinline__ void rows_write_whole(const bf16* qrow, const RowsSpl
 }
 
 // kern_attn_decode_rows' body for one (kv head, split, row) block, head_dim D, HT head tiles. The
-// split plan is the row's own: its pages = ceil(len / 16), pps = max(ROWS_MIN_PAGES,
-// ceil(pages / max_splits)) pages per split, used = ceil(pages / pps) splits. A row of one split
+// split plan is the row's own (the same in any launch of two rows or more): its pages =
+// ceil(len / 16), pps = max(min_pages, ceil(pages / max_splits)) pages per split (min_pages:
+// ROWS_MIN_PAGES_ONE in a launch of one row, else ROWS_MIN_PAGES), used = ceil(pages / pps)
+// splits. A row of one split
 // (or none) is written by its block at y = 0 alone; otherwise each split writes its normalized rows
 // and log2-sum-exps to part_o[row, s] / part_lse[row, s], counts itself in counters[row, kv head],
 // and the last block to count reduces the splits in order (decode_reduce_heads) and sets the
@@ -862,7 +868,8 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     // them.
     const int len = seq_lens[row];
     const int pages = (len + ROWS_PAGE - 1) / ROWS_PAGE;
-    const int pps = max(ROWS_MIN_PAGES, (pages + max_splits - 1) / max_splits);
+    const int min_pages = gridDim.z == 1 ? ROWS_MIN_PAGES_ONE : ROWS_MIN_PAGES;
+    const int pps = max(min_pages, (pages + max_splits - 1) / max_splits);
     const int used = (pages + pps - 1) / pps;
     if (split >= max(used, 1)) {
         kern_pdl_wait();

@@ -28,7 +28,7 @@ U = 2.0**-8
 LAYERS, LAYER = 2, 1
 ENTRY = "kern_attn_decode_rows"
 WARPS, STAGES = 4, 3  # attention.cuh's ROWS_WARPS, ROWS_STAGES
-LENGTHS = (1, 15, 16, 17, 256, 257, 1000, 4097, 32768)
+LENGTHS = (1, 15, 16, 17, 64, 65, 256, 257, 1000, 4097, 32768)
 
 
 def smem_bytes(d: int) -> int:
@@ -78,7 +78,7 @@ class Batch:
     def rows(self) -> int:
         return len(self.lens)
 
-    def launch(self, k: object, max_splits: int, rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def launch(self, k: object, max_splits: int, rows: slice | list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, counters) of one launch over `rows` (all by default), NaN scratch and output."""
         sel = rows if rows is not None else slice(0, self.rows)
         qkv, seq, table = self.qkv[sel].contiguous(), self.seq[sel].contiguous(), self.table[sel].contiguous()
@@ -128,9 +128,10 @@ SHAPES = [(32, 8, 128), (8, 8, 128), (64, 8, 128), (32, 8, 64), (8, 8, 64), (64,
 @pytest.mark.parametrize("seq_len", LENGTHS)
 @pytest.mark.parametrize(("nq", "nkv", "d"), SHAPES)
 def test_one_row(k: object, gen: torch.Generator, nq: int, nkv: int, d: int, seq_len: int) -> None:
-    """One row at the lengths around a page (1, 15, 16, 17), around one block's whole row (256: one
-    split of 16 pages; 257: two), at 1000, past a power of two (4097) and at 32k; three launches in
-    a row each give the same bits and leave the counters at zero."""
+    """One row at the lengths around a page (1, 15, 16, 17) and around one block's whole row (64: one
+    split of 4 pages; 65: two; 256 and 257 as a launch of several rows splits them), at 1000, past
+    a power of two (4097) and at 32k; three launches in a row each give the same bits and leave the
+    counters at zero."""
     b = Batch(gen, nq, nkv, d, [seq_len])
     first, counters = b.launch(k, 32)
     assert not counters.any(), "the reducing block must set its counter back to 0"
@@ -150,6 +151,14 @@ def test_other_groups(k: object, gen: torch.Generator, nq: int, nkv: int, d: int
     b.check(out)
 
 
+def _one(b: Batch, r: int) -> Batch:
+    """`b` as a batch of its row r alone (for `check`: the same pages, table row, q and length)."""
+    one = Batch.__new__(Batch)
+    one.__dict__.update(b.__dict__)
+    one.lens, one.table, one.seq, one.qkv = [b.lens[r]], b.table[r : r + 1], b.seq[r : r + 1], b.qkv[r : r + 1]
+    return one
+
+
 def _mixed(gen: torch.Generator, rows: int) -> list[int]:
     pool = [1, 15, 16, 17, 100, 511, 513, 1024, 1025, 2049, 4097, 8192]
     picks = torch.randint(0, len(pool), (rows,), generator=gen, device=DEV).tolist()
@@ -163,15 +172,20 @@ def _mixed(gen: torch.Generator, rows: int) -> list[int]:
 @pytest.mark.parametrize("rows", [1, 3, 7, 64])
 def test_rows_of_mixed_lengths(k: object, gen: torch.Generator, rows: int, nq: int, nkv: int, d: int,
                                max_splits: int) -> None:
-    """Rows of mixed lengths over scattered pages: every row within the bound of its reference, and
-    bit for bit what the row gives alone (the split plan follows the row's own length)."""
+    """Rows of mixed lengths over scattered pages: every row within the bound of its reference, alone
+    too, and bit for bit what the row gives in a launch of two rows (the split plan follows the
+    row's own length in any launch of several rows)."""
     b = Batch(gen, nq, nkv, d, _mixed(gen, rows))
     out, counters = b.launch(k, max_splits)
     assert not counters.any(), "every row's reducing block must set its counter back to 0"
     b.check(out)
     for r in range(rows):
-        alone, _ = b.launch(k, max_splits, slice(r, r + 1))
-        assert torch.equal(bits(alone[0]), bits(out[r])), f"row {r} (seq_len {b.lens[r]}) differs alone"
+        alone, counters = b.launch(k, max_splits, slice(r, r + 1))
+        assert not counters.any()
+        _one(b, r).check(alone)
+        if rows > 1:
+            pair, _ = b.launch(k, max_splits, [r, (r + 1) % rows])
+            assert torch.equal(bits(pair[0]), bits(out[r])), f"row {r} (seq_len {b.lens[r]}) differs in a pair"
 
 
 def test_a_row_of_no_tokens_gets_zeros(k: object, gen: torch.Generator) -> None:
