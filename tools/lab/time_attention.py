@@ -1,5 +1,5 @@
-"""Decode attention's KV streaming rate on the local GPU: kern_attn_decode_rows and kern_attn_decode
-at the Qwen3-4B heads (32 q, 8 kv, head_dim 128, pages of 16), against a device-to-device copy of
+"""Decode attention's KV streaming rate on the local GPU: kern_attn_decode_rows (the batched step's),
+kern_attn_decode_one (the fused one-row step's) and the lab's kern_attn_decode at the Qwen3-4B heads (32 q, 8 kv, head_dim 128, pages of 16), against a device-to-device copy of
 the same bytes in the same run.
 
 Each case is a CUDA graph of 36 layer-sized launches (torch.cuda.graph), each over its own layer of
@@ -208,7 +208,8 @@ def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float,
             case = Case(lens, max(sweep), layout)
             copy_us = case.copy_us()
             timed: list[tuple[str, int, list[Callable[[], None]]]] = [
-                ("kern_attn_decode_rows", s, [case.rows_launch(k, i, s) for i in range(LAYERS)]) for s in sweep]
+                (e, s, [case.rows_launch(k, i, s, e) for i in range(LAYERS)])
+                for e in ("kern_attn_decode_rows", "kern_attn_decode_one") for s in sweep]
             timed.append(("kern_attn_decode" if rows == 1 else "kern_attn_decode (a launch per row)", SPLITS,
                           [case.today_launch(k, i, r) for i in range(LAYERS) for r in range(rows)]))
             for entry, splits, bodies in timed:

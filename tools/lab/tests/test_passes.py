@@ -114,7 +114,7 @@ def test_splits_and_wide_attention_resize_the_fused_attention() -> None:
         op, was = m["ops"]["attn_decode_fused"], plain["ops"]["attn_decode_fused"]
         (launch,), (old,) = op["impl"]["launches"], was["impl"]["launches"]
         entry = "kern_attn_decode_wide" if wide else "kern_attn_decode"
-        assert old["entry"] == "kern_attn_decode_rows" and "shared_mem" not in launch
+        assert old["entry"] == "kern_attn_decode_one" and "shared_mem" not in launch
         assert (launch["entry"], launch["grid"], launch["args"][13]) == (entry, [8, splits, 1], {"i32": splits})
         # kern_attn_decode's args: the rows entry's but its table stride (the 14th)
         assert launch["args"][:13] == old["args"][:13] and launch["args"][14:] == old["args"][15:]
@@ -134,7 +134,7 @@ def test_late_trigger_launches_the_late_attention_entries() -> None:
         plain = _manifest(gen.DEFER_NORMS, *passes, gen.PDL)
         (launch,) = m["ops"]["attn_decode_fused"]["impl"]["launches"]
         (want,) = plain["ops"]["attn_decode_fused"]["impl"]["launches"]
-        if want["entry"] == "kern_attn_decode_rows":  # the late form is kern_attn_decode's
+        if want["entry"] == "kern_attn_decode_one":  # the late form is kern_attn_decode's
             want = {k: v for k, v in want.items() if k != "shared_mem"}
             want["params"] = [*want["params"][:13], *want["params"][14:]]
             want["args"] = [*want["args"][:13], *want["args"][14:]]

@@ -182,10 +182,12 @@ def test_examples_are_what_the_generator_writes() -> None:
                     ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast), ("qwen3-4b-f32", QWEN3_4B_CONFIG, {"precision": "f32"}),
                     ("qwen3-4b-batch", QWEN3_4B_CONFIG, {**fast, "rows": 64}),
                     ("qwen3-tiny-batch", QWEN3_TINY_CONFIG, {"rows": 8})]
+    shipped_all = {name: json.loads((root / "examples" / f"{name}.json").read_text()) for name, _, _ in shipped_sets}
+    # NOTE: every module's hash (a manifest pins only the modules its launches use)
+    hashes = {m: v["sha256"] for doc in shipped_all.values() for m, v in doc["modules"].items()}
+    entries = gen.entry_modules(TOOLS / "kernels-src")
     for name, config, kw in shipped_sets:
-        shipped = json.loads((root / "examples" / f"{name}.json").read_text())
-        entries = gen.entry_modules(TOOLS / "kernels-src")
-        hashes = {m: v["sha256"] for m, v in shipped["modules"].items()}
+        shipped = shipped_all[name]
         fresh = _generate(gen.shape_from_config(config), hashes, entries, model=name, feed="device", **kw)
         assert shipped == fresh
 
@@ -235,7 +237,7 @@ def test_fused_step_has_one_attention_launch_and_no_kv_write() -> None:
     attn = m["ops"][decode[4]["op"]]
     (launch,) = attn["impl"]["launches"]
     assert (launch["entry"], launch["grid"], launch["block"], launch["shared_mem"]) == (
-        "kern_attn_decode_rows", [8, gen.DECODE_SPLITS, 1], [128, 1, 1], gen.decode_rows_smem(128))
+        "kern_attn_decode_one", [8, gen.DECODE_SPLITS, 1], [128, 1, 1], gen.decode_rows_smem(128))
     assert launch["args"][13:15] == [{"i32": m["buffers"]["block_table"]["shape"][0]}, {"i32": gen.DECODE_SPLITS}]
     assert attn["impl"]["scratch"]["part_o"]["shape"] == [gen.DECODE_SPLITS, 32 * 128]
     assert decode[4]["args"][-1] == {"buf": "attn_count"}
@@ -272,45 +274,36 @@ def test_gemv_pick_overrides_the_table() -> None:
 
 # ------------------------------------------------------------------------------ --capture
 
-def test_the_rows_attention_constants_are_the_headers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The generator's copies of kern_attn_decode_rows' block shape and limits are the header's; the
-    entry has no cluster shape, so any split count builds a fused or batched manifest."""
-    text = (TOOLS / "kernels-src" / "attention.cuh").read_text() + (TOOLS / "kernels-src" / "attention.cu").read_text()
-    assert "__cluster_dims__" not in text
+def test_the_decode_attention_constants_are_the_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generator's copies of the decode attention entries' block shape and limits are the
+    headers': kern_attn_decode_rows (the batched step) has no cluster shape, so any split count
+    builds a batched manifest; kern_attn_decode_one (the fused one-row step) runs in clusters of 8
+    blocks along y (the `__cluster_dims__` in attention_one.cu), so another split count is refused
+    before a fused manifest exists."""
+    src = TOOLS / "kernels-src"
+    rows = (src / "attention.cuh").read_text() + (src / "attention.cu").read_text()
+    one = (src / "attention_cluster.cuh").read_text() + (src / "attention_one.cu").read_text()
+    assert "__cluster_dims__" not in rows
+    assert f"constexpr int DEC_CLUSTER = {gen.DECODE_CLUSTER};" in one
+    assert "__cluster_dims__(1, DEC_CLUSTER, 1)\nkern_attn_decode_one(" in one
     for name, value in (("ROWS_WARPS", gen.DECODE_ROWS_WARPS), ("ROWS_STAGES", gen.DECODE_ROWS_STAGES)):
         # NOTE: a lab build may set these before including the header; the product takes the defaults
-        assert f"#ifndef KERN_{name}\n#define KERN_{name} {value}\n#endif" in text
-        assert f"constexpr int {name} = KERN_{name};" in text
-    assert f"constexpr int ROWS_MAX_GROUP = {gen.DECODE_ROWS_MAX_GROUP};" in text
-    assert "return ROWS_WARPS * ROWS_STAGES * (d / 8) * 32 * 16;" in text
+        assert f"#ifndef KERN_{name}\n#define KERN_{name} {value}\n#endif" in rows
+        assert f"constexpr int {name} = KERN_{name};" in rows
+    assert f"constexpr int ROWS_MAX_GROUP = {gen.DECODE_ROWS_MAX_GROUP};" in rows
+    assert "return ROWS_WARPS * ROWS_STAGES * (d / 8) * 32 * 16;" in rows
     assert gen.decode_rows_smem(128) == 96 * 1024 and gen.decode_rows_smem(64) == 48 * 1024
+    assert gen.DECODE_SPLITS % gen.DECODE_CLUSTER == 0
     monkeypatch.setattr("kern_qwen3.ops.DECODE_SPLITS", 12)
-    for kw in ({"fuse": True}, {"rows": 4}):
-        m = manifest(QWEN3_TINY_CONFIG, feed="device", **kw)
-        verify_manifest(m)
-        grids = [la["grid"] for op in m["ops"].values() for la in op["impl"].get("launches", [])
-                 if la.get("entry") == "kern_attn_decode_rows"]
-        assert grids and all(g[1] == 12 for g in grids)
-
-
-@pytest.mark.parametrize(("head_dim", "smem"), [(128, 115712), (64, 58368)])
-def test_prefill_attention_launch_is_the_kernel_sources(head_dim: int, smem: int) -> None:
-    """kern_prefill_attn's grid constants and dynamic shared memory are prefill.cuh's (Q and three
-    K/V stages of 64 rows, 1 KiB of alignment), and the manifest that asks for it (past 48 KiB: the
-    opt-in limit, two blocks per SM) verifies."""
-    src = TOOLS / "kernels-src"
-    text = (src / "prefill.cuh").read_text()
-    for name, value in (("PF_BM", gen.PREFILL_BM), ("PF_MAX_SPLITS", 16), ("PF_SPLIT_ROWS", 512),
-                        ("PF_STAGES", 3), ("PF_THREADS", 128)):
-        assert f"constexpr int {name} = {value};" in text
-    assert "static_assert(SMEM == 1024 + (1 + 2 * PF_STAGES) * 64 * D * 2," in text
-    assert "dynamic shared memory 1024 + 7 * 64 * head_dim * 2 bytes" in (src / "prefill.cu").read_text()
-    assert gen.prefill_smem(head_dim) == smem and 2 * (smem + 1024) <= 228 * 1024
-    m = manifest({**QWEN3_TINY_CONFIG, "head_dim": head_dim}, feed="device")
+    monkeypatch.setattr("kern_qwen3._finish.DECODE_SPLITS", 12)
+    m = manifest(QWEN3_TINY_CONFIG, feed="device", rows=4)
     verify_manifest(m)
-    attn, combine = m["ops"]["attn_prefill"]["impl"]["launches"]
-    assert (attn["entry"], attn["block"], attn["shared_mem"]) == ("kern_prefill_attn", [128, 1, 1], smem)
-    assert combine["entry"] == "kern_prefill_combine" and "shared_mem" not in combine
+    grids = [la["grid"] for op in m["ops"].values() for la in op["impl"].get("launches", [])
+             if la.get("entry") == "kern_attn_decode_rows"]
+    assert grids and all(g[1] == 12 for g in grids)
+    for kw in ({"fuse": True}, {"fuse": True, "rows": 4}):
+        with pytest.raises(gen.KernelsError, match="DECODE_SPLITS 12"):
+            manifest(QWEN3_TINY_CONFIG, feed="device", **kw)
 
 
 def test_fused_attention_holds_at_most_16_query_heads_per_kv_head() -> None:

@@ -262,7 +262,8 @@ def k_attn_decode(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, part_o: Ptr,
 def k_attn_decode_rows(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_lens: Ptr, part_o: Ptr, part_lse: Ptr, counters: Ptr,
                        out: Ptr, nq: int, nkv: int, d: int, p: int, page_stride: int, table_stride: int,
                        max_splits: int, scale: float) -> None:
-    """`t` rows (the program's rows: `tokens` for the one-row step, `rows` for the batched step), each
+    """kern_attn_decode_rows and kern_attn_decode_one (the one-row step's; the same arguments): `t`
+    rows (the program's rows: `tokens` for the one-row step, `rows` for the batched step), each
     over its own seq_lens[r] tokens through its block-table row (block_table + r * table_stride):
     attention as kern_attn_decode_partial + _reduce give it (how the kernel splits a row is its own
     business); a row of 0 tokens gets zeros. The counters ([rows, nkv]) must be zero before (the load
@@ -513,7 +514,7 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_d8": k_gemv, "kern_gemv_bf16_d4_silu": k_gemv_silu,
     "kern_gemv_bf16_p4_silu": k_gemv_silu, "kern_gemv_bf16_silu": k_gemv_silu, "kern_qk_norm_rope_kv": k_qk_norm_rope_kv,
     "kern_qk_norm_rope_kv_rows": k_qk_norm_rope_kv,
-    "kern_attn_decode": k_attn_decode, "kern_attn_decode_rows": k_attn_decode_rows, "kern_attn_decode_wide": k_attn_decode, "kern_attn_decode_late": k_attn_decode,
+    "kern_attn_decode": k_attn_decode, "kern_attn_decode_rows": k_attn_decode_rows, "kern_attn_decode_one": k_attn_decode_rows, "kern_attn_decode_wide": k_attn_decode, "kern_attn_decode_late": k_attn_decode,
     "kern_attn_decode_wide_late": k_attn_decode, "kern_attn_decode_qkn": k_attn_decode_qkn, "kern_zero_i32": k_zero_i32,
     "kern_sample_rows": k_sample_rows, "kern_rows_advance": k_rows_advance,
     "kern_rows_seed": k_rows_seed,

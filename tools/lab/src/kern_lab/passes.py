@@ -60,10 +60,10 @@ def _fused_launch(manifest: Json) -> Json:
 
 
 def _cluster_launch(manifest: Json, ctx: Context) -> Json:
-    """The fused attention's launch, turned from kern_attn_decode_rows into kern_attn_decode
+    """The fused attention's launch, turned from kern_attn_decode_one into kern_attn_decode
     (attention_cluster.cu, the same args but the table stride, no dynamic shared memory) in place."""
     launch = _fused_launch(manifest)
-    if launch["entry"] == "kern_attn_decode_rows":
+    if launch["entry"] == "kern_attn_decode_one":
         # NOTE: the rows entry's 14th parameter, table_stride, is the one kern_attn_decode lacks.
         launch["params"] = [*launch["params"][:13], *launch["params"][14:]]
         launch["args"] = [*launch["args"][:13], *launch["args"][14:]]
@@ -257,7 +257,7 @@ class Splits:
 @dataclass(frozen=True, slots=True)
 class LateTrigger:
     """The fused decode attention's blocks let the next launch (o's GEMV) start only once they have
-    folded their splits (LATE_ENTRIES, attention_wide.cu; kern_attn_decode_rows becomes
+    folded their splits (LATE_ENTRIES, attention_wide.cu; kern_attn_decode_one becomes
     kern_attn_decode's late form)."""
 
     name: str = "late_trigger"

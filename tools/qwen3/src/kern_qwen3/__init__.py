@@ -16,6 +16,7 @@ from kern_qwen3.checkpoint import (
 )
 from kern_qwen3.entries import (
     ARGMAX_PARTS,
+    DECODE_CLUSTER,
     DECODE_ROWS_MAX_GROUP,
     DECODE_ROWS_STAGES,
     DECODE_ROWS_WARPS,
@@ -82,6 +83,7 @@ from kern_qwen3.tp import generate_tp, rank_shape, tensor_parallel, tp_weights
 
 __all__ = [
     "ARGMAX_PARTS",
+    "DECODE_CLUSTER",
     "DECODE_ROWS_MAX_GROUP",
     "DECODE_ROWS_STAGES",
     "DECODE_ROWS_WARPS",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kern_qwen3.entries import DECODE_ROWS_MAX_GROUP
+from kern_qwen3.entries import DECODE_CLUSTER, DECODE_ROWS_MAX_GROUP, DECODE_SPLITS
 from kern_qwen3.errors import KernelsError
 from kern_qwen3.fragments import Json
 from kern_qwen3.shape import Qwen3Shape
@@ -12,9 +12,10 @@ from kern_qwen3.shape import Qwen3Shape
 __all__ = ["check_kernel_limits", "check_needed", "finish"]
 
 
-def check_kernel_limits(s: Qwen3Shape, *, attn_rows: bool = False) -> None:
+def check_kernel_limits(s: Qwen3Shape, *, attn_rows: bool = False, attn_one: bool = False) -> None:
     """What tools/kernels-src supports (its comments): vector widths and the attention's GQA tiling
-    (`attn_rows`: the manifest runs kern_attn_decode_rows, fused or batched step: its limits too).
+    (`attn_rows`: the manifest runs kern_attn_decode_one or kern_attn_decode_rows, fused or batched
+    step: their limits too; `attn_one`: kern_attn_decode_one, the fused one-row step: its clusters).
 
     Raises:
         KernelsError: the shape is outside what the kernels hold.
@@ -25,6 +26,8 @@ def check_kernel_limits(s: Qwen3Shape, *, attn_rows: bool = False) -> None:
         *([f"{group} query heads per kv head (needs <= 8 or a multiple of 8)"] if group > 8 and group % 8 else []),
         *([f"hidden_size {s.hidden} (needs a multiple of 8)"] if s.hidden % 8 else []),
         *([f"intermediate_size {s.inter} (needs a multiple of 8)"] if s.inter % 8 else []),
+        *([f"DECODE_SPLITS {DECODE_SPLITS} (kern_attn_decode_one needs a multiple of {DECODE_CLUSTER})"]
+          if attn_one and DECODE_SPLITS % DECODE_CLUSTER else []),
         *([f"{group} query heads per kv head in kern_attn_decode_rows (needs <= {DECODE_ROWS_MAX_GROUP})"]
           if attn_rows and group > DECODE_ROWS_MAX_GROUP else []),
     ]

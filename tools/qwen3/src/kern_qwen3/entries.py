@@ -13,6 +13,7 @@ from kern_qwen3.errors import KernelsError
 
 __all__ = [
     "ARGMAX_PARTS",
+    "DECODE_CLUSTER",
     "DECODE_ROWS_MAX_GROUP",
     "DECODE_ROWS_STAGES",
     "DECODE_ROWS_WARPS",
@@ -46,8 +47,13 @@ __all__ = [
 
 DECODE_SPLITS = 16
 """Split-KV partitions of the decode attention (grid y of kern_attn_decode_partial; the most splits
-a row of kern_attn_decode_rows takes, its `max_splits`: a split holds 16 pages at least, so a row
-takes all 16 from 4,096 tokens on)."""
+a row of kern_attn_decode_one or kern_attn_decode_rows takes, its `max_splits`). A multiple of
+DECODE_CLUSTER: kern_attn_decode_one runs in clusters of that many blocks along y, and the driver
+refuses any other grid. For one row of the one-row step's attention on the H200, 16 beat 32 at
+every context from 128 to 32k tokens (13.1 vs 17.5 us a layer at 2k, 25.5 vs 32.0 at 8k, 77 vs 85
+at 32k)."""
+DECODE_CLUSTER = 8
+"""attention_cluster.cuh's DEC_CLUSTER: kern_attn_decode_one's `__cluster_dims__(1, 8, 1)`."""
 DECODE_ROWS_WARPS = 4
 """attention.cuh's ROWS_WARPS: warps per block of kern_attn_decode_rows (block [128])."""
 DECODE_ROWS_STAGES = 3
@@ -104,13 +110,14 @@ DEVICE_FEED_ENTRIES: tuple[str, ...] = ("kern_decode_advance", "kern_copy_i64", 
 """Extra entries of `feed="device"`: the step's inputs live in carry buffers that a `start`
 program seeds from the host inputs and `kern_decode_advance` moves on (the verifier forbids kernels
 writing input buffers)."""
-FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_qk_norm_rope_kv_rows", "kern_attn_decode_rows",
+FUSED_ENTRIES: tuple[str, ...] = ("kern_qk_norm_rope_kv", "kern_qk_norm_rope_kv_rows", "kern_attn_decode_one",
                                   "kern_zero_i32")
 """Extra entries of `fuse=True`: q/k norm + rope writes k / v into the pages itself (no
 kern_kv_write; decode: `kern_qk_norm_rope_kv`, a block per head; prefill: its many-row form
-`kern_qk_norm_rope_kv_rows`, a warp per head), decode attention is one launch (kern_attn_decode_rows:
-up to 256 tokens one block per kv head, beyond that the last of its splits reduces; counters in a
-carry buffer that the load program zeroes)."""
+`kern_qk_norm_rope_kv_rows`, a warp per head), decode attention is one launch (kern_attn_decode_one:
+up to 1,024 tokens its splits combine in a cluster's shared memory, beyond that each cluster's
+splits combine into one partial and the last block per kv head reduces those; counters in a carry
+buffer that the load program zeroes)."""
 QK_ROWS_HEADS = 8
 """Heads per block of kern_qk_norm_rope_kv_rows (qwen3_core.cu's QKR_HEADS: a warp each)."""
 ROWS_ENTRIES: tuple[str, ...] = ("kern_attn_decode_rows", "kern_sample_rows", "kern_rows_advance", "kern_rows_seed",

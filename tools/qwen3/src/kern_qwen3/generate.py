@@ -84,7 +84,7 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
               + (ROWS_ENTRIES if plan.rows else ()))
     check_needed(modules, entries, needed, missing_hint="see docs/qwen3.md",
                  unhashed_hint="build the kernels first (with --capture: the capture ran none of their kernels)")
-    check_kernel_limits(shape, attn_rows=plan.fuse or plan.rows > 0)
+    check_kernel_limits(shape, attn_rows=plan.fuse or plan.rows > 0, attn_one=plan.fuse)
     manifest = _base(shape, entries, plan, picks)
     ctx = Context(shape=shape, plan=plan, picks=picks, entries=entries)
     for rewrite in plan.passes:

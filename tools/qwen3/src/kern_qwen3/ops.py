@@ -60,7 +60,7 @@ def base_ops(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
             "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]},
         },
         "attn_decode": _attn_decode_op(s, mods, heads_out),
-        **(_fused_ops(s, mods, heads_out) if "kern_attn_decode_rows" in mods else {}),
+        **(_fused_ops(s, mods, heads_out) if "kern_attn_decode_one" in mods else {}),
         "argmax": argmax_op(s, mods),
         "rope_table": {
             "params": [BF16_OUT, BF16_OUT, "i32", "i32", "f32"],
@@ -125,13 +125,15 @@ def rows_scratch(nq: int, heads_out: int, rows: int = 1) -> Json:
     }
 
 
-def attn_rows_launch(s: Qwen3Shape, mods: Mapping[str, str], rows: int | str = 1) -> Json:
-    """kern_attn_decode_rows over `rows` rows (a count or a var), for an op with ATTN_ROWS_PARAMS and
+def attn_rows_launch(s: Qwen3Shape, mods: Mapping[str, str], rows: int | str = 1,
+                     entry: str = "kern_attn_decode_rows") -> Json:
+    """`entry` (kern_attn_decode_rows, or the one-row step's kern_attn_decode_one: the same
+    arguments) over `rows` rows (a count or a var), for an op with ATTN_ROWS_PARAMS and
     `rows_scratch`: grid [nkv, DECODE_SPLITS, rows], each row's splits decided on the device from its
     seq_len, the block-table rows `s.max_pages` apart."""
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     return kernel(
-        mods, "kern_attn_decode_rows", [nkv, DECODE_SPLITS, rows], 32 * DECODE_ROWS_WARPS,
+        mods, entry, [nkv, DECODE_SPLITS, rows], 32 * DECODE_ROWS_WARPS,
         shared_mem=decode_rows_smem(d),
         params=[BF16_IN, "in state", "in buffer<i32>", "in buffer<i32>", "out buffer<f32>",
                 "out buffer<f32>", "inout buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32", "i64",
@@ -144,7 +146,7 @@ def attn_rows_launch(s: Qwen3Shape, mods: Mapping[str, str], rows: int | str = 1
 
 def _fused_ops(s: Qwen3Shape, mods: Mapping[str, str], heads_out: int) -> Json:
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
-    fused = attn_rows_launch(s, mods)
+    fused = attn_rows_launch(s, mods, entry="kern_attn_decode_one")
     norm_rope_params = [BF16_IO, BF16_IN, BF16_IN, "in buffer<i64>", BF16_IN, BF16_IN, "inout state",
                         "in buffer<i64>", "i32", "i32", "i32", "f32", "i32", "i64"]
     heads_grid = -(-(nq + 2 * nkv) // QK_ROWS_HEADS)
