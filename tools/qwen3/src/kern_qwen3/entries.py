@@ -37,6 +37,7 @@ __all__ = [
     "ROWS_ENTRIES",
     "SAMPLE_TOP_N",
     "SILU_ENTRIES",
+    "UNFUSED_ENTRIES",
     "GemvEntry",
     "Layout",
     "decode_rows_smem",
@@ -118,6 +119,9 @@ kern_kv_write; decode: `kern_qk_norm_rope_kv`, a block per head; prefill: its ma
 up to 1,024 tokens its splits combine in a cluster's shared memory, beyond that each cluster's
 splits combine into one partial and the last block per kv head reduces those; counters in a carry
 buffer that the load program zeroes)."""
+UNFUSED_ENTRIES: tuple[str, ...] = ("kern_attn_decode_partial", "kern_attn_decode_reduce")
+"""Entries of ENTRIES that a `fuse=True` manifest runs none of (its one-row step's attention is
+kern_attn_decode_one): their module needs no hash there."""
 QK_ROWS_HEADS = 8
 """Heads per block of kern_qk_norm_rope_kv_rows (qwen3_core.cu's QKR_HEADS: a warp each)."""
 ROWS_ENTRIES: tuple[str, ...] = ("kern_attn_decode_rows", "kern_sample_rows", "kern_rows_advance", "kern_rows_seed",

@@ -15,6 +15,7 @@ from kern_qwen3.entries import (
     ENTRIES,
     FUSED_ENTRIES,
     ROWS_ENTRIES,
+    UNFUSED_ENTRIES,
     silu_entries,
 )
 from kern_qwen3.errors import GenError
@@ -79,7 +80,8 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
     if plan.precision == "f32":
         return generate_f32(shape, modules, entries, model=model, chunk=plan.chunk, feed=plan.feed)
     picks = plan.picked()
-    needed = (ENTRIES + (DEVICE_FEED_ENTRIES if plan.feed == "device" else ())
+    base = tuple(e for e in ENTRIES if not (plan.fuse and e in UNFUSED_ENTRIES))
+    needed = (base + (DEVICE_FEED_ENTRIES if plan.feed == "device" else ())
               + tuple(sorted(set(picks.values()))) + (FUSED_ENTRIES if plan.fuse else ()) + plan.needs(shape)
               + (ROWS_ENTRIES if plan.rows else ()))
     check_needed(modules, entries, needed, missing_hint="see docs/qwen3.md",
