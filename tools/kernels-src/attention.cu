@@ -95,23 +95,6 @@ kern_attn_decode_rows(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                       int max_splits, float scale) {
     kern_pdl_launch_dependents();
     extern __shared__ __align__(16) unsigned char rows_smem[];
-    const int group = nq / nkv;
-    if (page_tokens != ROWS_PAGE || group * nkv != nq || group > ROWS_MAX_GROUP ||
-        (head_dim != 64 && head_dim != 128))
-        __trap();
-    if (head_dim == 64) {
-        if (group <= 8)
-            attn_rows_run<64, 1>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
-                                 page_stride, table_stride, max_splits, scale, rows_smem);
-        else
-            attn_rows_run<64, 2>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
-                                 page_stride, table_stride, max_splits, scale, rows_smem);
-    } else {
-        if (group <= 8)
-            attn_rows_run<128, 1>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
-                                  page_stride, table_stride, max_splits, scale, rows_smem);
-        else
-            attn_rows_run<128, 2>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
-                                  page_stride, table_stride, max_splits, scale, rows_smem);
-    }
+    rows_entry<RowsFlat>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv, head_dim,
+                         page_tokens, page_stride, table_stride, max_splits, scale, rows_smem);
 }

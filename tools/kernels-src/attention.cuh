@@ -899,3 +899,44 @@ __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_
     decode_reduce_heads(po, pl, out_row, head * group, group, used, nq, D, reinterpret_cast<float*>(smem));
     if (threadIdx.x == 0) *count = 0;
 }
+
+// The body of a rows entry (kern_attn_decode_rows, kern_attn_decode_one): the shape checks, then
+// `Run::go<D, HT>` at the launch's head_dim (64 or 128) and head tiles (1 up to 8 query heads per
+// kv head, 2 up to ROWS_MAX_GROUP). Anything else traps.
+template <class Run>
+__device__ __forceinline__ void rows_entry(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
+                                           float* part_o, float* part_lse, int* counters, bf16* out, int nq, int nkv,
+                                           int head_dim, int page_tokens, int64_t page_stride, int table_stride,
+                                           int max_splits, float scale, unsigned char* smem) {
+    const int group = nq / nkv;
+    if (page_tokens != ROWS_PAGE || group * nkv != nq || group > ROWS_MAX_GROUP ||
+        (head_dim != 64 && head_dim != 128))
+        __trap();
+    if (head_dim == 64) {
+        if (group <= 8)
+            Run::template go<64, 1>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
+                                    page_stride, table_stride, max_splits, scale, smem);
+        else
+            Run::template go<64, 2>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
+                                    page_stride, table_stride, max_splits, scale, smem);
+    } else {
+        if (group <= 8)
+            Run::template go<128, 1>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
+                                     page_stride, table_stride, max_splits, scale, smem);
+        else
+            Run::template go<128, 2>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
+                                     page_stride, table_stride, max_splits, scale, smem);
+    }
+}
+
+// kern_attn_decode_rows' plan for rows_entry.
+struct RowsFlat {
+    template <int D, int HT>
+    static __device__ __forceinline__ void go(const bf16* qkv, const bf16* kv, const int* block_table,
+                                              const int* seq_lens, float* part_o, float* part_lse, int* counters,
+                                              bf16* out, int nq, int nkv, int64_t page_stride, int table_stride,
+                                              int max_splits, float scale, unsigned char* smem) {
+        attn_rows_run<D, HT>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv, page_stride,
+                             table_stride, max_splits, scale, smem);
+    }
+};

@@ -179,3 +179,15 @@ __device__ void attn_rows_cluster_run(const bf16* qkv, const bf16* kv, const int
     decode_reduce_heads(po, pl, out_row, head * group, group, clusters, nq, D, reinterpret_cast<float*>(smem));
     if (threadIdx.x == 0) *count = 0;
 }
+
+// kern_attn_decode_one's plan for rows_entry.
+struct RowsCluster {
+    template <int D, int HT>
+    static __device__ __forceinline__ void go(const bf16* qkv, const bf16* kv, const int* block_table,
+                                              const int* seq_lens, float* part_o, float* part_lse, int* counters,
+                                              bf16* out, int nq, int nkv, int64_t page_stride, int table_stride,
+                                              int max_splits, float scale, unsigned char* smem) {
+        attn_rows_cluster_run<D, HT>(qkv, kv, block_table, seq_lens, part_o, part_lse, counters, out, nq, nkv,
+                                     page_stride, table_stride, max_splits, scale, smem);
+    }
+};
