@@ -627,6 +627,8 @@ class Interp:
             op = self.m["ops"][call["op"]]
             values = [self._arg(a, env) for a in call["args"]]
             for launch in op["impl"]["launches"]:
+                if not _inside(launch.get("when"), env):
+                    continue
                 args = values if "args" not in launch else [self._launch_arg(call["op"], la, values) for la in launch["args"]]
                 if launch["entry"] == "extern:cublaslt_bf16_tn":
                     k_linear(t, *args)
@@ -640,6 +642,14 @@ class Interp:
             return (self.scratch[(op, la["scratch"])], 0)
         ((_, value),) = la.items()
         return value
+
+
+def _inside(when: Mapping[str, Any] | None, env: Mapping[str, int]) -> bool:
+    """A launch's `when`: its var in [min, max] (inclusive, missing ends open); no `when`: always."""
+    if when is None:
+        return True
+    v = env[when["var"]]
+    return (when.get("min") is None or v >= when["min"]) and (when.get("max") is None or v <= when["max"])
 
 
 def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tuple[list[int], np.ndarray]:

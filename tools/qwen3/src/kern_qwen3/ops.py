@@ -79,7 +79,8 @@ page_tokens, page_stride, scale."""
 def prefill_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
     """Causal prefill attention (prefill.cu): kern_prefill_attn over the kv heads, its key splits
     (chosen on the device) in grid z, then kern_prefill_combine, which merges the partials when the
-    split ran (and returns at once when it did not)."""
+    split ran (and returns at once when it did not). A chunk of PREFILL_SPLIT_ROWS rows or more
+    never splits (grid z is 1), so the combine launches only below that (`when`)."""
     d, nq, nkv = s.head_dim, s.heads, s.kv_heads
     group = nq // nkv
     grid = [{"ceil_div": [{"mul": ["tokens", group]}, PREFILL_BM]}, nkv,
@@ -91,7 +92,7 @@ def prefill_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
               *({"param": i} for i in range(5, 12))],
     )
     combine = kernel(
-        mods, "kern_prefill_combine", ["tokens", 1, 1], 128,
+        mods, "kern_prefill_combine", ["tokens", 1, 1], 128, when={"var": "tokens", "max": PREFILL_SPLIT_ROWS - 1},
         params=["in buffer<f32>", "in buffer<f32>", "in buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32"],
         args=[{"scratch": "part_o"}, {"scratch": "part_lse"}, {"param": 3}, {"param": 4}, {"param": 5},
               {"param": 6}, {"param": 7}, {"param": 8}],
