@@ -12,6 +12,7 @@ import pytest
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen
+from kern_qwen3.entries import PREFILL_SPLIT_ROWS
 from kern_interp import qwen3 as interp
 
 TOOLS = Path(__file__).resolve().parents[1]
@@ -435,3 +436,31 @@ def test_decode_attention_over_rows_is_each_row_alone() -> None:
                                      d**-0.5)
         interp.k_attn_decode_reduce(1, (po, 0), (pl, 0), (want, 0), nq, d, 4)
         np.testing.assert_allclose(rows[r], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_chunk_of_split_rows_or_more_never_splits_and_skips_the_combine(weights: dict[str, np.ndarray],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefill op launches kern_prefill_combine only below PREFILL_SPLIT_ROWS rows (`when`): a
+    longer chunk never splits, at any prefix and GQA shape; the interpreter runs the combine for a
+    shorter chunk and skips it for a longer one."""
+    for rows in (PREFILL_SPLIT_ROWS, PREFILL_SPLIT_ROWS + 1, 2048):
+        for n in (rows, rows + 14000, 40000):
+            for nq, nkv in ((32, 8), (8, 1), (16, 16)):
+                assert interp.prefill_splits(n, rows, nq, nkv) == 1, (n, rows, nq, nkv)
+    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=1024, feed="device")
+    (_, combine) = m["ops"]["attn_prefill"]["impl"]["launches"]
+    assert combine["entry"] == "kern_prefill_combine"
+    assert combine["when"] == {"var": "tokens", "max": PREFILL_SPLIT_ROWS - 1}
+    machine = interp.Interp(m, weights, capacity=2048)
+    seen: list[int] = []
+    real = interp.KERNELS["kern_prefill_combine"]
+    monkeypatch.setitem(interp.KERNELS, "kern_prefill_combine", lambda t, *a: (seen.append(t), real(t, *a)))
+    for rows in (PREFILL_SPLIT_ROWS - 1, PREFILL_SPLIT_ROWS):
+        machine.write_input("ids", np.asarray(_prompt(rows), dtype=np.int64))
+        machine.write_input("positions", np.arange(rows, dtype=np.int64))
+        machine.write_input("slots", np.arange(rows, dtype=np.int64))
+        machine.write_input("seq_len", np.asarray([rows], dtype=np.int32))
+        machine.write_input("block_table", np.arange(m["buffers"]["block_table"]["shape"][0], dtype=np.int32))
+        machine.run("prefill", {"tokens": rows})
+    layers = sum(c["op"] == "attn_prefill" for c in m["programs"]["prefill"]["calls"])
+    assert layers >= 1 and seen == [PREFILL_SPLIT_ROWS - 1] * layers
