@@ -12,8 +12,8 @@ import pytest
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen
-from kern_qwen3.entries import PREFILL_SPLIT_ROWS
 from kern_interp import qwen3 as interp
+from kern_qwen3.entries import PREFILL_SPLIT_ROWS
 
 TOOLS = Path(__file__).resolve().parents[1]
 CONFIG = interp.UNTIED_CONFIG
