@@ -32,7 +32,7 @@ def _manifest(*passes: gen.Pass, gemv: tuple[str, ...] = EVERY, fuse: bool = Tru
 
 def test_every_lab_variant_generates_a_manifest_the_verifier_accepts() -> None:
     variants = lab_variants({"o": "kern_gemv_bf16"})
-    assert len(variants) == 50 and "picked" in variants and "picked" not in lab_variants()
+    assert len(variants) == 51 and "picked" in variants and "picked" not in lab_variants()
     for name, variant in variants.items():
         m = gen.generate(SHAPE, HASHES, ENTRIES, model=name, plan=variant("device"))
         load_manifest(json.dumps(m))
@@ -126,6 +126,24 @@ def test_splits_and_wide_attention_resize_the_fused_attention() -> None:
         _manifest(lab.Splits(), fuse=False)
     with pytest.raises(gen.GenError, match="multiple of 8"):
         _manifest(lab.Splits(12, wide=False))
+
+
+def test_rows_plan_puts_the_one_row_step_on_the_rows_entry() -> None:
+    """RowsPlan swaps the fused attention's entry for kern_attn_decode_rows and changes nothing else
+    (the two entries take the same arguments, grid and shared memory); it needs fuse and refuses an
+    attention another pass rewrote."""
+    plain = _manifest(gen.DEFER_NORMS, gen.PDL)
+    m = _manifest(gen.DEFER_NORMS, lab.RowsPlan(), gen.PDL)
+    (launch,), (old,) = m["ops"]["attn_decode_fused"]["impl"]["launches"], plain["ops"]["attn_decode_fused"]["impl"]["launches"]
+    assert old["entry"] == "kern_attn_decode_one" and launch["entry"] == "kern_attn_decode_rows"
+    assert launch["module"] == ENTRIES["kern_attn_decode_rows"]
+    assert {k: v for k, v in launch.items() if k not in ("entry", "module")} == \
+        {k: v for k, v in old.items() if k not in ("entry", "module")}
+    assert m["programs"] == plain["programs"]
+    with pytest.raises(gen.GenError, match="needs fuse"):
+        _manifest(lab.RowsPlan(), fuse=False)
+    with pytest.raises(gen.GenError, match="not kern_attn_decode_one"):
+        _manifest(gen.DEFER_NORMS, lab.Splits(), lab.RowsPlan(), gen.PDL)
 
 
 def test_late_trigger_launches_the_late_attention_entries() -> None:

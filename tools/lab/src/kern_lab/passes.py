@@ -49,6 +49,7 @@ __all__ = [
     "NormTail",
     "PdlOff",
     "Qkn",
+    "RowsPlan",
     "Splits",
     "tail_counters",
     "tail_launch",
@@ -252,6 +253,27 @@ class Splits:
         launch["args"][13] = i32(self.splits)  # NOTE: kern_attn_decode's `splits` is its 14th argument
         op["impl"]["scratch"] = {name: {**b, "shape": [self.splits, *b["shape"][1:]]}
                                  for name, b in op["impl"]["scratch"].items()}
+
+
+@dataclass(frozen=True, slots=True)
+class RowsPlan:
+    """The fused one-row step's decode attention on the batched step's kern_attn_decode_rows (the
+    cluster-free plan, the same arguments, grid and shared memory) in place of kern_attn_decode_one:
+    the two plans in the same step."""
+
+    name: str = "rows_plan"
+
+    def needs(self, plan: Plan, shape: Qwen3Shape) -> tuple[str, ...]:
+        """kern_attn_decode_rows."""
+        _needs_fuse(plan, self.name)
+        return ("kern_attn_decode_rows",)
+
+    def __call__(self, manifest: Json, ctx: Context) -> None:
+        """Swaps attn_decode_fused's entry (in place)."""
+        launch = _fused_launch(manifest)
+        if launch["entry"] != "kern_attn_decode_one":
+            raise GenError(f"{self.name}: attn_decode_fused launches {launch['entry']}, not kern_attn_decode_one")
+        launch |= {"module": ctx.entries["kern_attn_decode_rows"], "entry": "kern_attn_decode_rows"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from kern_lab.passes import (
     NormTail,
     PdlOff,
     Qkn,
+    RowsPlan,
     Splits,
 )
 from kern_qwen3 import (
@@ -108,8 +109,10 @@ _SPLITS: dict[str, tuple[Pass, ...]] = {
     "s64": (Splits(64, wide=False),), "s128": (Splits(128, wide=False),), "s256": (Splits(256, wide=False),),
     "wide": (Splits(),), "wide64": (Splits(64),), "wide256": (Splits(256),),
     "late": (LateTrigger(),), "widelate": (Splits(), LateTrigger()),
+    "rowsplan": (RowsPlan(),),
 }
-"""`fast` with the decode attention at other splits, on the wide entry, or with the late trigger."""
+"""`fast` with the decode attention at other splits, on the wide entry, with the late trigger, or on
+the batched step's kern_attn_decode_rows (`rowsplan`)."""
 
 _TAILS: dict[str, dict[str, str]] = {
     "tail": {"gate_up": "kern_gemv_bf16_p4_silu"},
