@@ -849,11 +849,11 @@ __device__ __forceinline__ void rows_write_whole(const bf16* qrow, const RowsSpl
 // split plan is the row's own (the same in any launch of two rows or more): its pages =
 // ceil(len / 16), pps = max(min_pages, ceil(pages / max_splits)) pages per split (min_pages:
 // ROWS_MIN_PAGES_ONE in a launch of one row, else ROWS_MIN_PAGES), used = ceil(pages / pps)
-// splits. A row of one split
-// (or none) is written by its block at y = 0 alone; otherwise each split writes its normalized rows
-// and log2-sum-exps to part_o[row, s] / part_lse[row, s], counts itself in counters[row, kv head],
-// and the last block to count reduces the splits in order (decode_reduce_heads) and sets the
-// counter back to 0. Blocks past the row's splits exit after the PDL wait.
+// splits. A row of one split (or none) is written by its block at y = 0 alone; otherwise each
+// split writes its normalized rows and log2-sum-exps to part_o[row, s] / part_lse[row, s], counts
+// itself in counters[row, kv head], and the last block to count reduces the splits in order
+// (decode_reduce_heads) and sets the counter back to 0. Blocks past the row's splits exit after
+// the PDL wait.
 template <int D, int HT>
 __device__ void attn_rows_run(const bf16* qkv, const bf16* kv, const int* block_table, const int* seq_lens,
                               float* part_o, float* part_lse, int* counters, bf16* out, int nq, int nkv,
