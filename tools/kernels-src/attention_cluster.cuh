@@ -11,7 +11,7 @@
 // Every thread of the cluster reaches each cluster_sync().
 
 constexpr int DEC_CLUSTER = 8;            // blocks per cluster along grid y (the portable maximum)
-constexpr int DEC_CLUSTER_PAGES = 4;      // pages per split at most on the cluster path
+constexpr int DEC_CLUSTER_PAGES = 4;      // pages per split at most on kern_attn_decode's cluster path
 constexpr int DEC_CLUSTER_FLOATS = 2048;  // a kv head's partial rows: group * head_dim floats
 constexpr int DEC_CLUSTER_HEADS = DEC_CLUSTER_FLOATS / 64;
 
