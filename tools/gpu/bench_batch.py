@@ -25,14 +25,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from engine_inputs import add_engine_args, load_inputs
 
 from kern_cli.bench_report import row as _row
 
-ROOT = Path(__file__).resolve().parents[2]
 WARM = 4
 
 
@@ -98,11 +97,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", type=Path, default=ROOT / "examples" / "qwen3-4b-batch.json")
-    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    ap.add_argument("--kernel-sources", type=Path, default=ROOT / "tools" / "kernels-src")
-    ap.add_argument("--gpu", type=int, default=0)
+    add_engine_args(ap, "qwen3-4b-batch")
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--contexts", default="128,2048")
     ap.add_argument("--steps", type=int, default=64)
@@ -112,8 +107,6 @@ def main(argv: list[str]) -> int:
     contexts = [int(v) for v in args.contexts.split(",")]
 
     import kern_runtime as kr
-    from kern_cli.run import ensure_kernels
-    from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
 
     logfile = (args.out / "bench_batch.log").open("w")
 
@@ -121,16 +114,14 @@ def main(argv: list[str]) -> int:
         print(f"bench_batch: {msg}", file=sys.stderr, flush=True)
         print(msg, file=logfile, flush=True)
 
-    manifest = kr.read_manifest(args.manifest)
-    ensure_kernels(manifest, args.kernels, args.kernel_sources, log)
-    ckpt, _ = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b")
+    manifest, files = load_inputs(args, log)
     roles = kr.serving_roles(manifest)
     if roles.rows is None or max(rows) > roles.rows.max_rows:
         log(f"{args.manifest} has no batched step of {max(rows)} rows (kern-qwen3 --rows)")
         return 2
     tokens = max(rows) * (max(contexts) + room(rows, args.steps) + 2 * roles.page_tokens) + roles.page_tokens
     out: list[dict[str, Any]] = []
-    with kr.Engine.open(args.manifest, args.kernels, kr.weight_files([ckpt]), gpu=args.gpu, tokens=tokens,
+    with kr.Engine.open(args.manifest, args.kernels, files, gpu=args.gpu, tokens=tokens,
                         seqs=max(rows) + 1, config=kr.EngineConfig(chunk=2048), log=log, roles=roles) as eng:
         for context in contexts:
             out += measure(eng, context, rows, args.steps, log)

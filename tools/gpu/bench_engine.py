@@ -28,12 +28,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[2]
+from engine_inputs import add_engine_args, load_inputs
 
 
 def _row(name: str, value: float, unit: str, target: float | None = None, peer: str = "") -> dict[str, Any]:
@@ -108,11 +106,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", type=Path, default=ROOT / "examples" / "qwen3-4b-fast.json")
-    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    ap.add_argument("--kernel-sources", type=Path, default=ROOT / "tools" / "kernels-src")
-    ap.add_argument("--gpu", type=int, default=0)
+    add_engine_args(ap, "qwen3-4b-fast")
     ap.add_argument("--context", type=int, default=14000)
     ap.add_argument("--turn", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
@@ -121,20 +115,16 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     import kern_runtime as kr
-    from kern_cli.run import ensure_kernels
-    from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
 
     def log(msg: str) -> None:
         print(f"bench_engine: {msg}", file=sys.stderr, flush=True)
 
-    manifest = kr.read_manifest(args.manifest)
-    ensure_kernels(manifest, args.kernels, args.kernel_sources, log)
-    ckpt, _ = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b")
+    manifest, files = load_inputs(args, log)
     roles = kr.serving_roles(manifest)
     tokens = 2 * (args.context + args.turn) + 1024  # the kept conversation and one timed turn
     page = manifest["states"]["kv"]["bytes_per_token"] * roles.page_tokens
     host = 2 * (args.context // roles.page_tokens + 2) * page
-    with kr.Engine.open(args.manifest, args.kernels, kr.weight_files([ckpt]), gpu=args.gpu, tokens=tokens,
+    with kr.Engine.open(args.manifest, args.kernels, files, gpu=args.gpu, tokens=tokens,
                         host_bytes=host, config=kr.EngineConfig(chunk=args.chunk), log=log, roles=roles) as eng:
         rows = measure(eng, args.context, args.turn, args.reps, log)
     (args.out / "bench_engine.json").write_text(json.dumps(rows, indent=1) + "\n")

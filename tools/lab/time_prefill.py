@@ -1,6 +1,6 @@
 """Prefill timings on the local GPU: the attention entries alone, then the whole prefill program.
 
-    PYTHONPATH=tools/tests python3 tools/lab/time_prefill.py DIR [--reps 20] [--chunks 512,2048]
+    PYTHONPATH=tools/tests:tools/gpu python3 tools/lab/time_prefill.py DIR [--reps 20] [--chunks 512,2048]
         [--manifest examples/qwen3-4b-fast.json] [--gpu 0] [--no-program]
 
 1. Kernels alone (Qwen3-4B heads: 32 q, 8 kv, head_dim 128, pages of 16 over a scattered block
@@ -30,15 +30,14 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from engine_inputs import add_engine_args, load_inputs
 from helpers import kernel_harness as h
 from helpers.prefill_cases import Chunk, new_case
 
-ROOT = Path(__file__).resolve().parents[2]
 CHUNKS = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 709), (0, 4096), (14000, 37), (14000, 200), (30000, 512)]
 NQ, NKV, D = 32, 8, 128
 PROMPTS = (709, 4096, 16384)
@@ -166,18 +165,14 @@ def _with_rates(row: dict[str, Any], tokens: int) -> dict[str, Any]:
 
 def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
     import kern_runtime as kr
-    from kern_cli.run import ensure_kernels
-    from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
     from kern_runtime.session import stage
 
-    manifest = kr.read_manifest(args.manifest)
-    ensure_kernels(manifest, args.kernels, args.kernel_sources, log)
-    ckpt, _ = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b")
+    _, files = load_inputs(args, log)
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(0, 150000, size=max(PROMPTS) + 1)]
     rows: list[dict[str, Any]] = []
     torch.cuda.init()
-    with kr.Session.open(args.manifest, args.kernels, kr.weight_files([ckpt]), gpu=args.gpu,
+    with kr.Session.open(args.manifest, args.kernels, files, gpu=args.gpu,
                          capacity=max(PROMPTS) + 64) as s:
         sync = s.rt.synchronize
         for chunk in args.chunks:
@@ -218,13 +213,9 @@ def program_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("out", type=Path)
+    add_engine_args(ap, "qwen3-4b-fast")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--chunks", type=lambda v: [int(x) for x in v.split(",")], default=[512, 2048])
-    ap.add_argument("--manifest", type=Path, default=ROOT / "examples" / "qwen3-4b-fast.json")
-    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    ap.add_argument("--kernel-sources", type=Path, default=ROOT / "tools" / "kernels-src")
-    ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--no-program", action="store_true", help="time the kernels alone only")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

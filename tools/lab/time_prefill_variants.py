@@ -1,7 +1,7 @@
 """The prefill attention variants of tools/lab/kernels-src/prefill_lab.cu against the shipped
 kern_prefill_attn, and kern_qk_norm_rope_kv_rows against kern_qk_norm_rope_kv, on the local GPU.
 
-    PYTHONPATH=tools/tests python3 tools/lab/time_prefill_variants.py DIR [--reps 30] [--variants a,b]
+    PYTHONPATH=tools/tests:tools/gpu python3 tools/lab/time_prefill_variants.py DIR [--reps 30] [--variants a,b]
 
 `--variants` picks among kern_lab.PREFILL_VARIANTS (default: all of them).
 

@@ -1,6 +1,6 @@
 """Where the batched decode step's time goes, call by call, beside the one-row step:
 
-    python3 tools/lab/time_rows_step.py DIR [--manifest examples/qwen3-4b-batch.json] [--gpu 0]
+    PYTHONPATH=tools/gpu python3 tools/lab/time_rows_step.py DIR [--manifest examples/qwen3-4b-batch.json] [--gpu 0]
         [--rows 1,8,32,64] [--contexts 128,2048]
 
 For each context, 64 sequences of that many random tokens are prefilled through the engine (the
@@ -19,12 +19,10 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[2]
+from engine_inputs import add_engine_args, load_inputs
 
 
 def kind(label: str) -> str:
@@ -50,11 +48,7 @@ def table(title: str, kinds: dict[str, tuple[int, float]]) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--manifest", type=Path, default=ROOT / "examples" / "qwen3-4b-batch.json")
-    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    ap.add_argument("--kernel-sources", type=Path, default=ROOT / "tools" / "kernels-src")
-    ap.add_argument("--gpu", type=int, default=0)
+    add_engine_args(ap, "qwen3-4b-batch")
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--contexts", default="128,2048")
     args = ap.parse_args(argv)
@@ -63,22 +57,18 @@ def main(argv: list[str]) -> int:
     contexts = [int(v) for v in args.contexts.split(",")]
 
     import kern_runtime as kr
-    from kern_cli.run import ensure_kernels
-    from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
 
     def log(msg: str) -> None:
         print(f"time_rows_step: {msg}", file=sys.stderr, flush=True)
 
-    manifest = kr.read_manifest(args.manifest)
-    ensure_kernels(manifest, args.kernels, args.kernel_sources, log)
-    ckpt, _ = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b")
+    manifest, files = load_inputs(args, log)
     roles = kr.serving_roles(manifest)
     assert roles.rows is not None, "the manifest has no batched step"
     n = max(rows)
     tokens = n * (max(contexts) + 64 + 2 * roles.page_tokens) + roles.page_tokens
     md: list[str] = []
     result: dict[str, Any] = {}
-    with kr.Engine.open(args.manifest, args.kernels, kr.weight_files([ckpt]), gpu=args.gpu, tokens=tokens,
+    with kr.Engine.open(args.manifest, args.kernels, files, gpu=args.gpu, tokens=tokens,
                         seqs=n + 1, config=kr.EngineConfig(chunk=2048), log=log, roles=roles) as eng:
         rt = eng.backend
         for ctx in contexts:
