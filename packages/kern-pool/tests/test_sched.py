@@ -66,23 +66,18 @@ class Model:
             self.kv.pop(r.id, None)
         for rid in plan.park:
             del self.kv[rid]
-        admits = {a.id: a for a in plan.admits}
-        done: dict[int, int] = {}
-        left = plan.budget
-        for c in plan.chunks:
-            if left < 1:
-                break
-            if c.id in admits:
-                self.admitted.append(c.id)
-                self.totals[c.id] = admits[c.id].tokens
-                self.kv[c.id] = 0
-            start = max(self.kv[c.id], min(self.cached.get(c.id, 0), self.totals[c.id] - 1))
-            self.kv[c.id] = min(self.totals[c.id] - 1, start + min(c.budget, left))
-            left -= max(1, self.kv[c.id] - start)
-            done[c.id] = self.kv[c.id]
-            if self.kv[c.id] < self.totals[c.id] - 1:
-                break
-        return done
+
+        def start(a: Admit) -> None:
+            self.admitted.append(a.id)
+            self.totals[a.id] = a.tokens
+            self.kv[a.id] = 0
+
+        def chunk(rid: int, budget: int) -> tuple[int, int, bool]:
+            begin = max(self.kv[rid], min(self.cached.get(rid, 0), self.totals[rid] - 1))
+            self.kv[rid] = min(self.totals[rid] - 1, begin + budget)
+            return self.kv[rid] - begin, self.kv[rid], self.kv[rid] == self.totals[rid] - 1
+
+        return run_chunks(plan, start, chunk)
 
     def device(self, plan: Plan, flight: list[Plan]) -> dict[int, int]:
         """The tokens the model gives the plan's rows, `flight` steps of them issued before."""
