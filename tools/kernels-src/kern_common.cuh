@@ -31,6 +31,17 @@ static __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x
 
 static __device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16_rn(x); }
 
+// c += a b on the tensor cores: mma.sync m16n8k16, bf16 inputs, f32 accumulator (a: the 16 x 16
+// A fragment, b0 / b1: the 16 x 8 B fragment, as the PTX ISA lays them out per lane).
+static __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Unpacks 8 bf16 held in a uint4 into floats.
 static __device__ __forceinline__ void unpack8(const uint4 v, float* out) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};

@@ -25,15 +25,6 @@ static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr
                  : "r"(addr));
 }
 
-static __device__ __forceinline__ void pf_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int D_, int WARPS_, int MT_, int BN_, int STAGES_, int MINB_>
 struct PlCfg {
     static constexpr int D = D_, WARPS = WARPS_, MT = MT_, BN = BN_, STAGES = STAGES_;
@@ -165,8 +156,8 @@ __device__ __forceinline__ void pl_scores(float (&s)[C::MT][C::NS][4], const uin
             ldsm_x4(b, smem_u32(ks + (nt * 8 + (lane & 7)) * C::LD + kk * 16 + (lane >> 3) * 8));
 #pragma unroll
             for (int mt = 0; mt < C::MT; ++mt) {
-                pf_mma(s[mt][nt], qf[mt][0], b[0], b[1]);
-                pf_mma(s[mt][nt], qf[mt][1], b[2], b[3]);
+                mma_bf16(s[mt][nt], qf[mt][0], b[0], b[1]);
+                mma_bf16(s[mt][nt], qf[mt][1], b[2], b[3]);
             }
         }
     }
@@ -239,8 +230,8 @@ __device__ __forceinline__ void pl_pv(float (&o)[C::MT][C::NO][4], const float (
             ldsm_x4_t(b, smem_u32(vs + key * C::LD + (nt + (lane >> 4)) * 8));
 #pragma unroll
             for (int mt = 0; mt < C::MT; ++mt) {
-                pf_mma(o[mt][nt], pa[mt], b[0], b[1]);
-                pf_mma(o[mt][nt + 1], pa[mt], b[2], b[3]);
+                mma_bf16(o[mt][nt], pa[mt], b[0], b[1]);
+                mma_bf16(o[mt][nt + 1], pa[mt], b[2], b[3]);
             }
         }
     }
