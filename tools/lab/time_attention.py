@@ -15,9 +15,11 @@ to the context). kern_attn_decode (one row per launch) is timed at rows 1 and, f
 launch per row. Usage (GPU host, from the repository root):
 
     PYTHONPATH=tools/tests python3 tools/lab/time_attention.py OUT_DIR [--contexts 128,1024] [--rows 1,8]
-        [--layout scattered|sequential|layer-major]
+        [--layout scattered|sequential|layer-major] [--entries kern_attn_decode_rows_m32,...]
 
-`--layout` places the pages (LAYOUTS).
+`--layout` places the pages (LAYOUTS). `--entries` adds lab entries with kern_attn_decode_rows' ABI
+(tools/lab/kernels-src/attention_rows_m*.cu), timed beside it at rows > 1; each one's outputs on the
+case's first layer are compared with kern_attn_decode_rows' (the largest difference is printed).
 
 writes OUT_DIR/time_attention.json and OUT_DIR/time_attention.md.
 """
@@ -198,8 +200,19 @@ def kernels() -> h.Kernels:
     return k
 
 
+def largest_difference(k: h.Kernels, case: Case, entry: str) -> float:
+    """max |out(entry) - out(kern_attn_decode_rows)| over the case's first layer."""
+    case.rows_launch(k, 0, 16)()
+    torch.cuda.synchronize()
+    want = case.out.float().clone()
+    case.out.fill_(float("nan"))
+    case.rows_launch(k, 0, 16, entry)()
+    torch.cuda.synchronize()
+    return float((case.out.float() - want).abs().max())
+
+
 def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float,
-        layout: str = "scattered") -> list[Row]:
+        layout: str = "scattered", extra: tuple[str, ...] = ()) -> list[Row]:
     out: list[Row] = []
     for rows in row_counts:
         for ctx in contexts:
@@ -207,9 +220,12 @@ def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float,
             sweep = SPLIT_SWEEP if rows == 1 else (16,)
             case = Case(lens, max(sweep), layout)
             copy_us = case.copy_us()
+            entries = ("kern_attn_decode_rows", "kern_attn_decode_one", *(extra if rows > 1 else ()))
+            for e in extra if rows > 1 else ():
+                print(f"{e} at {rows} rows, context {ctx}: largest difference from kern_attn_decode_rows "
+                      f"{largest_difference(k, case, e):.3g}", flush=True)
             timed: list[tuple[str, int, list[Callable[[], None]]]] = [
-                (e, s, [case.rows_launch(k, i, s, e) for i in range(LAYERS)])
-                for e in ("kern_attn_decode_rows", "kern_attn_decode_one") for s in sweep]
+                (e, s, [case.rows_launch(k, i, s, e) for i in range(LAYERS)]) for e in entries for s in sweep]
             timed.append(("kern_attn_decode" if rows == 1 else "kern_attn_decode (a launch per row)", SPLITS,
                           [case.today_launch(k, i, r) for i in range(LAYERS) for r in range(rows)]))
             for entry, splits, bodies in timed:
@@ -240,15 +256,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     ap.add_argument("--layout", choices=LAYOUTS, default="scattered",
                     help="where the pages lie: scattered (random block table, the default), sequential, layer-major")
+    ap.add_argument("--entries", default="", help="lab entries with kern_attn_decode_rows' ABI, comma separated")
     args = ap.parse_args(argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
-    k = kernels()
+    extra = tuple(e for e in args.entries.split(",") if e)
+    k = h.Kernels(Path(tempfile.mkdtemp(prefix="kern-time-attn-")), lab=True) if extra else kernels()
     big = big_copy_gbps()
     head = (f"GPU: {torch.cuda.get_device_name()}; layout {args.layout}; 1 GiB D2D copy {big:.0f} GB/s (read + write); "
             f"graphs of {LAYERS} layer launches, L2 flushed before each of {REPLAYS} replays, median")
     print(head + "\n\n" + HEADER, flush=True)
     rows = run(k, [int(c) for c in args.contexts.split(",")], [int(r) for r in args.rows.split(",")], big,
-               args.layout)
+               args.layout, extra)
     (args.out / "time_attention.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "layout": args.layout, "copy_1gib_gbps_rw": big, "rows": [asdict(r) for r in rows]},
         indent=1) + "\n")
