@@ -8,8 +8,9 @@ while a turn runs, a lease whose pages make the block table.
 A turn: `prefill(seq, prompt, room)` reuses the prompt's longest cached proper prefix (the index:
 a resident checkpoint is restored at the hit's length, a parked copy is woken first; or a live
 sequence sharing the prefix is forked; or the sequence's own live lease continues in place), so
-only the rest goes through the chunk program; then `step(seq)` decodes, and `finish(seq)` retires
-the lease into the index. When the pool is busy, the coldest index entries are parked to the host
+only the rest goes through the chunk program (with `first=True` and a manifest with a head
+program, the last prompt token too, and the head computes the first token); then `step(seq)`
+decodes, and `finish(seq)` retires the lease into the index. When the pool is busy, the coldest index entries are parked to the host
 tier (dropped when it is full, or when there is none) until the lease fits. The decisions are
 kern_pool's (`Prefix.lookup`, `Prefix.evict`) and `kern_runtime.reuse`'s; the engine only executes
 them.
@@ -148,16 +149,21 @@ class Counters:
     wakes: int = 0
     evictions: int = 0
     dropped: int = 0
+    heads: int = 0
+    """Prefills whose first generated token came from the head program."""
 
 
 @dataclass(frozen=True, slots=True)
 class Prefilled:
     """A prompt's prefill: `reused` tokens came from `source`, `prefilled` were computed (the last
-    prompt token included: the first decode step computes it)."""
+    prompt token included: the chunks and the head compute it, or else the first decode step)."""
 
     reused: int
     prefilled: int
     source: Source
+    first: int | None = None
+    """The first generated token, when the head program computed it (already appended to the
+    sequence's tokens, as a step's); None: the first `step` computes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +173,7 @@ class Turn:
     tokens: list[int]
     prefill: Prefilled
     ttft_ms: float
-    """Prefill plus the first step, up to the first token read back."""
+    """Prefill up to the first token read back (its head, or else the first step)."""
     decode_ms_per_token: float
     """Mean time of the steps after the first (0 with one step)."""
 
@@ -416,12 +422,16 @@ class Engine:
 
     # ---- a turn ------------------------------------------------------------------------------
 
-    def prefill(self, seq: Sequence, prompt: Seq[int], room: int) -> Prefilled:
+    def prefill(self, seq: Sequence, prompt: Seq[int], room: int, *, first: bool = False) -> Prefilled:
         """Make `prompt` (the whole conversation so far) `seq`'s tokens: reuse its longest cached
         proper prefix, prefill the rest but the last token through the chunk program, and stage
         that last token for the first decode step. The lease holds the prompt and `room` steps.
-        While a pipeline's steps are in flight, a sequence that is not one of its rows may be
-        prefilled (the prefill queues behind them); the pipeline then issues no more steps.
+        With `first`, a manifest with a head program and at least two tokens to prefill, the chunks
+        take the last token too and the head computes the first generated token: it is read back
+        and appended as a step's would be (`Prefilled.first`; the lease then has room for `room`
+        - 1 more steps). While a pipeline's steps are in flight, a sequence that is not one of its
+        rows may be prefilled (the prefill queues behind them); the pipeline then issues no more
+        steps.
 
         Raises:
             SessionError: an empty prompt or ids outside the model's tokens.
@@ -447,9 +457,13 @@ class Engine:
             self._seated = None
         seq.tokens = prompt
         self._write_table(seq)
-        self._prefill_rest(seq)
-        self._seat(seq)
-        done = Prefilled(decision.length, len(prompt) - decision.length, decision.source)
+        token = None
+        if first and self.roles.head_program is not None and len(prompt) - seq.kv >= 2:
+            token = self._prefill_head(seq)
+        else:
+            self._prefill_rest(seq)
+            self._seat(seq)
+        done = Prefilled(decision.length, len(prompt) - decision.length, decision.source, token)
         self.counters.reused += done.reused
         self.counters.prefilled += done.prefilled
         return done
@@ -557,7 +571,8 @@ class Engine:
 
     def turn(self, seq: Sequence, prompt: Seq[int], steps: int, *, stop: Collection[int] = (),
              room: int | None = None, on_token: Callable[[int], None] | None = None) -> Turn:
-        """prefill, then up to `steps` decode steps (ending after a token in `stop`), then finish.
+        """prefill (the head's first token when the manifest has one), then decode steps up to
+        `steps` tokens in all (ending after a token in `stop`), then finish.
 
         `room` (default `steps`) sizes the lease; `on_token` sees each token as it is read.
 
@@ -568,9 +583,14 @@ class Engine:
             raise EngineError(f"a turn needs at least 1 step, got {steps}")
         self.backend.synchronize()  # NOTE: the time to the first token starts with an idle stream
         t0 = time.perf_counter()
-        pre = self.prefill(seq, prompt, max(steps, room or steps))
+        pre = self.prefill(seq, prompt, max(steps, room or steps), first=True)
         out: list[int] = []
         t1 = t0
+        if pre.first is not None:
+            t1 = time.perf_counter()
+            out.append(pre.first)
+            if on_token is not None:
+                on_token(pre.first)
         while len(out) < steps and not (out and out[-1] in stop):
             out.append(self.step(seq))
             if len(out) == 1:
@@ -965,6 +985,38 @@ class Engine:
             self._stage(seq, seq.tokens[lo:hi], lo)
             self.backend.run(self.roles.chunk_program, {self.roles.chunk_var: hi - lo})
         seq.kv = n - 1
+
+    def _prefill_head(self, seq: Sequence) -> int:
+        """The prompt's tokens from `seq.kv` through the last in chunks, then the head program over
+        the last chunk's last row: the first generated token, read back and appended; the row then
+        holds the sequence as after a step."""
+        lease, r = seq.lease, self.roles
+        assert lease is not None and r.head_program is not None and r.head_row is not None
+        n, start = len(seq.tokens), seq.kv
+        rows = 0
+        for a, b in prefill_chunks(n - start, self._chunk, last=True):
+            lo, hi = start + a, start + b
+            lease.kv_indices(lo, hi)
+            self._stage(seq, seq.tokens[lo:hi], lo)
+            self.backend.run(r.chunk_program, {r.chunk_var: hi - lo})
+            rows = hi - lo
+        self._stage(seq, [seq.tokens[n - 1]], n - 1)
+        self.backend.write_input(r.head_row, np.array([rows - 1], dtype=np.int64))
+        if self.config.eager:
+            self.backend.run(r.head_program, r.step_vars)
+        else:
+            self.backend.issue(r.head_program, r.step_vars)
+        token = int(self.backend.read_output(r.next_token, 1)[0])
+        seq.kv = n
+        seq.tokens.append(token)
+        self._seated = (seq, lease)
+        if r.start_program is None:
+            if seq.kv < seq.room:
+                self._stage(seq, [token], seq.kv)
+            else:
+                self._seated = None
+        self.counters.heads += 1
+        return token
 
     def _seat(self, seq: Sequence) -> None:
         """Put `seq`'s pending token on the row (its block table is written)."""

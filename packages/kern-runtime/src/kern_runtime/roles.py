@@ -2,7 +2,9 @@
 
 Buffer `fill`s say which input carries token ids, positions, KV slots, the sequence length and the
 block table, and which output carries the next token; program `batch` shapes say which program takes
-prefill chunks (rows = a var) and which is the one-row decode step. Everything here is pure (plain
+prefill chunks (rows = a var) and which is the one-row decode step. A second one-row program that
+reads the `span_at` input is the head: run after a chunk that ends at the last prompt token, it
+computes the first generated token from that chunk's row `span_at`. Everything here is pure (plain
 JSON in, plain values out) and runs on any machine.
 """
 
@@ -74,6 +76,14 @@ class ServingRoles:
     """The largest position the model takes (the position input's domain max), when declared."""
     rows: RowRoles | None = None
     """The batched decode step, when the manifest has one."""
+    head_program: str | None = None
+    """The head: a one-row program run right after the chunk that ends at the last prompt token
+    (its KV written); it computes the first generated token into the next-token output from the
+    chunk's row `head_row` holds and, when device-fed, seeds the step's inputs as a decode step
+    would have left them (the staged inputs must hold the last prompt token, as for the step
+    seed). None: the first decode step computes the last prompt token."""
+    head_row: str | None = None
+    """The head's input (fill `span_at`, i64[1]): the last prompt token's row of that chunk."""
 
     def reach(self, capacity: int) -> int:
         """The most positions one sequence can hold: the block table's pages and the position
@@ -142,13 +152,27 @@ def _reads(program: Mapping[str, Any], name: str) -> bool:
     return any(a.get("buf") == name for c in program.get("calls", []) for a in c.get("args", []))
 
 
-def _programs(manifest: Mapping[str, Any], valid: str | None) -> tuple[str, str, str | None, list[str], str | None]:
-    """(chunk, step, step seed, batched steps, row seed): the row seed is the plain program that
-    reads the `valid` buffer."""
+def _head(programs: Mapping[str, Any], single: list[str], span: str | None) -> str | None:
+    """The one-row program that reads the `span_at` buffer (None without that buffer)."""
+    if span is None:
+        return None
+    heads = [n for n in single if _reads(programs[n], span)]
+    if len(heads) != 1:
+        raise ServingRolesError(f"the span_at input {span!r} must be read by exactly one one-row program (the head), "
+                                f"read by {heads}")
+    return heads[0]
+
+
+def _programs(manifest: Mapping[str, Any], valid: str | None,
+              span: str | None) -> tuple[str, str, str | None, list[str], str | None, str | None]:
+    """(chunk, step, step seed, batched steps, row seed, head): the row seed is the plain program
+    that reads the `valid` buffer, the head the one-row program that reads the `span_at` one."""
     programs: Mapping[str, Any] = manifest.get("programs", {})
     chunk = [n for n, p in programs.items() if isinstance(p.get("batch", {}).get("rows"), str)]
     one = [n for n, p in programs.items() if p.get("batch", {}).get("rows") == 1]
-    step = [n for n in one if programs[n]["batch"].get("groups", 1) == 1]
+    single = [n for n in one if programs[n]["batch"].get("groups", 1) == 1]
+    head = _head(programs, single, span)
+    step = [n for n in single if n != head]
     many = [n for n in one if programs[n]["batch"].get("groups", 1) > 1]
     if len(chunk) != 1 or len(step) != 1:
         raise ServingRolesError(f"manifest needs one chunk program (batch rows = a var) and one step "
@@ -159,7 +183,7 @@ def _programs(manifest: Mapping[str, Any], valid: str | None) -> tuple[str, str,
     if len(starts) > 1 or len(seeds) > 1:
         raise ServingRolesError(f"manifest has several plain programs {plain}; at most one step seed and one row seed "
                                 "(the one reading the valid buffer) are allowed")
-    return chunk[0], step[0], starts[0] if starts else None, many, seeds[0] if seeds else None
+    return chunk[0], step[0], starts[0] if starts else None, many, seeds[0] if seeds else None, head
 
 
 def _domain_max(buf: Mapping[str, Any]) -> int | None:
@@ -182,7 +206,7 @@ def serving_roles(manifest: Mapping[str, Any]) -> ServingRoles:
         ServingRolesError: a role is missing or declared twice, or there is no chunk or step program.
     """
     fills = _fills(manifest)
-    chunk, step, start, many, seed = _programs(manifest, fills.get("valid"))
+    chunk, step, start, many, seed, head = _programs(manifest, fills.get("valid"), fills.get("span_at"))
     buffers = manifest["buffers"]
     var = manifest["programs"][chunk]["batch"]["rows"]
     if var not in manifest.get("vars", {}):
@@ -199,15 +223,18 @@ def serving_roles(manifest: Mapping[str, Any]) -> ServingRoles:
         page_tokens=int((blocks.get("domain") or {}).get("stride") or 1),
         position_max=_domain_max(buffers[fills["position"]]),
         rows=_row_roles(manifest, fills, many, seed),
+        head_program=head, head_row=fills.get("span_at") if head is not None else None,
     )
 
 
-def prefill_chunks(prompt_len: int, chunk: int) -> list[tuple[int, int]]:
-    """[start, end) ranges covering the first prompt_len - 1 tokens in chunks of at most `chunk`.
+def prefill_chunks(prompt_len: int, chunk: int, *, last: bool = False) -> list[tuple[int, int]]:
+    """[start, end) ranges covering the first prompt_len - 1 tokens (`last`: all prompt_len) in
+    chunks of at most `chunk`.
 
     Raises:
         SessionError: `chunk` is below 1 or `prompt_len` is negative.
     """
     if chunk < 1 or prompt_len < 0:
         raise SessionError(f"prefill chunks need chunk >= 1 and a prompt length >= 0, got {chunk} and {prompt_len}")
-    return [(a, min(a + chunk, prompt_len - 1)) for a in range(0, prompt_len - 1, chunk)]
+    end = prompt_len if last else prompt_len - 1
+    return [(a, min(a + chunk, end)) for a in range(0, end, chunk)]

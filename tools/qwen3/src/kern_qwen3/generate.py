@@ -22,6 +22,7 @@ from kern_qwen3.errors import GenError
 from kern_qwen3.f32 import generate_f32
 from kern_qwen3.fragments import BF16_IN, BF16_OUT, Json, i32, kernel
 from kern_qwen3.gemv import gemv_launch
+from kern_qwen3.head import add_head
 from kern_qwen3.ops import base_ops, feed_ops
 from kern_qwen3.plan import Context, Plan
 from kern_qwen3.programs import buffers, forward_calls, gemv_op_name, programs
@@ -94,5 +95,7 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
             rewrite(manifest, ctx)
         except KeyError as exc:
             raise GenError(f"pass {rewrite.name}: no {exc} in the manifest it rewrites") from exc
+    if plan.head:
+        add_head(manifest, shape, plan.feed)
     return finish(manifest, modules, model=model, chunk=plan.chunk, kv_bytes_per_token=shape.kv_bytes_per_token,
                   rows=plan.rows)

@@ -77,6 +77,8 @@ class Plan:
             the product's).
         rows: 0, or R >= 2: add the batched decode step over 1..R rows (`kern_qwen3.rows`;
             device-fed, bf16, R <= chunk); the one-row `decode` program stays as it is.
+        head: add the `head` program (`kern_qwen3.head`): after the last prefill chunk it
+            computes the first generated token from the chunk's last row (bf16 only).
     """
 
     chunk: int = DEFAULT_CHUNK
@@ -88,6 +90,7 @@ class Plan:
     table: Mapping[str, GemvEntry] = field(default_factory=lambda: dict(GEMV_ENTRIES))
     passes: tuple[Pass, ...] = ()
     rows: int = 0
+    head: bool = True
 
     def __post_init__(self) -> None:
         self._check_basics()

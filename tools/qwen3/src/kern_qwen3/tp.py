@@ -163,5 +163,6 @@ def generate_tp(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[
         raise GenError("tp runs the bf16 manifest: drop --precision f32")
     if "lm_head" in plan.gemv:
         raise GenError("tp splits lm_head as a cublasLt GEMM: leave lm_head out of --gemv")
-    base = generate(rank_shape(shape, tp), modules, entries, model=model, plan=plan)
+    # NOTE: no head program: its calls would need the allreduces and the lm_head split too
+    base = generate(rank_shape(shape, tp), modules, entries, model=model, plan=dataclasses.replace(plan, head=False))
     return tensor_parallel(base, shape, tp)
