@@ -217,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     n_decode = len(manifest["programs"]["decode"]["calls"])
-    print(f"{PROG}: wrote {args.out} ({len(manifest['buffers'])} buffers, decode {n_decode} calls, "
+    head = manifest["programs"].get("head")
+    n_head = f", head {len(head['calls'])} calls" if head is not None else ""
+    print(f"{PROG}: wrote {args.out} ({len(manifest['buffers'])} buffers, decode {n_decode} calls{n_head}, "
           f"{decode_weight_bytes(manifest) / 1e9:.3f} GB of weights per decode step)", file=sys.stderr)
     return 0
