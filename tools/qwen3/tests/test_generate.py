@@ -119,7 +119,7 @@ def test_inputs_outputs_and_vars() -> None:
     assert m["vars"] == {"tokens": {"max": 1024}}
     assert {k: (v["dtype"], v["shape"]) for k, v in b.items() if v["kind"] == "input"} == {
         "ids": ("i64", ["tokens"]), "positions": ("i64", ["tokens"]), "slots": ("i64", ["tokens"]),
-        "seq_len": ("i32", [1]), "block_table": ("i32", [40960 // 16 + 1]),
+        "seq_len": ("i32", [1]), "block_table": ("i32", [40960 // 16 + 1]), "head_row": ("i64", [1]),
     }
     assert {k: (v["dtype"], v["shape"]) for k, v in b.items() if v["kind"] == "output"} == {
         "logits": ("bf16", [1, 151936]), "next_token": ("i64", [1]),
@@ -128,6 +128,8 @@ def test_inputs_outputs_and_vars() -> None:
     assert b["ids"]["domain"] == {"min": 0, "max": 151935}
     assert b["block_table"]["domain"] == {"index_into": "kv", "stride": 16}
     assert b["slots"]["domain"] == {"index_into": "kv"}
+    assert b["head_row"] == {"dtype": "i64", "shape": [1], "kind": "input", "fill": "span_at",
+                             "domain": {"index_into": "h"}}
 
 
 def test_kernel_errors() -> None:

@@ -456,14 +456,15 @@ class Engine:
             seq.lease, seq.kv, seq.room = lease, decision.length, need
             self._seated = None
         seq.tokens = prompt
+        n = len(prompt)
         self._write_table(seq)
         token = None
-        if first and self.roles.head_program is not None and len(prompt) - seq.kv >= 2:
+        if first and self.roles.head_program is not None and n - seq.kv >= 2:
             token = self._prefill_head(seq)
         else:
             self._prefill_rest(seq)
             self._seat(seq)
-        done = Prefilled(decision.length, len(prompt) - decision.length, decision.source, token)
+        done = Prefilled(decision.length, n - decision.length, decision.source, token)
         self.counters.reused += done.reused
         self.counters.prefilled += done.prefilled
         return done

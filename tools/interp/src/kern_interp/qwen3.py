@@ -652,12 +652,16 @@ def _inside(when: Mapping[str, Any] | None, env: Mapping[str, int]) -> bool:
     return (when.get("min") is None or v >= when["min"]) and (when.get("max") is None or v <= when["max"])
 
 
-def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tuple[list[int], np.ndarray]:
+def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int, *,
+           head: bool = False) -> tuple[list[int], np.ndarray]:
     """kern-run's sequence of calls, by the serving roles, on the interpreter: tokens and the
-    first step's logits."""
+    first token's logits. `head` (a manifest with a head program, a prompt of 2 tokens or more):
+    the chunks take the last prompt token too and the head program gives the first token."""
     import kern_runtime as kr
 
     proto = kr.serving_roles(interp.m)
+    if head:
+        assert proto.head_program is not None and proto.head_row is not None and len(prompt) >= 2
     table = np.zeros(proto.blocks_len, dtype=np.int64)
     used = -(-interp.capacity // proto.page_tokens)
     table[:used] = np.arange(used)  # the pages of `capacity` tokens; the rest page 0, never read
@@ -670,16 +674,21 @@ def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int) -> tup
         interp.write_input(proto.slot, pos)
         interp.write_input(proto.seq_len, [start + len(ids)])
 
-    for a, b in kr.prefill_chunks(len(prompt), chunk):
+    chunks = kr.prefill_chunks(len(prompt), chunk, last=head)
+    for a, b in chunks:
         stage(prompt[a:b], a)
         interp.run(proto.chunk_program, {proto.chunk_var: b - a})
     stage(prompt[-1:], len(prompt) - 1)
-    if proto.start_program:
+    if head:
+        interp.write_input(proto.head_row, [chunks[-1][1] - chunks[-1][0] - 1])
+    elif proto.start_program:
         interp.run(proto.start_program, {})
     out: list[int] = []
     first = np.empty(0)
     for i in range(steps):
-        interp.run(proto.step_program, proto.step_vars)
+        program = proto.head_program if head and i == 0 else proto.step_program
+        assert program is not None
+        interp.run(program, proto.step_vars)
         if i == 0:
             first = interp.read_output("logits").copy()
         out.append(int(interp.read_output(proto.next_token)[0]))
