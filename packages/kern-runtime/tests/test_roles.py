@@ -42,6 +42,31 @@ def test_roles_find_the_step_seed_program() -> None:
         kr.serving_roles(m)
 
 
+def _with_head(m: dict[str, object]) -> dict[str, object]:
+    """`serving()` plus a span_at input and a one-row program that reads it."""
+    m["buffers"]["row"] = {"dtype": "i64", "shape": [1], "kind": "input", "fill": "span_at"}  # type: ignore[index]
+    m["programs"]["first"] = {"batch": {"groups": 1, "rows": 1}, "graph": True,  # type: ignore[index]
+                              "calls": [{"op": "gather", "args": [{"buf": "row"}]}]}
+    return m
+
+
+def test_roles_find_the_head_program() -> None:
+    """The head is the one-row program that reads the span_at input; the step the other one."""
+    r = kr.serving_roles(_with_head(serving()))
+    assert (r.head_program, r.head_row, r.step_program) == ("first", "row", "step")
+    plain = kr.serving_roles(serving())
+    assert (plain.head_program, plain.head_row) == (None, None)
+    m = _with_head(serving())
+    m["programs"]["step"]["calls"] = [{"op": "gather", "args": [{"buf": "row"}]}]  # type: ignore[index]
+    with pytest.raises(kr.ServingRolesError, match=r"span_at input 'row' must be read by exactly one one-row "
+                                                   r"program \(the head\), read by \['step', 'first'\]"):
+        kr.serving_roles(m)
+    m = _with_head(serving())
+    m["programs"]["first"]["calls"] = []  # type: ignore[index]
+    with pytest.raises(kr.ServingRolesError, match=r"read by \[\]"):
+        kr.serving_roles(m)
+
+
 @pytest.mark.parametrize(
     ("edit", "word"),
     [
@@ -66,6 +91,13 @@ def test_prefill_chunks_cover_all_but_the_last_token() -> None:
     assert kr.prefill_chunks(709, 512) == [(0, 512), (512, 708)]
     assert kr.prefill_chunks(709, 97)[-1] == (679, 708) and len(kr.prefill_chunks(709, 97)) == 8
     assert kr.prefill_chunks(37, 1) == [(i, i + 1) for i in range(36)]
+
+
+def test_prefill_chunks_through_the_last_token() -> None:
+    assert kr.prefill_chunks(1, 512, last=True) == [(0, 1)]
+    assert kr.prefill_chunks(709, 512, last=True) == [(0, 512), (512, 709)]
+    assert kr.prefill_chunks(513, 512, last=True) == [(0, 512), (512, 513)]
+    assert kr.prefill_chunks(0, 4, last=True) == []
 
 
 @pytest.mark.parametrize(("length", "chunk"), [(10, 0), (10, -3), (-1, 4)])

@@ -375,3 +375,82 @@ def test_bad_rows_are_refused(kw: dict[str, Any], words: str) -> None:
     with pytest.raises(gen.GenError, match=words) as info:
         gen.Plan(**kw)
     assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# The head program.
+
+_FAST: dict[str, Any] = {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True,
+                         "defer_norm": True}
+
+
+@pytest.mark.parametrize(("kw", "tail"), [
+    ({"feed": "device"}, ["l1.attn", "l1.o", "l1.post_norm", "l1.gate_up", "l1.silu_mul", "l1.down", "l1.next_norm",
+                          "lm_head", "argmax", "advance"]),
+    ({"feed": "host"}, ["l1.attn", "l1.o", "l1.post_norm", "l1.gate_up", "l1.silu_mul", "l1.down", "l1.next_norm",
+                        "lm_head", "argmax"]),
+    ({"feed": "device", "gemv": list(gen.GEMV_DEFAULT)},
+     ["l1.attn", "l1.o", "l1.post_norm", "l1.gate_up", "l1.down", "l1.next_norm", "lm_head", "argmax", "advance"]),
+    ({"feed": "device", **_FAST}, ["l1.attn", "l1.o", "l1.gate_up", "l1.down", "l1.next_norm", "lm_head", "argmax",
+                                   "advance"]),
+    ({"feed": "device", **_FAST, "rows": 8}, ["l1.attn", "l1.o", "l1.gate_up", "l1.down", "l1.next_norm", "lm_head",
+                                              "argmax", "advance"]),
+], ids=["plain", "host", "gemv", "fast", "batch"])
+def test_the_head_continues_the_decode_program_from_the_last_attention(kw: dict[str, Any], tail: list[str]) -> None:
+    """The head: the start copies (device-fed), the two row gathers, then the decode program's own
+    calls from the last layer's attention on, reading the one-row copies of h and qkv."""
+    m = manifest(QWEN3_TINY_CONFIG, **kw)
+    verify_manifest(m)
+    head, decode = m["programs"]["head"], m["programs"]["decode"]["calls"]
+    assert head["batch"] == {"groups": 1, "rows": 1} and head["graph"] is True
+    seed = ["start.ids", "start.positions", "start.slots", "start.seq_len"] if kw["feed"] == "device" else []
+    assert [c["label"] for c in head["calls"]] == [*seed, "head.h", "head.qkv", *tail]
+    gathers = head["calls"][len(seed):len(seed) + 2]
+    assert [(c["op"], [a.get("buf", a) for a in c["args"]]) for c in gathers] == [
+        ("embed", ["head_row", "h", "head_h", {"i32": 256}]), ("embed", ["head_row", "qkv", "head_qkv", {"i32": 1024}])]
+    names = {"h": "head_h", "qkv": "head_qkv"}
+    want = [{**c, "args": [{**a, "buf": names[a["buf"]]} if a.get("buf") in names else a for a in c["args"]]}
+            for c in decode[-len(tail):]]
+    assert head["calls"][-len(tail):] == want
+    assert head["calls"][len(seed) + 2]["args"][0] == {"buf": "head_qkv"}
+    b = m["buffers"]
+    assert (b["h"]["kind"], b["qkv"]["kind"]) == ("carry", "carry")
+    assert b["head_h"] == {"dtype": "bf16", "shape": [1, 256], "kind": "workspace"}
+    assert b["head_qkv"] == {"dtype": "bf16", "shape": [1, 1024], "kind": "workspace"}
+    assert b["head_row"]["fill"] == "span_at" and b["head_row"]["domain"] == {"index_into": "h"}
+    if kw.get("pdl"):
+        assert all(m["ops"][c["op"]]["impl"]["launches"][0].get("pdl") for c in head["calls"][len(seed) + 2:])
+        assert not any(m["ops"][c["op"]]["impl"]["launches"][0].get("pdl") for c in head["calls"][:len(seed) + 2])
+
+
+def test_the_head_reads_what_the_chunk_program_left() -> None:
+    """The head reads h and qkv before writing them: as workspaces (dead between runs) the verifier
+    refuses it, which is why they are carries."""
+    from kern_manifest import ManifestRejected
+
+    m = manifest(QWEN3_TINY_CONFIG, feed="device")
+    m["buffers"]["h"]["kind"] = "workspace"
+    with pytest.raises(ManifestRejected) as info:
+        verify_manifest(m)
+    assert any("reads workspace 'h' before this program writes it" in p.line() for p in info.value.problems)
+
+
+def test_no_head_where_it_does_not_apply() -> None:
+    """No head in f32 and tensor-parallel manifests, with `Plan(head=False)`, or when the decode
+    program's last attention is not one the head continues from (a rewrite fused the q/k norm into
+    it); the rest of the manifest is what it was."""
+    shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
+    f32 = _generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", feed="device", precision="f32")
+    assert "head" not in f32["programs"] and "head_row" not in f32["buffers"]
+    tp = gen.generate_tp(gen.shape_from_config(QWEN3_4B_CONFIG), FAKE_HASHES, FAKE_ENTRIES, model="t", tp=2,
+                         plan=gen.Plan(feed="device"))
+    assert "head" not in tp["programs"] and tp["buffers"]["h"]["kind"] == "workspace"
+    off = gen.generate(shape, FAKE_HASHES, FAKE_ENTRIES, model="t", plan=gen.Plan(feed="device", head=False))
+    on = manifest(QWEN3_TINY_CONFIG, feed="device")
+    assert "head" not in off["programs"] and off["programs"] == {k: v for k, v in on["programs"].items() if k != "head"}
+    decode = [dict(c) for c in on["programs"]["decode"]["calls"]]
+    assert gen.head_calls(shape, decode, "device") is not None
+    attn = next(i for i, c in enumerate(decode) if c["label"] == "l1.attn")
+    decode[attn] = {**decode[attn], "op": "attn_decode_qkn"}
+    assert gen.head_calls(shape, decode, "device") is None
+    assert gen.head_calls(shape, [c for c in decode if c["label"] != "l1.attn"], "device") is None

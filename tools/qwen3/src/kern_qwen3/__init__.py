@@ -61,6 +61,7 @@ from kern_qwen3.gemv import (
     gemv_launch,
 )
 from kern_qwen3.generate import generate
+from kern_qwen3.head import HEAD_BUFFERS, HEAD_PROGRAM, HEAD_ROW, add_head, head_calls
 from kern_qwen3.passes import (
     DEFER_NORMS,
     PDL,
@@ -116,6 +117,9 @@ __all__ = [
     "GEMV_TMA_BLOCKS",
     "GEMV_TMA_SMEM",
     "GEMV_TMA_STAGE_CAP",
+    "HEAD_BUFFERS",
+    "HEAD_PROGRAM",
+    "HEAD_ROW",
     "MAX_ROPE_POSITIONS",
     "PAGE_TOKENS",
     "PDL",
@@ -145,6 +149,7 @@ __all__ = [
     "Plan",
     "Precision",
     "Qwen3Shape",
+    "add_head",
     "add_workspace",
     "cache_dir",
     "decode_gemm_shapes",
@@ -157,6 +162,7 @@ __all__ = [
     "gemv_launch",
     "generate",
     "generate_tp",
+    "head_calls",
     "iter_weight_files",
     "plan_passes",
     "prefill_smem",
