@@ -5,7 +5,9 @@ inside a page and from a lease_from at whole pages gives the greedy tokens of th
 computed on one fresh sequence without the cache (the same chunks, so the same kernels at every
 position: the logits agree to the bit when the kernels are deterministic; the bound below is 1e-3
 relative). Lengths cross page (16 tokens) and chunk (64 rows) boundaries. Pages and host units go
-back to zero at the end."""
+back to zero at the end. The head program (the first token from the last prefill chunk's row), on
+the plain manifest and the fast one's options: the same greedy tokens as the turns whose first
+decode step computes the last prompt token, up to a near-tie."""
 
 from __future__ import annotations
 
@@ -27,29 +29,51 @@ LOGIT_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
-def rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The kernels built once for the module: their directory, module hashes and entries."""
+    import kern_qwen3 as gen
+    from kern_mining.build import build_kernels
+
+    tmp = tmp_path_factory.mktemp("engine4b")
+    hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
+    return SimpleNamespace(dir=tmp, hashes=hashes, entries=gen.entry_modules(TOOLS / "kernels-src"))
+
+
+def _runtime(built: SimpleNamespace, name: str, **options: Any) -> Iterator[Any]:
+    """A Qwen3-4B runtime (seeded random checkpoint, 8,192 KV tokens, a 512 MiB host tier) over the
+    manifest of `options` (helpers.qwen3_options' keywords), and its serving roles."""
     from helpers.qwen3_options import generate as _generate
 
     import kern_qwen3 as gen
     import kern_runtime as kr
-    from kern_mining.build import build_kernels
     from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
 
-    tmp = tmp_path_factory.mktemp("engine4b")
-    hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
-    entries = gen.entry_modules(TOOLS / "kernels-src")
-    feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-    m = _generate(gen.shape_from_config(QWEN3_4B_CONFIG), hashes, entries, model="qwen3-4b", feed=feed)
-    manifest = tmp / "qwen3-4b.json"
+    feed = "device" if all(e in built.entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
+    m = _generate(gen.shape_from_config(QWEN3_4B_CONFIG), built.hashes, built.entries, model="qwen3-4b", feed=feed,
+                  **options)
+    manifest = built.dir / f"{name}.json"
     manifest.write_text(json.dumps(m))
     ckpt, _ = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b")
-    runtime = kr.Runtime.load(manifest, tmp / "kernels", gpu=0, capacity=kr.Capacity(tokens=8192, seqs=4))
+    runtime = kr.Runtime.load(manifest, built.dir / "kernels", gpu=0, capacity=kr.Capacity(tokens=8192, seqs=4))
     try:
         runtime.load_weights(kr.Safetensors.open(ckpt))
         runtime.enable_host_tier(512 << 20)
         yield SimpleNamespace(rt=runtime, roles=kr.serving_roles(kr.read_manifest(manifest)))
     finally:
         runtime.close()
+
+
+@pytest.fixture(scope="module")
+def rt(built: SimpleNamespace) -> Iterator[Any]:
+    yield from _runtime(built, "qwen3-4b")
+
+
+@pytest.fixture(scope="module")
+def fast_rt(built: SimpleNamespace) -> Iterator[Any]:
+    """The fast manifest's options (examples/qwen3-4b-fast.json: every decode GEMM as our GEMV,
+    fused q/k norm + rope + KV write and attention, folded deferred norms, PDL)."""
+    yield from _runtime(built, "qwen3-4b-fast", gemv=["qkv", "o", "gate_up", "down", "lm_head"], fuse=True, pdl=True,
+                        fold_norm=True, defer_norm=True)
 
 
 def _engine(rt: Any, chunk: int = CHUNK) -> Any:
@@ -205,3 +229,85 @@ def test_a_long_turn_over_a_long_prefix_matches_one_sequence(rt: Any, parked: bo
     tokens, want = _continuous(rt, [p1, p2], [STEPS, STEPS], chunk=chunk, room=2400)
     _same(l1 + l2, want[0] + want[1], a.tokens, tokens)
     _clean(rt, eng)
+
+
+# --------------------------------------------------------------------------------------------
+# The head program: the first token from the last prefill chunk's row.
+
+HEAD_LOGIT_TOL = 0.15
+"""The first token's logits through the head against the first decode step's (relative L2): the
+last prompt token's layers run the chunk program's GEMMs and prefill attention instead of the
+step's GEMVs and decode attention, so the two differ by bf16 rounding (a few 1e-2 on the random
+4B, like two bf16 implementations against each other); a wrong row or buffer gives ~1."""
+
+
+def _head_turn(eng: Any, seq: Any, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    pre = eng.prefill(seq, prompt, steps, first=True)
+    assert pre.first is not None and seq.kv == len(prompt), pre
+    first = _steps_logits(eng)
+    tokens = [pre.first]
+    for _ in range(steps - 1):
+        tokens.append(eng.step(seq))
+    return tokens, first
+
+
+def _steps_logits(eng: Any) -> np.ndarray:
+    raw = np.asarray(eng.backend.read_output("logits")).reshape(-1)
+    return (raw.astype(np.uint32) << 16).view(np.float32) if raw.dtype == np.uint16 else raw.astype(np.float32)
+
+
+def _stepped_turn(eng: Any, seq: Any, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+    pre = eng.prefill(seq, prompt, steps)
+    assert pre.first is None, pre
+    logits = _steps(eng, seq, steps)
+    return list(seq.tokens[len(prompt):]), logits
+
+
+def _same_greedy(got: list[int], want: list[int], want_logits: list[np.ndarray], what: str) -> None:
+    """`got` equals `want`, or departs from it at a near-tie of the run that gave `want`: its top-1
+    logit minus its logit of `got`'s token at most NEAR_TIE_ULPS bf16 ulps (qwen3_checks' rule)."""
+    from qwen3_checks import NEAR_TIE_ULPS, bf16_ulp
+
+    if got == want:
+        print(f"{what}: {len(got)} tokens identical")
+        return
+    j = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+    lg = want_logits[j]
+    top = float(lg[want[j]])
+    gap = (top - float(lg[got[j]])) / bf16_ulp(top)
+    print(f"{what}: departs at step {j} ({got[j]} vs {want[j]}), gap {gap:.3f} bf16 ulps")
+    assert gap <= NEAR_TIE_ULPS, (what, j, gap)
+
+
+@pytest.mark.parametrize("which", ["plain", "fast"])
+def test_the_heads_turns_are_the_first_steps(which: str, request: pytest.FixtureRequest) -> None:
+    """Turns whose first token comes from the head against the same turns whose first decode step
+    computes it (one engine each, fresh sequences): the greedy tokens agree (up to a near-tie) for
+    prompts whose last chunk ends inside a page, on a chunk's last row and as a chunk of one row;
+    and a conversation continued from its resident prefix through `Engine.turn`."""
+    rt = request.getfixturevalue("rt" if which == "plain" else "fast_rt")
+    assert rt.roles.head_program is not None
+    head, stepped = _engine(rt), _engine(rt)
+    for n in (2, 64, 65, 100, 129, 700):
+        prompt = _ids(20 + n, n)
+        got, got_first = _head_turn(head, head.sequence(), prompt, STEPS)
+        want, want_logits = _stepped_turn(stepped, stepped.sequence(), prompt, STEPS)
+        rel = float(np.linalg.norm(got_first - want_logits[0]) / np.linalg.norm(want_logits[0]))
+        print(f"{which} n={n}: first-token logits relative L2 {rel:.3e}")
+        assert rel <= HEAD_LOGIT_TOL, (n, rel)
+        _same_greedy(got, want, want_logits, f"{which} n={n}")
+        for eng in (head, stepped):
+            for seq in eng.sequences:
+                eng.release(seq)
+    conv = head.sequence()
+    t1 = head.turn(conv, _ids(30, 100), STEPS)
+    p2 = [*conv.tokens, *_ids(31, 90)]
+    t2 = head.turn(conv, p2, STEPS)
+    assert t2.prefill.source.value == "resident" and t2.prefill.first == t2.tokens[0]
+    assert head.counters.heads == 6 + 2
+    for prompt, t in ((_ids(30, 100), t1), (p2, t2)):
+        want, want_logits = _stepped_turn(stepped, stepped.sequence(), prompt, STEPS)
+        _same_greedy(t.tokens, want, want_logits, f"{which} turn of {len(prompt)}")
+    print(f"{which}: TTFT {t1.ttft_ms:.2f} / {t2.ttft_ms:.2f} ms")
+    stepped.close()
+    _clean(rt, head)
