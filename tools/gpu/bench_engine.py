@@ -20,7 +20,8 @@ row: `Engine.prefill(first=True)`, as `Engine.turn` runs it); the head rows are 
 manifest has no head program. The seeded random Qwen3-4B checkpoint (kern_qwen3.checkpoint) is
 written once to the cache; missing cubins are built from tools/kernels-src. Timed turns are
 released after their first token, so only the conversation stays in the index. Writes
-OUTDIR/bench_engine.json (rows: name, value, unit, target, peer) and prints the table.
+OUTDIR/bench_engine.json (rows: name, value, unit, target, peer), OUTDIR/bench_engine.log (the
+progress lines and the table) and prints the table.
 """
 
 from __future__ import annotations
@@ -148,7 +149,10 @@ def main(argv: list[str]) -> int:
 
     import kern_runtime as kr
 
+    lines: list[str] = []
+
     def log(msg: str) -> None:
+        lines.append(msg)
         print(f"bench_engine: {msg}", file=sys.stderr, flush=True)
 
     manifest, files = load_inputs(args, log)
@@ -160,6 +164,7 @@ def main(argv: list[str]) -> int:
                         host_bytes=host, config=kr.EngineConfig(chunk=args.chunk), log=log, roles=roles) as eng:
         rows = measure(eng, args.context, args.turn, args.reps, log)
     (args.out / "bench_engine.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "bench_engine.log").write_text("\n".join([*lines, table(rows)]) + "\n")
     print(table(rows))
     return 0
 
