@@ -29,6 +29,8 @@ class PoolBackend:
         self.host = kern_pool.Host(self.pool, host, 1, 1)
         self.inputs: dict[str, list[int]] = {}
         self.runs: list[tuple[str, dict[str, int]]] = []
+        self.eager: list[str] = []
+        """The programs `run` (not `issue`d)."""
         self.next = 1000
 
     def write_input(self, name: str, array: Any) -> None:
@@ -36,6 +38,7 @@ class PoolBackend:
 
     def run(self, program: str, vars: Mapping[str, int]) -> None:
         self.runs.append((program, dict(vars)))
+        self.eager.append(program)
 
     def issue(self, program: str, vars: Mapping[str, int]) -> None:
         self.runs.append((program, dict(vars)))
@@ -147,6 +150,52 @@ def test_the_block_table_is_the_lease_row_and_slots_follow_it() -> None:
     eng.step(b)
     assert be.runs == [("step", {"tokens": 1})] and be.inputs["pos"] == [20] and be.inputs["len"] == [21]
     eng.close()
+
+
+def _head_engine(eager: bool = False) -> tuple[kr.Engine, PoolBackend]:
+    """`_engine` over a manifest with a head program (`first`, reading the span_at input `row`)."""
+    m = serving()
+    m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
+    m["buffers"]["row"] = {"dtype": "i64", "shape": [1], "kind": "input", "fill": "span_at"}
+    m["programs"]["first"] = {"batch": {"groups": 1, "rows": 1}, "graph": True,
+                              "calls": [{"op": "gather", "args": [{"buf": "row"}]}]}
+    be = PoolBackend()
+    return kr.Engine(be, kr.serving_roles(m), kr.EngineConfig(chunk=16, eager=eager)), be
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_the_head_takes_the_last_chunk_row_and_seats_the_sequence(eager: bool) -> None:
+    """prefill(first=True): chunks through the last prompt token, the last token staged, its row of
+    the last chunk in the span_at input, one head run, its token appended; the row then holds the
+    sequence as after a step (host-fed: the token staged at the next position), so the next step
+    runs at once."""
+    eng, be = _head_engine(eager)
+    s = eng.sequence()
+    pre = eng.prefill(s, _ids(101, 40), 3, first=True)
+    assert (pre.reused, pre.prefilled, pre.first) == (0, 40, 1001)
+    assert be.runs == [("chunk", {"tokens": 16}), ("chunk", {"tokens": 16}), ("chunk", {"tokens": 8}),
+                       ("first", {"tokens": 1})]
+    assert be.inputs["row"] == [7] and ("first" in be.eager) == eager
+    assert (s.kv, s.tokens[-1], len(s.tokens), eng.counters.heads) == (40, 1001, 41, 1)
+    lease = s.lease
+    assert lease is not None
+    assert be.inputs["ids"] == [1001] and be.inputs["pos"] == [40] and be.inputs["len"] == [41]
+    assert be.inputs["sl"] == [lease.pages[2] * 16 + 8]
+    be.runs.clear()
+    assert eng.step(s) == 1002 and be.runs == [("step", {"tokens": 1})]
+    assert eng.step(s) == 1003
+    with pytest.raises(kr.EngineError, match="used its room of 42 tokens"):
+        eng.step(s)
+    be.runs.clear()
+    t = eng.turn(s, [*s.tokens, 5], 2)  # two new tokens (the pending answer and 5): the head again
+    assert (t.prefill.reused, t.prefill.first, t.tokens) == (42, 1004, [1004, 1005])
+    assert be.runs[0] == ("chunk", {"tokens": 2}) and be.runs[1] == ("first", {"tokens": 1})
+    assert be.inputs["row"] == [1] and eng.counters.heads == 2
+    be.runs.clear()
+    t = eng.turn(s, list(s.tokens), 2)  # one new token: the first step computes it
+    assert t.prefill.first is None and [p for p, _ in be.runs] == ["step", "step"] and eng.counters.heads == 2
+    eng.close()
+    assert be.pool.pages_used == 0
 
 
 def test_continue_in_place_when_the_live_lease_has_room() -> None:
