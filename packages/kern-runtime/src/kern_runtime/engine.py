@@ -976,16 +976,24 @@ class Engine:
         assert seq.lease is not None
         stage(self.backend, self.roles, np.asarray(seq.lease.pages, dtype=np.int64), ids, start)
 
-    def _prefill_rest(self, seq: Sequence) -> None:
-        """The prompt's tokens from `seq.kv` up to (not including) the last, in chunks."""
+    def _chunks(self, seq: Sequence, *, last: bool) -> int:
+        """The prompt's tokens from `seq.kv` up to (not including) the last (`last`: through it) in
+        chunks; the rows of the last chunk (0 for none)."""
         assert seq.lease is not None
         n, start = len(seq.tokens), seq.kv
-        for a, b in prefill_chunks(n - start, self._chunk):
+        rows = 0
+        for a, b in prefill_chunks(n - start, self._chunk, last=last):
             lo, hi = start + a, start + b
             seq.lease.kv_indices(lo, hi)
             self._stage(seq, seq.tokens[lo:hi], lo)
             self.backend.run(self.roles.chunk_program, {self.roles.chunk_var: hi - lo})
-        seq.kv = n - 1
+            rows = hi - lo
+        return rows
+
+    def _prefill_rest(self, seq: Sequence) -> None:
+        """The prompt's tokens from `seq.kv` up to (not including) the last, in chunks."""
+        self._chunks(seq, last=False)
+        seq.kv = len(seq.tokens) - 1
 
     def _prefill_head(self, seq: Sequence) -> int:
         """The prompt's tokens from `seq.kv` through the last in chunks, then the head program over
@@ -993,14 +1001,8 @@ class Engine:
         holds the sequence as after a step."""
         lease, r = seq.lease, self.roles
         assert lease is not None and r.head_program is not None and r.head_row is not None
-        n, start = len(seq.tokens), seq.kv
-        rows = 0
-        for a, b in prefill_chunks(n - start, self._chunk, last=True):
-            lo, hi = start + a, start + b
-            lease.kv_indices(lo, hi)
-            self._stage(seq, seq.tokens[lo:hi], lo)
-            self.backend.run(r.chunk_program, {r.chunk_var: hi - lo})
-            rows = hi - lo
+        n = len(seq.tokens)
+        rows = self._chunks(seq, last=True)
         self._stage(seq, [seq.tokens[n - 1]], n - 1)
         self.backend.write_input(r.head_row, np.array([rows - 1], dtype=np.int64))
         if self.config.eager:
