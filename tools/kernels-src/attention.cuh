@@ -484,11 +484,8 @@ constexpr int ROWS_MAX_GROUP = 16;  // query heads per kv head: two head tiles o
 // warp or more, so short rows take few blocks (one, up to 256 tokens) instead of many one-page
 // splits and their combine. A launch of one row (the one-row step) takes 4: its few blocks would
 // otherwise leave the GPU idle below 4,096 tokens, where a warp's chain of pages, not the bytes,
-// sets the time. (A lab build may define KERN_ROWS_MIN_PAGES.)
-#ifndef KERN_ROWS_MIN_PAGES
-#define KERN_ROWS_MIN_PAGES 16
-#endif
-constexpr int ROWS_MIN_PAGES = KERN_ROWS_MIN_PAGES;
+// sets the time.
+constexpr int ROWS_MIN_PAGES = 16;
 constexpr int ROWS_MIN_PAGES_ONE = 4;
 constexpr int ROWS_PAGE = 16;  // tokens per page: the 16 rows of an m16n8k16 tile
 

@@ -18,8 +18,8 @@ launch per row. Usage (GPU host, from the repository root):
         [--layout scattered|sequential|layer-major] [--entries kern_attn_decode_rows_m32,...]
 
 `--layout` places the pages (LAYOUTS). `--entries` adds lab entries with kern_attn_decode_rows' ABI
-(tools/lab/kernels-src/attention_rows_m*.cu), timed beside it at rows > 1; each one's outputs on the
-case's first layer are compared with kern_attn_decode_rows' (the largest difference is printed).
+(a module in tools/lab/kernels-src), timed beside it at rows > 1; each one's outputs on the case's
+first layer are compared with kern_attn_decode_rows' (the largest difference is printed).
 
 writes OUT_DIR/time_attention.json and OUT_DIR/time_attention.md.
 """
