@@ -38,7 +38,14 @@ from cuda.bindings import driver as cu
 
 from kern_mining.build import build_kernels
 from kern_qwen3 import PAGE_TOKENS as _GEN_PAGE_TOKENS
-from kern_qwen3 import QWEN3_TINY_CONFIG, Qwen3Shape, prefill_smem, shape_from_config
+from kern_qwen3 import (
+    PREFILL_BM,
+    PREFILL_THREADS,
+    QWEN3_TINY_CONFIG,
+    Qwen3Shape,
+    prefill_smem,
+    shape_from_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +53,6 @@ BF16 = torch.bfloat16
 DEV = "cuda"
 PAGE_TOKENS = 16
 DECODE_SPLITS = 16
-PREFILL_BM = 64
 PREFILL_SPLITS = 16
 PREFILL_SPLIT_ROWS = 512
 ARGMAX_PARTS = 64
@@ -254,7 +260,7 @@ class Engine:
         else:
             group = s.heads // s.kv_heads
             grid = (math.ceil(t * group / PREFILL_BM), s.kv_heads, min(PREFILL_SPLITS, -(-PREFILL_SPLIT_ROWS // t)))
-            k.launch("kern_prefill_attn", grid, 128, self.qkv, self._kv(i), self.block_table, io["len"],
+            k.launch("kern_prefill_attn", grid, PREFILL_THREADS, self.qkv, self._kv(i), self.block_table, io["len"],
                      self.attn, self.pf_o, self.pf_lse, I32(t), nq, nkv, d, I32(PAGE_TOKENS),
                      I64(s.page_stride), scale, smem=prefill_smem(s.head_dim))
             k.launch("kern_prefill_combine", (t, 1, 1), 128, self.pf_o, self.pf_lse, io["len"], self.attn,

@@ -4,15 +4,15 @@
 
 // out[i, h * D:(h + 1) * D] = softmax(q_i . K^T * scale, keys <= seq_len - rows + i) V for the
 // `rows` rows of this chunk (query head h of row i in qkv[i, h * D ..]); their own k/v are
-// already in the pages. Block (x, y, z): kv head y, packed rows [64 x', 64 x' + 64) with
+// already in the pages. Block (x, y, z): kv head y, packed rows [128 x', 128 x' + 128) with
 // x' = gridDim.x - 1 - x, key split z of splits = prefill_splits(seq_len, rows, nq, nkv), chosen
 // here from seq_len (blocks with z >= splits exit). One split: bf16 rows to `out`; more: f32
 // normalized rows to part_o[z, i, h, :] and log2-sum-exps to part_lse[z, i, h] for
 // kern_prefill_combine. part_o holds 2 * PF_SPLIT_ROWS * nq * head_dim floats, part_lse
 // 2 * PF_SPLIT_ROWS * nq. head_dim in {64, 128}; nq a multiple of nkv.
-// grid [ceil_div(rows * nq / nkv, 64), nkv, min(16, ceil_div(512, rows))], block [128],
-// dynamic shared memory 1024 + 7 * 64 * head_dim * 2 bytes (PfSmem: Q and 3 K/V stages).
-extern "C" __global__ void __launch_bounds__(PF_THREADS, 2)
+// grid [ceil_div(rows * nq / nkv, 128), nkv, min(16, ceil_div(512, rows))], block [384],
+// dynamic shared memory 1024 + 14 * 64 * head_dim * 2 bytes (PfSmem: Q and 6 K/V stages).
+extern "C" __global__ void __launch_bounds__(PF_THREADS, 1)
 kern_prefill_attn(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
                   const int* __restrict__ block_table, const int* __restrict__ seq_len,
                   bf16* __restrict__ out, float* __restrict__ part_o,
@@ -21,17 +21,25 @@ kern_prefill_attn(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
     kern_pdl_launch_dependents();
     kern_pdl_wait();
     extern __shared__ __align__(1024) uint8_t pf_smem[];
+    __shared__ PfBars bars;
     const uint32_t smem = (smem_u32(pf_smem) + 1023u) & ~1023u;
     const PfPages paged{kv, block_table, nkv, page_tokens, page_stride};
     const int len = *seq_len;
     const int splits = min((int)gridDim.z, prefill_splits(len, rows, nq, nkv));
     if ((int)blockIdx.z >= splits) return;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < PF_STAGES; ++s) {
+            pf_mbar_init(&bars.full[s], PF_WG);
+            pf_mbar_init(&bars.empty[s], 2 * PF_WG);
+        }
+        pf_mbar_init(&bars.q, PF_WG);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
     if (head_dim == 64) {
-        prefill_block<64>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,
-                          scale * PF_LOG2E, smem);
+        prefill_block<64>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse, scale * PF_LOG2E, smem, bars);
     } else {
-        prefill_block<128>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse,
-                           scale * PF_LOG2E, smem);
+        prefill_block<128>(qkv, paged, len, rows, nq, splits, out, part_o, part_lse, scale * PF_LOG2E, smem, bars);
     }
 }
 

@@ -41,7 +41,7 @@ from helpers.prefill_cases import PAGE, Chunk, attention_ref, new_case
 from time_prefill import causal_flops, event_ms
 
 from kern_lab import PREFILL_VARIANTS, PrefillVariant, build_lab_kernels
-from kern_qwen3 import prefill_smem
+from kern_qwen3 import PREFILL_THREADS, prefill_smem
 
 ROOT = Path(__file__).resolve().parents[2]
 NQ, NKV, D = 32, 8, 128
@@ -84,7 +84,7 @@ def blocks_per_sm(k: h.Kernels, name: str, threads: int, smem: int) -> int:
 def resources(k: h.Kernels, names: list[str]) -> list[dict[str, Any]]:
     """Registers, local memory and blocks per SM (head_dim 128) of the shipped entry and `names`;
     a driver error in the count is recorded in its place (the checks and timings still run)."""
-    shapes = {"kern_prefill_attn": (128, prefill_smem(D))}
+    shapes = {"kern_prefill_attn": (PREFILL_THREADS, prefill_smem(D))}
     for name in names:
         v = PREFILL_VARIANTS[name]
         shapes[name] = (v.threads, v.smem(D))

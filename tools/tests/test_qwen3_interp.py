@@ -402,7 +402,7 @@ def test_prefill_split_plan_is_the_kernels() -> None:
         assert f"constexpr int {name} = {value};" in text
     assert "int n = min(prefill_zcap(rows), max(1, PF_TARGET / work));\n    n = min(n, max(1, tiles / PF_MIN_TILES));" in text
     assert [interp.prefill_splits(n, r, 32, 8) for n, r in ((14037, 37), (14200, 200), (4096, 4096), (1, 1))] == [
-        11, 2, 1, 1]
+        8, 2, 1, 1]
 
 
 def test_decode_attention_over_rows_is_each_row_alone() -> None:

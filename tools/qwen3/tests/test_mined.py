@@ -32,7 +32,7 @@ CUBLAS_MODULE = len(SHAS) + 1
 """The capture's module id of the cuBLAS library module (ours are 1 .. len(SHAS))."""
 PROMPTS = (6, 23, 64, 157)
 CHUNK = 96
-P, SPLITS, PARTS, BM = 16, 16, 64, 64
+P, SPLITS, PARTS, BM = 16, 16, 64, 128
 MS = 1_000_000
 
 
@@ -160,7 +160,7 @@ class Donor:
                 w.launch("kern_attn_decode_reduce", (nq, 1, 1), 128, B["part_o"], B["part_lse"], B["attn"],
                          nq, d, SPLITS)
             else:
-                w.launch("kern_prefill_attn", _prefill_grid(t), 128, B["qkv"], kv, B["block_table"], B[io[3]],
+                w.launch("kern_prefill_attn", _prefill_grid(t), 384, B["qkv"], kv, B["block_table"], B[io[3]],
                          B["attn"], B["pf_o"], B["pf_lse"], t, nq, nkv, d, P, self.page_stride, d**-0.5)
                 w.launch("kern_prefill_combine", (t, 1, 1), 128, B["pf_o"], B["pf_lse"], B[io[3]], B["attn"], t, nq,
                          nkv, d)
@@ -403,7 +403,7 @@ def _first_launch(m: dict[str, Any], op: str) -> dict[str, Any]:
 
 Mutation = Callable[[dict[str, Any]], object]
 MUTATIONS: list[tuple[Mutation, str]] = [
-    (lambda m: _first_launch(m, "attn_prefill")["grid"].__setitem__(0, {"ceil_div": ["tokens", 64]}), "grid[0]"),
+    (lambda m: _first_launch(m, "attn_prefill")["grid"].__setitem__(0, {"ceil_div": ["tokens", 32]}), "grid[0]"),
     (lambda m: _first_launch(m, "attn_prefill")["grid"].__setitem__(2, 1), "grid[2]"),
     (lambda m: _first_launch(m, "kv_write").update(grid=["tokens", 1, 1]), "grid[1]"),
     (lambda m: _first_launch(m, "silu_mul").update(block=[256, 1, 1]), "block"),

@@ -15,6 +15,7 @@ from kern_qwen3.entries import (
     PREFILL_PART_ROWS,
     PREFILL_SPLIT_ROWS,
     PREFILL_SPLITS,
+    PREFILL_THREADS,
     prefill_smem,
 )
 
@@ -89,7 +90,7 @@ class Chunk:
     def launch_new(self, k: h.Kernels) -> None:
         """kern_prefill_attn then kern_prefill_combine, as the manifest's attn_prefill op runs them."""
         c = self.case
-        k.launch("kern_prefill_attn", prefill_grid(self.rows, c.nq, c.nkv), (128,), h.ptr(self.qkv),
+        k.launch("kern_prefill_attn", prefill_grid(self.rows, c.nq, c.nkv), (PREFILL_THREADS,), h.ptr(self.qkv),
                  h.ptr(c.state), h.ptr(c.table), h.ptr(self.seq), h.ptr(self.out), h.ptr(self.part_o),
                  h.ptr(self.part_lse), h.i32(self.rows), h.i32(c.nq), h.i32(c.nkv), h.i32(c.d), h.i32(PAGE),
                  h.i64(c.page_stride), h.f32(c.d**-0.5), shared_mem=prefill_smem(c.d))

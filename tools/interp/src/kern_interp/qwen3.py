@@ -143,7 +143,7 @@ def k_attn_prefill(t: int, qkv: Ptr, kv: Ptr, bt: Ptr, seq_len: Ptr, out: Ptr, r
     _view(out, rows * nq * d)[:] = _attend(q, ks, vs, limit, scale).reshape(-1)
 
 
-PREFILL_BM, PREFILL_BN, PREFILL_TARGET, PREFILL_MIN_TILES = 64, 64, 264, 4
+PREFILL_BM, PREFILL_BN, PREFILL_TARGET, PREFILL_MIN_TILES = 128, 64, 132, 4
 """prefill.cuh's PF_BM, PF_BN, PF_TARGET, PF_MIN_TILES (PF_MAX_SPLITS, PF_SPLIT_ROWS: kern_qwen3.entries)."""
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "PREFILL_SPLITS",
     "PREFILL_SPLIT_ROWS",
     "PREFILL_STAGES",
+    "PREFILL_THREADS",
     "QK_ROWS_HEADS",
     "ROWS_ENTRIES",
     "SAMPLE_TOP_N",
@@ -69,7 +70,7 @@ def decode_rows_smem(head_dim: int) -> int:
     return DECODE_ROWS_WARPS * DECODE_ROWS_STAGES * (head_dim // 8) * 32 * 16
 
 
-PREFILL_BM = 64
+PREFILL_BM = 128
 """Packed rows (chunk rows x the kv head's query heads) per block of kern_prefill_attn (prefill.cuh's
 PF_BM): grid x = ceil_div(tokens * group, PREFILL_BM)."""
 PREFILL_SPLITS = 16
@@ -79,15 +80,18 @@ PREFILL_SPLIT_ROWS = 512
 """prefill.cuh's PF_SPLIT_ROWS: chunks of this many rows or more run one split."""
 PREFILL_PART_ROWS = 2 * PREFILL_SPLIT_ROWS
 """Chunk rows x splits that kern_prefill_attn's partials hold (splits x rows < 2 x PREFILL_SPLIT_ROWS)."""
-PREFILL_STAGES = 3
+PREFILL_STAGES = 6
 """prefill.cuh's PF_STAGES: the K/V tiles of 64 keys kern_prefill_attn keeps in shared memory."""
+PREFILL_THREADS = 384
+"""Threads per block of kern_prefill_attn (prefill.cuh's PF_THREADS): a gathering warpgroup and two
+consumer warpgroups."""
 
 
 def prefill_smem(head_dim: int) -> int:
-    """Dynamic shared memory of kern_prefill_attn at `head_dim` (prefill.cuh's PfSmem): Q and
-    PREFILL_STAGES K and V tiles of 64 rows of bf16, and 1 KiB to round the base up to the
-    1024-byte swizzle atom."""
-    return 1024 + (1 + 2 * PREFILL_STAGES) * PREFILL_BM * head_dim * 2
+    """Dynamic shared memory of kern_prefill_attn at `head_dim` (prefill.cuh's PfSmem): Q of
+    PREFILL_BM rows and PREFILL_STAGES K and V tiles of 64 rows, bf16, and 1 KiB to round the base
+    up to the 1024-byte swizzle atom."""
+    return 1024 + (PREFILL_BM // 64 + 2 * PREFILL_STAGES) * 64 * head_dim * 2
 ARGMAX_PARTS = 64
 """Blocks of the first argmax stage."""
 

@@ -13,6 +13,7 @@ from kern_qwen3.entries import (
     PREFILL_PART_ROWS,
     PREFILL_SPLIT_ROWS,
     PREFILL_SPLITS,
+    PREFILL_THREADS,
     QK_ROWS_HEADS,
     decode_rows_smem,
     prefill_smem,
@@ -86,7 +87,7 @@ def prefill_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
     grid = [{"ceil_div": [{"mul": ["tokens", group]}, PREFILL_BM]}, nkv,
             {"min": [PREFILL_SPLITS, {"ceil_div": [PREFILL_SPLIT_ROWS, "tokens"]}]}]
     attn = kernel(
-        mods, "kern_prefill_attn", grid, 128, shared_mem=prefill_smem(d),
+        mods, "kern_prefill_attn", grid, PREFILL_THREADS, shared_mem=prefill_smem(d),
         params=[*PREFILL_PARAMS[:5], "out buffer<f32>", "out buffer<f32>", *PREFILL_PARAMS[5:]],
         args=[*({"param": i} for i in range(5)), {"scratch": "part_o"}, {"scratch": "part_lse"},
               *({"param": i} for i in range(5, 12))],
