@@ -5,6 +5,7 @@ the tokens the model gives it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,6 +29,7 @@ from kern_pool import (
     SchedConfig,
     Scheduler,
     run_chunks,
+    run_rides,
 )
 
 
@@ -52,6 +54,10 @@ class Model:
     plans: list[Plan] = field(default_factory=list[Plan])
     limits: dict[int, int] = field(default_factory=dict[int, int])
     """max_tokens of the requests run piped."""
+    sampled: set[int] = field(default_factory=set[int])
+    """The riders whose last prompt token rode on the step executed last."""
+    rode: list[int] = field(default_factory=list[int])
+    """The rows the riders of each step took."""
 
     def step(self) -> Plan:
         plan = self.sched.plan()
@@ -77,12 +83,31 @@ class Model:
             self.kv[rid] = min(self.totals[rid] - 1, begin + budget)
             return self.kv[rid] - begin, self.kv[rid], self.kv[rid] == self.totals[rid] - 1
 
-        return run_chunks(plan, start, chunk)
+        for rid in plan.decode:  # NOTE: a request decodes only once its prompt is in its KV
+            assert self.kv[rid] == self.totals[rid] - 1
+        self.sampled = set()
+        return self.ride(plan, start) if plan.rides else run_chunks(plan, start, chunk)
+
+    def ride(self, plan: Plan, start: Callable[[Admit], None]) -> dict[int, int]:
+        """The plan's rides in turn (`run_rides`), each past the cached prefix: a rider that took
+        its last prompt token samples from that row; how far each got (that token not counted)."""
+
+        def rest(rid: int) -> int:
+            self.kv[rid] = max(self.kv[rid], min(self.cached.get(rid, 0), self.totals[rid] - 1))
+            return self.totals[rid] - self.kv[rid]
+
+        took = run_rides(plan, start, rest)
+        self.rode.append(sum(took.values()))
+        for rid, n in took.items():
+            if self.kv[rid] + n == self.totals[rid]:
+                self.sampled.add(rid)
+            self.kv[rid] = min(self.totals[rid] - 1, self.kv[rid] + n)
+        return {rid: self.kv[rid] for rid in took}
 
     def device(self, plan: Plan, flight: list[Plan]) -> dict[int, int]:
         """The tokens the model gives the plan's rows, `flight` steps of them issued before."""
-        return {rid: token(rid, len(self.out.get(rid, [])) + sum(rid in p.decode for p in flight))
-                for rid in plan.decode}
+        rows = (*plan.decode, *sorted(self.sampled)) if plan.rides else plan.decode
+        return {rid: token(rid, len(self.out.get(rid, [])) + sum(rid in p.decode for p in flight)) for rid in rows}
 
     def land(self, plan: Plan, done: dict[int, int], tokens: dict[int, int]) -> None:
         """The step's read-back committed: the stale rows' tokens dropped."""
@@ -137,8 +162,8 @@ class Model:
 
 
 def sched(rows: int = 4, queued: int = 8, step_tokens: int = 16, chunk: int = 8, grow: int = 0,
-          pages: int = 16, unit: int = 4, row_tokens: int = 64) -> Scheduler:
-    return Scheduler(SchedConfig(rows, queued, step_tokens, chunk, grow), pages=pages, unit=unit,
+          pages: int = 16, unit: int = 4, row_tokens: int = 64, ride: int = 0) -> Scheduler:
+    return Scheduler(SchedConfig(rows, queued, step_tokens, chunk, grow, ride), pages=pages, unit=unit,
                      row_tokens=row_tokens)
 
 
@@ -585,9 +610,10 @@ class Machine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.s is None)
     @rule(rows=st.integers(1, 5), queued=st.integers(1, 6), step=st.integers(1, 12), chunk=st.integers(1, 8),
-          grow=st.integers(0, 4), pages=st.integers(2, 12), unit=st.integers(1, 4))
-    def setup(self, rows: int, queued: int, step: int, chunk: int, grow: int, pages: int, unit: int) -> None:
-        self.s = sched(rows, queued, step, chunk, grow, pages, unit, row_tokens=pages * unit)
+          grow=st.integers(0, 4), pages=st.integers(2, 12), unit=st.integers(1, 4), ride=st.sampled_from([0, 0, 1, 3, 8]))
+    def setup(self, rows: int, queued: int, step: int, chunk: int, grow: int, pages: int, unit: int,
+              ride: int) -> None:
+        self.s = sched(rows, queued, step, chunk, grow, pages, unit, row_tokens=pages * unit, ride=ride)
         self.m = Model(self.s)
 
     @precondition(lambda self: self.s is not None)
@@ -645,12 +671,31 @@ class Machine(RuleBasedStateMachine):
             assert 1 <= c.budget <= min(cfg.chunk, plan.budget)
         if plan.chunks:
             assert plan.tokens <= max(cfg.step_tokens, len(plan.decode) + 1)
-        assert [c.id for c in plan.chunks[len(plan.chunks) - len(plan.admits):]] == [a.id for a in plan.admits]
-        assert len(plan.chunks) - len(plan.admits) <= 1 and len(plan.admits) <= plan.budget
+        if not plan.rides:
+            assert [c.id for c in plan.chunks[len(plan.chunks) - len(plan.admits):]] == [a.id for a in plan.admits]
+            assert len(plan.chunks) - len(plan.admits) <= 1 and len(plan.admits) <= plan.budget
         assert not (plan.admits and plan.park)
+        self.check_rides(plan)
         resumed = {a.id for p in self.m.plans for a in p.admits if a.resume}
         fresh = [rid for rid in self.m.admitted if rid not in resumed]
         assert fresh == sorted(fresh)  # first admissions in submission order
+
+    def check_rides(self, plan: Plan) -> None:
+        """Riding: the rows of an engine call never pass the step's most rows nor the token budget,
+        the riders' rows never pass the plan's, the admissions ride after the one riding already,
+        (and `Model.execute`: no request decodes before its prompt has ridden)."""
+        assert self.s is not None and self.m is not None
+        ride, d = self.s.config.ride, len(plan.decode)
+        if not ride:
+            assert not plan.rides and not plan.rows
+            return
+        assert not plan.chunks and not plan.budget
+        if not plan.rides:
+            return
+        assert 1 <= plan.rows <= ride - d % ride and plan.rows <= max(1, self.s.config.step_tokens - d)
+        assert self.m.rode[-1] <= plan.rows and not {r.id for r in plan.rides} & set(plan.decode)
+        assert [r.id for r in plan.rides[len(plan.rides) - len(plan.admits):]] == [a.id for a in plan.admits]
+        assert len(plan.rides) - len(plan.admits) <= 1 and len(plan.admits) <= plan.rows
 
     @invariant()
     def ends_right(self) -> None:
@@ -701,3 +746,121 @@ def test_run_chunks_takes_the_budget_in_turn_and_stops_after_an_unfinished_prefi
     spent = Plan(chunks=(Chunk(1, 8), Chunk(4, 8)), admits=(Admit(4, 10, 20, False),), budget=5)
     assert run_chunks(spent, lambda a: calls.append(("start", a.id, a.tokens)), chunk) == {1: 105}
     assert calls == [("chunk", 1, 5)]  # the budget is spent: no admission starts
+
+
+# ---- riding ----------------------------------------------------------------------------------
+
+
+def test_a_prompt_rides_on_the_step_over_several_steps_and_decodes_after_its_last_token() -> None:
+    s = sched(step_tokens=16, ride=4)
+    s.submit(Ask(0, 10, 3))
+    m = Model(s)
+    assert m.step() == Plan(admits=(Admit(0, 10, 12, False),), rides=(Chunk(0, 4),), rows=4)
+    assert m.kv[0] == 4 and 0 not in m.out
+    assert m.step() == Plan(rides=(Chunk(0, 4),), rows=4)
+    assert m.step() == Plan(rides=(Chunk(0, 4),), rows=4)  # 2 rows: the last prompt token samples
+    assert m.rode == [4, 4, 2] and m.out[0] == [token(0, 0)]
+    assert [m.step().decode for _ in range(2)] == [(0,), (0,)]
+    assert m.step() == Plan(retire=(Retire(0, Finish.LENGTH, True),))
+    assert m.out[0] == [token(0, i) for i in range(3)] and not s.running and not s.reserved
+
+
+def test_riders_take_the_rows_the_decode_rows_leave_in_fcfs_order() -> None:
+    s = sched(rows=8, step_tokens=64, ride=8, pages=64)
+    for i in range(2):
+        s.submit(Ask(i, 2, 20))
+    m = Model(s)
+    first = m.step()  # two prompts of 2 tokens: 4 rows, both sample their first token
+    assert [a.id for a in first.admits] == [0, 1] and first.rows == 8 and m.rode == [4]
+    assert m.out == {0: [token(0, 0)], 1: [token(1, 0)]}
+    for i, n in ((2, 3), (3, 5), (4, 2)):
+        s.submit(Ask(i, n, 4))
+    plan = m.step()  # 6 rows left: 2's 3 tokens, then 3 takes the last 3 of its 5
+    assert plan == Plan(admits=tuple(Admit(i, n, n + 3, False) for i, n in ((2, 3), (3, 5), (4, 2))),
+                        decode=(0, 1), rides=(Chunk(2, 6), Chunk(3, 6), Chunk(4, 6)), rows=6)
+    assert m.admitted == [0, 1, 2, 3] and m.kv[3] == 3 and 3 not in m.out and s.queued == 1
+    plan = m.step()  # 3 finishes its ride (2 rows); 4 rides behind it
+    assert plan.decode == (0, 1, 2) and [r.id for r in plan.rides] == [3, 4] and plan.rows == 5
+    assert m.out[3] == [token(3, 0)] and m.out[4] == [token(4, 0)] and m.rode[-1] == 4
+    assert m.step().decode == (0, 1, 2, 3, 4)
+
+
+def test_riding_rows_stay_within_the_steps_rows_and_the_token_budget() -> None:
+    s = sched(rows=12, step_tokens=64, ride=4, pages=256, row_tokens=256)
+    m = Model(s)
+    for i in range(5):
+        s.submit(Ask(i, 1, 50))
+    assert m.step().rows == 4 and m.admitted == [0, 1, 2, 3]  # four one-token prompts fill the call
+    s.submit(Ask(5, 30, 2))
+    assert m.step().rows == 4  # four decode rows fill a call: the riders get a call of their own
+    plan = m.step()
+    assert len(plan.decode) == 5 and plan.rows == 3  # 5 % 4 = 1 row taken in the second call
+    tight = sched(rows=8, step_tokens=3, ride=8, pages=64)
+    for i in range(3):
+        tight.submit(Ask(i, 1, 10))
+    t = Model(tight)
+    assert t.step().rows == 3 and t.admitted == [0, 1, 2]
+    tight.submit(Ask(3, 9, 2))
+    assert t.step() == Plan(admits=(Admit(3, 9, 10, False),), decode=(0, 1, 2), rides=(Chunk(3, 1),), rows=1)
+
+
+def test_a_cached_prefix_does_not_ride() -> None:
+    s = sched(step_tokens=16, ride=8, pages=64)
+    s.submit(Ask(0, 20, 2))
+    m = Model(s, cached={0: 15})
+    m.step()
+    assert m.rode == [5] and m.out[0] == [token(0, 0)]  # tokens 15..19: the last one samples
+
+
+def test_a_rider_cancelled_part_way_retires_and_the_next_head_rides() -> None:
+    s = sched(step_tokens=16, ride=4, pages=64)
+    s.submit(Ask(0, 10, 3))
+    s.submit(Ask(1, 3, 2))
+    m = Model(s)
+    m.step()
+    assert m.kv[0] == 4 and s.queued == 1
+    s.cancel(0)
+    plan = m.step()
+    assert plan.retire == (Retire(0, Finish.CANCELLED, True),) and plan.admits == (Admit(1, 3, 4, False),)
+    assert m.rode[-1] == 3 and m.out == {1: [token(1, 0)]} and 0 not in m.kv
+    m.drain()
+    assert m.out[1] == [token(1, 0), token(1, 1)] and not s.reserved and not s.running
+
+
+def test_a_ride_plan_never_goes_ahead() -> None:
+    s = sched(rows=4, step_tokens=16, ride=4, pages=64)
+    s.submit(Ask(0, 1, 10))
+    m = Model(s, limits={0: 10})
+    m.step()
+    plain = s.plan()
+    assert plain == Plan(decode=(0,)) and s.ahead(plain) == plain
+    s.submit(Ask(1, 3, 2))
+    assert s.ahead(plain) is None  # the next step's rows change: it waits for this one's tokens
+    assert s.ahead(s.plan()) is None
+
+
+def test_a_token_for_a_rider_that_has_not_reached_its_last_token_raises() -> None:
+    s = sched(step_tokens=16, ride=4)
+    s.submit(Ask(0, 10, 3))
+    plan = s.plan()
+    with pytest.raises(ApiError, match="samples only from its last prompt token"):
+        s.commit(plan, Outcome({0: 4}, {0: 7}))
+    with pytest.raises(ApiError, match="at least 0"):
+        SchedConfig(ride=-1).check()
+
+
+def test_run_rides_shares_the_rows_in_turn_and_stops_after_an_unfinished_ride() -> None:
+    rest = {1: 3, 2: 1, 3: 9, 4: 2}
+    calls: list[tuple[str, int]] = []
+
+    def left(rid: int) -> int:
+        calls.append(("rest", rid))
+        return rest[rid]
+
+    plan = Plan(admits=(Admit(2, 5, 9, False), Admit(3, 20, 30, False), Admit(4, 5, 9, False)),
+                rides=(Chunk(1, 8), Chunk(2, 8), Chunk(3, 8), Chunk(4, 8)), rows=8)
+    took = run_rides(plan, lambda a: calls.append(("start", a.id)), left)
+    assert took == {1: 3, 2: 1, 3: 4}  # 3 takes the last 4 rows: 4 waits (it stays queued)
+    assert calls == [("rest", 1), ("start", 2), ("rest", 2), ("start", 3), ("rest", 3)]
+    assert run_rides(Plan(rides=(Chunk(1, 3), Chunk(2, 3)), admits=(Admit(2, 5, 9, False),), rows=3),
+                     lambda a: calls.append(("start", a.id)), left) == {1: 3}

@@ -42,6 +42,19 @@ def test_a_burst_sharing_a_cached_system_prompt_is_admitted_within_one_step_budg
     assert more.ttft_p50 == 1 and more.ttft_p99 == 2  # 47 fit the first step's 2,048 tokens
 
 
+def test_a_burst_rides_on_the_decode_steps_rows() -> None:
+    """The same burst riding on 64-row steps: the first request's 544 prompt tokens take 9 steps
+    (the ninth samples its first token), then the 31 others' 32 questions ride two a step beside
+    the decode rows while rows are left, their system prompt cached; every request ends, none
+    ever shares a step's rows past 64."""
+    burst = ServeWorkload(requests=32, rate=1000.0, prefixes=1, prefix_len=512, prompt_min=32, prompt_max=32,
+                          output_min=64, output_max=64, step_tokens=2048, chunk=2048, ride=64)
+    f = replay(burst)
+    assert f.finished == 32 and f.prefix_hits == 31 and f.ridden == 544 + 31 * 32
+    assert f.ttft_p50 > 9 and f.queue_p50 > 0 and f == replay(burst)
+    assert f.tokens == 32 * 64 and f.rows_mean <= 64
+
+
 def test_a_short_queue_refuses() -> None:
     w = ServeWorkload(requests=80, rate=5.0, prefixes=1, prefix_len=16, prompt_min=4, prompt_max=8, output_min=16,
                       output_max=16, rows=2, queued=4, pages=64, unit=16)

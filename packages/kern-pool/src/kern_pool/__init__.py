@@ -56,6 +56,7 @@ from kern_pool.sched import (
     Scheduler,
     lease_pages,
     run_chunks,
+    run_rides,
 )
 
 __all__ = [
@@ -122,4 +123,5 @@ __all__ = [
     "lease_pages",
     "pool_config",
     "run_chunks",
+    "run_rides",
 ]

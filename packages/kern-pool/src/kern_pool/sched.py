@@ -33,10 +33,25 @@ The rules, in the order a plan applies them:
   earlier one did not finish, or the budget ran out) stays at the head of the queue.
 - decode: every running row whose prefill is done and whose lease has room.
 
+Riding (`SchedConfig.ride` > 0, an engine whose batched step holds that many rows): the prompt
+tokens are rows of the decode step instead of chunks of their own. The step's rows are its decode
+rows and then the riding tokens: at most `ride` rows in one engine call (decode rows past `ride`
+fill calls of their own, the last one takes the riders) and at most the token budget
+(`step_tokens`, the decode rows counted; at least one riding row). The riders share those rows in
+the order chunks do: the sequence already riding first, then the heads of the queue in FCFS order,
+each admitted when its turn comes (the same admission rules, a row standing for a token of the
+budget). A rider takes the tokens of its sequence past its KV (its cached prefix restored on
+admission), its last prompt token included, as many as the rows left; the next rides only when
+this one reached its last token. The row of that last token samples the request's first token, so
+a request decodes (is a decode row) only on the step after its last prompt token rode, and at most
+one sequence is part way through its prompt when a step ends. A rider's outcome is
+`Outcome.prefilled` = its tokens with KV but the last (as a finished prefill's), and its token in
+`Outcome.tokens`: the row of its last token is that step's decode row of the request.
+
 Steps in flight: an engine that issues a step before reading the previous one back asks
 `ahead(plan)` while `plan`'s step is in flight (executed, not committed). The answer is the next
 step's plan when it is what `plan()` would give once `plan` commits with no row ending (a step of
-the same rows, nothing else: no admission, chunk, growth or retirement, so no row reaches
+the same rows, nothing else: no admission, chunk, ride, growth or retirement, so no row reaches
 max_tokens or the end of its lease); or, when that plan also admits heads of the queue, the
 admissions with their chunks and budget alone, to run behind the step in flight (one sequence
 after another, as in any plan) and commit after it; else None: the next step waits for `plan`'s
@@ -69,6 +84,7 @@ __all__ = [
     "Scheduler",
     "lease_pages",
     "run_chunks",
+    "run_rides",
 ]
 
 
@@ -102,6 +118,8 @@ class SchedConfig:
         step_tokens: tokens one step computes: one per decode row, the rest go to the prefill chunk.
         chunk: most tokens of one prefill chunk.
         grow: decode steps a lease holds at a time (0: all of max_tokens at admission).
+        ride: rows of the engine's batched step that prompt tokens ride on (0: prompts prefill
+            in chunks of their own, `chunk` at most).
     """
 
     rows: int = 64
@@ -109,6 +127,7 @@ class SchedConfig:
     step_tokens: int = 512
     chunk: int = 512
     grow: int = 0
+    ride: int = 0
 
     def check(self) -> None:
         """Raises ApiError naming the first value out of range."""
@@ -116,8 +135,10 @@ class SchedConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ApiError(f"SchedConfig.{name} must be an integer of at least 1, got {value!r}")
-        if isinstance(self.grow, bool) or not isinstance(self.grow, int) or self.grow < 0:  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ApiError(f"SchedConfig.grow must be an integer of at least 0, got {self.grow!r}")
+        for name in ("grow", "ride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ApiError(f"SchedConfig.{name} must be an integer of at least 0, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +208,7 @@ class Retire:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """One step's decisions, applied in this order: retire, park, grow, the chunks (with the
-    admissions), decode.
+    admissions), decode (with the rides: their rows in the same step).
 
     Attributes:
         retire: requests that end.
@@ -201,6 +222,11 @@ class Plan:
         decode: rows that decode one token.
         budget: the prefill tokens of the step, shared by its chunks in turn: each chunk takes
             what it computes, at least one token (0 when there are no chunks).
+        rides: prompt tokens riding on the decode step as rows of it, one sequence after another
+            (the one riding already first, then one per admission, as `chunks`): each takes its
+            tokens past its KV up to its last one, at most the `rows` left, and the next rides only
+            after one reached its last token. Empty unless `SchedConfig.ride`; then `chunks` is.
+        rows: the step's rows the rides share (0 when there are no rides).
     """
 
     retire: tuple[Retire, ...] = ()
@@ -210,16 +236,18 @@ class Plan:
     chunks: tuple[Chunk, ...] = ()
     decode: tuple[int, ...] = ()
     budget: int = 0
+    rides: tuple[Chunk, ...] = ()
+    rows: int = 0
 
     @property
     def idle(self) -> bool:
         """Nothing to do this step."""
-        return not (self.retire or self.park or self.grow or self.admits or self.chunks or self.decode)
+        return not (self.retire or self.park or self.grow or self.admits or self.chunks or self.decode or self.rides)
 
     @property
     def tokens(self) -> int:
         """The most tokens this step computes."""
-        return len(self.decode) + (self.budget if self.chunks else 0)
+        return len(self.decode) + (self.budget if self.chunks else 0) + (self.rows if self.rides else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +259,9 @@ class Outcome:
             one but the last with its prefill finished), its request's tokens with KV now (the
             cached prefix counted). A plan's admission whose chunk ran started; the others did
             not (they stay queued).
-        tokens: the token each decode row produced.
-        stopped: decode rows whose text now holds a stop string.
+        tokens: the token each decode row produced, and each rider whose last prompt token rode
+            (that row's sample: its first token).
+        stopped: decode rows (and such riders) whose text now holds a stop string.
     """
 
     prefilled: Mapping[int, int] = field(default_factory=dict[int, int])
@@ -262,6 +291,28 @@ def run_chunks(plan: Plan, start: Callable[[Admit], None],
         if not finished:
             break
     return done
+
+
+def run_rides(plan: Plan, start: Callable[[Admit], None], rest: Callable[[int], int]) -> dict[int, int]:
+    """Shares `plan`'s riding rows as the rules say: one sequence after another while the rows
+    last, `start(admit)` as an admission's ride comes up, then `rest(id)`, the tokens of request
+    `id` not in its KV (its last prompt token included, at least 1); each rider takes as many of
+    them as the rows left, and the next rides only after one took all of its rest. Returns the
+    rows each rider took, in the plan's order."""
+    admits = {a.id: a for a in plan.admits}
+    took: dict[int, int] = {}
+    left = plan.rows
+    for r in plan.rides:
+        if left < 1:
+            break
+        if r.id in admits:
+            start(admits[r.id])
+        want = rest(r.id)
+        took[r.id] = n = min(want, left)
+        left -= n
+        if n < want:
+            break
+    return took
 
 
 def lease_pages(tokens: int, unit: int) -> int:
@@ -389,6 +440,8 @@ class Scheduler:
         grow, park, free = self._grow(running, free)
         running = [i for i in running if i not in park]
         decode = tuple(i for i in running if self._decodes(i, grow))
+        if self.config.ride:
+            return self._ride_plan(retire, park, grow, running, decode, free, gone)
         budget = max(1, self.config.step_tokens - len(decode))
         cap = min(self.config.chunk, budget)
         current = next((i for i in running if self._reqs[i].prefilling), None)
@@ -400,6 +453,22 @@ class Scheduler:
         admits = self._admits(running, park, free, gone, left) if not park else ()
         chunks = tuple(Chunk(i, cap) for i in ([] if current is None else [current]) + [a.id for a in admits])
         return Plan(tuple(retire), tuple(park), tuple(grow), admits, chunks, decode, budget if chunks else 0)
+
+    def _ride_plan(self, retire: list[Retire], park: set[int], grow: list[Grow], running: list[int],
+                   decode: tuple[int, ...], free: int, gone: set[int]) -> Plan:
+        """`plan()` when prompt tokens ride: the rows the riders share (what the decode rows leave
+        of the last engine call and of the token budget, at least one), the one riding already
+        first, then the admissions while rows last."""
+        ride, d = self.config.ride, len(decode)
+        rows = max(1, min(self.config.step_tokens - d, ride - d % ride))
+        current = next((i for i in running if self._reqs[i].prefilling), None)
+        left = rows
+        if current is not None:
+            left = max(0, rows - (self._reqs[current].total - self._reqs[current].done))
+        admits = self._admits(running, park, free, gone, left) if not park else ()
+        rides = tuple(Chunk(i, rows) for i in ([] if current is None else [current]) + [a.id for a in admits])
+        return Plan(tuple(retire), tuple(park), tuple(grow), admits, decode=decode, rides=rides,
+                    rows=rows if rides else 0)
 
     def ahead(self, plan: Plan) -> Plan | None:
         """What may run while `plan`'s decode step is in flight (`plan` came from `plan()` or
@@ -425,7 +494,7 @@ class Scheduler:
         if nxt == plan:
             return nxt
         side = Plan(admits=nxt.admits, chunks=nxt.chunks, budget=nxt.budget)
-        if nxt.admits and nxt == Plan(admits=nxt.admits, chunks=nxt.chunks, decode=plan.decode, budget=nxt.budget):
+        if nxt.admits and not nxt.rides and nxt == Plan(admits=nxt.admits, chunks=nxt.chunks, decode=plan.decode, budget=nxt.budget):
             return side
         return None
 
@@ -433,7 +502,8 @@ class Scheduler:
         """The decode rows of `plan` that ended before its step landed (a step issued `ahead` of
         the one they ended on, or cancelled while it ran): their tokens are dropped, not
         committed."""
-        return tuple(i for i in plan.decode if i not in self._reqs or self._finished(self._reqs[i]) is not None)
+        rows = (*plan.decode, *(r.id for r in plan.rides))
+        return tuple(i for i in rows if i not in self._reqs or self._finished(self._reqs[i]) is not None)
 
     def commit(self, plan: Plan, outcome: Outcome) -> None:
         """Record that `plan` ran and gave `outcome` (no tokens for its `stale` rows).
@@ -444,6 +514,7 @@ class Scheduler:
                 request's tokens, or a token for a request that had ended.
         """
         self._check_prefilled(plan, outcome.prefilled)
+        self._check_rode(plan, outcome)
         for r in plan.retire:
             self._drop(r.id)
         for rid in plan.park:
@@ -455,7 +526,7 @@ class Scheduler:
                 self._start(a)
         for rid, done in outcome.prefilled.items():
             self._reqs[rid].done = done
-        extra = (set(outcome.tokens) | set(outcome.stopped)) - set(plan.decode)
+        extra = (set(outcome.tokens) | set(outcome.stopped)) - set(plan.decode) - {r.id for r in plan.rides}
         if extra:
             raise ApiError(f"tokens for request(s) {sorted(extra)} that this plan did not decode")
         ended = [rid for rid in outcome.tokens if self._finished(self._reqs[rid]) is not None]
@@ -567,10 +638,20 @@ class Scheduler:
         self._running.append(a.id)
         req.lease, req.done, req.started = a.lease, 0, True
 
+    def _check_rode(self, plan: Plan, outcome: Outcome) -> None:
+        """A rider has a token only when its last prompt token rode (its prefill done)."""
+        for r in plan.rides:
+            req = self._reqs.get(r.id)
+            if req is None or r.id not in outcome.tokens:
+                continue
+            if outcome.prefilled.get(r.id) != req.total - 1:
+                raise ApiError(f"a token for request {r.id}, whose ride reached {outcome.prefilled.get(r.id)} of its "
+                               f"{req.total} tokens: a rider samples only from its last prompt token")
+
     def _check_prefilled(self, plan: Plan, prefilled: Mapping[int, int]) -> None:
-        """The chunks that ran are the plan's first ones, each after a finished prefill, each
-        within its request's tokens."""
-        order = [c.id for c in plan.chunks]
+        """The chunks (or rides) that ran are the plan's first ones, each after a finished prefill,
+        each within its request's tokens."""
+        order = [c.id for c in plan.chunks or plan.rides]
         ran = order[: len(prefilled)]
         if set(prefilled) != set(ran):
             raise ApiError(f"prefill outcomes for request(s) {sorted(prefilled)}: the plan's chunks run in the order {order}")

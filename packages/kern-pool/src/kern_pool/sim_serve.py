@@ -7,7 +7,9 @@ plan runs on a model engine: the prefill chunks run one sequence after another, 
 past its cached prefix up to its budget and what the step's budget has left (a system prompt is
 cached once a request holding it has prefilled past it, so a request admitted after it in the
 same step reuses it), the next admitted only when the one before finished its prefill; each
-decode row makes one token. Measured in steps: the queue wait (arrival to admission), TTFT (arrival to the first
+decode row makes one token. With `--ride R` the prompts ride on the decode step instead (R rows a
+step, `kern_pool.run_rides`): each rider's tokens past its cached prefix, the row of its last
+prompt token giving its first token. Measured in steps: the queue wait (arrival to admission), TTFT (arrival to the first
 token), TPOT (a request's steps per token after the first), the rows per step, the refusals and
 the parks (a parked request's KV comes back whole when it resumes: the engine parks it to the host
 tier and wakes it). The same arguments give the same figures.
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kern_pool.errors import PoolError
-from kern_pool.sched import Ask, Outcome, Plan, Refused, SchedConfig, Scheduler, run_chunks
+from kern_pool.sched import Ask, Outcome, Plan, Refused, SchedConfig, Scheduler, run_chunks, run_rides
 from kern_pool.sim import Parser, SimError, SplitMix64, flag, output_problem, table
 
 __all__ = ["ServeFigures", "ServeWorkload", "main", "replay"]
@@ -53,6 +55,7 @@ class ServeWorkload:
     step_tokens: int = 512
     chunk: int = 512
     grow: int = 0
+    ride: int = 0
     pages: int = 4096
     unit: int = 16
 
@@ -66,7 +69,7 @@ class ServeWorkload:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SimError(f"{flag(name)} must be an integer, got {value!r}")
-            low = 0 if name in ("seed", "prefix_len", "grow") else 1
+            low = 0 if name in ("seed", "prefix_len", "grow", "ride") else 1
             if value < low:
                 raise SimError(f"{flag(name)} must be at least {low}, got {value}")
         if self.requests > MAX_REQUESTS:
@@ -93,6 +96,8 @@ class ServeFigures:
     tpot_p50: float = 0.0
     tpot_p99: float = 0.0
     prefix_hits: int = 0
+    ridden: int = 0
+    """Prompt tokens computed as rows of the decode step."""
 
 
 @dataclass(slots=True)
@@ -126,9 +131,9 @@ class _Replay:
         for r in plan.retire:
             self.kv.pop(r.id, None)
             self.figures.finished += 1
-        done = self._prefill(plan, now)
-        tokens = {rid: 1 for rid in plan.decode}
-        for rid in plan.decode:
+        done, sampled = self._ride(plan, now) if plan.rides else (self._prefill(plan, now), ())
+        tokens = {rid: 1 for rid in (*plan.decode, *sampled)}
+        for rid in tokens:
             req = self.reqs[rid]
             req.first = now if req.first is None else req.first
             req.last, req.made = now, req.made + 1
@@ -152,6 +157,18 @@ class _Replay:
     def _prefill(self, plan: Plan, now: int) -> dict[int, int]:
         """The plan's chunks in turn (`run_chunks`); how far each one that ran got."""
         return run_chunks(plan, lambda a: self._admit(a.id, a.tokens, now), self._chunk)
+
+    def _ride(self, plan: Plan, now: int) -> tuple[dict[int, int], list[int]]:
+        """The plan's rides in turn (`run_rides`): how far each got (its last prompt token not
+        counted), and the riders whose last prompt token rode (they have their first token)."""
+        took = run_rides(plan, lambda a: self._admit(a.id, a.tokens, now), lambda rid: self.totals[rid] - self.kv[rid])
+        sampled = [rid for rid, n in took.items() if self.kv[rid] + n == self.totals[rid]]
+        for rid, n in took.items():
+            self.kv[rid] = min(self.totals[rid] - 1, self.kv[rid] + n)
+            if self.kv[rid] >= self.w.prefix_len:
+                self.cached.add(self.reqs[rid].prefix)
+        self.figures.ridden += sum(took.values())
+        return {rid: self.kv[rid] for rid in took}, sampled
 
     def _chunk(self, rid: int, budget: int) -> tuple[int, int, bool]:
         """`budget` more tokens of `rid`'s prefill; a request past the system prompt caches it."""
@@ -190,7 +207,7 @@ def replay(w: ServeWorkload) -> ServeFigures:
         SimError: a bad knob, or the replay did not drain within MAX_STEPS steps.
     """
     w.check()
-    sched = Scheduler(SchedConfig(w.rows, w.queued, w.step_tokens, w.chunk, w.grow), pages=w.pages, unit=w.unit,
+    sched = Scheduler(SchedConfig(w.rows, w.queued, w.step_tokens, w.chunk, w.grow, w.ride), pages=w.pages, unit=w.unit,
                       row_tokens=w.pages * w.unit)
     r = _Replay(w, sched, _arrivals(w))
     nxt, now = 0, 0
