@@ -26,7 +26,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kern_pool.errors import PoolError
-from kern_pool.sched import Ask, Outcome, Plan, Refused, SchedConfig, Scheduler, run_chunks, run_rides
+from kern_pool.sched import (
+    Ask,
+    Outcome,
+    Plan,
+    Refused,
+    SchedConfig,
+    Scheduler,
+    run_chunks,
+    run_rides,
+)
 from kern_pool.sim import Parser, SimError, SplitMix64, flag, output_problem, table
 
 __all__ = ["ServeFigures", "ServeWorkload", "main", "replay"]

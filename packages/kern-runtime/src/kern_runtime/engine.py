@@ -26,6 +26,15 @@ fixed rows in flight: `Pipeline.issue` queues the next step before the last one 
 device feeds each row its token), `Pipeline.read` reads the oldest; while steps are in flight the
 engine refuses every call that would touch their rows (step, decode, finish, release, a prefill of
 one of them), and a prefill of another sequence queues behind them (the pipeline issues no more).
+
+Riding: `begin(seq, prompt, room)` makes the prompt a sequence's tokens with the lease `prefill`
+would give it (its cached prefix reused the same way) and computes nothing; `ride(seqs, sampling,
+counts)` then runs one batched step in which sequence i takes counts[i] rows, its tokens from
+`seq.kv` on at their own positions, slots and lengths and its block-table row, seeded from the host
+(the `valid` mask). The step writes the KV of every row before any row's attention reads it, so a
+prompt's rows attend to each other as a chunk would; the row of a sequence's last token samples its
+next token (a decode row is one such row), the other rows' samples are dropped. The weights are
+read once for the decode rows and the prompt tokens together.
 """
 
 from __future__ import annotations
@@ -285,6 +294,13 @@ class Pipeline:
             self._hooks.closed(self)
 
 
+def _sampled(token: int, s: Sampling, i: int, lp: NDArray[Any] | None, top: NDArray[Any] | None) -> Sampled:
+    """Row i's result: its token, and its logprobs as `s` asks."""
+    pairs = tuple((int(top[i, j]), float(lp[i, 1 + j])) for j in range(s.logprobs)) \
+        if top is not None and lp is not None and s.logprobs > 0 else ()
+    return Sampled(token, float(lp[i, 0]) if lp is not None and s.logprobs >= 0 else None, pairs)
+
+
 def _steps(pipe: Pipeline, steps: int) -> Iterator[list[Sampled]]:
     """`steps` steps of `pipe`, each issued before the one before it is read back."""
     try:
@@ -468,6 +484,60 @@ class Engine:
         self.counters.reused += done.reused
         self.counters.prefilled += done.prefilled
         return done
+
+    def begin(self, seq: Sequence, prompt: Seq[int], room: int) -> Prefilled:
+        """Make `prompt` (the whole conversation so far) `seq`'s tokens with a lease for it and
+        `room` steps, reusing its longest cached proper prefix as `prefill` does, and compute
+        nothing: `seq.kv` is the reused length, and the rest (the last token included) is for
+        `ride` to run as rows of batched steps.
+
+        Raises:
+            as `prefill`; EngineError: also a manifest without a batched step.
+        """
+        self._mine(seq)
+        if self.roles.rows is None:
+            raise EngineError("this manifest has no batched decode step (kern-qwen3 --rows R): prefill the prompt")
+        self._claim(seq, dry=True)
+        prompt = list(prompt)
+        need = self._need(prompt, room)
+        self._claim(seq)
+        decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
+        if decision.source is not Source.CONTINUE and seq.lease is not None:
+            self._retire(seq)  # NOTE: as in prefill: its KV goes to the index, then decide again
+            decision, hit = self._decide(seq, prompt, None)
+        if decision.source is not Source.CONTINUE:
+            lease = self._acquire(decision, hit, prompt, need)
+            seq.lease, seq.kv, seq.room = lease, decision.length, need
+        else:
+            seq.kv = decision.length
+        self._unseat(seq)
+        seq.tokens = prompt
+        done = Prefilled(decision.length, len(prompt) - decision.length, decision.source)
+        self.counters.reused += done.reused
+        self.counters.prefilled += done.prefilled
+        return done
+
+    def ride(self, seqs: Seq[Sequence], sampling: Seq[Sampling], counts: Seq[int]) -> list[Sampled | None]:
+        """One step of the batched program in which `seqs[i]` takes `counts[i]` rows: its tokens
+        `seq.tokens[seq.kv : seq.kv + counts[i]]` at their positions (their KV written in this
+        step); its kv advances by `counts[i]`. A sequence whose rows reach its last token samples
+        its next token from that row (`sampling[i]`), appended, and gets its `Sampled`; the others
+        get None (their rows' samples are dropped). `decode` is the case of one row each.
+
+        Raises:
+            EngineError: no sequences, a length mismatch, a foreign, released, repeated or
+                unprefilled sequence, a count below 1 or past the sequence's tokens or its room,
+                more rows than the batched step holds, logprobs above its top-N bound, no batched
+                step, or steps of a pipeline in flight. Nothing changed then.
+        """
+        seqs, sampling, counts = list(seqs), list(sampling), list(counts)
+        self._check_ride(seqs, sampling, counts)
+        self._claim()
+        rows, pos, picks = self._ride_rows(seqs, sampling, counts)
+        launch = self._prepare(rows, picks, pos)
+        self._issue_rows(launch, rows, pos)
+        got = [self.backend.read_output(name, count) for name, count in launch.reads]
+        return self._apply_ride(seqs, sampling, counts, got)
 
     def step(self, seq: Sequence) -> int:
         """One decode step of `seq` (re-seating it on the row when another sequence stepped):
@@ -799,10 +869,10 @@ class Engine:
         row[: min(n, len(pages))] = pages[:n]
         return row
 
-    def _seat_rows(self, seqs: list[Sequence], b: int) -> None:
+    def _seat_rows(self, seqs: list[Sequence], b: int, pos: list[int]) -> None:
         """Writes the block-table rows whose lease changed, and seeds the rows whose sequence or
-        position differs from what the device fed them (the b - len(seqs) rows after the
-        sequences are padding on the engine's one-page lease, seeded every time)."""
+        position (`pos[i]`) differs from what the device fed them (the b - len(seqs) rows after
+        the sequences are padding on the engine's one-page lease, seeded every time)."""
         rows = self.roles.rows
         assert rows is not None
         leases = self._row_leases(seqs, b)
@@ -810,7 +880,7 @@ class Engine:
         changed: list[int] = []
         for i, lease in enumerate(leases):
             held = self._rows[i]
-            if i >= len(seqs) or held is None or held[0] is not seqs[i] or held[1] is not lease or held[2] != seqs[i].kv:
+            if i >= len(seqs) or held is None or held[0] is not seqs[i] or held[1] is not lease or held[2] != pos[i]:
                 valid[i] = 1
             if self._table_of[i] is not lease:
                 self._table[i] = self._table_row(lease)
@@ -821,7 +891,7 @@ class Engine:
             if changed[0] == 0:
                 self._seated = None
         if valid.any():
-            self._stage_rows(seqs, leases, valid)
+            self._stage_rows(seqs, leases, valid, pos)
 
     def _row_leases(self, seqs: list[Sequence], b: int) -> list[Lease]:
         """Each of the b rows' lease: the sequences', then the padding lease."""
@@ -834,29 +904,31 @@ class Engine:
             out += [self._pad] * (b - len(seqs))
         return out
 
-    def _stage_rows(self, seqs: list[Sequence], leases: list[Lease], valid: NDArray[np.int32]) -> None:
-        """The rows' token, position, slot and length inputs, then the row seed program (it copies
-        the rows marked in `valid` into the row carries)."""
+    def _stage_rows(self, seqs: list[Sequence], leases: list[Lease], valid: NDArray[np.int32],
+                    at: list[int]) -> None:
+        """The rows' token, position (`at[i]` for row i's sequence), slot and length inputs, then
+        the row seed program (it copies the rows marked in `valid` into the row carries)."""
         rows = self.roles.rows
         assert rows is not None
         n, p = len(seqs), self.roles.page_tokens
-        pos = [s.kv for s in seqs] + [0] * (len(leases) - n)
+        pos = at[:n] + [0] * (len(leases) - n)
         slots = [lease.kv_index(q) if i < n else lease.pages[0] * p
                  for i, (lease, q) in enumerate(zip(leases, pos, strict=True))]
         r = self.roles
-        self.backend.write_input(r.token, np.array([s.tokens[s.kv] for s in seqs] + [0] * (len(leases) - n),
-                                                   dtype=np.int64))
+        self.backend.write_input(r.token, np.array([s.tokens[q] for s, q in zip(seqs, pos, strict=False)]
+                                                   + [0] * (len(leases) - n), dtype=np.int64))
         self.backend.write_input(r.position, np.array(pos, dtype=np.int64))
         self.backend.write_input(r.slot, np.array(slots, dtype=np.int64))
         self.backend.write_input(r.seq_len, np.array(pos, dtype=np.int32) + 1)
         self.backend.write_input(rows.valid, valid)
         self.backend.run(rows.seed_program, {})
 
-    def _prepare(self, seqs: list[Sequence], sampling: list[Sampling]) -> _Launch:
-        """Seats the step's rows (the one-row step for one plain sequence, else the batched step)
-        and returns what to issue and read back."""
+    def _prepare(self, seqs: list[Sequence], sampling: list[Sampling], pos: list[int] | None = None) -> _Launch:
+        """Seats the step's rows (the one-row step for one plain sequence at its pending token,
+        else the batched step, row i at position `pos[i]`, default its sequence's kv) and returns
+        what to issue and read back."""
         r = self.roles
-        if len(seqs) == 1 and sampling[0].plain:
+        if pos is None and len(seqs) == 1 and sampling[0].plain:
             seq = seqs[0]
             if self._seated is None or self._seated[0] is not seq or self._seated[1] is not seq.lease:
                 self._write_table(seq)
@@ -868,7 +940,7 @@ class Engine:
         b = bucket(n, rows.max_rows)
         if b > n and self._pad is None:
             self._pad = self._room(lambda: self.backend.lease(1))
-        self._seat_rows(seqs, b)
+        self._seat_rows(seqs, b, [s.kv for s in seqs] if pos is None else pos)
         params = (tuple(sampling), b)
         if params != self._params:
             prm, seeds = sampling_params(sampling, rows, b - n)
@@ -934,6 +1006,75 @@ class Engine:
             for i in range(len(seqs), len(self._rows)):
                 self._rows[i] = None
 
+    def _check_ride(self, seqs: list[Sequence], sampling: list[Sampling], counts: list[int]) -> None:
+        if len(counts) != len(seqs):
+            raise EngineError(f"ride needs one row count per sequence: got {len(seqs)} sequence(s) and {len(counts)} "
+                              "count(s)")
+        self._check_rows(seqs, sampling)
+        rows = self.roles.rows
+        if rows is None:
+            raise EngineError("this manifest has no batched decode step (kern-qwen3 --rows R): prefill the prompt")
+        for seq, n in zip(seqs, counts, strict=True):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+                raise EngineError(f"sequence {seq.id} rides {n!r} rows: at least 1")
+            if seq.kv + n > min(len(seq.tokens), seq.room):
+                raise EngineError(f"sequence {seq.id} rides {n} rows from position {seq.kv}, past its "
+                                  f"{len(seq.tokens)} tokens or its room of {seq.room}")
+        if sum(counts) > rows.max_rows:
+            raise EngineError(f"{sum(counts)} rows exceed the batched step's {rows.max_rows} rows")
+
+    @staticmethod
+    def _ride_rows(seqs: list[Sequence], sampling: list[Sampling],
+                   counts: list[int]) -> tuple[list[Sequence], list[int], list[Sampling]]:
+        """Each row's sequence, position and sampling: a sequence's rows in order, its sampling on
+        the row of its last token (the rows that sample nothing are greedy)."""
+        rows: list[Sequence] = []
+        pos: list[int] = []
+        picks: list[Sampling] = []
+        plain = Sampling()
+        for seq, s, n in zip(seqs, sampling, counts, strict=True):
+            for q in range(seq.kv, seq.kv + n):
+                rows.append(seq)
+                pos.append(q)
+                picks.append(s if q == len(seq.tokens) - 1 else plain)
+        return rows, pos, picks
+
+    def _issue_rows(self, launch: _Launch, rows: list[Sequence], pos: list[int]) -> None:
+        """Issues a ride's step: every row's KV position recorded; a row the device feeds its next
+        token correctly (the row of a sequence's last token) is noted as fed, the others not."""
+        for i, (seq, q) in enumerate(zip(rows, pos, strict=True)):
+            assert seq.lease is not None
+            seq.lease.kv_index(q)
+            self._rows[i] = (seq, seq.lease, q + 1) if q == len(seq.tokens) - 1 else None
+        for i in range(len(rows), len(self._rows)):
+            self._rows[i] = None
+        if self.config.eager:
+            self.backend.run(launch.program, launch.vars)
+        else:
+            self.backend.issue(launch.program, launch.vars)
+
+    def _apply_ride(self, seqs: list[Sequence], sampling: list[Sampling], counts: list[int],
+                    got: list[NDArray[Any]]) -> list[Sampled | None]:
+        """A ride's read-back applied: each sequence's kv advanced, the token of each that reached
+        its last token appended."""
+        n = sum(counts)
+        lp = got[1].reshape(n, -1) if len(got) > 1 else None
+        top = got[2].reshape(n, -1) if len(got) > 2 else None
+        out: list[Sampled | None] = []
+        last = -1
+        for seq, s, c in zip(seqs, sampling, counts, strict=True):
+            last += c
+            seq.kv += c
+            if self._seated is not None and self._seated[0] is seq:
+                self._seated = None
+            if seq.kv < len(seq.tokens):
+                out.append(None)
+                continue
+            res = _sampled(int(got[0][last]), s, last, lp, top)
+            out.append(res)
+            seq.tokens.append(res.token)
+        return out
+
     def _fetchers(self) -> tuple[Callable[[str, int], Any], Callable[[Any], NDArray[Any]]]:
         be = self.backend
         if isinstance(be, Fetching):
@@ -950,9 +1091,7 @@ class Engine:
         out: list[Sampled] = []
         for i, (seq, s) in enumerate(zip(seqs, sampling, strict=True)):
             token = int(tokens[i])
-            pairs = tuple((int(top[i, j]), float(lp[i, 1 + j])) for j in range(s.logprobs)) \
-                if top is not None and lp is not None and s.logprobs > 0 else ()
-            out.append(Sampled(token, float(lp[i, 0]) if lp is not None and s.logprobs >= 0 else None, pairs))
+            out.append(_sampled(token, s, i, lp, top))
             seq.kv += 1
             seq.tokens.append(token)
             if rows and self._seated is not None and self._seated[0] is seq:

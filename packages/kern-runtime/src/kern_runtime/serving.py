@@ -38,6 +38,18 @@ the stop token's KV was written by that step, so the sequence retires into the p
 the tokens its KV holds (the stop token included). Tokens are those of the loop without
 pipelining: a row's token depends only on its own inputs, and a seeded draw on its seed and
 position.
+
+Riding (`ServingConfig.ride`, default on with a `Riding` decoder: `Batched`): the prompts are not
+prefilled apart but ride on the batched step as rows of it (`kern_pool.SchedConfig.ride`, the
+step's most rows). A plan with rides executes as one `Engine.ride` call of its decode rows (one
+row each) and its riders' rows: an admission gets its `Sequence` and `Engine.begin` (its cached
+prefix restored or forked, nothing computed) when its turn comes, then takes its prompt tokens past
+its KV while the step's rows last; the row of its last prompt token samples its first token, so
+its TTFT ends on that step. An admission whose uncached rest is longer than `ride_max` tokens is
+prefilled through the chunk program instead (one pass over the weights for all of it) and only its
+last token rides. A plan with rides is never issued ahead of the step in flight (its rows differ
+from that step's): the step in flight lands first, then the riders' step runs and lands, and the
+pipeline starts again on the next step of unchanged rows.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -75,6 +88,7 @@ __all__ = [
     "Histogram",
     "Pipelining",
     "Request",
+    "Riding",
     "RowByRow",
     "Serving",
     "ServingConfig",
@@ -152,6 +166,21 @@ class Pipelining(Decoder, Protocol):
         ...
 
 
+@runtime_checkable
+class Riding(Decoder, Protocol):
+    """A decoder whose steps can carry prompt tokens as rows (`Engine.ride`)."""
+
+    @property
+    def ride_rows(self) -> int:
+        """The most rows of one step (decode rows and riding tokens together)."""
+        ...
+
+    def ride(self, seqs: Seq[Sequence], sampling: Seq[Sampling], counts: Seq[int]) -> list[Sampled | None]:
+        """One step in which `seqs[i]` takes `counts[i]` rows (`Engine.ride`, in groups of at
+        most `ride_rows` rows)."""
+        ...
+
+
 class RowByRow:
     """The `Decoder` of a one-row step program: each sequence is one `Engine.step` (greedy)."""
 
@@ -204,6 +233,24 @@ class Batched:
     def pipeline(self, seqs: Seq[Sequence], sampling: Seq[Sampling]) -> Pipeline | None:
         """`Engine.pipeline` of the rows, None when more run than one step holds."""
         return self.engine.pipeline(seqs, sampling) if len(seqs) <= self.rows.max_rows else None
+
+    @property
+    def ride_rows(self) -> int:
+        return self.rows.max_rows
+
+    def ride(self, seqs: Seq[Sequence], sampling: Seq[Sampling], counts: Seq[int]) -> list[Sampled | None]:
+        """`Engine.ride` of the rows, in groups of at most the step's rows (a sequence's rows in
+        one group)."""
+        out: list[Sampled | None] = []
+        start, used = 0, 0
+        for i, n in enumerate(counts):
+            if used + n > self.rows.max_rows and i > start:
+                out += self.engine.ride(seqs[start:i], sampling[start:i], counts[start:i])
+                start, used = i, 0
+            used += n
+        if start < len(counts):
+            out += self.engine.ride(seqs[start:], sampling[start:], counts[start:])
+        return out
 
 
 def decoder_for(engine: Engine) -> Decoder:
@@ -261,13 +308,19 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class ServingConfig:
-    """The scheduler's limits, how long the idle engine thread sleeps between looks, and whether a
+    """The scheduler's limits, how long the idle engine thread sleeps between looks, whether a
     step of unchanged rows is issued before the one in flight is read back (with a `Pipelining`
-    decoder; off: every step is read back before the next is planned)."""
+    decoder; off: every step is read back before the next is planned), and whether prompts ride on
+    the batched step (with a `Riding` decoder; off: each prompt prefills through the chunk
+    program). Riding, the scheduler's `ride` rows are the step's most rows (`sched.ride`, when
+    set, caps them), and an admission whose uncached rest passes `ride_max` tokens is prefilled
+    through the chunk program, its last token riding."""
 
     sched: SchedConfig = field(default_factory=SchedConfig)
     idle_s: float = 0.05
     pipeline: bool = True
+    ride: bool = True
+    ride_max: int = 512
 
 
 @dataclass(slots=True)
@@ -278,6 +331,9 @@ class _Flight:
     plan: Plan
     prefilled: dict[int, int] = field(default_factory=dict[int, int])
     picked: list[Sampled] | None = None
+    ids: tuple[int, ...] | None = None
+    """The requests of `picked`, when not the plan's decode rows (a ride: its riders that
+    sampled after them)."""
 
 
 BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -318,6 +374,8 @@ class Stats:
     """Steps issued before the step in flight was read back."""
     stale: int = 0
     """Tokens of rows that had ended when their step landed (dropped)."""
+    ridden: int = 0
+    """Prompt tokens computed as rows of the batched step."""
     ttft: Histogram = field(default_factory=Histogram)
     tpot: Histogram = field(default_factory=Histogram)
 
@@ -337,10 +395,13 @@ class Serving:
         self.decoder: Decoder = decoder or decoder_for(engine)
         self.config = config or ServingConfig()
         pool = engine.backend.pool
+        self._riding: Riding | None = self.decoder \
+            if self.config.ride and isinstance(self.decoder, Riding) else None
+        most = self._riding.ride_rows if self._riding is not None else 0
+        sched = dataclasses.replace(self.config.sched, ride=min(self.config.sched.ride or most, most))
         # NOTE: one page stays spare: a grown lease is restored from its checkpoint, whose
         # partial page is copied while the checkpoint still holds the old one.
-        self.sched = Scheduler(self.config.sched, pages=max(1, pool.pages_max - 1), unit=pool.unit,
-                               row_tokens=engine.reach)
+        self.sched = Scheduler(sched, pages=max(1, pool.pages_max - 1), unit=pool.unit, row_tokens=engine.reach)
         self.stats = Stats()
         self._text = text
         self._detoks: dict[int, Detok] = {}
@@ -476,6 +537,9 @@ class Serving:
         (their host work overlaps the step on the GPU; the rows are not the chunks' sequences),
         else the chunks run and the rows decode in turn, and the step lands."""
         self._execute(plan)
+        if plan.rides:
+            self._ride(plan)
+            return
         flight = _Flight(plan)
         self._flight.append(flight)
         rows = [self._seqs[i] for i in plan.decode]
@@ -488,6 +552,42 @@ class Serving:
         if pipe is None:
             flight.picked = self.decoder.decode(rows, sampling) if rows else []
             self._land()
+
+    def _ride(self, plan: Plan) -> None:
+        """The decode rows and the riders' prompt tokens in one step (`run_rides` shares the rows:
+        an admission starts when its turn comes), then the step lands."""
+        assert self._riding is not None
+        flight = _Flight(plan)
+        self._flight.append(flight)
+        took = kern_pool.run_rides(plan, self._start_ride, self._rest)
+        ids = [*plan.decode, *took]
+        seqs = [self._seqs[i] for i in ids]
+        got = self._riding.ride(seqs, [self._reqs[i].sampling for i in ids], [1] * len(plan.decode) + list(took.values()))
+        picked = dict(zip(ids, got, strict=True))
+        flight.prefilled = {rid: self._seqs[rid].kv - (picked[rid] is not None) for rid in took}
+        flight.ids = (*plan.decode, *(rid for rid in took if picked[rid] is not None))
+        flight.picked = [s for s in (picked[i] for i in flight.ids) if s is not None]
+        with self._lock:
+            self.stats.ridden += sum(took.values())
+        self._land()
+
+    def _start_ride(self, admit: kern_pool.Admit) -> None:
+        """An admission's sequence and lease (its cached prefix reused); a rest longer than
+        `ride_max` is prefilled through the chunk program, so only its last token rides."""
+        req = self._reqs[admit.id]
+        seq = self._seqs[admit.id] = self.engine.sequence()
+        self._leases[admit.id] = admit.lease
+        tokens = [*req.prompt, *req.generated]
+        room = admit.lease - len(tokens) + 1
+        if len(tokens) - 1 - self._cached(seq, tokens) > self.config.ride_max:
+            pre = self.engine.prefill(seq, tokens, room)
+        else:
+            pre = self.engine.begin(seq, tokens, room)
+        self._admitted(req, pre.reused)
+
+    def _rest(self, rid: int) -> int:
+        seq = self._seqs[rid]
+        return len(seq.tokens) - seq.kv
 
     def _issue(self, plan: Plan) -> None:
         """The step of `plan` (the rows of the step in flight) issued behind it."""
@@ -519,7 +619,7 @@ class Serving:
             self._pipe.close()
             self._pipe = None
         plan = flight.plan
-        got = dict(zip(plan.decode, picked, strict=True))
+        got = dict(zip(flight.ids if flight.ids is not None else plan.decode, picked, strict=True))
         stops = {rid for rid, s in got.items() if self._stops(self._reqs[rid], s.token)}
         with self._lock:
             stale = set(self.sched.stale(plan))
@@ -671,7 +771,7 @@ class Serving:
                 self._pipe.close()
             self._pipe = None
         touched = {i for p in plans for i in (*p.park, *(g.id for g in p.grow), *p.decode)}
-        touched |= {c.id for p in plans for c in p.chunks if c.id in self._seqs}
+        touched |= {c.id for p in plans for c in (*p.chunks, *p.rides) if c.id in self._seqs}
         with self._lock:
             for rid in touched:
                 if rid in self.sched:
