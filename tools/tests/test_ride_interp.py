@@ -49,6 +49,7 @@ def tokens(seed: int, n: int) -> list[int]:
 
 
 SYSTEM = tokens(1, 29)
+GREEDY = Sampling()
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -56,7 +57,7 @@ def prompts(n: int) -> list[list[int]]:
     return [SYSTEM + tokens(20 + i, 1 + 2 * i) for i in range(n)]
 
 
-def ride_all(e: kr.Engine, seq: kr.Sequence, prompt: list[int], width: int, ask: Sampling = Sampling()) -> Sampled:
+def ride_all(e: kr.Engine, seq: kr.Sequence, prompt: list[int], width: int, ask: Sampling = GREEDY) -> Sampled:
     """`prompt` begun on `seq` and ridden `width` rows a step; its first token's result."""
     e.begin(seq, prompt, STEPS)
     while True:
@@ -207,7 +208,7 @@ def serving(e: kr.Engine, riding: bool = True, rows: int = 8, **kw: Any) -> Serv
     return Serving(e, config=ServingConfig(sched, ride=riding))
 
 
-def requests(ps: list[list[int]], max_tokens: int = STEPS, ask: Sampling = Sampling()) -> tuple[list[Request], list[Client]]:
+def requests(ps: list[list[int]], max_tokens: int = STEPS, ask: Sampling = GREEDY) -> tuple[list[Request], list[Client]]:
     clients = [Client() for _ in ps]
     return [Request(p, max_tokens, c, sampling=ask) for p, c in zip(ps, clients, strict=True)], clients
 
@@ -219,7 +220,7 @@ def run(srv: Serving, reqs: list[Request], clients: list[Client]) -> list[Done]:
     return [c.wait() for c in clients]
 
 
-def one_by_one(srv: Serving, ps: list[list[int]], ask: Sampling = Sampling(), max_tokens: int = STEPS) -> list[list[Token]]:
+def one_by_one(srv: Serving, ps: list[list[int]], ask: Sampling = GREEDY, max_tokens: int = STEPS) -> list[list[Token]]:
     """Each prompt served alone, one after another, through `srv`."""
     out: list[list[Token]] = []
     for p in ps:
