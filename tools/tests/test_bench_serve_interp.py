@@ -30,9 +30,15 @@ def test_bench_serve_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert 0 < lv["ttft_p50_ms"] <= lv["ttft_p99_ms"] and 0 < lv["tpot_p50_ms"] <= lv["tpot_p99_ms"]
         assert lv["x_one_row"] == pytest.approx(lv["output_tok_s"] / levels[0]["output_tok_s"])
     assert [lv["pipelined"] for lv in levels] == [False, True, True]
+    assert [lv["riding"] for lv in levels] == [False, True, True]
+    # NOTE: each request's question rides (its last token at least), its system prompt's cached pages do not
+    assert all(lv["requests"] <= lv["ridden"] <= lv["requests"] * (40 + 6 - 32) for lv in levels[1:])
+    assert all(lv["hits"] == lv["requests"] for lv in levels[1:])
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split()[0] == "clients" and [r.split()[0] for r in printed[1:]] == ["1", "1", "3"]
     assert [r.split()[-1] for r in printed[1:]] == ["turn", "pipelined", "pipelined"]
+    assert ["apart" in r.split() for r in printed[1:]] == [True, False, False]
+    assert ["ride" in r.split() for r in printed[1:]] == [False, True, True]
 
 
 def test_bench_serve_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,13 +46,15 @@ def test_bench_serve_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--backend", "kern_interp.serve:engine", "--manifest", str(ROOT / "examples" / "qwen3-tiny-batch.json"),
             "--weights", str(weights), "--capacity", "4096", "--clients", "2", "--system", "40", "--question", "6",
-            "--max-tokens", "6", "--rounds", "1", "--rows", "4", "--pipeline", "both", "--json", str(out)]
+            "--max-tokens", "6", "--rounds", "1", "--rows", "4", "--pipeline", "both", "--ride", "both",
+            "--json", str(out)]
     assert kern_main(argv) == 0
     levels = json.loads(out.read_text())
-    assert [(lv["clients"], lv["pipelined"], lv["tokens"]) for lv in levels] == [(0, False, 6), (2, False, 12),
-                                                                                  (2, True, 12)]
+    assert [(lv["clients"], lv["riding"], lv["pipelined"], lv["tokens"]) for lv in levels] == [
+        (0, False, False, 6), (2, False, False, 12), (2, False, True, 12), (2, True, False, 12), (2, True, True, 12)]
+    assert [lv["ridden"] > 0 for lv in levels] == [False, False, False, True, True]
     capsys.readouterr()
     with pytest.raises(SystemExit) as bad:
-        kern_main([*argv[:-4], "--pipeline", "sideways"])
+        kern_main([*argv[:-6], "--pipeline", "sideways"])
     assert bad.value.code == 2
     assert "--pipeline" in capsys.readouterr().err
