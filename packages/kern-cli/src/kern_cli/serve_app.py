@@ -475,7 +475,8 @@ def metrics_text(serving: Serving) -> str:
                 "refused_requests": (st.refused, "Requests refused with a full queue."),
                 "parked_requests": (st.parks, "Running requests parked to make room."),
                 "steps": (st.steps, "Engine steps executed."),
-                "ahead_steps": (st.ahead, "Engine steps issued before the step in flight was read back.")}
+                "ahead_steps": (st.ahead, "Engine steps issued before the step in flight was read back."),
+                "ridden_tokens": (st.ridden, "Prompt tokens computed as rows of the batched decode step.")}
     for key, (value, doc) in counters.items():
         out += [f"# HELP kern_{key}_total {doc}", f"# TYPE kern_{key}_total counter", f"kern_{key}_total {value}"]
     out += ["# HELP kern_requests_total Requests ended, by outcome.", "# TYPE kern_requests_total counter"]
