@@ -8,8 +8,9 @@ random ids, then a question of `--question` random ids drawn for it alone (no le
 level's questions in the prefix cache); `--max-tokens` tokens each, no stop id. Before the one-row
 level one unmeasured request runs through the engine (it prefills the system prompt and builds the
 step's graph), and before each client level as many unmeasured requests as clients run at once,
-4 tokens each (the batched step's graphs of that many rows are built then), so no level times a
-one-time cost. Reported per level: output tokens/s over the level's wall time, TTFT p50/p99 (submission
+4 tokens each (the batched step's graphs of that many rows are built then), and before riding
+levels one riding step at every graph bucket of the batched step (a riding step may take any row
+count), so no level times a one-time cost. Reported per level: output tokens/s over the level's wall time, TTFT p50/p99 (submission
 to the first token), TPOT p50/p99 (a request's mean time between tokens), and the output rate as a
 multiple of the one-row rate. `--pipeline` picks how `Serving` runs its steps: `on` (a step of
 unchanged rows issued before the one in flight is read back), `off` (each step read back before
@@ -103,6 +104,23 @@ class _Prompts:
     def __call__(self, count: int) -> list[list[int]]:
         return [self.shared + [int(x) for x in self.rng.integers(0, self.vocab, size=self.question)]
                 for _ in range(count)]
+
+
+def warm_rows(engine: Engine, vocab: int, seed: int) -> None:
+    """One `Engine.ride` step of a fresh prompt at every graph bucket of the batched step (none
+    without one), so that no level captures a graph."""
+    from kern_runtime import Sampling
+    from kern_runtime.batch import buckets
+
+    rows = engine.roles.rows
+    if rows is None:
+        return
+    rng = np.random.default_rng(seed + 1)
+    for b in buckets(rows.max_rows):
+        seq = engine.sequence()
+        engine.begin(seq, [int(x) for x in rng.integers(0, vocab, size=b)], 1)
+        engine.ride([seq], [Sampling()], [b])
+        engine.release(seq)
 
 
 def one_row(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Level:
@@ -201,6 +219,8 @@ def measure(engine: Engine, clients: Sequence[int], *, system: int, question: in
     one_row(engine, fresh(1), max_tokens)  # NOTE: warm-up, not measured
     base = one_row(engine, fresh(rounds), max_tokens)
     log(f"one row: {base.output_tok_s:.1f} tokens/s, TTFT p50 {base.ttft_p50_ms:.2f} ms")
+    if any(ride):
+        warm_rows(engine, vocab, seed)  # NOTE: warm-up, not measured
     out = [base]
     for n in clients:
         for riding in ride:
