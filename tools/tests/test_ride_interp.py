@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import kern_pool
 import kern_runtime as kr
 from kern_interp import qwen3 as interp
 from kern_interp.backend import InterpBackend
@@ -174,6 +175,8 @@ def test_bad_rides_change_nothing(manifest: dict[str, Any], weights: dict[str, n
     one = kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json")
     with engine(one, weights) as e, pytest.raises(kr.EngineError, match="no batched decode step"):
         e.begin(e.sequence(), tokens(2, 4), 2)
+    with engine(manifest, weights) as e, pytest.raises(kern_pool.ApiError, match="ride_max must be"):
+        Serving(e, config=ServingConfig(ride_max=-1))
 
 
 # ---- serving -------------------------------------------------------------------------------------

@@ -389,11 +389,14 @@ class Serving:
         (default `decoder_for(engine)`); `text` detokenizes for stop strings.
 
         Raises:
-            kern_pool.ApiError: a scheduler limit out of range.
+            kern_pool.ApiError: a scheduler limit or `ride_max` out of range.
         """
+        cfg = config or ServingConfig()
+        if isinstance(cfg.ride_max, bool) or not isinstance(cfg.ride_max, int) or cfg.ride_max < 0:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise kern_pool.ApiError(f"ServingConfig.ride_max must be an integer of at least 0, got {cfg.ride_max!r}")
         self.engine = engine
         self.decoder: Decoder = decoder or decoder_for(engine)
-        self.config = config or ServingConfig()
+        self.config = cfg
         pool = engine.backend.pool
         self._riding: Riding | None = self.decoder \
             if self.config.ride and isinstance(self.decoder, Riding) else None
