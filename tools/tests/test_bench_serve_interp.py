@@ -19,7 +19,7 @@ def test_bench_serve_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     out = tmp_path / "serve.json"
     argv = ["bench", "serve", "--backend", "kern_interp.serve:engine", "--manifest", str(ROOT / "examples" / "qwen3-tiny-batch.json"),
             "--weights", str(weights), "--capacity", "4096", "--clients", "1,3", "--system", "40", "--question", "6",
-            "--max-tokens", "5", "--rounds", "2", "--rows", "4", "--json", str(out)]
+            "--max-tokens", "5", "--rounds", "2", "--rows", "4", "--ride", "on", "--json", str(out)]
     assert kern_main(argv) == 0
     levels = json.loads(out.read_text())
     assert [lv["clients"] for lv in levels] == [0, 1, 3]

@@ -356,7 +356,7 @@ def test_a_long_rest_prefills_apart_and_its_last_token_rides(manifest: dict[str,
                                                              weights: dict[str, np.ndarray]) -> None:
     ps = [tokens(40, 30), tokens(41, 4)]
     e = engine(manifest, weights)
-    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=64, chunk=64), ride_max=10))
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=64, chunk=64), ride=True, ride_max=10))
     reqs, clients = requests(ps)
     run(srv, reqs, clients)
     srv.close()

@@ -830,3 +830,30 @@ def test_a_failing_prefill_in_a_burst_ends_the_requests_it_started_and_the_rest_
     assert srv.stats.failed == 2
     idle(srv)
     e.close()
+
+
+class _OnContext(InterpBackend):
+    """The interpreter as a backend on a CUDA context: records the threads that made it current."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.current: list[str] = []
+
+    def make_current(self) -> None:
+        self.current.append(threading.current_thread().name)
+
+
+def test_the_engine_thread_makes_a_bound_backend_current_before_it_drives_it(
+        manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+    """A backend on a CUDA context (`kern_runtime.Bound`, as `Runtime`) is made current on the
+    engine thread before its first step: a fresh thread has no current context, and a first call
+    there that creates an event or host memory fails without it."""
+    be = _OnContext(manifest, weights, pages=64, chunk_pages=8, host_pages=0)
+    assert isinstance(be, kr.Bound) and not isinstance(InterpBackend(manifest, weights, pages=8), kr.Bound)
+    e = kr.Engine(be, kr.serving_roles(manifest), kr.EngineConfig(chunk=64))
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=4, step_tokens=12, chunk=12)))
+    reqs, clients = requests(prompts(2))
+    run(srv, reqs, clients)
+    srv.close()
+    assert be.current == ["kern-engine"]
+    e.close()

@@ -17,7 +17,8 @@ unchanged rows issued before the one in flight is read back), `off` (each step r
 the next is planned) or `both` (each client count measured both ways, off first, each on a fresh
 `Serving` with its own warm-up). `--ride` picks how prompts are computed: `on` (they ride on the
 batched step as rows of it, `ServingConfig.ride`; an engine without a batched step prefills them
-apart), `off` (each prompt's own pass through the chunk program) or `both`. Each level reports the
+apart), `off` (each prompt's own pass through the chunk program, as `kern serve` runs; the default) or
+`both`. Each level reports the
 prompt tokens that rode (`Stats.ridden`) and the admissions that reused a cached prefix, of its
 measured requests. The server is measured in process (no HTTP), so the numbers are the engine's
 and the scheduler's.
@@ -203,7 +204,7 @@ def _run_clients(serving: Any, clients: list[_Client], n: int, what: str) -> flo
 
 def measure(engine: Engine, clients: Sequence[int], *, system: int, question: int, max_tokens: int, rounds: int,
             rows: int, step_tokens: int, chunk: int, seed: int = 0, pipeline: Sequence[bool] = (True,),
-            ride: Sequence[bool] = (True,), log: Callable[[str], None] = lambda s: None) -> list[Level]:
+            ride: Sequence[bool] = (False,), log: Callable[[str], None] = lambda s: None) -> list[Level]:
     """The one-row level, then one level per client count, `ride` and `pipeline` mode (see the
     module doc).
 
@@ -313,9 +314,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--pipeline", choices=sorted(_MODES), default="on",
                    help="on: a step of unchanged rows issued before the one in flight is read back; off: steps in "
                         "turn; both: each client count both ways (default on)")
-    p.add_argument("--ride", choices=sorted(_MODES), default="on",
-                   help="on: prompts ride on the batched step as rows of it; off: each prompt prefills apart; "
-                        "both: each client count both ways (default on)")
+    p.add_argument("--ride", choices=sorted(_MODES), default="off",
+                   help="on: prompts ride on the batched step as rows of it; off: each prompt prefills apart, as "
+                        "kern serve does; both: each client count both ways (default off)")
     p.add_argument("--json", type=Path, help="write the levels as JSON here")
     p.set_defaults(handler=_handle, host="127.0.0.1", port=0, api_key=None, model=None, max_queued=1,
                    max_body=1, tokenizer=None)

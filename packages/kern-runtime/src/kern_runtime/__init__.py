@@ -15,6 +15,7 @@ from .batch import Sampled, Sampling
 from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .engine import (
     Backend,
+    Bound,
     Counters,
     Engine,
     EngineConfig,
@@ -72,6 +73,7 @@ __all__ = [
     "ApiError",
     "Backend",
     "BlasError",
+    "Bound",
     "CallError",
     "Capacity",
     "Chunk",

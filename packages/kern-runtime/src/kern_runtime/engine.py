@@ -60,7 +60,7 @@ from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .session import check_prompt, stage
 
-__all__ = ["Backend", "Counters", "Engine", "EngineConfig", "Fetching", "Pipeline", "Prefilled", "Sequence", "Turn"]
+__all__ = ["Backend", "Bound", "Counters", "Engine", "EngineConfig", "Fetching", "Pipeline", "Prefilled", "Sequence", "Turn"]
 
 T = TypeVar("T")
 
@@ -95,6 +95,14 @@ class Backend(Protocol):
     def read_output(self, name: str, count: int | None = None) -> NDArray[Any]: ...
 
     def synchronize(self) -> None: ...
+
+
+@runtime_checkable
+class Bound(Protocol):
+    """A backend on a CUDA context (`Runtime`): a thread that drives it makes the context current
+    first (`make_current`)."""
+
+    def make_current(self) -> None: ...
 
 
 @runtime_checkable

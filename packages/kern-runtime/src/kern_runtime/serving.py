@@ -39,7 +39,7 @@ the tokens its KV holds (the stop token included). Tokens are those of the loop 
 pipelining: a row's token depends only on its own inputs, and a seeded draw on its seed and
 position.
 
-Riding (`ServingConfig.ride`, default on with a `Riding` decoder: `Batched`): the prompts are not
+Riding (`ServingConfig.ride`, off by default; with a `Riding` decoder: `Batched`): the prompts are not
 prefilled apart but ride on the batched step as rows of it (`kern_pool.SchedConfig.ride`, the
 step's most rows). A plan with rides executes as one `Engine.ride` call of its decode rows (one
 row each) and its riders' rows: an admission gets its `Sequence` and `Engine.begin` (its cached
@@ -72,7 +72,7 @@ from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler, Tier
 
 from .batch import Sampled, Sampling
 from .detok import Detok, stop_after
-from .engine import Engine, EngineConfig, Pipeline, Sequence
+from .engine import Bound, Engine, EngineConfig, Pipeline, Sequence
 from .errors import ApiError, EngineError
 from .reuse import shared_prefix
 
@@ -319,7 +319,7 @@ class ServingConfig:
     sched: SchedConfig = field(default_factory=SchedConfig)
     idle_s: float = 0.05
     pipeline: bool = True
-    ride: bool = True
+    ride: bool = False
     ride_max: int = 512
 
 
@@ -497,6 +497,8 @@ class Serving:
     # ---- the engine thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if isinstance(self.engine.backend, Bound):
+            self.engine.backend.make_current()  # NOTE: the engine thread drives the GPU from here on
         while True:
             with self._lock:
                 closed = self._closed
