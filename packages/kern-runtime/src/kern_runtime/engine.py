@@ -465,20 +465,8 @@ class Engine:
                 eviction parked or dropped.
         """
         self._mine(seq)
-        self._claim(seq, dry=True)
         prompt = list(prompt)
-        need = self._need(prompt, room)
-        self._claim(seq)
-        decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
-        if decision.source is not Source.CONTINUE and seq.lease is not None:
-            # NOTE: the live lease goes into the index first (its KV stays reusable); the index
-            # changed, so the decision is made again
-            self._retire(seq)
-            decision, hit = self._decide(seq, prompt, None)
-        if decision.source is not Source.CONTINUE:
-            lease = self._acquire(decision, hit, prompt, need)
-            seq.lease, seq.kv, seq.room = lease, decision.length, need
-            self._seated = None
+        decision = self._reuse(seq, prompt, room)
         seq.tokens = prompt
         n = len(prompt)
         self._write_table(seq)
@@ -505,18 +493,9 @@ class Engine:
         self._mine(seq)
         if self.roles.rows is None:
             raise EngineError("this manifest has no batched decode step (kern-qwen3 --rows R): prefill the prompt")
-        self._claim(seq, dry=True)
         prompt = list(prompt)
-        need = self._need(prompt, room)
-        self._claim(seq)
-        decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
-        if decision.source is not Source.CONTINUE and seq.lease is not None:
-            self._retire(seq)  # NOTE: as in prefill: its KV goes to the index, then decide again
-            decision, hit = self._decide(seq, prompt, None)
-        if decision.source is not Source.CONTINUE:
-            lease = self._acquire(decision, hit, prompt, need)
-            seq.lease, seq.kv, seq.room = lease, decision.length, need
-        else:
+        decision = self._reuse(seq, prompt, room)
+        if decision.source is Source.CONTINUE:
             seq.kv = decision.length
         self._unseat(seq)
         seq.tokens = prompt
@@ -723,6 +702,26 @@ class Engine:
         self._live()
         if self._seqs.get(seq.id) is not seq:
             raise EngineError(f"sequence {seq.id} is not open in this engine (released, or another engine's)")
+
+    def _reuse(self, seq: Sequence, prompt: list[int], room: int) -> Reuse:
+        """A new turn of `seq` over `prompt` with `room` steps, shared by `prefill` and `begin`:
+        the claim, the reuse decision over the longest cached proper prefix and, unless the live
+        lease continues, a lease for it (seq.lease, kv and room set). Nothing changes when a check
+        fails but what eviction parked or dropped."""
+        self._claim(seq, dry=True)
+        need = self._need(prompt, room)
+        self._claim(seq)
+        decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
+        if decision.source is not Source.CONTINUE and seq.lease is not None:
+            # NOTE: the live lease goes into the index first (its KV stays reusable); the index
+            # changed, so the decision is made again
+            self._retire(seq)
+            decision, hit = self._decide(seq, prompt, None)
+        if decision.source is not Source.CONTINUE:
+            lease = self._acquire(decision, hit, prompt, need)
+            seq.lease, seq.kv, seq.room = lease, decision.length, need
+            self._seated = None
+        return decision
 
     def _need(self, prompt: list[int], room: int) -> int:
         check_prompt(self.roles, len(prompt), prompt)
