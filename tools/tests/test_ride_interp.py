@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers.interp_engine import interp_engine as engine
 
 import kern_pool
 import kern_runtime as kr
@@ -40,9 +41,6 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     return interp.read_checkpoint(path)
 
 
-def engine(manifest: dict[str, Any], weights: dict[str, np.ndarray], pages: int = 64, host: int = 0) -> kr.Engine:
-    be = InterpBackend(manifest, weights, pages=pages, chunk_pages=8, host_pages=host)
-    return kr.Engine(be, kr.serving_roles(manifest), kr.EngineConfig(chunk=64, park=host > 0))
 
 
 def tokens(seed: int, n: int) -> list[int]:

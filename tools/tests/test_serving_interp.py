@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from helpers.interp_engine import interp_engine as engine
 
 import kern_runtime as kr
 from kern_interp import qwen3 as interp
@@ -54,9 +55,6 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     return interp.read_checkpoint(path)
 
 
-def engine(manifest: dict[str, Any], weights: dict[str, np.ndarray], pages: int = 64, host: int = 0) -> kr.Engine:
-    be = InterpBackend(manifest, weights, pages=pages, chunk_pages=8, host_pages=host)
-    return kr.Engine(be, kr.serving_roles(manifest), kr.EngineConfig(chunk=64, park=host > 0))
 
 
 def prompts(n: int) -> list[list[int]]:
