@@ -41,8 +41,6 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     return interp.read_checkpoint(path)
 
 
-
-
 def tokens(seed: int, n: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(seed).integers(0, 4000, size=n)]
 

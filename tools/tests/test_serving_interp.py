@@ -55,8 +55,6 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     return interp.read_checkpoint(path)
 
 
-
-
 def prompts(n: int) -> list[list[int]]:
     system = [int(x) for x in np.random.default_rng(1).integers(0, 4000, size=37)]
     return [system + [int(x) for x in np.random.default_rng(10 + i).integers(0, 4000, size=2 + 3 * i)]

@@ -1062,7 +1062,6 @@ class Runtime:
         n = cap if count is None else count
         if not 0 <= n <= cap:
             raise ApiError(f"output {name!r} holds {cap} elements, asked for {count}")
-        drv.set_current(self._ctx)
         free = self._fetch_free.setdefault(name, [])
         if free:
             slot = free.pop()
