@@ -263,7 +263,7 @@ class Engine:
             k.launch("kern_prefill_attn", grid, PREFILL_THREADS, self.qkv, self._kv(i), self.block_table, io["len"],
                      self.attn, self.pf_o, self.pf_lse, I32(t), nq, nkv, d, I32(PAGE_TOKENS),
                      I64(s.page_stride), scale, smem=prefill_smem(s.head_dim))
-            k.launch("kern_prefill_combine", (t, 1, 1), 128, self.pf_o, self.pf_lse, io["len"], self.attn,
+            k.launch("kern_prefill_combine", (t, s.heads, 1), 128, self.pf_o, self.pf_lse, io["len"], self.attn,
                      I32(t), nq, nkv, d)
         return True
 

@@ -45,7 +45,8 @@ kern_prefill_attn(const bf16* __restrict__ qkv, const bf16* __restrict__ kv,
 
 // out[i, h, d] = bf16(sum_s w_s part_o[s, i, h, d] / sum_s w_s), w_s = 2^(lse_s - max_s lse_s),
 // over the splits kern_prefill_attn chose for this chunk; nothing when it chose one (it wrote
-// `out` itself). grid [rows], block [128].
+// `out` itself). Block (i, h): row i's query head h, a thread per dim; every split's loads are in
+// flight together (the sums run in split order). grid [rows, nq], block [128] (head_dim <= 128).
 extern "C" __global__ void __launch_bounds__(128)
 kern_prefill_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                      const int* __restrict__ seq_len, bf16* __restrict__ out, int rows, int nq,
@@ -55,21 +56,26 @@ kern_prefill_combine(const float* __restrict__ part_o, const float* __restrict__
     const int len = *seq_len;
     const int splits = min(prefill_zcap(rows), prefill_splits(len, rows, nq, nkv));
     if (splits <= 1) return;
-    const int64_t row0 = (int64_t)blockIdx.x * nq;
+    const int64_t row = (int64_t)blockIdx.x * nq + blockIdx.y;
     const int64_t split_rows = (int64_t)rows * nq;
-    for (int i = threadIdx.x; i < nq * head_dim; i += blockDim.x) {
-        const int64_t row = row0 + i / head_dim;
-        const int d = i % head_dim;
-        float mx = KERN_NEG_INF;
-        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_lse[s * split_rows + row]);
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float lse = part_lse[s * split_rows + row];
-            if (lse == KERN_NEG_INF) continue;
-            const float w = exp2f(lse - mx);
-            den += w;
-            num += w * part_o[(s * split_rows + row) * head_dim + d];
-        }
-        out[row * head_dim + d] = to_bf(den > 0.0f ? num / den : 0.0f);
+    const int d = threadIdx.x;
+    if (d >= head_dim) return;
+    float lse[PF_MAX_SPLITS], o[PF_MAX_SPLITS];
+#pragma unroll
+    for (int s = 0; s < PF_MAX_SPLITS; ++s) {
+        lse[s] = s < splits ? part_lse[s * split_rows + row] : KERN_NEG_INF;
+        o[s] = s < splits ? part_o[(s * split_rows + row) * head_dim + d] : 0.0f;
     }
+    float mx = KERN_NEG_INF;
+#pragma unroll
+    for (int s = 0; s < PF_MAX_SPLITS; ++s) mx = fmaxf(mx, lse[s]);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int s = 0; s < PF_MAX_SPLITS; ++s) {
+        if (lse[s] == KERN_NEG_INF) continue;
+        const float w = exp2f(lse[s] - mx);
+        den += w;
+        num += w * o[s];
+    }
+    out[row * head_dim + d] = to_bf(den > 0.0f ? num / den : 0.0f);
 }

@@ -16,10 +16,13 @@ launch per row. Usage (GPU host, from the repository root):
 
     PYTHONPATH=tools/tests python3 tools/lab/time_attention.py OUT_DIR [--contexts 128,1024] [--rows 1,8]
         [--layout scattered|sequential|layer-major] [--entries kern_attn_decode_rows_m32,...]
+        [--smem 118784,...]
 
 `--layout` places the pages (LAYOUTS). `--entries` adds lab entries with kern_attn_decode_rows' ABI
 (a module in tools/lab/kernels-src), timed beside it at rows > 1; each one's outputs on the case's
-first layer are compared with kern_attn_decode_rows' (the largest difference is printed).
+first layer are compared with kern_attn_decode_rows' (the largest difference is printed). `--smem`
+times each entry again at 16 splits with launches that ask for that much dynamic shared memory
+(more than the kernel uses, so fewer of its blocks share an SM).
 
 writes OUT_DIR/time_attention.json and OUT_DIR/time_attention.md.
 """
@@ -168,12 +171,13 @@ class Case:
         page = 2 * PAGE * NKV * D
         return h.ptr(self.state, (i % self.layers) * (self.pages * page if self.layout == "layer-major" else page))
 
-    def rows_launch(self, k: h.Kernels, i: int, splits: int, entry: str = "kern_attn_decode_rows") -> Callable[[], None]:
+    def rows_launch(self, k: h.Kernels, i: int, splits: int, entry: str = "kern_attn_decode_rows",
+                    smem: int = 0) -> Callable[[], None]:
         args = (h.ptr(self.qkv), self.layer(i), h.ptr(self.table), h.ptr(self.seq), h.ptr(self.part_o),
                 h.ptr(self.part_lse), h.ptr(self.counters), h.ptr(self.out), h.i32(NQ), h.i32(NKV), h.i32(D),
                 h.i32(PAGE), h.i64(self.page_stride), h.i32(self.stride), h.i32(splits), h.f32(D**-0.5))
         grid = (NKV, splits, len(self.lens))
-        return lambda: k.launch(entry, grid, (128,), *args, shared_mem=smem_bytes(D))
+        return lambda: k.launch(entry, grid, (128,), *args, shared_mem=max(smem, smem_bytes(D)))
 
     def today_launch(self, k: h.Kernels, i: int, r: int) -> Callable[[], None]:
         args = (h.ptr(self.qkv[r]), self.layer(i), h.ptr(self.table[r]), h.ptr(self.seq[r:]),
@@ -212,7 +216,7 @@ def largest_difference(k: h.Kernels, case: Case, entry: str) -> float:
 
 
 def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float,
-        layout: str = "scattered", extra: tuple[str, ...] = ()) -> list[Row]:
+        layout: str = "scattered", extra: tuple[str, ...] = (), smem: tuple[int, ...] = ()) -> list[Row]:
     out: list[Row] = []
     for rows in row_counts:
         for ctx in contexts:
@@ -226,6 +230,9 @@ def run(k: h.Kernels, contexts: list[int], row_counts: list[int], big: float,
                       f"{largest_difference(k, case, e):.3g}", flush=True)
             timed: list[tuple[str, int, list[Callable[[], None]]]] = [
                 (e, s, [case.rows_launch(k, i, s, e) for i in range(LAYERS)]) for e in entries for s in sweep]
+            # the launch asking for more shared memory than it uses, so fewer blocks share an SM
+            timed += [(f"{e} ({b // 1024} KiB)", 16, [case.rows_launch(k, i, 16, e, b) for i in range(LAYERS)])
+                      for e in entries for b in smem]
             timed.append(("kern_attn_decode" if rows == 1 else "kern_attn_decode (a launch per row)", SPLITS,
                           [case.today_launch(k, i, r) for i in range(LAYERS) for r in range(rows)]))
             for entry, splits, bodies in timed:
@@ -257,6 +264,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--layout", choices=LAYOUTS, default="scattered",
                     help="where the pages lie: scattered (random block table, the default), sequential, layer-major")
     ap.add_argument("--entries", default="", help="lab entries with kern_attn_decode_rows' ABI, comma separated")
+    ap.add_argument("--smem", default="", help="also time each entry at 16 splits asking for these bytes of dynamic "
+                    "shared memory (comma separated; more than it uses: fewer blocks on an SM)")
     args = ap.parse_args(argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     extra = tuple(e for e in args.entries.split(",") if e)
@@ -266,7 +275,7 @@ def main(argv: list[str]) -> int:
             f"graphs of {LAYERS} layer launches, L2 flushed before each of {REPLAYS} replays, median")
     print(head + "\n\n" + HEADER, flush=True)
     rows = run(k, [int(c) for c in args.contexts.split(",")], [int(r) for r in args.rows.split(",")], big,
-               args.layout, extra)
+               args.layout, extra, tuple(int(b) for b in args.smem.split(",") if b))
     (args.out / "time_attention.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "layout": args.layout, "copy_1gib_gbps_rw": big, "rows": [asdict(r) for r in rows]},
         indent=1) + "\n")

@@ -1,7 +1,8 @@
 """Prefill timings on the local GPU: the attention entries alone, then the whole prefill program.
 
     PYTHONPATH=tools/tests:tools/gpu python3 tools/lab/time_prefill.py DIR [--reps 20] [--chunks 512,2048]
-        [--manifest examples/qwen3-4b-fast.json] [--gpu 0] [--no-program]
+        [--manifest examples/qwen3-4b-fast.json] [--gpu 0] [--no-program | --no-kernels]
+        [--prompts 709,4096,16384] [--graphs]
 
 1. Kernels alone (Qwen3-4B heads: 32 q, 8 kv, head_dim 128, pages of 16 over a scattered block
    table): prefill.cu's kern_prefill_attn + kern_prefill_combine ("new") and attention.cu's
@@ -13,10 +14,12 @@
    prefilled from nothing in chunks of each --chunks size (Session.prefill: wall time between
    synchronizations, median of --reps // 4 + 1 after a warm-up), and one chunk of 37 and of 200
    rows over a 14,000-token resident prefix (stage + one run of the chunk program, median of
-   --reps); the first run of each is reported apart (it compiles the program's launch records
+   --reps); with --graphs each prompt also with every chunk replayed from a CUDA graph of the
+   chunk program at its length (captured on the first run); the first run of each is reported apart (it compiles the program's launch records
    for a token count not seen before, as every new turn length does); then one run of each under torch.profiler (CUPTI: every kernel of the process) for
    the per-call breakdown: GPU time by kind (attention, GEMM = every kernel that is not ours,
-   norms, q/k norm + rope + KV write, other), the GEMMs' TFLOP/s and the ten longest kernels.
+   norms, q/k norm + rope + KV write, other), the GPU's span (first kernel start to last kernel
+   end: the kernels' sum plus the gaps between them), the GEMMs' TFLOP/s and the ten longest kernels.
 
 Writes DIR/time_prefill.json and DIR/time_prefill.md (both tables) and prints the tables.
 """
@@ -130,7 +133,13 @@ def _profile(run: Callable[[], None], sync: Callable[[], None]) -> dict[str, Any
             kinds[_kind(e.key)] += us / 1e3
             kernels.append({"kernel": e.key, "calls": e.count, "ms": us / 1e3})
     kernels.sort(key=lambda r: -r["ms"])
-    return {"kinds_ms": dict(sorted(kinds.items())), "gpu_ms": sum(kinds.values()), "top": kernels[:10]}
+    # the GPU's span: the first kernel's start to the last kernel's end (the sum of the kernels'
+    # times plus the gaps between them)
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
+             if str(getattr(e, "device_type", "")).endswith("CUDA") and not e.key.startswith(("Memcpy", "Memset"))]
+    span = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else float("nan")
+    return {"kinds_ms": dict(sorted(kinds.items())), "gpu_ms": sum(kinds.values()), "span_ms": span,
+            "top": kernels[:10]}
 
 
 def _wall_ms(run: Callable[[], None], sync: Callable[[], None], reps: int) -> tuple[float, float]:
@@ -165,24 +174,34 @@ def _with_rates(row: dict[str, Any], tokens: int) -> dict[str, Any]:
 
 def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
     import kern_runtime as kr
+    from kern_runtime.roles import prefill_chunks
     from kern_runtime.session import stage
 
     _, files = load_inputs(args, log)
     rng = np.random.default_rng(0)
-    prompt = [int(x) for x in rng.integers(0, 150000, size=max(PROMPTS) + 1)]
+    prompt = [int(x) for x in rng.integers(0, 150000, size=max(*args.prompts, PREFIX + max(TURNS)) + 1)]
     rows: list[dict[str, Any]] = []
     torch.cuda.init()
     with kr.Session.open(args.manifest, args.kernels, files, gpu=args.gpu,
-                         capacity=max(PROMPTS) + 64) as s:
+                         capacity=max(*args.prompts, PREFIX + max(TURNS)) + 64) as s:
         sync = s.rt.synchronize
         for chunk in args.chunks:
-            for n in PROMPTS:
+            for n in args.prompts:
                 def run(n: int = n, chunk: int = chunk) -> None:
                     s.prefill(prompt[: n + 1], chunk)  # NOTE: prefill runs all but the last token
-                log(f"prefill {n} tokens, chunks of {chunk}")
-                first, ms = _wall_ms(run, sync, args.reps // 4 + 1)
-                rows.append(_with_rates({"case": f"prefill {n} (chunk {chunk})", "wall_ms": ms, "first_ms": first,
-                                         **_profile(run, sync)}, n))
+
+                def replayed(n: int = n, chunk: int = chunk) -> None:
+                    # Session.prefill with every chunk replayed from a CUDA graph of the chunk
+                    # program at its length (captured on the first run)
+                    for a, b in prefill_chunks(n + 1, min(chunk, s.roles.chunk_max)):
+                        stage(s.rt, s.roles, s.table, prompt[a:b], a)
+                        s.rt.replay(s.rt.capture_graph(s.roles.chunk_program, {s.roles.chunk_var: b - a}), {s.roles.chunk_var: b - a})
+                cases = [("", run), (" graphs", replayed)] if args.graphs else [("", run)]
+                for tag, fn in cases:
+                    log(f"prefill {n} tokens, chunks of {chunk}{tag}")
+                    first, ms = _wall_ms(fn, sync, args.reps // 4 + 1)
+                    rows.append(_with_rates({"case": f"prefill {n} (chunk {chunk}){tag}", "wall_ms": ms,
+                                             "first_ms": first, **_profile(fn, sync)}, n))
         s.prefill(prompt[: PREFIX + max(TURNS) + 1], args.chunks[-1])
         for turn in TURNS:
             ids = prompt[PREFIX : PREFIX + turn]
@@ -199,10 +218,10 @@ def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[d
 
 def program_table(rows: list[dict[str, Any]]) -> str:
     kinds = sorted({k for r in rows for k in r["kinds_ms"]})
-    head = ["case", "wall ms", "first run ms", "GPU ms", *(f"{k} ms" for k in kinds), "GEMM TFLOP/s"]
+    head = ["case", "wall ms", "first run ms", "GPU ms", "GPU span ms", *(f"{k} ms" for k in kinds), "GEMM TFLOP/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["case"], f"{r['wall_ms']:.2f}", f"{r['first_ms']:.2f}", f"{r['gpu_ms']:.2f}",
+        cells = [r["case"], f"{r['wall_ms']:.2f}", f"{r['first_ms']:.2f}", f"{r['gpu_ms']:.2f}", f"{r['span_ms']:.2f}",
                  *(f"{r['kinds_ms'].get(k, 0.0):.2f}" for k in kinds), f"{r['gemm_tflops']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     for r in rows:
@@ -217,6 +236,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--chunks", type=lambda v: [int(x) for x in v.split(",")], default=[512, 2048])
     ap.add_argument("--no-program", action="store_true", help="time the kernels alone only")
+    ap.add_argument("--no-kernels", action="store_true", help="time the prefill program only")
+    ap.add_argument("--prompts", type=lambda v: tuple(int(x) for x in v.split(",")), default=PROMPTS)
+    ap.add_argument("--graphs", action="store_true",
+                    help="also time each prompt with its chunks replayed from CUDA graphs of the chunk program")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -225,7 +248,7 @@ def main(argv: list[str]) -> int:
 
     torch.cuda.set_device(args.gpu)
     k = h.Kernels(args.out / "kernels")
-    result: dict[str, Any] = {"kernels": kernel_rows(k, args.reps)}
+    result: dict[str, Any] = {"kernels": [] if args.no_kernels else kernel_rows(k, args.reps)}
     text = "## Attention entries alone\n\n" + kernel_table(result["kernels"]) + "\n"
     print(text, flush=True)
     (args.out / "time_prefill.json").write_text(json.dumps(result, indent=1) + "\n")

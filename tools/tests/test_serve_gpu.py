@@ -53,8 +53,9 @@ def server() -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=600)
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=600) as c:
+        yield c
 
 
 def completion(client: openai.OpenAI, i: int, stream: bool, max_tokens: int = 8) -> str:
@@ -133,26 +134,39 @@ def test_concurrent_requests_get_their_answers_alone(client: openai.OpenAI, serv
     assert samples["kern_generated_tokens_total"] > 0 and samples["kern_prefix_hit_rate"] > 0
 
 
-def sampled(client: openai.OpenAI, i: int, seed: int | None = None) -> tuple[str, list[float]]:
+def sampled(client: openai.OpenAI, i: int, seed: int | None = None) -> tuple[list[str], list[float]]:
+    """Request i's 8 seeded draws: their tokens and the chosen tokens' logprobs."""
     out = client.completions.create(model=MODEL, prompt=prompt(i), max_tokens=8, temperature=0.8, top_p=0.95,
                                     seed=1000 + i if seed is None else seed, logprobs=1,
                                     extra_body={"top_k": 50}).choices[0]
-    assert out.logprobs is not None and out.logprobs.token_logprobs is not None
-    logprobs = [float(x) for x in out.logprobs.token_logprobs if x is not None]
-    assert len(logprobs) == len(out.logprobs.token_logprobs) > 0 and all(x <= 0 for x in logprobs)
-    return out.text, logprobs
+    lp = out.logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.tokens is not None
+    logprobs = [float(x) for x in lp.token_logprobs if x is not None]
+    assert len(logprobs) == len(lp.token_logprobs) == len(lp.tokens) > 0 and all(x <= 0 for x in logprobs)
+    assert "".join(lp.tokens) == out.text
+    return list(lp.tokens), logprobs
 
 
 def test_seeded_sampling_concurrent_and_alone(client: openai.OpenAI) -> None:
-    """The same seed gives the same draws alone and among 16 rows, but where bf16 noise between
-    step programs moves a draw whose two best scores tie that closely (as tools/tests/test_batch_gpu.py)."""
+    """The same seed draws the same tokens alone and among 16 rows until bf16 noise between the
+    step programs moves a Gumbel-max draw: up to where the two answers part, each draw's
+    logprob alone and concurrent lie within TIE, and the draws kept together are most of them.
+    A seed, position or parameter that reached the wrong row would leave almost none together
+    (two draws of other keys agree at about 1 in 50 tokens here, top_k 50 over nearly flat
+    logits); the noise parts a draw only where its two best Gumbel scores lie that close, well
+    under one draw in four."""
     alone_ = [sampled(client, i) for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(lambda i: sampled(client, i), range(16)))
-    same = sum(a[0] == b[0] for a, b in zip(alone_, together, strict=True))
-    print(f"16 seeded: {same} equal alone and concurrent")
-    assert same >= 12, (alone_, together)
-    assert len({sampled(client, 0, seed)[0] for seed in range(4)}) > 1  # a seed draws its own tokens
+    kept = []
+    for (a_tok, a_lp), (b_tok, b_lp) in zip(alone_, together, strict=True):
+        n = next((j for j, (x, y) in enumerate(zip(a_tok, b_tok, strict=False)) if x != y), min(len(a_tok), len(b_tok)))
+        kept.append(n)
+        assert all(abs(x - y) <= TIE for x, y in zip(a_lp[:n], b_lp[:n], strict=True)), (a_lp[:n], b_lp[:n])
+    total = sum(len(a) for a, _ in alone_)
+    print(f"16 seeded: {sum(kept)} of {total} draws together before the answers part; kept per answer {kept}")
+    assert sum(kept) >= total // 2, kept
+    assert len({tuple(sampled(client, 0, seed)[0]) for seed in range(4)}) > 1  # a seed draws its own tokens
     assert [sampled(client, 3)[0], sampled(client, 3)[0]] == [alone_[3][0]] * 2  # alone again: the same
 
 

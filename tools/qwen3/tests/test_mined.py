@@ -162,7 +162,7 @@ class Donor:
             else:
                 w.launch("kern_prefill_attn", _prefill_grid(t), 384, B["qkv"], kv, B["block_table"], B[io[3]],
                          B["attn"], B["pf_o"], B["pf_lse"], t, nq, nkv, d, P, self.page_stride, d**-0.5)
-                w.launch("kern_prefill_combine", (t, 1, 1), 128, B["pf_o"], B["pf_lse"], B[io[3]], B["attn"], t, nq,
+                w.launch("kern_prefill_combine", (t, nq, 1), 128, B["pf_o"], B["pf_lse"], B[io[3]], B["attn"], t, nq,
                          nkv, d)
             if decode and b.gemv_decode:
                 w.launch("kern_gemv_bf16_s4", (s.hidden, 1, 1), 128, B["attn"], self.o_w[i], B["y"], 1,

@@ -94,7 +94,7 @@ class Chunk:
                  h.ptr(c.state), h.ptr(c.table), h.ptr(self.seq), h.ptr(self.out), h.ptr(self.part_o),
                  h.ptr(self.part_lse), h.i32(self.rows), h.i32(c.nq), h.i32(c.nkv), h.i32(c.d), h.i32(PAGE),
                  h.i64(c.page_stride), h.f32(c.d**-0.5), shared_mem=prefill_smem(c.d))
-        k.launch("kern_prefill_combine", (self.rows,), (128,), h.ptr(self.part_o), h.ptr(self.part_lse),
+        k.launch("kern_prefill_combine", (self.rows, c.nq), (128,), h.ptr(self.part_o), h.ptr(self.part_lse),
                  h.ptr(self.seq), h.ptr(self.out), h.i32(self.rows), h.i32(c.nq), h.i32(c.nkv), h.i32(c.d))
 
     def launch_old(self, k: h.Kernels) -> None:

@@ -93,7 +93,7 @@ def prefill_op(s: Qwen3Shape, mods: Mapping[str, str]) -> Json:
               *({"param": i} for i in range(5, 12))],
     )
     combine = kernel(
-        mods, "kern_prefill_combine", ["tokens", 1, 1], 128, when={"var": "tokens", "max": PREFILL_SPLIT_ROWS - 1},
+        mods, "kern_prefill_combine", ["tokens", nq, 1], 128, when={"var": "tokens", "max": PREFILL_SPLIT_ROWS - 1},
         params=["in buffer<f32>", "in buffer<f32>", "in buffer<i32>", BF16_OUT, "i32", "i32", "i32", "i32"],
         args=[{"scratch": "part_o"}, {"scratch": "part_lse"}, {"param": 3}, {"param": 4}, {"param": 5},
               {"param": 6}, {"param": 7}, {"param": 8}],
