@@ -69,6 +69,7 @@ class Blas:
         self._alpha = np.ones(1, dtype=np.float32)
         self._beta0 = np.zeros(1, dtype=np.float32)
         self._beta1 = np.ones(1, dtype=np.float32)
+        self._alpha_ptr = int(self._alpha.ctypes.data)  # NOTE: a matmul's host cost counts: no ctypes per call
         self._plans: dict[tuple[GemmShape, tuple[int, ...] | None], _Plan] = {}
 
     def _desc(self) -> int:
@@ -110,7 +111,8 @@ class Blas:
             chosen = self._heuristic(desc, a, b, c, s)
         else:
             chosen = self._pinned(desc, a, b, c, s, algo)
-        return _Plan(desc, a, b, c, chosen, self._beta1 if s.accumulate else self._beta0)
+        beta = self._beta1 if s.accumulate else self._beta0
+        return _Plan(desc, a, b, c, chosen, beta, int(chosen.ctypes.data), int(beta.ctypes.data))
 
     def _heuristic(self, desc: int, a: int, b: int, c: int, s: GemmShape) -> npt.NDArray[Any]:
         lt = self._lt
@@ -178,8 +180,8 @@ class Blas:
         """One cublasLtMatmul; C (and D) at `c`."""
         try:
             self._lt.matmul(
-                self.handle, plan.desc, self._alpha.ctypes.data, w, plan.a, a, plan.b,
-                plan.beta.ctypes.data, c, plan.c, c, plan.c, plan.algo.ctypes.data,
+                self.handle, plan.desc, self._alpha_ptr, w, plan.a, a, plan.b,
+                plan.beta_ptr, c, plan.c, c, plan.c, plan.algo_ptr,
                 self.workspace, WORKSPACE_BYTES, stream,
             )  # fmt: skip
         except Exception as exc:
@@ -194,3 +196,5 @@ class _Plan:
     c: int
     algo: npt.NDArray[Any]
     beta: npt.NDArray[np.float32]
+    algo_ptr: int  # the addresses of algo and beta (held above, so they stay valid)
+    beta_ptr: int
