@@ -111,8 +111,8 @@ class Blas:
             chosen = self._heuristic(desc, a, b, c, s)
         else:
             chosen = self._pinned(desc, a, b, c, s, algo)
-        beta = self._beta1 if s.accumulate else self._beta0
-        return _Plan(desc, a, b, c, chosen, beta, int(chosen.ctypes.data), int(beta.ctypes.data))
+        beta = self._beta1 if s.accumulate else self._beta0  # NOTE: the Blas holds both betas
+        return _Plan(desc, a, b, c, chosen, int(chosen.ctypes.data), int(beta.ctypes.data))
 
     def _heuristic(self, desc: int, a: int, b: int, c: int, s: GemmShape) -> npt.NDArray[Any]:
         lt = self._lt
@@ -195,6 +195,5 @@ class _Plan:
     b: int
     c: int
     algo: npt.NDArray[Any]
-    beta: npt.NDArray[np.float32]
-    algo_ptr: int  # the addresses of algo and beta (held above, so they stay valid)
-    beta_ptr: int
+    algo_ptr: int  # algo's address (the plan holds algo, so it stays valid)
+    beta_ptr: int  # the address of the Blas's beta 0 or 1
