@@ -152,6 +152,63 @@ def test_the_block_table_is_the_lease_row_and_slots_follow_it() -> None:
     eng.close()
 
 
+class CachingBackend(PoolBackend):
+    """A PoolBackend that caches graphs (`kern_runtime.Caching`): its cache calls recorded, and
+    each chunk's rows with how it was called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cached: list[tuple[str, int]] = []
+        self.chunks: list[tuple[int, str]] = []
+
+    def cache_graphs(self, program: str, limit: int) -> None:
+        self.cached.append((program, limit))
+
+    def run(self, program: str, vars: Mapping[str, int]) -> None:
+        super().run(program, vars)
+        if program == "chunk":
+            self.chunks.append((vars["tokens"], "run"))
+
+    def issue(self, program: str, vars: Mapping[str, int]) -> None:
+        super().issue(program, vars)
+        if program == "chunk":
+            self.chunks.append((vars["tokens"], "issue"))
+
+
+@pytest.mark.parametrize(("config", "cached", "modes"), [
+    (kr.EngineConfig(chunk=16, chunk_graph_rows=8), [("chunk", 32)], ["run", "run", "issue"]),
+    (kr.EngineConfig(chunk=16, chunk_graphs=4, chunk_graph_rows=16), [("chunk", 4)], ["issue"] * 3),
+    (kr.EngineConfig(chunk=16, chunk_graphs=0), [], ["run"] * 3),
+    (kr.EngineConfig(chunk=16, chunk_graph_rows=0), [], ["run"] * 3),
+    (kr.EngineConfig(chunk=16, eager=True), [], ["run"] * 3),
+])
+def test_short_chunks_are_issued_on_a_backend_that_caches_graphs(
+        config: kr.EngineConfig, cached: list[tuple[str, int]], modes: list[str]) -> None:
+    """A caching backend gets the chunk program's cache at the engine's start; chunks of at most
+    chunk_graph_rows rows are issued (replayed from it), longer ones run; eager, or either knob at
+    0, runs every chunk."""
+    m = serving()
+    m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
+    be = CachingBackend()
+    eng = kr.Engine(be, kr.serving_roles(m), config)
+    assert be.cached == cached
+    eng.prefill(eng.sequence(), _ids(101, 41), 1)  # 40 tokens through the chunks: 16, 16, 8
+    assert be.chunks == list(zip([16, 16, 8], modes, strict=True))
+    eng.close()
+    assert be.pool.pages_used == 0
+
+
+@pytest.mark.parametrize("name", ["chunk_graphs", "chunk_graph_rows"])
+@pytest.mark.parametrize("value", [-1, 1.5, None])
+def test_bad_graph_knobs_are_api_errors(name: str, value: object) -> None:
+    m = serving()
+    m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
+    be = CachingBackend()
+    with pytest.raises(kr.ApiError, match=f"EngineConfig.{name} must be an int >= 0"):
+        kr.Engine(be, kr.serving_roles(m), kr.EngineConfig(chunk=16, **{name: value}))  # type: ignore[arg-type]
+    assert be.cached == []
+
+
 def _head_engine(eager: bool = False) -> tuple[kr.Engine, PoolBackend]:
     """`_engine` over a manifest with a head program (`first`, reading the span_at input `row`)."""
     m = serving()

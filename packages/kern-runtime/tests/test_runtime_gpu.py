@@ -309,6 +309,8 @@ def test_graph_replay_equals_eager_over_400_launches(kdir: Path, sha: str, tmp_p
         rt.replay(graph, {})
         rt.replay(graph, {})
         np.testing.assert_array_equal(rt.read_output("y"), eager)
+        with pytest.raises(kr.ApiError, match="declares graph"):
+            rt.cache_graphs("chain", 2)
 
 
 def test_time_calls_times_each_call_of_an_eager_run(kdir: Path, sha: str, tmp_path: Path) -> None:
@@ -340,6 +342,32 @@ def test_graph_vars_must_match_capture(basic: tuple[kr.Runtime, dict[str, np.nda
     assert rt.capture_graph("main", {"n": 8}) is g
     with pytest.raises(kr.ApiError, match="captured at"):
         rt.replay(g, {"n": 9})
+
+
+def test_graph_cache_replays_a_program_from_its_second_use(basic: tuple[kr.Runtime, dict[str, np.ndarray]]) -> None:
+    """issue() of a program with a graph cache: a length's first use runs eagerly, the second
+    captures, later ones replay; every replay reads the inputs written before it; the least
+    recently used graph leaves first; limit 0 turns the cache off."""
+    rt, _ = basic
+    with pytest.raises(kr.ApiError, match="unknown program"):
+        rt.cache_graphs("mian", 2)
+    with pytest.raises(kr.ApiError, match="int >= 0"):
+        rt.cache_graphs("main", -1)
+    assert rt.graph_cache("main") is None
+    rt.cache_graphs("main", 2)
+    rng = np.random.default_rng(5)
+    for n in (8, 8, 8, 9, 9, 10, 10, 8):
+        x = rng.standard_normal(1000).astype(np.float32)
+        rt.write_input("x", x)
+        rt.issue("main", {"n": n})
+        np.testing.assert_array_equal(rt.read_output("y", n), _fma(x[:n]))
+    assert rt.graph_cache("main") == kr.GraphCacheStats(limit=2, cached=2, hits=1, eager=4, captures=3, evictions=1)
+    rt.cache_graphs("main", 0)
+    assert rt.graph_cache("main") is None
+    x = rng.standard_normal(1000).astype(np.float32)
+    rt.write_input("x", x)
+    rt.issue("main", {"n": 9})
+    np.testing.assert_array_equal(rt.read_output("y", 9), _fma(x[:9]))
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:

@@ -91,6 +91,7 @@ class ServeOptions:
     grow: int
     host_bytes: int
     max_body: int
+    chunk_graphs: int = 32
 
 
 def _positive(name: str, value: int, low: int = 1) -> int:
@@ -125,6 +126,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         chunk=_positive("--chunk", args.chunk if args.chunk is not None else cfg.run.chunk or DEFAULT_CHUNK),
         grow=_positive("--grow", args.grow, 0), host_bytes=_positive("--host-bytes", args.host_bytes, 0),
         max_body=_positive("--max-body", args.max_body),
+        chunk_graphs=_positive("--chunk-graphs", args.chunk_graphs, 0),
     )
 
 
@@ -209,7 +211,7 @@ def _engine(opts: ServeOptions, manifest: Mapping[str, Any], log: Callable[[str]
         run.ensure_kernels(manifest, load.kernels, load.kernel_sources, log)
     assert load.capacity is not None
     spec = EngineSpec(load.manifest, load.kernels, weights, load.gpu, load.capacity, opts.rows, opts.host_bytes,
-                      opts.chunk)
+                      opts.chunk, opts.chunk_graphs)
     try:
         return factory(spec)
     except Exception as exc:
@@ -339,6 +341,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=64, help="most requests running at once (default 64)")
     p.add_argument("--step-tokens", type=int, default=2048, help="tokens per engine step (default 2048)")
     p.add_argument("--chunk", type=int, help=f"most tokens of a prefill chunk (default {DEFAULT_CHUNK})")
+    p.add_argument("--chunk-graphs", type=int, default=32,
+                   help="prefill chunks of up to 512 rows replayed from CUDA graphs kept for this many lengths, "
+                        "each captured on its second use (default 32; 0: every chunk eager)")
     p.add_argument("--grow", type=int, default=0,
                    help="decode steps a lease holds at a time (default 0: all of max_tokens at admission)")
     p.add_argument("--host-bytes", type=int, default=0, help="host tier bytes for parked prefixes (default 0)")

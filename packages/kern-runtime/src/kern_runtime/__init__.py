@@ -16,6 +16,7 @@ from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .engine import (
     Backend,
     Bound,
+    Caching,
     Counters,
     Engine,
     EngineConfig,
@@ -47,7 +48,7 @@ from .errors import (
     SessionError,
     WeightArtifactError,
 )
-from .graphs import Graph, normalize_vars
+from .graphs import Graph, GraphCache, GraphCacheStats, normalize_vars
 from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate
 from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
@@ -74,6 +75,7 @@ __all__ = [
     "Backend",
     "BlasError",
     "Bound",
+    "Caching",
     "CallError",
     "Capacity",
     "Chunk",
@@ -89,6 +91,8 @@ __all__ = [
     "Fetching",
     "FileBlob",
     "Graph",
+    "GraphCache",
+    "GraphCacheStats",
     "InputDomain",
     "InputFileError",
     "KernRuntimeError",

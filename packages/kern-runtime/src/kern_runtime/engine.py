@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -60,7 +60,7 @@ from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .session import check_prompt, stage
 
-__all__ = ["Backend", "Bound", "Counters", "Engine", "EngineConfig", "Fetching", "Pipeline", "Prefilled", "Sequence", "Turn"]
+__all__ = ["Backend", "Bound", "Caching", "Counters", "Engine", "EngineConfig", "Fetching", "Pipeline", "Prefilled", "Sequence", "Turn"]
 
 T = TypeVar("T")
 
@@ -115,6 +115,14 @@ class Fetching(Protocol):
     def fetched(self, fetch: Any) -> NDArray[Any]: ...
 
 
+@runtime_checkable
+class Caching(Protocol):
+    """A backend that replays programs it declares no graph for from graphs it captures on demand
+    (`Runtime.cache_graphs`); the engine's short prefill chunks use it when the backend has it."""
+
+    def cache_graphs(self, program: str, limit: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Launch:
     """A decode step to issue: its program, vars, the outputs (name, count) to read back, and
@@ -146,13 +154,21 @@ class EngineConfig:
 
     Attributes:
         chunk: prefill chunk rows (clamped to the chunk program's rows var max).
-        eager: decode call by call instead of replaying the step graph.
+        eager: decode call by call instead of replaying the step graph (chunks run eagerly too).
         park: park evicted entries to the backend's host tier (needs one); else drop them.
+        chunk_graphs: graphs of the chunk program kept by length on a backend that caches graphs
+            (`Caching`: `Runtime.cache_graphs`), each captured on its length's second use, the
+            least recently used destroyed past this many; 0: every chunk runs eagerly.
+        chunk_graph_rows: only chunks of at most this many rows replay from those graphs (a short
+            chunk's host enqueue outlasts its GPU time; a long one's does not, and every new
+            length would cost a capture).
     """
 
     chunk: int = 2048
     eager: bool = False
     park: bool = False
+    chunk_graphs: int = 32
+    chunk_graph_rows: int = 512
 
 
 @dataclass(slots=True)
@@ -344,6 +360,10 @@ class Engine:
             raise ApiError(f"the pool's pages hold {pool.unit} tokens; the block table's stride is {roles.page_tokens}")
         if cfg.chunk < 1:
             raise ApiError(f"the prefill chunk must be at least 1 row, got {cfg.chunk}")
+        for name in ("chunk_graphs", "chunk_graph_rows"):
+            value = getattr(cfg, name)
+            if type(value) is not int or value < 0:
+                raise ApiError(f"EngineConfig.{name} must be an int >= 0, got {value!r}")
         self.backend = backend
         self.roles = roles
         self.config = cfg
@@ -369,6 +389,11 @@ class Engine:
         """The rows' sampling and the bucket the device's sampling inputs hold."""
         self._pipe: Pipeline | None = None
         self._hooks: _Hooks | None = None
+        self._graph_rows = 0
+        """Chunks of at most this many rows are issued (replayed from the backend's graph cache)."""
+        if not cfg.eager and cfg.chunk_graphs and cfg.chunk_graph_rows and isinstance(backend, Caching):
+            backend.cache_graphs(roles.chunk_program, cfg.chunk_graphs)
+            self._graph_rows = cfg.chunk_graph_rows
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], kernels: str | os.PathLike[str],
@@ -399,8 +424,7 @@ class Engine:
             if host_bytes:
                 rt.enable_host_tier(host_bytes)
             base = config or EngineConfig()
-            cfg = EngineConfig(chunk=base.chunk, eager=base.eager, park=base.park or host_bytes > 0)
-            return cls(rt, roles, cfg, closer=rt.close)
+            return cls(rt, roles, replace(base, park=base.park or host_bytes > 0), closer=rt.close)
         except BaseException:
             rt.close()
             raise
@@ -1132,7 +1156,10 @@ class Engine:
             lo, hi = start + a, start + b
             seq.lease.kv_indices(lo, hi)
             self._stage(seq, seq.tokens[lo:hi], lo)
-            self.backend.run(self.roles.chunk_program, {self.roles.chunk_var: hi - lo})
+            if hi - lo <= self._graph_rows:
+                self.backend.issue(self.roles.chunk_program, {self.roles.chunk_var: hi - lo})
+            else:
+                self.backend.run(self.roles.chunk_program, {self.roles.chunk_var: hi - lo})
             rows = hi - lo
         return rows
 

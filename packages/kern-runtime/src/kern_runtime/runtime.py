@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, overload
@@ -42,7 +42,7 @@ from .errors import (
     ManifestUnsupportedError,
     NotConnectedError,
 )
-from .graphs import Graph, VarKey, normalize_vars
+from .graphs import Graph, GraphCache, GraphCacheStats, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
 from .memory import Allocation
 from .peers import Offer, PeerHandle, choose_handle_kind
@@ -154,6 +154,7 @@ class Runtime:
         self._steps: dict[tuple[str, VarKey], list[Step]] = {}
         self._templates: dict[str, ProgramTemplate] = {}
         self._graphs: dict[tuple[str, VarKey], Graph] = {}
+        self._cached: dict[str, GraphCache[Graph]] = {}
         self._reads = {name: manifest.program_vars(name) for name in manifest.programs}
         self._bounds = manifest.var_max
         self._claimed: set[str] = set()
@@ -711,6 +712,13 @@ class Runtime:
         return graph
 
     def _capture_graph(self, program: str, key: VarKey) -> Graph:
+        graph = self._capture(program, key)
+        self._stack.callback(drv.graph_exec_destroy, graph.exec_)
+        self._graphs[(program, key)] = graph
+        return graph
+
+    def _capture(self, program: str, key: VarKey) -> Graph:
+        """The program captured and instantiated at `key`; the caller owns its exec."""
         steps = self._compile(program, key)
         drv.begin_capture(self._stream)
         try:
@@ -727,10 +735,54 @@ class Runtime:
             exec_ = drv.graph_instantiate(g)
         finally:
             drv.graph_destroy(g)
-        self._stack.callback(drv.graph_exec_destroy, exec_)
-        graph = Graph(program, key, exec_, len(steps))
-        self._graphs[(program, key)] = graph
-        return graph
+        return Graph(program, key, exec_, len(steps))
+
+    def cache_graphs(self, program: str, limit: int) -> None:
+        """From now on `issue(program, vars)` of a program that declares no graph replays a graph
+        of it captured at those vars on their second use (the first runs eagerly), keeping the
+        `limit` most recently used; a displaced graph is destroyed (one still in flight is freed
+        when it completes). `limit` 0 turns the cache off and destroys its graphs. `run` stays
+        eager. For programs called again and again at a few lengths whose host enqueue costs
+        more than their GPU time (short prefill chunks).
+
+        Raises:
+            ApiError: an unknown or derive program, one that declares `graph` (issue captures it
+                already), or a limit that is not an int >= 0; nothing changes.
+        """
+        self._live()
+        self._program(program)
+        if self.manifest.programs[program].graph:
+            raise ApiError(f"program {program!r} declares graph: issue() replays its graphs already")
+        if type(limit) is not int or limit < 0:
+            raise ApiError(f"graph cache limit must be an int >= 0, got {limit!r}")
+        old = self._cached.pop(program, None)
+        if old is not None:
+            self._destroy(old.drain())
+        if limit:
+            self._cached[program] = GraphCache(limit)
+
+    def graph_cache(self, program: str) -> GraphCacheStats | None:
+        """What `program`'s graph cache did so far (None: no cache; see `cache_graphs`)."""
+        cache = self._cached.get(program)
+        return None if cache is None else cache.stats()
+
+    def _destroy(self, graphs: list[Graph]) -> None:
+        for g in graphs:
+            drv.graph_exec_destroy(g.exec_)
+
+    def _issue_cached(self, program: str, cache: GraphCache[Graph], vars: Mapping[str, int]) -> None:
+        self._live()
+        key = self._key(program, vars)
+        graph = cache.lookup(key)
+        if graph is None and cache.wants(key):
+            graph = self._capture(program, key)
+            old = cache.insert(key, graph)
+            if old is not None:
+                drv.graph_exec_destroy(old.exec_)
+        if graph is None:
+            self._execute(program, self._compile(program, key))
+        else:
+            drv.graph_launch(graph.exec_, self._stream)
 
     def replay(self, graph: Graph, vars: Mapping[str, int]) -> None:
         """Replays a captured graph; vars must equal the ones it was captured at."""
@@ -740,10 +792,15 @@ class Runtime:
         drv.graph_launch(graph.exec_, self._stream)
 
     def issue(self, program: str, vars: Mapping[str, int]) -> None:
-        """Replays the program's graph (captured once per vars key) if it declares graph, else runs it."""
+        """Replays the program's graph (captured once per vars key) if it declares graph, or from
+        its graph cache (`cache_graphs`) if it has one, else runs it."""
         graph = self._graphs.get((program, self._key(program, vars) if program in self._reads else ()))
         if graph is not None:
             drv.graph_launch(graph.exec_, self._stream)
+            return
+        cache = self._cached.get(program)
+        if cache is not None:
+            self._issue_cached(program, cache, vars)
             return
         if program in self.manifest.programs and self.manifest.programs[program].graph:
             drv.graph_launch(self.capture_graph(program, vars).exec_, self._stream)
@@ -1120,6 +1177,11 @@ class Runtime:
     def _release(self) -> None:
         self._closed = True
         self._graphs.clear()
+        for cache in self._cached.values():
+            for g in cache.drain():
+                with suppress(KernRuntimeError):  # NOTE: the context goes next; free the rest
+                    drv.graph_exec_destroy(g.exec_)
+        self._cached.clear()
         self._steps.clear()
         self._templates.clear()
         for w in self._weights.values():

@@ -112,6 +112,7 @@ class EngineSpec:
         seqs: live sequences the pool is sized for.
         host_bytes: bytes of the host tier (0: none; evicted prefixes are dropped).
         chunk: prefill chunk rows.
+        chunk_graphs: chunk-program graphs kept by length (`EngineConfig.chunk_graphs`; 0: none).
     """
 
     manifest: Path
@@ -122,6 +123,7 @@ class EngineSpec:
     seqs: int
     host_bytes: int
     chunk: int
+    chunk_graphs: int = 32
 
 
 EngineFactory = Callable[[EngineSpec], Engine]
@@ -137,7 +139,8 @@ def open_engine(spec: EngineSpec) -> Engine:
 
     files = [str(p) for p in weight_files(spec.weights)]
     return Engine.open(spec.manifest, spec.kernels, files, gpu=spec.gpu, tokens=spec.tokens, seqs=spec.seqs,
-                       host_bytes=spec.host_bytes, config=EngineConfig(chunk=spec.chunk))
+                       host_bytes=spec.host_bytes,
+                       config=EngineConfig(chunk=spec.chunk, chunk_graphs=spec.chunk_graphs))
 
 
 class Decoder(Protocol):

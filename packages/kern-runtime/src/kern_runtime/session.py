@@ -68,9 +68,10 @@ def check_prompt(roles: ServingRoles, capacity: int, prompt: Sequence[int]) -> N
     if not prompt:
         raise SessionError("the prompt is empty")
     top = roles.token_max
-    bad = [t for t in prompt if t < 0 or (top is not None and t > top)]
-    if bad:
-        raise SessionError(f"prompt id {bad[0]} is outside the model's token ids 0..{top}")
+    # NOTE: two C-level passes; the first bad id is looked for only once there is one
+    if min(prompt) < 0 or (top is not None and max(prompt) > top):
+        bad = next(t for t in prompt if t < 0 or (top is not None and t > top))
+        raise SessionError(f"prompt id {bad} is outside the model's token ids 0..{top}")
     if len(prompt) > capacity:
         raise SessionError(f"the prompt has {len(prompt)} tokens; capacity is {capacity}")
 
