@@ -1,20 +1,29 @@
-"""cuBLASLt's candidate algorithms for the Qwen3-4B GEMMs, each timed, against the one its
-heuristic ranks first (the one kern_runtime.Blas takes):
+"""cuBLASLt's candidate algorithms for the Qwen3-4B GEMMs, timed at many m against the one its
+heuristic ranks first at each m (the one kern_runtime.Blas takes when no algo is pinned), and the
+pins by m range that would beat it:
 
-    python3 tools/lab/sweep_gemm.py DIR [--ms 32,64,200,709,2048] [--candidates 32] [--reps 20]
+    python3 tools/lab/sweep_gemm.py DIR [--ms 2,4,8,...,2048] [--reps 10] [--ranges 6]
 
-For every (m, GEMM) pair: C[m, n] = A[m, k] @ W[n, k]^T in bf16 with f32 accumulation, the
-operands random (torch on the local GPU; kern_runtime.blas's descriptors and layouts), the
-heuristic asked for `--candidates` algorithms within the runtime's workspace, each run `--reps`
-times back to back between two CUDA events after 3 warm-up runs. Reports the heuristic's first,
-the fastest and its manifest `algo` fields (Blas.describe), as TFLOP/s and the weight read in
-TB/s. Writes DIR/sweep_gemm.json and DIR/sweep_gemm.md and prints the table.
+For every GEMM C[m, n] = A[m, k] @ W[n, k]^T (bf16, f32 accumulation, beta 0, as the prefill and
+batched-step programs call them) the candidates are the union of the heuristic's first 8 at every
+m of `--ms` (kern_runtime.blas's descriptors, the runtime's workspace). Each candidate is timed at
+every m: 3 warm-up runs, then `--reps` runs back to back between two CUDA events, each on the next
+of enough copies of W (random, on the local GPU through torch) that they never sit in L2 together,
+as in a program, where a GEMM's weights are read once per step. A candidate that refuses an m
+counts as infinitely slow there.
+
+Then, per GEMM, the m samples are cut into at most `--ranges` runs, each run either left to the
+heuristic or pinned to one candidate for all its m (the runtime checks a pin at both ends of its
+range), minimizing the summed time relative to the fastest candidate at each m. Writes
+DIR/sweep_gemm.json (every time, the heuristic's rank-0 per m, the chosen runs with their algo
+fields as the manifest spells them: Blas.describe) and DIR/sweep_gemm.md, and prints the runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -26,14 +35,15 @@ GEMMS = {  # name: (n, k), Qwen3-4B
     "qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728),
     "lm_head": (151936, 2560),
 }  # fmt: skip
+MS = "1,2,4,8,12,16,24,32,48,64,96,128,200,256,384,512,709,1024,1536,2048"
+L2_BYTES = 256 << 20  # NOTE: W copies rotated through at least this many bytes (the H200's L2 is 50 MiB)
 
 
-def candidates(blas: Any, shape: Any, count: int) -> tuple[Any, list[np.ndarray]]:
-    """The plan of `shape` (the heuristic's first algo) and the heuristic's `count` candidates."""
+def heuristic(blas: Any, plan: Any, count: int) -> list[np.ndarray]:
+    """The heuristic's first `count` algos for the plan's shape (the runtime's workspace)."""
     from kern_runtime.blas import WORKSPACE_BYTES
 
     lt = blas._lt
-    plan = blas.plan(shape, None)
     pref = lt.matmul_preference_create()
     try:
         ws = np.array([WORKSPACE_BYTES], dtype=np.uint64)
@@ -44,101 +54,158 @@ def candidates(blas: Any, shape: Any, count: int) -> tuple[Any, list[np.ndarray]
                                      results.ctypes.data, got.ctypes.data)
     finally:
         lt.matmul_preference_destroy(pref)
-    return plan, [np.array(results[i]["algo"]["data_"], dtype=np.uint64) for i in range(int(got[0]))]
+    return [np.array(results[i]["algo"]["data_"], dtype=np.uint64) for i in range(int(got[0]))]
 
 
-def time_algo(blas: Any, plan: Any, algo: np.ndarray, ptrs: tuple[int, int, int], stream: int, reps: int) -> float:
-    """Mean ms of one matmul with `algo` (inf when it refuses the problem)."""
+def time_algo(blas: Any, plan: Any, algo: np.ndarray, a: int, ws: list[int], c: int, stream: int, reps: int) -> float:
+    """Mean ms of one matmul with `algo` over rotating weights (inf when it refuses the problem)."""
     import torch
 
     from kern_runtime.blas import WORKSPACE_BYTES
 
     lt = blas._lt
-    a, w, c = ptrs
+    ptr = int(algo.ctypes.data)
 
-    def call() -> None:
+    def call(w: int) -> None:
         lt.matmul(blas.handle, plan.desc, blas._alpha_ptr, w, plan.a, a, plan.b, plan.beta_ptr, c, plan.c, c,
-                  plan.c, int(algo.ctypes.data), blas.workspace, WORKSPACE_BYTES, stream)
+                  plan.c, ptr, blas.workspace, WORKSPACE_BYTES, stream)
 
     try:
-        for _ in range(3):
-            call()
+        for i in range(3):
+            call(ws[i % len(ws)])
     except Exception:
-        return float("inf")
+        return math.inf
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(reps):
-        call()
+    for i in range(reps):
+        call(ws[(i + 3) % len(ws)])
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
 
 
-def describe(blas: Any, algo: np.ndarray) -> dict[str, int]:
-    class _P:
-        pass
+class _Algo:
+    def __init__(self, algo: np.ndarray) -> None:
+        self.algo = algo
 
-    p = _P()
-    p.algo = algo  # type: ignore[attr-defined]
-    return blas.describe(p)
+
+def runs(times: np.ndarray, first: np.ndarray, ms: list[int], most: int) -> list[dict[str, Any]]:
+    """The cut of the m samples into at most `most` runs (each the heuristic's, candidate -1, or one
+    candidate's) of least summed time relative to the fastest at each m; a pin costs 0.5 % more
+    than the heuristic at equal time, so a run is pinned only where a candidate wins."""
+    best = times.min(axis=0)
+    rel = times / best  # [candidates, m]
+    heur = first / best
+    n = len(ms)
+
+    def run_cost(i: int, j: int) -> tuple[float, int]:
+        h = float(heur[i:j].sum())
+        pinned = rel[:, i:j].sum(axis=1) * 1.005
+        c = int(np.argmin(pinned))
+        return (float(pinned[c]), c) if pinned[c] < h else (h, -1)
+
+    inf = (math.inf, [])
+    dp: list[list[tuple[float, list[tuple[int, int, int]]]]] = [[inf] * (n + 1) for _ in range(most + 1)]
+    dp[0][0] = (0.0, [])
+    for r in range(1, most + 1):
+        for j in range(1, n + 1):
+            for i in range(j):
+                prev = dp[r - 1][i]
+                if math.isinf(prev[0]):
+                    continue
+                cost, cand = run_cost(i, j)
+                total = prev[0] + cost
+                if total < dp[r][j][0] - 1e-9:
+                    dp[r][j] = (total, [*prev[1], (i, j, cand)])
+    _, cut = min((dp[r][n] for r in range(1, most + 1)), key=lambda x: (x[0], len(x[1])))
+    out = []
+    for i, j, cand in cut:
+        out.append({"m_min": ms[i], "m_max": ms[j - 1], "candidate": cand,
+                    "heuristic_ms": [float(first[x]) for x in range(i, j)],
+                    "pinned_ms": [float(times[cand, x]) for x in range(i, j)] if cand >= 0 else None})
+    return out
+
+
+def sweep(blas: Any, name: str, n: int, k: int, ms: list[int], reps: int, stream: int) -> dict[str, Any]:
+    import torch
+
+    from kern_runtime.blas import GemmShape
+
+    copies = max(2, min(16, -(-L2_BYTES // (n * k * 2))))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05 for _ in range(copies)]
+    a = torch.randn(max(ms), k, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(max(ms), n, device="cuda", dtype=torch.bfloat16)
+    plans = {m: blas.plan(GemmShape(m=m, n=n, k=k, ldc=n, lda=k, out_f32=False, accumulate=False), None) for m in ms}
+    algos: dict[bytes, np.ndarray] = {}
+    firsts: dict[int, bytes] = {}
+    for m in ms:
+        cands = heuristic(blas, plans[m], 8)
+        firsts[m] = cands[0].tobytes()
+        for al in cands:
+            algos.setdefault(al.tobytes(), al)
+    keys = list(algos)
+    wp = [int(w.data_ptr()) for w in ws]
+    times = np.full((len(keys), len(ms)), math.inf)
+    for x, m in enumerate(ms):
+        for y, key in enumerate(keys):
+            times[y, x] = time_algo(blas, plans[m], algos[key], int(a.data_ptr()), wp, int(c.data_ptr()), stream, reps)
+    first = np.array([times[keys.index(firsts[m]), x] for x, m in enumerate(ms)])
+    del ws, a, c
+    torch.cuda.empty_cache()
+    return {"keys": keys, "algos": algos, "times": times, "first": first,
+            "first_rank": [keys.index(firsts[m]) for m in ms]}
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--ms", default="32,64,200,709,2048")
-    ap.add_argument("--candidates", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--ms", default=MS)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--ranges", type=int, default=6)
+    ap.add_argument("--gemms", default=",".join(GEMMS))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    ms = sorted({int(x) for x in args.ms.split(",")})
 
     import torch
 
-    from kern_runtime.blas import WORKSPACE_BYTES, Blas, GemmShape
+    from kern_runtime.blas import WORKSPACE_BYTES, Blas
 
     torch.manual_seed(0)
     stream = torch.cuda.current_stream().cuda_stream
     workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-    rows: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"ms": ms, "gemms": {}}
+    lines: list[str] = []
     with ExitStack() as stack:
         blas = Blas(stack, int(workspace.data_ptr()))
-        for m in (int(x) for x in args.ms.split(",")):
-            for name, (n, k) in GEMMS.items():
-                a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
-                c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                shape = GemmShape(m=m, n=n, k=k, ldc=n, lda=k, out_f32=False, accumulate=False)
-                plan, algos = candidates(blas, shape, args.candidates)
-                ptrs = (int(a.data_ptr()), int(w.data_ptr()), int(c.data_ptr()))
-                times = [time_algo(blas, plan, al, ptrs, stream, args.reps) for al in algos]
-                ref = (a.float() @ w.float().T).to(torch.bfloat16)
-                first = times[0]
-                best = int(np.argmin(times))
-                time_algo(blas, plan, algos[best], ptrs, stream, 1)
-                err = float((c.float() - ref.float()).abs().max())
-                flop = 2.0 * m * n * k
-                row = {
-                    "m": m, "gemm": name, "n": n, "k": k, "candidates": len(algos),
-                    "first_ms": first, "best_ms": times[best], "best_rank": best,
-                    "first_tflops": flop / first / 1e9, "best_tflops": flop / times[best] / 1e9,
-                    "best_weight_tbs": n * k * 2 / times[best] / 1e9, "gain": first / times[best] - 1,
-                    "best_algo": describe(blas, algos[best]), "first_algo": describe(blas, algos[0]),
-                    "best_max_err": err, "all_ms": times,
-                }  # fmt: skip
-                rows.append(row)
-                print(f"m {m:5d} {name:8s} first {first * 1e3:9.1f} us ({row['first_tflops']:6.1f} TFLOP/s) "
-                      f"best #{best} {times[best] * 1e3:9.1f} us ({row['best_tflops']:6.1f}), gain {row['gain'] * 100:5.1f} %",
-                      flush=True)
-                del a, w, c, ref
-    (args.out / "sweep_gemm.json").write_text(json.dumps(rows, indent=1))
-    lines = ["| m | GEMM | candidates | first us | best us | best rank | gain | best TFLOP/s | weight TB/s | best algo |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['m']} | {r['gemm']} | {r['candidates']} | {r['first_ms'] * 1e3:.1f} | {r['best_ms'] * 1e3:.1f} "
-                     f"| {r['best_rank']} | {r['gain'] * 100:.1f} % | {r['best_tflops']:.1f} | {r['best_weight_tbs']:.2f} "
-                     f"| {r['best_algo']} |")
+        for name in args.gemms.split(","):
+            n, k = GEMMS[name]
+            s = sweep(blas, name, n, k, ms, args.reps, stream)
+            cut = runs(s["times"], s["first"], ms, args.ranges)
+            for r in cut:
+                if r["candidate"] >= 0:
+                    r["algo"] = blas.describe(_Algo(s["algos"][s["keys"][r["candidate"]]]))
+            report["gemms"][name] = {
+                "n": n, "k": k, "candidates": len(s["keys"]),
+                "heuristic_us": [round(t * 1e3, 2) for t in s["first"]],
+                "best_us": [round(t * 1e3, 2) for t in s["times"].min(axis=0)],
+                "runs": cut,
+            }  # fmt: skip
+            lines.append(f"## {name} (n {n}, k {k}): {len(s['keys'])} candidates")
+            lines.append("| m | " + " | ".join(str(m) for m in ms) + " |")
+            lines.append("|---|" + "---|" * len(ms))
+            lines.append("| heuristic us | " + " | ".join(f"{t * 1e3:.1f}" for t in s["first"]) + " |")
+            lines.append("| best us | " + " | ".join(f"{t * 1e3:.1f}" for t in s["times"].min(axis=0)) + " |")
+            for r in cut:
+                if r["candidate"] < 0:
+                    lines.append(f"- m {r['m_min']}..{r['m_max']}: heuristic")
+                else:
+                    h, p = sum(r["heuristic_ms"]), sum(r["pinned_ms"])
+                    lines.append(f"- m {r['m_min']}..{r['m_max']}: pin {r['algo']} ({(h / p - 1) * 100:.1f} % faster summed)")
+            lines.append("")
+            print("\n".join(lines[-(len(cut) + 5):]), flush=True)
+    (args.out / "sweep_gemm.json").write_text(json.dumps(report, indent=1))
     (args.out / "sweep_gemm.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
     return 0
 
 
