@@ -56,10 +56,11 @@ EXAMPLES = {
     "qwen3-4b": ["--preset", "qwen3-4b"],
     "qwen3-tiny": ["--preset", "qwen3-tiny"],
     "qwen3-4b-gemv": ["--preset", "qwen3-4b", "--gemv", "default"],
-    "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm"],
+    "qwen3-4b-fast": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm",
+                      "--gemm-algos", "h200"],
     "qwen3-4b-f32": ["--preset", "qwen3-4b", "--precision", "f32"],
     "qwen3-4b-batch": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm",
-                       "--rows", "64"],
+                       "--gemm-algos", "h200", "--rows", "64"],
     "qwen3-tiny-batch": ["--preset", "qwen3-tiny", "--rows", "8"],
 }
 """examples/<name>.json -> its kern-qwen3 options (tools/qwen3/tests/test_generate.py checks the files)."""

@@ -181,8 +181,9 @@ def test_examples_are_what_the_generator_writes() -> None:
                             "defer_norm": True}
     shipped_sets = [("qwen3-4b", QWEN3_4B_CONFIG, {}), ("qwen3-tiny", QWEN3_TINY_CONFIG, {}),
                     ("qwen3-4b-gemv", QWEN3_4B_CONFIG, {"gemv": list(gen.GEMV_DEFAULT)}),
-                    ("qwen3-4b-fast", QWEN3_4B_CONFIG, fast), ("qwen3-4b-f32", QWEN3_4B_CONFIG, {"precision": "f32"}),
-                    ("qwen3-4b-batch", QWEN3_4B_CONFIG, {**fast, "rows": 64}),
+                    ("qwen3-4b-fast", QWEN3_4B_CONFIG, {**fast, "gemm_algos": "h200"}),
+                    ("qwen3-4b-f32", QWEN3_4B_CONFIG, {"precision": "f32"}),
+                    ("qwen3-4b-batch", QWEN3_4B_CONFIG, {**fast, "gemm_algos": "h200", "rows": 64}),
                     ("qwen3-tiny-batch", QWEN3_TINY_CONFIG, {"rows": 8})]
     for name, config, kw in shipped_sets:
         shipped = json.loads((root / "examples" / f"{name}.json").read_text())

@@ -91,3 +91,56 @@ def test_defer_norm_folds_into_the_deferred_bands() -> None:
                   defer_norm=True)
 
 
+
+
+def _gemm_launches(m: dict[str, Any], program: str) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """(n, k) -> the launches of the op each GEMM call of `program` names."""
+    out: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for c in m["programs"][program]["calls"]:
+        if c["op"].startswith("gemm"):
+            out[(c["args"][4]["i32"], c["args"][5]["i32"])] = m["ops"][c["op"]]["impl"]["launches"]
+    return out
+
+
+def test_gemm_algos_pin_the_var_m_gemms_by_range_and_cover_every_m() -> None:
+    """Each 4B GEMM of the prefill (m = tokens) and the batched step (m = rows) gets an op whose
+    launches' `when` ranges cover 1..the var's max once each, pinned as the table says; the one-row
+    step's cuBLASLt GEMMs (m the tokens var, 1 there) share the prefill's ops."""
+    m = manifest(QWEN3_4B_CONFIG, feed="device", rows=64, gemm_algos="h200")
+    verify_manifest(m)
+    table = gen.GEMM_ALGO_TABLES["h200"]
+    for program, var, top in (("prefill", "tokens", gen.DEFAULT_CHUNK), ("decode_rows", "rows", 64)):
+        ops = {c["op"] for c in m["programs"][program]["calls"] if c["op"].startswith("gemm")}
+        assert ops and all(op.endswith(f"_{var}") for op in ops)
+        for (n, k), launches in _gemm_launches(m, program).items():
+            covered = [v for la in launches for v in range(la["when"]["min"], la["when"]["max"] + 1)]
+            assert covered == list(range(1, top + 1)), (program, n, k)
+            assert all(la["when"]["var"] == var and la["entry"] == "extern:cublaslt_bf16_tn" for la in launches)
+            runs = [r for r in table[(n, k)] if r[0] <= top]
+            assert [la["when"]["min"] for la in launches] == [r[0] for r in runs]
+            for la, (_, algo) in zip(launches, runs, strict=True):
+                assert ("algo" in la) == (algo is not None)
+                if algo is not None:
+                    assert la["algo"]["id"] == algo[0] and la["algo"]["tile"] == algo[1]
+    pinned = manifest(QWEN3_4B_CONFIG, feed="device", gemm_algos="h200")
+    step = {c["op"] for c in pinned["programs"]["decode"]["calls"] if "gemm" in c["op"]}
+    assert step == {c["op"] for c in pinned["programs"]["prefill"]["calls"] if "gemm" in c["op"]} | {
+        "gemm_151936x2560_tokens"}
+    assert "gemm" not in pinned["ops"]
+
+
+def test_gemm_algos_leave_shapes_the_table_does_not_list() -> None:
+    from kern_qwen3 import QWEN3_TINY_CONFIG
+
+    assert manifest(QWEN3_TINY_CONFIG, feed="device", gemm_algos="h200") == manifest(QWEN3_TINY_CONFIG, feed="device")
+
+
+def test_gemm_algo_tables_are_checked() -> None:
+    from kern_qwen3 import gemm_algos
+
+    with pytest.raises(gen.GenError, match="no gemm algo table 'h100'; tables: h200"):
+        gen.GemmAlgos("h100")
+    with pytest.raises(gen.GenError, match="must start at m 1 and ascend"):
+        gemm_algos._check_runs("t", {(8, 8): ((2, None),)})  # pyright: ignore[reportPrivateUsage]
+    with pytest.raises(gen.GenError, match="must start at m 1 and ascend"):
+        gemm_algos._check_runs("t", {(8, 8): ((1, None), (9, None), (9, None))})  # pyright: ignore[reportPrivateUsage]

@@ -13,10 +13,11 @@ import kern_qwen3 as gen
 
 def plan_of(*, chunk: int = gen.DEFAULT_CHUNK, feed: str = "host", precision: str = "bf16",
             gemv: Sequence[str] = (), fuse: bool = False, pdl: bool = False, fold_norm: bool = False,
-            defer_norm: bool = False, gemv_pick: Mapping[str, str] | None = None, rows: int = 0) -> gen.Plan:
+            defer_norm: bool = False, gemv_pick: Mapping[str, str] | None = None, rows: int = 0,
+            gemm_algos: str | None = None) -> gen.Plan:
     """The Plan of `kern-qwen3`'s flags (`gemv_pick` overrides GEMV_PICK per GEMM)."""
     picks = {**gen.GEMV_PICK, **(gemv_pick or {})}
-    passes = gen.plan_passes(fold_norm=fold_norm, defer_norm=defer_norm, pdl=pdl)
+    passes = gen.plan_passes(fold_norm=fold_norm, defer_norm=defer_norm, pdl=pdl, gemm_algos=gemm_algos)
     return gen.Plan(chunk=chunk, feed=feed, precision=precision, gemv=tuple(gemv), fuse=fuse,  # type: ignore[arg-type]
                     picks=picks, passes=passes, rows=rows)
 

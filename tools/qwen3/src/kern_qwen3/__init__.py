@@ -47,6 +47,7 @@ from kern_qwen3.entries import (
 from kern_qwen3.errors import ConfigError, GenError, KernelsError
 from kern_qwen3.f32 import F32_ATTN_THREADS, F32_ENTRIES, F32_GEMM_TILE, F32_GEMV_COLS
 from kern_qwen3.facts import decode_gemm_shapes, decode_weight_bytes
+from kern_qwen3.gemm_algos import GEMM_ALGO_TABLES, GemmAlgos
 from kern_qwen3.gemv import (
     GEMV_DEFER_BLOCKS,
     GEMV_P4_MAX_ROW,
@@ -103,6 +104,7 @@ __all__ = [
     "F32_GEMV_COLS",
     "FEEDS",
     "FUSED_ENTRIES",
+    "GEMM_ALGO_TABLES",
     "GEMV_BAND",
     "GEMV_DEFAULT",
     "GEMV_DEFER_BLOCKS",
@@ -141,6 +143,7 @@ __all__ = [
     "Context",
     "DeferNorms",
     "Feed",
+    "GemmAlgos",
     "GemvEntry",
     "GenError",
     "KernelsError",

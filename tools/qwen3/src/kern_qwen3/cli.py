@@ -2,7 +2,7 @@
 
     kern-qwen3 (CONFIG.json | --preset qwen3-4b|qwen3-tiny) -o OUT.json [--model NAME]
         [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048] [--feed device|host]
-        [--precision bf16|f32] [--gemv GEMMS] [--fuse] [--fold-norm --defer-norm] [--pdl] [--rows R]
+        [--precision bf16|f32] [--gemv GEMMS] [--fuse] [--fold-norm --defer-norm] [--pdl] [--gemm-algos h200] [--rows R]
 
 builds the kernel sources into the kernels directory (cached by hash), finds which module defines
 each entry, generates the manifest, checks it with kern_manifest's verifier and only then writes
@@ -24,6 +24,7 @@ from kern_qwen3.entries import DEVICE_FEED_ENTRIES, GEMV_DEFAULT, GEMV_GEMMS, en
 from kern_qwen3.errors import ConfigError, GenError
 from kern_qwen3.facts import decode_weight_bytes
 from kern_qwen3.fragments import Json
+from kern_qwen3.gemm_algos import GEMM_ALGO_TABLES
 from kern_qwen3.generate import generate
 from kern_qwen3.passes import plan_passes
 from kern_qwen3.plan import DEFAULT_CHUNK, FEEDS, PRECISIONS, Plan
@@ -66,6 +67,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="with --fold-norm: qkv and gate_up apply the norm's scale in their epilogue (gemv_defer.cu)")
     p.add_argument("--pdl", action="store_true",
                    help="programmatic dependent launch on every decode kernel (needs --gemv all)")
+    p.add_argument("--gemm-algos", choices=sorted(GEMM_ALGO_TABLES), default=None,
+                   help="pin cuBLASLt algos by m range for the prefill and batched-step GEMMs from this "
+                        "measured table (kern_qwen3.gemm_algos; default: the heuristic's)")
     p.add_argument("--rows", type=int, default=None,
                    help="R >= 2: add the batched decode step over 1..R rows (one sequence per row, "
                         "GPU sampling; needs --feed device); the one-row step stays as it is")
@@ -145,7 +149,8 @@ def _plan(args: argparse.Namespace, entries: Mapping[str, str]) -> Plan:
     feed = args.feed or ("device" if all(e in entries for e in DEVICE_FEED_ENTRIES) else "host")
     named = {"default": GEMV_DEFAULT, "all": GEMV_GEMMS}
     gemv = named.get(args.gemv) or tuple(g for g in args.gemv.split(",") if g)
-    passes = plan_passes(fold_norm=args.fold_norm, defer_norm=args.defer_norm, pdl=args.pdl)
+    passes = plan_passes(fold_norm=args.fold_norm, defer_norm=args.defer_norm, pdl=args.pdl,
+                         gemm_algos=args.gemm_algos)
     return Plan(chunk=args.chunk, feed=feed, precision=args.precision, gemv=gemv, fuse=args.fuse, passes=passes,
                 rows=args.rows or 0)
 

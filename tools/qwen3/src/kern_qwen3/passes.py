@@ -1,5 +1,6 @@
-"""The product's rewrite passes (`Pass`): the deferred norm fold and programmatic dependent launch,
-and `plan_passes`, which lists them in order for a plan's flags."""
+"""The product's rewrite passes (`Pass`): the deferred norm fold and programmatic dependent launch
+(the GEMM algo pins are `kern_qwen3.gemm_algos`), and `plan_passes`, which lists them in order
+for a plan's flags."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import MappingProxyType
 from kern_qwen3.entries import DEFER_ENTRIES, DEFER_MAX_K, GEMV_GEMMS, silu_entries
 from kern_qwen3.errors import GenError
 from kern_qwen3.fragments import BF16_IN, BF16_OUT, Json, buf, call, f32, gemm_of, i32, kernel
+from kern_qwen3.gemm_algos import GemmAlgos
 from kern_qwen3.gemv import Launch, defer_launch, gemv_launch
 from kern_qwen3.plan import Context, Pass, Plan
 from kern_qwen3.programs import gemv_op_name
@@ -174,14 +176,17 @@ DEFER_NORMS = DeferNorms()
 PDL = Pdl()
 
 
-def plan_passes(*, fold_norm: bool = False, defer_norm: bool = False, pdl: bool = False) -> tuple[Pass, ...]:
-    """The product's passes for its flags, in order: the deferred norm fold, then PDL.
+def plan_passes(*, fold_norm: bool = False, defer_norm: bool = False, pdl: bool = False,
+                gemm_algos: str | None = None) -> tuple[Pass, ...]:
+    """The product's passes for its flags, in order: the deferred norm fold, PDL, then the GEMM
+    algos pinned by m range from table `gemm_algos` (`kern_qwen3.gemm_algos`).
 
     Raises:
-        GenError: fold_norm without defer_norm or the other way round.
+        GenError: fold_norm without defer_norm or the other way round; an unknown algo table.
     """
+    pins: tuple[Pass, ...] = (GemmAlgos(gemm_algos),) if gemm_algos is not None else ()
     if defer_norm and not fold_norm:
         raise GenError("defer_norm is a way to fold the norms into qkv and gate_up: it needs --fold-norm too")
     if fold_norm and not defer_norm:
         raise GenError("fold_norm folds the norms deferred (gemv_defer.cu): give --defer-norm too")
-    return (*((DEFER_NORMS,) if fold_norm else ()), *((PDL,) if pdl else ()))
+    return (*((DEFER_NORMS,) if fold_norm else ()), *((PDL,) if pdl else ()), *pins)
