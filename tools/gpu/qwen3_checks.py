@@ -108,7 +108,7 @@ Variant = Callable[[str], Any]
 def product_variants(gen: ModuleType) -> dict[str, Variant]:
     """The shipped manifests' options: `gemv` (examples/qwen3-4b-gemv.json), `fast`
     (examples/qwen3-4b-fast.json) and `f32` (examples/qwen3-4b-f32.json)."""
-    fast = gen.plan_passes(fold_norm=True, defer_norm=True, pdl=True)
+    fast = gen.plan_passes(fold_norm=True, defer_norm=True, pdl=True, gemm_algos="h200")
     return {
         "gemv": lambda feed: gen.Plan(feed=feed, gemv=gen.GEMV_DEFAULT),
         "fast": lambda feed: gen.Plan(feed=feed, gemv=gen.GEMV_GEMMS, fuse=True, passes=fast),

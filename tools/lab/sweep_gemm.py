@@ -2,19 +2,20 @@
 heuristic ranks first at each m (the one kern_runtime.Blas takes when no algo is pinned), and the
 pins by m range that would beat it:
 
-    python3 tools/lab/sweep_gemm.py DIR [--ms 2,4,8,...,2048] [--reps 10] [--ranges 6]
+    python3 tools/lab/sweep_gemm.py DIR [--bounds 1,2,3,5,...,2048] [--top 2048] [--reps 10] [--ranges 6]
 
 For every GEMM C[m, n] = A[m, k] @ W[n, k]^T (bf16, f32 accumulation, beta 0, as the prefill and
-batched-step programs call them) the candidates are the union of the heuristic's first 8 at every
-m of `--ms` (kern_runtime.blas's descriptors, the runtime's workspace). Each candidate is timed at
-every m: 3 warm-up runs, then `--reps` runs back to back between two CUDA events, each on the next
+batched-step programs call them) the m samples are both ends of every segment between two
+`--bounds` (1..`--top`; lm_head to 64, the batched step's rows), and the candidates the union of
+the heuristic's first 8 at every sample (kern_runtime.blas's descriptors, the runtime's
+workspace). Each candidate is timed at every sample: 3 warm-up runs, then `--reps` runs back to back between two CUDA events, each on the next
 of enough copies of W (random, on the local GPU through torch) that they never sit in L2 together,
 as in a program, where a GEMM's weights are read once per step. A candidate that refuses an m
 counts as infinitely slow there.
 
-Then, per GEMM, the m samples are cut into at most `--ranges` runs, each run either left to the
+Then, per GEMM, the segments are cut into at most `--ranges` runs, each run either left to the
 heuristic or pinned to one candidate for all its m (the runtime checks a pin at both ends of its
-range), minimizing the summed time relative to the fastest candidate at each m. Writes
+range), minimizing the summed time relative to the fastest candidate at each sample. Writes
 DIR/sweep_gemm.json (every time, the heuristic's rank-0 per m, the chosen runs with their algo
 fields as the manifest spells them: Blas.describe) and DIR/sweep_gemm.md, and prints the runs.
 """
@@ -35,7 +36,10 @@ GEMMS = {  # name: (n, k), Qwen3-4B
     "qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728),
     "lm_head": (151936, 2560),
 }  # fmt: skip
-MS = "1,2,4,8,12,16,24,32,48,64,96,128,200,256,384,512,709,1024,1536,2048"
+BOUNDS = "1,2,3,5,9,13,17,25,33,49,65,97,129,193,257,385,513,769,1025,1537,2048"
+"""Where a run may start; each segment between two is sampled at both ends (m and the next m - 1)."""
+TOPS = {"lm_head": 64}
+"""The largest m a GEMM is called at, when not the chunk's 2048 (lm_head: the batched step's rows)."""
 L2_BYTES = 256 << 20  # NOTE: W copies rotated through at least this many bytes (the H200's L2 is 50 MiB)
 
 
@@ -89,18 +93,29 @@ class _Algo:
         self.algo = algo
 
 
-def runs(times: np.ndarray, first: np.ndarray, ms: list[int], most: int) -> list[dict[str, Any]]:
-    """The cut of the m samples into at most `most` runs (each the heuristic's, candidate -1, or one
-    candidate's) of least summed time relative to the fastest at each m; a pin costs 0.5 % more
-    than the heuristic at equal time, so a run is pinned only where a candidate wins."""
+def segments(bounds: list[int], top: int) -> list[tuple[int, int]]:
+    """[first, last] m of each segment: from one bound to the next's m - 1, the last to `top`."""
+    b = sorted(x for x in set(bounds) if x <= top)
+    return [(lo, (b[i + 1] - 1) if i + 1 < len(b) else top) for i, lo in enumerate(b)]
+
+
+def runs(times: np.ndarray, first: np.ndarray, ms: list[int], segs: list[tuple[int, int]],
+         most: int) -> list[dict[str, Any]]:
+    """The cut of the segments into at most `most` runs (each the heuristic's, candidate -1, or
+    one candidate's for all its m) of least summed time relative to the fastest candidate at each
+    sampled m; both ends of every segment are sampled, so a pin is timed where its range starts and
+    ends (a tile that m outgrows inside a run shows at the run's end). A pin must beat the
+    heuristic by 0.5 % to be taken."""
     best = times.min(axis=0)
     rel = times / best  # [candidates, m]
     heur = first / best
-    n = len(ms)
+    cols = [[x for x, m in enumerate(ms) if lo <= m <= hi] for lo, hi in segs]
+    n = len(segs)
 
     def run_cost(i: int, j: int) -> tuple[float, int]:
-        h = float(heur[i:j].sum())
-        pinned = rel[:, i:j].sum(axis=1) * 1.005
+        xs = [x for s in cols[i:j] for x in s]
+        h = float(heur[xs].sum())
+        pinned = rel[:, xs].sum(axis=1) * 1.005
         c = int(np.argmin(pinned))
         return (float(pinned[c]), c) if pinned[c] < h else (h, -1)
 
@@ -120,10 +135,23 @@ def runs(times: np.ndarray, first: np.ndarray, ms: list[int], most: int) -> list
     _, cut = min((dp[r][n] for r in range(1, most + 1)), key=lambda x: (x[0], len(x[1])))
     out = []
     for i, j, cand in cut:
-        out.append({"m_min": ms[i], "m_max": ms[j - 1], "candidate": cand,
-                    "heuristic_ms": [float(first[x]) for x in range(i, j)],
-                    "pinned_ms": [float(times[cand, x]) for x in range(i, j)] if cand >= 0 else None})
-    return out
+        xs = [x for s in cols[i:j] for x in s]
+        out.append({"m_min": segs[i][0], "m_max": segs[j - 1][1], "candidate": cand,
+                    "ms": [ms[x] for x in xs], "heuristic_ms": [float(first[x]) for x in xs],
+                    "pinned_ms": [float(times[cand, x]) for x in xs] if cand >= 0 else None})
+    # NOTE: neighbouring runs on the same choice are one run
+    merged: list[dict[str, Any]] = []
+    for r in out:
+        if merged and merged[-1]["candidate"] == r["candidate"]:
+            last = merged[-1]
+            last["m_max"] = r["m_max"]
+            for key in ("ms", "heuristic_ms"):
+                last[key] += r[key]
+            if last["pinned_ms"] is not None:
+                last["pinned_ms"] += r["pinned_ms"]
+        else:
+            merged.append(r)
+    return merged
 
 
 def sweep(blas: Any, name: str, n: int, k: int, ms: list[int], reps: int, stream: int) -> dict[str, Any]:
@@ -159,13 +187,14 @@ def sweep(blas: Any, name: str, n: int, k: int, ms: list[int], reps: int, stream
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--ms", default=MS)
+    ap.add_argument("--bounds", default=BOUNDS)
+    ap.add_argument("--top", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--ranges", type=int, default=6)
     ap.add_argument("--gemms", default=",".join(GEMMS))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    ms = sorted({int(x) for x in args.ms.split(",")})
+    bounds = [int(x) for x in args.bounds.split(",")]
 
     import torch
 
@@ -174,19 +203,21 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     stream = torch.cuda.current_stream().cuda_stream
     workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-    report: dict[str, Any] = {"ms": ms, "gemms": {}}
+    report: dict[str, Any] = {"bounds": bounds, "gemms": {}}
     lines: list[str] = []
     with ExitStack() as stack:
         blas = Blas(stack, int(workspace.data_ptr()))
         for name in args.gemms.split(","):
             n, k = GEMMS[name]
+            segs = segments(bounds, TOPS.get(name, args.top))
+            ms = sorted({m for seg in segs for m in seg})
             s = sweep(blas, name, n, k, ms, args.reps, stream)
-            cut = runs(s["times"], s["first"], ms, args.ranges)
+            cut = runs(s["times"], s["first"], ms, segs, args.ranges)
             for r in cut:
                 if r["candidate"] >= 0:
                     r["algo"] = blas.describe(_Algo(s["algos"][s["keys"][r["candidate"]]]))
             report["gemms"][name] = {
-                "n": n, "k": k, "candidates": len(s["keys"]),
+                "n": n, "k": k, "candidates": len(s["keys"]), "ms": ms,
                 "heuristic_us": [round(t * 1e3, 2) for t in s["first"]],
                 "best_us": [round(t * 1e3, 2) for t in s["times"].min(axis=0)],
                 "runs": cut,

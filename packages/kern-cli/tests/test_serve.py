@@ -29,6 +29,7 @@ def _line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--port", "70000"], "kern serve: --port must be in 0..65535, got 70000"),
     (["--rows", "0"], "kern serve: --rows must be at least 1, got 0"),
     (["--grow", "-1"], "kern serve: --grow must be at least 0, got -1"),
+    (["--chunk-graphs", "-1"], "kern serve: --chunk-graphs must be at least 0, got -1"),
     (["--api-key", ""], "kern serve: the API key is empty: pass --api-key KEY or unset KERN_API_KEY"),
     (["--backend", "nomodule"], "kern serve: --backend 'nomodule': write MODULE:ATTRIBUTE (e.g. "
                                 "kern_runtime.serving:open_engine)"),
@@ -64,6 +65,9 @@ def test_the_api_key_comes_from_the_environment() -> None:
     args = serve.build_parser().parse_args(["--manifest", TINY, "--api-key", "flag"])
     assert serve.resolve(args, {"KERN_API_KEY": "env"}).api_key == "flag"
     assert serve.resolve(args, {}).host == "127.0.0.1"
+    assert serve.resolve(args, {}).chunk_graphs == 32
+    args = serve.build_parser().parse_args(["--manifest", TINY, "--chunk-graphs", "0"])
+    assert serve.resolve(args, {}).chunk_graphs == 0
 
 
 def test_bench_serve_is_routed_and_checks_its_flags(capsys: pytest.CaptureFixture[str]) -> None:
