@@ -2,12 +2,12 @@
 `tokens`, the batched step's `rows`), and the pass that writes them (`GemmAlgos`).
 
 cuBLASLt's heuristic ranks its candidates without running them, and its first choice is not the
-fastest everywhere: on the H200 the fastest candidate of `tools/lab/sweep_gemm.py` (each timed at
-20 m from 1 to 2,048 over weights rotated past L2) beats it by 16 % for gate_up at m 2,048, by
-26 % for o at m 1 to 24, and by 10 % for gate_up at m 1 to 128, while at m 200 to 709 most GEMMs
-have nothing better (tools/lab/notes/kernel-experiments.md). A table lists, per (n, k), runs of m
-from their first m to the next run's: a run pinned to one algo (its manifest `algo` fields), or
-left to the heuristic (None). The pass gives every such GEMM call its own op with one launch per
+fastest everywhere: on the H200, `tools/lab/sweep_gemm.py` (every candidate timed at both ends of
+each m segment from 1 to 2,048, over weights rotated past L2) finds faster ones for every GEMM
+below m 256 and for gate_up at the full chunk, 2,048, while from m 257 to 2,047 the heuristic's are
+as fast as any (tools/lab/notes/kernel-experiments.md). A table lists, per (n, k), runs of m from
+their first m to the next run's: a run pinned to one algo (its manifest `algo` fields), or left to
+the heuristic (None); past the m measured it ends on a run left to the heuristic. The pass gives every such GEMM call its own op with one launch per
 run (`when` on the call's m var; the runtime AlgoChecks each pin at both ends of its range), so
 calls of other shapes keep the heuristic's `gemm` op. (A one-row step on cuBLASLt calls its GEMMs at
 m = tokens = 1: the first run's pin.)
@@ -36,27 +36,28 @@ _FIELDS = ("id", "tile", "split_k", "reduction", "swizzle", "custom", "stages", 
 
 _H200: Mapping[tuple[int, int], tuple[Run, ...]] = MappingProxyType({
     (6144, 2560): (  # qkv
-        (1, (66, 394, 1, 0, 0, 3, 35, 0, 7)), (48, (66, 124, 1, 0, 0, 0, 35, 0, 4)), (96, None),
-        (1024, (66, 20, 1, 0, 0, 1, 35, 0, 3)), (1536, (66, 458, 1, 0, 0, 3, 35, 0, 5)),
-        (2048, (66, 20, 1, 0, 0, 1, 35, 0, 3)),
+        (1, (66, 394, 1, 0, 0, 3, 35, 0, 7)), (9, (66, 16, 1, 0, 0, 3, 35, 0, 7)),
+        (17, (66, 395, 1, 0, 0, 3, 35, 0, 7)), (49, (66, 26, 1, 0, 0, 1, 35, 0, 4)),
+        (97, (66, 27, 1, 0, 0, 2, 35, 0, 5)), (129, None),
     ),
     (2560, 4096): (  # o
-        (1, (66, 10, 1, 0, 0, 1, 35, 0, 4)), (12, (66, 312, 1, 0, 0, 1, 35, 0, 4)),
-        (32, (66, 13, 1, 0, 0, 1, 35, 0, 4)), (96, (66, 15, 1, 0, 0, 3, 35, 0, 7)),
-        (200, (66, 27, 1, 0, 0, 2, 35, 0, 9)), (256, None),
+        (1, (66, 10, 1, 0, 0, 3, 35, 0, 7)), (9, (66, 15, 1, 0, 0, 1, 35, 0, 4)),
+        (97, (66, 317, 1, 0, 0, 1, 35, 0, 4)), (129, (66, 26, 1, 0, 0, 1, 35, 0, 4)),
+        (193, (66, 27, 1, 0, 0, 2, 35, 0, 9)), (257, None),
     ),
     (19456, 2560): (  # gate_up
-        (1, (66, 196, 1, 0, 0, 0, 35, 0, 4)), (200, None), (384, (66, 165, 1, 0, 0, 0, 35, 0, 3)),
-        (512, None), (1024, (66, 197, 1, 0, 0, 0, 35, 0, 4)), (2048, (66, 184, 1, 0, 0, 2, 35, 0, 5)),
+        (1, (66, 196, 1, 0, 0, 0, 35, 0, 4)), (25, (66, 220, 1, 0, 0, 0, 35, 0, 4)),
+        (65, (66, 200, 1, 0, 0, 0, 35, 0, 4)), (129, (66, 209, 1, 0, 0, 4, 35, 0, 4)), (193, None),
+        (2048, (66, 184, 1, 0, 0, 2, 35, 0, 5)), (2049, None),
     ),
     (2560, 9728): (  # down
-        (1, (66, 393, 3, 2, 0, 3, 35, 0, 7)), (8, (66, 394, 3, 2, 0, 3, 35, 0, 7)), (48, None),
-        (200, (66, 317, 1, 0, 0, 1, 35, 0, 4)), (256, (66, 27, 1, 0, 0, 2, 35, 0, 9)), (384, None),
+        (1, (66, 312, 3, 2, 0, 1, 35, 0, 4)), (17, (66, 394, 3, 2, 0, 3, 35, 0, 7)), (33, None),
+        (129, (66, 317, 1, 0, 0, 1, 35, 0, 4)), (193, (66, 27, 1, 0, 0, 2, 35, 0, 9)), (257, None),
     ),
     (151936, 2560): (  # lm_head
-        (1, (66, 486, 1, 0, 0, 3, 35, 0, 5)), (24, None), (256, (66, 184, 1, 0, 0, 2, 35, 0, 5)),
-        (384, (66, 32, 1, 0, 0, 4, 35, 0, 3)), (512, (66, 184, 1, 0, 0, 2, 35, 0, 5)),
-        (1536, (66, 209, 1, 0, 0, 4, 35, 0, 3)),
+        (1, (66, 394, 1, 0, 0, 1, 35, 0, 3)), (2, (66, 10, 1, 0, 0, 1, 35, 0, 3)),
+        (9, (66, 312, 1, 0, 0, 1, 35, 0, 3)), (17, (66, 13, 1, 0, 0, 1, 35, 0, 4)),
+        (33, (66, 453, 1, 0, 0, 1, 35, 0, 3)), (49, (66, 27, 1, 0, 0, 0, 35, 0, 3)), (65, None),
     ),
 })  # fmt: skip
 
