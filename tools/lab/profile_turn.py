@@ -4,7 +4,7 @@ kept in the engine's index, then `--turns` new `--turn`-token turns over it on t
 run under cProfile after two unprofiled ones.
 
     PYTHONPATH=tools/tests:tools/gpu python3 tools/lab/profile_turn.py DIR [--context 14000] [--turn 200]
-        [--turns 10] [--manifest examples/qwen3-4b-fast.json] [--gpu 0]
+        [--turns 10] [--chunk-graphs 32] [--manifest examples/qwen3-4b-fast.json] [--gpu 0]
 
 Prints (and writes DIR/profile_turn.txt) each profiled turn's wall time and the 40 functions with
 the most cumulative time; the time the host waits for the GPU shows as the synchronizing
@@ -30,6 +30,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--context", type=int, default=14000)
     ap.add_argument("--turn", type=int, default=200)
     ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--chunk-graphs", type=int, default=32,
+                    help="EngineConfig.chunk_graphs (0: every chunk enqueued call by call)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -47,7 +49,8 @@ def main(argv: list[str]) -> int:
 
     out: list[str] = []
     with kr.Engine.open(args.manifest, args.kernels, files, gpu=args.gpu, tokens=2 * (args.context + args.turn) + 1024,
-                        config=kr.EngineConfig(chunk=2048), log=log, roles=roles) as eng:
+                        config=kr.EngineConfig(chunk=2048, chunk_graphs=args.chunk_graphs), log=log,
+                        roles=roles) as eng:
         base = eng.sequence()
         eng.turn(base, ids(args.context), 1)
         conv = list(base.tokens)
