@@ -36,7 +36,9 @@ def test_bench_serve_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert all(lv["hits"] == lv["requests"] for lv in levels[1:])
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split()[0] == "clients" and [r.split()[0] for r in printed[1:]] == ["1", "1", "3"]
-    assert [r.split()[-1] for r in printed[1:]] == ["turn", "pipelined", "pipelined"]
+    assert [r.split()[-2] for r in printed[1:]] == ["turn", "pipelined", "pipelined"]
+    assert [r.split()[-1] for r in printed[1:]] == ["head", "step", "step"]  # Engine.turn takes the head
+    assert [lv["head"] for lv in levels] == [True, False, False]
     assert ["apart" in r.split() for r in printed[1:]] == [True, False, False]
     assert ["ride" in r.split() for r in printed[1:]] == [False, True, True]
 
@@ -58,3 +60,15 @@ def test_bench_serve_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str
         kern_main([*argv[:-6], "--pipeline", "sideways"])
     assert bad.value.code == 2
     assert "--pipeline" in capsys.readouterr().err
+
+
+def test_bench_serve_first_tokens_both_ways(tmp_path: Path) -> None:
+    """`--first-token both`: each client count from the step and from the head, the same tokens."""
+    weights, _ = random_checkpoint(dict(QWEN3_TINY_CONFIG), seed=1, name="bench", root=tmp_path)
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--backend", "kern_interp.serve:engine", "--manifest", str(ROOT / "examples" / "qwen3-tiny-batch.json"),
+            "--weights", str(weights), "--capacity", "4096", "--clients", "3", "--system", "40", "--question", "6",
+            "--max-tokens", "4", "--rounds", "1", "--rows", "4", "--first-token", "both", "--json", str(out)]
+    assert kern_main(argv) == 0
+    levels = json.loads(out.read_text())
+    assert [(lv["clients"], lv["head"], lv["tokens"]) for lv in levels] == [(0, True, 4), (3, False, 12), (3, True, 12)]

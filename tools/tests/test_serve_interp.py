@@ -119,6 +119,28 @@ def test_concurrent_requests_get_the_tokens_they_get_alone(client: openai.OpenAI
         assert list(pool.map(one, jobs)) == want
 
 
+def test_first_tokens_from_the_head_give_the_tokens_alone(weights: Path, ref: Reference) -> None:
+    """`kern serve --first-token head`: concurrent greedy requests, streamed and whole, chat and
+    completions, get the tokens they get alone, and the server exits cleanly."""
+    srv = start(weights, "--first-token", "head", "--rows", "16", "--step-tokens", "96", "--chunk", "32")
+    try:
+        api = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        jobs = [(i, i % 2 == 0, i % 3 == 0) for i in range(12)]
+        want = [ref.chat(messages(i), 7) if is_chat else ref.completion(prompt(i), 7) for i, is_chat, _ in jobs]
+
+        def one(job: tuple[int, bool, bool]) -> str:
+            i, is_chat, stream = job
+            if is_chat:
+                return chat_text(api, MODEL, messages(i), 7, stream)
+            return completion_text(api, MODEL, prompt(i), 7, stream)
+
+        with ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(one, jobs)) == want
+    finally:
+        assert srv.stop() == 0
+    assert "Traceback" not in srv.stderr, srv.stderr
+
+
 SAMPLED = {"temperature": 0.9, "top_p": 0.95, "top_k": 40}
 
 

@@ -666,6 +666,88 @@ def test_a_burst_is_admitted_and_prefilled_in_one_step_with_the_tokens_alone(
     e.close()
 
 
+@pytest.mark.parametrize(("batch", "pipeline"), [(False, False), (True, False), (True, True)])
+def test_first_tokens_from_the_head_are_sent_as_each_prefill_ends(
+        manifest: dict[str, Any], batch_manifest: dict[str, Any], weights: dict[str, np.ndarray],
+        batch: bool, pipeline: bool) -> None:
+    """ServingConfig.head: in a burst of greedy requests the first plan's chunks bring every first
+    token (the head program after each prompt), each sent before the next prompt's chunk runs and
+    before the plan lands; the scheduler counts them as a finished prefill and a token, the second
+    plan decodes every row's second token, and each request gets its tokens alone. On the batched
+    step a request with logprobs takes its first token from the step, as without `head`."""
+    m = batch_manifest if batch else manifest
+    ps = prompts(6)
+    want = alone(m, weights, ps)
+    e = engine(m, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=128, chunk=128), pipeline=pipeline,
+                                          head=True))
+    log = recorded(srv)
+    order: list[tuple[str, int]] = []
+    heads = 5 if batch else 6
+    reqs, clients = requests(ps[:heads])
+    chunk = srv._chunk  # pyright: ignore[reportPrivateUsage]
+
+    def noted(rid: int, budget: int) -> tuple[int, int, bool]:
+        order.append(("chunk", rid))
+        return chunk(rid, budget)
+
+    srv._chunk = noted  # type: ignore[method-assign]  # pyright: ignore[reportPrivateUsage]
+
+    def first_noted(c: Client) -> Callable[[Event], None]:
+        def sink(ev: Event) -> None:
+            if isinstance(ev, Token) and not c.tokens:
+                order.append(("first", ev.token))
+            c(ev)
+        return sink
+
+    for r, c in zip(reqs, clients, strict=True):
+        r.sink = first_noted(c)
+    scored = Client()
+    if batch:
+        reqs.append(Request(ps[5], STEPS, scored, sampling=Sampling(logprobs=0)))
+        clients.append(scored)
+    done = run(srv, reqs, clients)
+    srv.close()
+    assert [c.tokens for c in clients] == want and all(d.finish is Finish.LENGTH for d in done)
+    (first, got), (second, _) = log[0], log[1]
+    ids = [r.id for r in reqs]
+    assert [a.id for a in first.admits] == list(got.prefilled) == ids and all(finished(first, got, i) for i in ids)
+    assert sorted(got.tokens) == ids[:heads] and [got.tokens[i] for i in ids[:heads]] == [w[0] for w in want[:heads]]
+    assert order[: 2 * heads] == [x for i in range(heads) for x in (("chunk", ids[i]), ("first", want[i][0]))]
+    assert second.decode == tuple(ids)
+    if batch:
+        assert order[2 * heads] == ("chunk", ids[5])
+        assert isinstance(scored.events[0], Token) and scored.events[0].logprob is not None
+    idle(srv)
+    e.close()
+
+
+def test_a_first_token_from_the_head_may_end_its_request(manifest: dict[str, Any],
+                                                         weights: dict[str, np.ndarray]) -> None:
+    """With `head`, a request of one token ends on its head token, one whose stop id is that token
+    stops there, and one whose client is gone when it is sent is cancelled; the others are served
+    and the pool is idle after."""
+    ps = prompts(4)
+    want = alone(manifest, weights, ps)
+    e = engine(manifest, weights)
+    srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=128, chunk=128), head=True))
+    clients = [Client() for _ in ps]
+
+    def gone(ev: Event) -> None:
+        clients[2](ev)
+        if isinstance(ev, Token):
+            raise ConnectionError("client gone")
+
+    reqs = [Request(ps[0], 1, clients[0]), Request(ps[1], STEPS, clients[1], stop_ids=frozenset({want[1][0]})),
+            Request(ps[2], STEPS, gone), Request(ps[3], STEPS, clients[3])]
+    done = run(srv, reqs, clients)
+    srv.close()
+    assert [d.finish for d in done] == [Finish.LENGTH, Finish.STOP, Finish.CANCELLED, Finish.LENGTH]
+    assert [c.tokens for c in clients] == [want[0][:1], want[1][:1], want[2][:1], want[3]]
+    idle(srv)
+    e.close()
+
+
 def test_the_step_budget_is_split_in_turn_and_one_prefill_carries_over(
         manifest: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
     """A budget of 48 tokens: the first request's 38, then the next ones' remainders past the

@@ -68,6 +68,9 @@ def test_the_api_key_comes_from_the_environment() -> None:
     assert serve.resolve(args, {}).chunk_graphs == 32
     args = serve.build_parser().parse_args(["--manifest", TINY, "--chunk-graphs", "0"])
     assert serve.resolve(args, {}).chunk_graphs == 0
+    assert serve.resolve(args, {}).first_token == "step"
+    args = serve.build_parser().parse_args(["--manifest", TINY, "--first-token", "head"])
+    assert serve.resolve(args, {}).first_token == "head"
 
 
 def test_bench_serve_is_routed_and_checks_its_flags(capsys: pytest.CaptureFixture[str]) -> None:

