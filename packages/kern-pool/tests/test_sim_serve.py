@@ -55,6 +55,19 @@ def test_a_burst_rides_on_the_decode_steps_rows() -> None:
     assert f.tokens == 32 * 64 and f.rows_mean <= 64
 
 
+def test_first_tokens_with_the_prefill() -> None:
+    """`head`: the burst's first tokens come on the step that prefills them (TTFT 0 steps, not 1),
+    the tokens and steps otherwise as before, and a mixed workload drains as without it."""
+    burst = ServeWorkload(requests=32, rate=1000.0, prefixes=1, prefix_len=512, prompt_min=32, prompt_max=32,
+                          output_min=64, output_max=64, step_tokens=2048, chunk=2048, head=1)
+    f = replay(burst)
+    assert f.ttft_p50 == f.ttft_p99 == 0 and f.tokens == 32 * 64 and f.steps == 64 + 1
+    mixed = replay(dataclasses.replace(SMALL, head=1))
+    base = replay(SMALL)
+    assert mixed.finished == base.finished == 120 and mixed.tokens == base.tokens
+    assert mixed.ttft_p50 < base.ttft_p50
+
+
 def test_a_short_queue_refuses() -> None:
     w = ServeWorkload(requests=80, rate=5.0, prefixes=1, prefix_len=16, prompt_min=4, prompt_max=8, output_min=16,
                       output_max=16, rows=2, queued=4, pages=64, unit=16)
@@ -64,7 +77,7 @@ def test_a_short_queue_refuses() -> None:
 
 @pytest.mark.parametrize(("knob", "value", "match"), [
     ("rate", 0.0, "--rate"), ("rate", float("nan"), "--rate"), ("rows", 0, "--rows"),
-    ("requests", True, "--requests"), ("prompt_min", 9, "--prompt-min"),
+    ("requests", True, "--requests"), ("prompt_min", 9, "--prompt-min"), ("head", 2, "--head is 0"),
 ])
 def test_bad_knobs(knob: str, value: object, match: str) -> None:
     fields: dict[str, object] = {knob: value, "prompt_max": 8} if knob == "prompt_min" else {knob: value}

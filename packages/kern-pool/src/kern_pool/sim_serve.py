@@ -9,7 +9,8 @@ cached once a request holding it has prefilled past it, so a request admitted af
 same step reuses it), the next admitted only when the one before finished its prefill; each
 decode row makes one token. With `--ride R` the prompts ride on the decode step instead (R rows a
 step, `kern_pool.run_rides`): each rider's tokens past its cached prefix, the row of its last
-prompt token giving its first token. Measured in steps: the queue wait (arrival to admission), TTFT (arrival to the first
+prompt token giving its first token. With `--head 1` a prompt's first token comes with the chunk
+that finishes its prefill (the engine's head program) instead of the next decode step. Measured in steps: the queue wait (arrival to admission), TTFT (arrival to the first
 token), TPOT (a request's steps per token after the first), the rows per step, the refusals and
 the parks (a parked request's KV comes back whole when it resumes: the engine parks it to the host
 tier and wakes it). The same arguments give the same figures.
@@ -65,6 +66,7 @@ class ServeWorkload:
     chunk: int = 512
     grow: int = 0
     ride: int = 0
+    head: int = 0
     pages: int = 4096
     unit: int = 16
 
@@ -78,9 +80,11 @@ class ServeWorkload:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SimError(f"{flag(name)} must be an integer, got {value!r}")
-            low = 0 if name in ("seed", "prefix_len", "grow", "ride") else 1
+            low = 0 if name in ("seed", "prefix_len", "grow", "ride", "head") else 1
             if value < low:
                 raise SimError(f"{flag(name)} must be at least {low}, got {value}")
+        if self.head > 1:
+            raise SimError(f"--head is 0 (first tokens from the step) or 1 (from the prefill), got {self.head}")
         if self.requests > MAX_REQUESTS:
             raise SimError(f"--requests {self.requests} is over {MAX_REQUESTS}")
         if self.prompt_min > self.prompt_max or self.output_min > self.output_max:
@@ -141,6 +145,8 @@ class _Replay:
             self.kv.pop(r.id, None)
             self.figures.finished += 1
         done, sampled = self._ride(plan, now) if plan.rides else (self._prefill(plan, now), ())
+        if self.w.head and not plan.rides:
+            sampled = [rid for rid, kv in done.items() if kv == self.totals[rid] - 1 and self.reqs[rid].made == 0]
         tokens = {rid: 1 for rid in (*plan.decode, *sampled)}
         for rid in tokens:
             req = self.reqs[rid]
