@@ -597,10 +597,10 @@ def test_a_failure_behind_a_step_in_flight_ends_the_requests_of_both(
     a, b, c = Client(), Client(), Client()
     prefill = e.prefill
 
-    def failing(seq: kr.Sequence, prompt: Sequence[int], room: int) -> kr.Prefilled:
+    def failing(seq: kr.Sequence, prompt: Sequence[int], room: int, *, first: bool = False) -> kr.Prefilled:
         if list(prompt) == ps[1]:
             raise kr.EngineError("injected")
-        return prefill(seq, prompt, room)
+        return prefill(seq, prompt, room, first=first)
 
     e.prefill = failing  # type: ignore[method-assign]
 
@@ -893,10 +893,10 @@ def test_a_failing_prefill_in_a_burst_ends_the_requests_it_started_and_the_rest_
     e = engine(manifest, weights)
     prefill = e.prefill
 
-    def failing(seq: kr.Sequence, prompt: Sequence[int], room: int) -> kr.Prefilled:
+    def failing(seq: kr.Sequence, prompt: Sequence[int], room: int, *, first: bool = False) -> kr.Prefilled:
         if list(prompt) == ps[1]:
             raise kr.EngineError("injected")
-        return prefill(seq, prompt, room)
+        return prefill(seq, prompt, room, first=first)
 
     e.prefill = failing  # type: ignore[method-assign]
     srv = Serving(e, config=ServingConfig(SchedConfig(rows=8, step_tokens=128, chunk=128)))
