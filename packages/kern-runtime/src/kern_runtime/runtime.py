@@ -778,7 +778,7 @@ class Runtime:
             graph = self._capture(program, key)
             old = cache.insert(key, graph)
             if old is not None:
-                drv.graph_exec_destroy(old.exec_)
+                self._destroy([old])
         if graph is None:
             self._execute(program, self._compile(program, key))
         else:

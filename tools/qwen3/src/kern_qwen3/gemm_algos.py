@@ -16,7 +16,7 @@ m = tokens = 1: the first run's pin.)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -96,14 +96,16 @@ class GemmAlgos:
 
     table: str = "h200"
     name: str = "gemm-algos"
-    runs: Mapping[tuple[int, int], tuple[Run, ...]] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.table not in GEMM_ALGO_TABLES:
             raise GenError(f"no gemm algo table {self.table!r}; tables: {', '.join(sorted(GEMM_ALGO_TABLES))}")
-        runs = GEMM_ALGO_TABLES[self.table]
-        _check_runs(self.table, runs)
-        object.__setattr__(self, "runs", runs)
+        _check_runs(self.table, self.runs)
+
+    @property
+    def runs(self) -> Mapping[tuple[int, int], tuple[Run, ...]]:
+        """The table's runs by (n, k)."""
+        return GEMM_ALGO_TABLES[self.table]
 
     def needs(self, plan: Plan, shape: Qwen3Shape) -> tuple[str, ...]:
         """No kernel entries: cuBLASLt's."""
