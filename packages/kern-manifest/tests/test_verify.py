@@ -182,6 +182,9 @@ INVALID: list[tuple[str, Edit, type, str]] = [
     ("state-two-sizes", _set("/states/kv/bytes", 8), ManifestVerify, "/states/kv"),
     ("state-no-size", _set("/states/kv", {}), ManifestVerify, "/states/kv"),
     ("state-zero-bytes", _set("/states/flags/bytes", 0), ManifestVerify, "/states/flags/bytes"),
+    ("slices-not-paged", _set("/states/conv/slices", 2), ManifestVerify, "/states/conv/slices"),
+    ("slices-not-a-divisor", _set("/states/kv/slices", 3), ManifestVerify, "/states/kv/slices"),
+    ("slices-past-the-token", _set("/states/kv/slices", 2048), ManifestVerify, "/states/kv/slices"),
     ("sha-short", _set("/modules/core/sha256", "abc"), ManifestVerify, "/modules/core/sha256"),
     (
         "sha-upper",
@@ -599,6 +602,12 @@ INVALID: list[tuple[str, Edit, type, str]] = [
         f"{DECODE}/4/args/4/offset",
     ),
     (
+        "sliced-state-offset-reads-a-var",
+        _both(_set("/states/kv/slices", 4), _set(f"{DECODE}/4/args/1/offset", {"mul": ["tokens", 16]})),
+        ManifestVerify,
+        f"{DECODE}/4/args/1/offset",
+    ),
+    (
         "state-offset-past-page",
         _set(f"{DECODE}/4/args/1/offset", 16384),
         ManifestVerify,
@@ -782,6 +791,13 @@ def test_enough_distinct_invalid_manifests() -> None:
 
 def test_full_manifest_verifies() -> None:
     assert problems(full()) == []
+
+
+def test_a_sliced_paged_state_with_constant_offsets_verifies_and_keeps_its_slices() -> None:
+    doc = full()
+    put(doc, "/states/kv/slices", 4)
+    assert problems(doc) == []
+    assert parse_manifest(json.dumps(doc)).states["kv"].slices == 4
 
 
 def test_tiny_example_verifies_and_is_in_the_docs() -> None:

@@ -62,8 +62,8 @@ class PoolBackend:
     def park(self, cp: kern_pool.Checkpoint) -> kern_pool.Parked:
         return self.host.park(cp)[0]
 
-    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint:
-        return self.host.wake(parked, length)[0]
+    def wake_now(self, parked: kern_pool.Parked, length: int, tokens: int) -> kern_pool.Lease:
+        return self.host.restore(parked, length, tokens)[0]
 
     def settle(self) -> None:
         pass
@@ -390,11 +390,12 @@ class StampBackend(PoolBackend):
             self.hkv[unit] = self.kv[page]
         return parked
 
-    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint:
-        cp, copies = self.host.wake(parked, length)
+    def wake_now(self, parked: kern_pool.Parked, length: int, tokens: int) -> kern_pool.Lease:
+        lease, copies = self.host.restore(parked, length, tokens)
+        self._fresh(lease)
         for unit, page in copies.pages:
             self.kv[page] = self.hkv[unit]
-        return cp
+        return lease
 
 
 def model(tokens: tuple[int, ...]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from contextlib import ExitStack
 from typing import Any
@@ -453,7 +454,88 @@ def test_a_waking_released_early_waits_for_its_copies(seqs: tuple[Sequences, Fak
     assert (s.pool.pages_used, s.host.used) == (0, 0)
 
 
-def test_wake_now_is_a_lease_on_the_compute_stream_that_waits_for_a_park_in_flight(seqs: tuple[Sequences, FakeDriver]) -> None:
+def _sliced(monkeypatch: pytest.MonkeyPatch, slices: Any) -> tuple[Sequences, FakeDriver]:
+    """The `seqs` fixture's pool with the kv pages declared as `slices` slices."""
+    fake = FakeDriver()
+    monkeypatch.setattr(sequences, "drv", fake)
+    monkeypatch.setattr(memory, "drv", fake)
+    m = parse_manifest(json.dumps(manifests.pooled("ab" * 32)))
+    paged, per_seq, unit, row = pool_layout(m)
+    config = kern_pool.pool_config(paged, per_seq, unit=unit, row_pages=row, capacity=kern_pool.Capacity(256, 1))
+    return Sequences(ExitStack(), "dev", "stream", config, slices=slices), fake
+
+
+def _staged(s: Sequences, fake: FakeDriver) -> tuple[kern_pool.Parked, kern_pool.Lease]:
+    """48 parked tokens (three pages and the slot) woken by wake_now, the copies in flight."""
+    s.reserve_host(8, 2)
+    lease = s.lease(48)
+    parked = s.park_now(s.checkpoint(lease, 48))
+    lease.release()
+    fake.landed = False
+    fake.calls.clear()
+    return parked, s.wake_now(parked, 48, 64)
+
+
+def test_wake_now_stages_the_slot_then_each_slice_of_every_page_on_the_transfer_stream(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    s, fake = _sliced(monkeypatch, {"kv": 4})
+    parked, woken = _staged(s, fake)
+    kv, ssm = s.arenas["kv"], s.arenas["ssm"]
+    page, unit = woken.pages[0], parked.units[0]
+    assert woken.pages[:3] == (page, page + 1, page + 2) and parked.units == (unit, unit + 1, unit + 2)
+    assert woken.state_slot is not None and parked.slot_unit is not None
+    order = [c for c in fake.calls if c[0] in ("event_record", "stream_wait_event", "copy_htod_async", "copy_2d_async")]
+    assert order[:2] == [("event_record", "event0", "stream"), ("stream_wait_event", "transfer", "event0")]
+    width = PAGE // 4
+    want: list[tuple[Any, ...]] = [
+        ("copy_htod_async", ssm.base + woken.state_slot * MIB, HOST_BASE + parked.slot_unit * PAGE, MIB, "transfer"),
+        ("event_record", "event1", "transfer"),
+    ]
+    for i in range(4):  # slice i of the three pages: one 2-D copy, rows a page apart on both sides
+        want += [("copy_2d_async", kv.base + page * PAGE + i * width, PAGE, True,
+                  HOST_BASE + unit * PAGE + i * width, PAGE, False, width, 3, "transfer"),
+                 ("event_record", f"event{2 + i}", "transfer")]
+    assert order[2:] == [*want, ("event_record", "event6", "transfer")]
+    assert not any(c[0] == "stream_wait_event" and c[1] == "stream" for c in fake.calls), "compute does not wait"
+    assert s.pending and woken.prefix == 48
+
+
+def test_a_call_waits_only_for_its_slices_and_pool_work_for_all_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    s, fake = _sliced(monkeypatch, {"kv": 4})
+    _staged(s, fake)
+    fake.calls.clear()
+    s.await_slices([("kv", 2)])
+    assert fake.calls == [("stream_wait_event", "stream", "event4")]
+    s.await_slices([("kv", 2), ("ssm", 0)])
+    assert fake.calls[1:] == [("stream_wait_event", "stream", "event1")], "a slice waited for is not waited again"
+    fake.calls.clear()
+    s.lease(16)  # its zeroing on the compute stream waits for the whole staged wake first
+    assert fake.calls[0] == ("stream_wait_event", "stream", "event6") and fake.calls[1][0] == "memset_async"
+    assert not s.pending
+    fake.calls.clear()
+    s.await_slices([("kv", 0)])
+    s.await_staged()
+    assert fake.calls == []
+
+
+def test_a_landed_staged_wake_destroys_its_slice_events_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    s, fake = _sliced(monkeypatch, {"kv": 2})
+    parked, woken = _staged(s, fake)
+    assert s.pending
+    fake.landed = True
+    s.synchronize_transfers()
+    assert not s.pending and {"event1", "event2", "event3", "event4"} <= fake.destroyed
+    fake.calls.clear()
+    s.await_staged()
+    s.lease(16).release()
+    assert not _of(fake, "stream_wait_event")
+    woken.release()
+    parked.release()
+    assert (s.pool.pages_used, s.host.used) == (0, 0)
+
+
+def test_a_staged_wake_queues_behind_a_park_in_flight_without_the_compute_stream_waiting(
+        seqs: tuple[Sequences, FakeDriver]) -> None:
     s, fake = seqs
     s.reserve_host(8, 2)
     lease = s.lease(32)
@@ -463,8 +545,37 @@ def test_wake_now_is_a_lease_on_the_compute_stream_that_waits_for_a_park_in_flig
     parked = s.park_room(room)
     fake.calls.clear()
     woken = s.wake_now(parked, 32, 48)
-    assert ("stream_wait_event", "stream", "event1") in fake.calls, "its host copy is still on the transfer stream"
-    assert all(c[-1] == "stream" for c in _of(fake, "copy_htod_async")) and woken.prefix == 32
+    copies = _of(fake, "copy_htod_async")
+    assert copies and all(c[-1] == "transfer" for c in copies), "after the park, on the same stream"
+    assert not any(c[0] == "stream_wait_event" and c[1] == "stream" for c in fake.calls)
+    assert woken.prefix == 32 and s.pending
+
+
+def test_touched_slices_from_state_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    s, _ = _sliced(monkeypatch, {"kv": 4})
+    assert s.slices == {"kv": 4}
+    assert s.touched("kv", 0) == (("kv", 0),)
+    assert s.touched("kv", 3 * PAGE // 4 + 16) == (("kv", 3),)
+    assert s.touched("kv", None) == (("kv", 0), ("kv", 1), ("kv", 2), ("kv", 3))
+    assert s.touched("ssm", 1 << 19) == (("ssm", 0),)
+    m = parse_manifest(json.dumps(manifests.pooled("ab" * 32)))
+    assert s.call_slices(m.programs["stamp"].calls) == {0: (("kv", 2),), 1: (("ssm", 0),)}
+
+
+def test_unsliced_pages_are_one_slice(seqs: tuple[Sequences, FakeDriver]) -> None:
+    s, _ = seqs
+    assert s.slices == {"kv": 1} and s.touched("kv", PAGE - 16) == (("kv", 0),)
+
+
+@pytest.mark.parametrize(("slices", "text"), [
+    ({"ssm": 2}, "'ssm', which is not a paged state"),
+    ({"kv": 3}, "3 slices do not divide state 'kv'"),
+    ({"kv": 0}, "0 slices do not divide"),
+    ({"kv": True}, "True slices do not divide"),
+])
+def test_slices_that_do_not_cut_a_page_are_refused(monkeypatch: pytest.MonkeyPatch, slices: Any, text: str) -> None:
+    with pytest.raises(ApiError, match=re.escape(text)):
+        _sliced(monkeypatch, slices)
 
 
 def test_copy_out_and_in_perform_another_runtime_s_decision_and_check_ids(seqs: tuple[Sequences, FakeDriver]) -> None:

@@ -46,7 +46,7 @@ def test_f32_manifest_keeps_weights_bf16_and_everything_else_f32() -> None:
                                    "f32")
     assert {n: b[n]["dtype"] for n in ("ids", "positions", "slots", "seq_len", "block_table", "next_token")} == {
         "ids": "i64", "positions": "i64", "slots": "i64", "seq_len": "i32", "block_table": "i32", "next_token": "i64"}
-    assert m["states"]["kv"] == {"bytes_per_token": 36 * 2 * 8 * 128 * 4}
+    assert m["states"]["kv"] == {"bytes_per_token": 36 * 2 * 8 * 128 * 4, "slices": 36}
     writes = [c for c in m["programs"]["decode"]["calls"] if c["op"] == "qk_norm_rope_kv"]
     assert [c["args"][6].get("offset", 0) for c in writes] == [i * 2 * 16 * 8 * 128 * 4 for i in range(36)]
     assert writes[0]["args"][-1] == {"i64": 36 * 2 * 16 * 8 * 128}  # page stride in elements

@@ -105,12 +105,32 @@ def test_qkv_and_gate_up_concatenate_in_order() -> None:
 
 def test_kv_layout_offsets_and_strides() -> None:
     m = manifest(QWEN3_4B_CONFIG)
-    assert m["states"]["kv"] == {"bytes_per_token": 36 * 2 * 8 * 128 * 2}
+    assert m["states"]["kv"] == {"bytes_per_token": 36 * 2 * 8 * 128 * 2, "slices": 36}
     writes = [c for c in m["programs"]["decode"]["calls"] if c["op"] == "kv_write"]
     assert [c["args"][1].get("offset", 0) for c in writes] == [i * 2 * 16 * 8 * 128 * 2 for i in range(36)]
     assert writes[0]["args"][-1] == {"i64": 36 * 2 * 16 * 8 * 128}
     # the per-layer offsets stay inside one page
     assert writes[-1]["args"][1]["offset"] + 2 * 16 * 8 * 128 * 2 == 16 * m["states"]["kv"]["bytes_per_token"]
+
+
+@pytest.mark.parametrize("options", [{}, {"gemv": list(gen.GEMV_GEMMS), "fuse": True, "pdl": True, "fold_norm": True,
+                                          "defer_norm": True, "rows": 8},
+                                     {"precision": "f32"}])
+def test_every_kv_argument_touches_only_its_own_layer_s_slice(options: dict[str, Any]) -> None:
+    """The promise `slices` makes: a call of layer l reaches the kv pages only in slice l."""
+    m = manifest(QWEN3_4B_CONFIG, feed="device", **options)
+    kv = m["states"]["kv"]
+    assert kv["slices"] == 36
+    slice_bytes = 16 * kv["bytes_per_token"] // 36
+    seen = 0
+    for program in m["programs"].values():
+        for call in program["calls"]:
+            for arg in call["args"]:
+                if arg.get("state") == "kv":
+                    layer = int(call["label"].split(".")[0].removeprefix("l").removeprefix("head_l"))
+                    assert arg.get("offset", 0) // slice_bytes == layer, call["label"]
+                    seen += 1
+    assert seen >= 2 * 36
 
 
 def test_inputs_outputs_and_vars() -> None:

@@ -77,6 +77,8 @@ class BufferChecks(Base):
                 )
         for name, state in m.states.items():
             self.state(name, state.sizes)
+            if state.slices is not None:
+                self.slices(name, state.bytes_per_token, state.slices)
         for name, module in m.modules.items():
             self.module(name, module.source, module.sha256)
         if not m.programs:
@@ -97,6 +99,17 @@ class BufferChecks(Base):
                     f"{key} {value} out of range",
                     "use a positive byte count",
                 )
+
+    def slices(self, name: str, per_token: int | None, slices: int) -> None:
+        at = ptr("states", name, "slices")
+        if per_token is None:
+            self.err(at, "slices on a state that is not paged", "declare slices only beside bytes_per_token")
+        elif not 1 <= slices <= per_token or per_token % slices:
+            self.err(
+                at,
+                f"slices {slices} do not divide bytes_per_token {per_token}",
+                "use a positive divisor of bytes_per_token (e.g. the layer count)",
+            )
 
     def module(self, name: str, source: str, sha: str) -> None:
         if not SHA_RE.fullmatch(sha):

@@ -248,6 +248,12 @@ class ProgramChecks(Base):
             )
             return
         self.offset(arg.offset, STATE_ALIGN, self.state_extent(arg.state), at + "/offset")
+        if state.slices is not None and arg.offset.vars:
+            self.err(
+                at + "/offset",
+                f"offset into sliced state {arg.state!r} reads vars {sorted(arg.offset.vars)}",
+                "a sliced state's offsets are constants (the slice a call touches is known at load)",
+            )
 
     def state_extent(self, name: str) -> int | None:
         """Bytes a state offset may address: a fixed state, one slot, or one page (when a domain

@@ -377,11 +377,17 @@ class Var(_Model):
 
 
 class State(_Model):
-    """Opaque persistent memory; exactly one size field is set (checked by the verifier)."""
+    """Opaque persistent memory; exactly one size field is set (checked by the verifier).
+
+    `slices` (paged states only) declares each page as that many equal contiguous slices (a
+    model's layers) and promises that a call whose argument points into slice s touches only
+    slice s of each page: the runtime then moves pages from the host tier slice by slice, and a
+    call waits only for its own slice's copies."""
 
     bytes: Int | None = None
     bytes_per_token: Int | None = None
     bytes_per_seq: Int | None = None
+    slices: Int | None = None
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -82,7 +82,7 @@ class Backend(Protocol):
 
     def park(self, checkpoint: Checkpoint) -> Parked: ...
 
-    def wake(self, parked: Parked, length: int) -> Checkpoint: ...
+    def wake_now(self, parked: Parked, length: int, tokens: int) -> Lease: ...
 
     def settle(self) -> None: ...
 
@@ -742,7 +742,7 @@ class Engine:
             self._retire(seq)
             decision, hit = self._decide(seq, prompt, None)
         if decision.source is not Source.CONTINUE:
-            lease = self._acquire(decision, hit, prompt, need)
+            lease = self._acquire(decision, hit, need)
             seq.lease, seq.kv, seq.room = lease, decision.length, need
             self._seated = None
         return decision
@@ -774,7 +774,7 @@ class Engine:
 
     # ---- memory ------------------------------------------------------------------------------
 
-    def _acquire(self, d: Reuse, hit: Hit[Checkpoint, Parked] | None, prompt: list[int], need: int) -> Lease:
+    def _acquire(self, d: Reuse, hit: Hit[Checkpoint, Parked] | None, need: int) -> Lease:
         if d.source is Source.FRESH:
             return self._room(lambda: self.backend.lease(need))
         if d.source is Source.FORK:
@@ -786,26 +786,24 @@ class Engine:
         assert hit is not None and hit.length == d.length
         if hit.resident is not None:
             cp = hit.resident.clone()
-        else:
-            assert hit.parked is not None
-            cp = self._wake(hit.parked, prompt[: d.length])
-        try:
-            return self._room(lambda: self.backend.restore(cp, d.length, need))
-        finally:
-            cp.release()
+            try:
+                return self._room(lambda: self.backend.restore(cp, d.length, need))
+            finally:
+                cp.release()
+        assert hit.parked is not None
+        return self._wake(hit.parked, d.length, need)
 
-    def _wake(self, parked: Parked, key: list[int]) -> Checkpoint:
-        """The parked copy's first len(key) tokens on the device, kept in the index again; the
-        caller holds the returned clone."""
+    def _wake(self, parked: Parked, length: int, need: int) -> Lease:
+        """A lease of `need` tokens from the parked copy's first `length` (`wake_now`: the
+        runtime stages the copies, so the chunk's first layers run while the rest still lands);
+        the index keeps the parked copy, and the turn's retire puts the tokens back as resident."""
         held = parked.clone()
         try:
-            woken = self._room(lambda: self.backend.wake(held, len(key)))
+            lease = self._room(lambda: self.backend.wake_now(held, length, need))
         finally:
             held.release()
         self.counters.wakes += 1
-        mine = woken.clone()
-        self.prefix.insert(key, woken)
-        return mine
+        return lease
 
     def _room(self, ask: Callable[[], T]) -> T:
         """`ask` until the pool grants it: a remap in flight is settled, a busy pool evicts the

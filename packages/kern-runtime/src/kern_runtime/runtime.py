@@ -46,7 +46,7 @@ from .graphs import Graph, GraphCache, GraphCacheStats, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
 from .memory import Allocation
 from .peers import Offer, PeerHandle, choose_handle_kind
-from .sequences import Sequences, Waking, pool_config_for, pool_layout
+from .sequences import Sequences, Slice, Waking, pool_config_for, pool_layout
 from .weights import Tensors, plan_bind
 
 __all__ = ["DEFAULT_CAPACITY", "Fetch", "Resident", "Runtime", "connect_local"]
@@ -155,6 +155,7 @@ class Runtime:
         self._templates: dict[str, ProgramTemplate] = {}
         self._graphs: dict[tuple[str, VarKey], Graph] = {}
         self._cached: dict[str, GraphCache[Graph]] = {}
+        self._touches: dict[str, dict[int, tuple[Slice, ...]]] = {}
         self._reads = {name: manifest.program_vars(name) for name in manifest.programs}
         self._bounds = manifest.var_max
         self._claimed: set[str] = set()
@@ -357,7 +358,8 @@ class Runtime:
         free = drv.mem_get_info()[0] if self._tokens is None and (paged or per_seq) else None
         config = pool_config_for(self.manifest, self.capacity, free)
         if config is not None:
-            self._seqs = Sequences(self._stack, self._dev, self._stream, config, self._ctx)
+            slices = {n: s.slices for n, s in self.manifest.states.items() if s.slices is not None}
+            self._seqs = Sequences(self._stack, self._dev, self._stream, config, self._ctx, slices)
             for name, (base, reserved) in self._seqs.spans.items():
                 self._states[name] = Allocation(base, reserved, "vmm")
             for p in paged:
@@ -688,11 +690,44 @@ class Runtime:
         return template
 
     def _execute(self, program: str, steps: list[Step]) -> None:
+        seqs = self._seqs
+        if seqs is not None and seqs.pending:
+            self._execute_staged(program, steps, seqs)
+            return
         for step in steps:
             try:
                 step.run()
             except KernRuntimeError as exc:
                 raise CallError(program, step.position, step.label, exc) from exc
+
+    def _execute_staged(self, program: str, steps: list[Step], seqs: Sequences) -> None:
+        """`_execute` while a staged wake is pending: each call first waits for the slices it
+        touches (`Sequences.await_slices`), so it runs as soon as its own slices landed."""
+        touch = self._touch(program, seqs)
+        for step in steps:
+            keys = touch.get(step.position)
+            if keys is not None:
+                seqs.await_slices(keys)
+            try:
+                step.run()
+            except KernRuntimeError as exc:
+                raise CallError(program, step.position, step.label, exc) from exc
+
+    def _touch(self, program: str, seqs: Sequences) -> dict[int, tuple[Slice, ...]]:
+        """Call position -> the pooled states' slices the call touches (its state args)."""
+        touch = self._touches.get(program)
+        if touch is None:
+            touch = self._touches[program] = seqs.call_slices(self.manifest.programs[program].calls)
+        return touch
+
+    def _await_staged(self) -> None:
+        """The compute stream waits for every staged copy still pending (before a graph)."""
+        if self._seqs is not None and self._seqs.pending:
+            self._seqs.await_staged()
+
+    def _launch(self, graph: Graph) -> None:
+        self._await_staged()
+        drv.graph_launch(graph.exec_, self._stream)
 
     def run(self, program: str, vars: Mapping[str, int]) -> None:
         """Enqueues every launch of `program` eagerly on the runtime's stream."""
@@ -720,6 +755,7 @@ class Runtime:
     def _capture(self, program: str, key: VarKey) -> Graph:
         """The program captured and instantiated at `key`; the caller owns its exec."""
         steps = self._compile(program, key)
+        self._await_staged()  # NOTE: a capture may not wait on events recorded outside it
         drv.begin_capture(self._stream)
         try:
             self._execute(program, steps)
@@ -782,28 +818,30 @@ class Runtime:
         if graph is None:
             self._execute(program, self._compile(program, key))
         else:
-            drv.graph_launch(graph.exec_, self._stream)
+            self._launch(graph)
 
     def replay(self, graph: Graph, vars: Mapping[str, int]) -> None:
         """Replays a captured graph; vars must equal the ones it was captured at."""
         key = self._key(graph.program, vars)
         if key != graph.key:
             raise ApiError(f"graph of {graph.program!r} was captured at {dict(graph.key)}, not {dict(key)}")
-        drv.graph_launch(graph.exec_, self._stream)
+        self._launch(graph)
 
     def issue(self, program: str, vars: Mapping[str, int]) -> None:
         """Replays the program's graph (captured once per vars key) if it declares graph, or from
-        its graph cache (`cache_graphs`) if it has one, else runs it."""
+        its graph cache (`cache_graphs`) if it has one, else runs it. While a staged wake is
+        pending (`wake_now`) a program without a declared graph runs eagerly, each call waiting
+        only for its own slices; a graph waits for them all."""
         graph = self._graphs.get((program, self._key(program, vars) if program in self._reads else ()))
         if graph is not None:
-            drv.graph_launch(graph.exec_, self._stream)
+            self._launch(graph)
             return
         cache = self._cached.get(program)
-        if cache is not None:
+        if cache is not None and not (self._seqs is not None and self._seqs.pending):
             self._issue_cached(program, cache, vars)
             return
         if program in self.manifest.programs and self.manifest.programs[program].graph:
-            drv.graph_launch(self.capture_graph(program, vars).exec_, self._stream)
+            self._launch(self.capture_graph(program, vars))
         else:
             self.run(program, vars)
 
@@ -826,6 +864,7 @@ class Runtime:
             self._program(before)
             seed = self._compile(before, self._key(before, {}))
         steps = self._compile(program, self._key(program, vars))
+        self._await_staged()
         return _timing.time_steps(steps, self._stream, seed)
 
     def gemm_algos(self, program: str, vars: Mapping[str, int]) -> list[tuple[str, dict[str, int]]]:
@@ -992,8 +1031,12 @@ class Runtime:
         return seqs.wake_async(parked, length, tokens, wait)
 
     def wake_now(self, parked: kern_pool.Parked, length: int, tokens: int, *, wait: bool = True) -> kern_pool.Lease:
-        """A lease of `tokens` from a parked copy's first `length` tokens, filled on the compute
-        stream and usable at once; `parked` stays valid.
+        """A lease of `tokens` from a parked copy's first `length` tokens, usable at once; `parked`
+        stays valid. The copies are staged on the transfer stream slice by slice (the manifest's
+        `slices` of a paged state, else whole pages): until they landed, each eager call waits
+        only for the slices its state args touch, so a prefill's first layers run while the last
+        layers' pages are still copied; a graph, a capture and pool work on the compute stream
+        wait for every slice.
 
         Raises:
             ApiError: as `wake`. kern_pool.Denied: the pool cannot give the pages or slot now.

@@ -25,6 +25,7 @@ on the compute stream, ordered with the kernels that touch the same pages.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 
 import kern_pool
 from kern_manifest import Manifest
+from kern_manifest.schema import Call, StateArg
 from kern_pool import (
     Capacity,
     Checkpoint,
@@ -139,6 +141,12 @@ class _Transfer:
     event: Any
     """The transfer stream's event after the copies; None once they landed and it was destroyed."""
     holds: list[Checkpoint | Parked | Lease]
+    slices: list[Any] = field(default_factory=list[Any])
+    """A staged wake's events, one after each slice's copies (destroyed when it lands)."""
+
+
+Slice = tuple[str, int]
+"""(pooled state, slice of each page): what a call touches and a staged wake fills in turn."""
 
 
 def _device_first(copies: kern_pool.WakeCopies) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
@@ -187,7 +195,8 @@ class Waking:
 class Sequences:
     """The pool of one runtime: arenas, physical chunks, executed plans, the host tier."""
 
-    def __init__(self, stack: ExitStack, dev: Any, stream: Any, config: PoolConfig, ctx: Any = None) -> None:
+    def __init__(self, stack: ExitStack, dev: Any, stream: Any, config: PoolConfig, ctx: Any = None,
+                 slices: Mapping[str, int] | None = None) -> None:
         self._stack = stack
         self._dev = dev
         self._ctx = ctx
@@ -199,6 +208,7 @@ class Sequences:
         self._transfer: Any = None
         self._order: Any = None
         self._flying: list[_Transfer] = []
+        self._pending: dict[Slice, tuple[Any, _Transfer]] = {}
         self._flight: _Flight | None = None
         gran = drv.vmm_granularity(dev)
         if config.chunk % gran:
@@ -214,6 +224,7 @@ class Sequences:
             arena = Arena(name, base, reserved, size)
             stack.callback(self._unmap_all, arena)
             self.arenas[name] = arena
+        self.slices = self._check_slices(slices or {})
         self._handles: list[Any] = []
         for _ in range(config.chunks):
             handle = drv.vmm_create(config.chunk, dev)
@@ -224,6 +235,36 @@ class Sequences:
             for pos in sorted(arena.mapped):
                 drv.memset_async(arena.base + pos * config.chunk, config.chunk, stream)
         stack.callback(self._join)  # NOTE: runs before the unmaps above (an ExitStack unwinds LIFO)
+
+    def _check_slices(self, slices: Mapping[str, int]) -> dict[str, int]:
+        """Slices per page of every paged state (1 unless declared), each dividing its page."""
+        out = {s.name: 1 for s in self.config.paged}
+        for name, n in slices.items():
+            if name not in out:
+                raise ApiError(f"slices for {name!r}, which is not a paged state ({sorted(out) or 'none'})")
+            if type(n) is not int or n < 1 or self.arenas[name].object_bytes % n:
+                raise ApiError(f"{n!r} slices do not divide state {name!r}'s {self.arenas[name].object_bytes}-byte page")
+            out[name] = n
+        return out
+
+    def touched(self, state: str, offset: int | None) -> tuple[Slice, ...]:
+        """The slices a call touches through `state` at byte `offset` of a page or slot (None: an
+        offset read from vars, every slice)."""
+        n = self.slices.get(state, 1)
+        if offset is None or n == 1:
+            return tuple((state, i) for i in range(n))
+        return ((state, min(offset * n // self.arenas[state].object_bytes, n - 1)),)
+
+    def call_slices(self, calls: Sequence[Call]) -> dict[int, tuple[Slice, ...]]:
+        """Call position -> the pooled states' slices its state args touch (calls touching none
+        left out)."""
+        out: dict[int, tuple[Slice, ...]] = {}
+        for position, call in enumerate(calls):
+            keys = [k for a in call.args if isinstance(a, StateArg) and a.state in self.arenas
+                    for k in self.touched(a.state, None if a.offset.vars else a.offset.eval({}))]
+            if keys:
+                out[position] = tuple(keys)
+        return out
 
     def _unmap_all(self, arena: Arena) -> None:
         for pos in sorted(arena.mapped):
@@ -261,6 +302,7 @@ class Sequences:
         plan = self.pool.pending
         if plan is None or self._flight is not None:
             return
+        self.await_staged()  # NOTE: a staged wake's pages, released early, may be among the unmapped
         event = drv.event_create(timing=False)
         drv.event_record(event, self._stream)
         flight = _Flight(plan, event)
@@ -326,12 +368,14 @@ class Sequences:
 
     def _zero_pages(self, pages: Iterable[int]) -> None:
         """Zeroes pages on the stream, one memset per state for each run of consecutive pages."""
+        self.await_staged()
         arenas = self._paged()
         for run in kern_pool.fold(((p, p) for p in pages), 1, 1):
             for a in arenas:
                 drv.memset_async(a.base + run.src * a.object_bytes, run.count * a.object_bytes, self._stream)
 
     def _zero_slot(self, slot: int) -> None:
+        self.await_staged()
         for a in self._seq():
             drv.memset_async(a.base + slot * a.object_bytes, a.object_bytes, self._stream)
 
@@ -358,6 +402,7 @@ class Sequences:
 
     def copy(self, copies: DeviceCopies) -> None:
         """Performs a pool decision's page and slot copies on the stream, in order."""
+        self.await_staged()
         for src, dst in copies.pages:
             for a in self._paged():
                 drv.copy_dtod_async(a.base + dst * a.object_bytes, a.base + src * a.object_bytes, a.object_bytes, self._stream)
@@ -517,7 +562,32 @@ class Sequences:
         self._reap()
         if self._flying:
             drv.stream_wait_event(self._stream, self._flying[-1].event)
+            self._pending.clear()
         return self._stream
+
+    # ---- staged wakes: calls wait for their own slices -----------------------------------------
+
+    @property
+    def pending(self) -> bool:
+        """True while a staged wake's slices are not yet waited for by the compute stream."""
+        return bool(self._pending)
+
+    def await_slices(self, keys: Iterable[Slice]) -> None:
+        """Makes the compute stream wait for these slices' staged copies still pending."""
+        for key in keys:
+            got = self._pending.pop(key, None)
+            if got is not None:
+                drv.stream_wait_event(self._stream, got[0])
+
+    def await_staged(self) -> None:
+        """Makes the compute stream wait for every staged copy still pending (before a graph, a
+        capture, or pool work on the compute stream)."""
+        if not self._pending:
+            return
+        staged = {id(t) for _, t in self._pending.values()}
+        last = next(t for t in reversed(self._flying) if id(t) in staged)
+        drv.stream_wait_event(self._stream, last.event)
+        self._pending.clear()
 
     def land(self, transfer: _Transfer) -> None:
         """Lets the handles of landed copies go."""
@@ -528,6 +598,12 @@ class Sequences:
         if transfer.event is not None:
             drv.event_destroy(transfer.event)
             transfer.event = None
+        if transfer.slices:
+            for key in [k for k, (_, t) in self._pending.items() if t is transfer]:
+                del self._pending[key]
+            for e in transfer.slices:
+                drv.event_destroy(e)
+            transfer.slices.clear()
         for h in transfer.holds:
             if h.live:
                 h.release()
@@ -635,11 +711,51 @@ class Sequences:
         return lease, copies
 
     def wake_now(self, parked: Parked, length: int, tokens: int, wait: bool = True) -> Lease:
-        """A lease of `tokens` from a parked copy's first `length` tokens, filled on the compute
-        stream: usable at once (later launches are ordered after the copies)."""
+        """A lease of `tokens` from a parked copy's first `length` tokens, usable at once: staged
+        on the transfer stream slice by slice (the slot first), an event after each. Until the
+        compute stream waited for them (`await_slices` per call, `await_staged` for everything
+        else), the slices are pending; pool work on the compute stream waits for them all."""
         lease, copies = self._restore(parked, length, tokens, wait)
-        self._in(copies, self._on_compute())
+        marks: list[tuple[list[Slice], Any]] = []
+        transfer = self._on_transfer(lambda s: marks.extend(self._in_staged(copies, s)), [parked.clone()])
+        for keys, event in marks:
+            transfer.slices.append(event)
+            for key in keys:
+                self._pending[key] = (event, transfer)
         return lease
+
+    def _in_staged(self, copies: kern_pool.WakeCopies, stream: Any) -> list[tuple[list[Slice], Any]]:
+        """A wake's copies on `stream`: the slot, then slice 0 of every page of every paged state,
+        slice 1, ...; each followed by an event, returned with the slices it closes."""
+        marks: list[tuple[list[Slice], Any]] = []
+        if copies.slot is not None:
+            self._object_copies([copies.slot], False, self._seq(), self.host.slot_units, False, stream)
+            marks.append(([(a.name, 0) for a in self._seq()], self._mark(stream)))
+        if not copies.pages:
+            return marks
+        host_pitch = self.host.page_units * self._host_unit
+        runs = [(r.dst, r.src, r.count) for r in kern_pool.fold(copies.pages, self.host.page_units, 1)]
+        offsets = list(itertools.accumulate((a.object_bytes for a in self._paged()), initial=0))
+        for i in range(max(self.slices.values())):
+            keys: list[Slice] = []
+            for a, off in zip(self._paged(), offsets, strict=False):
+                n = self.slices[a.name]
+                if i >= n:
+                    continue
+                width = a.object_bytes // n
+                for obj, unit, count in runs:
+                    dev = a.base + obj * a.object_bytes + i * width
+                    at = self._host_base + unit * self._host_unit + off + i * width
+                    self._rows(dev, a.object_bytes, False, at, host_pitch, width, count, stream)
+                keys.append((a.name, i))
+            marks.append((keys, self._mark(stream)))
+        return marks
+
+    @staticmethod
+    def _mark(stream: Any) -> Any:
+        event = drv.event_create(timing=False)
+        drv.event_record(event, stream)
+        return event
 
     def wake_async(self, parked: Parked, length: int, tokens: int, wait: bool = True) -> Waking:
         """A Waking: the lease's pages filled on the transfer stream; `awake` hands it over."""

@@ -47,9 +47,10 @@ def check_needed(modules: Mapping[str, str], entries: Mapping[str, str], needed:
 
 
 def finish(manifest: Json, modules: Mapping[str, str], *, model: str, chunk: int, kv_bytes_per_token: int,
-           rows: int = 0) -> Json:
+           layers: int, rows: int = 0) -> Json:
     """The manifest document: the ops no call uses dropped, the modules the launches use pinned
-    (`rows`: the batched step's `rows` var max, 0 for none).
+    (`rows`: the batched step's `rows` var max, 0 for none); the KV state declares its pages as
+    `layers` slices (a page is [layer][k|v][page_tokens][nkv][head_dim], every call reads one layer).
 
     Raises:
         KernelsError: a launch's module has no hash.
@@ -64,7 +65,7 @@ def finish(manifest: Json, modules: Mapping[str, str], *, model: str, chunk: int
         "schema_version": 5,
         "model": model,
         "vars": {"tokens": {"max": chunk}, **({"rows": {"max": rows}} if rows else {})},
-        "states": {"kv": {"bytes_per_token": kv_bytes_per_token}},
+        "states": {"kv": {"bytes_per_token": kv_bytes_per_token, "slices": layers}},
         "buffers": manifest["buffers"],
         "modules": {m: {"source": f"{m}-{modules[m][:12]}.cubin", "sha256": modules[m]} for m in used},
         "ops": ops,

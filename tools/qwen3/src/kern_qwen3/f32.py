@@ -204,4 +204,5 @@ def generate_f32(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping
     programs = _f32_programs(shape, feed)
     ops = _f32_ops(shape, entries) | (feed_ops(entries) if feed == "device" else {}) | _f32_linear_ops(entries, programs)
     manifest: Json = {"buffers": _f32_buffers(shape, feed), "ops": ops, "programs": programs}
-    return finish(manifest, modules, model=model, chunk=chunk, kv_bytes_per_token=_f32_kv_bytes_per_token(shape))
+    return finish(manifest, modules, model=model, chunk=chunk, kv_bytes_per_token=_f32_kv_bytes_per_token(shape),
+                  layers=shape.layers)

@@ -98,4 +98,4 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
     if plan.head:
         add_head(manifest, shape, plan.feed)
     return finish(manifest, modules, model=model, chunk=plan.chunk, kv_bytes_per_token=shape.kv_bytes_per_token,
-                  rows=plan.rows)
+                  layers=shape.layers, rows=plan.rows)
