@@ -1,8 +1,8 @@
 """The engine's call patterns on kern_pool: Pool + Prefix + Host in random orders.
 
 A machine leases, checkpoints, retires, forks and continues turns from index hits (restore of a
-resident hit, wake of a parked one), inserts the results (values re-inserted, the same value
-offered under a second key), evicts with and without a host, and releases. A trivial model (a
+resident hit, wake of a parked one into the lease or as a checkpoint inserted again), inserts the
+results (values re-inserted, the same value offered under a second key), evicts with and without a host, and releases. A trivial model (a
 dict of entries) predicts every index answer; after every step the pages and slots the pool
 counts equal what the live handles name, every value the index holds is live, and the host's
 used units equal the parked values' units. Teardown releases everything: nothing is left.
@@ -177,9 +177,12 @@ class EngineMachine(RuleBasedStateMachine):
         if isinstance(lease, Lease):
             self._start(tokens, 0, lease)
 
-    @rule(prompt=st.lists(st.integers(0, 1), min_size=2, max_size=40), answer=st.integers(0, 9))
-    def turn(self, prompt: list[int], answer: int) -> None:
-        """Continue from the longest cached prefix: restore a resident hit, wake a parked one."""
+    @rule(prompt=st.lists(st.integers(0, 1), min_size=2, max_size=40), answer=st.integers(0, 9),
+          straight=st.booleans())
+    def turn(self, prompt: list[int], answer: int, straight: bool) -> None:
+        """Continue from the longest cached prefix: restore a resident hit, wake a parked one
+        (`straight`: into the turn's lease, as the engine does, the index keeping the parked copy;
+        else as a checkpoint inserted again, then restored)."""
         prompt = prompt[: self.max_len - 1]
         full = prompt + [1] * min(answer, self.max_len - len(prompt))
         expect = self.model.best(tuple(prompt))
@@ -194,6 +197,16 @@ class EngineMachine(RuleBasedStateMachine):
         self.seen[f"{hit.tier.value} hit"] += 1
         if hit.resident is not None:
             cp = hit.resident.clone()
+        elif straight:
+            assert hit.parked is not None
+            parked = hit.parked.clone()
+            got = self._grant(lambda: self.host.restore(parked, hit.length, len(full)))
+            parked.release()
+            if isinstance(got, tuple):
+                lease: Lease = got[0]  # pyright: ignore[reportUnknownVariableType]
+                assert lease.prefix == hit.length
+                self._start(full, hit.length, lease)
+            return None
         else:
             assert hit.parked is not None
             parked = hit.parked.clone()
@@ -207,7 +220,7 @@ class EngineMachine(RuleBasedStateMachine):
         got = self._grant(lambda: self.pool.lease_from(cp, hit.length, len(full)))
         cp.release()
         if isinstance(got, tuple):
-            lease: Lease = got[0]  # pyright: ignore[reportUnknownVariableType]
+            lease = got[0]  # pyright: ignore[reportUnknownVariableType]
             assert lease.prefix == hit.length
             self._start(full, hit.length, lease)
         return None

@@ -212,3 +212,48 @@ def test_two_paged_states_park_and_wake_through_2d_copies(kdir: Path, sha: str, 
             np.testing.assert_array_equal(rt.read_state(s, woken.pages[old.index(p)] * sizes[s], sizes[s]), d, err_msg=f"{s} page {p}")
         woken.release()
         parked.release()
+
+
+def test_a_call_right_after_a_staged_wake_lands_after_its_own_slice(kdir: Path, sha: str, tmp_path: Path) -> None:
+    """kv pages as two slices. The stamp program's first call writes bytes [32768, 33792) of page
+    0, in slice 1, right after `wake_now` queued 64 MiB of copies (slice 0 of every page first).
+    Eagerly and from a graph captured before the wake, its bytes must land after that slice's
+    copy (without the wait the copy lands last), and every other byte must be the parked one."""
+    doc = copy.deepcopy(manifests.pooled(sha))
+    pages = 1024
+    doc["states"]["kv"]["slices"] = 2
+    doc["buffers"]["bt"]["shape"] = [1, pages]  # a row of 1,024 pages: one lease of 64 MiB
+    m = build.write_manifest(tmp_path / "sliced.json", doc)
+    size = pages * UNIT * TOKEN
+    with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=2 * pages * UNIT, seqs=2)) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        rt.reserve_host(pages, 2)
+        graph = rt.capture_graph("stamp", {})
+        rng = np.random.default_rng(21)
+        data = rng.integers(0, 255, size, dtype=np.uint8)
+        state = rng.integers(0, 255, 1 << 20, dtype=np.uint8)
+        lease = rt.lease(pages * UNIT)
+        assert lease.pages == tuple(range(pages)), "one run of pages from page 0 (the stamp writes page 0)"
+        rt.write_state("kv", 0, data)
+        rt.write_state("ssm", (lease.state_slot or 0) << 20, state)
+        parked = rt.park_now(rt.checkpoint(lease, pages * UNIT))
+        lease.release()
+        want = data.copy()
+        want[32768:33792] = np.arange(7, 7 + 128, dtype=np.int64).view(np.uint8)
+        for form in ("eager", "graph"):
+            rt.write_state("kv", 0, np.zeros(size, np.uint8))
+            woken = rt.wake_now(parked, pages * UNIT, pages * UNIT)
+            assert woken.pages == tuple(range(pages))
+            if form == "eager":
+                rt.run("stamp", {})
+            else:
+                rt.replay(graph, {})
+            rt.synchronize()
+            np.testing.assert_array_equal(rt.read_state("kv", 0, size), want, err_msg=form)
+            want_slot = state.copy()
+            if woken.state_slot == 0:  # the stamp's second call writes slot 0
+                want_slot[1 << 19:(1 << 19) + 1024] = np.arange(9, 9 + 128, dtype=np.int64).view(np.uint8)
+            np.testing.assert_array_equal(_slot(rt, woken.state_slot), want_slot, err_msg=form)
+            woken.release()
+        parked.release()
+        assert (rt.pool.pages_used, rt.pool.slots_used, rt.host.used) == (0, 0, 0)

@@ -277,27 +277,28 @@ class _Sim:
         reuse = 0 if hit is None else hit.length
         if hit is None:
             lease = self.room(lambda: self.pool.lease(len(full)))
-        else:
-            cp = self._resident(hit.resident, hit.parked, prompt[:reuse])
+        elif hit.resident is not None:
+            cp = hit.resident.clone()
             lease, _ = self.room(lambda: self.pool.restore(cp, reuse, len(full)))
             cp.release()
+        else:
+            lease = self._wake(hit.parked, reuse, len(full))
         f.tokens_total += len(prompt)
         f.tokens_recomputed += len(prompt) - reuse
         lease.kv_indices(reuse, len(full))
         return _Turn(s, lease, full)
 
-    def _resident(self, resident: Checkpoint | None, parked: Parked | None, key: list[int]) -> Checkpoint:
-        """A checkpoint the caller holds: a clone of the resident hit, or the parked hit woken."""
-        if resident is not None:
-            return resident.clone()
+    def _wake(self, parked: Parked | None, length: int, tokens: int) -> Lease:
+        """The parked hit woken straight into the turn's lease (`Host.restore`, as the engine's
+        `wake_now`); the index keeps the parked copy until the turn's retire inserts the rest."""
         assert parked is not None and self.host is not None
         host, held = self.host, parked.clone()
-        woken, _ = self.room(lambda: host.wake(held, len(key)))
-        held.release()
+        try:
+            lease, _ = self.room(lambda: host.restore(held, length, tokens))
+        finally:
+            held.release()
         self.figures.wakes += 1
-        mine = woken.clone()
-        self.prefix.insert(key, woken)
-        return mine
+        return lease
 
     def finish(self, turn: _Turn) -> None:
         cp = self.pool.retire(turn.lease, len(turn.full))
