@@ -18,8 +18,11 @@ slots side by side. Runs of consecutive pages (`kern_pool.fold`) move as one cop
 2-D copy when the host rows interleave several states). `park(room)` and `wake(.., tokens)` copy on
 a transfer stream that starts after everything queued on the compute stream (an event) and which
 the compute stream never waits for; every in-flight copy holds the handles it reads and writes
-until it landed. `park_now` / `wake_now` (and `park(checkpoint)` / `wake(parked, length)`) copy
-on the compute stream, ordered with the kernels that touch the same pages.
+until it landed. `park_now` (and `park(checkpoint)` / `wake(parked, length)`) copy on the compute
+stream, ordered with the kernels that touch the same pages. `wake_now` stages its copies on the
+transfer stream slice by slice (a paged state's declared `slices`, else whole pages), an event
+after each: the runtime makes each eager call wait only for the slices it touches, and everything
+else on the compute stream (graphs, captures, zeroing, device copies, remap plans) for them all.
 """
 
 from __future__ import annotations
