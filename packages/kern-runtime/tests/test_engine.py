@@ -113,6 +113,23 @@ def test_eviction_parks_the_coldest_leaf_then_drops_the_coldest_parked() -> None
     assert be.pool.pages_used == 0 and be.host.used == 0
 
 
+def test_a_parked_hit_is_woken_into_the_turn_s_lease_and_comes_back_resident_when_retired() -> None:
+    eng, be = _engine()
+    s = eng.sequence()
+    eng.turn(s, _ids(101, 20), 5)  # KV of 24 tokens
+    assert eng.evict() and _tiers(eng) == {24: "parked"} and be.pool.pages_used == 0
+    pre = eng.prefill(s, [*s.tokens, 7, 8], 3)
+    assert (pre.source, pre.reused, eng.counters.wakes) == (Source.PARKED, 24, 1)
+    assert _tiers(eng) == {24: "parked"}, "the wake adds no index entry; the parked copy stays"
+    assert s.lease is not None and s.lease.prefix == 24 and be.pool.pages_used == 2
+    eng.finish(s)
+    assert _tiers(eng) == {24: "parked", 26: "resident"}
+    t = eng.turn(s, [*s.tokens, 9], 2)  # now a resident hit at 26
+    assert (t.prefill.source, t.prefill.reused) == (Source.RESIDENT, 26)
+    eng.close()
+    assert be.pool.pages_used == 0 and be.host.used == 0
+
+
 def test_evict_parks_the_coldest_on_demand() -> None:
     eng, be = _engine()
     eng.turn(eng.sequence(), _ids(101, 20), 5)
