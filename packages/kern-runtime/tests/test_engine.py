@@ -152,6 +152,36 @@ def test_the_block_table_is_the_lease_row_and_slots_follow_it() -> None:
     eng.close()
 
 
+def test_the_block_table_and_slots_follow_whichever_lease_is_seated() -> None:
+    """The engine keeps the last lease it staged as an array of pages: every prefill, seat and
+    step writes the seated lease's own row and slots, across a restore, re-seats and new leases."""
+    eng, be = _engine()
+    a, b = eng.sequence(), eng.sequence()
+    eng.turn(a, _ids(101, 40), 1)
+
+    def seated_is(seq: kr.Sequence) -> None:
+        lease = seq.lease
+        assert lease is not None
+        pos = be.inputs["pos"][-1]
+        assert be.inputs["bt"] == list(lease.table_row())
+        assert be.inputs["sl"][-1] == lease.pages[pos // 16] * 16 + pos % 16
+
+    eng.prefill(a, [*a.tokens, 5, 6, 7], 4)  # restored at 40: the index's pages, then its own
+    seated_is(a)
+    eng.prefill(b, _ids(102, 20), 8)
+    seated_is(b)
+    for seq in (a, b, a, a, b):
+        eng.step(seq)
+        seated_is(seq)
+    assert eng.prefill(b, [*b.tokens, 8, 9], 3).source is Source.CONTINUE  # b's own lease, in place
+    seated_is(b)
+    eng.finish(a)
+    eng.prefill(a, [*a.tokens, 4], 2)  # a new lease restored from a's retired turn
+    seated_is(a)
+    eng.close()
+    assert be.pool.pages_used == 0
+
+
 class CachingBackend(PoolBackend):
     """A PoolBackend that caches graphs (`kern_runtime.Caching`): its cache calls recorded, and
     each chunk's rows with how it was called."""
