@@ -7,9 +7,10 @@ sequence prefilling the conversation and TURN new tokens on the head path
 what the host does around the GPU's work of a warm multi-turn TTFT, with no GPU. The prompt's ids
 are the conversation's own int objects (as `Engine.turn`'s caller passes them), or new ones parsed
 from JSON (as a served request's are: comparing them with the index's keys is no identity check).
-Medians of TURNS turns after WARMUP unmeasured ones. Beside each, measured in the same run: what
-any prefill over the prompt pays in Python (a list and a tuple of it, and one pass over the ids'
-types). Run: `uv run python -m bench engine_host`.
+One more row at 14,000 tokens keeps LIVE other sequences live meanwhile (each is weighed for a
+fork). Medians of TURNS turns after WARMUP unmeasured ones. Beside each, measured in the same run:
+what any prefill over the prompt pays in Python (a list and a tuple of it, and one pass counting
+the ids' types). Run: `uv run python -m bench engine_host`.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import kern_pool
 import kern_runtime as kr
 from kern_runtime.sequences import pool_config_for
 
-_INTS = frozenset((int,))
 MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "qwen3-4b-fast.json"
 POOL_TOKENS = 40_960
 CONTEXTS = (2_000, 14_000, 32_000)
 TURN = 200
 WARMUP = 20
 TURNS = 200
+SYSTEM = 1_000
+LIVE = 8
 
 
 class _Backend:
@@ -95,14 +97,19 @@ def _ids(rng: np.random.Generator, n: int) -> list[int]:
     return [int(x) for x in rng.integers(0, 150_000, size=n)]
 
 
-def _warm_ms(eng: kr.Engine, context: int, fresh: bool) -> list[float]:
+def _warm_ms(eng: kr.Engine, context: int, fresh: bool, live: int = 0) -> list[float]:
     """ms of each warm turn (prefill + release) over a `context`-token conversation; `fresh`: each
     prompt's ids are new int objects (parsed from JSON, as a served request's are), else the
-    conversation's own objects (as `Engine.turn`'s caller passes `[*seq.tokens, *more]`)."""
+    conversation's own objects (as `Engine.turn`'s caller passes `[*seq.tokens, *more]`). `live`
+    other sequences hold leases meanwhile, each a SYSTEM-token prefix the conversation starts
+    with and SYSTEM tokens of its own (each is weighed for a fork)."""
     rng = np.random.default_rng(context)
+    system = _ids(rng, SYSTEM)
     base = eng.sequence()
-    eng.turn(base, _ids(rng, context), 1)
+    eng.turn(base, [*system, *_ids(rng, context - SYSTEM)], 1)
     conv = list(base.tokens)
+    for _ in range(live):
+        eng.prefill(eng.sequence(), [*system, *_ids(rng, SYSTEM)], 1)
     prompts = [[*conv, *_ids(rng, TURN)] for _ in range(WARMUP + TURNS)]
     if fresh:
         prompts = [json.loads(json.dumps(p)) for p in prompts]
@@ -119,12 +126,12 @@ def _warm_ms(eng: kr.Engine, context: int, fresh: bool) -> list[float]:
 
 def _floor_ms(context: int) -> float:
     """Median ms of what any prefill over the prompt pays in Python: the list `prefill` makes, the
-    tuple the index keys by, and one pass over the ids' types (the exact-int check)."""
+    tuple the index keys by, and one pass counting the ids' types (the exact-int check)."""
     prompt = json.loads(json.dumps(_ids(np.random.default_rng(context), context + 1 + TURN)))
     times: list[float] = []
     for _ in range(TURNS):
         t0 = time.perf_counter()
-        _INTS.issuperset(map(type, tuple(list(prompt))))
+        list(map(type, tuple(list(prompt)))).count(int)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -133,20 +140,21 @@ def run() -> list[dict[str, object]]:
     """Rows: name, value, unit, target, peer (the floor measured in this same run)."""
     manifest = kern_manifest.parse_manifest(MANIFEST.read_bytes())
     roles = kr.serving_roles(kr.read_manifest(MANIFEST))
+    runs = [(context, fresh, 0) for context in CONTEXTS for fresh in (False, True)] + [(14_000, False, LIVE)]
     rows: list[dict[str, object]] = []
-    for context in CONTEXTS:
-        floor = _floor_ms(context)
-        for fresh, ids in ((False, "the conversation's ids"), (True, "ids parsed fresh")):
-            with _engine(roles, manifest) as eng:
-                times = _warm_ms(eng, context, fresh)
-            rows.append(
-                {
-                    "name": f"warm turn host, {context} + {TURN} tokens, {ids}",
-                    "value": round(statistics.median(times), 3),
-                    "unit": "ms",
-                    "target": None,
-                    "peer": round(floor, 3),
-                    "peer_is": f"list, tuple and a type pass over the {context + 1 + TURN}-token prompt",
-                }
-            )
+    for context, fresh, live in runs:
+        with _engine(roles, manifest) as eng:
+            times = _warm_ms(eng, context, fresh, live)
+        what = "ids parsed fresh" if fresh else "the conversation's ids"
+        beside = f", {live} live sequences of {2 * SYSTEM} tokens sharing its first {SYSTEM}" if live else ""
+        rows.append(
+            {
+                "name": f"warm turn host, {context} + {TURN} tokens, {what}{beside}",
+                "value": round(statistics.median(times), 3),
+                "unit": "ms",
+                "target": None,
+                "peer": round(_floor_ms(context), 3),
+                "peer_is": f"list, tuple and a type count over the {context + 1 + TURN}-token prompt",
+            }
+        )
     return rows

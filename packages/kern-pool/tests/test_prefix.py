@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kern_pool import ApiError, Evicted, Prefix, Tier
+from kern_pool import ApiError, Evicted, Prefix, Tier, common_prefix
 
 UNIT = 4
 
@@ -295,6 +296,26 @@ TestWidePrefixModel.settings = settings(
 
 
 # ---- scenarios ---------------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 1), max_size=300), st.lists(st.integers(0, 1), max_size=300),
+       st.sampled_from(["list", "tuple", "ids"]))
+@settings(max_examples=400, deadline=None)
+def test_common_prefix_is_where_two_sequences_part(a: list[int], b: list[int], kind: str) -> None:
+    n = _lcp(tuple(a), tuple(b))
+    same = [*a[:150], *b[150:]] if len(a) >= 150 else b  # long common prefixes too
+    wrap: Any = {"list": list, "tuple": tuple, "ids": lambda x: array("Q", x)}[kind]
+    assert common_prefix(wrap(a), wrap(b)) == n
+    assert common_prefix(wrap(a), wrap(same)) == _lcp(tuple(a), tuple(same))
+
+
+def test_common_prefix_where_windows_end() -> None:
+    key = list(range(20_000))
+    for cut in (0, 1, 31, 32, 33, 95, 96, 97, 4_000, 19_999):
+        other = [*key[:cut], -1, *key[cut + 1 :]]
+        assert common_prefix(key, other) == cut and common_prefix(tuple(other), tuple(key)) == cut
+    assert common_prefix(key, key[:12_345]) == 12_345 and common_prefix(key, list(key)) == 20_000
+    assert common_prefix([], key) == 0 and common_prefix((), ()) == 0
 
 
 def _tree() -> Prefix[Val, Val]:

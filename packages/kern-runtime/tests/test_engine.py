@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kern_pool
 import kern_runtime as kr
@@ -339,6 +341,18 @@ def test_shared_prefix_never_covers_the_last_prompt_token() -> None:
     assert shared_prefix([1, 2, 3], [1, 2, 5, 4], True) == 0  # a stateful sequence only whole
     assert shared_prefix([1, 2, 3], [1, 2, 3, 4], True) == 3
     assert shared_prefix(list(range(1000)), [*range(777), -1, 5], False) == 777
+    assert shared_prefix([1, 2], [], False) == 0 and shared_prefix([1, 2], [1], False) == 0
+    assert shared_prefix([], [1, 2], True) == 0 and shared_prefix([], [], False) == 0
+
+
+@given(st.lists(st.integers(0, 2), max_size=80), st.lists(st.integers(0, 2), max_size=80), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_shared_prefix_is_the_common_prefix_with_the_prompt_but_its_last_token(
+        kept: list[int], prompt: list[int], stateful: bool) -> None:
+    n = 0
+    while n < min(len(kept), len(prompt) - 1) and kept[n] == prompt[n]:
+        n += 1
+    assert shared_prefix(kept, prompt, stateful) == (0 if stateful and n != len(kept) else n)
 
 
 def test_lease_tokens_hold_the_prompt_and_the_steps_after_it() -> None:

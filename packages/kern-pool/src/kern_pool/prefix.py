@@ -203,7 +203,8 @@ def _check_kept(arg: str, value: object) -> None:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of two token sequences, by binary search over slice equality.
+    """Length of the common prefix of two token sequences, by slice equality: windows doubling
+    from the start until one differs, then a binary search inside it.
 
     Args:
         a: one sequence.
@@ -213,8 +214,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         The number of leading positions where `a` and `b` agree.
     """
     lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
+    # NOTE: the slices compared (and copied, for lists) add up to about twice the common prefix,
+    # not the shorter sequence: sequences that part early cost little however long they are.
+    step = 32
+    while True:
+        end = min(hi, lo + step)
+        if a[lo:end] != b[lo:end]:
+            hi = end - 1
+            break
+        if end == hi:
+            return hi
+        lo, step = end, 2 * step
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[lo:mid] == b[lo:mid]:
