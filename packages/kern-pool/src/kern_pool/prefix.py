@@ -160,12 +160,17 @@ _Ids: TypeAlias = "array[int]"
 """Token ids as array("Q"): sliced, concatenated and compared (by memcmp) like tuples."""
 
 
-def _tokens(arg: str, key: object) -> tuple[tuple[int, ...], _Ids | None]:
-    """`key` as a tuple of token ids and as unsigned 64-bit ids (None when an id is past
-    2**64 - 1); ApiError naming `arg` unless every element is an int >= 0."""
+def _tokens(arg: str, key: object) -> Sequence[int]:
+    """`key`'s token ids as a tuple (a list stays that list); ApiError naming `arg` unless `key`
+    is a sequence (not str or bytes)."""
     if isinstance(key, str | bytes) or not isinstance(key, Sequence):
         raise ApiError(f"{arg} must be a sequence of token ids (ints >= 0), got {type(key).__name__}")
-    tokens: tuple[int, ...] = tuple(key)  # pyright: ignore[reportUnknownArgumentType]
+    return key if type(key) is list else tuple(key)  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+
+
+def _ids(arg: str, tokens: Sequence[int]) -> _Ids | None:
+    """`tokens` as unsigned 64-bit ids (None when an id is past 2**64 - 1); ApiError naming `arg`
+    unless every element is an int >= 0."""
     # NOTE: one C-level pass over the types (bool is a subclass of int, not int itself; counting
     # in a list beats a set's hashing), then one into unsigned ids, which refuses a negative id
     # (and one too large, which min tells apart).
@@ -174,18 +179,18 @@ def _tokens(arg: str, key: object) -> tuple[tuple[int, ...], _Ids | None]:
         with suppress(OverflowError):
             ids = array("Q", tokens)
         if ids is not None or min(tokens) >= 0:
-            return tokens, ids
+            return ids
     at, bad = next((i, t) for i, t in enumerate(tokens) if type(t) is not int or t < 0)
     raise ApiError(f"{arg} must hold token ids (ints >= 0), got {bad!r} at index {at}")
 
 
-def _matched(node: _Node[R, P], key: tuple[int, ...], ids: _Ids | None, d: int) -> int:
+def _matched(node: _Node[R, P], key: Sequence[int], ids: _Ids | None, d: int) -> int:
     """How many of `node`'s edge tokens `key` (and `ids`, its ids or None) holds from position `d`."""
     n = len(node.edge)
     if ids is not None and node.ids is not None:
         seg = ids[d : d + n]
         return n if len(seg) == n and seg == node.ids else common_prefix(node.ids, seg)
-    return common_prefix(node.edge, key[d : d + n])
+    return common_prefix(node.edge, tuple(key[d : d + n]))
 
 
 def _check_kept(arg: str, value: object) -> None:
@@ -373,7 +378,8 @@ class Prefix(Generic[R, P]):
                 the entry's, or a value the index already holds under another key or as a parked
                 value (insert a clone). Nothing changes.
         """
-        tokens, ids = _tokens("key", key)
+        tokens = tuple(_tokens("key", key))
+        ids = _ids("key", tokens)
         _check_kept("value", value)
         if not tokens or value.length != len(tokens):
             raise ApiError(f"key of {len(tokens)} tokens must be non-empty and equal the value's length {value.length}")
@@ -425,10 +431,14 @@ class Prefix(Generic[R, P]):
         Raises:
             ApiError: `prompt` is not a sequence of token ids (ints >= 0).
         """
-        tokens, ids = _tokens("prompt", prompt)
+        tokens = _tokens("prompt", prompt)
+        ids = _ids("prompt", tokens)
         best: tuple[int, int] = (0, -1)
         pick: _Candidate[R, P] | None = None
-        for cand in self._candidates(tokens[:-1], None if ids is None else ids[:-1]):
+        # NOTE: with ids, the prompt is matched on them alone (no tuple made, no tokens sliced)
+        qi = None if ids is None else ids[:-1]
+        q: Sequence[int] = tokens[:-1] if qi is None else qi
+        for cand in self._candidates(q, qi):
             if (cand[0], cand[1]) > best:
                 best, pick = (cand[0], cand[1]), cand
         if pick is None:
@@ -442,7 +452,7 @@ class Prefix(Generic[R, P]):
         res = entry.resident if resident else None
         return Hit(best[0], entry.key, res, None if resident else entry.parked)
 
-    def _candidates(self, q: tuple[int, ...], qi: _Ids | None) -> Iterator[_Candidate[R, P]]:
+    def _candidates(self, q: Sequence[int], qi: _Ids | None) -> Iterator[_Candidate[R, P]]:
         """Yield (length, rank, entry, region): entries on the path deepest first, then regions
         (`qi`: the ids of `q`, or None)."""
         node, d = self._root, 0
