@@ -543,6 +543,26 @@ def test_checkpoint_restore_fork_retire_decisions() -> None:
     assert (pool.pages_used, snap.nodes) == (0, 0)
 
 
+def test_pages_are_made_once_and_keep_their_order_through_sealing() -> None:
+    pool, _ = Pool.create(KV)
+    lease = pool.lease(10)
+    first = lease.pages
+    assert first == (0, 1, 2) and lease.pages is first
+    cp, _ = pool.checkpoint(lease, 6)  # page 0 sealed
+    fork, _ = pool.fork(lease, 9, 9)  # pages 0 and 1 sealed
+    assert (lease.pages, lease.sealed, lease.own_pages) == (first, 2, (2,)) and lease.pages is first
+    assert lease.table_row() == (0, 1, 2) + (0,) * 5
+    child, _ = pool.restore(cp, 6, 9)
+    again, _ = pool.restore(cp, 4, 4)  # the checkpoint's chain, walked once, serves both
+    assert (child.pages, again.pages, cp.pages) == ((0, 5, 6), (0,), (0, 3))
+    lease.release()
+    with pytest.raises(ApiError, match="released"):
+        _ = lease.pages
+    for h in (cp, fork, child, again):
+        h.release()
+    assert (pool.pages_used, pool.snapshot().nodes) == (0, 0)
+
+
 def test_retire_returns_pages_past_length_and_reuses_sealed_partial_page() -> None:
     pool, _ = Pool.create(KV)
     lease = pool.lease(16)

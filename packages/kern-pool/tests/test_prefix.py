@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kern_pool import ApiError, Evicted, Prefix, Tier
+from kern_pool import ApiError, Evicted, Prefix, Tier, common_prefix
 
 UNIT = 4
 
@@ -134,6 +136,9 @@ class PrefixMachine(RuleBasedStateMachine):
 
     @rule(key=keys, stateful=st.booleans())
     def insert(self, key: tuple[int, ...], stateful: bool) -> None:
+        self.insert_both(key, stateful)
+
+    def insert_both(self, key: tuple[int, ...], stateful: bool) -> None:
         pair = self.new(len(key), stateful)
         old = self.model.entries.get(key)
         if old is not None and old.stateful != stateful:
@@ -159,6 +164,9 @@ class PrefixMachine(RuleBasedStateMachine):
 
     @rule(prompt=st.lists(st.integers(0, 1), min_size=1, max_size=14).map(tuple))
     def lookup(self, prompt: tuple[int, ...]) -> None:
+        self.lookup_both(prompt)
+
+    def lookup_both(self, prompt: tuple[int, ...]) -> None:
         hits = [tree.lookup(prompt) for tree in self.trees]
         expect = self.model.best(prompt)
         if expect[0] == 0:
@@ -257,8 +265,57 @@ TestPrefixModel.settings = settings(
     max_examples=70, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
+BIG = 2**64
+"""The first id past unsigned 64 bits: edges holding it are matched as tuples, the rest by their ids."""
+wide_ids = st.sampled_from([0, 1, BIG, BIG + 1])
+wide_keys = st.lists(wide_ids, min_size=1, max_size=12).map(tuple)
+
+
+class WidePrefixMachine(PrefixMachine):
+    """The same model over ids past 64 bits beside small ones (in keys, prompts or both), each
+    prompt also passed as a list of new int objects (equal ids, never the same objects)."""
+
+    @rule(key=wide_keys, stateful=st.booleans())
+    def insert(self, key: tuple[int, ...], stateful: bool) -> None:
+        self.insert_both(key, stateful)
+
+    @rule(prompt=st.lists(wide_ids, min_size=1, max_size=14).map(tuple))
+    def lookup(self, prompt: tuple[int, ...]) -> None:
+        self.lookup_both(prompt)
+        hits = [tree.lookup([int(str(t)) for t in prompt]) for tree in self.trees]
+        got = [(h.length, 1 if h.tier is Tier.RESIDENT else 0, h.key) if h else None for h in hits]
+        assert got[0] == got[1] and (got[0][:2] if got[0] else (0, -1)) == self.model.best(prompt)
+        if got[0] is not None:
+            self.model.stamp_path(got[0][2])
+
+
+TestWidePrefixModel = WidePrefixMachine.TestCase
+TestWidePrefixModel.settings = settings(
+    max_examples=50, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
 
 # ---- scenarios ---------------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 1), max_size=300), st.lists(st.integers(0, 1), max_size=300),
+       st.sampled_from(["list", "tuple", "ids"]))
+@settings(max_examples=400, deadline=None)
+def test_common_prefix_is_where_two_sequences_part(a: list[int], b: list[int], kind: str) -> None:
+    n = _lcp(tuple(a), tuple(b))
+    same = [*a[:150], *b[150:]] if len(a) >= 150 else b  # long common prefixes too
+    wrap: Any = {"list": list, "tuple": tuple, "ids": lambda x: array("Q", x)}[kind]
+    assert common_prefix(wrap(a), wrap(b)) == n
+    assert common_prefix(wrap(a), wrap(same)) == _lcp(tuple(a), tuple(same))
+
+
+def test_common_prefix_where_windows_end() -> None:
+    key = list(range(20_000))
+    for cut in (0, 1, 31, 32, 33, 95, 96, 97, 4_000, 19_999):
+        other = [*key[:cut], -1, *key[cut + 1 :]]
+        assert common_prefix(key, other) == cut and common_prefix(tuple(other), tuple(key)) == cut
+    assert common_prefix(key, key[:12_345]) == 12_345 and common_prefix(key, list(key)) == 20_000
+    assert common_prefix([], key) == 0 and common_prefix((), ()) == 0
 
 
 def _tree() -> Prefix[Val, Val]:
@@ -275,6 +332,40 @@ def test_never_the_last_token_and_partial_pages() -> None:
     assert hit is not None and hit.length == 4
     assert tree.lookup((1,)) is None
     assert tree.lookup((1, 9, 9)) is None  # one shared token is not a whole page
+
+
+def test_a_long_edge_matches_up_to_where_the_prompt_leaves_it() -> None:
+    tree: Prefix[Val, Val] = Prefix(16)
+    key = tuple(range(1000, 15_000))
+    v = Val(len(key), False, "k")
+    tree.insert(key, v)
+    for cut in (0, 1, 15, 16, 17, 8_000, 13_999):
+        hit = tree.lookup([*key[:cut], 7, *key[cut + 1 :], 5])  # leaves the key at `cut`
+        assert (hit.length if hit else 0) == cut // 16 * 16
+    hit = tree.lookup(key[:100])  # ends inside page 6: the whole pages before token 99
+    assert hit is not None and (hit.length, hit.key) == (96, key)
+    hit = tree.lookup([int(str(t)) for t in (*key, 5)])  # new int objects, equal ids
+    assert hit is not None and (hit.length, hit.resident) == (14_000, v)
+    hit = tree.lookup(list(key))  # never the last token: 13,999 shared, 874 whole pages
+    assert hit is not None and hit.length == 13_984
+
+
+def test_ids_past_64_bits_are_ids_like_any_other() -> None:
+    tree = _tree()
+    a, b, c = Val(4, False, "a"), Val(4, False, "b"), Val(3, True, "c")
+    tree.insert((1, BIG, 3, 4), a)
+    tree.insert((1, BIG, 5, 6), b)  # splits the edge that holds BIG
+    tree.insert((1, 2, 3), c)
+    assert tree.entries() == [((1, 2, 3), True, False), ((1, BIG, 3, 4), True, False), ((1, BIG, 5, 6), True, False)]
+    hit = tree.lookup((1, BIG, 3, 4, 9))
+    assert hit is not None and (hit.length, hit.resident) == (4, a)
+    hit = tree.lookup((1, BIG, 5, 9))
+    assert hit is not None and hit.length == 2
+    hit = tree.lookup((1, 2, 3, BIG + 5))
+    assert hit is not None and (hit.length, hit.resident) == (3, c)
+    assert tree.lookup((1, BIG + 1, 3, 4, 9)) is None
+    tree.clear()
+    assert tree.entries() == [] and a.released and b.released and c.released
 
 
 def test_stateful_only_at_exact_length() -> None:
@@ -476,7 +567,9 @@ def test_a_released_value_is_refused() -> None:
     assert _state(tree) == before
 
 
-@pytest.mark.parametrize("prompt", ["ab", 7, (1, "x"), [1, -1], (True, 2)])
+@pytest.mark.parametrize(
+    "prompt", ["ab", 7, (1, "x"), [1, -1], (True, 2), [3, -(2**70)], (1, 2.0), [np.int64(1), 2], [2**64, -1]]
+)
 def test_bad_prompts_raise_and_change_nothing(prompt: object) -> None:
     tree, _ = _filled()
     before = _state(tree)

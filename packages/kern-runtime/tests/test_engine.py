@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kern_pool
 import kern_runtime as kr
@@ -169,6 +171,36 @@ def test_the_block_table_is_the_lease_row_and_slots_follow_it() -> None:
     eng.close()
 
 
+def test_the_block_table_and_slots_follow_whichever_lease_is_seated() -> None:
+    """The engine keeps the last lease it staged as an array of pages: every prefill, seat and
+    step writes the seated lease's own row and slots, across a restore, re-seats and new leases."""
+    eng, be = _engine()
+    a, b = eng.sequence(), eng.sequence()
+    eng.turn(a, _ids(101, 40), 1)
+
+    def seated_is(seq: kr.Sequence) -> None:
+        lease = seq.lease
+        assert lease is not None
+        pos = be.inputs["pos"][-1]
+        assert be.inputs["bt"] == list(lease.table_row())
+        assert be.inputs["sl"][-1] == lease.pages[pos // 16] * 16 + pos % 16
+
+    eng.prefill(a, [*a.tokens, 5, 6, 7], 4)  # restored at 40: the index's pages, then its own
+    seated_is(a)
+    eng.prefill(b, _ids(102, 20), 8)
+    seated_is(b)
+    for seq in (a, b, a, a, b):
+        eng.step(seq)
+        seated_is(seq)
+    assert eng.prefill(b, [*b.tokens, 8, 9], 3).source is Source.CONTINUE  # b's own lease, in place
+    seated_is(b)
+    eng.finish(a)
+    eng.prefill(a, [*a.tokens, 4], 2)  # a new lease restored from a's retired turn
+    seated_is(a)
+    eng.close()
+    assert be.pool.pages_used == 0
+
+
 class CachingBackend(PoolBackend):
     """A PoolBackend that caches graphs (`kern_runtime.Caching`): its cache calls recorded, and
     each chunk's rows with how it was called."""
@@ -326,6 +358,18 @@ def test_shared_prefix_never_covers_the_last_prompt_token() -> None:
     assert shared_prefix([1, 2, 3], [1, 2, 5, 4], True) == 0  # a stateful sequence only whole
     assert shared_prefix([1, 2, 3], [1, 2, 3, 4], True) == 3
     assert shared_prefix(list(range(1000)), [*range(777), -1, 5], False) == 777
+    assert shared_prefix([1, 2], [], False) == 0 and shared_prefix([1, 2], [1], False) == 0
+    assert shared_prefix([], [1, 2], True) == 0 and shared_prefix([], [], False) == 0
+
+
+@given(st.lists(st.integers(0, 2), max_size=80), st.lists(st.integers(0, 2), max_size=80), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_shared_prefix_is_the_common_prefix_with_the_prompt_but_its_last_token(
+        kept: list[int], prompt: list[int], stateful: bool) -> None:
+    n = 0
+    while n < min(len(kept), len(prompt) - 1) and kept[n] == prompt[n]:
+        n += 1
+    assert shared_prefix(kept, prompt, stateful) == (0 if stateful and n != len(kept) else n)
 
 
 def test_lease_tokens_hold_the_prompt_and_the_steps_after_it() -> None:

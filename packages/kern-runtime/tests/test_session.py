@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kern_runtime as kr
 
@@ -231,3 +233,73 @@ def test_open_closes_the_runtime_when_weights_fail(paged_manifest: Path, monkeyp
     with pytest.raises(kr.WeightArtifactError):
         kr.Session.open(paged_manifest, paged_manifest.parent, [], gpu=0, capacity=64)
     assert rt.closed
+
+
+def _reference_check(top: int | None, capacity: int, prompt: Any) -> str | None:
+    """check_prompt as min and max over the ids judged it: its message, or None when accepted."""
+    if not prompt:
+        return "the prompt is empty"
+    if min(prompt) < 0 or (top is not None and max(prompt) > top):
+        bad = next(t for t in prompt if t < 0 or (top is not None and t > top))
+        return f"prompt id {bad} is outside the model's token ids 0..{top}"
+    if len(prompt) > capacity:
+        return f"the prompt has {len(prompt)} tokens; capacity is {capacity}"
+    return None
+
+
+def _checked(roles: kr.ServingRoles, capacity: int, prompt: Any) -> str | None:
+    try:
+        kr.check_prompt(roles, capacity, prompt)
+    except kr.SessionError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expect"),
+    [
+        ([0, 4095], None),
+        ((7,) * 9, None),
+        ([True, False, 3], None),
+        ([np.int64(5), np.uint16(4095)], None),
+        ([1.5, 2.0], None),  # not ids, but inside 0..4095: the index refuses them later
+        (b"\x00\x01\xff", None),  # a bytes prompt is its byte values, not raw memory
+        ([1, -2, -3], "prompt id -2 is outside"),
+        ([np.int64(-1)], "prompt id -1 is outside"),
+        ([4096], "prompt id 4096 is outside"),
+        ([3, 2**64], f"prompt id {2**64} is outside"),
+        ([-(2**70), 5], f"prompt id {-(2**70)} is outside"),
+        ([1.5, 4096.5], "prompt id 4096.5 is outside"),
+        ((), "the prompt is empty"),
+        (list(range(17)), "the prompt has 17 tokens; capacity is 16"),
+    ],
+)
+def test_check_prompt_judges_ids_as_min_and_max_do(prompt: Any, expect: str | None) -> None:
+    roles = _roles(ids={"min": 0, "max": 4095})
+    got = _checked(roles, 16, prompt)
+    assert got == _reference_check(4095, 16, prompt)
+    assert (got is None) if expect is None else (got is not None and got.startswith(expect))
+
+
+def test_check_prompt_without_a_token_bound_refuses_only_negative_ids() -> None:
+    roles = _roles()
+    assert roles.token_max is None
+    assert _checked(roles, 8, [2**64 + 1, 0]) is None and _checked(roles, 8, [2**63, 1]) is None
+    assert _checked(roles, 8, [5, -1]) == "prompt id -1 is outside the model's token ids 0..None"
+
+
+def test_check_prompt_refuses_what_comparisons_refuse() -> None:
+    roles = _roles(ids={"min": 0, "max": 4095})
+    with pytest.raises(TypeError):
+        kr.check_prompt(roles, 16, [1, "2"])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        kr.check_prompt(roles, 16, "ab")  # type: ignore[arg-type]
+
+
+@given(st.lists(st.one_of(st.integers(-3, 5000), st.integers(2**63 - 2, 2**64 + 2), st.booleans()), max_size=40),
+       st.sampled_from([list, tuple]))
+@settings(max_examples=300, deadline=None)
+def test_check_prompt_agrees_with_min_and_max(ids: list[int], kind: type) -> None:
+    roles = _roles(ids={"min": 0, "max": 4095})
+    prompt = kind(ids)
+    assert _checked(roles, 30, prompt) == _reference_check(4095, 30, prompt)

@@ -380,7 +380,7 @@ class Host:
         if same is not None and same.refs > 0 and same.length == store.length:
             same.refs += 1
             return Room(_KEY, self, checkpoint, [], [], None, same)
-        nodes = chain(store.tip)
+        nodes = store.chain()
         reuse = 0
         for i in range(len(nodes) - 1, -1, -1):
             twin = nodes[i].twin
@@ -414,7 +414,7 @@ class Host:
         got = self.room(target)
         if isinstance(got, Checkpoint):
             store = target._store
-            chain_len = len(chain(store.tip))
+            chain_len = len(store.chain())
             need = (chain_len + (store.tail is not None)) * self.page_units + (store.slot is not None) * self.slot_units
             raise HostFull(need, self.free)
         return self._fill(got)

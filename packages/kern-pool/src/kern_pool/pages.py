@@ -98,7 +98,7 @@ def chain(tip: _N | None) -> list[_N]:
 class Store:
     """What a checkpoint names: a chain, an optional private partial page, an optional slot."""
 
-    __slots__ = ("length", "paged", "refs", "slot", "tail", "tip", "twin")
+    __slots__ = ("_chain", "_pages", "length", "paged", "refs", "slot", "tail", "tip", "twin")
 
     def __init__(
         self, length: int, paged: bool, tip: Node | None, tail: PageId | None, slot: SlotId | None
@@ -110,10 +110,23 @@ class Store:
         self.slot = slot
         self.refs = 1
         self.twin: HostStore | None = None  # NOTE: the parked copy this store was woken from
+        self._chain: list[Node] | None = None
+        self._pages: tuple[PageId, ...] | None = None
 
-    def page_ids(self) -> list[PageId]:
-        pages = [n.page for n in chain(self.tip)]
-        return [*pages, self.tail] if self.tail is not None else pages
+    # NOTE: both made once: a node's parent never changes, and a live store keeps its tip and tail.
+
+    def chain(self) -> list[Node]:
+        """`chain(tip)`; callers must not change the list."""
+        if self._chain is None:
+            self._chain = chain(self.tip)
+        return self._chain
+
+    def page_ids(self) -> tuple[PageId, ...]:
+        """The chain's pages, then the tail if any."""
+        if self._pages is None:
+            pages = [n.page for n in self.chain()]
+            self._pages = (*pages, self.tail) if self.tail is not None else tuple(pages)
+        return self._pages
 
 
 class Lease:
@@ -125,7 +138,7 @@ class Lease:
     # NOTE: factories pass `own` in ascending order (as `Kind.take` returns ids): release frees a
     # contiguous run from its two ends.
 
-    __slots__ = ("_length", "_live", "_nodes", "_own", "_paged", "_pool", "_prefix", "_slot")
+    __slots__ = ("_length", "_live", "_nodes", "_own", "_paged", "_pages", "_pool", "_prefix", "_slot")
 
     def __init__(
         self,
@@ -136,6 +149,7 @@ class Lease:
         slot: SlotId | None,
         prefix: int,
         paged: bool,
+        pages: tuple[PageId, ...] | None = None,
     ) -> None:
         if key is not _KEY:
             raise ApiError("Lease is factory-only: use Pool.lease / lease_slot / restore / fork")
@@ -147,6 +161,7 @@ class Lease:
         self._length = prefix
         self._paged = paged
         self._live = True
+        self._pages = pages  # NOTE: `pages`, when known, is every page id in token order
 
     def _check(self) -> None:
         if not self._live:
@@ -171,7 +186,11 @@ class Lease:
     def pages(self) -> tuple[PageId, ...]:
         """Page ids in token order (shared chain pages first)."""
         self._check()
-        return tuple(n.page for n in self._nodes) + tuple(self._own)
+        # NOTE: made once: sealing moves own pages to the chain in order, and nothing else changes
+        # the pages of a live lease.
+        if self._pages is None:
+            self._pages = (*[n.page for n in self._nodes], *self._own)
+        return self._pages
 
     @property
     def own_pages(self) -> tuple[PageId, ...]:
@@ -356,7 +375,7 @@ class Checkpoint:
     def pages(self) -> tuple[PageId, ...]:
         """Page ids in token order (chain pages, then the private partial page if any)."""
         self._check()
-        return tuple(self._store.page_ids())
+        return self._store.page_ids()
 
     @property
     def sealed(self) -> int:
@@ -752,10 +771,10 @@ class Pool:
                 f"length {length} below the checkpoint's {store.length}: only stateless, at whole pages"
             )
         pages, slots = self._start_take(length, tokens, store.paged, store.slot is not None)
-        nodes = chain(store.tip)
+        nodes = store.chain()
         k, part = divmod(length, self.unit)
         src = (nodes[k].page if k < len(nodes) else store.tail) if part and store.paged else None
-        return self._start(nodes, src, store.slot, pages, slots, length, store.paged)
+        return self._start(nodes, store.page_ids(), src, store.slot, pages, slots, length, store.paged)
 
     lease_from = restore
 
@@ -780,7 +799,7 @@ class Pool:
         pages, slots = self._start_take(length, tokens, paged, slot is not None)
         if paged:
             self._seal(parent, k)
-        return self._start(parent._nodes, src, slot, pages, slots, length, paged)  # pyright: ignore[reportPrivateUsage]
+        return self._start(parent._nodes, parent.pages, src, slot, pages, slots, length, paged)  # pyright: ignore[reportPrivateUsage]
 
     def _start_take(
         self, length: int, tokens: int, paged: bool, stateful: bool
@@ -798,6 +817,7 @@ class Pool:
     def _start(
         self,
         nodes: list[Node],
+        known: tuple[PageId, ...],
         src: PageId | None,
         slot: SlotId | None,
         pages: list[PageId],
@@ -805,10 +825,12 @@ class Pool:
         length: int,
         paged: bool,
     ) -> tuple[Lease, DeviceCopies]:
+        """A lease sharing the first length // unit of `nodes` (whose pages `known` starts with)."""
         shared = nodes[: length // self.unit] if paged else []
         if shared:
             shared[-1].refs += 1
-        lease = Lease(_KEY, self, shared, pages, slots[0] if slots else None, length, paged)
+        ids = (*known[: len(shared)], *pages)
+        lease = Lease(_KEY, self, shared, pages, slots[0] if slots else None, length, paged, ids)
         page_copies = ((src, pages[0]),) if src is not None else ()
         return lease, Copies(page_copies, (slot, slots[0]) if slot is not None else None)
 
@@ -836,6 +858,7 @@ class Pool:
         if lease._nodes:  # pyright: ignore[reportPrivateUsage]
             self._unref(lease._nodes[-1])  # pyright: ignore[reportPrivateUsage]
         lease._nodes = []  # pyright: ignore[reportPrivateUsage]
+        lease._pages = None  # pyright: ignore[reportPrivateUsage]
         if lease._slot is not None:  # pyright: ignore[reportPrivateUsage]
             self._slots.give([lease._slot])  # pyright: ignore[reportPrivateUsage]
             lease._slot = None  # pyright: ignore[reportPrivateUsage]
@@ -846,6 +869,7 @@ class Pool:
             return
         self._unref(store.tip)
         store.tip = None
+        store._chain = store._pages = None  # pyright: ignore[reportPrivateUsage]
         if store.tail is not None:
             self._pages.give([store.tail])
             store.tail = None

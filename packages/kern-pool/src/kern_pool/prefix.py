@@ -9,10 +9,12 @@ iteration over unordered containers, so the same calls give the same answers.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeAlias, TypeVar
 
 from kern_pool.errors import ApiError
 
@@ -103,10 +105,13 @@ class _Entry(Generic[R, P]):
 
 
 class _Node(Generic[R, P]):
-    __slots__ = ("children", "depth", "edge", "entry", "parent", "park", "park_sl", "res", "res_sl")
+    # NOTE: `ids` is the edge as unsigned 64-bit ids, or None when it may hold one past 2**64 - 1:
+    # edges are matched on `ids` by memcmp when the other side has ids too, else on `edge`.
+    __slots__ = ("children", "depth", "edge", "entry", "ids", "parent", "park", "park_sl", "res", "res_sl")
 
-    def __init__(self, edge: tuple[int, ...], parent: _Node[R, P] | None, depth: int) -> None:
+    def __init__(self, edge: tuple[int, ...], ids: _Ids | None, parent: _Node[R, P] | None, depth: int) -> None:
         self.edge = edge
+        self.ids = ids
         self.parent = parent
         self.depth = depth
         self.children: dict[int, _Node[R, P]] = {}
@@ -151,19 +156,41 @@ def _compact(heap: list[tuple[int, int, _Entry[R, P]]], resident: bool) -> list[
     return live
 
 
-_INTS = frozenset((int,))
+_Ids: TypeAlias = "array[int]"
+"""Token ids as array("Q"): sliced, concatenated and compared (by memcmp) like tuples."""
 
 
-def _tokens(arg: str, key: object) -> tuple[int, ...]:
-    """`key` as a tuple of token ids; ApiError naming `arg` unless every element is an int >= 0."""
+def _tokens(arg: str, key: object) -> Sequence[int]:
+    """`key`'s token ids as a tuple (a list stays that list); ApiError naming `arg` unless `key`
+    is a sequence (not str or bytes)."""
     if isinstance(key, str | bytes) or not isinstance(key, Sequence):
         raise ApiError(f"{arg} must be a sequence of token ids (ints >= 0), got {type(key).__name__}")
-    tokens = tuple(key)  # pyright: ignore[reportUnknownArgumentType]
-    # NOTE: one C-level pass over the types (bool is a subclass of int, not int itself).
-    if tokens and (not _INTS.issuperset(map(type, tokens)) or min(tokens) < 0):
-        at, bad = next((i, t) for i, t in enumerate(tokens) if type(t) is not int or t < 0)
-        raise ApiError(f"{arg} must hold token ids (ints >= 0), got {bad!r} at index {at}")
-    return tokens  # pyright: ignore[reportUnknownVariableType]
+    return key if type(key) is list else tuple(key)  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+
+
+def _ids(arg: str, tokens: Sequence[int]) -> _Ids | None:
+    """`tokens` as unsigned 64-bit ids (None when an id is past 2**64 - 1); ApiError naming `arg`
+    unless every element is an int >= 0."""
+    # NOTE: one C-level pass over the types (bool is a subclass of int, not int itself; counting
+    # in a list beats a set's hashing), then one into unsigned ids, which refuses a negative id
+    # (and one too large, which min tells apart).
+    ids: _Ids | None = None
+    if list(map(type, tokens)).count(int) == len(tokens):
+        with suppress(OverflowError):
+            ids = array("Q", tokens)
+        if ids is not None or min(tokens) >= 0:
+            return ids
+    at, bad = next((i, t) for i, t in enumerate(tokens) if type(t) is not int or t < 0)
+    raise ApiError(f"{arg} must hold token ids (ints >= 0), got {bad!r} at index {at}")
+
+
+def _matched(node: _Node[R, P], key: Sequence[int], ids: _Ids | None, d: int) -> int:
+    """How many of `node`'s edge tokens `key` (and `ids`, its ids or None) holds from position `d`."""
+    n = len(node.edge)
+    if ids is not None and node.ids is not None:
+        seg = ids[d : d + n]
+        return n if len(seg) == n and seg == node.ids else common_prefix(node.ids, seg)
+    return common_prefix(node.edge, tuple(key[d : d + n]))
 
 
 def _check_kept(arg: str, value: object) -> None:
@@ -181,7 +208,8 @@ def _check_kept(arg: str, value: object) -> None:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of two token sequences, by binary search over slice equality.
+    """Length of the common prefix of two token sequences, by slice equality: windows doubling
+    from the start until one differs, then a binary search inside it.
 
     Args:
         a: one sequence.
@@ -191,8 +219,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         The number of leading positions where `a` and `b` agree.
     """
     lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
+    # NOTE: the slices compared (and copied, for lists) add up to about twice the common prefix,
+    # not the shorter sequence: sequences that part early cost little however long they are.
+    step = 32
+    while True:
+        end = min(hi, lo + step)
+        if a[lo:end] != b[lo:end]:
+            hi = end - 1
+            break
+        if end == hi:
+            return hi
+        lo, step = end, 2 * step
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[lo:mid] == b[lo:mid]:
@@ -219,7 +256,7 @@ class Prefix(Generic[R, P]):
         # NOTE: id(value) -> the entry holding it, for membership only (never iterated): the index
         # owns each value once, so the same object under two keys or tiers is refused.
         self._held: dict[int, _Entry[R, P]] = {}
-        self._root: _Node[R, P] = _Node((), None, 0)
+        self._root: _Node[R, P] = _Node((), array("Q"), None, 0)
         self._tick = 0
         self._push = 0
         self._heap_r: list[tuple[int, int, _Entry[R, P]]] = []
@@ -259,28 +296,30 @@ class Prefix(Generic[R, P]):
 
     # ---- structure -----------------------------------------------------------------------
 
-    def _find(self, key: Sequence[int]) -> _Node[R, P] | None:
+    def _find(self, key: tuple[int, ...], ids: _Ids | None) -> _Node[R, P] | None:
         node, d = self._root, 0
         while d < len(key):
             child = node.children.get(key[d])
-            if child is None or key[d : d + len(child.edge)] != child.edge:
+            if child is None or _matched(child, key, ids, d) < len(child.edge):
                 return None
             node, d = child, d + len(child.edge)
         return node
 
-    def _make(self, key: tuple[int, ...]) -> _Node[R, P]:
+    def _make(self, key: tuple[int, ...], ids: _Ids | None) -> _Node[R, P]:
         node, d = self._root, 0
         while d < len(key):
             child = node.children.get(key[d])
             if child is None:
-                leaf: _Node[R, P] = _Node(key[d:], node, len(key))
+                leaf: _Node[R, P] = _Node(key[d:], None if ids is None else ids[d:], node, len(key))
                 node.children[key[d]] = leaf
                 return leaf
-            m = common_prefix(child.edge, key[d : d + len(child.edge)])
+            m = _matched(child, key, ids, d)
             if m < len(child.edge):
-                mid: _Node[R, P] = _Node(child.edge[:m], node, d + m)
+                cut = child.ids
+                mid: _Node[R, P] = _Node(child.edge[:m], None if cut is None else cut[:m], node, d + m)
                 mid.copy_counts(child)
                 child.edge = child.edge[m:]
+                child.ids = None if cut is None else cut[m:]
                 child.parent = mid
                 mid.children[child.edge[0]] = child
                 node.children[key[d]] = mid
@@ -296,6 +335,7 @@ class Prefix(Generic[R, P]):
         if node.parent is not None and node.entry is None and len(node.children) == 1:
             (child,) = node.children.values()
             child.edge = node.edge + child.edge
+            child.ids = None if node.ids is None or child.ids is None else node.ids + child.ids
             child.parent = node.parent
             node.parent.children[node.edge[0]] = child
 
@@ -338,7 +378,8 @@ class Prefix(Generic[R, P]):
                 the entry's, or a value the index already holds under another key or as a parked
                 value (insert a clone). Nothing changes.
         """
-        tokens = _tokens("key", key)
+        tokens = tuple(_tokens("key", key))
+        ids = _ids("key", tokens)
         _check_kept("value", value)
         if not tokens or value.length != len(tokens):
             raise ApiError(f"key of {len(tokens)} tokens must be non-empty and equal the value's length {value.length}")
@@ -350,7 +391,7 @@ class Prefix(Generic[R, P]):
             raise ApiError(
                 f"value is already held by the index (under a key of {len(holder.key)} tokens); insert a clone"
             )
-        found = self._find(tokens)
+        found = self._find(tokens, ids)
         old = found.entry if found is not None and found.depth == len(tokens) else None
         if old is not None and old.stateful != value.stateful:
             raise ApiError("an entry with these tokens exists with a different statefulness")
@@ -358,7 +399,7 @@ class Prefix(Generic[R, P]):
             self._stamp_path(old.node)
             value.release()
             return False
-        node = self._make(tokens)
+        node = self._make(tokens, ids)
         entry = node.entry
         if entry is None:
             entry = _Entry(tokens, node, value.stateful)
@@ -367,13 +408,13 @@ class Prefix(Generic[R, P]):
         self._held[id(value)] = entry
         self._bump(entry, 1, 0)
         self._stamp_path(node)
-        self._replace_shorter(entry)
+        self._replace_shorter(entry, ids)
         return True
 
-    def _replace_shorter(self, entry: _Entry[R, P]) -> None:
+    def _replace_shorter(self, entry: _Entry[R, P], ids: _Ids | None) -> None:
         if entry.stateful or len(entry.key) <= self.unit:
             return
-        shorter = self._find(entry.key[: -self.unit])
+        shorter = self._find(entry.key[: -self.unit], None if ids is None else ids[: -self.unit])
         old = shorter.entry if shorter is not None else None
         if old is not None and not old.stateful and old.resident is not None and old.parked is None:
             self._drop_resident(old)
@@ -390,10 +431,14 @@ class Prefix(Generic[R, P]):
         Raises:
             ApiError: `prompt` is not a sequence of token ids (ints >= 0).
         """
-        q = _tokens("prompt", prompt)[:-1]
+        tokens = _tokens("prompt", prompt)
+        ids = _ids("prompt", tokens)
         best: tuple[int, int] = (0, -1)
         pick: _Candidate[R, P] | None = None
-        for cand in self._candidates(q):
+        # NOTE: with ids, the prompt is matched on them alone (no tuple made, no tokens sliced)
+        qi = None if ids is None else ids[:-1]
+        q: Sequence[int] = tokens[:-1] if qi is None else qi
+        for cand in self._candidates(q, qi):
             if (cand[0], cand[1]) > best:
                 best, pick = (cand[0], cand[1]), cand
         if pick is None:
@@ -407,8 +452,9 @@ class Prefix(Generic[R, P]):
         res = entry.resident if resident else None
         return Hit(best[0], entry.key, res, None if resident else entry.parked)
 
-    def _candidates(self, q: tuple[int, ...]) -> Iterator[_Candidate[R, P]]:
-        """Yield (length, rank, entry, region): entries on the path deepest first, then regions."""
+    def _candidates(self, q: Sequence[int], qi: _Ids | None) -> Iterator[_Candidate[R, P]]:
+        """Yield (length, rank, entry, region): entries on the path deepest first, then regions
+        (`qi`: the ids of `q`, or None)."""
         node, d = self._root, 0
         regions: list[tuple[int, _Region[R, P]]] = []
         full: list[_Entry[R, P]] = []
@@ -419,7 +465,7 @@ class Prefix(Generic[R, P]):
             if child is None:
                 regions.append((d, (node, None, None)))
                 break
-            m = common_prefix(child.edge, q[d : d + len(child.edge)])
+            m = _matched(child, q, qi, d)
             regions.append((d, (node, child, None)))
             if m < len(child.edge):
                 regions.append((d + m, (node, None, child)))
@@ -555,7 +601,7 @@ class Prefix(Generic[R, P]):
     def clear(self) -> None:
         """Release every value (in key order) and empty the index."""
         for key, res, park in self.entries():
-            node = self._find(key)
+            node = self._find(key, None)
             assert node is not None and node.entry is not None
             entry = node.entry
             if res:

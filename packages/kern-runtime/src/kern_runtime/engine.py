@@ -375,6 +375,8 @@ class Engine:
         self._seqs: dict[int, Sequence] = {}
         self._next = 0
         self._seated: tuple[Sequence, Lease] | None = None
+        self._pages: tuple[Lease, NDArray[np.int64]] | None = None
+        """The last lease staged or seated, and its pages as an array."""
         self._closer = closer
         self._closed = False
         rows = roles.rows.max_rows if roles.rows is not None else 0
@@ -1129,12 +1131,22 @@ class Engine:
 
     # ---- the row -----------------------------------------------------------------------------
 
+    def _page_ids(self, lease: Lease) -> NDArray[np.int64]:
+        """The lease's pages in token order, as an array made once per lease (a live lease's pages
+        never change; sealing only moves them into its chain)."""
+        held = self._pages
+        if held is None or held[0] is not lease:
+            held = self._pages = (lease, np.asarray(lease.pages, dtype=np.int64))
+        return held[1]
+
     def _write_table(self, seq: Sequence) -> None:
+        """The row's block table: the lease's pages, padded with its first page (its table_row)."""
         assert seq.lease is not None
-        row = list(seq.lease.table_row())
+        pages = self._page_ids(seq.lease)
         n = self.roles.blocks_len
-        table = np.full(n, row[0], dtype=np.int32)
-        table[: min(n, len(row))] = row[:n]
+        table = np.full(n, pages[0], dtype=np.int32)
+        k = min(n, len(pages))
+        table[:k] = pages[:k]
         self.backend.write_input(self.roles.blocks, table)
         if self._rows:
             self._table[0] = table
@@ -1142,7 +1154,7 @@ class Engine:
 
     def _stage(self, seq: Sequence, ids: Seq[int], start: int) -> None:
         assert seq.lease is not None
-        stage(self.backend, self.roles, np.asarray(seq.lease.pages, dtype=np.int64), ids, start)
+        stage(self.backend, self.roles, self._page_ids(seq.lease), ids, start)
 
     def _chunks(self, seq: Sequence, *, last: bool) -> int:
         """The prompt's tokens from `seq.kv` up to (not including) the last (`last`: through it) in

@@ -47,7 +47,7 @@ def shared_prefix(kept: Sequence[int], prompt: Sequence[int], stateful: bool) ->
     """Tokens of `kept` (a live sequence's tokens with KV) that `prompt` can reuse: the common
     prefix with every prompt token but the last; a stateful sequence only as a whole (its state is
     the state at its end)."""
-    n = common_prefix(kept, prompt[:-1])
+    n = min(common_prefix(kept, prompt), max(len(prompt) - 1, 0))
     if stateful and n != len(kept):
         return 0
     return n

@@ -9,6 +9,7 @@ program and an 8-byte readback of the next token.
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,12 +69,26 @@ def check_prompt(roles: ServingRoles, capacity: int, prompt: Sequence[int]) -> N
     if not prompt:
         raise SessionError("the prompt is empty")
     top = roles.token_max
-    # NOTE: two C-level passes; the first bad id is looked for only once there is one
-    if min(prompt) < 0 or (top is not None and max(prompt) > top):
+    if not _ids_within(prompt, top):
         bad = next(t for t in prompt if t < 0 or (top is not None and t > top))
         raise SessionError(f"prompt id {bad} is outside the model's token ids 0..{top}")
     if len(prompt) > capacity:
         raise SessionError(f"the prompt has {len(prompt)} tokens; capacity is {capacity}")
+
+
+def _ids_within(prompt: Sequence[int], top: int | None) -> bool:
+    """Whether every id of a non-empty prompt is in [0, top] (top None: no upper bound)."""
+    # NOTE: a list or tuple goes through one C-level pass into unsigned 64-bit ids, then numpy's
+    # max; what that pass refuses (a negative id, one past 2**64 - 1, a non-integer) and any other
+    # sequence (bytes would be read as raw memory) are judged by min and max
+    if type(prompt) is list or type(prompt) is tuple:
+        try:
+            ids = array("Q", prompt)
+        except (OverflowError, TypeError):
+            pass
+        else:
+            return top is None or int(np.frombuffer(ids, dtype=np.uint64).max()) <= top
+    return not (min(prompt) < 0 or (top is not None and max(prompt) > top))
 
 
 def _block_table(roles: ServingRoles, capacity: int, pages: Sequence[int] | None) -> NDArray[np.int32]:
