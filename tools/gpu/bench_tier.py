@@ -13,6 +13,7 @@ Usage: python3 tools/gpu/bench_tier.py OUT_DIR   (writes OUT_DIR/bench_tier.json
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -21,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,6 +33,7 @@ import kern_runtime as kr
 from kern_cli.bench_cmd import table as _table
 from kern_runtime import _driver as drv
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SRC = ROOT / "packages/kern-runtime/tests/kernels/rt_test.cu"
 TOKEN = 147_456
@@ -83,37 +86,29 @@ def _stamp_ends(rt: kr.Runtime, lease: kern_pool.Lease) -> dict[int, np.ndarray]
     return marks
 
 
-def _park(rt: kr.Runtime, cp: kern_pool.Checkpoint) -> tuple[kern_pool.Parked, float, float]:
-    """(parked, host issue s, wall s until landed) of a park on the transfer stream."""
-    rt.synchronize()
-    room = rt.room(cp.clone())
-    assert isinstance(room, kern_pool.Room), "the host block holds the checkpoint"
-    t0 = time.perf_counter()
-    parked = rt.park(room)
-    t1 = time.perf_counter()
-    rt.synchronize()
-    return parked, t1 - t0, time.perf_counter() - t0
-
-
-def _wake(rt: kr.Runtime, parked: kern_pool.Parked, length: int) -> tuple[kern_pool.Lease, float, float]:
+def _timed(rt: kr.Runtime, start: Callable[[], T]) -> tuple[T, float, float]:
+    """(what `start` returned, host issue s, wall s until both streams drained), from idle."""
     rt.synchronize()
     t0 = time.perf_counter()
-    waking = rt.wake(parked, length, length)
+    got = start()
     t1 = time.perf_counter()
     rt.synchronize()
-    got = rt.awake(waking)
-    assert isinstance(got, kern_pool.Lease)
     return got, t1 - t0, time.perf_counter() - t0
 
 
-def _wake_now(rt: kr.Runtime, parked: kern_pool.Parked, length: int) -> tuple[kern_pool.Lease, float, float]:
-    """(lease, host issue s, wall s until landed) of a staged wake_now."""
-    rt.synchronize()
-    t0 = time.perf_counter()
-    lease = rt.wake_now(parked, length, length)
-    t1 = time.perf_counter()
-    rt.synchronize()
-    return lease, t1 - t0, time.perf_counter() - t0
+def _park(rt: kr.Runtime, cp: kern_pool.Checkpoint) -> tuple[kern_pool.Parked, float, float]:
+    """(parked, host issue s, wall s until landed) of a park on the transfer stream."""
+    room = rt.room(cp.clone())
+    assert isinstance(room, kern_pool.Room), "the host block holds the checkpoint"
+    return _timed(rt, lambda: rt.park(room))
+
+
+def _wake(rt: kr.Runtime, parked: kern_pool.Parked, length: int) -> tuple[kern_pool.Lease, float, float]:
+    """(lease, host issue s, wall s until landed) of a wake on the transfer stream (a Waking)."""
+    waking, issue, wall = _timed(rt, lambda: rt.wake(parked, length, length))
+    got = rt.awake(waking)
+    assert isinstance(got, kern_pool.Lease)
+    return got, issue, wall
 
 
 def _memcpy(dst: int, src: int, nbytes: int, to_host: bool, stream: Any) -> tuple[float, float]:
@@ -173,7 +168,7 @@ def bench(work: Path) -> list[dict[str, Any]]:
             ok = all(np.array_equal(rt.read_state("kv", woken.pages[i] * UNIT * TOKEN, UNIT * TOKEN), m) for i, m in marks.items())
             assert ok, "a woken page differs from the parked one"
             woken.release()
-            now, sissue, swall = _wake_now(rt, parked, tokens)
+            now, sissue, swall = _timed(rt, functools.partial(rt.wake_now, parked, tokens, tokens))
             staged.append((sissue, swall))
             ok = all(np.array_equal(rt.read_state("kv", now.pages[i] * UNIT * TOKEN, UNIT * TOKEN), m) for i, m in marks.items())
             assert ok, "a page woken by wake_now differs from the parked one"
