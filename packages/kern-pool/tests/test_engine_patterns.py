@@ -1,11 +1,12 @@
 """The engine's call patterns on kern_pool: Pool + Prefix + Host in random orders.
 
 A machine leases, checkpoints, retires, forks and continues turns from index hits (restore of a
-resident hit, wake of a parked one into the lease or as a checkpoint inserted again), inserts the
-results (values re-inserted, the same value offered under a second key), evicts with and without a host, and releases. A trivial model (a
-dict of entries) predicts every index answer; after every step the pages and slots the pool
-counts equal what the live handles name, every value the index holds is live, and the host's
-used units equal the parked values' units. Teardown releases everything: nothing is left.
+resident hit, wake of a parked one into the lease then kept, or as a checkpoint), inserts the
+results (values re-inserted, the same value offered under a second key), evicts with and without
+a host, and releases. A trivial model (a dict of entries) predicts every index answer; after
+every step the pages and slots the pool counts equal what the live handles name, every value the
+index holds is live, and the host's used units equal the parked values' units. Teardown releases
+everything: nothing is left.
 """
 
 from __future__ import annotations
@@ -181,8 +182,8 @@ class EngineMachine(RuleBasedStateMachine):
           straight=st.booleans())
     def turn(self, prompt: list[int], answer: int, straight: bool) -> None:
         """Continue from the longest cached prefix: restore a resident hit, wake a parked one
-        (`straight`: into the turn's lease, as the engine does, the index keeping the parked copy;
-        else as a checkpoint inserted again, then restored)."""
+        (`straight`: into the turn's lease, then a checkpoint of it inserted again, as the engine
+        does; else as a checkpoint inserted again, then restored)."""
         prompt = prompt[: self.max_len - 1]
         full = prompt + [1] * min(answer, self.max_len - len(prompt))
         expect = self.model.best(tuple(prompt))
@@ -206,6 +207,9 @@ class EngineMachine(RuleBasedStateMachine):
                 lease: Lease = got[0]  # pyright: ignore[reportUnknownVariableType]
                 assert lease.prefix == hit.length
                 self._start(full, hit.length, lease)
+                kept = self._grant(lambda: self.pool.checkpoint(lease, hit.length))
+                if isinstance(kept, tuple):
+                    self._insert(tuple(prompt[: hit.length]), kept[0])  # pyright: ignore[reportUnknownArgumentType]
             return None
         else:
             assert hit.parked is not None

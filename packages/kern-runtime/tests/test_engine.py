@@ -55,6 +55,9 @@ class PoolBackend:
     def retire(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
         return self.pool.retire(lease, length)
 
+    def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+        return self.pool.checkpoint(lease, length)[0]
+
     def restore(self, cp: kern_pool.Checkpoint, length: int, tokens: int) -> kern_pool.Lease:
         return self.pool.restore(cp, length, tokens)[0]
 
@@ -115,19 +118,21 @@ def test_eviction_parks_the_coldest_leaf_then_drops_the_coldest_parked() -> None
     assert be.pool.pages_used == 0 and be.host.used == 0
 
 
-def test_a_parked_hit_is_woken_into_the_turn_s_lease_and_comes_back_resident_when_retired() -> None:
+def test_a_parked_hit_is_woken_into_the_turn_s_lease_then_kept_resident_beside_its_parked_copy() -> None:
     eng, be = _engine()
     s = eng.sequence()
     eng.turn(s, _ids(101, 20), 5)  # KV of 24 tokens
     assert eng.evict() and _tiers(eng) == {24: "parked"} and be.pool.pages_used == 0
+    be.runs.clear()
     pre = eng.prefill(s, [*s.tokens, 7, 8], 3)
     assert (pre.source, pre.reused, eng.counters.wakes) == (Source.PARKED, 24, 1)
-    assert _tiers(eng) == {24: "parked"}, "the wake adds no index entry; the parked copy stays"
-    assert s.lease is not None and s.lease.prefix == 24 and be.pool.pages_used == 2
-    eng.finish(s)
-    assert _tiers(eng) == {24: "parked", 26: "resident"}
-    t = eng.turn(s, [*s.tokens, 9], 2)  # now a resident hit at 26
-    assert (t.prefill.source, t.prefill.reused) == (Source.RESIDENT, 26)
+    assert be.runs and be.runs[0][0] == "chunk", "the chunk is queued before the woken prefix is kept"
+    assert _tiers(eng) == {24: "both"}, "the woken tokens are resident again, beside the parked copy"
+    assert s.lease is not None and s.lease.prefix == 24
+    assert be.pool.pages_used == 3, "the lease's two pages and the kept checkpoint's copy of the partial one"
+    eng.release(s)  # the turn dropped: its woken prefix stays resident
+    t = eng.turn(eng.sequence(), [*_ids(101, 20), *s.tokens[20:24], 9], 2)
+    assert (t.prefill.source, t.prefill.reused) == (Source.RESIDENT, 24)
     eng.close()
     assert be.pool.pages_used == 0 and be.host.used == 0
 
@@ -438,6 +443,11 @@ class StampBackend(PoolBackend):
         self._fresh(lease)
         self._copy(copies)
         return lease
+
+    def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+        cp, copies = self.pool.checkpoint(lease, length)
+        self._copy(copies)
+        return cp
 
     def fork(self, parent: kern_pool.Lease, length: int, tokens: int) -> kern_pool.Lease:
         lease, copies = self.pool.fork(parent, length, tokens)

@@ -283,6 +283,7 @@ class _Sim:
             cp.release()
         else:
             lease = self._wake(hit.parked, reuse, len(full))
+            self._keep(lease, prompt[:reuse])
         f.tokens_total += len(prompt)
         f.tokens_recomputed += len(prompt) - reuse
         lease.kv_indices(reuse, len(full))
@@ -290,7 +291,7 @@ class _Sim:
 
     def _wake(self, parked: Parked | None, length: int, tokens: int) -> Lease:
         """The parked hit woken straight into the turn's lease (`Host.restore`, as the engine's
-        `wake_now`); the index keeps the parked copy until the turn's retire inserts the rest."""
+        `wake_now`)."""
         assert parked is not None and self.host is not None
         host, held = self.host, parked.clone()
         try:
@@ -299,6 +300,15 @@ class _Sim:
             held.release()
         self.figures.wakes += 1
         return lease
+
+    def _keep(self, lease: Lease, key: list[int]) -> None:
+        """The woken prefix kept in the index as resident again (a checkpoint of the lease at its
+        length, as the engine keeps it once the chunk is queued); nothing when no page is left."""
+        try:
+            cp, _ = self.room(lambda: self.pool.checkpoint(lease, len(key)))
+        except SimError:
+            return
+        self.prefix.insert(key, cp)
 
     def finish(self, turn: _Turn) -> None:
         cp = self.pool.retire(turn.lease, len(turn.full))

@@ -76,6 +76,8 @@ class Backend(Protocol):
 
     def retire(self, lease: Lease, length: int) -> Checkpoint: ...
 
+    def checkpoint(self, lease: Lease, length: int) -> Checkpoint: ...
+
     def restore(self, checkpoint: Checkpoint, length: int, tokens: int) -> Lease: ...
 
     def fork(self, parent: Lease, length: int, tokens: int) -> Lease: ...
@@ -502,6 +504,8 @@ class Engine:
         else:
             self._prefill_rest(seq)
             self._seat(seq)
+        if decision.source is Source.PARKED:
+            self._keep_woken(seq, decision.length)
         done = Prefilled(decision.length, n - decision.length, decision.source, token)
         self.counters.reused += done.reused
         self.counters.prefilled += done.prefilled
@@ -525,6 +529,8 @@ class Engine:
             seq.kv = decision.length
         self._unseat(seq)
         seq.tokens = prompt
+        if decision.source is Source.PARKED:
+            self._keep_woken(seq, decision.length)
         done = Prefilled(decision.length, len(prompt) - decision.length, decision.source)
         self.counters.reused += done.reused
         self.counters.prefilled += done.prefilled
@@ -798,7 +804,7 @@ class Engine:
     def _wake(self, parked: Parked, length: int, need: int) -> Lease:
         """A lease of `need` tokens from the parked copy's first `length` (`wake_now`: the
         runtime stages the copies, so the chunk's first layers run while the rest still lands);
-        the index keeps the parked copy, and the turn's retire puts the tokens back as resident."""
+        `_keep_woken` puts the woken tokens back into the index once the chunk is queued."""
         held = parked.clone()
         try:
             lease = self._room(lambda: self.backend.wake_now(held, length, need))
@@ -806,6 +812,18 @@ class Engine:
             held.release()
         self.counters.wakes += 1
         return lease
+
+    def _keep_woken(self, seq: Sequence, length: int) -> None:
+        """The woken prefix kept in the index as resident again, beside its parked copy: a
+        checkpoint of the lease at `length`, taken after the chunk that waited for the staged
+        copies was queued (so its partial-page copy waits for nothing more)."""
+        lease = seq.lease
+        assert lease is not None
+        try:
+            cp = self._room(lambda: self.backend.checkpoint(lease, length))
+        except EngineError:
+            return  # NOTE: live sequences hold every page (the partial copy needs one): the parked copy stays
+        self.prefix.insert(seq.tokens[:length], cp)
 
     def _room(self, ask: Callable[[], T]) -> T:
         """`ask` until the pool grants it: a remap in flight is settled, a busy pool evicts the

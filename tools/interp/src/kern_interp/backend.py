@@ -85,6 +85,11 @@ class InterpBackend:
     def retire(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
         return self.pool.retire(lease, length)
 
+    def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+        checkpoint, copies = self.pool.checkpoint(lease, length)
+        self._copy(copies)
+        return checkpoint
+
     def restore(self, checkpoint: kern_pool.Checkpoint, length: int, tokens: int) -> kern_pool.Lease:
         lease, copies = self.pool.restore(checkpoint, length, tokens)
         self._zero(lease.pages[lease.sealed :])
