@@ -6,6 +6,7 @@ import json
 import re
 import threading
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -532,6 +533,39 @@ def test_a_landed_staged_wake_destroys_its_slice_events_once(monkeypatch: pytest
     woken.release()
     parked.release()
     assert (s.pool.pages_used, s.host.used) == (0, 0)
+
+
+def test_staged_steps_wait_for_their_own_slices_just_before_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program's calls over a staged wake: the wait for slice s comes right before the first
+    call touching it, calls touching nothing pending wait for nothing, and a later wake's slices
+    are waited for afresh."""
+    s, fake = _sliced(monkeypatch, {"kv": 4})
+    _staged(s, fake)
+
+    @dataclass
+    class Call:
+        position: int
+
+        def run(self) -> None:
+            fake.calls.append(("run", self.position))
+
+    touch = {1: (("kv", 0),), 2: (("kv", 0),), 4: (("kv", 3),), 5: (("kv", 1), ("ssm", 0))}
+    fake.calls.clear()
+    for call in s.staged([Call(i) for i in range(7)], touch):
+        call.run()
+    assert fake.calls == [
+        ("run", 0),
+        ("stream_wait_event", "stream", "event2"), ("run", 1),
+        ("run", 2),
+        ("run", 3),
+        ("stream_wait_event", "stream", "event5"), ("run", 4),
+        ("stream_wait_event", "stream", "event3"), ("stream_wait_event", "stream", "event1"), ("run", 5),
+        ("run", 6),
+    ]
+    assert s.pending, "slice 2 was touched by no call: still pending"
+    fake.calls.clear()
+    list(s.staged([Call(i) for i in range(7)], touch))
+    assert not _of(fake, "stream_wait_event")
 
 
 def test_a_staged_wake_queues_behind_a_park_in_flight_without_the_compute_stream_waiting(

@@ -703,11 +703,7 @@ class Runtime:
     def _execute_staged(self, program: str, steps: list[Step], seqs: Sequences) -> None:
         """`_execute` while a staged wake is pending: each call first waits for the slices it
         touches (`Sequences.await_slices`), so it runs as soon as its own slices landed."""
-        touch = self._touch(program, seqs)
-        for step in steps:
-            keys = touch.get(step.position)
-            if keys is not None:
-                seqs.await_slices(keys)
+        for step in seqs.staged(steps, self._touch(program, seqs)):
             try:
                 step.run()
             except KernRuntimeError as exc:

@@ -31,10 +31,10 @@ import dataclasses
 import itertools
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import kern_pool
 from kern_manifest import Manifest
@@ -58,6 +58,14 @@ from .errors import ApiError
 __all__ = ["Arena", "Sequences", "Waking", "pool_config_for", "pool_layout"]
 
 T = TypeVar("T")
+
+
+class _Positioned(Protocol):
+    @property
+    def position(self) -> int: ...
+
+
+S = TypeVar("S", bound=_Positioned)
 
 
 @dataclass(slots=True)
@@ -581,6 +589,15 @@ class Sequences:
             got = self._pending.pop(key, None)
             if got is not None:
                 drv.stream_wait_event(self._stream, got[0])
+
+    def staged(self, steps: Iterable[S], touch: Mapping[int, tuple[Slice, ...]]) -> Iterator[S]:
+        """`steps` (anything with a call `position`), each yielded once the compute stream waits
+        for the pending slices its call touches (`touch`: `call_slices` of its program)."""
+        for step in steps:
+            keys = touch.get(step.position)
+            if keys is not None:
+                self.await_slices(keys)
+            yield step
 
     def await_staged(self) -> None:
         """Makes the compute stream wait for every staged copy still pending (before a graph, a
