@@ -56,6 +56,9 @@ class _Backend:
     def retire(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
         return self.pool.retire(lease, length)
 
+    def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
+        return self.pool.checkpoint(lease, length)[0]
+
     def restore(self, checkpoint: kern_pool.Checkpoint, length: int, tokens: int) -> kern_pool.Lease:
         return self.pool.restore(checkpoint, length, tokens)[0]
 
@@ -65,8 +68,8 @@ class _Backend:
     def park(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
         return self.host.park(checkpoint)[0]
 
-    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint:
-        return self.host.wake(parked, length)[0]
+    def wake_now(self, parked: kern_pool.Parked, length: int, tokens: int) -> kern_pool.Lease:
+        return self.host.restore(parked, length, tokens)[0]
 
     def settle(self) -> None:
         return None

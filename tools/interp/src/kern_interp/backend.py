@@ -113,20 +113,12 @@ class InterpBackend:
             self.host_kv[self._page(unit)] = self.machine.kv[self._page(page)]
         return parked
 
-    def wake(self, parked: kern_pool.Parked, length: int) -> kern_pool.Checkpoint:
-        checkpoint, copies = self.host.wake(parked, length)
-        self._copy_in(copies)
-        return checkpoint
-
     def wake_now(self, parked: kern_pool.Parked, length: int, tokens: int) -> kern_pool.Lease:
         lease, copies = self.host.restore(parked, length, tokens)
         self._zero(lease.pages[lease.sealed :])
-        self._copy_in(copies)
-        return lease
-
-    def _copy_in(self, copies: kern_pool.WakeCopies) -> None:
         for unit, page in copies.pages:
             self.machine.kv[self._page(page)] = self.host_kv[self._page(unit)]
+        return lease
 
     def settle(self) -> None:
         plan = self.pool.pending
