@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -690,20 +690,13 @@ class Runtime:
         return template
 
     def _execute(self, program: str, steps: list[Step]) -> None:
+        """Enqueues the steps; while a staged wake is pending each call first waits for the slices
+        it touches (`Sequences.staged`), so it runs as soon as its own slices landed."""
         seqs = self._seqs
+        run: Iterable[Step] = steps
         if seqs is not None and seqs.pending:
-            self._execute_staged(program, steps, seqs)
-            return
-        for step in steps:
-            try:
-                step.run()
-            except KernRuntimeError as exc:
-                raise CallError(program, step.position, step.label, exc) from exc
-
-    def _execute_staged(self, program: str, steps: list[Step], seqs: Sequences) -> None:
-        """`_execute` while a staged wake is pending: each call first waits for the slices it
-        touches (`Sequences.await_slices`), so it runs as soon as its own slices landed."""
-        for step in seqs.staged(steps, self._touch(program, seqs)):
+            run = seqs.staged(steps, self._touch(program, seqs))
+        for step in run:
             try:
                 step.run()
             except KernRuntimeError as exc:

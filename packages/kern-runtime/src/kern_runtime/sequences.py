@@ -160,6 +160,20 @@ Slice = tuple[str, int]
 """(pooled state, slice of each page): what a call touches and a staged wake fills in turn."""
 
 
+def _runs(pairs: Iterable[tuple[int, int]], device_first: bool, per_object: int) -> list[tuple[int, int, int]]:
+    """(device object, host unit, count) runs of consecutive `pairs`, given as (device object,
+    host unit) or, not `device_first`, as (host unit, device object); a host object is
+    `per_object` units."""
+    if device_first:
+        return [(r.src, r.dst, r.count) for r in kern_pool.fold(pairs, 1, per_object)]
+    return [(r.dst, r.src, r.count) for r in kern_pool.fold(pairs, per_object, 1)]
+
+
+def _offsets(arenas: list[Arena]) -> list[int]:
+    """Where each arena's part of a host object starts: after the arenas before it."""
+    return list(itertools.accumulate((a.object_bytes for a in arenas), initial=0))
+
+
 def _device_first(copies: kern_pool.WakeCopies) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
     """A wake's (host unit, device object) pairs turned to (device object, host unit)."""
     slot = (copies.slot[1], copies.slot[0]) if copies.slot is not None else None
@@ -528,19 +542,22 @@ class Sequences:
         (host unit, device object) when not `device_first` (a wake decision's own order), folded
         into runs; each arena's part of a host object sits after the arenas before it."""
         host_pitch = per_object * self._host_unit
-        if device_first:
-            runs = [(r.src, r.dst, r.count) for r in kern_pool.fold(pairs, 1, per_object)]
+        offsets = _offsets(arenas)
+        for run in _runs(pairs, device_first, per_object):
+            for a, off in zip(arenas, offsets, strict=False):
+                self._run_rows(a, run, off, 0, a.object_bytes, host_pitch, to_host, stream)
+
+    def _run_rows(self, a: Arena, run: tuple[int, int, int], host_at: int, lo: int, width: int, host_pitch: int,
+                  to_host: bool, stream: Any) -> None:
+        """Bytes [lo, lo + width) of each object of one run (device object, host unit, count) of
+        arena `a`, to or from the host, where `a`'s part of a host object starts `host_at` bytes in."""
+        obj, unit, count = run
+        dev = a.base + obj * a.object_bytes + lo
+        at = self._host_base + unit * self._host_unit + host_at + lo
+        if to_host:
+            self._rows(at, host_pitch, True, dev, a.object_bytes, width, count, stream)
         else:
-            runs = [(r.dst, r.src, r.count) for r in kern_pool.fold(pairs, per_object, 1)]
-        for obj, unit, count in runs:
-            at = self._host_base + unit * self._host_unit
-            for a in arenas:
-                dev = a.base + obj * a.object_bytes
-                if to_host:
-                    self._rows(at, host_pitch, True, dev, a.object_bytes, a.object_bytes, count, stream)
-                else:
-                    self._rows(dev, a.object_bytes, False, at, host_pitch, a.object_bytes, count, stream)
-                at += a.object_bytes
+            self._rows(dev, a.object_bytes, False, at, host_pitch, width, count, stream)
 
     def _host_copies(self, pages: Iterable[tuple[int, int]], slot: tuple[int, int] | None, to_host: bool, stream: Any,
                      device_first: bool = True) -> None:
@@ -754,8 +771,8 @@ class Sequences:
         if not copies.pages:
             return marks
         host_pitch = self.host.page_units * self._host_unit
-        runs = [(r.dst, r.src, r.count) for r in kern_pool.fold(copies.pages, self.host.page_units, 1)]
-        offsets = list(itertools.accumulate((a.object_bytes for a in self._paged()), initial=0))
+        runs = _runs(copies.pages, False, self.host.page_units)
+        offsets = _offsets(self._paged())
         for i in range(max(self.slices.values())):
             keys: list[Slice] = []
             for a, off in zip(self._paged(), offsets, strict=False):
@@ -763,10 +780,8 @@ class Sequences:
                 if i >= n:
                     continue
                 width = a.object_bytes // n
-                for obj, unit, count in runs:
-                    dev = a.base + obj * a.object_bytes + i * width
-                    at = self._host_base + unit * self._host_unit + off + i * width
-                    self._rows(dev, a.object_bytes, False, at, host_pitch, width, count, stream)
+                for run in runs:
+                    self._run_rows(a, run, off, i * width, width, host_pitch, False, stream)
                 keys.append((a.name, i))
             marks.append((keys, self._mark(stream)))
         return marks
