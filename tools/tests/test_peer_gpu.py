@@ -77,10 +77,13 @@ def test_peer_matches_transformers_4b_shape(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings(*WARNINGS)
+@pytest.mark.parametrize("scale", [1.0, 8.0], ids=["flat", "peaked"])
 @pytest.mark.parametrize(("length", "written"), [(2048, 2048), (2048, 1500), (4096, 257), (32768, 30001)])
-def test_split_attention_is_sdpa_over_the_written_positions(length: int, written: int) -> None:
+def test_split_attention_is_sdpa_over_the_written_positions(length: int, written: int, scale: float) -> None:
     """The peer's long-cache decode attention (compiled, as the step graph runs it) against torch
-    SDPA in float32 over the same keys: within bf16 rounding of the output."""
+    SDPA in float32 over the same keys: within bf16 rounding of the output. `peaked`: queries 8x
+    larger, scores of a few tens as a trained model's attention has them, where scores rounded to
+    bf16 before the softmax are off by whole units (up to 0.14 of the output, 20x this bound)."""
     torch = gpu_import("torch")
     import torch.nn.functional as F
 
@@ -89,6 +92,7 @@ def test_split_attention_is_sdpa_over_the_written_positions(length: int, written
     gen = torch.Generator(device="cuda").manual_seed(length + written)
     q, kc, vc = (torch.randn(*shape, generator=gen, device="cuda").bfloat16()
                  for shape in ((8, 4, 128), (8, length, 128), (8, length, 128)))
+    q = (q.float() * scale).bfloat16()
     valid = torch.arange(length, device="cuda") < written
     got = _split_compiled()(q, kc, vc, valid).float()
     ref = F.scaled_dot_product_attention(q[None].float(), kc[None].float(), vc[None].float(),

@@ -208,7 +208,15 @@ def copy_dtod_async(dst: int, src: int, nbytes: int, stream: Any) -> None:
 
 
 def copy_htod(dst: int, src: int, nbytes: int) -> None:
+    """Host-to-device bytes, returning once they landed.
+
+    NOTE: cuMemcpyHtoD from pageable memory returns once the bytes are staged, before its DMA
+    lands, and the legacy stream it runs on orders nothing with the non-blocking streams kern
+    copies on: without the context synchronize, a copy queued next on such a stream could land
+    first and be overwritten by these bytes.
+    """
     _call(cu.cuMemcpyHtoD, dst, src, nbytes)
+    _call(cu.cuCtxSynchronize)
 
 
 def copy_dtoh(dst: int, src: int, nbytes: int) -> None:

@@ -702,7 +702,9 @@ class Engine:
     # ---- lifetime ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release every live lease and index entry; close the runtime the engine loaded."""
+        """Release every live lease and index entry, wait for the copies still in flight (a
+        staged wake holds its parked copy until they land), and close the runtime the engine
+        loaded: the pages, slots and host units the engine took are all back."""
         if self._closed:
             return
         if self._pipe is not None:
@@ -715,8 +717,11 @@ class Engine:
             self._pad.release()
             self._pad = None
         self.prefix.clear()
-        if self._closer is not None:
-            self._closer()
+        try:
+            self.backend.synchronize()
+        finally:
+            if self._closer is not None:
+                self._closer()
 
     def __enter__(self) -> Engine:
         return self

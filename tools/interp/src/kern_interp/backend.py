@@ -33,6 +33,10 @@ class InterpBackend:
         self._host = kern_pool.Host(self.pool, host_pages, 1, 1) if host_pages else None
         self.host_kv = np.zeros(host_pages * self.page, dtype=np.float32)
         self.calls: list[tuple[str, str]] = []
+        self._flying: list[kern_pool.Parked] = []
+        """What staged wakes' copies hold until they land: the runtime's transfer stream keeps a
+        clone of the parked copy it reads until then, and lets it go when it next looks (a park,
+        a synchronize); so does this backend."""
 
     # ---- programs ----------------------------------------------------------------------------
 
@@ -61,7 +65,12 @@ class InterpBackend:
         return fetch
 
     def synchronize(self) -> None:
-        pass
+        self._land()
+
+    def _land(self) -> None:
+        for held in self._flying:
+            held.release()
+        self._flying.clear()
 
     # ---- sequences ---------------------------------------------------------------------------
 
@@ -108,6 +117,7 @@ class InterpBackend:
         return self._host
 
     def park(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
+        self._land()
         parked, copies = self.host.park(checkpoint)
         for page, unit in copies.pages:
             self.host_kv[self._page(unit)] = self.machine.kv[self._page(page)]
@@ -118,6 +128,7 @@ class InterpBackend:
         self._zero(lease.pages[lease.sealed :])
         for unit, page in copies.pages:
             self.machine.kv[self._page(page)] = self.host_kv[self._page(unit)]
+        self._flying.append(parked.clone())
         return lease
 
     def settle(self) -> None:

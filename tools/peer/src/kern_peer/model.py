@@ -1,6 +1,7 @@
 """The peer's Qwen3 in PyTorch: the layers' dense work compiled by torch.compile, attention over a
-static KV cache (torch SDPA; for long caches a compiled attention split over the keys), a decode
-step captured as one CUDA graph that feeds itself.
+static KV cache (torch SDPA; for long caches a compiled attention split over the keys, its scores
+in float32 as flash attention keeps them), a decode step captured as one CUDA graph that feeds
+itself.
 
 A decode step is `first` (embedding, RMSNorm, qkv, q/k norm, RoPE), then per layer the cache write
 and SDPA (GQA: the query heads of each KV head are that head's query rows, so the cache is read
@@ -90,19 +91,22 @@ def split_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, valid: 
                     chunk: int = BUCKET) -> torch.Tensor:
     """Decode attention split over the keys: q [kv, g, D] (a kv head's g query heads), kc and vc
     [kv, L, D] (L a multiple of `chunk`), valid [L] bool (the positions written so far) -> [kv, g, D].
-    The scores are one batched product over all L keys; softmax and P V run per chunk of `chunk`
-    keys (each chunk's max, sum and weighted V, P rounded to the cache's dtype as flash attention
-    does), and the chunks combine by their maxima. So the V reduction runs over kv x L / chunk
-    independent products instead of one per (kv head, query rows), which is what an SDPA kernel
-    with a mask does at one query row, and a long cache is read at the GPU's bandwidth."""
+    As flash attention computes it: the scores accumulate in float32 and stay float32 (a bf16
+    score is off by up to 2^-9 of its size, a whole unit of a large logit), softmax and P V run
+    per chunk of `chunk` keys (each chunk's max, sum and float32-accumulated weighted V, P rounded
+    to the cache's dtype), and the chunks combine by their maxima. Written as products summed
+    over an axis, so that compiled, each reduction reads the bf16 cache once and accumulates in
+    float32 (no float copy of the cache), over kv x L / chunk independent chunks: a long cache is
+    read at the GPU's bandwidth."""
     kv, g, d = q.shape
     n = kc.shape[1] // chunk
-    s = torch.einsum("hgd,hld->hgl", q, kc).float() * d**-0.5
+    s = (q.float().unsqueeze(2) * kc.float().unsqueeze(1)).sum(-1) * d**-0.5
     s = s.masked_fill(~valid, float("-inf")).view(kv, g, n, chunk)
     m = s.amax(-1)
     p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)).unsqueeze(-1))
     total = p.sum(-1)
-    o = torch.einsum("hgnc,hncd->hgnd", p.to(vc.dtype), vc.view(kv, n, chunk, d)).float()
+    pv = p.to(vc.dtype).float().unsqueeze(-1) * vc.view(kv, 1, n, chunk, d).float()
+    o = pv.sum(3)
     top = m.amax(-1, keepdim=True)
     w = torch.where(total > 0, torch.exp(m - top), torch.zeros_like(m))
     return ((w.unsqueeze(-1) * o).sum(2) / (w * total).sum(-1, keepdim=True)).to(q.dtype)
