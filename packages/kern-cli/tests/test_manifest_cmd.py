@@ -219,3 +219,47 @@ def test_a_closed_stdout_ends_quietly() -> None:
         proc.stdout.close()
         err = proc.stderr.read().decode()
     assert proc.returncode == 141 and err == ""
+
+
+def _tiny_with(edit: str, name: str) -> dict[str, Any]:
+    doc = json.loads(TINY.read_text())
+    if edit == "model":
+        doc["model"] = name
+    elif edit == "rename":
+        doc["buffers"][name] = doc["buffers"].pop("h")
+    else:
+        doc["buffers"]["h"]["shape"] = [1_000_000_000_000_000]
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("edit", "lines"),
+    [
+        ("model", ["/model: longer than 256 characters (shorten it)"]),
+        ("rename", ["/buffers/" + "n" * 48 + "...(10000000 chars): longer than 256 characters (shorten it)"]),
+        ("shape", ["/buffers/h/shape: 2000000000000000 bytes at the vars' maxima, over the 1099511627776 (1 TiB) "
+                   "a buffer may take (lower the var maxima or the dims)"]),
+    ],
+)
+def test_a_10_mb_name_or_an_impossible_buffer_is_one_short_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: str, lines: list[str]) -> None:
+    path = _write(tmp_path, _tiny_with(edit, "n" * 10_000_000))
+    code, out, err = _run(capsys, "verify", str(path))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"kern manifest: {line}" for line in lines] + [f"kern manifest: {path}: 1 problem"]
+
+
+def test_a_long_name_that_verifies_is_cut_in_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = TINY.read_text().replace('"decode"', '"' + "d" * 256 + '"').replace('"tiny-lm"', '"' + "m" * 256 + '"')
+    code, out, err = _run(capsys, "verify", str(_write(tmp_path, text)))
+    assert code == 0 and err == ""
+    assert f"model '{'m' * 48}...(256 chars)', schema_version 5" in out
+    assert any(line.startswith(f"  {'d' * 48}...(256 chars) ") for line in out.splitlines())
+    assert max(map(len, out.splitlines())) < 120
+
+
+def test_a_number_too_long_for_python_is_our_own_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, b'{"schema_version": 5, "model": 1' + b"0" * 5000 + b"}")
+    code, _, err = _run(capsys, "verify", str(path))
+    assert code == 2
+    assert err.splitlines()[0] == "kern manifest: /: not JSON: a number too long (numbers in a manifest fit in 64 bits)"

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import pickle
+from typing import Any
 
 import pytest
 from helpers.manifests import tiny
 
 from kern_manifest import (
+    MAX_NAME,
     PROBLEM_LIMIT,
+    SHOWN,
     ManifestRejected,
     ManifestVerify,
+    load_manifest,
     parse_manifest,
     printable,
     problem_lines,
+    short,
 )
 
 
@@ -88,3 +93,60 @@ def test_problem_lines_cap(count: int, limit: int, tail: str | None) -> None:
 def test_problem_lines_refuses_a_limit_below_1() -> None:
     with pytest.raises(ValueError, match="limit must be at least 1, got 0"):
         problem_lines([], 0)
+
+
+# ---------------------------------------------------------------------------------- short names
+
+
+def test_short_keeps_a_name_of_up_to_shown_characters_and_cuts_a_longer_one() -> None:
+    assert short("x" * SHOWN) == "x" * SHOWN
+    assert short("y" * (SHOWN + 1)) == "y" * SHOWN + f"...({SHOWN + 1} chars)"
+    assert short("z" * 10_000_000) == "z" * SHOWN + "...(10000000 chars)"
+
+
+def test_a_line_cuts_each_pointer_token_and_the_pointer_stays_whole() -> None:
+    long = "b" * 10_000
+    problem = ManifestVerify(f"/buffers/{long}/shape", f"unused buffer {short(long)!r}", "remove it")
+    assert problem.pointer == f"/buffers/{long}/shape"
+    cut = "b" * SHOWN + "...(10000 chars)"
+    assert problem.line() == f"/buffers/{cut}/shape: unused buffer '{cut}' (remove it)"
+
+
+def _lines_of(doc: dict[str, object]) -> list[str]:
+    with pytest.raises(ManifestRejected) as info:
+        load_manifest(json.dumps(doc))
+    return info.value.lines()
+
+
+def test_a_long_buffer_name_referenced_under_its_old_name_gives_short_lines() -> None:
+    """Every line that echoes a name (problem, pointer, declared list) stays short."""
+    doc = tiny()
+    new = "B" * MAX_NAME
+    doc["buffers"][new] = doc["buffers"].pop("h")
+    for n in range(12):
+        doc["buffers"][chr(ord("a") + n) * MAX_NAME] = {"dtype": "u8", "shape": [4], "kind": "workspace"}
+    lines = _lines_of(doc)
+    assert len(lines) > 12
+    assert max(map(len, lines)) < 1100
+    cut = "B" * SHOWN + f"...({MAX_NAME} chars)"
+    assert f"/buffers/{cut}: unused buffer '{cut}' (remove it or reference it)" in lines
+    unknown = [line for line in lines if "unknown buffer 'h'" in line]
+    assert unknown and all(f"(declared: {cut}, " in line and "(+8 more)" in line for line in unknown)
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "where"),
+    [("ops", {"params": [], "impl": {"launches": []}}, "/ops/O"), ("vars", {"max": 4}, "/vars/V"), ("", 1, "/F"),
+     ("model", None, "/model")],
+)
+def test_a_10_mb_name_is_refused_in_one_short_line(section: str, value: Any, where: str) -> None:
+    doc = tiny()
+    name = where[-1] * 10_000_000
+    if section == "model":
+        doc["model"] = name
+    else:
+        (doc[section] if section else doc)[name] = value
+    (line,) = _lines_of(doc)
+    assert len(line) < 250
+    assert line.startswith(where)
+    assert "longer than 256 characters" in line or "unknown field" in line

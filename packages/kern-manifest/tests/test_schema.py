@@ -16,6 +16,8 @@ from kern_manifest import (
     DTYPE_BYTES,
     EXTERN_SIGNATURES,
     MANIFEST,
+    MAX_NAME,
+    MAX_TEXT,
     BufArg,
     ExternLaunch,
     KernelLaunch,
@@ -229,6 +231,8 @@ def test_every_parse_problem_is_reported() -> None:
         (b"{" * 100_000, "not JSON"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (b'{"schema_version": 1' + b"0" * 5000 + b"}", "not JSON"),
+        (b'{"schema_version": 5, "model": 1' + b"0" * 5000 + b"}", "not JSON: a number too long"),
+        (b'{"schema_version": "' + b"5" * 10_000_000 + b'"}', "schema_version '555"),
         (b'{"schema_version": "5"}', "schema_version '5' is not 5"),
         (b'{"schema_version": true}', "is not 5"),
     ],
@@ -237,6 +241,64 @@ def test_garbage_is_a_single_parse_problem(data: bytes, message: str) -> None:
     (p,) = _parse_problems(data)
     assert message in p.message
     assert p.hint
+    assert "sys." not in p.line() and len(p.line()) < 200
+
+
+# ---------------------------------------------------------------------------------- name lengths
+
+
+def _name_at(pointer: str, name: str) -> dict[str, Any]:
+    """full() with `name` in the name position `pointer` (a key is renamed, a value replaced)."""
+    doc = full()
+    node: Any = doc
+    parts = pointer.split("/")[1:]
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    last = parts[-1]
+    if last.startswith("{") and last.endswith("}"):
+        node[name] = node.pop(last[1:-1])
+    else:
+        node[int(last) if isinstance(node, list) else last] = name
+    return doc
+
+
+NAME_POSITIONS = [
+    "/buffers/{x}",
+    "/vars/{seqs}",
+    "/ops/{argmax}",
+    "/programs/{decode}",
+    "/topology/groups/{tp}",
+    "/model",
+    "/programs/decode/calls/0/label",
+    "/programs/decode/calls/0/op",
+    "/programs/decode/calls/0/args/0/buf",
+    "/buffers/emb/bind/0/tensor",
+    "/buffers/ids/shape/0",
+]
+
+
+@pytest.mark.parametrize("pointer", NAME_POSITIONS)
+def test_a_name_longer_than_max_name_is_a_parse_problem(pointer: str) -> None:
+    found = _parse_problems(json.dumps(_name_at(pointer, "n" * (MAX_NAME + 1))))
+    # NOTE: a checkpoint tensor is a name or a rank table: the second problem says it is no table
+    assert len(found) == (2 if pointer.endswith("/tensor") else 1)
+    assert found[0].message.endswith("longer than 256 characters")
+    assert all(len(p.line()) < 200 for p in found)
+
+
+@pytest.mark.parametrize("pointer", NAME_POSITIONS)
+def test_a_name_of_max_name_characters_parses(pointer: str) -> None:
+    parse_manifest(json.dumps(_name_at(pointer, "n" * MAX_NAME)))
+
+
+def test_a_long_entry_or_constant_name_is_refused_in_a_short_line() -> None:
+    doc = full()
+    doc["ops"]["embed"]["impl"]["launches"][0]["entry"] = "e" * (MAX_TEXT + 1)
+    doc["constants"] = {"C" * (MAX_NAME + 1): 1}
+    found = _parse_problems(json.dumps(doc))
+    assert [p.pointer for p in found] == ["/constants/" + "C" * (MAX_NAME + 1), "/ops/embed/impl/launches/0/entry"]
+    assert all(len(p.line()) < 250 for p in found)
+    assert found[1].message == f"entry of {MAX_TEXT + 1} characters"
 
 
 def test_fifty_megabytes_of_random_bytes() -> None:

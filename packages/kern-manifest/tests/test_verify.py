@@ -12,6 +12,7 @@ import pytest
 from helpers.manifests import REPO, SHA_A, TINY, Json, drop, full, problems, put, tiny
 
 from kern_manifest import (
+    MAX_BUFFER_BYTES,
     ManifestParse,
     ManifestRejected,
     ManifestVerify,
@@ -993,3 +994,20 @@ def test_names_with_control_characters_are_echoed_escaped() -> None:
         "/buffers/spare\\n: unused buffer 'spare\\n' (remove it or reference it)",
     ]
     assert all(line.isprintable() for line in lines)
+
+
+def test_a_buffer_no_device_could_hold_is_refused() -> None:
+    doc = tiny()
+    doc["buffers"]["h"]["shape"] = [1_000_000_000_000_000]
+    assert _lines(doc) == [
+        "/buffers/h/shape: 2000000000000000 bytes at the vars' maxima, over the 1099511627776 (1 TiB)"
+        " a buffer may take (lower the var maxima or the dims)"
+    ]
+
+
+def test_a_buffer_or_scratch_of_1_tib_verifies_and_one_byte_more_does_not() -> None:
+    doc = tiny()
+    doc["buffers"]["h"]["shape"] = ["tokens", MAX_BUFFER_BYTES // 2 // 64]
+    assert MAX_BUFFER_BYTES == 1 << 40 and _lines(doc) == []
+    doc["buffers"]["h"] = {"dtype": "u8", "shape": [MAX_BUFFER_BYTES + 1], "kind": "workspace"}
+    assert [p.pointer for p in problems(doc)][:1] == ["/buffers/h/shape"]

@@ -25,6 +25,7 @@ from kern_manifest import (
     load_manifest,
     manifest_to_json,
     printable,
+    short,
 )
 
 __all__ = ["MAX_BYTES", "PROG", "format_bytes", "register", "summary"]
@@ -66,8 +67,8 @@ def format_bytes(n: int) -> str:
 def summary(manifest: Manifest) -> list[str]:
     """The lines `kern manifest verify` prints for a manifest that verifies."""
     m = manifest
-    lines = [f"model {m.model!r}, schema_version {m.schema_version}"]
-    var_text = ", ".join(f"{n} in [1, {v.max}]" for n, v in m.vars.items()) or "none"
+    lines = [f"model {short(m.model)!r}, schema_version {m.schema_version}"]
+    var_text = ", ".join(f"{short(n)} in [1, {v.max}]" for n, v in m.vars.items()) or "none"
     lines.append(f"vars: {var_text}")
     by_kind: dict[str, list[int]] = defaultdict(list)
     for name, buf in m.buffers.items():
@@ -78,7 +79,7 @@ def summary(manifest: Manifest) -> list[str]:
         if kind in by_kind:
             sizes = by_kind[kind]
             lines.append(f"  {kind:<10} {len(sizes):>5}  {format_bytes(sum(sizes))}")
-    states = ", ".join(f"{n} ({k} {v})" for n, s in m.states.items() for k, v in s.sizes.items())
+    states = ", ".join(f"{short(n)} ({k} {v})" for n, s in m.states.items() for k, v in s.sizes.items())
     lines.append(f"states: {states or 'none'}")
     lines.append(f"modules: {len(m.modules)}; ops: {len(m.ops)}")
     lines.append(f"programs: {len(m.programs)}")
@@ -87,7 +88,7 @@ def summary(manifest: Manifest) -> list[str]:
         if program.batch is not None:
             flags.append(f"batch {program.batch.groups}x{program.batch.rows}")
         extra = f" ({', '.join(flags)})" if flags else ""
-        lines.append(f"  {name:<16} {len(program.calls):>5} calls{extra}")
+        lines.append(f"  {short(name):<16} {len(program.calls):>5} calls{extra}")
     return [printable(line) for line in lines]
 
 

@@ -13,7 +13,9 @@ from kern_manifest.digest import (
     digest_text,
 )
 from kern_manifest.errors import (
+    MAX_NAME,
     PROBLEM_LIMIT,
+    SHOWN,
     ExprError,
     ManifestError,
     ManifestParse,
@@ -22,6 +24,8 @@ from kern_manifest.errors import (
     escape_pointer,
     printable,
     problem_lines,
+    short,
+    short_pointer,
 )
 from kern_manifest.expr import (
     OPERATORS,
@@ -35,6 +39,7 @@ from kern_manifest.schema import (
     FLOAT_FILLS,
     INPUT_FILLS,
     MANIFEST,
+    MAX_TEXT,
     OUTPUT_FILLS,
     PACK_DEFAULT_WIDTH,
     SCALAR_BYTES,
@@ -102,6 +107,7 @@ from kern_manifest.schema import (
 )
 from kern_manifest.verify import (
     CUDA_LIMITS,
+    MAX_BUFFER_BYTES,
     check,
     load_manifest,
     verify,
@@ -115,6 +121,9 @@ __all__ = [
     "FLOAT_FILLS",
     "INPUT_FILLS",
     "MANIFEST",
+    "MAX_BUFFER_BYTES",
+    "MAX_NAME",
+    "MAX_TEXT",
     "OPERATORS",
     "OUTPUT_FILLS",
     "PACK_DEFAULT_WIDTH",
@@ -122,6 +131,7 @@ __all__ = [
     "SCALAR_BYTES",
     "SCALAR_TYPES",
     "SCHEMA_VERSION",
+    "SHOWN",
     "TENSORMAP_DTYPES",
     "Algo",
     "Batch",
@@ -196,5 +206,7 @@ __all__ = [
     "parse_param",
     "printable",
     "problem_lines",
+    "short",
+    "short_pointer",
     "verify",
 ]

@@ -12,6 +12,7 @@ from kern_manifest.errors import (
     ExprError,
     ManifestVerify,
     escape_pointer,
+    short,
 )
 from kern_manifest.expr import Expr
 from kern_manifest.schema import (
@@ -35,6 +36,7 @@ __all__ = [
     "DTYPE_RANGE",
     "F32_MAX",
     "INT_RANGE",
+    "MAX_BUFFER_BYTES",
     "MAX_BYTES",
     "SHA_RE",
     "STATE_ALIGN",
@@ -82,6 +84,9 @@ DTYPE_RANGE: Final[Mapping[str, tuple[int, int]]] = {
 }
 F32_MAX: Final = 3.4028234663852886e38
 MAX_BYTES: Final = (1 << 63) - 1
+MAX_BUFFER_BYTES: Final = 1 << 40
+"""The largest buffer or scratch (at the vars' maxima): 1 TiB, past any GPU's memory (an H200
+has 141 GB) and any host's pinned memory a weight buffer could take."""
 STATE_ALIGN: Final = 16
 SHA_RE: Final = re.compile(r"[0-9a-f]{64}")
 TENSORMAP_NIBBLES: Final[Mapping[str, int]] = {
@@ -103,7 +108,7 @@ def names(names: Iterable[str]) -> str:
     listed = sorted(names)
     if not listed:
         return "none declared"
-    shown = ", ".join(listed[:12])
+    shown = ", ".join(map(short, listed[:12]))
     return shown + (f" (+{len(listed) - 12} more)" if len(listed) > 12 else "")
 
 
@@ -190,7 +195,7 @@ class Base:
         for name in sorted(missing):
             self.err(
                 at,
-                f"unknown var {name!r}",
+                f"unknown var {short(name)!r}",
                 f"declare it under /vars (declared: {names(self.bounds)})",
             )
         return not missing
@@ -237,7 +242,7 @@ class Base:
         if name not in self.bounds:
             self.err(
                 at,
-                f"unknown var {name!r}",
+                f"unknown var {short(name)!r}",
                 f"declare it under /vars (declared: {names(self.bounds)})",
             )
             return False
@@ -248,7 +253,7 @@ class Base:
         if name not in self.groups:
             self.err(
                 at,
-                f"unknown group {name!r}",
+                f"unknown group {short(name)!r}",
                 f"declare it under /topology/groups (declared: {names(self.groups)})",
             )
             return False
@@ -325,10 +330,10 @@ class Base:
         if not ok:
             return None
         nbytes = math.prod(d.eval(self.vmax) for d in dims) * DTYPE_BYTES[dtype]
-        if nbytes > MAX_BYTES:
+        if nbytes > MAX_BUFFER_BYTES:
             self.err(
                 at,
-                f"{nbytes} bytes at the vars' maxima overflows 63 bits",
+                f"{nbytes} bytes at the vars' maxima, over the {MAX_BUFFER_BYTES} (1 TiB) a buffer may take",
                 "lower the var maxima or the dims",
             )
             return None

@@ -11,6 +11,7 @@ from kern_manifest._verify_base import (
     Base,
     ptr,
 )
+from kern_manifest.errors import short, short_pointer
 from kern_manifest.expr import Expr
 from kern_manifest.schema import (
     FLOAT_FILLS,
@@ -37,12 +38,12 @@ def source_problem(source: str) -> str | None:
             or any(p in ("", ".", "..") for p in parts)
             or ("@" in source and not rev)
         ):
-            return f"malformed hf: source {source!r}"
+            return f"malformed hf: source {short(source)!r}"
     elif source.startswith("https://"):
         if not source[len("https://") :].split("/")[0]:
-            return f"https source {source!r} has no host"
+            return f"https source {short(source)!r} has no host"
     elif "://" in source:
-        return f"unsupported source scheme in {source!r}"
+        return f"unsupported source scheme in {short(source)!r}"
     return None
 
 
@@ -131,7 +132,7 @@ class BufferChecks(Base):
         if name in self.m.states:
             self.err(
                 at,
-                f"buffer {name!r} has the name of a state",
+                f"buffer {short(name)!r} has the name of a state",
                 "rename one: index_into and of name a buffer or a state",
             )
         size = self.shape(buf.shape, buf.dtype, at + "/shape")
@@ -200,12 +201,12 @@ class BufferChecks(Base):
             self.use.states.add(of)
         elif target is None:
             self.err(
-                at + "/of", f"unknown buffer or state {of!r}", "name an export buffer or a state"
+                at + "/of", f"unknown buffer or state {short(of)!r}", "name an export buffer or a state"
             )
         elif of == name or target.kind == "peer" or not target.export:
             self.err(
                 at + "/of",
-                f"of {of!r} is not an export buffer",
+                f"of {short(of)!r} is not an export buffer",
                 'point at a buffer with "export": true or a state',
             )
         else:
@@ -258,7 +259,7 @@ class BufferChecks(Base):
         if self.group_ok(group, at + "/group") and count != self.groups[group]:
             self.err(
                 at,
-                f"{count} entries for group {group!r} of {self.groups[group]} ranks",
+                f"{count} entries for group {short(group)!r} of {self.groups[group]} ranks",
                 "give one entry per rank",
             )
 
@@ -277,7 +278,7 @@ class BufferChecks(Base):
         if first != at:
             self.err(
                 at + "/fill",
-                f"fill {buf.fill!r} again (first at {first})",
+                f"fill {buf.fill!r} again (first at {short_pointer(first)})",
                 "each fill role appears at most once",
             )
         wanted = "input" if buf.fill in INPUT_FILLS else "output"
@@ -331,7 +332,7 @@ class BufferChecks(Base):
         return value
 
     def index_domain(self, name: str, buf: Buffer, dom: Domain, at: str, integer: bool) -> None:
-        target = dom.index_into
+        target = dom.index_into or ""  # NOTE: the caller checked it is set
         if dom.min is not None or dom.max is not None:
             self.err(
                 at,
@@ -347,7 +348,7 @@ class BufferChecks(Base):
         if target == name or (target not in self.m.buffers and target not in self.m.states):
             self.err(
                 at + "/index_into",
-                f"index_into {target!r} is not another buffer or a state",
+                f"index_into {short(target)!r} is not another buffer or a state",
                 "name the buffer or state the elements index",
             )
         if dom.stride is not None and dom.stride < 1:

@@ -17,6 +17,8 @@ from kern_manifest._verify_base import (
 )
 from kern_manifest.errors import (
     escape_pointer,
+    short,
+    short_pointer,
 )
 from kern_manifest.schema import (
     PACK_DEFAULT_WIDTH,
@@ -86,7 +88,7 @@ class ImplFlow:
         for name, j in self.early_reads:
             v.err(
                 f"{at}/impl/launches/{j}",
-                f"reads scratch {name!r} before any launch writes it",
+                f"reads scratch {short(name)!r} before any launch writes it",
                 "write scratch in an earlier launch",
             )
         for i, p in enumerate(self.op.params):
@@ -100,7 +102,7 @@ class ImplFlow:
             if ("scratch", name) not in self.touched:
                 v.err(
                     f"{at}/impl/scratch/{escape_pointer(name)}",
-                    f"unused scratch {name!r}",
+                    f"unused scratch {short(name)!r}",
                     "remove it or pass it to a launch",
                 )
 
@@ -166,7 +168,7 @@ class OpChecks(Base):
         if launch.module not in self.m.modules:
             self.err(
                 at + "/module",
-                f"unknown module {launch.module!r}",
+                f"unknown module {short(launch.module)!r}",
                 f"declare it under /modules (declared: {names(self.m.modules)})",
             )
         self.block(launch.block, at + "/block")
@@ -243,7 +245,7 @@ class OpChecks(Base):
         if first[0] != pct:
             self.err(
                 at,
-                f"carveout {pct} for {launch.module}/{launch.entry}, {first[0]} at {first[1]}",
+                f"carveout {pct} for {short(launch.module)}/{short(launch.entry)}, {first[0]} at {short_pointer(first[1])}",
                 "the carveout is a function attribute: give every launch of the entry the same",
             )
 
@@ -369,14 +371,14 @@ class OpChecks(Base):
         if sc is None:
             self.err(
                 at + "/scratch",
-                f"unknown scratch {name!r}",
+                f"unknown scratch {short(name)!r}",
                 f"declare it under impl/scratch (declared: {names(op.impl.scratch)})",
             )
             return
         if param.kind != "buffer" or param.dtype != sc.dtype:
             self.err(
                 at,
-                f"scratch {name!r} of {sc.dtype} into a `{param}` slot",
+                f"scratch {short(name)!r} of {sc.dtype} into a `{param}` slot",
                 f"the slot must be a buffer<{sc.dtype}>",
             )
             return
@@ -444,7 +446,7 @@ class OpChecks(Base):
             if f.scratch not in op.impl.scratch:
                 self.err(
                     at + "/scratch",
-                    f"unknown scratch {f.scratch!r}",
+                    f"unknown scratch {short(f.scratch)!r}",
                     f"declare it under impl/scratch (declared: {names(op.impl.scratch)})",
                 )
             else:

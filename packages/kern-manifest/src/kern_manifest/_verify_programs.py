@@ -13,6 +13,7 @@ from kern_manifest._verify_base import (
     names,
     ptr,
 )
+from kern_manifest.errors import short
 from kern_manifest.expr import Expr
 from kern_manifest.schema import (
     DTYPE_BYTES,
@@ -63,19 +64,19 @@ class ProgramFlow:
         if buf.kind == "source" and not derive:
             self.v.err(
                 at,
-                f"source {name!r} read outside a derive program",
+                f"source {short(name)!r} read outside a derive program",
                 "sources live only during load; read them in derive programs",
             )
         elif derive and buf.kind in ("input", "output", "peer"):
             self.v.err(
                 at,
-                f"derive program touches {buf.kind} {name!r}",
+                f"derive program touches {buf.kind} {short(name)!r}",
                 "derive programs build weights only",
             )
         elif buf.kind in ("workspace", "output") and name not in self.written:
             self.v.err(
                 at,
-                f"reads {buf.kind} {name!r} before this program writes it",
+                f"reads {buf.kind} {short(name)!r} before this program writes it",
                 "write it in an earlier call of the program",
             )
 
@@ -89,11 +90,11 @@ class ProgramFlow:
                 "peer": "the runtime fills peer buffers; ops only read them",
                 "weight": "weights come from bind; derive unbound weights in a derive program",
             }[kind]
-            self.v.err(at, f"writes {kind} {name!r}", hint)
+            self.v.err(at, f"writes {kind} {short(name)!r}", hint)
             return
         if self.program.derive and kind in ("output",):
             self.v.err(
-                at, f"derive program touches {kind} {name!r}", "derive programs build weights only"
+                at, f"derive program touches {kind} {short(name)!r}", "derive programs build weights only"
             )
         self.written.add(name)
         self.v.written.add(name)
@@ -119,7 +120,7 @@ class ProgramChecks(Base):
         if first != index:
             self.err(
                 at,
-                f"label {label!r} again (first at call {first})",
+                f"label {short(label)!r} again (first at call {first})",
                 "give each call of a program its own label",
             )
 
@@ -160,14 +161,14 @@ class ProgramChecks(Base):
         if op is None or info is None:
             self.err(
                 at + "/op",
-                f"unknown op {call.op!r}",
+                f"unknown op {short(call.op)!r}",
                 f"declare it under /ops (declared: {names(self.m.ops)})",
             )
             return
         if len(call.args) != len(op.params):
             self.err(
                 at + "/args",
-                f"{len(call.args)} args for op {call.op!r} of {len(op.params)} params",
+                f"{len(call.args)} args for op {short(call.op)!r} of {len(op.params)} params",
                 "pass one arg per interface param",
             )
             return
@@ -196,21 +197,21 @@ class ProgramChecks(Base):
         if buf is None:
             self.err(
                 at + "/buf",
-                f"unknown buffer {arg.buf!r}",
+                f"unknown buffer {short(arg.buf)!r}",
                 f"declare it under /buffers (declared: {names(self.m.buffers)})",
             )
             return False
         if param.kind != "buffer" or param.dtype != buf.dtype:
             self.err(
                 at,
-                f"buffer {arg.buf!r} of {buf.dtype} for a `{param}` param",
+                f"buffer {short(arg.buf)!r} of {buf.dtype} for a `{param}` param",
                 "pass a buffer of the param's dtype",
             )
             return False
         if buf.kind == "peer" and info.has_extern:
             self.err(
                 at,
-                f"peer buffer {arg.buf!r} reaches an op with an extern launch",
+                f"peer buffer {short(arg.buf)!r} reaches an op with an extern launch",
                 "externs may not receive peer buffers",
             )
         self.offset(arg.offset, DTYPE_BYTES[buf.dtype], self.sizes.get(arg.buf), at + "/offset")
@@ -238,20 +239,20 @@ class ProgramChecks(Base):
         if state is None:
             self.err(
                 at + "/state",
-                f"unknown state {arg.state!r}",
+                f"unknown state {short(arg.state)!r}",
                 f"declare it under /states (declared: {names(self.m.states)})",
             )
             return
         if param.kind != "state":
             self.err(
-                at, f"state {arg.state!r} for a `{param}` param", "states go to state params only"
+                at, f"state {short(arg.state)!r} for a `{param}` param", "states go to state params only"
             )
             return
         self.offset(arg.offset, STATE_ALIGN, self.state_extent(arg.state), at + "/offset")
         if state.slices is not None and arg.offset.vars:
             self.err(
                 at + "/offset",
-                f"offset into sliced state {arg.state!r} reads vars {sorted(arg.offset.vars)}",
+                f"offset into sliced state {short(arg.state)!r} reads vars {sorted(map(short, arg.offset.vars))}",
                 "a sliced state's offsets are constants (the slice a call touches is known at load)",
             )
 
@@ -311,7 +312,7 @@ class ProgramChecks(Base):
                 what = "a derive program" if derived else "some program"
                 self.err(
                     ptr("buffers", name),
-                    f"{buf.kind} {name!r} is never written",
+                    f"{buf.kind} {short(name)!r} is never written",
                     f"write it in {what}" + ("" if not derived else ", or bind it"),
                 )
 
@@ -328,13 +329,13 @@ class ProgramChecks(Base):
                 if name not in used:
                     self.err(
                         ptr(section, name),
-                        f"unused {section[:-1]} {name!r}",
+                        f"unused {section[:-1]} {short(name)!r}",
                         "remove it or reference it",
                     )
         for name in self.groups:
             if name not in self.use.groups:
                 self.err(
                     ptr("topology", "groups", name),
-                    f"unused group {name!r}",
+                    f"unused group {short(name)!r}",
                     "remove it or reference it",
                 )

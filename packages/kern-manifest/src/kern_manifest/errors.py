@@ -14,6 +14,9 @@ pointer (RFC 6901, "" for the whole document), says what is wrong in one line an
 
 Rendered lines are printable: control and other non-printable characters in echoed names show as
 Python escapes (`\\x1b`, `\\u202e`), so a line never spans two terminal lines or moves the cursor.
+Lines are short: every name a message echoes goes through `short` (its first `SHOWN` characters
+and its length), and so does every token of the pointer a line shows (`.pointer` keeps it whole).
+Names are at most `MAX_NAME` characters (the schema refuses longer ones).
 A problem that others follow from (a var whose max is 0 breaks every size that reads it) carries
 `follows`, the number of problems folded into it. `problem_lines` renders at most `PROBLEM_LIMIT`
 problems and one `... and N more problems` line.
@@ -25,7 +28,9 @@ from collections.abc import Sequence
 from typing import Final
 
 __all__ = [
+    "MAX_NAME",
     "PROBLEM_LIMIT",
+    "SHOWN",
     "ExprError",
     "ManifestError",
     "ManifestParse",
@@ -34,10 +39,19 @@ __all__ = [
     "escape_pointer",
     "printable",
     "problem_lines",
+    "short",
+    "short_pointer",
 ]
 
 PROBLEM_LIMIT: Final = 50
 """How many problems `problem_lines` (and `kern manifest`) show before `... and N more problems`."""
+
+MAX_NAME: Final = 256
+"""The longest name (of a var, buffer, state, op, module, program, group, scratch, label, checkpoint
+tensor or the model) a manifest may use; the longest in examples/ has 47 characters."""
+
+SHOWN: Final = 48
+"""How many characters of a name (or of a pointer token) a message shows; `short` cuts the rest."""
 
 _ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -45,6 +59,21 @@ _ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def escape_pointer(token: str | int) -> str:
     """Escapes one reference token for a JSON pointer (`~` -> `~0`, `/` -> `~1`)."""
     return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def short(text: str) -> str:
+    """`text` as a message echoes it: whole up to `SHOWN` characters, else its first `SHOWN` and
+    its length (`abc...(10485760 chars)`), so no name makes a line long."""
+    if len(text) <= SHOWN:
+        return text
+    return f"{text[:SHOWN]}...({len(text)} chars)"
+
+
+def short_pointer(pointer: str) -> str:
+    """A JSON pointer as a message shows it: each token cut as `short` cuts a name."""
+    if len(pointer) <= SHOWN:
+        return pointer
+    return "/".join(short(token) for token in pointer.split("/"))
 
 
 def printable(text: str) -> str:
@@ -99,7 +128,7 @@ class ManifestError(Exception):
     def line(self) -> str:
         """`<pointer>: <message> (<hint>)`, the root shown as `/`, non-printables escaped; then
         `(and N problems that follow from it)` when `follows` is set."""
-        where = self.pointer or "/"
+        where = short_pointer(self.pointer) or "/"
         text = f"{where}: {self.message} ({self.hint})" if self.hint else f"{where}: {self.message}"
         if self.follows:
             verb = "follows" if self.follows == 1 else "follow"

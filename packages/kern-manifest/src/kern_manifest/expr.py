@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
-from kern_manifest.errors import ExprError, ManifestParse
+from kern_manifest.errors import MAX_NAME, ExprError, ManifestParse, short
 
 __all__ = ["MAX_DEPTH", "OPERATORS", "Expr", "parse_expr"]
 
@@ -105,7 +105,7 @@ class Expr:
         except KeyError as exc:
             raise ExprError(
                 "",
-                f"unknown var {exc.args[0]!r}",
+                f"unknown var {short(str(exc.args[0]))!r}",
                 "pass a value for every var the expression reads",
             ) from None
         except ZeroDivisionError:
@@ -123,14 +123,14 @@ class Expr:
         for name in self.vars:
             span = bounds.get(name)
             if span is None:
-                raise ExprError("", f"no bounds for var {name!r}", "declare the var under /vars")
+                raise ExprError("", f"no bounds for var {short(name)!r}", "declare the var under /vars")
             if not 0 <= span[0] <= span[1]:
-                raise ExprError("", f"bad bounds {span} for var {name!r}", "need 0 <= lo <= hi")
+                raise ExprError("", f"bad bounds {span} for var {short(name)!r}", "need 0 <= lo <= hi")
         for div in self._divisors:
             if div.range(bounds)[0] < 1:
                 raise ExprError(
                     "",
-                    f"divisor {div.to_json()} can be 0",
+                    f"divisor {short(str(div.to_json()))} can be 0",
                     "keep ceil_div divisors >= 1 at the var bounds",
                 )
         return self._corners(bounds)
@@ -162,7 +162,7 @@ class Expr:
         if math.prod(len(s) for s in spans) > _MAX_ENUMERATION:
             raise ExprError(
                 "",
-                f"var(s) {', '.join(mixed)} appear on both sides of a ceil_div over a wide range",
+                f"var(s) {', '.join(map(short, mixed))} appear on both sides of a ceil_div over a wide range",
                 "rewrite so each var only raises or only lowers the value",
             )
         lows: list[int] = []
@@ -211,6 +211,8 @@ class _Parser:
         if isinstance(raw, str):
             if not raw:
                 raise ManifestParse(path, "empty var name", "name a var declared under /vars")
+            if len(raw) > MAX_NAME:
+                raise ManifestParse(path, f"var name longer than {MAX_NAME} characters", "shorten it")
             return raw, {raw: _UP}, 1
         if isinstance(raw, dict):
             return self.operator(raw, path, depth)  # type: ignore[arg-type]
@@ -220,7 +222,9 @@ class _Parser:
         self, raw: dict[str, object], path: str, depth: int
     ) -> tuple[Node, dict[str, int], int]:
         if len(raw) != 1 or next(iter(raw)) not in OPERATORS:
-            keys = ", ".join(repr(k) for k in raw) or "no key"
+            keys = ", ".join(repr(short(k)) for k in itertools.islice(raw, 4)) or "no key"
+            if len(raw) > 4:
+                keys += f" and {len(raw) - 4} more keys"
             raise ManifestParse(
                 path, f"expression object with {keys}", f"use exactly one of {', '.join(OPERATORS)}"
             )

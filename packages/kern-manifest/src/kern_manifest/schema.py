@@ -56,7 +56,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kern_manifest.errors import ManifestError, ManifestParse, ManifestRejected, escape_pointer
+from kern_manifest.errors import (
+    MAX_NAME,
+    ManifestError,
+    ManifestParse,
+    ManifestRejected,
+    escape_pointer,
+    short,
+)
 from kern_manifest.expr import Expr, parse_expr
 
 __all__ = [
@@ -66,6 +73,7 @@ __all__ = [
     "FLOAT_FILLS",
     "INPUT_FILLS",
     "MANIFEST",
+    "MAX_TEXT",
     "OUTPUT_FILLS",
     "PACK_DEFAULT_WIDTH",
     "SCALAR_BYTES",
@@ -224,7 +232,7 @@ def parse_param(text: str) -> ParamType:
     """
     m = _PARAM_RE.fullmatch(text)
     if m is None:
-        raise ManifestParse("", f"malformed param type {text!r}", f"use {_PARAM_FORMS}")
+        raise ManifestParse("", f"malformed param type {short(text)!r}", f"use {_PARAM_FORMS}")
     direction, _, dtype, scalar, nbytes = m.groups()
     if scalar is not None:
         return ParamType("scalar", "in", scalar, SCALAR_BYTES[scalar])
@@ -234,7 +242,7 @@ def parse_param(text: str) -> ParamType:
         return ParamType("state", cast(Direction, direction), None, 8)
     if dtype not in DTYPE_BYTES:
         raise ManifestParse(
-            "", f"unknown buffer dtype {dtype!r} in {text!r}", f"use one of {', '.join(DTYPES)}"
+            "", f"unknown buffer dtype {dtype!r} in {short(text)!r}", f"use one of {', '.join(DTYPES)}"
         )
     return ParamType("buffer", cast(Direction, direction), dtype, 8)
 
@@ -357,7 +365,13 @@ def _one_of(kind: str, tags: tuple[str, ...]) -> Discriminator:
     )
 
 
-Name = Annotated[StrictStr, Field(min_length=1)]
+Name = Annotated[StrictStr, Field(min_length=1, max_length=MAX_NAME)]
+Label = Annotated[StrictStr, Field(max_length=MAX_NAME)]
+"""The model's label and call labels: like a name, but may be empty (the verifier says so)."""
+MAX_TEXT: Final = 4096
+"""The longest kernel entry symbol (a mangled C++ template name may run to thousands) or module
+source (a path or URL)."""
+Text = Annotated[StrictStr, Field(max_length=MAX_TEXT)]
 Int = Annotated[StrictInt, BeforeValidator(_constant)]
 """An integer; a wire-only constant's name may stand for it (`parse_manifest`)."""
 Float = Annotated[StrictFloat, BeforeValidator(_constant)]
@@ -412,7 +426,7 @@ class Topology(_Model):
 class Module(_Model):
     """A pinned code artifact: the sha256 is its identity, `source` only a label or address."""
 
-    source: StrictStr
+    source: Text
     sha256: StrictStr
 
 
@@ -741,12 +755,18 @@ def _module_entry(value: object) -> str:
             "{message}",
             {"message": "entry must be a non-empty string", "hint": "name the kernel symbol"},
         )
+    if len(value) > MAX_TEXT:
+        raise PydanticCustomError(
+            "entry",
+            "{message}",
+            {"message": f"entry of {len(value)} characters", "hint": f"use at most {MAX_TEXT}"},
+        )
     if value.startswith("extern:"):
         raise PydanticCustomError(
             "entry",
             "{message}",
             {
-                "message": f"a module launch may not use {value!r}",
+                "message": f"a module launch may not use {short(value)!r}",
                 "hint": "drop `module` to call a built-in extern",
             },
         )
@@ -823,10 +843,11 @@ def extern_signature(entry: str) -> ExternSignature:
 def _extern_entry(value: object) -> str:
     if not isinstance(value, str) or value not in EXTERN_SIGNATURES:
         names = ", ".join(EXTERN_SIGNATURES)
+        shown = short(value) if isinstance(value, str) else value
         raise PydanticCustomError(
             "entry",
             "{message}",
-            {"message": f"unknown extern entry {value!r}", "hint": f"use one of {names}"},
+            {"message": f"unknown extern entry {shown!r}", "hint": f"use one of {names}"},
         )
     return value
 
@@ -928,7 +949,7 @@ CallArg = Annotated[
 class Call(_Model):
     """One op invocation with its args, in interface order."""
 
-    label: StrictStr | None = None
+    label: Label | None = None
     op: Name
     args: tuple[CallArg, ...]
 
@@ -956,7 +977,7 @@ class Manifest(_Model):
     """A whole manifest (schema version 5)."""
 
     schema_version: StrictInt
-    model: StrictStr
+    model: Label
     topology: Topology | None = None
     vars: dict[Name, Var] = Field(default_factory=dict)
     states: dict[Name, State] = Field(default_factory=dict)
@@ -1064,8 +1085,12 @@ class _Hook:
         return marked
 
 
+class _NotJson(ValueError):
+    """NaN, Infinity or -Infinity: JSON has no such number."""
+
+
 def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJson(f"{name} is not JSON")
 
 
 def _decode(data: str | bytes) -> tuple[object, bool]:
@@ -1091,8 +1116,14 @@ def _decode(data: str | bytes) -> tuple[object, bool]:
         raise ManifestParse(
             "", "not JSON: nested too deeply", "a manifest nests only a few levels"
         ) from None
-    except ValueError as exc:
+    except _NotJson as exc:
         raise ManifestParse("", f"not JSON: {exc}", "fix the JSON syntax") from None
+    except ValueError:
+        # NOTE: the one other ValueError json.loads raises: an integer past Python's limit of
+        # sys.get_int_max_str_digits() digits
+        raise ManifestParse(
+            "", "not JSON: a number too long", "numbers in a manifest fit in 64 bits"
+        ) from None
 
 
 def _duplicates(root: object) -> list[ManifestParse]:
@@ -1105,7 +1136,7 @@ def _duplicates(root: object) -> list[ManifestParse]:
                 out.append(
                     ManifestParse(
                         f"{path}/{escape_pointer(key)}",
-                        f"duplicate key {key!r}",
+                        f"duplicate key {short(key)!r}",
                         "each name may appear once",
                     )
                 )
@@ -1144,6 +1175,7 @@ _HINTS: Final[Mapping[str, str]] = {
     "too_short": "add the missing items",
     "too_long": "remove the extra items",
     "string_too_short": "use a non-empty name",
+    "string_too_long": "shorten it",
     "greater_than_equal": "use a non-negative integer",
 }
 
@@ -1162,9 +1194,11 @@ def _problem(raw: object, err: Any) -> ManifestParse:
             message = f"missing field {name!r}"
             pointer += "/" + escape_pointer(name) if name else ""
     elif kind == "extra_forbidden":
-        message = f"unknown field {loc[-1]!r}" if loc else message
+        message = f"unknown field {short(str(loc[-1]))!r}" if loc else message
     if kind == "expr":
         pointer += str(ctx.get("subpath", ""))
+    if kind == "string_too_long":
+        message = f"longer than {ctx.get('max_length')} characters"
     hint = str(ctx.get("hint") or _HINTS.get(kind, "see docs/manifest.md"))
     return ManifestParse(pointer, message, hint)
 
@@ -1184,7 +1218,7 @@ def _check_version(raw: object) -> None:
     if type(version) is not int or version != SCHEMA_VERSION:
         raise ManifestParse(
             "/schema_version",
-            f"schema_version {version!r} is not {SCHEMA_VERSION}",
+            f"schema_version {short(repr(version))} is not {SCHEMA_VERSION}",
             "regenerate the manifest for schema 5",
         )
 
@@ -1224,12 +1258,14 @@ def _take_constants(
     problems: list[ManifestError] = []
     for name, value in cast("dict[str, object]", table).items():
         at = "/constants/" + escape_pointer(name)
-        if not _CONSTANT_NAME.fullmatch(name):
-            problems.append(ManifestParse(at, f"constant name {name!r}", "use letters, digits and _ (e.g. HIDDEN_SIZE)"))
+        shown = short(name)
+        if len(name) > MAX_NAME or not _CONSTANT_NAME.fullmatch(name):
+            problems.append(ManifestParse(at, f"constant name {shown!r}",
+                                          f"use up to {MAX_NAME} letters, digits and _ (e.g. HIDDEN_SIZE)"))
         elif name in var_names:
-            problems.append(ManifestParse(at, f"constant {name!r} is also a var", "rename one: a constant may not shadow a var"))
+            problems.append(ManifestParse(at, f"constant {shown!r} is also a var", "rename one: a constant may not shadow a var"))
         elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            problems.append(ManifestParse(at, f"constant {name!r} is {_json_type(value)}", "give a plain finite JSON number"))
+            problems.append(ManifestParse(at, f"constant {shown!r} is {_json_type(value)}", "give a plain finite JSON number"))
         else:
             out[name] = value
     return body, out, problems

@@ -8,7 +8,7 @@ narrows its var). The checks, by section:
 - header: model label; var max >= 1; group sizes >= 1 (every problem that follows from a var
   max or group size below 1 is folded into that one problem: `ManifestError.follows`); each state has exactly one size >= 1;
   module sha256 (64 lowercase hex) and source (`hf:org/repo/path[@rev]`, `https://...` or a file).
-- buffers: no buffer named like a state; shapes resolve, every dim >= 1, bytes fit in 63 bits at the maxima; placement host only
+- buffers: no buffer named like a state; shapes resolve, every dim >= 1, at most 1 TiB (`MAX_BUFFER_BYTES`) at the maxima; placement host only
   for weights; export not on host buffers or peers; `of`/`group` only on peers; peer rules (u64
   [group size], `of` an export buffer or a state, no domain); bind only (and always) on
   weight/source, with sane ranges and rank tables; fill roles on i32/i64 input/output buffers,
@@ -32,7 +32,7 @@ narrows its var). The checks, by section:
 
 from __future__ import annotations
 
-from kern_manifest._verify_base import CUDA_LIMITS
+from kern_manifest._verify_base import CUDA_LIMITS, MAX_BUFFER_BYTES
 from kern_manifest._verify_buffers import BufferChecks
 from kern_manifest._verify_ops import OpChecks
 from kern_manifest._verify_programs import ProgramChecks
@@ -48,6 +48,7 @@ from kern_manifest.schema import (
 
 __all__ = [
     "CUDA_LIMITS",
+    "MAX_BUFFER_BYTES",
     "check",
     "load_manifest",
     "verify",
