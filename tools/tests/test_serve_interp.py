@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -318,3 +320,107 @@ def test_load_with_faults(server: Server, ref: Reference) -> None:
     samples = parse_metrics(httpx.get(server.url + "/metrics").text)
     assert samples['kern_requests_total{outcome="cancelled"}'] >= results["cancel"]
     assert samples["kern_host_units_used"] <= samples["kern_host_units_total"]
+
+
+# ---- bounds, nesting and seeds ------------------------------------------------------------------
+
+
+def stream_status(server: Server, body: dict[str, Any]) -> httpx.Response | int:
+    """A streamed request's status once its answer starts (the request is then dropped), or its
+    whole error answer."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, headers=headers,
+                      timeout=120) as r:
+        if r.status_code != 200:
+            r.read()
+            return r
+        return r.status_code
+
+
+@pytest.mark.parametrize("prompt_len", [1, 4000])
+def test_max_tokens_is_refused_past_the_largest_accepted_value_it_names(server: Server, prompt_len: int) -> None:
+    """The message's bound is the scheduler's: accepted at N, refused at N + 1 naming N (the pool
+    of 4,096 tokens keeps a page spare, so N is 4,080 - prompt + 1, not the reach's 4,096 -
+    prompt + 1)."""
+    ids = [65] * prompt_len
+    most = 4080 - prompt_len + 1
+    assert stream_status(server, {**BASE, "prompt": ids, "max_tokens": most}) == 200
+    for asked in (most + 1, 10**20):
+        r = stream_status(server, {**BASE, "prompt": ids, "max_tokens": asked})
+        assert isinstance(r, httpx.Response)
+        err = error_of(r, 400)
+        assert (err["code"], err["param"]) == ("context_length_exceeded", "max_tokens")
+        assert err["message"].endswith(f"with a prompt of {prompt_len} tokens, at most {most}"), err["message"]
+
+
+def test_a_prompt_past_the_server_is_refused_naming_its_bound(server: Server) -> None:
+    assert stream_status(server, {**BASE, "prompt": [65] * 4080, "max_tokens": 1}) == 200
+    r = stream_status(server, {**BASE, "prompt": [65] * 4081, "max_tokens": 1})
+    assert isinstance(r, httpx.Response)
+    err = error_of(r, 400)
+    assert (err["code"], err["param"]) == ("context_length_exceeded", "prompt")
+    assert err["message"] == "the prompt has 4081 tokens; this server holds at most 4080 (prompt and answer)"
+
+
+@pytest.mark.parametrize("depth", [500, 1000, 30000])
+def test_a_deeply_nested_body_is_a_400_json_error(server: Server, depth: int) -> None:
+    raw = b'{"model": "' + MODEL.encode() + b'", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
+    err = error_of(post(server, "/v1/completions", None, raw=raw), 400)
+    assert err["code"] in ("invalid_json", "invalid_type")
+    assert len(err["message"]) < 200
+
+
+def test_echoed_values_are_cut(server: Server) -> None:
+    err = error_of(post(server, "/v1/completions", {**BASE, "model": "m" * 5000}), 400)
+    assert err["code"] == "model_not_found" and len(err["message"]) < 200
+    err = error_of(post(server, "/v1/completions", {**BASE, "temperature": "x" * 5000}), 400)
+    assert err["param"] == "temperature" and len(err["message"]) < 200
+    r = httpx.get(server.url + "/v1/models/" + "n" * 3000, headers={"authorization": f"Bearer {KEY}"})
+    assert len(error_of(r, 404)["message"]) < 200
+
+
+def sampled_text(client: openai.OpenAI, seed: int | None) -> str:
+    out = client.completions.create(model=MODEL, prompt=prompt(1), max_tokens=8, temperature=1.0, seed=seed)
+    return out.choices[0].text
+
+
+def test_unseeded_sampling_draws_afresh_and_a_seed_repeats(client: openai.OpenAI) -> None:
+    unseeded = [sampled_text(client, None) for _ in range(3)]
+    assert len(set(unseeded)) == 3, unseeded
+    assert sampled_text(client, 12345) == sampled_text(client, 12345)
+    assert sampled_text(client, 0) == sampled_text(client, 0)
+
+
+# ---- shutdown -----------------------------------------------------------------------------------
+
+
+def test_sigterm_ends_a_stream_past_the_grace_with_an_error_event_then_done(weights: Path) -> None:
+    """A stream of 4,000 tokens outlives the 5 s grace: SIGTERM ends it with the shutting_down error
+    event and `data: [DONE]`, the server says so in one line and exits 0."""
+    srv = start(weights)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {"model": MODEL, "prompt": [65, 66], "max_tokens": 4000, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        assert started.wait(60)
+        srv.proc.send_signal(signal.SIGTERM)
+        reader.join(60)
+        assert srv.proc.wait(60) == 0
+    finally:
+        srv.stop()
+    events = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2]) == {"error": {"message": "the server is shutting down", "type": "overloaded_error",
+                                                "param": None, "code": "shutting_down"}}
+    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
+    after = srv.lines[srv.lines.index(next(ln for ln in srv.lines if "listening on" in ln)) + 1:]
+    assert after == ["kern serve: stopped: 1 open request ended after the 5 s grace"], srv.stderr

@@ -12,6 +12,7 @@ told) and `--port`. `--api-key` (or $KERN_API_KEY) guards /v1/*.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib
 import os
@@ -36,7 +37,7 @@ from kern_cli.run import (
 )
 
 if TYPE_CHECKING:
-    from kern_cli.serve_app import Model
+    from kern_cli.serve_app import Closing, Model
     from kern_runtime import Engine
     from kern_runtime.serving import EngineFactory
 
@@ -65,6 +66,10 @@ DEFAULT_CAPACITY = 65536
 DEFAULT_MAX_BODY = 1 << 20
 DEFAULT_BACKEND = "kern_runtime.serving:open_engine"
 API_KEY_ENV = "KERN_API_KEY"
+GRACE_S = 5.0
+"""Seconds the open requests get to finish once SIGINT or SIGTERM arrives; then they are cut."""
+CUT_S = 5.0
+"""Seconds the cut requests get to send their last events before uvicorn cancels what is left."""
 T = TypeVar("T")
 
 
@@ -268,7 +273,12 @@ def _server_class() -> type[Any]:
 
     class Server(uvicorn.Server):
         """uvicorn's server; SIGINT and SIGTERM end it gracefully and exit 0 (uvicorn re-raises
-        them after shutting down, which would end the process with the signal's status)."""
+        them after shutting down, which would end the process with the signal's status). The open
+        requests get `GRACE_S` to finish; then `closing` cuts the rest, which end their answers
+        (`cut` counts them), before uvicorn's own timeout would cancel them mid-write."""
+
+        closing: Closing
+        cut = 0
 
         @contextlib.contextmanager
         def capture_signals(self) -> Generator[None]:
@@ -279,6 +289,16 @@ def _server_class() -> type[Any]:
                 for s, handler in kept.items():
                     signal.signal(s, handler)
 
+        def _cut(self) -> None:
+            self.cut = self.closing.cut()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            timer = asyncio.get_running_loop().call_later(GRACE_S, self._cut)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
     return Server
 
 
@@ -287,7 +307,7 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
     try:
         import uvicorn
 
-        from kern_cli.serve_app import make_app
+        from kern_cli.serve_app import Closing, make_app
     except ImportError as exc:
         raise ServeError(f"kern serve needs the serve extra ({exc}): install kern-cli[serve]") from None
     manifest = _manifest(opts)
@@ -307,13 +327,17 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
             step = f"batched step of {rows.max_rows} rows" if rows is not None else "row by row, greedy"
             log(f"model {model.name}: reach {engine.reach} tokens, {opts.rows} rows ({step}), backend {opts.backend}")
             log(f"listening on http://{host}:{port}" + (" (API key required)" if opts.api_key else ""))
-            config = uvicorn.Config(make_app(model), log_level="warning", access_log=False, lifespan="off",
-                                    timeout_graceful_shutdown=5)
-            _server_class()(config).run(sockets=[sock])
+            closing = Closing()
+            config = uvicorn.Config(make_app(model, closing), log_level="warning", access_log=False, lifespan="off",
+                                    timeout_graceful_shutdown=int(GRACE_S + CUT_S))
+            server = _server_class()(config)
+            server.closing = closing
+            server.run(sockets=[sock])
         finally:
             model.serving.close()
             sock.close()
-    log("stopped")
+    cut = server.cut
+    log(f"stopped: {cut} open request{'s' * (cut != 1)} ended after the {GRACE_S:g} s grace" if cut else "stopped")
     return 0
 
 

@@ -11,6 +11,8 @@ build the JSON objects.
 from __future__ import annotations
 
 import math
+import reprlib
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,12 +29,16 @@ __all__ = [
     "chat_ask",
     "completion_ask",
     "error_body",
+    "shown",
 ]
 
 MAX_STOPS = 4
 """Most stop strings a request may give (OpenAI's limit)."""
 MAX_LOGPROBS = 20
 """Most top alternatives a request may ask for."""
+
+SHOWN_CHARS = 40
+"""Most characters of a client's value that an error message echoes."""
 
 _UNSUPPORTED_ZERO = ("presence_penalty", "frequency_penalty")
 _UNSUPPORTED = ("suffix", "tools", "functions", "tool_choice", "function_call")
@@ -55,6 +61,22 @@ class ApiFailure(Exception):
 def error_body(exc: ApiFailure) -> dict[str, Any]:
     """The JSON of an error answer."""
     return {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.code}}
+
+
+def _shortener() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxstring = r.maxlong = r.maxother = SHOWN_CHARS
+    r.maxlevel, r.maxlist, r.maxdict, r.maxtuple = 2, 4, 4, 4
+    return r
+
+
+_SHORT = _shortener()
+
+
+def shown(value: object) -> str:
+    """`value` as an error message echoes it: its repr cut to about `SHOWN_CHARS` characters (at
+    any size or depth)."""
+    return _SHORT.repr(value)
 
 
 def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiFailure:
@@ -86,10 +108,10 @@ def _int(body: Mapping[str, Any], name: str, default: int, lo: int, hi: int | No
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(f"{name} must be an integer, got {value!r}", name, "invalid_type")
+        raise bad(f"{name} must be an integer, got {shown(value)}", name, "invalid_type")
     if value < lo or (hi is not None and value > hi):
         top = "" if hi is None else f" and at most {hi}"
-        raise bad(f"{name} must be at least {lo}{top}, got {value}", name)
+        raise bad(f"{name} must be at least {lo}{top}, got {shown(value)}", name)
     return value
 
 
@@ -98,11 +120,11 @@ def _float(body: Mapping[str, Any], name: str, default: float, lo: float, hi: fl
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad(f"{name} must be a number, got {value!r}", name, "invalid_type")
+        raise bad(f"{name} must be a number, got {shown(value)}", name, "invalid_type")
     x = float(value)
     if not math.isfinite(x) or x > hi or x < lo or (open_lo and x == lo):
         side = f"above {lo}" if open_lo else f"at least {lo}"
-        raise bad(f"{name} must be {side} and at most {hi}, got {value}", name)
+        raise bad(f"{name} must be {side} and at most {hi}, got {shown(value)}", name)
     return x
 
 
@@ -111,7 +133,7 @@ def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad(f"{name} must be true or false, got {value!r}", name, "invalid_type")
+        raise bad(f"{name} must be true or false, got {shown(value)}", name, "invalid_type")
     return value
 
 
@@ -148,9 +170,17 @@ def _sampling(body: Mapping[str, Any], logprobs: int) -> Sampling:
         temperature=_float(body, "temperature", 0.0, 0.0, 2.0),
         top_k=_int(body, "top_k", 0, 0),
         top_p=_float(body, "top_p", 1.0, 0.0, 1.0, open_lo=True),
-        seed=_int(body, "seed", 0, -(1 << 63), (1 << 64) - 1) % (1 << 63),
+        seed=_seed(body),
         logprobs=logprobs,
     )
+
+
+def _seed(body: Mapping[str, Any]) -> int:
+    """The request's seed modulo 2**63; without one a fresh draw, so that unseeded sampling differs
+    from request to request while a given seed repeats."""
+    if body.get("seed") is None:
+        return secrets.randbits(63)
+    return _int(body, "seed", 0, -(1 << 63), (1 << 64) - 1) % (1 << 63)
 
 
 def _common(body: Mapping[str, Any], model: str, max_name: str) -> tuple[str, int, bool, bool]:
@@ -158,7 +188,7 @@ def _common(body: Mapping[str, Any], model: str, max_name: str) -> tuple[str, in
     if not isinstance(name, str) or not name:
         raise bad("model is required: the name /v1/models lists", "model", "missing_required_parameter")
     if name != model:
-        raise bad(f"model {name!r} is not served here; this server serves {model!r}", "model", "model_not_found")
+        raise bad(f"model {shown(name)} is not served here; this server serves {model!r}", "model", "model_not_found")
     _refuse_unsupported(body)
     max_tokens = _int(body, max_name, 16, 1)
     stream = _bool(body, "stream", False)
@@ -195,7 +225,7 @@ def _content(m: Any, i: int) -> dict[str, str]:
         raise bad(f"messages[{i}] must be an object with role and content", "messages", "invalid_type")
     role, content = m.get("role"), m.get("content")
     if role not in ("system", "user", "assistant"):
-        raise bad(f"messages[{i}].role must be system, user or assistant, got {role!r}", "messages")
+        raise bad(f"messages[{i}].role must be system, user or assistant, got {shown(role)}", "messages")
     if isinstance(content, list):
         parts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in content]
         if any(not isinstance(p, str) for p in parts):

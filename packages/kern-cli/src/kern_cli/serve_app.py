@@ -4,7 +4,9 @@ POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events 
 GET /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text). Every error is OpenAI's JSON
 with its status (kern_cli.serve_api); an unexpected exception answers 500 with its type only. A
 client that goes away cancels its request: the handler waits for the request's next event or the
-connection's `http.disconnect`, whichever comes first.
+connection's `http.disconnect`, whichever comes first. When the server stops, `Closing.cut` ends
+every request still open: a stream with an error event and `data: [DONE]`, a whole answer with
+503 `shutting_down`.
 """
 
 from __future__ import annotations
@@ -27,13 +29,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kern_cli.serve_api import ApiFailure, Ask, Text, bad, chat_ask, completion_ask, error_body
+from kern_cli.serve_api import (
+    ApiFailure,
+    Ask,
+    Text,
+    bad,
+    chat_ask,
+    completion_ask,
+    error_body,
+    shown,
+)
 from kern_pool import Finish, Refusal, Refused
 from kern_runtime import ApiError, SessionError, check_prompt
 from kern_runtime.serving import BUCKETS, Done, Event, Histogram, Serving, Token
 from kern_runtime.serving import Request as Job
 
-__all__ = ["Model", "make_app", "metrics_text"]
+__all__ = ["Closing", "Model", "make_app", "metrics_text"]
 
 RETRY_AFTER_S = 1
 """What a 503 (queue full) tells the client to wait, in seconds."""
@@ -59,6 +70,25 @@ class Model:
 def failure(exc: ApiFailure) -> JSONResponse:
     """The JSON response of an error."""
     return JSONResponse(error_body(exc), status_code=exc.status, headers=exc.headers)
+
+
+def _shutting_down() -> ApiFailure:
+    return ApiFailure(503, "the server is shutting down", "overloaded_error", code="shutting_down")
+
+
+class Closing:
+    """The server's shutdown as the routes see it: `cut()` ends every request still open (a stream
+    with an error event then `data: [DONE]`, a whole answer with 503 `shutting_down`)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.open = 0
+        """Requests submitted and not yet answered."""
+
+    def cut(self) -> int:
+        """End the open requests; returns how many there were."""
+        self.event.set()
+        return self.open
 
 
 # ---- request checks ------------------------------------------------------------------------------
@@ -87,6 +117,8 @@ async def _json(request: Request, limit: int) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"the body is not valid JSON ({exc})", code="invalid_json") from None
+    except RecursionError:  # NOTE: the parser recurses once per level of nesting
+        raise bad("the body nests too deeply to parse", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object", code="invalid_json")
     return body
@@ -104,18 +136,19 @@ def _prompt_ids(m: Model, ask: Ask) -> list[int]:
 
 def _fits(m: Model, ask: Ask, ids: list[int]) -> None:
     engine = m.serving.engine
-    reach = engine.reach
     param = "messages" if ask.chat else "prompt"
-    if len(ids) >= reach:
-        raise bad(f"the prompt has {len(ids)} tokens; this model reaches {reach} (prompt and answer)", param,
-                  "context_length_exceeded")
+    # NOTE: the scheduler's bound is the one submit applies, so the message names the true limit
+    most = m.serving.sched.most_tokens(len(ids))
+    if most < 1:
+        raise bad(f"the prompt has {len(ids)} tokens; this server holds at most {len(ids) + most - 1} (prompt and "
+                  "answer)", param, "context_length_exceeded")
     try:
-        check_prompt(engine.roles, reach, ids)
+        check_prompt(engine.roles, engine.reach, ids)
     except SessionError as exc:
         raise bad(str(exc), param) from None
-    if len(ids) + ask.max_tokens - 1 > reach:
-        raise bad(f"max_tokens {ask.max_tokens} past the capacity: the prompt has {len(ids)} tokens and this model "
-                  f"reaches {reach}, so at most {reach - len(ids) + 1}", "max_tokens", "context_length_exceeded")
+    if ask.max_tokens > most:
+        raise bad(f"max_tokens {shown(ask.max_tokens)} is past what this server holds: with a prompt of {len(ids)} "
+                  f"tokens, at most {most}", "max_tokens", "context_length_exceeded")
 
 
 def _submit(m: Model, ask: Ask, ids: list[int], sink: Callable[[Event], None]) -> Job:
@@ -133,7 +166,7 @@ def _submit(m: Model, ask: Ask, ids: list[int], sink: Callable[[Event], None]) -
     try:
         answer = m.serving.submit(job)
     except ApiError:
-        raise ApiFailure(503, "the server is shutting down", "overloaded_error", code="shutting_down") from None
+        raise _shutting_down() from None
     if isinstance(answer, Refused):
         if answer.why is Refusal.QUEUE_FULL:
             raise ApiFailure(503, "the server's queue is full: retry later", "overloaded_error", code="queue_full",
@@ -147,12 +180,13 @@ def _submit(m: Model, ask: Ask, ids: list[int], sink: Callable[[Event], None]) -
 
 
 class _Events:
-    """A request's events on the event loop, and the connection's disconnect."""
+    """A request's events on the event loop, the connection's disconnect and the server's cut."""
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, closing: Closing) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.gone = asyncio.ensure_future(self._disconnect(receive))
+        self.cut = asyncio.ensure_future(closing.event.wait())
 
     def sink(self, ev: Event) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits for it
@@ -164,16 +198,25 @@ class _Events:
             pass
 
     async def next(self) -> Event | None:
-        """The next event, or None when the client went away."""
+        """The next event, or None when the client went away or the server cut the request
+        (`stopped`)."""
+        if self.cut.done():
+            return None
         get = asyncio.ensure_future(self.queue.get())
-        await asyncio.wait({get, self.gone}, return_when=asyncio.FIRST_COMPLETED)
-        if get.done():
+        await asyncio.wait({get, self.gone, self.cut}, return_when=asyncio.FIRST_COMPLETED)
+        if get.done() and not self.cut.done():
             return get.result()
         get.cancel()
         return None
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the server cut this request (it is stopping)."""
+        return self.cut.done()
+
     def close(self) -> None:
         self.gone.cancel()
+        self.cut.cancel()
 
 
 # ---- answers --------------------------------------------------------------------------------------
@@ -183,7 +226,7 @@ def _finish(done: Done) -> str:
     if done.finish is None:
         raise ApiFailure(500, f"the engine failed this request: {done.error}", "server_error", code="engine_error")
     if done.finish is Finish.CANCELLED:
-        raise ApiFailure(503, "the server is shutting down", "overloaded_error", code="shutting_down")
+        raise _shutting_down()
     return "length" if done.finish is Finish.LENGTH else "stop"
 
 
@@ -300,23 +343,29 @@ async def _stream(answer: _Answer, events: _Events) -> AsyncIterator[bytes]:
             yield _sse(error_body(exc))
         yield _sse("[DONE]")
         return
+    if events.stopped:
+        yield _sse(error_body(_shutting_down()))
+        yield _sse("[DONE]")
 
 
-async def _generate(m: Model, request: Request, parse: Callable[[Mapping[str, Any], str], Ask]) -> Response:
+async def _generate(m: Model, closing: Closing, request: Request,
+                    parse: Callable[[Mapping[str, Any], str], Ask]) -> Response:
     _authorize(request, m.api_key)
     ask = parse(await _json(request, m.max_body), m.name)
     ids = _prompt_ids(m, ask)
     _fits(m, ask, ids)
-    events = _Events(request.receive)
+    events = _Events(request.receive, closing)
     try:
         job = _submit(m, ask, ids, events.sink)
     except BaseException:
         events.close()
         raise
     answer = _Answer(m, ask)
+    closing.open += 1
 
     def close() -> None:
         # NOTE: cancelling a request that ended is a no-op (ids are never reused)
+        closing.open -= 1
         events.close()
         m.serving.cancel(job.id)
 
@@ -329,7 +378,7 @@ async def _generate(m: Model, request: Request, parse: Callable[[Mapping[str, An
                 answer.text.push(ev.token)
             else:
                 return JSONResponse(answer.whole(ev))
-        return Response(status_code=499)
+        return failure(_shutting_down()) if events.stopped else Response(status_code=499)
     finally:
         close()
 
@@ -337,12 +386,12 @@ async def _generate(m: Model, request: Request, parse: Callable[[Mapping[str, An
 # ---- routes ---------------------------------------------------------------------------------------
 
 
-def _routes(m: Model) -> list[Route]:
+def _routes(m: Model, closing: Closing) -> list[Route]:
     async def completions(request: Request) -> Response:
-        return await _generate(m, request, completion_ask)
+        return await _generate(m, closing, request, completion_ask)
 
     async def chat(request: Request) -> Response:
-        return await _generate(m, request, chat_ask)
+        return await _generate(m, closing, request, chat_ask)
 
     async def models(request: Request) -> Response:
         _authorize(request, m.api_key)
@@ -351,7 +400,7 @@ def _routes(m: Model) -> list[Route]:
     async def model(request: Request) -> Response:
         _authorize(request, m.api_key)
         if request.path_params["name"] != m.name:
-            raise ApiFailure(404, f"model {request.path_params['name']!r} is not served here; this server serves "
+            raise ApiFailure(404, f"model {shown(request.path_params['name'])} is not served here; this server serves "
                                   f"{m.name!r}", param="model", code="model_not_found")
         return JSONResponse(_model_card(m))
 
@@ -388,7 +437,8 @@ async def _http_failure(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return failure(ApiFailure(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind, code=code))
+    return failure(ApiFailure(exc.status_code, f"{request.method} {shown(request.url.path)}: {exc.detail}", kind,
+                              code=code))
 
 
 async def _disconnected(request: Request, exc: Exception) -> Response:
@@ -396,7 +446,8 @@ async def _disconnected(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    print(f"kern serve: {request.method} {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    print(f"kern serve: {request.method} {shown(request.url.path)}: {type(exc).__name__}: {shown(str(exc))}",
+          file=sys.stderr, flush=True)
     return failure(ApiFailure(500, f"internal error ({type(exc).__name__})", "server_error", code="internal_error"))
 
 
@@ -423,10 +474,13 @@ class _Guard:
             await (await _unexpected(request, exc))(scope, receive, send)
 
 
-def make_app(m: Model) -> _Guard:
-    """The ASGI application serving `m`."""
-    app = Starlette(routes=_routes(m), exception_handlers={
+def make_app(m: Model, closing: Closing | None = None) -> _Guard:
+    """The ASGI application serving `m`; `closing.cut()` ends its open requests."""
+    # NOTE: Starlette answers an exception no handler takes in its outermost layer, plain text,
+    # before _Guard sees it; the Exception handler makes that answer the JSON 500
+    app = Starlette(routes=_routes(m, closing or Closing()), exception_handlers={
         ApiFailure: _api_failure, HTTPException: _http_failure, ClientDisconnect: _disconnected,
+        Exception: _unexpected,
     })
     return _Guard(app)
 

@@ -380,6 +380,11 @@ class Scheduler:
 
     # ---- requests ----------------------------------------------------------------------------
 
+    def most_tokens(self, prompt: int) -> int:
+        """The largest max_tokens `submit` takes with a prompt of `prompt` tokens (below 1: none):
+        the prompt and all but the last token fit one row and a lease of the pool's pages."""
+        return min(self.row_tokens, self.pages * self.unit) - prompt + 1
+
     def submit(self, ask: Ask) -> Queued | Refused:
         """Queue `ask` at the tail, or refuse it (queue full; never fits).
 
@@ -390,8 +395,7 @@ class Scheduler:
             raise ApiError(f"request {ask.id} is already scheduled")
         if ask.prompt < 1 or ask.max_tokens < 1:
             raise ApiError(f"a request needs a prompt and max_tokens of at least 1, got {ask.prompt}, {ask.max_tokens}")
-        whole = ask.prompt + ask.max_tokens - 1
-        if whole > self.row_tokens or lease_pages(whole, self.unit) > self.pages:
+        if ask.max_tokens > self.most_tokens(ask.prompt):
             return Refused(ask.id, Refusal.NEVER_FITS)
         waiting = sum(not self._reqs[i].started for i in self._queue)
         if waiting >= self.config.queued:
