@@ -83,7 +83,8 @@ def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         (("--contexts", "0"), "kern bench: --contexts needs positive integers, got '0'"),
         (("--prefill", "709,4k"), "kern bench: --prefill must be comma-separated integers, got '709,4k'"),
         (("--breakdown", "128,-1"), "kern bench: --breakdown needs positive integers, got '128,-1'"),
-        (("--breakdown", "4096"), "kern bench: capacity 4864 exceeds the model's reach of 4096 positions"),
+        (("--breakdown", "4096"), "kern bench: the contexts, prefills and breakdown reach 4640 positions with 2 x "
+                                  "--steps 256 and 32 more; the model holds 4096"),
         (("--out", "/proc/version"), "kern bench: --out /proc/version: exists and is not a directory"),
         (("--steps", "10"), f"kern bench: --steps must be at least {bench.MIN_STEPS} (the median needs them), got 10"),
         (("--chunk", "0"), "kern bench: --chunk must be at least 1, got 0"),
@@ -95,7 +96,12 @@ def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
          "kern bench: kernels directory /nonexistent does not exist and the kernel sources /nosrc do not exist"),
         (("--manifest", "/nonexistent.json"), "kern bench: --manifest /nonexistent.json: no such file"),
         (("--capacity", "0"), "kern bench: --capacity must be at least 1, got 0"),
-        (("--contexts", "128,5000"), "kern bench: capacity 5632 exceeds the model's reach of 4096 positions"),
+        (("--contexts", "128,5000"), "kern bench: the contexts, prefills and breakdown reach 5544 positions with 2 x "
+                                     "--steps 256 and 32 more; the model holds 4096"),
+        (("--capacity", "5000"), "kern bench: capacity 5000 exceeds the model's reach of 4096 positions"),
+        (("--contexts", "128,,1024"),
+         "kern bench: --contexts has an empty item in '128,,1024': give comma-separated positive integers"),
+        (("--json", "/dev/full"), "kern bench: --json /dev/full: No space left on device"),
         (("--json", "/nonexistent/rows.json"),
          "kern bench: --json /nonexistent/rows.json: directory /nonexistent does not exist"),
         (("--json", "/"), "kern bench: --json /: is a directory"),
@@ -250,6 +256,18 @@ def test_defaults_fit_the_4b_and_breakdown_follows_the_contexts(monkeypatch: pyt
     import kern_runtime as kr
 
     roles = kr.serving_roles(kr.read_manifest(load.manifest))
-    kr.check_capacity(roles, bench._capacity(load, o))
+    assert bench._capacity(load, o, roles) == -(-(32768 + 2 * o.steps + 32) // 256) * 256
     assert bench._options(_parse("--contexts", "256,4096", "--breakdown", "none")).breakdown == ()  # type: ignore[arg-type]
     assert bench._options(_parse("--contexts", "256,4096")).breakdown == (256, 4096)  # type: ignore[arg-type]
+
+
+def test_help_says_the_whole_first_paragraph_and_kern_bench_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "beside floors measured in the same run and a compiled PyTorch peer on the same checkpoint" in out
+    assert "kern bench serve [flags]: continuous batching throughput and latency" in out
+    assert out.endswith("see kern bench serve --help.")

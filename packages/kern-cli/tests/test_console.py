@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from kern_cli.console import fail, output_dir_problem, output_file_problem, program, quiet_ends
+from kern_cli.console import (
+    fail,
+    output_dir_problem,
+    output_file_problem,
+    positive_ints,
+    program,
+    quiet_ends,
+)
 
 
 @pytest.mark.parametrize(
@@ -48,3 +56,41 @@ def test_ctrl_c_ends_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert quiet_ends("kern-mine", interrupted) == 130
     assert capsys.readouterr().err == "kern-mine: interrupted\n"
+
+
+def test_a_device_that_refuses_writes_is_a_problem_before_anything_runs() -> None:
+    assert output_file_problem(Path("/dev/full")) == "/dev/full: No space left on device"
+    assert output_file_problem(Path("/dev/null")) is None
+
+
+def test_the_write_check_leaves_an_existing_file_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text("kept")
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    assert output_file_problem(path) is None
+    assert path.read_text() == "kept" and path.stat().st_mtime_ns == 1_000_000_000
+
+
+def test_a_fifo_is_not_opened(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    assert output_file_problem(tmp_path / "pipe") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "most", "message"),
+    [
+        ("1,,2", None, "--n has an empty item in '1,,2': give comma-separated positive integers"),
+        (" ", None, "--n has an empty item in ' ': give comma-separated positive integers"),
+        ("1,x", None, "--n must be comma-separated integers, got '1,x'"),
+        ("3,0", None, "--n needs positive integers, got '3,0'"),
+        ("5,9", 8, "--n allows at most 8, got 9"),
+    ],
+)
+def test_positive_ints_refuse_in_one_line(text: str, most: int | None, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        positive_ints("--n", text, ValueError, most)
+    assert str(info.value) == message
+
+
+def test_positive_ints_take_spaces_around_items() -> None:
+    assert positive_ints("--n", " 1, 8 ,32", ValueError, 32) == (1, 8, 32)

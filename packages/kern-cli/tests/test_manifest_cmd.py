@@ -198,7 +198,6 @@ def test_version_names_the_program(capsys: pytest.CaptureFixture[str]) -> None:
         (["frob"], "kern: argument COMMAND: invalid choice: 'frob' (choose from 'manifest', 'run', 'chat', 'kernels', 'bench', 'mine', 'serve') (see kern --help)"),
         (["manifest"], "kern manifest: the following arguments are required: {verify,digest,expand} (see kern manifest --help)"),
         (["manifest", "verify"], "kern manifest: the following arguments are required: file (see kern manifest verify --help)"),
-        (["manifest", "verify", "a", "b"], "kern: unrecognized arguments: b (see kern --help)"),
     ],
 )
 def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], line: str) -> None:
@@ -206,6 +205,19 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: lis
         kern_main.main(argv)
     assert info.value.code == 2
     assert capsys.readouterr().err == line + "\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["manifest", "verify", "a", "b"], "kern manifest: unrecognized arguments: b (see kern manifest --help)"),
+        (["run", "--bogus"], "kern run: unrecognized arguments: --bogus (see kern run --help)"),
+        (["kernels", "--frob"], "kern kernels: unrecognized arguments: --frob (see kern kernels --help)"),
+    ],
+)
+def test_extra_words_name_the_subcommand_typed(capsys: pytest.CaptureFixture[str], argv: list[str], line: str) -> None:
+    assert kern_main.main(argv) == 2
+    assert capsys.readouterr() == ("", line + "\n")
 
 
 def test_a_closed_stdout_ends_quietly() -> None:

@@ -202,3 +202,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         mine.main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out == f"kern-mine {version('kern-cli')}\n"
+
+
+@pytest.mark.parametrize("argv", [["-m", "kern_cli.mine"], ["-m", "kern_cli.main", "mine"]])
+def test_a_closed_stdout_ends_quietly_with_141(dump: Path, argv: list[str]) -> None:
+    """As `kern manifest expand | head`: no `Broken pipe` line, the status of a SIGPIPE."""
+    import subprocess
+
+    with subprocess.Popen([sys.executable, *argv, "analyze", str(dump)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+    assert (proc.returncode, err) == (141, "")

@@ -1,5 +1,6 @@
 """`kern bench`: decode and prefill timings of one manifest on one GPU, beside floors measured in
-the same run and a compiled PyTorch peer on the same checkpoint.
+the same run and a compiled PyTorch peer on the same checkpoint (`kern bench serve`: serving
+throughput and latency, kern_cli.bench_serve).
 
     kern bench [target] [--manifest M --kernels K --kernel-sources S --weights W...]
         [--contexts 128,2048,8192,32768] [--prefill 709,4096,16384] [--steps 256] [--chunk 2048]
@@ -52,7 +53,13 @@ from kern_cli.bench_report import (
     write_report,
 )
 from kern_cli.config import KernTomlError, config_for
-from kern_cli.console import fail, output_dir_problem, output_file_problem, positive_ints
+from kern_cli.console import (
+    fail,
+    first_paragraph,
+    output_dir_problem,
+    output_file_problem,
+    positive_ints,
+)
 from kern_cli.run import (
     LoadOptions,
     RunError,
@@ -67,7 +74,7 @@ from kern_cli.run import (
 from kern_manifest import DTYPE_BYTES
 
 if TYPE_CHECKING:
-    from kern_runtime import Session
+    from kern_runtime import ServingRoles, Session
 
 __all__ = [
     "BREAKDOWN_RUNS",
@@ -244,10 +251,26 @@ def check_bench_options(options: BenchOptions) -> None:
         raise BenchError(f"--floor-manifest {o.floor_manifest}: no such file")
 
 
-def _capacity(load: LoadOptions, options: BenchOptions) -> int:
+def _capacity(load: LoadOptions, options: BenchOptions, roles: ServingRoles) -> int:
+    """The KV capacity the timings need (at least --capacity), checked against the model.
+
+    Raises:
+        BenchError: the contexts, prefills and steps reach past the model's positions.
+        kern_runtime.SessionError: --capacity itself is past them.
+    """
+    import kern_runtime as kr
+
     o = options
     reach = max([*o.contexts, *o.prefill, *o.breakdown]) + 2 * o.steps + 32  # NOTE: device-fed replays advance too
-    return max(load.capacity or 0, -(-reach // 256) * 256)
+    most = roles.reach(reach)
+    if reach > most:
+        raise BenchError(f"the contexts, prefills and breakdown reach {reach} positions with 2 x --steps {o.steps} "
+                         f"and 32 more; the model holds {most}")
+    capacity = max(load.capacity or 0, -(-reach // 256) * 256)
+    if load.capacity is None:
+        capacity = min(capacity, roles.reach(capacity))
+    kr.check_capacity(roles, capacity)
+    return capacity
 
 
 def _weight_specs(manifest: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
@@ -351,8 +374,7 @@ def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str],
     check_bench_options(options)
     inputs = check_inputs(load)
     floor = _floor(inputs.manifest, load.manifest, options.floor_manifest)
-    capacity = _capacity(load, options)
-    kr.check_capacity(inputs.roles, capacity)
+    capacity = _capacity(load, options, inputs.roles)
     if inputs.weights is None:
         raise RunError("kern bench needs weights: pass --weights or use default_weights()")
     weights = inputs.weights
@@ -423,7 +445,6 @@ def _outputs(args: argparse.Namespace, out: Path | None) -> None:
 
 def _bench_args(args: argparse.Namespace) -> _Plan:
     """Every check that needs no GPU: flags, kern.toml, inputs, floor, capacity, the peer."""
-    import kern_runtime as kr
 
     cfg = config_for(args.config, Path.cwd())
     load = resolve_load(args, cfg)
@@ -433,7 +454,7 @@ def _bench_args(args: argparse.Namespace) -> _Plan:
     _outputs(args, out)
     inputs = check_inputs(load)
     _floor(inputs.manifest, load.manifest, options.floor_manifest)
-    kr.check_capacity(inputs.roles, _capacity(load, options))
+    _capacity(load, options, inputs.roles)
     mode = args.peer or cfg.bench.peer or "auto"
     peer = plan_peer(mode, checkpoint_config(load.weights), default_weights=not load.weights)
     return _Plan(load, options, peer, out, args.json)
@@ -502,15 +523,22 @@ def _handle(args: argparse.Namespace) -> int:
     except KernRuntimeError as exc:
         fail("kern bench", f"{type(exc).__name__}: {exc}")
         return 1
+    except BrokenPipeError:
+        raise  # NOTE: a closed stdout (`| head`): quiet_ends exits 141
     except OSError as exc:
         return fail("kern bench", f"writing the report: {exc.strerror or exc}")
     return 0 if ok else 1
 
 
+_EPILOG = ("kern bench serve [flags]: continuous batching throughput and latency of kern serve's engine, "
+           "--clients at once (default 1, 8, 32 and 64) beside one row; see kern bench serve --help.")
+
+
 def register(subparsers: Any) -> None:
     """Add `kern bench` to the `kern` dispatcher."""
-    p = subparsers.add_parser("bench", help="decode and prefill timings on one GPU, floors and a PyTorch peer",
-                              description=__doc__.splitlines()[0] if __doc__ else None)
+    p = subparsers.add_parser("bench", help="decode and prefill timings on one GPU, floors and a PyTorch peer; "
+                              "kern bench serve: serving throughput and latency",
+                              description=first_paragraph(__doc__), epilog=_EPILOG)
     add_load_flags(p, capacity_help="KV tokens at least (default: what the contexts, steps and prefill reach)")
     p.add_argument("--steps", type=int,
                    help=f"timed decode steps per context (>= {MIN_STEPS}, default {DEFAULT_BENCH_STEPS})")

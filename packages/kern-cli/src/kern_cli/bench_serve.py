@@ -23,7 +23,9 @@ program at the end of its prefill, sent at once, `ServingConfig.head`), `step` (
 step after the plan's prefills; the default, as `kern serve` runs unless told) or `both`. Each level reports the
 prompt tokens that rode (`Stats.ridden`) and the admissions that reused a cached prefix, of its
 measured requests. The server is measured in process (no HTTP), so the numbers are the engine's
-and the scheduler's.
+and the scheduler's. Every flag is checked before the engine loads: client counts (each 1..
+`MAX_CLIENTS`, one thread a client), rounds (1..`MAX_ROUNDS`), and the `--json` destination (a
+write of no bytes: /dev/full is refused then, not after the run).
 """
 
 from __future__ import annotations
@@ -54,9 +56,13 @@ from kern_cli.run import RunError
 if TYPE_CHECKING:
     from kern_runtime import Engine
 
-__all__ = ["Level", "build_parser", "main", "measure", "percentile"]
+__all__ = ["MAX_CLIENTS", "MAX_ROUNDS", "Level", "build_parser", "main", "measure", "percentile"]
 
 PROG = "kern bench serve"
+MAX_CLIENTS = 1024
+"""The most concurrent clients of a level: each is a thread, and `kern serve` runs 64 rows by default."""
+MAX_ROUNDS = 10_000
+"""The most requests per client (their prompts are drawn before a level starts)."""
 _MODES: dict[str, tuple[bool, ...]] = {"on": (True,), "off": (False,), "both": (False, True)}
 _FIRST: dict[str, tuple[bool, ...]] = {"head": (True,), "step": (False,), "both": (False, True)}
 """`--first-token` -> ServingConfig.head per level."""
@@ -273,6 +279,8 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("system", "question", "max_tokens", "rounds"):
         if getattr(args, name) < 1:
             raise RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.rounds > MAX_ROUNDS:
+        raise RunError(f"--rounds allows at most {MAX_ROUNDS}, got {args.rounds}")
     if args.json is not None and (problem := output_file_problem(args.json)) is not None:
         raise RunError(f"--json {problem}")
 
@@ -286,7 +294,7 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
     try:
-        clients = list(positive_ints("--clients", args.clients, RunError))
+        clients = list(positive_ints("--clients", args.clients, RunError, MAX_CLIENTS))
         _check(args)
         opts = serve.resolve(args)
         levels = serve.with_engine(opts, log, lambda engine: measure(
@@ -314,11 +322,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = Parser(prog=prog, description=__doc__.splitlines()[0] if __doc__ else None)
     add_version(p, prog)
     serve.add_engine_flags(p)
-    p.add_argument("--clients", default="1,8,32,64", help="concurrent client counts, comma separated")
+    p.add_argument("--clients", default="1,8,32,64",
+                   help=f"concurrent client counts, comma separated (each 1..{MAX_CLIENTS})")
     p.add_argument("--system", type=int, default=512, help="shared system prompt tokens (default 512)")
     p.add_argument("--question", type=int, default=32, help="each request's own prompt tokens (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
-    p.add_argument("--rounds", type=int, default=4, help="requests per client (default 4)")
+    p.add_argument("--rounds", type=int, default=4, help=f"requests per client (default 4, at most {MAX_ROUNDS})")
     p.add_argument("--pipeline", choices=sorted(_MODES), default="on",
                    help="on: a step of unchanged rows issued before the one in flight is read back; off: steps in "
                         "turn; both: each client count both ways (default on)")

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
-from kern_manifest import printable
+from kern_manifest import printable, short
 
 __all__ = [
     "Parser",
     "add_version",
     "fail",
+    "first_paragraph",
     "output_dir_problem",
     "output_file_problem",
     "positive_ints",
@@ -44,6 +46,14 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
+def first_paragraph(doc: str | None) -> str | None:
+    """A module docstring's first paragraph as one line (a parser's description: its first line
+    alone may stop mid-sentence)."""
+    if not doc:
+        return None
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `PROG: message (see ... --help)` line, exit 2."""
 
@@ -62,7 +72,8 @@ def add_version(parser: argparse.ArgumentParser, name: str, distribution: str = 
 
 
 def output_file_problem(path: Path) -> str | None:
-    """Why `path` cannot be written as a file, or None when it can (checked, nothing written)."""
+    """Why `path` cannot be written as a file, or None when it can (checked, nothing written: an
+    existing file, or a device such as /dev/full, takes a write of no bytes)."""
     try:
         return _file_problem(path)
     except OSError as exc:
@@ -87,7 +98,23 @@ def _file_problem(path: Path) -> str | None:
         return f"{path}: {parent} is not a directory"
     if not os.access(path if path.exists() else parent, os.W_OK):
         return f"{path}: not writable"
+    if path.exists():
+        _write_nothing(path)
     return None
+
+
+def _write_nothing(path: Path) -> None:
+    """Writes no bytes to the existing `path`, appending: a regular file stays as it is, a device
+    that refuses every write (/dev/full) raises OSError now. A FIFO or a socket is left unopened
+    (opening a FIFO would wait for its reader)."""
+    mode = path.stat().st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        os.write(fd, b"")
+    finally:
+        os.close(fd)
 
 
 def _dir_problem(path: Path) -> str | None:
@@ -105,19 +132,25 @@ def _dir_problem(path: Path) -> str | None:
     return None
 
 
-def positive_ints(flag: str, text: str, error: Callable[[str], Exception]) -> tuple[int, ...]:
-    """The comma-separated positive integers `text` that `flag` was given.
+def positive_ints(flag: str, text: str, error: Callable[[str], Exception],
+                  most: int | None = None) -> tuple[int, ...]:
+    """The comma-separated positive integers `text` that `flag` was given, each at most `most`.
 
     Raises:
-        Exception: `error(message)`, when `text` holds something else than integers, none, or one
-            below 1.
+        Exception: `error(message)`, when `text` holds something else than integers, an empty
+            item, one below 1 or one above `most`.
     """
+    items = text.split(",")
+    if any(not t.strip() for t in items):
+        raise error(f"{flag} has an empty item in {short(text)!r}: give comma-separated positive integers")
     try:
-        values = tuple(int(t) for t in text.split(",") if t.strip())
+        values = tuple(int(t) for t in items)
     except ValueError:
-        raise error(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise error(f"{flag} needs positive integers, got {text!r}")
+        raise error(f"{flag} must be comma-separated integers, got {short(text)!r}") from None
+    if min(values) < 1:
+        raise error(f"{flag} needs positive integers, got {short(text)!r}")
+    if most is not None and max(values) > most:
+        raise error(f"{flag} allows at most {most}, got {short(str(max(values)))}")
     return values
 
 

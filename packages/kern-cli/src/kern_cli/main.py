@@ -14,7 +14,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from kern_cli.console import Parser, add_version, quiet_ends
+from kern_cli.console import Parser, add_version, fail, quiet_ends
 
 # NOTE: subcommand modules, imported lazily so `kern manifest` never loads CUDA libraries.
 SUBCOMMANDS: tuple[str, ...] = ("manifest_cmd", "run", "chat", "kernels_cmd", "bench_cmd", "mine", "serve")
@@ -37,8 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kern_cli import bench_serve
 
         return bench_serve.main(argv[2:])
-    args = build_parser().parse_args(argv)
-    return quiet_ends(f"kern {args.command}", lambda: int(args.handler(args)))
+    args, extra = build_parser().parse_known_args(argv)
+    prog = f"kern {args.command}"
+    if extra:
+        # NOTE: argparse leaves a subcommand's extra words to the top parser, whose error would say `kern:`
+        return fail(prog, f"unrecognized arguments: {' '.join(extra)} (see {prog} --help)")
+    return quiet_ends(prog, lambda: int(args.handler(args)))
 
 
 if __name__ == "__main__":

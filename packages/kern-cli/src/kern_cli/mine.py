@@ -84,6 +84,8 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             return int(handler(args))
         except MiningError as exc:
             return fail(args.program, str(exc))
+        except BrokenPipeError:
+            raise  # NOTE: a closed stdout (`| head`): quiet_ends exits 141
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""
             return fail(args.program, f"{where}{exc.strerror or exc}")
