@@ -424,3 +424,13 @@ def test_sigterm_ends_a_stream_past_the_grace_with_an_error_event_then_done(weig
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
     after = srv.lines[srv.lines.index(next(ln for ln in srv.lines if "listening on" in ln)) + 1:]
     assert after == ["kern serve: stopped: 1 open request ended after the 5 s grace"], srv.stderr
+
+
+@pytest.mark.parametrize(("path", "raw", "param"), [
+    ("/v1/completions", b'{"model": "%s", "prompt": "a\\ud800b"}', "prompt"),
+    ("/v1/chat/completions", b'{"model": "%s", "messages": [{"role": "user", "content": "a\\udfffb"}]}', "messages"),
+    ("/v1/completions", b'{"model": "%s", "prompt": "a", "stop": ["\\ud800"]}', "stop"),
+])
+def test_a_lone_surrogate_is_a_400(server: Server, path: str, raw: bytes, param: str) -> None:
+    err = error_of(post(server, path, None, raw=raw % MODEL.encode()), 400)
+    assert err["param"] == param and "lone surrogate" in err["message"]

@@ -27,6 +27,7 @@ __all__ = [
     "Ask",
     "Text",
     "chat_ask",
+    "clip",
     "completion_ask",
     "error_body",
     "shown",
@@ -77,6 +78,11 @@ def shown(value: object) -> str:
     """`value` as an error message echoes it: its repr cut to about `SHOWN_CHARS` characters (at
     any size or depth)."""
     return _SHORT.repr(value)
+
+
+def clip(text: str) -> str:
+    """`text` cut to `SHOWN_CHARS` characters (an ellipsis marks the cut)."""
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiFailure:
@@ -146,7 +152,19 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         raise bad("stop must be a non-empty string or a list of them", "stop", "invalid_type")
     if len(stops) > MAX_STOPS:
         raise bad(f"stop holds at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    for s in stops:
+        _unicode(s, "stop")
     return tuple(stops)
+
+
+def _unicode(text: str, param: str, where: str | None = None) -> str:
+    """`text` unless it cannot be encoded (a lone surrogate, as JSON's \\ud800 escapes allow)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(f"{where or param} holds a lone surrogate at character {exc.start}: send valid Unicode text",
+                  param) from None
+    return text
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
@@ -212,7 +230,7 @@ def completion_ask(body: Mapping[str, Any], model: str) -> Ask:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids: str | list[int] = list(prompt)
     elif isinstance(prompt, str) and prompt:
-        ids = prompt
+        ids = _unicode(prompt, "prompt")
     else:
         raise bad("prompt must be one non-empty string or one non-empty list of token ids", "prompt", "invalid_type")
     logprobs = body.get("logprobs")
@@ -233,7 +251,7 @@ def _content(m: Any, i: int) -> dict[str, str]:
         content = "".join(p for p in parts if isinstance(p, str))
     if not isinstance(content, str):
         raise bad(f"messages[{i}].content must be a string or a list of text parts", "messages", "invalid_type")
-    return {"role": role, "content": content}
+    return {"role": role, "content": _unicode(content, "messages", f"messages[{i}].content")}
 
 
 def chat_ask(body: Mapping[str, Any], model: str) -> Ask:

@@ -35,6 +35,7 @@ from kern_cli.serve_api import (
     Text,
     bad,
     chat_ask,
+    clip,
     completion_ask,
     error_body,
     shown,
@@ -437,7 +438,7 @@ async def _http_failure(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return failure(ApiFailure(exc.status_code, f"{request.method} {shown(request.url.path)}: {exc.detail}", kind,
+    return failure(ApiFailure(exc.status_code, f"{request.method} {clip(request.url.path)}: {exc.detail}", kind,
                               code=code))
 
 
@@ -446,7 +447,7 @@ async def _disconnected(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    print(f"kern serve: {request.method} {shown(request.url.path)}: {type(exc).__name__}: {shown(str(exc))}",
+    print(f"kern serve: {request.method} {clip(request.url.path)}: {type(exc).__name__}: {clip(str(exc))}",
           file=sys.stderr, flush=True)
     return failure(ApiFailure(500, f"internal error ({type(exc).__name__})", "server_error", code="internal_error"))
 
