@@ -19,6 +19,7 @@ from kern_mining.build import (
     CompileError,
     CompilerNotFoundError,
     KernelArchError,
+    KernelOutputError,
     KernelSourceError,
     build_kernels,
 )
@@ -473,3 +474,54 @@ def test_a_change_to_an_included_source_rebuilds_the_module_that_includes_it(
     (src / "beta.cu").write_text('extern "C" __global__ void b2() {}\n')
     build_kernels(src, out, compiler=fake_nvcc)
     assert _calls(fake_nvcc) == ["alpha.cu", "beta.cu", "beta.cu", "gamma.cu", "gamma.cu"]  # then beta and gamma
+
+
+@pytest.mark.parametrize("out", ["file", "file/sub"])
+def test_an_output_directory_that_is_a_file_is_refused_before_compiling(
+    src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...], out: str
+) -> None:
+    (tmp_path / "file").write_text("kept")
+    where = "" if out == "file" else f" ({tmp_path / 'file'} is a file)"
+    with pytest.raises(KernelOutputError, match=f"^kernels directory {re.escape(str(tmp_path / out))} is not a "
+                                                f"directory{re.escape(where)}$"):
+        build_kernels(src, tmp_path / out, compiler=fake_nvcc)
+    assert _calls(fake_nvcc) == [] and (tmp_path / "file").read_text() == "kept"
+
+
+def _kernels_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert kern_main.main(["kernels", *argv]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+def test_kern_kernels_bad_out_and_nvcc_are_one_line_exit_2(
+    project: Path, src: Path, tmp_path: Path, fake_nvcc: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nvcc = str(_wrapper(project, fake_nvcc))
+    (tmp_path / "file").write_text("kept")
+    assert _kernels_cli(["--out", str(tmp_path / "file"), "--nvcc", nvcc], capsys) == (
+        f"kern kernels: --out {tmp_path / 'file'}: exists and is not a directory")
+    assert _kernels_cli(["--nvcc", str(tmp_path / "nonexistent")], capsys) == (
+        f"kern kernels: --nvcc {tmp_path / 'nonexistent'}: no such program (or not executable)")
+    assert _kernels_cli(["--all", "--kernel-sources", str(tmp_path / "file"), "--nvcc", nvcc], capsys) == (
+        f"kern kernels: kernel source directory {tmp_path / 'file'} is not a directory")
+    assert _calls(fake_nvcc) == []
+
+
+def test_kern_kernels_says_when_nvcc_is_not_on_path(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(project / "no-bin"))
+    assert _kernels_cli([], capsys) == "kern kernels: nvcc is not on PATH: install the CUDA toolkit or pass --nvcc PATH"
+
+
+def test_a_target_kernels_directory_that_is_a_file_is_one_line(
+    project: Path, fake_nvcc: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    kernels = project / "kernels"
+    shutil.rmtree(kernels, ignore_errors=True)
+    kernels.write_text("not a directory")
+    assert _kernels_cli(["--nvcc", str(_wrapper(project, fake_nvcc))], capsys) == (
+        f"kern kernels: kernels directory {kernels}: exists and is not a directory")

@@ -2,7 +2,9 @@
 
 The sources come from `--kernel-sources` or kern.toml's `[kernels] sources`; by default only the
 modules the manifests of kern.toml's targets pin are built. The build itself (reproducible,
-cached by hash) is `kern_mining.build`, which providers call too.
+cached by hash) is `kern_mining.build`, which providers call too. Bad input (flags, kern.toml, an
+nvcc that cannot be found or run, an output directory that is a file, a module that fails to
+compile) is one `kern kernels: ...` line and exit 2.
 """
 
 from __future__ import annotations
@@ -14,12 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kern_cli.config import KernConfig, KernTomlError, config_for
-from kern_cli.console import fail
-from kern_mining.build import (
-    CompilerNotFoundError,
-    KernelBuildError,
-    build_kernels,
-)
+from kern_cli.console import fail, output_dir_problem
+from kern_mining.build import KernelBuildError, build_kernels
 
 __all__ = ["pinned_by_targets", "register"]
 
@@ -83,6 +81,9 @@ def _sources_dir(args: argparse.Namespace, config: KernConfig) -> Path:
     src: Path | None = args.sources or config.kernel_sources
     if src is None:
         raise _UsageError("no kernel sources: pass --kernel-sources DIR or set [kernels] sources in kern.toml")
+    if not src.is_dir():
+        what = "is not a directory" if src.exists() else "does not exist"
+        raise _UsageError(f"kernel source directory {src} {what}")
     return src
 
 
@@ -108,9 +109,7 @@ def register(
         "--out", type=Path,
         help="cubin output directory (default: each target's kernels directory, else kernels/)",
     )
-    parser.add_argument(
-        "--nvcc", default=shutil.which("nvcc") or "nvcc", help="the nvcc to build with"
-    )
+    parser.add_argument("--nvcc", help="the nvcc to build with (default: nvcc on PATH)")
     parser.add_argument(
         "--from",
         dest="extract",
@@ -120,6 +119,27 @@ def register(
         help="instead of building, copy the cubins MANIFEST pins out of a capture DUMP into --out",
     )
     parser.set_defaults(handler=_handle)
+
+
+def _check_outs(jobs: list[_Job], what: str) -> None:
+    for job in jobs:
+        problem = output_dir_problem(job.out)
+        if problem is not None:
+            raise _UsageError(f"{what} {problem}")
+
+
+def _compiler(nvcc: str | None) -> str:
+    """The nvcc to run: `--nvcc` when it names a program, else nvcc on PATH.
+
+    Raises:
+        _UsageError: no such program.
+    """
+    found = shutil.which(nvcc or "nvcc")
+    if found is not None:
+        return nvcc or found
+    if nvcc is None:
+        raise _UsageError("nvcc is not on PATH: install the CUDA toolkit or pass --nvcc PATH")
+    raise _UsageError(f"--nvcc {nvcc}: no such program (or not executable)")
 
 
 def _log(msg: str) -> None:
@@ -135,11 +155,13 @@ def _handle(args: argparse.Namespace) -> int:
     try:
         config = config_for(args.config, Path.cwd())
         src = _sources_dir(args, config)
-        jobs = _plan(args, config, _log)
-        built = {j.out: build_kernels(src, j.out, compiler=(args.nvcc,), modules=j.modules) for j in jobs}
-    except CompilerNotFoundError as exc:
-        _log(str(exc))
-        return 1
+        plans: list[str] = []
+        jobs = _plan(args, config, plans.append)
+        nvcc = _compiler(args.nvcc)
+        _check_outs(jobs, "--out" if args.out is not None else "kernels directory")
+        for line in plans:
+            _log(line)
+        built = {j.out: build_kernels(src, j.out, compiler=(nvcc,), modules=j.modules) for j in jobs}
     except (KernelBuildError, KernTomlError, _UsageError) as exc:
         _log(str(exc))
         return 2

@@ -28,6 +28,7 @@ __all__ = [
     "CompilerNotFoundError",
     "KernelArchError",
     "KernelBuildError",
+    "KernelOutputError",
     "KernelSourceError",
     "build_kernels",
     "module_arch",
@@ -56,6 +57,10 @@ class KernelSourceError(KernelBuildError):
 
 class KernelArchError(KernelSourceError):
     """A module's `// kern-arch:` line is malformed or repeated."""
+
+
+class KernelOutputError(KernelBuildError):
+    """The output directory is a file, lies under one, or cannot be written."""
 
 
 class CompilerNotFoundError(KernelBuildError):
@@ -103,7 +108,9 @@ def build_kernels(
         KernelArchError: a selected module's `kern-arch` line is malformed or repeated.
         CompilerNotFoundError: the compiler cannot be run.
         CompileError: a module failed to compile (nothing written).
+        KernelOutputError: `out_dir` is a file or cannot be written (found before compiling).
     """
+    _check_out_dir(out_dir)
     sources = _select(_sources(src_dir), modules, src_dir)
     flags = {m: _module_flags(p) for m, p in sources.items()}
     version = _compiler_version(compiler)
@@ -112,14 +119,27 @@ def build_kernels(
     keys = {m: _cache_key(_with_included_sources(p), headers, version, flags[m]) for m, p in sources.items()}
     stale = [m for m in sources if not _is_fresh(cache.get(m), keys[m], out_dir)]
     built = _compile_all(compiler, sources, stale, flags)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for module, data in built.items():
-        sha = hashlib.sha256(data).hexdigest()
-        name = f"{module}-{sha[:12]}.cubin"
-        _write_atomic(out_dir / name, data)
-        cache[module] = _Entry(keys[module], sha, name)
-    _save_cache(out_dir, cache)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for module, data in built.items():
+            sha = hashlib.sha256(data).hexdigest()
+            name = f"{module}-{sha[:12]}.cubin"
+            _write_atomic(out_dir / name, data)
+            cache[module] = _Entry(keys[module], sha, name)
+        _save_cache(out_dir, cache)
+    except OSError as exc:
+        raise KernelOutputError(f"kernels directory {out_dir}: {exc.strerror or exc}") from exc
     return {m: (out_dir / cache[m].file, cache[m].sha256) for m in sorted(sources)}
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Refuses an output directory that is a file or lies under one (nothing is created)."""
+    ancestor = out_dir
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        where = "" if ancestor == out_dir else f" ({ancestor} is a file)"
+        raise KernelOutputError(f"kernels directory {out_dir} is not a directory{where}")
 
 
 def _sources(src_dir: Path) -> dict[str, Path]:
