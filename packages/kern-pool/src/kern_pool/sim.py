@@ -10,7 +10,8 @@ Knobs are checked before anything runs (`Workload.check`): counts positive, size
 `--zipf` finite in [0, 10], `--seed` in [0, 2**64), every integer within i64, at most
 `MAX_WORKLOAD_TOKENS` tokens of sessions and system prompts, a pool of at most `MAX_POOL_OBJECTS`
 pages and slots in at most `MAX_DEVICE_BYTES`; `--json FILE` must be writable before the run.
-Errors are one `kern-pool-sim: message` line, exit 2.
+Errors are one `kern-pool-sim: message` line, exit 2. `kern-pool-sim serve` replays a serving
+workload through the scheduler instead (kern_pool.sim_serve; its --help lists its flags).
 """
 
 from __future__ import annotations
@@ -390,7 +391,9 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None,
+               epilog=f"{PROG} serve [flags]: replay a serving workload (requests arriving at a rate, each a "
+                      f"prompt and an answer) through kern_pool.Scheduler, in steps; see {PROG} serve --help.")
     p.add_argument("--version", action="version", version=_version())
     defaults = Workload()
     for name in Workload.__dataclass_fields__:

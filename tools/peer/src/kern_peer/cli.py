@@ -17,6 +17,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -58,17 +59,21 @@ class PeerArgs:
 
 
 def _ints(flag: str, text: str) -> tuple[int, ...]:
+    items = text.split(",")
+    if any(not t.strip() for t in items):
+        raise PeerUsageError(f"{flag} has an empty item in {text!r}: give comma-separated positive integers")
     try:
-        values = tuple(int(t) for t in text.split(",") if t.strip())
+        values = tuple(int(t) for t in items)
     except ValueError:
         raise PeerUsageError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
+    if min(values) < 1:
         raise PeerUsageError(f"{flag} needs positive integers, got {text!r}")
     return values
 
 
 def _parser() -> _Parser:
     p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     p.add_argument("--weights", type=Path, nargs="+", required=True, help="checkpoint directory or .safetensors files")
     p.add_argument("--contexts", default="128,2048,8192,32768", help="decode contexts, comma separated")
     p.add_argument("--prefill", default="709,4096,16384", help="prompt lengths, comma separated")
@@ -77,6 +82,13 @@ def _parser() -> _Parser:
     p.add_argument("--gpu", type=int, default=0, help="CUDA device ordinal")
     p.add_argument("--json", type=Path, required=True, help="write the result here")
     return p
+
+
+def _version() -> str:
+    try:
+        return version("kern-peer")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def parse_args(argv: Sequence[str]) -> PeerArgs:
