@@ -105,3 +105,41 @@ def test_repository_kern_toml_targets_run_from_shipped_cubins(name: str) -> None
     assert t is not None and t.manifest is not None and t.manifest.is_file() and t.weights == ()
     pinned = json.loads(t.manifest.read_text())["modules"]
     assert {(root / "kernels" / m["source"]).is_file() for m in pinned.values()} == {True}, name
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        (b"gpu = 1" + b"0" * 5000 + b"\n", "{path}: a number too long"),
+        (b"\xff\xfe gpu = 1\n", "{path}: not UTF-8 text (byte 0)"),
+        (b"".join(b"k%d = 1\n" % i for i in range(20)),
+         "{path}: unknown key(s) k0, k1, k10, k11, k12, k13, k14, k15, k16, k17, k18, k19 (+8 more) "
+         "(allowed: bench, capacity, gpu, kernels, run, serve, target, targets)"),
+        (b"x" * 300 + b" = 1\n", "{path}: unknown key(s) " + "x" * 48 + "...(300 chars) "
+         "(allowed: bench, capacity, gpu, kernels, run, serve, target, targets)"),
+    ],
+)
+def test_our_own_line_for_what_python_would_say(tmp_path: Path, data: bytes, line: str) -> None:
+    """No `sys.set_int_max_str_digits()` advice, no codec message, no unbounded list of names."""
+    path = tmp_path / "kern.toml"
+    path.write_bytes(data)
+    with pytest.raises(KernTomlError) as info:
+        load_config(path)
+    assert str(info.value) == line.format(path=path)
+
+
+def test_a_long_target_name_is_cut(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text(TOML)
+    with pytest.raises(KernTomlError) as info:
+        load_config(tmp_path / "kern.toml").target("t" * 10_000)
+    assert str(info.value) == f"{tmp_path / 'kern.toml'}: no target '{'t' * 48}...(10000 chars)' (declared: a, b)"
+
+
+def test_a_number_too_long_is_one_line_from_the_console_script(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "kern.toml").write_bytes(b"gpu = 1" + b"0" * 5000 + b"\n")
+    done = subprocess.run([sys.executable, "-m", "kern_cli.run", "--config", str(tmp_path / "kern.toml")],
+                          capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"kern-run: {tmp_path / 'kern.toml'}: a number too long\n")

@@ -525,3 +525,17 @@ def test_a_target_kernels_directory_that_is_a_file_is_one_line(
     kernels.write_text("not a directory")
     assert _kernels_cli(["--nvcc", str(_wrapper(project, fake_nvcc))], capsys) == (
         f"kern kernels: kernels directory {kernels}: exists and is not a directory")
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [(b"\xff{}", "not UTF-8 text, byte 0"), (b'{"modules": 1' + b"0" * 5000 + b"}", "a number too long")],
+)
+def test_cli_from_a_manifest_python_cannot_read_is_our_own_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, why: str
+) -> None:
+    dump, _, _ = _dump_and_manifest(tmp_path, b"CUBIN")
+    manifest = tmp_path / "bad.json"
+    manifest.write_bytes(data)
+    assert _kernels_cli(["--from", str(dump), str(manifest), "--out", str(tmp_path / "k")], capsys) == (
+        f"kern kernels: {manifest}: cannot read it as JSON ({why})")

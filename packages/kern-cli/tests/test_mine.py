@@ -215,3 +215,12 @@ def test_a_closed_stdout_ends_quietly_with_141(dump: Path, argv: list[str]) -> N
         proc.stdout.close()
         err = proc.stderr.read().decode()
     assert (proc.returncode, err) == (141, "")
+
+
+def test_a_number_too_long_for_python_is_our_own_line(dump: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    launches = dump / "pid42" / "launches.jsonl"
+    lines = launches.read_text().splitlines()
+    lines[0] = lines[0].replace('"t_ns": ', '"t_ns": ' + "9" * 5000, 1)
+    launches.write_text("\n".join(lines) + "\n")
+    assert _bad(capsys, ["analyze", str(dump)]) == (
+        f"kern-mine: {launches}:1: a number too long; re-capture or cut the file before this line")

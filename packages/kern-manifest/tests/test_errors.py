@@ -16,6 +16,7 @@ from kern_manifest import (
     ManifestRejected,
     ManifestVerify,
     load_manifest,
+    name_list,
     parse_manifest,
     printable,
     problem_lines,
@@ -150,3 +151,11 @@ def test_a_10_mb_name_is_refused_in_one_short_line(section: str, value: Any, whe
     assert len(line) < 250
     assert line.startswith(where)
     assert "longer than 256 characters" in line or "unknown field" in line
+
+
+def test_name_list_sorts_cuts_and_bounds() -> None:
+    assert name_list([]) == ""
+    assert name_list(["b", "a"]) == "a, b"
+    many = [f"n{i:02}" for i in range(15)] + ["x" * 100]
+    assert name_list(many) == ", ".join(f"n{i:02}" for i in range(12)) + " (+4 more)"
+    assert name_list(["y" * 100]) == "y" * SHOWN + "...(100 chars)"

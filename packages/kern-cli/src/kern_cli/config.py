@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kern_manifest import name_list, short
+
 __all__ = [
     "CONFIG_NAME",
     "BenchDefaults",
@@ -119,9 +121,9 @@ class KernConfig:
         if chosen is None:
             return None
         if chosen not in self.targets:
-            known = ", ".join(sorted(self.targets)) or "none"
+            known = name_list(self.targets) or "none"
             where = self.path or CONFIG_NAME
-            raise KernTomlError(f"{where}: no target {chosen!r} (declared: {known})")
+            raise KernTomlError(f"{where}: no target {short(chosen)!r} (declared: {known})")
         return self.targets[chosen]
 
 
@@ -136,7 +138,7 @@ def find_config(start: Path) -> Path | None:
 def _unknown(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(table) - allowed)
     if extra:
-        raise KernTomlError(f"{where}: unknown key(s) {', '.join(extra)} (allowed: {', '.join(sorted(allowed))})")
+        raise KernTomlError(f"{where}: unknown key(s) {name_list(extra)} (allowed: {', '.join(sorted(allowed))})")
 
 
 def _typed(where: str, table: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -185,16 +187,33 @@ def _target(name: str, raw: Any, res: _Resolver, where: str) -> Target:
     )
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML table of `path`.
+
+    Raises:
+        KernTomlError: unreadable, not UTF-8, not TOML, or a number past Python's digit limit.
+    """
+    try:
+        text = path.read_bytes().decode("utf-8")
+        return tomllib.loads(text)
+    except OSError as exc:
+        raise KernTomlError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise KernTomlError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise KernTomlError(f"{path}: {exc}") from exc
+    except ValueError as exc:
+        # NOTE: tomllib's one other ValueError: an integer past sys.get_int_max_str_digits() digits
+        raise KernTomlError(f"{path}: a number too long") from exc
+
+
 def load_config(path: Path) -> KernConfig:
     """Parse one kern.toml.
 
     Raises:
         KernTomlError: unreadable file, TOML syntax, unknown keys or wrong types.
     """
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise KernTomlError(f"{path}: {exc}") from exc
+    raw = _read_toml(path)
     where = str(path)
     _unknown(where, raw, _TOP)
     res = _Resolver(path.resolve().parent)

@@ -12,6 +12,7 @@ from kern_manifest.errors import (
     ExprError,
     ManifestVerify,
     escape_pointer,
+    name_list,
     short,
 )
 from kern_manifest.expr import Expr
@@ -105,11 +106,7 @@ def ptr(*parts: str | int) -> str:
 
 
 def names(names: Iterable[str]) -> str:
-    listed = sorted(names)
-    if not listed:
-        return "none declared"
-    shown = ", ".join(map(short, listed[:12]))
-    return shown + (f" (+{len(listed) - 12} more)" if len(listed) > 12 else "")
+    return name_list(names) or "none declared"
 
 
 def scalar_kind(arg: object) -> str:

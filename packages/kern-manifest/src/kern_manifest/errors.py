@@ -24,7 +24,7 @@ problems and one `... and N more problems` line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "ManifestRejected",
     "ManifestVerify",
     "escape_pointer",
+    "name_list",
     "printable",
     "problem_lines",
     "short",
@@ -67,6 +68,18 @@ def short(text: str) -> str:
     if len(text) <= SHOWN:
         return text
     return f"{text[:SHOWN]}...({len(text)} chars)"
+
+
+LISTED: Final = 12
+"""How many names `name_list` shows before `(+N more)`."""
+
+
+def name_list(names: Iterable[str]) -> str:
+    """Names for a message: sorted, each cut by `short`, the first `LISTED` then `(+N more)`;
+    empty for none."""
+    listed = sorted(names)
+    shown = ", ".join(map(short, listed[:LISTED]))
+    return shown + (f" (+{len(listed) - LISTED} more)" if len(listed) > LISTED else "")
 
 
 def short_pointer(pointer: str) -> str:

@@ -141,6 +141,11 @@ def _json_line(line: str) -> Any:
         return json.loads(line)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        # NOTE: json's one other ValueError: an integer past sys.get_int_max_str_digits() digits
+        raise ValueError("a number too long") from None
 
 
 def _int(rec: dict[str, Any], key: str) -> int:

@@ -43,11 +43,30 @@ def index_cubins(dump_dir: Path) -> dict[str, Path]:
     return index
 
 
-def _manifest_modules(manifest_path: Path) -> dict[str, str]:
+def _json_file(path: Path) -> object:
+    """The JSON value of a file.
+
+    Raises:
+        ManifestModulesError: unreadable, not UTF-8, not JSON (a number past Python's digit limit too).
+    """
     try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestModulesError(f"{manifest_path}: cannot read it as JSON ({exc})") from exc
+        text = path.read_bytes().decode("utf-8")
+        return json.loads(text)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text, byte {exc.start}"
+    except json.JSONDecodeError as exc:
+        why = str(exc)
+    except RecursionError:
+        why = "nested too deeply"
+    except ValueError:
+        why = "a number too long"  # NOTE: json's other ValueError: past sys.get_int_max_str_digits()
+    raise ManifestModulesError(f"{path}: cannot read it as JSON ({why})")
+
+
+def _manifest_modules(manifest_path: Path) -> dict[str, str]:
+    data = _json_file(manifest_path)
     modules = data.get("modules") if isinstance(data, dict) else None
     if not isinstance(modules, dict) or not modules:
         raise ManifestModulesError(
