@@ -1011,3 +1011,13 @@ def test_a_buffer_or_scratch_of_1_tib_verifies_and_one_byte_more_does_not() -> N
     assert MAX_BUFFER_BYTES == 1 << 40 and _lines(doc) == []
     doc["buffers"]["h"] = {"dtype": "u8", "shape": [MAX_BUFFER_BYTES + 1], "kind": "workspace"}
     assert [p.pointer for p in problems(doc)][:1] == ["/buffers/h/shape"]
+
+
+@pytest.mark.parametrize("key", ["bytes", "bytes_per_token", "bytes_per_seq"])
+def test_a_state_no_device_could_hold_is_refused(key: str) -> None:
+    doc = tiny()
+    doc["states"]["kv"] = {key: MAX_BUFFER_BYTES}
+    assert not any(p.pointer.startswith("/states/kv/") for p in problems(doc))
+    doc["states"]["kv"] = {key: MAX_BUFFER_BYTES + 1}
+    assert f"/states/kv/{key}: {key} {MAX_BUFFER_BYTES + 1} out of range" \
+           " (use a positive byte count of at most 1 TiB (2^40))" in _lines(doc)

@@ -38,7 +38,6 @@ __all__ = [
     "F32_MAX",
     "INT_RANGE",
     "MAX_BUFFER_BYTES",
-    "MAX_BYTES",
     "SHA_RE",
     "STATE_ALIGN",
     "TENSORMAP_NIBBLES",
@@ -84,7 +83,6 @@ DTYPE_RANGE: Final[Mapping[str, tuple[int, int]]] = {
     "u64": (0, (1 << 64) - 1),
 }
 F32_MAX: Final = 3.4028234663852886e38
-MAX_BYTES: Final = (1 << 63) - 1
 MAX_BUFFER_BYTES: Final = 1 << 40
 """The largest buffer or scratch (at the vars' maxima): 1 TiB, past any GPU's memory (an H200
 has 141 GB) and any host's pinned memory a weight buffer could take."""

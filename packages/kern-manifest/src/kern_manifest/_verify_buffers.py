@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from kern_manifest._verify_base import (
     DTYPE_RANGE,
-    MAX_BYTES,
+    MAX_BUFFER_BYTES,
     SHA_RE,
     Base,
     ptr,
@@ -94,11 +94,11 @@ class BufferChecks(Base):
                 "set one of bytes, bytes_per_token, bytes_per_seq",
             )
         for key, value in sizes.items():
-            if not 1 <= value <= MAX_BYTES:
+            if not 1 <= value <= MAX_BUFFER_BYTES:
                 self.err(
                     ptr("states", name, key),
                     f"{key} {value} out of range",
-                    "use a positive byte count",
+                    "use a positive byte count of at most 1 TiB (2^40)",
                 )
 
     def slices(self, name: str, per_token: int | None, slices: int) -> None:

@@ -6,7 +6,7 @@ verifies. All static checks are made at the var bounds (every var in [1, max]; a
 narrows its var). The checks, by section:
 
 - header: model label; var max >= 1; group sizes >= 1 (every problem that follows from a var
-  max or group size below 1 is folded into that one problem: `ManifestError.follows`); each state has exactly one size >= 1;
+  max or group size below 1 is folded into that one problem: `ManifestError.follows`); each state has exactly one size in 1..2^40;
   module sha256 (64 lowercase hex) and source (`hf:org/repo/path[@rev]`, `https://...` or a file).
 - buffers: no buffer named like a state; shapes resolve, every dim >= 1, at most 1 TiB (`MAX_BUFFER_BYTES`) at the maxima; placement host only
   for weights; export not on host buffers or peers; `of`/`group` only on peers; peer rules (u64
