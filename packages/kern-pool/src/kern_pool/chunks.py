@@ -15,6 +15,7 @@ from typing import NewType
 from kern_pool.errors import ApiError, ConfigError
 
 __all__ = [
+    "CHUNKS_MAX",
     "CHUNK_CAP",
     "GRANULE",
     "HEADROOM",
@@ -46,6 +47,9 @@ CHUNK_CAP = 64 << 20
 """The largest chunk (64 MiB): the driver bills pool operations per chunk."""
 HEADROOM = 1 << 30
 """Device bytes left free when the caller gives no token budget (1 GiB)."""
+CHUNKS_MAX = 1 << 20
+"""The most physical chunks of one pool (2 TiB at the granule, 64 TiB at the cap): the pool keeps
+words per chunk position of every arena, the driver a handle per chunk."""
 
 
 def chunk_bytes(smallest_object: int) -> int:
@@ -166,7 +170,7 @@ class PoolConfig:
         line_tables: the line tables over per-seq states (`Lease.seq_line`).
 
     Raises:
-        ConfigError: a field of the wrong type or sign, duplicate state names, first slots
+        ConfigError: a field of the wrong type or sign, more than `CHUNKS_MAX` chunks, duplicate state names, first slots
             without a per-seq state or beyond the budget, a line table over no per-seq state of
             this pool or naming more lines than a slot holds, or a budget that cannot hold one
             sequence (one page plus a slot when there are per-seq states).
@@ -186,6 +190,9 @@ class PoolConfig:
         for field in ("unit", "row_pages", "chunk"):
             _int(f"PoolConfig.{field}", getattr(self, field), 1)
         _int("PoolConfig.chunks", self.chunks, 0)
+        if self.chunks > CHUNKS_MAX:
+            raise ConfigError(f"a budget of {self.chunks} chunks of {self.chunk} bytes is past the {CHUNKS_MAX} chunks "
+                              "a pool holds: ask for fewer tokens")
         _int("PoolConfig.first_slots", self.first_slots, 0)
         if self.first_slots and not self.per_seq:
             raise ConfigError("PoolConfig.first_slots needs at least one per-seq state")
