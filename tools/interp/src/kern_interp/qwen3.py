@@ -9,8 +9,11 @@ bf16 mirroring of transformers is checked on the GPU.
 from __future__ import annotations
 
 import json
+import math
+import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import numpy as np
 from kern_manifest import parse_manifest
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 from kern_runtime import domains as kr_domains
+from kern_runtime import errors as kr_errors
 
 F32 = np.float32
 _NP = {"bf16": F32, "f32": F32, "i64": np.int64, "i32": np.int32}
@@ -32,18 +36,83 @@ def read_checkpoint(directory: Path) -> dict[str, np.ndarray]:
     return read_files(sorted(directory.glob("*.safetensors")))
 
 
+@dataclass(frozen=True, slots=True)
+class TensorHead:
+    """One bf16 tensor of a checkpoint file: its shape and the file's byte range of its data."""
+
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        """Elements."""
+        return math.prod(self.shape)
+
+
+def _where(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 60 else "..." + text[-57:]
+
+
+def read_header(path: Path) -> dict[str, TensorHead]:
+    """The tensors of one bf16 .safetensors file, from its header alone (checked against the file's
+    size before anything past the header is read).
+
+    Raises:
+        kern_runtime.WeightArtifactError: not a safetensors file, or a tensor that is not bf16 or
+            whose bytes do not fit its shape or the file.
+    """
+    where = f"weights {_where(path)}"
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < n <= size - 8:
+                raise kr_errors.WeightArtifactError(f"{where}: not a safetensors file ({size} bytes, no header)")
+            raw = f.read(n)
+    except OSError as exc:
+        raise kr_errors.InputFileError(f"{where}: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise kr_errors.WeightArtifactError(f"{where}: not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise kr_errors.WeightArtifactError(f"{where}: not a safetensors file (its header is not a JSON object)")
+    header.pop("__metadata__", None)
+    return {str(name): _tensor_head(where, str(name), meta, 8 + n, size)
+            for name, meta in header.items()}  # pyright: ignore[reportUnknownVariableType]
+
+
+def _tensor_head(where: str, name: str, meta: Any, base: int, size: int) -> TensorHead:
+    try:
+        dtype, shape, (a, b) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+        a, b = int(a), int(b)
+    except (KeyError, TypeError, ValueError):
+        raise kr_errors.WeightArtifactError(f"{where}: tensor {name[:48]!r} has a bad header entry") from None
+    if dtype != "BF16":
+        raise kr_errors.WeightArtifactError(f"{where}: tensor {name[:48]!r} is {str(dtype)[:16]}; the CPU backend "
+                                            "reads bf16 checkpoints")
+    if min(shape, default=0) < 0 or not 0 <= a <= b or b - a != 2 * math.prod(shape) or base + b > size:
+        raise kr_errors.WeightArtifactError(f"{where}: tensor {name[:48]!r} bytes [{a}, {b}) do not fit its shape "
+                                            "or the file")
+    return TensorHead(shape, base + a, base + b)
+
+
 def read_files(paths: Sequence[Path]) -> dict[str, np.ndarray]:
-    """The tensors of bf16 .safetensors files as float32 arrays (exact widening)."""
+    """The tensors of bf16 .safetensors files as float32 arrays (exact widening).
+
+    Raises:
+        as `read_header`.
+    """
     out: dict[str, np.ndarray] = {}
     for path in paths:
+        heads = read_header(path)
         raw = path.read_bytes()
-        (n,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8 : 8 + n])
-        header.pop("__metadata__", None)
-        for name, meta in header.items():
-            a, b = meta["data_offsets"]
-            bits = np.frombuffer(raw[8 + n + a : 8 + n + b], dtype=np.uint16).astype(np.uint32) << 16
-            out[name] = bits.view(F32).reshape(meta["shape"])
+        for name, t in heads.items():
+            bits = np.frombuffer(raw[t.start : t.stop], dtype=np.uint16).astype(np.uint32) << 16
+            out[name] = bits.view(F32).reshape(t.shape)
     return out
 
 

@@ -1,20 +1,24 @@
 """`kern serve` on a CPU: the tiny Qwen3 through the numpy interpreter, and a tokenizer that fits
 its 4,096 ids.
 
-    kern serve --backend kern_interp.serve:engine --tokenizer kern_interp.serve:tokenizer \\
-        --manifest examples/qwen3-tiny-batch.json --capacity 4096
+    kern serve qwen3-tiny-batch --backend kern_interp.serve:engine     # kern.toml's CPU target
 
 `engine(spec)` builds the `kern_runtime.Engine` over `InterpBackend` (the pool holds `spec.tokens`
 KV tokens in chunks of 8 pages, a host tier of `spec.host_bytes`); without weights it writes (once)
-and uses the seeded random checkpoint of `QWEN3_TINY_CONFIG`. `tokenizer()` is `ByteTokenizer`:
-UTF-8 bytes are ids 0..255, the chat template's special tokens ids 4000..4004, every other id
-decodes to one CJK character (a random model says anything).
+and uses the seeded random checkpoint of `QWEN3_TINY_CONFIG`. The weights' headers are checked
+against the manifest before any tensor is read (a checkpoint of another model is one line, a
+`WeightArtifactError`), and `engine.ram(spec)` tells kern serve the RAM it will take.
+`tokenizer()` is `ByteTokenizer`: UTF-8 bytes are ids 0..255, the chat template's special tokens
+ids 4000..4004, every other id decodes to one CJK character (a random model says anything).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kern_runtime as kr
 from kern_interp import qwen3 as interp
@@ -22,26 +26,116 @@ from kern_interp.backend import InterpBackend
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 from kern_runtime.serving import EngineSpec
 
-__all__ = ["CHUNK_PAGES", "SPECIAL", "ByteTokenizer", "engine", "tokenizer"]
+__all__ = ["CHUNK_PAGES", "SPECIAL", "ByteTokenizer", "CpuBackend", "engine", "tokenizer"]
 
 CHUNK_PAGES = 8
 """Pages of one pool chunk."""
 SPECIAL: dict[str, int] = {"<|endoftext|>": 4000, "<|im_start|>": 4001, "<|im_end|>": 4002, "<think>": 4003,
                            "</think>": 4004}
 """The special tokens' ids."""
+VOCAB = 4096
+"""The ids `ByteTokenizer` decodes (the tiny Qwen3's vocabulary)."""
+_F32 = 4
+_DEFAULT = "the CPU backend's default checkpoint is the tiny Qwen3's: pass --weights for this manifest, or serve " \
+           "the tiny model (kern serve qwen3-tiny-batch --backend kern_interp.serve:engine)"
 
 
-def engine(spec: EngineSpec) -> kr.Engine:
-    """The interpreter's engine for `spec` (gpu and kernels are not used)."""
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What `engine(spec)` loads, checked: the manifest, its roles, the weight files and the sizes
+    of its KV pool and host tier in pages."""
+
+    manifest: dict[str, Any]
+    roles: kr.ServingRoles
+    files: tuple[Path, ...]
+    heads: dict[str, interp.TensorHead]
+    pages: int
+    host_pages: int
+
+    @property
+    def page_floats(self) -> int:
+        """float32 elements of one KV page (the interpreter widens the bf16 state)."""
+        return self.roles.page_tokens * self.manifest["states"]["kv"]["bytes_per_token"] // interp.kv_element_bytes(
+            self.manifest)
+
+
+def _plan(spec: EngineSpec) -> _Plan:
     manifest = kr.read_manifest(spec.manifest)
-    files = kr.weight_files(spec.weights) if spec.weights else kr.weight_files([_default_weights()])
-    tensors = interp.read_files(files)
     roles = kr.serving_roles(manifest)
+    files = tuple(kr.weight_files(spec.weights) if spec.weights else kr.weight_files([_default_weights()]))
+    heads: dict[str, interp.TensorHead] = {}
+    for f in files:
+        heads.update(interp.read_header(f))
+    _check_weights(manifest, heads, spec.manifest.name, _DEFAULT if not spec.weights else "these weights are another "
+                   "model's: pass this manifest's checkpoint")
     page_bytes = roles.page_tokens * manifest["states"]["kv"]["bytes_per_token"]
     pages = -(-spec.tokens // (roles.page_tokens * CHUNK_PAGES)) * CHUNK_PAGES
-    host = spec.host_bytes // page_bytes
-    backend = InterpBackend(manifest, tensors, pages=pages, chunk_pages=CHUNK_PAGES, host_pages=host)
-    return kr.Engine(backend, roles, kr.EngineConfig(chunk=spec.chunk, park=host > 0))
+    return _Plan(manifest, roles, files, heads, pages, spec.host_bytes // page_bytes)
+
+
+def _check_weights(manifest: Mapping[str, Any], heads: Mapping[str, interp.TensorHead], name: str, hint: str) -> None:
+    """Every weight buffer's tensors are in the checkpoint and fill it exactly (the interpreter
+    concatenates them)."""
+    env = {v: spec["max"] for v, spec in manifest["vars"].items()}
+    where = f"the weights do not fit {name[:48]}"
+    for buf, b in manifest["buffers"].items():
+        if b["kind"] != "weight":
+            continue
+        tensors = [s["tensor"] for s in b["bind"]]
+        missing = next((t for t in tensors if t not in heads), None)
+        if missing is not None:
+            raise kr.WeightArtifactError(f"{where}: the checkpoint has no tensor {missing[:48]!r} ({hint})")
+        want = math.prod(env[d] if isinstance(d, str) else d for d in b["shape"])
+        have = sum(heads[t].size for t in tensors)
+        if have != want:
+            raise kr.WeightArtifactError(f"{where}: buffer {buf[:48]!r} holds {want} values, the checkpoint's "
+                                         f"{tensors[0][:48]}{' ...' if len(tensors) > 1 else ''} {have} ({hint})")
+
+
+def _buffer_bytes(manifest: Mapping[str, Any]) -> int:
+    """RAM of the interpreter's buffers at the vars' maxima (bf16 widened to float32)."""
+    env = {v: spec["max"] for v, spec in manifest["vars"].items()}
+    sizes = {"bf16": 4, "f32": 4, "i64": 8, "i32": 4}
+    return sum(math.prod(env[d] if isinstance(d, str) else d for d in b["shape"]) * sizes[b["dtype"]]
+               for b in manifest["buffers"].values())
+
+
+class CpuBackend:
+    """The engine factory `kern serve --backend kern_interp.serve:engine` calls (`engine(spec)`),
+    with the RAM it takes (`engine.ram(spec)`), which kern serve checks against the RAM available
+    before calling it."""
+
+    def ram(self, spec: EngineSpec) -> dict[str, int]:
+        """Bytes of RAM `self(spec)` allocates, by what: the KV pool, the host tier, the
+        interpreter's buffers and the checkpoint, all as float32.
+
+        Raises:
+            kern_runtime.WeightArtifactError, InputFileError: weights that are not a bf16
+                checkpoint of this manifest's model.
+        """
+        plan = _plan(spec)
+        checkpoint = sum(t.size for t in plan.heads.values()) * _F32
+        return {"the KV pool": plan.pages * plan.page_floats * _F32,
+                "the host tier": plan.host_pages * plan.page_floats * _F32,
+                "the buffers": _buffer_bytes(plan.manifest), "the checkpoint": checkpoint}
+
+    def __call__(self, spec: EngineSpec) -> kr.Engine:
+        """The interpreter's engine for `spec` (gpu and kernels are not used).
+
+        Raises:
+            as `ram`.
+        """
+        plan = _plan(spec)
+        tensors = interp.read_files(plan.files)
+        backend = InterpBackend(plan.manifest, tensors, pages=plan.pages, chunk_pages=CHUNK_PAGES,
+                                host_pages=plan.host_pages)
+        return kr.Engine(backend, plan.roles, kr.EngineConfig(chunk=spec.chunk, park=plan.host_pages > 0))
+
+
+engine = CpuBackend()
+"""`engine(spec)`: the CPU engine (the pool holds `spec.tokens` KV tokens in chunks of
+`CHUNK_PAGES` pages, a host tier of `spec.host_bytes`; without weights the seeded random tiny
+checkpoint)."""
 
 
 def _default_weights() -> Path:
@@ -50,7 +144,10 @@ def _default_weights() -> Path:
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as ids 0..255 and `SPECIAL`'s tokens; decodes any id below 4096."""
+    """UTF-8 bytes as ids 0..255 and `SPECIAL`'s tokens; decodes any id below `VOCAB`."""
+
+    vocab_size = VOCAB
+    """The ids it decodes (kern serve checks them against the model's token ids)."""
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (special tokens matched first, then bytes)."""
