@@ -51,6 +51,17 @@ def test_bad_flags_are_one_line_before_the_engine(no_engine: None, capsys: pytes
     assert _line(capsys) == f"kern bench serve: {line}"
 
 
+def test_a_request_longer_than_the_pool_is_one_line_before_the_engine(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def loaded(*_: object, **__: object) -> None:
+        pytest.fail("the engine was loaded")
+
+    monkeypatch.setattr(serve, "with_engine", loaded)
+    assert kern_main(["bench", "serve", "--manifest", TINY, "--capacity", "4096", "--system", "100000000000"]) == 2
+    assert _line(capsys) == ("kern bench serve: --system 100000000000 + --question 32 + --max-tokens 128 = "
+                             "100000000160 tokens a request, past --capacity 4096")
+
+
 def test_the_most_clients_pass_the_checks(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def stop(*_: object, **__: object) -> None:
         raise RunError("reached the engine")

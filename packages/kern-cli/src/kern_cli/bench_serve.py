@@ -24,7 +24,7 @@ step after the plan's prefills; the default, as `kern serve` runs unless told) o
 prompt tokens that rode (`Stats.ridden`) and the admissions that reused a cached prefix, of its
 measured requests. The server is measured in process (no HTTP), so the numbers are the engine's
 and the scheduler's. Every flag is checked before the engine loads: client counts (each 1..
-`MAX_CLIENTS`, one thread a client), rounds (1..`MAX_ROUNDS`), and the `--json` destination (a
+`MAX_CLIENTS`, one thread a client), rounds (1..`MAX_ROUNDS`), a request's tokens (within `--capacity`), and the `--json` destination (a
 write of no bytes: /dev/full is refused then, not after the run).
 """
 
@@ -285,6 +285,18 @@ def _check(args: argparse.Namespace) -> None:
         raise RunError(f"--json {problem}")
 
 
+def _check_request(args: argparse.Namespace, capacity: int | None) -> None:
+    """Refuses a request (system prompt, question, answer) longer than the KV pool.
+
+    Raises:
+        RunError: it does not fit.
+    """
+    need = args.system + args.question + args.max_tokens
+    if capacity is not None and need > capacity:
+        raise RunError(f"--system {args.system} + --question {args.question} + --max-tokens {args.max_tokens} "
+                       f"= {need} tokens a request, past --capacity {capacity}")
+
+
 def _handle(args: argparse.Namespace) -> int:
     from kern_cli import serve
     from kern_cli.run import runtime_input_errors
@@ -297,6 +309,7 @@ def _handle(args: argparse.Namespace) -> int:
         clients = list(positive_ints("--clients", args.clients, RunError, MAX_CLIENTS))
         _check(args)
         opts = serve.resolve(args)
+        _check_request(args, opts.load.capacity)
         levels = serve.with_engine(opts, log, lambda engine: measure(
             engine, clients, system=args.system, question=args.question, max_tokens=args.max_tokens,
             rounds=args.rounds, rows=opts.rows, step_tokens=opts.step_tokens, chunk=opts.chunk,
