@@ -305,6 +305,13 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(
     assert not (in_tmp / "cache").exists()
 
 
+def test_steps_that_are_no_integer_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        run.main(["--steps", "1e20"])
+    assert info.value.code == 2
+    assert _one_line(capsys) == "kern-run: argument --steps: invalid int value: '1e20' (see kern-run --help)"
+
+
 def test_a_capacity_the_user_never_set_stays_within_the_model(in_tmp: Path) -> None:
     """The derived capacity (at least 4096 tokens) is cut to the model's 100 positions."""
     _positions(in_tmp)
