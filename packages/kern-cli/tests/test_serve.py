@@ -278,3 +278,10 @@ def test_size_text_and_the_ram_available(tmp_path: Path) -> None:
     info.write_text("MemTotal:       16000000 kB\nMemAvailable:    8000000 kB\n")
     assert available_ram(info) == 8000000 * 1024
     assert available_ram(tmp_path / "none") > 0
+
+
+def test_a_host_tier_below_one_page_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A tier that holds no KV page would silently be none."""
+    assert kern_main(["serve", "--manifest", TINY, *CPU_TOKENIZER, "--host-bytes", "32767"]) == 2
+    assert _line(capsys) == ("kern serve: --host-bytes 32767 holds no KV page of 32768 bytes: pass 0 (no host tier) "
+                             "or at least 32768")

@@ -265,7 +265,6 @@ def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, st
 
 def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactory) -> EngineSpec:
     """What the factory will be asked for, its sizes checked (kern_cli.serve_sizes)."""
-    import kern_runtime as kr
     from kern_cli.serve_sizes import check_sizes
     from kern_runtime.serving import EngineSpec
 
@@ -273,7 +272,7 @@ def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactor
     assert load.capacity is not None
     spec = EngineSpec(load.manifest, load.kernels, load.weights, load.gpu, load.capacity, opts.rows, opts.host_bytes,
                       opts.chunk, opts.chunk_graphs)
-    check_sizes(spec, kr.serving_roles(manifest), factory, opts.backend)
+    check_sizes(spec, manifest, factory, opts.backend)
     return spec
 
 

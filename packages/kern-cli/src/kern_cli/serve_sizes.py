@@ -4,6 +4,7 @@ allocated (docs/serve.md, Flags): one rule per size, in one place.
 - `--capacity` must make a pool (kern_runtime.sequences.pool_config_for, the GPU runtime's own
   sizing; kern_pool refuses a budget past `CHUNKS_MAX` chunks);
 - `--rows` at most the pool's pages: every running request holds at least one page;
+- `--host-bytes` 0 (no host tier) or at least one KV page: a smaller tier holds nothing;
 - the bytes that go to host RAM at most the RAM available (/proc/meminfo's MemAvailable, else the
   physical RAM): the host tier (`--host-bytes`, pinned host memory on the GPU), or all that a
   factory says it takes through its optional `ram(spec)` (the CPU backend: its KV pool, host tier
@@ -51,16 +52,28 @@ def available_ram(meminfo: Path = Path("/proc/meminfo")) -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_sizes(spec: Any, roles: Any, factory: Any, backend: str, ram: int | None = None) -> None:
-    """Refuse the sizes of `spec` (a kern_runtime.serving.EngineSpec) that the machine or the
-    model cannot hold, before `factory` is called: host RAM, then the pool, then the rows.
+def check_sizes(spec: Any, manifest: Mapping[str, Any], factory: Any, backend: str, ram: int | None = None) -> None:
+    """Refuse the sizes of `spec` (a kern_runtime.serving.EngineSpec of `manifest`) that the
+    machine or the model cannot hold, before `factory` is called: the host tier's page, host RAM,
+    the pool, the rows.
 
     Raises:
         SizeError: one line naming the flag and what it may be.
     """
+    import kern_runtime as kr
+
+    roles = kr.serving_roles(manifest)
+    _check_host(spec, manifest, roles.page_tokens)
     _check_ram(_ram_asks(spec, factory), backend, available_ram() if ram is None else ram)
     _check_pool(spec)
     _check_rows(spec, roles.page_tokens)
+
+
+def _check_host(spec: Any, manifest: Mapping[str, Any], page_tokens: int) -> None:
+    page = page_tokens * sum(s.get("bytes_per_token") or 0 for s in manifest["states"].values())
+    if 0 < spec.host_bytes < page:
+        raise SizeError(f"--host-bytes {spec.host_bytes} holds no KV page of {page} bytes: pass 0 (no host tier) "
+                        f"or at least {page}")
 
 
 def _ram_asks(spec: Any, factory: Any) -> dict[str, int]:
