@@ -5,7 +5,10 @@ with logprobs the same concurrent as alone and as the engine alone; /v1/models, 
 error with its status and OpenAI JSON; and a load with faults: KERN_SERVE_LOAD_REQUESTS (default
 1,000) requests from 64 concurrent clients, 10% cancelled mid-stream, 5% malformed, 5% past the
 capacity: every valid request gets its tokens, the pool and host counts return to idle and the
-resident memory stays flat."""
+resident memory stays flat. Then the bounds (max_tokens and prompts accepted at the limit the
+refusal names, refused one past it), deeply nested bodies, cut echoes, lone surrogates, fresh and
+repeated seeds, and SIGTERM ending a stream that outlives the grace with an error event and
+`data: [DONE]`."""
 
 from __future__ import annotations
 
