@@ -16,6 +16,7 @@ import asyncio
 import json
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -400,8 +401,8 @@ def test_unseeded_sampling_draws_afresh_and_a_seed_repeats(client: openai.OpenAI
 def test_sigterm_ends_a_stream_past_the_grace_with_an_error_event_then_done(weights: Path) -> None:
     """A stream of 4,000 tokens and a whole answer of as many outlive the 5 s grace: SIGTERM ends
     the stream with the shutting_down error event and `data: [DONE]`, the whole answer with 503
-    shutting_down; the server says so in one line and exits 0."""
-    srv = start(weights)
+    shutting_down; the server says so in one line and exits 0. (The pool holds both at once.)"""
+    srv = start(weights, "--capacity", "16384")
     lines: list[str] = []
     whole: list[httpx.Response] = []
     started = threading.Event()
@@ -418,10 +419,14 @@ def test_sigterm_ends_a_stream_past_the_grace_with_an_error_event_then_done(weig
         whole.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=60))
 
     threads = [threading.Thread(target=stream), threading.Thread(target=answer)]
-    for t in threads:
-        t.start()
+    threads[0].start()
     try:
         assert started.wait(60)
+        threads[1].start()
+        deadline = time.monotonic() + 30
+        while httpx.get(srv.url + "/health").json()["running_rows"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         srv.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(60)

@@ -16,10 +16,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kern_cli.run import RunError
 from kern_cli.serve_api import shown
+
+if TYPE_CHECKING:
+    from kern_runtime.serving import EngineSpec
 
 __all__ = ["SizeError", "available_ram", "check_sizes", "size_text"]
 
@@ -52,7 +55,7 @@ def available_ram(meminfo: Path = Path("/proc/meminfo")) -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_sizes(spec: Any, manifest: Mapping[str, Any], factory: Any, backend: str, ram: int | None = None) -> None:
+def check_sizes(spec: EngineSpec, manifest: Mapping[str, Any], factory: Any, backend: str, ram: int | None = None) -> None:
     """Refuse the sizes of `spec` (a kern_runtime.serving.EngineSpec of `manifest`) that the
     machine or the model cannot hold, before `factory` is called: the host tier's page, host RAM,
     the pool, the rows.
@@ -69,14 +72,14 @@ def check_sizes(spec: Any, manifest: Mapping[str, Any], factory: Any, backend: s
     _check_rows(spec, roles.page_tokens)
 
 
-def _check_host(spec: Any, manifest: Mapping[str, Any], page_tokens: int) -> None:
+def _check_host(spec: EngineSpec, manifest: Mapping[str, Any], page_tokens: int) -> None:
     page = page_tokens * sum(s.get("bytes_per_token") or 0 for s in manifest["states"].values())
     if 0 < spec.host_bytes < page:
         raise SizeError(f"--host-bytes {spec.host_bytes} holds no KV page of {page} bytes: pass 0 (no host tier) "
                         f"or at least {page}")
 
 
-def _ram_asks(spec: Any, factory: Any) -> dict[str, int]:
+def _ram_asks(spec: EngineSpec, factory: Any) -> dict[str, int]:
     ram: Any = getattr(factory, "ram", None)
     if not callable(ram):
         return {"the host tier": spec.host_bytes}
@@ -93,7 +96,7 @@ def _check_ram(asks: Mapping[str, int], backend: str, ram: int) -> None:
                     f"{size_text(ram)} available: pass a smaller --capacity or --host-bytes")
 
 
-def _check_pool(spec: Any) -> None:
+def _check_pool(spec: EngineSpec) -> None:
     import kern_runtime as kr
     from kern_manifest import parse_manifest
     from kern_runtime.sequences import pool_config_for
@@ -105,7 +108,7 @@ def _check_pool(spec: Any) -> None:
         raise SizeError(f"--capacity {shown(spec.tokens)}: {exc}") from None
 
 
-def _check_rows(spec: Any, page_tokens: int) -> None:
+def _check_rows(spec: EngineSpec, page_tokens: int) -> None:
     pages = -(-spec.tokens // page_tokens)  # NOTE: the engines round the pool up to whole pages
     if spec.seqs > pages:
         raise SizeError(f"--rows {shown(spec.seqs)}: a pool of {spec.tokens} tokens has {pages} pages of "
