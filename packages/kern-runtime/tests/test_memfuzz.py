@@ -25,6 +25,9 @@ def fuzz_manifest(sha: str, stateful: bool) -> dict[str, Any]:
     doc["states"]["kv2"]["slices"] = 4
     if stateful:
         doc["states"]["ssm"]["bytes_per_seq"] = 1 << 16
+        for call in doc["programs"]["stamp"]["calls"]:
+            if call["args"][0].get("state") == "ssm":
+                call["args"][0]["offset"] = 1 << 15
     else:
         del doc["states"]["ssm"]
         doc["programs"]["stamp"]["calls"] = [c for c in doc["programs"]["stamp"]["calls"]

@@ -27,6 +27,7 @@ import numpy as np
 
 import kern_pool
 from kern_manifest import parse_manifest
+from kern_manifest.verify import load_manifest
 from kern_runtime import memory, sequences
 from kern_runtime.sequences import Sequences, pool_layout
 
@@ -63,7 +64,7 @@ class SimRuntime:
     """`Runtime`'s memory methods over `Sequences` on a `SimDevice` (no kernels, no weights)."""
 
     def __init__(self, dev: SimDevice, doc: Mapping[str, Any], capacity: kern_pool.Capacity) -> None:
-        m = parse_manifest(json.dumps(doc))
+        m = load_manifest(json.dumps(doc))  # NOTE: verified, as Runtime.load does
         paged, per_seq, unit, row = pool_layout(m)
         config = kern_pool.pool_config(paged, per_seq, unit=unit, row_pages=row or 1 << 20, capacity=capacity)
         self.dev = dev
