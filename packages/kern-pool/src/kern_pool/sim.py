@@ -186,16 +186,17 @@ def _pool_config(w: Workload) -> PoolConfig:
     """The pool for a checked workload, refused when it is beyond what is simulated."""
     per_seq = (SeqState("state", w.state_bytes),) if w.state_bytes else ()
     row = -(-w.longest // w.unit)
-    cfg = pool_config(
-        (PagedState("kv", w.bytes_per_token),), per_seq, unit=w.unit, row_pages=row,
-        capacity=Capacity(w.tokens, w.batch),
-    )
-    budget = cfg.chunks * cfg.chunk
+    # NOTE: before pool_config, which would size (and refuse) chunks for any budget
+    budget = w.tokens * w.bytes_per_token + (w.batch + 2) * w.state_bytes
     if budget > MAX_DEVICE_BYTES:
         raise SimError(
             f"the device budget is {budget} bytes (--tokens x --bytes-per-token, plus --state-bytes per slot),"
             f" over {MAX_DEVICE_BYTES} (1 TiB): lower them"
         )
+    cfg = pool_config(
+        (PagedState("kv", w.bytes_per_token),), per_seq, unit=w.unit, row_pages=row,
+        capacity=Capacity(w.tokens, w.batch),
+    )
     if cfg.pages_max + cfg.slots_max > MAX_POOL_OBJECTS:
         raise SimError(
             f"the pool would hold {cfg.pages_max} pages and {cfg.slots_max} slots, over {MAX_POOL_OBJECTS} in all:"
