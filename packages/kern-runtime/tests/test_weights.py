@@ -149,3 +149,15 @@ def test_open_bad_paths_and_headers(tmp_path: Path) -> None:
     short.write_bytes(data[:-4])
     with pytest.raises(WeightArtifactError, match="does not fit"):
         Safetensors.open(short)
+
+
+@pytest.mark.parametrize("data", [b"hello, this is a text file\n" * 3, b"\xff" * 8, struct.pack("<Q", 200) + b"{}"],
+                         ids=["text", "huge-length", "past-the-end"])
+def test_a_header_length_the_file_cannot_hold_is_one_line_before_any_read(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(data)
+    want = f"not a safetensors file (its first 8 bytes give a {struct.unpack('<Q', data[:8])[0]}-byte header"
+    with pytest.raises(WeightArtifactError, match=want.replace("(", r"\(")):
+        Safetensors.open(path)
+    with pytest.raises(WeightArtifactError, match=want.replace("(", r"\(")):
+        Safetensors.parse(data)

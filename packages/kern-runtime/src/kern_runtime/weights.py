@@ -127,8 +127,9 @@ class Safetensors:
                 if len(head) != 8:
                     raise WeightArtifactError(f"{path}: too short for a safetensors file")
                 (size,) = struct.unpack("<Q", head)
-                header = f.read(size)
                 end = os.fstat(f.fileno()).st_size
+                _check_header_size(path, size, end)
+                header = f.read(size)
             for info in _parse_header(path, header, 8 + size, end, _file_blob(path)):
                 _add(tensors, info, path)
         return cls(tensors, tuple(files))
@@ -140,6 +141,7 @@ class Safetensors:
         if len(view) < 8:
             raise WeightArtifactError("<memory>: too short for a safetensors file")
         (size,) = struct.unpack("<Q", view[:8])
+        _check_header_size("<memory>", size, len(view))
         base = 8 + size
         header = bytes(view[8:base])
         tensors: dict[str, TensorInfo] = {}
@@ -160,6 +162,18 @@ class Safetensors:
     def nbytes(self) -> int:
         """Total bytes of every tensor."""
         return sum(t.nbytes for t in self._tensors.values())
+
+
+MAX_HEADER = 100_000_000
+"""The safetensors format's bound on a header's JSON (bytes)."""
+
+
+def _check_header_size(path: str | os.PathLike[str], size: int, end: int) -> None:
+    """A header length that the file (or the format) cannot hold: not a safetensors file. Checked
+    before the header is read, so a text file's first 8 bytes never size an allocation."""
+    if size > min(end - 8, MAX_HEADER):
+        raise WeightArtifactError(f"{path}: not a safetensors file (its first 8 bytes give a {size}-byte header; "
+                                  f"the file has {end} bytes)")
 
 
 BlobMaker = Callable[[int, int], "Blob"]
