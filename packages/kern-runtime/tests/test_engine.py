@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import kern_pool
 import kern_runtime as kr
 from kern_pool import Tier
-from kern_runtime.reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
+from kern_pool.cache import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 
 from .helpers.manifests import serving
 

@@ -29,11 +29,11 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO, TypeVar
 
+from kern_pool.cache import CacheFull, KVCache, PoolDevice, Source
 from kern_pool.chunks import Capacity, PagedState, PoolConfig, SeqState, pool_config
-from kern_pool.errors import Busy, HostFull, PoolError, Remapping
-from kern_pool.host import Host, Parked
-from kern_pool.pages import Checkpoint, Lease, Pool
-from kern_pool.prefix import Prefix
+from kern_pool.errors import PoolError
+from kern_pool.host import Host
+from kern_pool.pages import Lease, Pool
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -215,7 +215,7 @@ class _Sim:
         slot_units = max(1, -(-w.state_bytes // page_bytes))
         units = w.host_tokens // w.unit
         self.host = Host(self.pool, units, 1, slot_units) if units else None
-        self.prefix: Prefix[Checkpoint, Parked] = Prefix(w.unit)
+        self.cache = KVCache(PoolDevice(self.pool, self.host), park=self.host is not None)
         self.rng = SplitMix64(w.seed)
         self.figures = Figures()
         systems = [self.rng.tokens(w.system_len) for _ in range(w.system_prompts)]
@@ -229,33 +229,15 @@ class _Sim:
         f.peak_pages = max(f.peak_pages, self.pool.pages_used)
         f.peak_slots = max(f.peak_slots, self.pool.slots_used)
 
-    def _park(self, cp: Checkpoint) -> Parked | None:
-        assert self.host is not None
-        try:
-            parked, _ = self.host.park(cp)
-        except HostFull:
-            return None
-        self.figures.parks += 1
-        return parked
-
     def room(self, op: Callable[[], T]) -> T:
-        """Run `op`, landing remaps and evicting until it is granted."""
-        while True:
-            try:
-                result = op()
-            except Remapping:
-                plan = self.pool.pending
-                assert plan is not None
-                self.pool.complete(plan)
-                continue
-            except Busy as busy:
-                evicted = self.prefix.evict(self._park if self.host is not None else None)
-                if evicted is None:
-                    raise SimError(f"{busy}; nothing left to evict: raise --tokens or lower --batch") from None
-                self.figures.evictions += 1
-                continue
-            self._track()
-            return result
+        """Run `op` through the cache manager's room (remaps landed, the coldest entries
+        evicted until it is granted)."""
+        try:
+            result = self.cache.room(op)
+        except CacheFull as full:
+            raise SimError(f"{full}; nothing left to evict: raise --tokens or lower --batch") from None
+        self._track()
+        return result
 
     def pick(self, active: list[_Session]) -> list[_Session]:
         """Up to `batch` distinct sessions, Zipf-weighted by rank among the active ones."""
@@ -275,46 +257,18 @@ class _Sim:
         w, f = self.w, self.figures
         prompt = s.history + self.rng.tokens(self.rng.between(w.prompt_len // 2, w.prompt_len * 3 // 2))
         full = prompt + self.rng.tokens(self.rng.between(w.answer_len // 2, w.answer_len * 3 // 2))
-        hit = self.prefix.lookup(prompt)
-        reuse = 0 if hit is None else hit.length
-        if hit is None:
-            lease = self.room(lambda: self.pool.lease(len(full)))
-        elif hit.resident is not None:
-            cp = hit.resident.clone()
-            lease, _ = self.room(lambda: self.pool.restore(cp, reuse, len(full)))
-            cp.release()
-        else:
-            lease = self._wake(hit.parked, reuse, len(full))
-            self._keep(lease, prompt[:reuse])
+        decision, hit = self.cache.decide(prompt, ())
+        lease = self.room(lambda: self.cache.acquire(decision, hit, len(full)))
+        if decision.source is Source.PARKED:
+            self.cache.keep_woken(lease, prompt[: decision.length])
+            self._track()
         f.tokens_total += len(prompt)
-        f.tokens_recomputed += len(prompt) - reuse
-        lease.kv_indices(reuse, len(full))
+        f.tokens_recomputed += len(prompt) - decision.length
+        lease.kv_indices(decision.length, len(full))
         return _Turn(s, lease, full)
 
-    def _wake(self, parked: Parked | None, length: int, tokens: int) -> Lease:
-        """The parked hit woken straight into the turn's lease (`Host.restore`, as the engine's
-        `wake_now`)."""
-        assert parked is not None and self.host is not None
-        host, held = self.host, parked.clone()
-        try:
-            lease, _ = self.room(lambda: host.restore(held, length, tokens))
-        finally:
-            held.release()
-        self.figures.wakes += 1
-        return lease
-
-    def _keep(self, lease: Lease, key: list[int]) -> None:
-        """The woken prefix kept in the index as resident again (a checkpoint of the lease at its
-        length, as the engine keeps it once the chunk is queued); nothing when no page is left."""
-        try:
-            cp, _ = self.room(lambda: self.pool.checkpoint(lease, len(key)))
-        except SimError:
-            return
-        self.prefix.insert(key, cp)
-
     def finish(self, turn: _Turn) -> None:
-        cp = self.pool.retire(turn.lease, len(turn.full))
-        self.prefix.insert(turn.full, cp)
+        self.cache.retire(turn.lease, turn.full)
         turn.session.history = turn.full
         turn.session.left -= 1
         self.figures.turns += 1
@@ -331,8 +285,10 @@ class _Sim:
             if progress is not None and 100 * self.figures.turns // total != shown:
                 shown = 100 * self.figures.turns // total
                 _bar(progress, self.figures.turns, total)
-        self.prefix.clear()
+        self.cache.clear()
         f = self.figures
+        c = self.cache.counters
+        f.parks, f.wakes, f.evictions = c.parks, c.wakes, c.evictions
         f.hit_rate = 1.0 - f.tokens_recomputed / f.tokens_total if f.tokens_total else 0.0
         f.remaps = self.pool.remaps
         f.pages_in_use_end = self.pool.pages_used

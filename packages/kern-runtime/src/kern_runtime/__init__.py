@@ -10,6 +10,7 @@ prefixes reused through a `kern_pool.Prefix` index and the host tier. Errors are
 """
 
 from kern_pool import Capacity
+from kern_pool.cache import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 
 from .batch import Sampled, Sampling
 from .domains import InputDomain, StateUnits, check_domain, input_domains
@@ -51,7 +52,6 @@ from .errors import (
 from .graphs import Graph, GraphCache, GraphCacheStats, normalize_vars
 from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate
-from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local
 from .sequences import Waking

@@ -1,8 +1,9 @@
 """The engine: many sequences on one runtime, their KV memory from the pool, prefixes reused.
 
 An `Engine` owns a backend (a `Runtime`, or anything with its sequence and program calls: the
-`Backend` protocol), a `kern_pool.Prefix` index over resident checkpoints and parked copies, and
-the host tier when the backend has one. A `Sequence` is one conversation's row: its tokens and,
+`Backend` protocol) and a `kern_pool.KVCache` over it (the prefix index of resident checkpoints
+and parked copies, the reuse decision, eviction and parking to the host tier when the backend has
+one). A `Sequence` is one conversation's row: its tokens and,
 while a turn runs, a lease whose pages make the block table.
 
 A turn: `prefill(seq, prompt, room)` reuses the prompt's longest cached proper prefix (the index:
@@ -12,8 +13,8 @@ only the rest goes through the chunk program (with `first=True` and a manifest w
 program, the last prompt token too, and the head computes the first token); then `step(seq)`
 decodes, and `finish(seq)` retires the lease into the index. When the pool is busy, the coldest index entries are parked to the host
 tier (dropped when it is full, or when there is none) until the lease fits. The decisions are
-kern_pool's (`Prefix.lookup`, `Prefix.evict`) and `kern_runtime.reuse`'s; the engine only executes
-them.
+the cache manager's (`kern_pool.KVCache`: decide, acquire, keep_woken, retire, room); the engine
+keeps the sequences and runs the programs.
 
 The one-row decode step seats one sequence at a time (its block table, its staged token, the
 device carries) and re-seats when another sequence steps. `decode(seqs, sampling)` runs one step
@@ -53,10 +54,18 @@ from numpy.typing import ArrayLike, NDArray
 
 import kern_pool
 from kern_pool import Capacity, Checkpoint, Hit, Lease, Parked, Prefix
+from kern_pool.cache import (
+    CacheCounters,
+    CacheFull,
+    KVCache,
+    Reuse,
+    Source,
+    lease_tokens,
+    shared_prefix,
+)
 
 from .batch import Sampled, Sampling, bucket, sampling_params
 from .errors import ApiError, EngineError
-from .reuse import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .session import check_prompt, stage
 
@@ -174,16 +183,13 @@ class EngineConfig:
 
 
 @dataclass(slots=True)
-class Counters:
-    """What the engine did since it was made (for reports and tests)."""
+class Counters(CacheCounters):
+    """What the engine did since it was made (for reports and tests); parks, wakes, evictions and
+    dropped entries are counted by its cache manager."""
 
     turns: int = 0
     reused: int = 0
     prefilled: int = 0
-    parks: int = 0
-    wakes: int = 0
-    evictions: int = 0
-    dropped: int = 0
     heads: int = 0
     """Prefills whose first generated token came from the head program."""
 
@@ -369,8 +375,8 @@ class Engine:
         self.backend = backend
         self.roles = roles
         self.config = cfg
-        self.prefix: Prefix[Checkpoint, Parked] = Prefix(pool.unit)
         self.counters = Counters()
+        self.cache = KVCache(backend, park=cfg.park, counters=self.counters)
         self.reach = min(roles.reach(pool.pages_max * pool.unit), pool.row_pages * pool.unit,
                          pool.pages_max * pool.unit)
         self._chunk = min(cfg.chunk, roles.chunk_max)
@@ -398,6 +404,11 @@ class Engine:
         if not cfg.eager and cfg.chunk_graphs and cfg.chunk_graph_rows and isinstance(backend, Caching):
             backend.cache_graphs(roles.chunk_program, cfg.chunk_graphs)
             self._graph_rows = cfg.chunk_graph_rows
+
+    @property
+    def prefix(self) -> Prefix[Checkpoint, Parked]:
+        """The cache manager's prefix index (its entries, for reports and tests)."""
+        return self.cache.prefix
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], kernels: str | os.PathLike[str],
@@ -716,7 +727,7 @@ class Engine:
         if self._pad is not None:
             self._pad.release()
             self._pad = None
-        self.prefix.clear()
+        self.cache.clear()
         try:
             self.backend.synchronize()
         finally:
@@ -779,88 +790,35 @@ class Engine:
 
     def _decide(self, seq: Sequence, prompt: list[int],
                 own: tuple[int, int] | None) -> tuple[Reuse, Hit[Checkpoint, Parked] | None]:
-        stateful = self.backend.pool.has_slots
-        hit = self.prefix.lookup(prompt)
-        live = [(o.id, shared_prefix(o.tokens[: o.kv], prompt, stateful))
-                for o in self._seqs.values() if o.lease is not None and o is not seq]
-        return pick_reuse(None if hit is None else (hit.length, hit.tier), live, own), hit
+        live = [(o.id, o.tokens[: o.kv]) for o in self._seqs.values() if o.lease is not None and o is not seq]
+        return self.cache.decide(prompt, live, own)
 
     # ---- memory ------------------------------------------------------------------------------
 
     def _acquire(self, d: Reuse, hit: Hit[Checkpoint, Parked] | None, need: int) -> Lease:
-        if d.source is Source.FRESH:
-            return self._room(lambda: self.backend.lease(need))
-        if d.source is Source.FORK:
-            assert d.live is not None
-            parent = self._seqs[d.live].lease
-            assert parent is not None
-            return self._room(lambda: self.backend.fork(parent, d.length, need))
-        # NOTE: the hit is borrowed from the index; it is cloned before anything may evict.
-        assert hit is not None and hit.length == d.length
-        if hit.resident is not None:
-            cp = hit.resident.clone()
-            try:
-                return self._room(lambda: self.backend.restore(cp, d.length, need))
-            finally:
-                cp.release()
-        assert hit.parked is not None
-        return self._wake(hit.parked, d.length, need)
-
-    def _wake(self, parked: Parked, length: int, need: int) -> Lease:
-        """A lease of `need` tokens from the parked copy's first `length` (`wake_now`: the
-        runtime stages the copies, so the chunk's first layers run while the rest still lands);
-        `_keep_woken` puts the woken tokens back into the index once the chunk is queued."""
-        held = parked.clone()
-        try:
-            lease = self._room(lambda: self.backend.wake_now(held, length, need))
-        finally:
-            held.release()
-        self.counters.wakes += 1
-        return lease
+        parent = self._seqs[d.live].lease if d.source is Source.FORK and d.live is not None else None
+        return self._room(lambda: self.cache.acquire(d, hit, need, parent))
 
     def _keep_woken(self, seq: Sequence, length: int) -> None:
-        """The woken prefix kept in the index as resident again, beside its parked copy: a
-        checkpoint of the lease at `length`, taken after the chunk that waited for the staged
-        copies was queued (so its partial-page copy waits for nothing more)."""
-        lease = seq.lease
-        assert lease is not None
-        try:
-            cp = self._room(lambda: self.backend.checkpoint(lease, length))
-        except EngineError:
-            return  # NOTE: live sequences hold every page (the partial copy needs one): the parked copy stays
-        self.prefix.insert(seq.tokens[:length], cp)
+        """The woken prefix kept in the index as resident again, beside its parked copy, once the
+        chunk that waited for the staged copies was queued (`KVCache.keep_woken`)."""
+        assert seq.lease is not None
+        self.cache.keep_woken(seq.lease, seq.tokens[:length])
 
     def _room(self, ask: Callable[[], T]) -> T:
-        """`ask` until the pool grants it: a remap in flight is settled, a busy pool evicts the
-        coldest index entry (parked when there is a host tier)."""
-        while True:
-            try:
-                return ask()
-            except kern_pool.Remapping:
-                self.backend.settle()
-            except kern_pool.Busy as busy:
-                if not self._evict():
-                    raise EngineError(f"no memory for this sequence ({busy}) and nothing left to evict: "
-                                      f"{sum(s.lease is not None for s in self._seqs.values())} live "
-                                      "sequence(s) hold the pool; finish or release some") from None
-            except kern_pool.ExceedsPool as exc:
-                raise EngineError(f"the sequence can never fit this pool: {exc}") from None
+        """`ask` through the cache manager's room (remaps settled, the coldest entries evicted),
+        its refusals as the engine's one line."""
+        try:
+            return self.cache.room(ask)
+        except CacheFull as full:
+            raise EngineError(f"no memory for this sequence ({full}) and nothing left to evict: "
+                              f"{sum(s.lease is not None for s in self._seqs.values())} live "
+                              "sequence(s) hold the pool; finish or release some") from None
+        except kern_pool.ExceedsPool as exc:
+            raise EngineError(f"the sequence can never fit this pool: {exc}") from None
 
     def _evict(self) -> bool:
-        evicted = self.prefix.evict(self._park if self.config.park else None)
-        if evicted is None:
-            return False
-        self.counters.evictions += 1
-        self.counters.dropped += len(evicted.dropped) + (not evicted.parked)
-        return True
-
-    def _park(self, checkpoint: Checkpoint) -> Parked | None:
-        try:
-            parked = self.backend.park(checkpoint)
-        except kern_pool.HostFull:
-            return None
-        self.counters.parks += 1
-        return parked
+        return self.cache.evict()
 
     def _retire(self, seq: Sequence) -> None:
         lease = seq.lease
@@ -868,11 +826,7 @@ class Engine:
             return
         seq.lease, seq.room = None, 0
         self._unseat(seq)
-        if seq.kv == 0:
-            lease.release()
-            return
-        cp = self.backend.retire(lease, seq.kv)
-        self.prefix.insert(seq.tokens[: seq.kv], cp)
+        self.cache.retire(lease, seq.tokens[: seq.kv])
         seq.kv = 0
 
     def _unseat(self, seq: Sequence) -> None:

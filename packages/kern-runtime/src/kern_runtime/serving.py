@@ -74,7 +74,6 @@ from .batch import Sampled, Sampling
 from .detok import Detok, stop_after
 from .engine import Bound, Engine, EngineConfig, Pipeline, Sequence
 from .errors import ApiError, EngineError
-from .reuse import shared_prefix
 
 __all__ = [
     "BUCKETS",
@@ -708,12 +707,10 @@ class Serving:
         self._emit({rid: Sampled(token, None, ())})
 
     def _cached(self, seq: Sequence, tokens: list[int]) -> int:
-        """The prompt tokens the engine can reuse now: the index's hit or a live sequence's."""
-        hit = self.engine.prefix.lookup(tokens)
-        stateful = self.engine.backend.pool.has_slots
-        live = [shared_prefix(o.tokens[: o.kv], tokens, stateful)
-                for o in self.engine.sequences if o.lease is not None and o is not seq]
-        return max([hit.length if hit is not None else 0, *live])
+        """The prompt tokens the engine can reuse now: the index's hit or a live sequence's, as
+        the engine's cache manager decides them."""
+        live = [o.tokens[: o.kv] for o in self.engine.sequences if o.lease is not None and o is not seq]
+        return self.engine.cache.cached(tokens, live)
 
     def _admitted(self, req: Request, reused: int) -> None:
         if not req.generated:
