@@ -1,7 +1,9 @@
-"""The engine's call patterns on kern_pool: Pool + Prefix + Host in random orders.
+"""The engine's call patterns on kern_pool: the KV-cache manager (KVCache over Pool + Host) in
+random orders.
 
-A machine leases, checkpoints, retires, forks and continues turns from index hits (restore of a
-resident hit, wake of a parked one into the lease then kept, or as a checkpoint), inserts the
+A machine leases, checkpoints, retires, forks and continues turns from index hits (the manager's
+decision and lease: restore of a resident hit, a parked one woken into the lease then kept, all
+under the manager's room and eviction; or, by hand, a parked hit woken as a checkpoint), inserts the
 results (values re-inserted, the same value offered under a second key), evicts with and without
 a host, and releases. A trivial model (a dict of entries) predicts every index answer; after
 every step the pages and slots the pool counts equal what the live handles name, every value the
@@ -22,19 +24,21 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kern_pool import (
     ApiError,
-    Busy,
+    CacheFull,
     Checkpoint,
     Evicted,
     Host,
     HostFull,
+    KVCache,
     Lease,
     PagedState,
     Parked,
     Pool,
     PoolConfig,
+    PoolDevice,
     Prefix,
-    Remapping,
     SeqState,
+    Source,
     Tier,
 )
 
@@ -97,7 +101,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.unit = self.config.unit
         self.max_len = min(self.config.row_pages * self.unit, max(4 * self.unit + 3, 24))
         self.host = Host(self.pool, self.host_units, page_units=2, slot_units=3)
-        self.index: Prefix[Checkpoint, Parked] = Prefix(self.unit)
+        self.device = PoolDevice(self.pool, self.host)
+        self.cache = KVCache(self.device, park=self.host_units > 0, on_evict=self._evicted)
+        self.index: Prefix[Checkpoint, Parked] = self.cache.prefix
         self.model = Model(self.unit)
         self.live: list[Live] = []
 
@@ -130,27 +136,22 @@ class EngineMachine(RuleBasedStateMachine):
         self.model.prune(ev.key)
 
     def _grant(self, op: object) -> object:
-        """Run `op`, landing remaps and evicting until granted; None when nothing is left to evict."""
+        """Run `op` through the manager's room (remaps landed, evictions until granted: each
+        checked against the model by `_evicted`); None when nothing is left to evict."""
         assert callable(op)
-        while True:
-            try:
-                return op()
-            except Remapping:
-                self.seen["remap"] += 1
-                plan = self.pool.pending
-                assert plan is not None
-                self.pool.complete(plan)
-            except Busy:
-                self.seen["busy"] += 1
-                ev = self.index.evict(self._park if self.host_units else None)
-                if ev is None:
-                    return None
-                self._evicted(ev)
+        try:
+            return self.cache.room(op)
+        except CacheFull:
+            self.seen["cache full"] += 1
+            return None
 
     def _insert(self, key: Key, cp: Checkpoint) -> None:
-        m = self.model
-        old = m.entries.get(key)
+        old = self.model.entries.get(key)
         kept = self.index.insert(key, cp)
+        self._model_insert(key, cp, kept, old)
+
+    def _model_insert(self, key: Key, cp: Checkpoint, kept: bool, old: Entry | None) -> None:
+        m = self.model
         assert kept == (old is None or old.resident is None)
         self.seen["kept" if kept else "redundant"] += 1
         if not kept:
@@ -174,7 +175,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(tokens=st.lists(st.integers(0, 1), min_size=1, max_size=40))
     def lease(self, tokens: list[int]) -> None:
         tokens = tokens[: self.max_len]
-        lease = self._grant(lambda: self.pool.lease(len(tokens)))
+        lease = self._grant(lambda: self.device.lease(len(tokens)))
         if isinstance(lease, Lease):
             self._start(tokens, 0, lease)
 
@@ -187,7 +188,7 @@ class EngineMachine(RuleBasedStateMachine):
         prompt = prompt[: self.max_len - 1]
         full = prompt + [1] * min(answer, self.max_len - len(prompt))
         expect = self.model.best(tuple(prompt))
-        hit = self.index.lookup(prompt)
+        decision, hit = self.cache.decide(prompt, ())
         if hit is None:
             assert expect[0] == 0
             return self.lease(full)
@@ -196,47 +197,48 @@ class EngineMachine(RuleBasedStateMachine):
         assert self.model.usable(hit.key, tuple(prompt[:-1])) == hit.length
         assert hit.resident is entry.resident if hit.tier is Tier.RESIDENT else hit.parked is entry.parked
         self.seen[f"{hit.tier.value} hit"] += 1
-        if hit.resident is not None:
-            cp = hit.resident.clone()
-        elif straight:
-            assert hit.parked is not None
-            parked = hit.parked.clone()
-            got = self._grant(lambda: self.host.restore(parked, hit.length, len(full)))
-            parked.release()
-            if isinstance(got, tuple):
-                lease: Lease = got[0]  # pyright: ignore[reportUnknownVariableType]
-                assert lease.prefix == hit.length
-                self._start(full, hit.length, lease)
-                kept = self._grant(lambda: self.pool.checkpoint(lease, hit.length))
-                if isinstance(kept, tuple):
-                    self._insert(tuple(prompt[: hit.length]), kept[0])  # pyright: ignore[reportUnknownArgumentType]
+        if hit.parked is not None and not straight:
+            return self._wake_then_restore(prompt, full, hit.length, hit.parked)
+        assert decision.length == hit.length
+        assert decision.source is (Source.RESIDENT if hit.tier is Tier.RESIDENT else Source.PARKED)
+        try:
+            lease = self.cache.acquire(decision, hit, len(full))
+        except CacheFull:
+            self.seen["cache full"] += 1
             return None
-        else:
-            assert hit.parked is not None
-            parked = hit.parked.clone()
-            woken = self._grant(lambda: self.host.wake(parked, hit.length))
-            parked.release()
-            if woken is None:
-                return None
-            assert isinstance(woken, tuple)
-            cp = woken[0].clone()  # pyright: ignore[reportUnknownMemberType]
-            self._insert(tuple(prompt[: hit.length]), woken[0])  # pyright: ignore[reportUnknownArgumentType]
-        got = self._grant(lambda: self.pool.lease_from(cp, hit.length, len(full)))
-        cp.release()
-        if isinstance(got, tuple):
-            lease = got[0]  # pyright: ignore[reportUnknownVariableType]
-            assert lease.prefix == hit.length
-            self._start(full, hit.length, lease)
+        assert lease.prefix == decision.length
+        self._start(full, decision.length, lease)
+        if decision.source is Source.PARKED:
+            key = tuple(prompt[: decision.length])
+            cp = self.cache.keep_woken(lease, key)
+            if cp is not None:  # NOTE: the model as the room's evictions left it, before the insert
+                self._model_insert(key, cp, cp.live, self.model.entries.get(key))
         return None
+
+    def _wake_then_restore(self, prompt: list[int], full: list[int], length: int, parked: Parked) -> None:
+        """A parked hit woken as a checkpoint, inserted again, then restored (by hand)."""
+        held = parked.clone()
+        woken = self._grant(lambda: self.host.wake(held, length))
+        held.release()
+        if woken is None:
+            return
+        assert isinstance(woken, tuple)
+        cp = woken[0].clone()  # pyright: ignore[reportUnknownMemberType]
+        self._insert(tuple(prompt[:length]), woken[0])  # pyright: ignore[reportUnknownArgumentType]
+        lease = self._grant(lambda: self.device.restore(cp, length, len(full)))
+        cp.release()
+        if isinstance(lease, Lease):
+            assert lease.prefix == length
+            self._start(full, length, lease)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 99), cut=st.integers(0, 99))
     def checkpoint(self, i: int, cut: int) -> None:
         live = self.live[i % len(self.live)]
         n = len(live.tokens) if self.pool.has_slots else 1 + cut % len(live.tokens)
-        got = self._grant(lambda: self.pool.checkpoint(live.lease, n))
-        if isinstance(got, tuple):
-            self._insert(tuple(live.tokens[:n]), got[0])  # pyright: ignore[reportUnknownArgumentType]
+        got = self._grant(lambda: self.device.checkpoint(live.lease, n))
+        if isinstance(got, Checkpoint):
+            self._insert(tuple(live.tokens[:n]), got)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 99), cut=st.integers(0, 99))
@@ -251,9 +253,9 @@ class EngineMachine(RuleBasedStateMachine):
         live = self.live[i % len(self.live)]
         n = len(live.tokens) if self.pool.has_slots else 1 + cut % len(live.tokens)
         tokens = (live.tokens[:n] + more)[: self.max_len]
-        got = self._grant(lambda: self.pool.fork(live.lease, n, max(len(tokens), n)))
-        if isinstance(got, tuple):
-            self._start(tokens, n, got[0])  # pyright: ignore[reportUnknownArgumentType]
+        got = self._grant(lambda: self.device.fork(live.lease, n, max(len(tokens), n)))
+        if isinstance(got, Lease):
+            self._start(tokens, n, got)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 99))
@@ -337,6 +339,16 @@ class Unit17(EngineMachine):
     host_units = 40
 
 
+class TwoPaged(EngineMachine):
+    """Two paged states and a per-seq state (stateful entries), 8-token pages, remaps."""
+
+    config = PoolConfig(
+        (PagedState("kv", 1), PagedState("kv2", 2)), (SeqState("ssm", 24),), unit=8, row_pages=6, chunk=48,
+        chunks=24, first_slots=3,
+    )
+    host_units = 40
+
+
 class Unit1(EngineMachine):
     """Paged only, 1-token pages (every token a page), no host tier: evictions drop."""
 
@@ -350,6 +362,8 @@ TestUnit17 = Unit17.TestCase
 TestUnit17.settings = SETTINGS
 TestUnit1 = Unit1.TestCase
 TestUnit1.settings = SETTINGS
+TestTwoPaged = TwoPaged.TestCase
+TestTwoPaged.settings = SETTINGS
 
 
 def test_inserting_the_held_checkpoint_again_keeps_its_pages() -> None:

@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 from kern_pool.errors import Busy, Denied, HostFull, Remapping
 from kern_pool.host import Host, Parked
 from kern_pool.pages import Checkpoint, Lease, Pool
-from kern_pool.prefix import Hit, Prefix, Tier, common_prefix
+from kern_pool.prefix import Evicted, Hit, Prefix, Tier, common_prefix
 
 __all__ = [
     "CacheCounters",
@@ -150,11 +150,14 @@ class KVCache:
     `park`: evicted entries go to the device's host tier (else they are dropped).
     """
 
-    def __init__(self, device: CacheDevice, *, park: bool = False, counters: CacheCounters | None = None) -> None:
+    def __init__(self, device: CacheDevice, *, park: bool = False, counters: CacheCounters | None = None,
+                 on_evict: Callable[[Evicted[Checkpoint, Parked]], None] | None = None) -> None:
         self.device = device
         self.park = park
         self.prefix: Prefix[Checkpoint, Parked] = Prefix(device.pool.unit)
         self.counters = counters if counters is not None else CacheCounters()
+        self.on_evict = on_evict
+        """Called with every eviction's record (reports, tests)."""
 
     # ---- decisions ---------------------------------------------------------------------------
 
@@ -201,15 +204,17 @@ class KVCache:
         self.counters.wakes += 1
         return lease
 
-    def keep_woken(self, lease: Lease, key: Sequence[int]) -> None:
+    def keep_woken(self, lease: Lease, key: Sequence[int]) -> Checkpoint | None:
         """A woken prefix (`key`, the lease's first tokens) back in the index as resident, beside
         its parked copy: a checkpoint of the lease (taken once the chunk that waited for the wake
-        was queued). Nothing when live leases hold every page: the parked copy stays."""
+        was queued), returned as offered to the index (released when the index had it already).
+        None when live leases hold every page: the parked copy stays."""
         try:
             cp = self.room(lambda: self.device.checkpoint(lease, len(key)))
         except CacheFull:
-            return
+            return None
         self.prefix.insert(key, cp)
+        return cp
 
     def retire(self, lease: Lease, key: Sequence[int]) -> None:
         """Ends a turn's lease; its first `len(key)` tokens (`key`) go into the index in place
@@ -241,6 +246,8 @@ class KVCache:
             return False
         self.counters.evictions += 1
         self.counters.dropped += len(evicted.dropped) + (not evicted.parked)
+        if self.on_evict is not None:
+            self.on_evict(evicted)
         return True
 
     def _park(self, checkpoint: Checkpoint) -> Parked | None:
