@@ -10,13 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import kern_pool
 import kern_runtime as kr
-from kern_pool import Tier
-from kern_pool.cache import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
+from kern_pool.cache import Reuse, Source
 
 from .helpers.manifests import serving
 
@@ -338,47 +335,6 @@ def test_a_live_lease_that_loses_to_a_longer_fork_goes_into_the_index() -> None:
     assert _tiers(eng) == {6: "resident"}
     eng.close()
     assert be.pool.pages_used == 0
-
-
-# --------------------------------------------------------------------------------------------
-# The pure decisions.
-
-
-def test_pick_reuse_prefers_the_longest_then_resident_then_live_then_parked() -> None:
-    assert pick_reuse(None, []) == Reuse(Source.FRESH, 0)
-    assert pick_reuse((32, Tier.RESIDENT), [(4, 20)]) == Reuse(Source.RESIDENT, 32)
-    assert pick_reuse((32, Tier.RESIDENT), [(4, 40)]) == Reuse(Source.FORK, 40, 4)
-    assert pick_reuse((32, Tier.RESIDENT), [(4, 32)]) == Reuse(Source.RESIDENT, 32)
-    assert pick_reuse((32, Tier.PARKED), [(4, 32), (5, 32)]) == Reuse(Source.FORK, 32, 4)
-    assert pick_reuse((33, Tier.PARKED), [(4, 32)]) == Reuse(Source.PARKED, 33)
-    assert pick_reuse(None, [(4, 0)]) == Reuse(Source.FRESH, 0)
-    assert pick_reuse((40, Tier.RESIDENT), [], own=(7, 40)) == Reuse(Source.CONTINUE, 40, 7)
-    assert pick_reuse((41, Tier.RESIDENT), [], own=(7, 40)) == Reuse(Source.RESIDENT, 41)
-
-
-def test_shared_prefix_never_covers_the_last_prompt_token() -> None:
-    assert shared_prefix([1, 2, 3], [1, 2, 3], False) == 2
-    assert shared_prefix([1, 2, 3], [1, 2, 3, 4], False) == 3
-    assert shared_prefix([1, 2, 3], [1, 9, 3, 4], False) == 1
-    assert shared_prefix([1, 2, 3], [1, 2, 5, 4], True) == 0  # a stateful sequence only whole
-    assert shared_prefix([1, 2, 3], [1, 2, 3, 4], True) == 3
-    assert shared_prefix(list(range(1000)), [*range(777), -1, 5], False) == 777
-    assert shared_prefix([1, 2], [], False) == 0 and shared_prefix([1, 2], [1], False) == 0
-    assert shared_prefix([], [1, 2], True) == 0 and shared_prefix([], [], False) == 0
-
-
-@given(st.lists(st.integers(0, 2), max_size=80), st.lists(st.integers(0, 2), max_size=80), st.booleans())
-@settings(max_examples=300, deadline=None)
-def test_shared_prefix_is_the_common_prefix_with_the_prompt_but_its_last_token(
-        kept: list[int], prompt: list[int], stateful: bool) -> None:
-    n = 0
-    while n < min(len(kept), len(prompt) - 1) and kept[n] == prompt[n]:
-        n += 1
-    assert shared_prefix(kept, prompt, stateful) == (0 if stateful and n != len(kept) else n)
-
-
-def test_lease_tokens_hold_the_prompt_and_the_steps_after_it() -> None:
-    assert lease_tokens(37, 9) == 45 and lease_tokens(37, 1) == 37 and lease_tokens(1, 1) == 1
 
 
 def test_records_have_no_dict() -> None:
