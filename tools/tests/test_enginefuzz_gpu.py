@@ -18,7 +18,7 @@ from helpers.enginefuzz import EngineFuzz
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-OPS = 400
+OPS = 2000
 
 
 def _pages(rt: Any, page_bytes: int) -> Callable[[list[int]], np.ndarray]:
