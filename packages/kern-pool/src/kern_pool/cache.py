@@ -162,14 +162,19 @@ class KVCache:
     # ---- decisions ---------------------------------------------------------------------------
 
     def decide(self, prompt: Sequence[int], live: Iterable[tuple[int, Sequence[int]]],
-               own: tuple[int, int] | None = None) -> tuple[Reuse, Hit[Checkpoint, Parked] | None]:
+               own: tuple[int, Sequence[int]] | None = None) -> tuple[Reuse, Hit[Checkpoint, Parked] | None]:
         """Where `prompt`'s cached prefix comes from: the index's hit, a live sequence ((id, its
-        tokens with KV) each), or `own` (the prompt's own sequence: (id, shared length) when its
-        lease holds the prefix and has room). The hit is borrowed from the index."""
+        tokens with KV) each), or `own` ((id, tokens with KV) of the prompt's own sequence, given
+        when its live lease has room for the prompt: it continues in place when the prompt starts
+        with all of them). The hit is borrowed from the index."""
         stateful = self.device.pool.has_slots
         hit = self.prefix.lookup(prompt)
         shared = [(i, shared_prefix(kept, prompt, stateful)) for i, kept in live]
-        return pick_reuse(None if hit is None else (hit.length, hit.tier), shared, own), hit
+        mine = None
+        if own is not None:
+            n = shared_prefix(own[1], prompt, stateful)
+            mine = (own[0], n) if n == len(own[1]) else None
+        return pick_reuse(None if hit is None else (hit.length, hit.tier), shared, mine), hit
 
     def cached(self, prompt: Sequence[int], live: Iterable[Sequence[int]]) -> int:
         """The prompt tokens reusable now (the index's hit or a live sequence's shared prefix),

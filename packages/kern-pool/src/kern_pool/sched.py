@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from itertools import pairwise
 
+from kern_pool.cache import lease_tokens
 from kern_pool.errors import ApiError
 
 __all__ = [
@@ -607,7 +608,7 @@ class Scheduler:
         return tuple(out)
 
     def _first_lease(self, req: _Req) -> int:
-        return req.total + self._steps(req) - 1
+        return lease_tokens(req.total, self._steps(req))
 
     def _steps(self, req: _Req) -> int:
         """Decode steps a new or grown lease of `req` holds: `grow` of them, or all it has left."""

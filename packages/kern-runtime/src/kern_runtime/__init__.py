@@ -6,7 +6,7 @@ here); `load_weights(Safetensors.open(paths))` fills the weights; `run` / `issue
 (eager / CUDA graph); `write_input` / `read_output` move data. `Session` runs one sequence on it
 (chunked prefill, greedy decode steps) through the serving roles a manifest declares
 (`serving_roles`); `copy_rate` measures the device's copy bandwidth (a floor's yardstick). `Engine` runs many sequences on it, their KV pages leased from the pool and their
-prefixes reused through a `kern_pool.Prefix` index and the host tier. Errors are typed by who must act (see `kern_runtime.errors`).
+prefixes reused through a `kern_pool.KVCache` (the prefix index, eviction, the host tier). Errors are typed by who must act (see `kern_runtime.errors`).
 """
 
 from kern_pool import Capacity

@@ -61,7 +61,6 @@ from kern_pool.cache import (
     Reuse,
     Source,
     lease_tokens,
-    shared_prefix,
 )
 
 from .batch import Sampled, Sampling, bucket, sampling_params
@@ -759,7 +758,7 @@ class Engine:
         self._claim(seq, dry=True)
         need = self._need(prompt, room)
         self._claim(seq)
-        decision, hit = self._decide(seq, prompt, self._own(seq, prompt, need))
+        decision, hit = self._decide(seq, prompt, self._own(seq, need))
         if decision.source is not Source.CONTINUE and seq.lease is not None:
             # NOTE: the live lease goes into the index first (its KV stays reusable); the index
             # changed, so the decision is made again
@@ -781,15 +780,15 @@ class Engine:
                               f"sequence holds at most {self.reach} here")
         return need
 
-    def _own(self, seq: Sequence, prompt: list[int], need: int) -> tuple[int, int] | None:
-        """(seq id, kv) when `seq`'s live lease holds the prompt's first tokens and has room."""
+    def _own(self, seq: Sequence, need: int) -> tuple[int, list[int]] | None:
+        """(seq id, its tokens with KV) when `seq`'s live lease has room for `need` tokens (the
+        cache manager decides whether the prompt continues it)."""
         if seq.lease is None or need > seq.room:
             return None
-        shared = shared_prefix(seq.tokens[: seq.kv], prompt, self.backend.pool.has_slots)
-        return (seq.id, shared) if shared == seq.kv else None
+        return seq.id, seq.tokens[: seq.kv]
 
     def _decide(self, seq: Sequence, prompt: list[int],
-                own: tuple[int, int] | None) -> tuple[Reuse, Hit[Checkpoint, Parked] | None]:
+                own: tuple[int, list[int]] | None) -> tuple[Reuse, Hit[Checkpoint, Parked] | None]:
         live = [(o.id, o.tokens[: o.kv]) for o in self._seqs.values() if o.lease is not None and o is not seq]
         return self.cache.decide(prompt, live, own)
 
