@@ -5,13 +5,18 @@ modules by sha256, allocates buffers and states (`capacity` is a `kern_pool.Capa
 here); `load_weights(Safetensors.open(paths))` fills the weights; `run` / `issue` execute programs
 (eager / CUDA graph); `write_input` / `read_output` move data. `Session` runs one sequence on it
 (chunked prefill, greedy decode steps) through the serving roles a manifest declares
-(`serving_roles`); `copy_rate` measures the device's copy bandwidth (a floor's yardstick). `Engine` runs many sequences on it, their KV pages leased from the pool and their
-prefixes reused through a `kern_pool.KVCache` (the prefix index, eviction, the host tier). Errors are typed by who must act (see `kern_runtime.errors`).
+(`serving_roles`); `device_count` counts the GPUs through the driver shell; `copy_rate` measures
+the device's copy bandwidth (a floor's yardstick). `Engine` runs many sequences on it, their KV
+pages leased from the pool and their prefixes reused through a `kern_pool.KVCache` (the prefix
+index, eviction, the host tier). Errors are typed by who must act (see `kern_runtime.errors`).
+Model families come from their providers' `kern.providers` entry points
+(`kern_runtime.providers.find`: a `Provider` or one `ProviderError` line).
 """
 
 from kern_pool import Capacity
 from kern_pool.cache import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 
+from ._driver import device_count
 from .batch import Sampled, Sampling
 from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .engine import (
@@ -52,6 +57,7 @@ from .errors import (
 from .graphs import Graph, GraphCache, GraphCacheStats, normalize_vars
 from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate
+from .providers import Provider, ProviderError
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local
 from .sequences import Waking
@@ -110,6 +116,8 @@ __all__ = [
     "PeerHandle",
     "Pipeline",
     "Prefilled",
+    "Provider",
+    "ProviderError",
     "Resident",
     "Reuse",
     "RowInterleave",
@@ -136,6 +144,7 @@ __all__ = [
     "check_prompt",
     "connect_local",
     "copy_rate",
+    "device_count",
     "input_domains",
     "lease_tokens",
     "normalize_vars",

@@ -71,6 +71,12 @@ def init() -> None:
 
 
 def device_count() -> int:
+    """NVIDIA devices visible to this process (cuInit, then cuDeviceGetCount).
+
+    Raises:
+        NoDriverError: no libcuda on this machine.
+        CudaError: cuInit or cuDeviceGetCount fails (no device usable by this driver).
+    """
     init()
     return int(_call(cu.cuDeviceGetCount))
 
