@@ -483,7 +483,7 @@ class Host:
         self._mine(parked)
         hs = parked._store
         k, part = self._wake_length(hs, length)
-        pages, slots = self.pool._take(k + (part > 0), int(hs.slot is not None))
+        pages, slots = self.pool._objs.take(k + (part > 0), int(hs.slot is not None))
         nodes, pairs = self._woken(hs, k, part, pages)
         slot = slots[0] if slots else None
         store = Store(length, hs.paged, nodes[-1] if nodes else None, pages[k] if part else None, slot)
@@ -515,7 +515,7 @@ class Host:
             if type(tokens) is not int or tokens < length:
                 raise ApiError(f"tokens {tokens!r} must be an int covering the {length} tokens the lease starts from")
             npages = self.pool._row(tokens)
-        pages, slots = self.pool._take(npages, int(hs.slot is not None))
+        pages, slots = self.pool._objs.take(npages, int(hs.slot is not None))
         nodes, pairs = self._woken(hs, k, part, pages)
         slot = slots[0] if slots else None
         lease = Lease(_KEY, self.pool, nodes, pages[k:], slot, length, hs.paged)

@@ -11,19 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar
 
-from kern_pool._kinds import Kind, Status
+from kern_pool._kinds import Status
+from kern_pool._objects import Objects
 from kern_pool.chunks import (
-    ChunkMap,
     LineTable,
-    Map,
     PageId,
     PoolConfig,
     Remap,
     SlotId,
-    Unmap,
-    grants,
 )
-from kern_pool.errors import ApiError, Busy, ExceedsPool, ExceedsRow, Remapping
+from kern_pool.errors import ApiError, ExceedsRow
 
 if TYPE_CHECKING:
     from kern_pool.host import HostNode, HostStore
@@ -414,20 +411,14 @@ class Checkpoint:
 class Pool:
     """Pages and slots over one chunk budget. Create with `Pool.create(config)`."""
 
-    __slots__ = ("_chunks", "_nodes", "_nslots", "_pages", "_pending", "_remaps", "_serial", "_slots", "config")
+    __slots__ = ("_nodes", "_nslots", "_objs", "config")
 
     def __init__(self, key: object, config: PoolConfig) -> None:
         if key is not _KEY:
             raise ApiError("Pool is factory-only: use Pool.create(config)")
         self.config = config
-        self._chunks = ChunkMap(config)
-        npaged = len(config.paged)
-        self._pages = Kind(range(npaged), config.pages_max)
-        self._slots = Kind(range(npaged, npaged + len(config.per_seq)), config.slots_max)
+        self._objs = Objects(config)
         self._nslots = 1 if config.per_seq else 0
-        self._pending: Remap | None = None
-        self._remaps = 0
-        self._serial = 0
         self._nodes = 0
 
     @staticmethod
@@ -439,24 +430,7 @@ class Pool:
         if not isinstance(config, PoolConfig):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ApiError(f"Pool.create needs a PoolConfig, got {type(config).__name__}")
         pool = Pool(_KEY, config)
-        maps: list[Map] = []
-        slots = [pool._make(pool._slots, i, maps) for i in range(config.first_slots)]
-        pages: list[PageId] = []
-        for i in range(config.pages_max):
-            if pool._chunks.cost(pool._pages.arenas, i, {}) > pool._chunks.free_chunks:
-                break
-            pages.append(PageId(pool._make(pool._pages, i, maps)))
-        for p in pages:
-            pool._pages.arrive(p)
-        for s in slots:
-            pool._slots.arrive(s)
-        plan = Remap(0, (), tuple(maps), grants(config.arenas, maps), tuple(pages), (), tuple(SlotId(s) for s in slots), ())
-        return pool, plan
-
-    def _make(self, kind: Kind, i: int, maps: list[Map]) -> int:
-        self._chunks.make(kind.arenas, i, maps)
-        kind.state[i] = Status.ARRIVING.value
-        return i
+        return pool, pool._objs.initial()
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -478,57 +452,57 @@ class Pool:
     @property
     def pages_used(self) -> int:
         """Pages held by live handles."""
-        return self._pages.held
+        return self._objs.pages.held
 
     @property
     def pages_free(self) -> int:
         """Pages made and free."""
-        return self._pages.free
+        return self._objs.pages.free
 
     @property
     def pages_max(self) -> int:
         """Pages that exist when the whole budget is pages."""
-        return self._pages.limit
+        return self._objs.pages.limit
 
     @property
     def slots_used(self) -> int:
         """Slots held by live handles."""
-        return self._slots.held
+        return self._objs.slots.held
 
     @property
     def slots_free(self) -> int:
         """Slots made and free."""
-        return self._slots.free
+        return self._objs.slots.free
 
     @property
     def slots_max(self) -> int:
         """Slots that exist when the whole budget is slots."""
-        return self._slots.limit
+        return self._objs.slots.limit
 
     @property
     def remaps(self) -> int:
         """Remap plans made since creation."""
-        return self._remaps
+        return self._objs.remaps
 
     @property
     def pending(self) -> Remap | None:
         """The plan in flight, if any: execute it and call `complete(plan)`."""
-        return self._pending
+        return self._objs.pending
 
     def snapshot(self) -> PoolSnapshot:
         """The pool's whole state as comparable data."""
-        users, chunk_at, free = self._chunks.snapshot()
+        users, chunk_at, free = self._objs.chunks.snapshot()
         return PoolSnapshot(
-            tuple(map(Status, self._pages.state)),
-            tuple(map(Status, self._slots.state)),
+            tuple(map(Status, self._objs.pages.state)),
+            tuple(map(Status, self._objs.slots.state)),
             users,
             chunk_at,
             free,
-            self._pages.free,
-            self._slots.free,
+            self._objs.pages.free,
+            self._objs.slots.free,
             self._nodes,
-            None if self._pending is None else self._pending.serial,
-            self._remaps,
+            None if self._objs.pending is None else self._objs.pending.serial,
+            self._objs.remaps,
         )
 
     # ---- remap ---------------------------------------------------------------------------
@@ -539,91 +513,7 @@ class Pool:
         Raises:
             ApiError: `plan` is not the plan in flight.
         """
-        if not isinstance(plan, Remap):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ApiError(f"complete needs a Remap plan, got {type(plan).__name__}")
-        if self._pending is None or plan != self._pending:
-            raise ApiError(f"remap plan {plan.serial} is not the plan in flight; complete only `pending`")
-        self._pending = None
-        for p in plan.made_pages:
-            self._pages.arrive(p)
-        for s in plan.made_slots:
-            self._slots.arrive(s)
-        for p in plan.unmade_pages:
-            self._pages.state[p] = Status.ABSENT.value
-        for s in plan.unmade_slots:
-            self._slots.state[s] = Status.ABSENT.value
-
-    def _take(self, pages: int, slots: int) -> tuple[list[PageId], list[SlotId]]:
-        kp, ks = self._pages, self._slots
-        if pages <= kp.free and slots <= ks.free:
-            # NOTE: PageId / SlotId are NewTypes of int: the ids are the ints themselves.
-            return kp.take(pages), ks.take(slots)  # pyright: ignore[reportReturnType]
-        if pages > kp.limit or slots > ks.limit or self.config.chunks_for(pages, slots) > self.config.chunks:
-            raise ExceedsPool(pages, slots)
-        if self._pending is not None:
-            raise Remapping()
-        plan = None
-        if slots <= ks.free:
-            plan = self._rebalance(kp, pages - kp.free, ks, slots)
-        elif pages <= kp.free:
-            plan = self._rebalance(ks, slots - ks.free, kp, pages)
-        if plan is None:
-            raise Busy(max(0, pages - kp.free), max(0, slots - ks.free))
-        self._pending = plan
-        self._remaps += 1
-        raise Remapping()
-
-    def _rebalance(self, make: Kind, need: int, other: Kind, keep: int) -> Remap | None:
-        chosen = self._choose(make, need, other, keep)
-        if chosen is None:
-            return None
-        made, unmade = chosen
-        unmaps: list[Unmap] = []
-        maps: list[Map] = []
-        for v in unmade:
-            self._chunks.unmake(other.arenas, v, unmaps)
-            other.retire(v)
-        for t in made:
-            self._make(make, t, maps)
-        self._serial += 1
-        pages_made = make is self._pages
-        made_ids, unmade_ids = tuple(made), tuple(unmade)
-        return Remap(
-            self._serial,
-            tuple(unmaps),
-            tuple(maps),
-            grants(self.config.arenas, maps),
-            tuple(PageId(i) for i in made_ids) if pages_made else (),
-            () if pages_made else tuple(PageId(i) for i in unmade_ids),
-            () if pages_made else tuple(SlotId(i) for i in made_ids),
-            tuple(SlotId(i) for i in unmade_ids) if pages_made else (),
-        )
-
-    def _choose(self, make: Kind, need: int, other: Kind, keep: int) -> tuple[list[int], list[int]] | None:
-        overlay: dict[tuple[int, int], int] = {}
-        users = self._chunks.users
-        avail = self._chunks.free_chunks
-        victims = iter(other.highest_free(keep))
-        made: list[int] = []
-        unmade: list[int] = []
-        for t in make.absent():
-            while (cost := self._chunks.cost(make.arenas, t, overlay)) > avail:
-                v = next(victims, None)
-                if v is None:
-                    return None
-                unmade.append(v)
-                for a in other.arenas:
-                    for p in self._chunks.span(a, v):
-                        overlay[a, p] = overlay.get((a, p), users[a][p]) - 1
-                        avail += overlay[a, p] == 0
-            avail -= cost
-            for a in make.arenas:
-                for p in self._chunks.span(a, t):
-                    overlay[a, p] = overlay.get((a, p), users[a][p]) + 1
-            made.append(t)
-            if len(made) == need:
-                return made, unmade
-        return None
+        self._objs.complete(plan)
 
     # ---- handles -------------------------------------------------------------------------
 
@@ -641,7 +531,7 @@ class Pool:
         if type(tokens) is not int or tokens <= 0:
             raise ApiError(f"tokens must be a positive int, got {tokens!r}")
         pages = -(-tokens // self.unit)
-        if not self._pages.arenas:
+        if not self._objs.pages.arenas:
             raise ApiError("this pool has no paged states: use lease_slot()")
         if pages > self.row_pages:
             raise ExceedsRow(self.row_pages * self.unit)
@@ -654,7 +544,7 @@ class Pool:
             ApiError: tokens not positive, or a pool without paged states.
             ExceedsRow, ExceedsPool, Busy, Remapping: see `Denied`.
         """
-        pages, slots = self._take(self._row(tokens), self._nslots)
+        pages, slots = self._objs.take(self._row(tokens), self._nslots)
         return Lease(_KEY, self, [], pages, slots[0] if slots else None, 0, True)
 
     def lease_slot(self) -> Lease:
@@ -666,7 +556,7 @@ class Pool:
         """
         if not self._nslots:
             raise ApiError("this pool has no per-seq states: lease_slot() has nothing to give")
-        _, slots = self._take(0, 1)
+        _, slots = self._objs.take(0, 1)
         return Lease(_KEY, self, [], [], slots[0], 0, False)
 
     def _seal(self, lease: Lease, k: int) -> None:
@@ -709,7 +599,7 @@ class Pool:
         in_chain = part > 0 and k < len(lease._nodes)  # pyright: ignore[reportPrivateUsage]
         need_page = paged and part > 0 and not in_chain
         src_page = lease._page(k) if need_page else None  # pyright: ignore[reportPrivateUsage]
-        pages, slots = self._take(int(need_page), int(lease._slot is not None))  # pyright: ignore[reportPrivateUsage]
+        pages, slots = self._objs.take(int(need_page), int(lease._slot is not None))  # pyright: ignore[reportPrivateUsage]
         if paged:
             self._seal(lease, k)
         nodes = lease._nodes  # pyright: ignore[reportPrivateUsage]
@@ -809,10 +699,10 @@ class Pool:
         if not paged:
             if tokens != 0:
                 raise ApiError(f"a slot-only source starts a slot-only lease: tokens must be 0, got {tokens}")
-            return self._take(0, int(stateful))
+            return self._objs.take(0, int(stateful))
         if tokens < length:
             raise ApiError(f"tokens {tokens!r} must cover the {length} tokens the lease starts from")
-        return self._take(self._row(tokens) - length // self.unit, int(stateful))
+        return self._objs.take(self._row(tokens) - length // self.unit, int(stateful))
 
     def _start(
         self,
@@ -846,21 +736,21 @@ class Pool:
             append(node.page)
             node = node.parent
         if pages:
-            self._pages.give(pages)
+            self._objs.pages.give(pages)
             self._nodes -= len(pages)
 
     def _drop_lease(self, lease: Lease) -> None:
         lease._live = False  # pyright: ignore[reportPrivateUsage]
         # NOTE: a lease's own pages are always ascending: they come from `Kind.take`, and sealing
         # or retiring only removes them from the front.
-        self._pages.give_ascending(lease._own)  # pyright: ignore[reportPrivateUsage]
+        self._objs.pages.give_ascending(lease._own)  # pyright: ignore[reportPrivateUsage]
         lease._own = []  # pyright: ignore[reportPrivateUsage]
         if lease._nodes:  # pyright: ignore[reportPrivateUsage]
             self._unref(lease._nodes[-1])  # pyright: ignore[reportPrivateUsage]
         lease._nodes = []  # pyright: ignore[reportPrivateUsage]
         lease._pages = None  # pyright: ignore[reportPrivateUsage]
         if lease._slot is not None:  # pyright: ignore[reportPrivateUsage]
-            self._slots.give([lease._slot])  # pyright: ignore[reportPrivateUsage]
+            self._objs.slots.give([lease._slot])  # pyright: ignore[reportPrivateUsage]
             lease._slot = None  # pyright: ignore[reportPrivateUsage]
 
     def _drop_store(self, store: Store) -> None:
@@ -871,8 +761,8 @@ class Pool:
         store.tip = None
         store._chain = store._pages = None  # pyright: ignore[reportPrivateUsage]
         if store.tail is not None:
-            self._pages.give([store.tail])
+            self._objs.pages.give([store.tail])
             store.tail = None
         if store.slot is not None:
-            self._slots.give([store.slot])
+            self._objs.slots.give([store.slot])
             store.slot = None
