@@ -13,6 +13,9 @@ import pytest
 
 import kern_cli.bench_report as rep
 from kern_qwen3 import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, qwen3_tensor_shapes
+from kern_runtime.providers import find
+
+QWEN3 = find({"model": "qwen3-4b"})
 
 
 def test_bandwidth_floor_per_context() -> None:
@@ -38,18 +41,18 @@ def test_prefill_flops_count_every_layer_matrix_and_causal_attention(config: Any
     pairs = n * (n + 1) / 2  # NOTE: query i sees keys 0..i; the floor counts n^2 / 2
     attention = 2 * 2 * pairs * d * heads * layers
     head = 2 * config["vocab_size"] * config["hidden_size"]
-    got = rep.prefill_flops(config, n)
+    got = QWEN3.prefill_flops(config, n)
     assert got == pytest.approx(2 * n * per_token + attention + head, rel=2 / n + 1e-9)
 
 
 def test_compute_floor_rows_and_a_config_that_is_not_qwen3() -> None:
-    rows = {r["name"]: r for r in rep.compute_floor_rows(dict(QWEN3_4B_CONFIG), (709, 4096), 7.5e14)}
+    rows = {r["name"]: r for r in rep.compute_floor_rows(QWEN3.prefill_flops, dict(QWEN3_4B_CONFIG), (709, 4096), 7.5e14)}
     assert rows["gemm_rate_bf16"]["value"] == 750.0
-    assert rows["compute_floor_ms@4096"]["value"] == pytest.approx(rep.prefill_flops(QWEN3_4B_CONFIG, 4096) / 7.5e11, abs=1e-4)
+    assert rows["compute_floor_ms@4096"]["value"] == pytest.approx(QWEN3.prefill_flops(QWEN3_4B_CONFIG, 4096) / 7.5e11, abs=1e-4)
     from kern_qwen3 import ConfigError
 
     with pytest.raises(ConfigError, match="model_type"):
-        rep.compute_floor_rows({"model_type": "llama"}, (709,), 1e15)
+        rep.compute_floor_rows(QWEN3.prefill_flops, {"model_type": "llama"}, (709,), 1e15)
 
 
 def test_checkpoint_config(tmp_path: Path) -> None:

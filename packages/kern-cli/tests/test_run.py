@@ -354,7 +354,13 @@ def test_kern_run_subcommand_is_registered() -> None:
     assert args.handler is not None and args.eager and args.output == "ids" and args.kernel_sources == Path("s")
 
 
-def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("model", "what", "config"), [("qwen3-4b-fast", "Qwen3-4B", "QWEN3_4B_CONFIG"),
+                                                      ("qwen3-tiny-batch", "Qwen3 tiny", "QWEN3_TINY_CONFIG")])
+def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str, what: str,
+                                          config: str) -> None:
+    import kern_qwen3
+    import kern_qwen3.provider as qwen3
+
     calls: list[dict[str, object]] = []
     results = iter([(tmp_path / "ck", True), (tmp_path / "ck", False)])
 
@@ -362,15 +368,19 @@ def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_p
         calls.append({"config": config, **kw})
         return next(results)
 
-    monkeypatch.setattr(run, "random_checkpoint", fake)
+    monkeypatch.setattr(qwen3, "random_checkpoint", fake)
     logs: list[str] = []
-    assert run.default_weights(logs.append) == (tmp_path / "ck",)
-    assert run.default_weights(logs.append) == (tmp_path / "ck",)
-    assert "wrote a seeded random Qwen3-4B checkpoint" in logs[0] and str(tmp_path / "ck") in logs[0]
-    assert "using the seeded random Qwen3-4B checkpoint" in logs[1]
-    from kern_qwen3 import QWEN3_4B_CONFIG
+    assert run.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
+    assert run.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
+    assert f"wrote a seeded random {what} checkpoint" in logs[0] and str(tmp_path / "ck") in logs[0]
+    assert f"using the seeded random {what} checkpoint" in logs[1]
+    assert calls[0]["config"] == getattr(kern_qwen3, config) and calls[0]["seed"] == 0
 
-    assert calls[0]["config"] == QWEN3_4B_CONFIG and calls[0]["seed"] == 0
+
+def test_default_weights_of_an_unknown_family_is_a_run_error() -> None:
+    with pytest.raises(run.RunError, match=r"^no weights configured and no installed model provider knows model "
+                       r"'t' \(installed families: qwen3\): pass --weights$"):
+        run.default_weights({"model": "t"}, lambda s: None)
 
 
 def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
@@ -388,6 +398,8 @@ def test_a_checkpoint_that_cannot_be_written_is_a_run_error(monkeypatch: pytest.
     def full(config: object, **kw: object) -> tuple[Path, bool]:
         raise CheckpointError("cannot write /nope: No space left on device")
 
-    monkeypatch.setattr(run, "random_checkpoint", full)
+    import kern_qwen3.provider as qwen3
+
+    monkeypatch.setattr(qwen3, "random_checkpoint", full)
     with pytest.raises(run.RunError, match=r"^cannot write /nope: No space left on device$"):
-        run.default_weights(lambda s: None)
+        run.default_weights({"model": "qwen3-4b"}, lambda s: None)

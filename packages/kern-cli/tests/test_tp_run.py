@@ -55,8 +55,10 @@ def test_gpu_offset_counts_too(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
 def test_a_manifest_of_another_size_is_refused_before_the_gpu(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(run, "device_count", lambda: pytest.fail("the GPU was looked for"))
-    assert _main(_write_manifest(in_tmp, _tp_manifest(4)), "--tp", "2") == 2
+    assert _main(_write_manifest(in_tmp, {**_tp_manifest(4), "model": "qwen3-4b-tp4"}), "--tp", "2") == 2
     assert "declares {'tp': 4}: generate one with kern-qwen3 --tp 2" in _one_line(capsys)
+    assert _main(_write_manifest(in_tmp, _tp_manifest(4)), "--tp", "2") == 2
+    assert "declares {'tp': 4}: generate one with the model family's manifest generator --tp 2" in _one_line(capsys)
     assert _main(_write_manifest(in_tmp), "--tp", "2") == 2
     assert "declares none" in _one_line(capsys)
 

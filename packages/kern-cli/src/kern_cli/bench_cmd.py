@@ -67,6 +67,7 @@ from kern_cli.run import (
     check_inputs,
     default_weights,
     ensure_kernels,
+    family,
     probe_gpu,
     resolve_load,
     runtime_input_errors,
@@ -346,15 +347,20 @@ def _floors(inputs: Any, weights: Sequence[Path], options: BenchOptions, copy: f
     step = inputs.roles.step_program
     report.rows += floor_rows(decode_weight_bytes(inputs.manifest, step), kv_bytes_per_token(inputs.manifest, step),
                               options.contexts, copy)
-    from kern_qwen3 import ConfigError
+    from kern_runtime import ProviderError
 
     config = checkpoint_config(weights)
     if config is None:
         report.notes.append("no compute floor: the weights have no config.json beside them")
         return
     try:
-        report.rows += compute_floor_rows(config, options.prefill, gemm)
-    except ConfigError as exc:
+        provider = family(inputs.manifest)
+    except ProviderError as exc:
+        report.notes.append(f"no compute floor: {exc}")
+        return
+    try:
+        report.rows += compute_floor_rows(provider.prefill_flops, config, options.prefill, gemm)
+    except provider.errors as exc:
         report.notes.append(f"no compute floor: {exc}")
 
 
@@ -421,6 +427,7 @@ def _breakdown(text: str | None, contexts: tuple[int, ...]) -> tuple[int, ...]:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     load: LoadOptions
+    manifest: Mapping[str, Any]
     options: BenchOptions
     peer: PeerPlan
     out: Path | None
@@ -457,7 +464,7 @@ def _bench_args(args: argparse.Namespace) -> _Plan:
     _capacity(load, options, inputs.roles)
     mode = args.peer or cfg.bench.peer or "auto"
     peer = plan_peer(mode, checkpoint_config(load.weights), default_weights=not load.weights)
-    return _Plan(load, options, peer, out, args.json)
+    return _Plan(load, inputs.manifest, options, peer, out, args.json)
 
 
 def _run_peer(plan: _Plan, weights: Sequence[Path], report: Report, log: Callable[[str], None]) -> bool:
@@ -493,7 +500,7 @@ def _measure(plan: _Plan, log: Callable[[str], None]) -> tuple[Report, bool]:
     then the peer's; False when the peer failed."""
     load = plan.load
     if not load.weights:
-        load = replace(load, weights=default_weights(log))
+        load = replace(load, weights=default_weights(plan.manifest, log))
     report = bench_session(load, plan.options, log=log)
     ok = True
     if plan.peer.run:

@@ -26,7 +26,6 @@ __all__ = [
     "floor_rows",
     "peer_rows",
     "plot",
-    "prefill_flops",
     "row",
     "table",
     "write_report",
@@ -69,23 +68,10 @@ def floor_rows(weight_bytes: int, kv_bytes_per_token: int, contexts: Sequence[in
     return rows
 
 
-def prefill_flops(config: Mapping[str, Any], tokens: int) -> float:
-    """FLOPs of a Qwen3 forward over `tokens` prompt tokens: every layer's GEMMs for each token,
-    causal attention (q.k and p.v over the tokens before each), and the lm_head of the last token.
-
-    Raises:
-        kern_qwen3.ConfigError: `config` is not a Qwen3 config.json.
-    """
-    from kern_qwen3 import shape_from_config
-
-    s = shape_from_config(config)
-    per_token = s.hidden * s.qkv_rows + s.heads * s.head_dim * s.hidden + 3 * s.inter * s.hidden
-    attention = 2.0 * tokens * tokens * s.head_dim * s.heads  # NOTE: 2 GEMMs x 2 FLOPs x n^2/2 pairs
-    return 2.0 * tokens * per_token * s.layers + attention * s.layers + 2.0 * s.vocab * s.hidden
-
-
-def compute_floor_rows(config: Mapping[str, Any], prefills: Sequence[int], gemm_flops_per_s: float) -> list[Row]:
-    """The measured bf16 GEMM rate and, per prefill, its FLOPs at that rate."""
+def compute_floor_rows(prefill_flops: Callable[[Mapping[str, Any], int], float], config: Mapping[str, Any],
+                       prefills: Sequence[int], gemm_flops_per_s: float) -> list[Row]:
+    """The measured bf16 GEMM rate and, per prefill, its FLOPs at that rate (`prefill_flops`: the
+    model family's count from the checkpoint's config.json, `Provider.prefill_flops`)."""
     rows = [row("gemm_rate_bf16", gemm_flops_per_s / 1e12, "TFLOP/s", peer="cublasLt bf16 8192^3, one graph")]
     for n in prefills:
         flops = prefill_flops(config, n)

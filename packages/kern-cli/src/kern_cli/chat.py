@@ -3,8 +3,9 @@
 Each user turn continues one conversation on a `kern_runtime.Engine`: the conversation's cached
 prefix is reused (only the rest is prefilled), the answer is generated greedily and streamed. With
 the chat template (`--chat`, always for `kern chat` unless `--raw`) every turn renders the whole
-message list through the model family's template (`kern_qwen3.render` for Qwen3 manifests) and an
-answer ends at the template's stop tokens; without it a turn's text is appended to the
+message list through the model family's template (the provider `kern_runtime.providers.find` gives
+for the manifest: `kern_qwen3.provider` for Qwen3 manifests) and an answer ends at the family's
+stop tokens; without it a turn's text is appended to the
 conversation's tokens (after a newline, but for the first turn). After each turn stderr reports
 the tokens reused from the cache, the tokens prefilled, the time to the first token and the
 decode time per token.
@@ -25,7 +26,7 @@ from kern_cli.console import Parser, add_version, fail, run_handler
 
 if TYPE_CHECKING:
     from kern_cli.run import RunOptions
-    from kern_runtime import Engine
+    from kern_runtime import Engine, Provider
 
 __all__ = ["Conversation", "chat_template", "execute_turns", "main", "read_turns", "register"]
 
@@ -61,19 +62,22 @@ def read_turns(path: Path) -> tuple[str, ...]:
 
 
 def chat_template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
-    """The chat template of the manifest's model family (its `model` name).
+    """The chat template of the manifest's model family (the installed provider of its `model`).
 
     Raises:
-        RunError: the family has no chat template here.
+        RunError: no installed provider knows the family.
     """
-    from kern_cli.run import RunError
+    return _provider(manifest).render
 
-    model = str(manifest.get("model", ""))
-    if model.lower().startswith("qwen3"):
-        from kern_qwen3 import render
 
-        return render
-    raise RunError(f"no chat template for model {model!r}: only the Qwen3 family has one (drop --chat)")
+def _provider(manifest: Mapping[str, Any]) -> Provider:
+    import kern_runtime as kr
+    from kern_cli.run import RunError, family
+
+    try:
+        return family(manifest)
+    except kr.ProviderError as exc:
+        raise RunError(f"no chat template: {exc} (drop --chat)") from None
 
 
 @dataclass
@@ -112,12 +116,9 @@ def conversation(tok: Any, manifest: Mapping[str, Any], chat: bool) -> Conversat
     """A Conversation over the tokenizer `tok`, with the model's template when `chat`."""
     from kern_cli.run import decode_text
 
-    template = chat_template(manifest) if chat else None
-    stop: frozenset[int] = frozenset()
-    if template is not None:
-        from kern_qwen3 import STOP_TEXTS
-
-        stop = frozenset(i for s in STOP_TEXTS for i in tok.encode(s))
+    provider = _provider(manifest) if chat else None
+    template = provider.render if provider is not None else None
+    stop = frozenset(i for s in provider.stop_texts for i in tok.encode(s)) if provider is not None else frozenset[int]()
     return Conversation(lambda s: list(tok.encode(s)), lambda ids: decode_text(tok, ids), template, stop)
 
 

@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kern_cli.config import KernConfig, KernTomlError, Target, config_for
 from kern_cli.console import Parser, add_version, fail, run_handler
 from kern_manifest import name_list, short
-from kern_qwen3 import QWEN3_4B_CONFIG, CheckpointError, random_checkpoint
 
 if TYPE_CHECKING:
-    from kern_runtime import ServingRoles, Session
+    from kern_runtime import Provider, ServingRoles, Session
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -49,6 +48,7 @@ __all__ = [
     "device_count",
     "ensure_kernels",
     "execute",
+    "family",
     "logger",
     "main",
     "no_gpu",
@@ -276,7 +276,8 @@ def runtime_input_errors() -> tuple[type[Exception], ...]:
     """The kern_runtime errors that mean bad input to a run (exit 2, the message alone)."""
     import kern_runtime as kr
 
-    return (kr.InputFileError, kr.ManifestParseError, kr.ServingRolesError, kr.SessionError, kr.EngineError)
+    return (kr.InputFileError, kr.ManifestParseError, kr.ServingRolesError, kr.SessionError, kr.EngineError,
+            kr.ProviderError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,17 +418,38 @@ def decode_text(tok: Any, ids: Sequence[int]) -> str:
     return "".join(out)
 
 
-def default_weights(log: Callable[[str], None]) -> tuple[Path, ...]:
-    """The seeded random Qwen3-4B checkpoint, written to the cache once; says so through `log`."""
-    bar = Bar(sys.stderr)
+def family(manifest: Mapping[str, Any]) -> Provider:
+    """The installed provider of the manifest's model family (`kern_runtime.providers.find`).
+
+    Raises:
+        kern_runtime.ProviderError: no installed provider knows the manifest's `model`.
+    """
+    from kern_runtime.providers import find
+
+    return find(manifest)
+
+
+def default_weights(manifest: Mapping[str, Any], log: Callable[[str], None]) -> tuple[Path, ...]:
+    """The seeded random checkpoint of the manifest's family, written to the cache once; says so
+    through `log`.
+
+    Raises:
+        RunError: no installed provider knows the manifest, or the checkpoint cannot be written.
+    """
+    import kern_runtime as kr
+
     try:
-        path, written = random_checkpoint(QWEN3_4B_CONFIG, seed=0, name="qwen3-4b", progress=bar)
-    except CheckpointError as exc:
+        provider = family(manifest)
+    except kr.ProviderError as exc:
+        raise RunError(f"no weights configured and {exc}: pass --weights") from None
+    try:
+        path, what, written = provider.random_checkpoint(manifest, Bar(sys.stderr))
+    except provider.errors as exc:
         raise RunError(str(exc)) from None
     if written:
-        log(f"no weights configured: wrote a seeded random Qwen3-4B checkpoint to {path}")
+        log(f"no weights configured: wrote a seeded random {what} checkpoint to {path}")
     else:
-        log(f"no weights configured: using the seeded random Qwen3-4B checkpoint at {path}")
+        log(f"no weights configured: using the seeded random {what} checkpoint at {path}")
     return (path,)
 
 
@@ -465,27 +487,15 @@ def device_count() -> int:
     """NVIDIA devices visible to this process.
 
     Raises:
-        NoGpuError: the driver library is missing or cuInit fails.
+        NoGpuError: the driver library is missing, or cuInit or cuDeviceGetCount fails
+            (`kern_runtime.device_count`, the driver shell).
     """
     import kern_runtime as kr
-    from kern_runtime.errors import NoDriverError
-
-    counter = getattr(kr, "device_count", None)
-    if counter is not None:
-        try:
-            return int(counter())
-        except NoDriverError as exc:
-            raise NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from None
-    from cuda.bindings import driver  # pyright: ignore[reportAttributeAccessIssue]
 
     try:
-        (err,) = driver.cuInit(0)
-    except Exception as exc:  # cuda-pathfinder: no libcuda at all
-        raise NoGpuError(f"no NVIDIA GPU on this machine (no driver: {exc})") from None
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise NoGpuError(f"no NVIDIA GPU on this machine (cuInit: {err.name})")
-    err, count = driver.cuDeviceGetCount()
-    return int(count) if err == driver.CUresult.CUDA_SUCCESS else 0
+        return kr.device_count()
+    except kr.CudaError as exc:  # NOTE: NoDriverError (no libcuda) among them; CUDA_ERROR_NO_DEVICE
+        raise NoGpuError(f"no NVIDIA GPU on this machine ({exc})") from None
 
 
 def probe_gpu(gpu: int) -> None:
@@ -518,7 +528,7 @@ def prepare_load(load: LoadOptions, inputs: RunInputs, log: Callable[[str], None
     and the kernels built or checked."""
     import kern_runtime as kr
 
-    weights = inputs.weights or tuple(kr.weight_files(default_weights(log)))
+    weights = inputs.weights or tuple(kr.weight_files(default_weights(inputs.manifest, log)))
     ensure_kernels(inputs.manifest, load.kernels, load.kernel_sources, log)
     return weights
 

@@ -43,7 +43,7 @@ from kern_cli.run import (
 
 if TYPE_CHECKING:
     from kern_cli.serve_app import Closing, Model
-    from kern_runtime import Engine
+    from kern_runtime import Engine, Provider
     from kern_runtime.serving import EngineFactory, EngineSpec
 
 __all__ = [
@@ -212,14 +212,14 @@ def _token_ids(tok: Any) -> int | None:
 
 def check_tokenizer(tok: Any, spec: str, manifest_path: Path, manifest: Mapping[str, Any]) -> None:
     """Refuse a tokenizer that gives ids past the model's token ids: its vocabulary where it says,
-    and the chat template's special tokens either way.
+    and the special tokens of the model family's chat text either way (none for a family no
+    installed provider knows).
 
     Raises:
         ServeError: one line naming the first id past the model's.
     """
     import kern_runtime as kr
     from kern_cli.serve_api import shown
-    from kern_qwen3 import STOP_TEXTS
 
     top = kr.serving_roles(manifest).token_max
     if top is None:
@@ -228,7 +228,8 @@ def check_tokenizer(tok: Any, spec: str, manifest_path: Path, manifest: Mapping[
     size = _token_ids(tok)
     if size is not None and size - 1 > top:
         raise ServeError(f"--tokenizer {shown(spec)} gives ids up to {size - 1}; {model}: pass this model's tokenizer")
-    for text in (*STOP_TEXTS, "<|im_start|>"):
+    provider = _family(manifest)
+    for text in provider.special_texts if provider is not None else ():
         past = [i for i in tok.encode(text) if not 0 <= i <= top]
         if past:
             raise ServeError(f"--tokenizer {shown(spec)} gives {text} the id {past[0]}; {model}: pass this model's "
@@ -252,13 +253,26 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
-    from kern_cli.chat import chat_template
+def _family(manifest: Mapping[str, Any]) -> Provider | None:
+    """The installed provider of the manifest's family; None when none knows it (served without a
+    chat template or stop tokens)."""
+    import kern_runtime as kr
+    from kern_cli.run import family
 
     try:
-        return chat_template(manifest)
-    except RunError as exc:
-        message = str(exc).replace(" (drop --chat)", "")
+        return family(manifest)
+    except kr.ProviderError:
+        return None
+
+
+def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
+    import kern_runtime as kr
+    from kern_cli.run import family
+
+    try:
+        return family(manifest).render
+    except kr.ProviderError as exc:
+        message = f"no chat template: {exc}"
 
         def none(messages: Sequence[Mapping[str, str]]) -> str:
             raise ValueError(message)
@@ -289,7 +303,7 @@ def _engine(opts: ServeOptions, manifest: Mapping[str, Any], spec: EngineSpec, f
     if opts.backend == DEFAULT_BACKEND:
         run.check_kernels(manifest, load.kernels, load.kernel_sources)
         run.probe_gpu(load.gpu)
-        spec = dataclasses.replace(spec, weights=spec.weights or run.default_weights(log))
+        spec = dataclasses.replace(spec, weights=spec.weights or run.default_weights(manifest, log))
         run.ensure_kernels(manifest, load.kernels, load.kernel_sources, log)
     try:
         engine = cast(object, factory(spec))  # NOTE: checked below, whatever the factory declares
@@ -308,7 +322,6 @@ def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok:
     from kern_cli.run import decode_text
     from kern_cli.serve_app import Model
     from kern_pool import SchedConfig
-    from kern_qwen3 import STOP_TEXTS
     from kern_runtime.serving import Serving, ServingConfig
 
     def decode(ids: Sequence[int]) -> str:
@@ -317,7 +330,9 @@ def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok:
     sched = SchedConfig(rows=opts.rows, queued=opts.queued, step_tokens=opts.step_tokens, chunk=opts.chunk,
                         grow=opts.grow)
     serving = Serving(engine, config=ServingConfig(sched, head=opts.first_token == "head"), text=decode)
-    stops = frozenset(ids[0] for s in STOP_TEXTS if len(ids := list(tok.encode(s))) == 1)
+    provider = _family(manifest)
+    texts = provider.stop_texts if provider is not None else ()
+    stops = frozenset(ids[0] for s in texts if len(ids := list(tok.encode(s))) == 1)
     return Model(opts.model or str(manifest.get("model", "kern")), serving, lambda s: list(tok.encode(s)), decode,
                  _template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
 

@@ -39,7 +39,8 @@ TP_GROUP = "tp"
 
 
 def check_topology(manifest: Mapping[str, Any], tp: int) -> None:
-    """Refuses a manifest whose topology is not one group `tp` of `tp` ranks.
+    """Refuses a manifest whose topology is not one group `tp` of `tp` ranks (the line names the
+    family's generator, `Provider.generator`).
 
     Raises:
         RunError: no topology, another group, or another size.
@@ -47,12 +48,21 @@ def check_topology(manifest: Mapping[str, Any], tp: int) -> None:
     groups = (manifest.get("topology") or {}).get("groups") or {}
     if groups != {TP_GROUP: tp}:
         raise RunError(f"--tp {tp} needs a manifest with topology {{\"groups\": {{\"{TP_GROUP}\": {tp}}}}}, this one "
-                       f"declares {groups or 'none'}: generate one with kern-qwen3 --tp {tp}")
+                       f"declares {groups or 'none'}: generate one with {_generator(manifest)} --tp {tp}")
+
+
+def _generator(manifest: Mapping[str, Any]) -> str:
+    import kern_runtime as kr
+
+    try:
+        return run.family(manifest).generator
+    except kr.ProviderError:
+        return "the model family's manifest generator"
 
 
 def check_gpus(tp: int, first: int, count: Callable[[], int] | None = None) -> None:
     """Refuses a run of `tp` ranks from GPU `first` on when fewer GPUs are visible (`count`:
-    `kern_cli.run.device_count`).
+    `kern_cli.run.device_count`, over `kern_runtime.device_count`).
 
     Raises:
         NoGpuError: no driver, or fewer than `first + tp` GPUs.

@@ -1,0 +1,60 @@
+"""kern_cli knows model families only through `kern_runtime.providers`: no module of its source
+imports a provider (kern_qwen3), and the CLI's model knowledge comes from the registry."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kern_cli.chat as chat
+import kern_cli.run as run
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "kern_cli"
+PROVIDERS = ("kern_qwen3",)
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            names.add(node.module)
+    return names
+
+
+def test_no_kern_cli_module_imports_a_provider() -> None:
+    modules = sorted(SRC.glob("*.py"))
+    assert len(modules) > 10
+    found = {f"{p.name}: {name}" for p in modules for name in _imports(p)
+             if name.split(".")[0] in PROVIDERS}
+    assert not found
+
+
+def test_kern_cli_does_not_depend_on_a_provider() -> None:
+    import tomllib
+
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.split("[")[0].replace("-", "_") in PROVIDERS]
+
+
+def test_the_registry_gives_the_chat_text_and_stops_of_a_qwen3_manifest() -> None:
+    class Tok:
+        def encode(self, text: str) -> list[int]:
+            return [{"<|im_end|>": 7, "<|endoftext|>": 8}.get(text, 1)]
+
+        def decode(self, ids: list[int]) -> str:
+            return ""
+
+    conv = chat.conversation(Tok(), {"model": "qwen3-tiny"}, chat=True)
+    assert conv.stop == frozenset({7, 8}) and conv.template is not None
+    assert conv.template([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi<|im_end|>")
+    assert run.family({"model": "Qwen3-4B"}).name == "qwen3"
+
+
+def test_an_unknown_family_is_one_line_where_the_cli_needs_one() -> None:
+    with pytest.raises(run.RunError, match=r"^no chat template: no installed model provider knows model 'llama' "
+                       r"\(installed families: qwen3\) \(drop --chat\)$"):
+        chat.conversation(object(), {"model": "llama"}, chat=True)
