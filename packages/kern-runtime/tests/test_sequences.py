@@ -13,7 +13,7 @@ import pytest
 
 import kern_pool
 from kern_manifest import parse_manifest
-from kern_runtime import ApiError, memory, sequences
+from kern_runtime import ApiError, _hosttier, memory, sequences  # pyright: ignore[reportPrivateUsage]
 from kern_runtime.sequences import Sequences, pool_layout
 
 from .helpers import manifests
@@ -84,8 +84,8 @@ class FakeDriver:
 @pytest.fixture
 def seqs(monkeypatch: pytest.MonkeyPatch) -> tuple[Sequences, FakeDriver]:
     fake = FakeDriver()
-    monkeypatch.setattr(sequences, "drv", fake)
-    monkeypatch.setattr(memory, "drv", fake)
+    for module in (sequences, _hosttier, memory):
+        monkeypatch.setattr(module, "drv", fake)
     m = parse_manifest(json.dumps(manifests.pooled("ab" * 32)))
     paged, per_seq, unit, row = pool_layout(m)
     assert (unit, row) == (16, 64)
@@ -458,8 +458,8 @@ def test_a_waking_released_early_waits_for_its_copies(seqs: tuple[Sequences, Fak
 def _sliced(monkeypatch: pytest.MonkeyPatch, slices: Any) -> tuple[Sequences, FakeDriver]:
     """The `seqs` fixture's pool with the kv pages declared as `slices` slices."""
     fake = FakeDriver()
-    monkeypatch.setattr(sequences, "drv", fake)
-    monkeypatch.setattr(memory, "drv", fake)
+    for module in (sequences, _hosttier, memory):
+        monkeypatch.setattr(module, "drv", fake)
     m = parse_manifest(json.dumps(manifests.pooled("ab" * 32)))
     paged, per_seq, unit, row = pool_layout(m)
     config = kern_pool.pool_config(paged, per_seq, unit=unit, row_pages=row, capacity=kern_pool.Capacity(256, 1))
@@ -643,8 +643,8 @@ def test_reserve_host_refuses_counts_that_hold_nothing(seqs: tuple[Sequences, Fa
 
 def test_two_paged_states_fold_into_2d_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeDriver()
-    monkeypatch.setattr(sequences, "drv", fake)
-    monkeypatch.setattr(memory, "drv", fake)
+    for module in (sequences, _hosttier, memory):
+        monkeypatch.setattr(module, "drv", fake)
     paged = (kern_pool.PagedState("k", 4096), kern_pool.PagedState("v", 8192))
     config = kern_pool.pool_config(paged, (), unit=16, row_pages=8, capacity=kern_pool.Capacity(128, 1))
     s = Sequences(ExitStack(), "dev", "stream", config)

@@ -20,6 +20,7 @@ from kern_pool import Capacity
 
 from . import _driver as drv
 from . import _timing, memory, nccl, sass
+from ._hosttier import Slice, Waking
 from ._loader import CHUNK_BYTES, Job, run_jobs
 from ._manifest import bind_segments, load_manifest
 from ._peering import Needs, Peering, check_offers, check_ranks, program_needs
@@ -46,7 +47,7 @@ from .graphs import Graph, GraphCache, GraphCacheStats, VarKey, normalize_vars
 from .kernels import LoadedModule, hash_dir, read_module
 from .memory import Allocation
 from .peers import Offer, PeerHandle, choose_handle_kind
-from .sequences import Sequences, Slice, Waking, pool_config_for, pool_layout
+from .sequences import Sequences, pool_config_for, pool_layout
 from .weights import Tensors, plan_bind
 
 __all__ = ["DEFAULT_CAPACITY", "Fetch", "Resident", "Runtime", "connect_local"]

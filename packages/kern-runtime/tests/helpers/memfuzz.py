@@ -28,7 +28,7 @@ import numpy as np
 import kern_pool
 from kern_manifest import parse_manifest
 from kern_manifest.verify import load_manifest
-from kern_runtime import memory, sequences
+from kern_runtime import _hosttier, memory, sequences  # pyright: ignore[reportPrivateUsage]
 from kern_runtime.sequences import Sequences, pool_layout
 
 from .simdevice import SimDevice
@@ -141,8 +141,10 @@ class SimRuntime:
 def sim_runtime(doc: Mapping[str, Any], capacity: kern_pool.Capacity, seed: int) -> Generator[SimRuntime]:
     """A SimRuntime whose Sequences (and pinned host block) run on a fresh SimDevice."""
     dev = SimDevice(seed, eager=0.2)
-    saved = sequences.drv, memory.drv
-    sequences.drv = memory.drv = dev  # type: ignore[assignment]
+    modules = (sequences, _hosttier, memory)
+    saved = [m.drv for m in modules]
+    for m in modules:
+        m.drv = dev  # type: ignore[assignment]
     try:
         rt = SimRuntime(dev, doc, capacity)
         try:
@@ -150,7 +152,8 @@ def sim_runtime(doc: Mapping[str, Any], capacity: kern_pool.Capacity, seed: int)
         finally:
             rt.close()
     finally:
-        sequences.drv, memory.drv = saved
+        for m, drv in zip(modules, saved, strict=True):
+            m.drv = drv
 
 
 # --------------------------------------------------------------------------------------------
