@@ -58,3 +58,17 @@ def test_an_unknown_family_is_one_line_where_the_cli_needs_one() -> None:
     with pytest.raises(run.RunError, match=r"^no chat template: no installed model provider knows model 'llama' "
                        r"\(installed families: qwen3\) \(drop --chat\)$"):
         chat.conversation(object(), {"model": "llama"}, chat=True)
+
+
+def test_each_command_module_imports_alone_without_a_cycle_or_a_provider() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib; m = sys.argv[1]; importlib.import_module(m); "
+            "print(sorted(k for k in sys.modules if k.startswith(('kern_cli.', 'kern_qwen3'))))")
+    for name in ("run", "chat", "tp_run", "serve", "bench_cmd"):
+        out = subprocess.run([sys.executable, "-c", code, f"kern_cli.{name}"], capture_output=True, text=True,
+                             check=True).stdout
+        assert "kern_qwen3" not in out, (name, out)
+        if name == "run":
+            assert "kern_cli.chat" not in out and "kern_cli.tp_run" not in out, out
