@@ -16,7 +16,6 @@ Model families come from their providers' `kern.providers` entry points
 from kern_pool import Capacity
 from kern_pool.cache import Reuse, Source, lease_tokens, pick_reuse, shared_prefix
 
-from ._driver import device_count
 from .batch import Sampled, Sampling
 from .domains import InputDomain, StateUnits, check_domain, input_domains
 from .engine import (
@@ -56,7 +55,7 @@ from .errors import (
 )
 from .graphs import Graph, GraphCache, GraphCacheStats, normalize_vars
 from .peers import Chunk, Offer, PeerHandle
-from .probes import copy_rate
+from .probes import copy_rate, device_count
 from .providers import Provider, ProviderError
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local

@@ -10,9 +10,19 @@ from . import _driver as drv
 from . import memory
 from .errors import ApiError
 
-__all__ = ["copy_rate"]
+__all__ = ["copy_rate", "device_count"]
 
 _SEED_BYTES = 1 << 20
+
+
+def device_count() -> int:
+    """NVIDIA devices visible to this process, through the driver shell.
+
+    Raises:
+        NoDriverError: no libcuda on this machine.
+        CudaError: cuInit or cuDeviceGetCount fails (no device usable by this driver).
+    """
+    return drv.device_count()
 
 
 def _fill_random(ptr: int, nbytes: int, stream: object) -> None:
