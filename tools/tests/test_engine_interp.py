@@ -267,7 +267,7 @@ def _cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weights: dict[str, np.
     import kern_cli.run as run
 
     m = kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json")
-    (tmp_path / "w.safetensors").write_bytes(b"")
+    (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     made: list[kr.Engine] = []
 
     def fake_open(manifest: Path, kernels: Path, weights_: Any, **kw: Any) -> kr.Engine:

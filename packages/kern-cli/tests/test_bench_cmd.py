@@ -111,7 +111,7 @@ def test_bad_options_exit_2_before_the_gpu(argv: tuple[str, ...], line: str, mon
                                            capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _no_gpu(monkeypatch)
     weights = tmp_path / "w.safetensors"
-    weights.write_bytes(b"")
+    weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     args = _parse(*TINY, "--weights", str(weights), *argv)
     assert args.handler(args) == 2  # type: ignore[attr-defined]
     captured = capsys.readouterr()
@@ -157,7 +157,7 @@ def test_bench_chunk_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setattr(bench, "bench_session",
                         lambda load, options, log: seen.update(options=options, load=load) or Report([bench._row("r", 1.0, "ms")]))
     weights = tmp_path / "w.safetensors"
-    weights.write_bytes(b"")
+    weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     args = _parse(*TINY, "--weights", str(weights), "--chunk", "97", "--steps", "300", "--gpu", "0", "--peer", "off",
                   "--out", str(tmp_path / "out"))
     assert args.handler(args) == 0  # type: ignore[attr-defined]
@@ -203,7 +203,7 @@ def test_a_step_without_gemms_and_no_sibling_names_the_flag(monkeypatch: pytest.
     path = tmp_path / "fast.json"
     path.write_text(json.dumps(_without_gemms(_example("qwen3-tiny"))))
     weights = tmp_path / "w.safetensors"
-    weights.write_bytes(b"")
+    weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     args = _parse("--manifest", str(path), "--kernels", str(ROOT / "kernels"), "--weights", str(weights))
     assert args.handler(args) == 2  # type: ignore[attr-defined]
     assert capsys.readouterr().err.strip().splitlines() == [

@@ -107,7 +107,7 @@ def test_peer_on_that_cannot_run_exits_2_before_the_gpu(setup: str, line: str, m
     else:
         _with_torch(monkeypatch)
     weights = tmp_path / "w.safetensors"
-    weights.write_bytes(b"")
+    weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     assert _handle(*TINY, "--weights", str(weights), "--peer", "on") == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip().splitlines() == [line]
@@ -120,7 +120,7 @@ def test_kern_toml_bench_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     toml = tmp_path / "kern.toml"
     toml.write_text('[bench]\npeer = "on"\n')
     weights = tmp_path / "w.safetensors"
-    weights.write_bytes(b"")
+    weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     assert _handle(*TINY, "--config", str(toml), "--weights", str(weights)) == 2
     assert "--peer on: the PyTorch peer cannot run: torch is not installed" in capsys.readouterr().err
     assert _handle(*TINY, "--config", str(toml), "--weights", str(weights), "--peer", "off") == 2  # the flag wins
@@ -211,7 +211,7 @@ def test_a_failed_peer_keeps_kerns_report_and_exits_1(monkeypatch: pytest.Monkey
     weights = tmp_path / "ck"
     weights.mkdir()
     (weights / "config.json").write_text(json.dumps(QWEN3))
-    (weights / "model.safetensors").write_bytes(b"")
+    (weights / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     assert _handle(*TINY, "--weights", str(weights), "--out", str(tmp_path / "out")) == 1
     err = capsys.readouterr().err
     assert "kern bench: the PyTorch peer failed (exit 1; its kern-peer lines above say why)" in err

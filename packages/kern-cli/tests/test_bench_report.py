@@ -59,7 +59,7 @@ def test_checkpoint_config(tmp_path: Path) -> None:
     assert rep.checkpoint_config([]) is None
     assert rep.checkpoint_config([tmp_path]) is None
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    (tmp_path / "a.safetensors").write_bytes(b"")
+    (tmp_path / "a.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     assert rep.checkpoint_config([tmp_path]) == {"model_type": "qwen3"}
     assert rep.checkpoint_config([tmp_path / "a.safetensors"]) == {"model_type": "qwen3"}
     (tmp_path / "config.json").write_text("[1]")

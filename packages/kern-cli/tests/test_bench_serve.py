@@ -78,3 +78,13 @@ def test_a_console_script_run_is_one_line() -> None:
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("kern bench serve: --clients has an empty item in '1,,2': give comma-separated positive "
                            "integers\n")
+
+
+def test_weights_that_are_not_safetensors_are_one_line_and_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("w.txt").write_text("hello\n")
+    argv = ["bench", "serve", "--manifest", TINY, "--backend", "kern_interp.serve:engine", "--weights", "w.txt",
+            "--clients", "1", "--rounds", "1"]
+    assert kern_main(argv) == 2
+    assert _line(capsys) == "kern bench serve: weights w.txt: not a safetensors file (6 bytes, no header)"

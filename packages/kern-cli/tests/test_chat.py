@@ -20,7 +20,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KERN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(run, "probe_gpu", lambda gpu: pytest.fail("the GPU was looked for"))
     _write_manifest(tmp_path)
-    (tmp_path / "w.safetensors").write_bytes(b"")
+    (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     return tmp_path
 
 

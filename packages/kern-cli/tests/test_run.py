@@ -297,7 +297,7 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(
     _no_gpu(monkeypatch)
     monkeypatch.setattr(run, "probe_gpu", lambda gpu: pytest.fail("the GPU was looked for"))
     _write_manifest(in_tmp)
-    (in_tmp / "w.safetensors").write_bytes(b"")
+    (in_tmp / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     if setup is not None:
         setup(in_tmp)
     assert run.main(list(argv)) == 2
@@ -403,3 +403,15 @@ def test_a_checkpoint_that_cannot_be_written_is_a_run_error(monkeypatch: pytest.
     monkeypatch.setattr(qwen3, "random_checkpoint", full)
     with pytest.raises(run.RunError, match=r"^cannot write /nope: No space left on device$"):
         run.default_weights({"model": "qwen3-4b"}, lambda s: None)
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b"a text file, long enough to read a header length from\n"],
+                         ids=["short", "text"])
+def test_weights_that_are_not_safetensors_are_one_line_before_the_gpu(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], content: bytes) -> None:
+    _no_gpu(monkeypatch)
+    (in_tmp / "w.safetensors").write_bytes(content)
+    argv = ["--manifest", str(_write_manifest(in_tmp)), "--kernels", "kernels", "--weights", "w.safetensors"]
+    assert run.main(argv) == 2
+    line = _one_line(capsys)
+    assert "w.safetensors" in line and "safetensors file" in line and "GPU" not in line

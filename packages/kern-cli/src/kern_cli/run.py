@@ -251,6 +251,8 @@ def check_inputs(load: LoadOptions) -> RunInputs:
     manifest = kr.read_manifest(load.manifest)
     roles = kr.serving_roles(manifest)
     weights = tuple(kr.weight_files(load.weights)) if load.weights else None
+    if weights:
+        kr.Safetensors.open(weights)  # NOTE: the headers only: a file that is not safetensors is one line now
     check_kernels(manifest, load.kernels, load.kernel_sources)
     if load.capacity is not None:
         kr.check_capacity(roles, load.capacity)
@@ -277,7 +279,7 @@ def runtime_input_errors() -> tuple[type[Exception], ...]:
     import kern_runtime as kr
 
     return (kr.InputFileError, kr.ManifestParseError, kr.ServingRolesError, kr.SessionError, kr.EngineError,
-            kr.ProviderError)
+            kr.ProviderError, kr.WeightArtifactError)
 
 
 # --------------------------------------------------------------------------------------------

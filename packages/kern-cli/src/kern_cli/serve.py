@@ -438,7 +438,7 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
 
 def _handle(args: argparse.Namespace) -> int:
     from kern_cli.run import runtime_input_errors
-    from kern_runtime.errors import KernRuntimeError, WeightArtifactError
+    from kern_runtime.errors import KernRuntimeError
 
     prog = "kern serve"
 
@@ -447,7 +447,7 @@ def _handle(args: argparse.Namespace) -> int:
 
     try:
         return serve(resolve(args), log)
-    except (RunError, KernTomlError, WeightArtifactError, *runtime_input_errors()) as exc:
+    except (RunError, KernTomlError, *runtime_input_errors()) as exc:
         return fail(prog, str(exc))
     except KernRuntimeError as exc:
         fail(prog, f"{type(exc).__name__}: {exc}")
