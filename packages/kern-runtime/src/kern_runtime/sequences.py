@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import kern_pool
 from kern_manifest import Manifest
@@ -45,14 +45,6 @@ from .errors import ApiError
 __all__ = ["Arena", "Sequences", "Waking", "pool_config_for", "pool_layout"]
 
 T = TypeVar("T")
-
-
-class _Positioned(Protocol):
-    @property
-    def position(self) -> int: ...
-
-
-S = TypeVar("S", bound=_Positioned)
 
 
 @dataclass(slots=True)
