@@ -144,7 +144,7 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
 
     s, m = _interp_session(weights, "host")
     (tmp_path / "m.json").write_text(json.dumps(m))
-    (tmp_path / "w.safetensors").write_bytes(b"")
+    (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     opened: list[dict[str, Any]] = []
 
     def fake_open(manifest: Path, kernels: Path, weights_: Any, **kw: Any) -> Any:
