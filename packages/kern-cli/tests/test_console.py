@@ -94,3 +94,15 @@ def test_positive_ints_refuse_in_one_line(text: str, most: int | None, message: 
 
 def test_positive_ints_take_spaces_around_items() -> None:
     assert positive_ints("--n", " 1, 8 ,32", ValueError, 32) == (1, 8, 32)
+
+
+def test_a_long_value_argparse_refuses_is_cut_in_its_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_cli.console import Parser
+
+    p = Parser(prog="kern-x")
+    p.add_argument("--steps", type=int)
+    with pytest.raises(SystemExit) as exit_:
+        p.parse_args(["--steps", "9" * 100_000])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and len(err) < 200, err[:300]
+    assert err.startswith("kern-x: argument --steps: invalid int value: '999") and "(100002 chars)" in err

@@ -58,7 +58,9 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `PROG: message (see ... --help)` line, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        fail(program(self.prog), f"{message} (see {self.prog} --help)")
+        # NOTE: argparse quotes the user's values whole: each long word is cut as names are
+        cut = " ".join(short(word) for word in message.split(" "))
+        fail(program(self.prog), f"{cut} (see {self.prog} --help)")
         sys.exit(2)
 
 
