@@ -229,25 +229,29 @@ class MemoryFuzz:
         w = self._writer
         lease.kv_index(upto - 1)
         unit = self.lay.unit
-        for si, (name, bpt, layers) in enumerate(self.lay.paged):
-            cell = bpt // layers
-            page_bytes = bpt * unit
-            t = start
-            while t < upto:
-                end = min(upto, (t // unit + 1) * unit)
-                pos = np.arange(t, end, dtype=np.uint32)
-                cells = self._cells(np.full(len(pos), w, np.uint32), pos, si, layers, cell // 4)
-                page = lease.pages[t // unit]
-                for layer in range(layers):
-                    at = page * page_bytes + layer * unit * cell + (t % unit) * cell
-                    self.rt.write_state(name, at, cells[:, layer, :])
-                t = end
+        t = start
+        while t < upto:
+            end = min(upto, (t // unit + 1) * unit)
+            self._stamp_page(lease.pages[t // unit], t, end, w)
+            t = end
         obj.writers.extend([w] * (upto - start))
         obj.zero_from = max(obj.zero_from, upto)
         if self.lay.per_seq and lease.state_slot is not None:
             obj.slot = w
             for si, (name, nbytes) in enumerate(self.lay.per_seq):
                 self.rt.write_state(name, lease.state_slot * nbytes, self._slot_stamp(w, si, nbytes))
+
+    def _stamp_page(self, page: int, t: int, end: int, w: int) -> None:
+        """Positions [t, end) of one page stamped by writer `w` in every paged state, a write per
+        layer (a page is [layer][token][cell])."""
+        unit = self.lay.unit
+        pos = np.arange(t, end, dtype=np.uint32)
+        for si, (name, bpt, layers) in enumerate(self.lay.paged):
+            cell = bpt // layers
+            cells = self._cells(np.full(len(pos), w, np.uint32), pos, si, layers, cell // 4)
+            for layer in range(layers):
+                at = page * bpt * unit + layer * unit * cell + (t % unit) * cell
+                self.rt.write_state(name, at, cells[:, layer, :])
 
     # ---- the check ---------------------------------------------------------------------------
 
