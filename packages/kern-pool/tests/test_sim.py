@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -134,11 +135,11 @@ def _no_run(*args: object) -> None:
 def test_json_to_a_bad_path_is_refused_before_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], target: str, why: str
 ) -> None:
-    (tmp_path / "file").write_text("x")
-    path = tmp_path / target
+    monkeypatch.chdir(tmp_path)  # NOTE: short paths: a message cuts a long one
+    Path("file").write_text("x")
     monkeypatch.setattr(sim, "simulate", _no_run)
-    line = _refused(capsys, ["--json", str(path)])
-    assert line == "kern-pool-sim: --json " + why.format(t=path, tmp=tmp_path)
+    line = _refused(capsys, ["--json", target])
+    assert line == "kern-pool-sim: --json " + why.format(t=target, tmp=".").replace("./", "")
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,3 +148,12 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out == f"kern-pool-sim {version('kern-pool')}\n"
+
+
+@pytest.mark.parametrize("argv", [["--sessions", "9" * 3000], ["--zipf", "x" * 3000], ["serve", "--requests", "9" * 3000]])
+def test_a_long_value_is_cut_in_the_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with contextlib.suppress(SystemExit):
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and len(err) < 300 and "chars)" in err and "9" * 100 not in err, err[:400]
+    assert "x" * 100 not in err

@@ -332,11 +332,21 @@ _HELP = {
 }
 
 
+SHOWN = 48
+"""The longest word a message echoes whole (a value or name past it is cut, its length said)."""
+
+
+def clip(message: str) -> str:
+    """`message` with every word longer than SHOWN characters cut (`999...(3000 chars)`), so no
+    echoed value makes the line long."""
+    return " ".join(w if len(w) <= SHOWN else f"{w[:SHOWN]}...({len(w)} chars)" for w in message.split(" "))
+
+
 class Parser(argparse.ArgumentParser):
     """Argparse errors as one `PROG: message (see PROG --help)` line, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: {clip(message)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -403,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{PROG}: {clip(message)}", file=sys.stderr)
     return 2
 
 

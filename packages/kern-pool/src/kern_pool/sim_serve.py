@@ -37,7 +37,7 @@ from kern_pool.sched import (
     run_chunks,
     run_rides,
 )
-from kern_pool.sim import Parser, SimError, SplitMix64, flag, output_problem, table
+from kern_pool.sim import Parser, SimError, SplitMix64, clip, flag, output_problem, table
 
 __all__ = ["ServeFigures", "ServeWorkload", "main", "replay"]
 
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         figures = replay(w)
     except PoolError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {clip(str(exc))}", file=sys.stderr)
         return 2
     print(table(figures, digits=2))
     if args.json is not None:
