@@ -22,18 +22,19 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from itertools import accumulate
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
-from kern_pool.cache import CacheFull, KVCache, PoolDevice, Source
+from kern_pool.cache import CacheFull, KVCache, PoolDevice, Reuse, Source
 from kern_pool.chunks import Capacity, PagedState, PoolConfig, SeqState, pool_config
 from kern_pool.errors import PoolError
-from kern_pool.host import Host
-from kern_pool.pages import Lease, Pool
+from kern_pool.host import Host, Parked
+from kern_pool.pages import Checkpoint, Lease, Pool
+from kern_pool.prefix import Hit
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -50,7 +51,6 @@ __all__ = [
     "simulate",
 ]
 
-T = TypeVar("T")
 _MASK = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
 VOCAB = 151_000
@@ -229,15 +229,14 @@ class _Sim:
         f.peak_pages = max(f.peak_pages, self.pool.pages_used)
         f.peak_slots = max(f.peak_slots, self.pool.slots_used)
 
-    def room(self, op: Callable[[], T]) -> T:
-        """Run `op` through the cache manager's room (remaps landed, the coldest entries
-        evicted until it is granted)."""
+    def _acquire(self, decision: Reuse, hit: Hit[Checkpoint, Parked] | None, tokens: int) -> Lease:
+        """The manager's lease for `decision` (it makes room itself), its refusal as the sim's."""
         try:
-            result = self.cache.room(op)
+            lease = self.cache.acquire(decision, hit, tokens)
         except CacheFull as full:
             raise SimError(f"{full}; nothing left to evict: raise --tokens or lower --batch") from None
         self._track()
-        return result
+        return lease
 
     def pick(self, active: list[_Session]) -> list[_Session]:
         """Up to `batch` distinct sessions, Zipf-weighted by rank among the active ones."""
@@ -258,7 +257,7 @@ class _Sim:
         prompt = s.history + self.rng.tokens(self.rng.between(w.prompt_len // 2, w.prompt_len * 3 // 2))
         full = prompt + self.rng.tokens(self.rng.between(w.answer_len // 2, w.answer_len * 3 // 2))
         decision, hit = self.cache.decide(prompt, ())
-        lease = self.room(lambda: self.cache.acquire(decision, hit, len(full)))
+        lease = self._acquire(decision, hit, len(full))
         if decision.source is Source.PARKED:
             self.cache.keep_woken(lease, prompt[: decision.length])
             self._track()

@@ -707,7 +707,7 @@ class Engine:
         """Make room now: park the coldest resident index entry (drop it without a host tier or
         when the host is full); False when nothing is resident."""
         self._live()
-        return self._evict()
+        return self.cache.evict()
 
     # ---- lifetime ----------------------------------------------------------------------------
 
@@ -796,7 +796,7 @@ class Engine:
 
     def _acquire(self, d: Reuse, hit: Hit[Checkpoint, Parked] | None, need: int) -> Lease:
         parent = self._seqs[d.live].lease if d.source is Source.FORK and d.live is not None else None
-        return self._room(lambda: self.cache.acquire(d, hit, need, parent))
+        return self._granted(lambda: self.cache.acquire(d, hit, need, parent))
 
     def _keep_woken(self, seq: Sequence, length: int) -> None:
         """The woken prefix kept in the index as resident again, beside its parked copy, once the
@@ -805,19 +805,20 @@ class Engine:
         self.cache.keep_woken(seq.lease, seq.tokens[:length])
 
     def _room(self, ask: Callable[[], T]) -> T:
-        """`ask` through the cache manager's room (remaps settled, the coldest entries evicted),
-        its refusals as the engine's one line."""
+        """`ask` through the cache manager's room (remaps settled, the coldest entries evicted)."""
+        return self._granted(lambda: self.cache.room(ask))
+
+    def _granted(self, call: Callable[[], T]) -> T:
+        """`call` (one that makes room through the cache manager), its refusals as the engine's
+        one line."""
         try:
-            return self.cache.room(ask)
+            return call()
         except CacheFull as full:
             raise EngineError(f"no memory for this sequence ({full}) and nothing left to evict: "
                               f"{sum(s.lease is not None for s in self._seqs.values())} live "
                               "sequence(s) hold the pool; finish or release some") from None
         except kern_pool.ExceedsPool as exc:
             raise EngineError(f"the sequence can never fit this pool: {exc}") from None
-
-    def _evict(self) -> bool:
-        return self.cache.evict()
 
     def _retire(self, seq: Sequence) -> None:
         lease = seq.lease
