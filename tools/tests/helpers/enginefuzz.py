@@ -103,8 +103,7 @@ class EngineFuzz:
         return self._ids(self.rng.randint(1, 90))
 
     def op_turn(self) -> None:
-        live = [t for t in self.tracks]
-        t = self.rng.choice(live) if live and self.rng.random() < 0.6 else self._new()
+        t = self.rng.choice(self.tracks) if self.tracks and self.rng.random() < 0.6 else self._new()
         prompt = self._prompt(t)
         steps = self.rng.randint(1, 8)
         pre = self.eng.prefill(t.seq, prompt, steps)

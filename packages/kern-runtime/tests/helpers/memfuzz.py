@@ -69,7 +69,7 @@ class SimRuntime:
         config = kern_pool.pool_config(paged, per_seq, unit=unit, row_pages=row or 1 << 20, capacity=capacity)
         self.dev = dev
         self._stack = ExitStack()
-        self._stream = dev.stream()
+        self._stream = dev.stream_create()
         slices = {n: s.slices for n, s in m.states.items() if s.slices is not None}
         self._seqs = Sequences(self._stack, "dev", self._stream, config, None, slices)
 
@@ -400,26 +400,27 @@ class MemoryFuzz:
             self._write(obj, self.rng.randint(length + 1, lease.tokens))
 
     def op_restore(self) -> None:
-        src = self._pick(self.cps)
-        if src is None or not src.writers:
-            return
-        length = self._start_length(src, fork=False)
-        tokens = self._tokens(length + 1)
-        lease = self._retry(lambda: self.rt.restore(src.handle, length, tokens), keep=src)
-        if lease is not None:
-            self._adopt(lease, src, length)
-            self.stats.count("restore" if length == len(src.writers) else "lease_from")
+        self._start_from(self.cps, fork=False)
 
     def op_fork(self) -> None:
-        src = self._pick(self.leases)
+        self._start_from(self.leases, fork=True)
+
+    def _start_from(self, sources: list[_Obj], fork: bool) -> None:
+        """A new lease from a random checkpoint (restore, lease_from) or live lease (fork)."""
+        src = self._pick(sources)
         if src is None or not src.writers:
             return
-        length = self._start_length(src, fork=True)
+        length = self._start_length(src, fork)
         tokens = self._tokens(length + 1)
-        lease = self._retry(lambda: self.rt.fork(src.handle, length, tokens), keep=src)
-        if lease is not None:
-            self._adopt(lease, src, length)
+        start = self.rt.fork if fork else self.rt.restore
+        lease = self._retry(lambda: start(src.handle, length, tokens), keep=src)
+        if lease is None:
+            return
+        self._adopt(lease, src, length)
+        if fork:
             self.stats.count("fork" if length % self.lay.unit == 0 else "fork-in-page")
+        else:
+            self.stats.count("restore" if length == len(src.writers) else "lease_from")
 
     def op_park(self) -> None:
         if not self.cps:

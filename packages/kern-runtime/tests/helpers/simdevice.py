@@ -147,7 +147,7 @@ class SimDevice:
     def read(self, ptr: int, nbytes: int) -> np.ndarray:
         """The bytes at `ptr` now (device or pinned host), as a copy."""
         with self._lock:
-            return np.concatenate([p.copy() for p in self._pieces(ptr, nbytes)]) if nbytes else np.empty(0, np.uint8)
+            return np.concatenate(list(self._pieces(ptr, nbytes))) if nbytes else np.empty(0, np.uint8)
 
     def write(self, ptr: int, data: np.ndarray) -> None:
         """Writes bytes at `ptr` now."""
@@ -164,10 +164,6 @@ class SimDevice:
             s = _Stream(f"stream{len(self._streams)}")
             self._streams.append(s)
             return s
-
-    def stream(self) -> _Stream:
-        """A stream for the runtime's compute work."""
-        return self.stream_create()
 
     def stream_destroy(self, stream: _Stream) -> None:
         self.stream_synchronize(stream)
@@ -200,12 +196,6 @@ class SimDevice:
     def stream_synchronize(self, stream: _Stream) -> None:
         with self._lock:
             while stream.ops:
-                self._step()
-
-    def synchronize(self) -> None:
-        """Runs every queued op."""
-        with self._lock:
-            while any(s.ops for s in self._streams):
                 self._step()
 
     @staticmethod
@@ -242,13 +232,11 @@ class SimDevice:
         with self._lock:
             self._enqueue(stream, "run", fn)
 
-    _run = enqueue
-
     def memset_async(self, ptr: int, nbytes: int, stream: _Stream) -> None:
-        self._run(stream, lambda: self.write(ptr, np.zeros(nbytes, np.uint8)))
+        self.enqueue(stream, lambda: self.write(ptr, np.zeros(nbytes, np.uint8)))
 
     def _copy(self, dst: int, src: int, nbytes: int, stream: _Stream) -> None:
-        self._run(stream, lambda: self.write(dst, self.read(src, nbytes)))
+        self.enqueue(stream, lambda: self.write(dst, self.read(src, nbytes)))
 
     copy_dtod_async = _copy
     copy_htod_async = _copy
@@ -264,4 +252,4 @@ class SimDevice:
             for r in range(height):
                 self.write(dst + r * dst_pitch, self.read(src + r * src_pitch, width))
 
-        self._run(stream, rows)
+        self.enqueue(stream, rows)
