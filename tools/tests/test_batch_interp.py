@@ -412,7 +412,7 @@ def test_the_rows_sampling_inputs_are_written_only_when_they_change(
             per: list[int] = []
             for asks in steps:
                 if always:
-                    eng._params = None  # pyright: ignore[reportPrivateUsage]
+                    eng._seats.sampling = None  # pyright: ignore[reportPrivateUsage]
                 writes.clear()
                 eng.decode(seqs[: len(asks)], asks)
                 per.append(writes.count("row_sampling") + writes.count("row_seed"))
