@@ -111,7 +111,7 @@ def test_error_tree() -> None:
 
 
 def test_capacity_of_all_free_memory_passes_the_caller_checks() -> None:
-    from kern_runtime.runtime import _capacity_tokens  # pyright: ignore[reportPrivateUsage]
+    from kern_runtime._rt_core import capacity_tokens  # pyright: ignore[reportPrivateUsage]
 
-    assert _capacity_tokens(kern_pool.Capacity(tokens=None, seqs=2)) is None
-    assert _capacity_tokens(kern_pool.Capacity(tokens=64, seqs=1)) == 64
+    assert capacity_tokens(kern_pool.Capacity(tokens=None, seqs=2)) is None
+    assert capacity_tokens(kern_pool.Capacity(tokens=64, seqs=1)) == 64

@@ -235,7 +235,7 @@ def test_one_entry_launched_by_two_ops_gets_the_larger_shared_memory(kdir: Path,
     m = build.write_manifest(tmp_path / "two.json", doc)
     attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     with kr.Runtime.load(m, kdir) as rt:
-        funcs = rt._funcs  # pyright: ignore[reportPrivateUsage]
+        funcs = rt._kernels.funcs  # pyright: ignore[reportPrivateUsage]
         assert {drv.func_attribute(f, attr) for f in funcs.values()} == {65536}
         rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
         sx = np.arange(16384, dtype=np.float32)
@@ -255,7 +255,7 @@ def test_static_and_dynamic_shared_memory_past_48k_opt_in(kdir: Path, sha: str, 
     m = build.write_manifest(tmp_path / "f.json", doc)
     attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     with kr.Runtime.load(m, kdir) as rt:
-        funcs = rt._funcs  # pyright: ignore[reportPrivateUsage]
+        funcs = rt._kernels.funcs  # pyright: ignore[reportPrivateUsage]
         tma = next(f for (op, _), f in funcs.items() if op == "tma")
         assert drv.func_attribute(tma, attr) == 48 << 10
         rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
@@ -279,7 +279,7 @@ def test_carveout_sets_the_function_attribute(kdir: Path, sha: str, tmp_path: Pa
     m = build.write_manifest(tmp_path / "f.json", doc)
     attr = drv.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
     with kr.Runtime.load(m, kdir) as rt:
-        funcs = rt._funcs  # pyright: ignore[reportPrivateUsage]
+        funcs = rt._kernels.funcs  # pyright: ignore[reportPrivateUsage]
         assert len(funcs) == len(kernel_launches)
         assert {drv.func_attribute(f, attr) for f in funcs.values()} == {100}
         rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
