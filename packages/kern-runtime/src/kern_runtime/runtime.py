@@ -57,7 +57,7 @@ class Runtime(SequenceMethods):
                                   loaded.peering)
         self._io = Io(spec.manifest, loaded.device, loaded.memory, loaded.domains)
         self._peers = Peers(spec, loaded.device, loaded.memory.own_address, loaded.peering)
-        self._weights = WeightLoader(spec, loaded.device, loaded.memory, self._programs)
+        self._weight_loader = WeightLoader(spec, loaded.device, loaded.memory, self._programs)
 
     @property
     def _stream(self) -> Any:
@@ -188,7 +188,7 @@ class Runtime(SequenceMethods):
             WeightArtifactError: a tensor is missing or does not match its bind.
             ApiError: weights were already loaded.
         """
-        return self._weights.load(tensors, threads, progress, chunk_bytes)
+        return self._weight_loader.load(tensors, threads, progress, chunk_bytes)
 
     def run(self, program: str, vars: Mapping[str, int]) -> None:
         """Enqueues every launch of `program` eagerly on the runtime's stream."""
