@@ -50,17 +50,16 @@ prefilled through the chunk program instead (one pass over the weights for all o
 last token rides. A plan with rides is never issued ahead of the step in flight (its rows differ
 from that step's): the step in flight lands first, then the riders' step runs and lands, and the
 pipeline starts again on the next step of unchanged rows.
+
+`Serving`'s parts, each a private module: `_flights.py` (the steps in flight and their pipeline),
+`_meter.py` (`Stats`, the histograms and the gauges) and `_stops.py` (the requests' stop strings).
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import copy
 import dataclasses
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -68,10 +67,12 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import kern_pool
-from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler, Tier
+from kern_pool import Finish, Plan, Refusal, SchedConfig, Scheduler
 
+from ._flights import Flight, Flights
+from ._meter import BUCKETS, RATE_WINDOW_S, Histogram, Meter, Stats
+from ._stops import StopTexts
 from .batch import Sampled, Sampling
-from .detok import Detok, stop_after
 from .engine import Bound, Engine, EngineConfig, Pipeline, Sequence
 from .errors import ApiError, EngineError
 
@@ -283,10 +284,6 @@ class Done:
 
 Event = Token | Done
 
-RATE_WINDOW_S = 5.0
-"""The window of the tokens-per-second gauge."""
-
-
 @dataclass(eq=False)
 class Request:
     """One completion: the prompt's token ids, the most tokens to generate, how to pick them,
@@ -330,67 +327,6 @@ class ServingConfig:
     head: bool = False
 
 
-@dataclass(slots=True)
-class _Flight:
-    """A step executed and not landed yet: its plan, how far each of its chunks that ran got, and
-    its decode rows' results once read (None while its step is in a pipeline)."""
-
-    plan: Plan
-    prefilled: dict[int, int] = field(default_factory=dict[int, int])
-    picked: list[Sampled] | None = None
-    ids: tuple[int, ...] | None = None
-    """The requests of `picked`, when not the plan's decode rows (a ride: its riders that
-    sampled after them)."""
-    heads: dict[int, int] = field(default_factory=dict[int, int])
-    """The first token of each chunk's request the head program computed (sent already)."""
-    head_stops: set[int] = field(default_factory=set[int])
-    """Those of `heads` whose text then held a stop string."""
-
-
-BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-"""Upper bounds (seconds) of the TTFT and TPOT histograms' buckets."""
-
-
-@dataclass(slots=True)
-class Histogram:
-    """Observations counted in `BUCKETS` (the last count: above every bound), with their sum."""
-
-    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
-    sum: float = 0.0
-    count: int = 0
-
-    def observe(self, value: float) -> None:
-        """Count one observation."""
-        self.counts[bisect.bisect_left(BUCKETS, value)] += 1
-        self.sum += value
-        self.count += 1
-
-
-@dataclass(slots=True)
-class Stats:
-    """What the server did, for /metrics: counts, and the TTFT and TPOT histograms (seconds)."""
-
-    submitted: int = 0
-    refused: int = 0
-    finished: dict[str, int] = field(default_factory=dict[str, int])
-    failed: int = 0
-    generated: int = 0
-    prompt: int = 0
-    reused: int = 0
-    admissions: int = 0
-    hits: int = 0
-    parks: int = 0
-    steps: int = 0
-    ahead: int = 0
-    """Steps issued before the step in flight was read back."""
-    stale: int = 0
-    """Tokens of rows that had ended when their step landed (dropped)."""
-    ridden: int = 0
-    """Prompt tokens computed as rows of the batched step."""
-    ttft: Histogram = field(default_factory=Histogram)
-    tpot: Histogram = field(default_factory=Histogram)
-
-
 class Serving:
     """The engine thread: `start()`, `submit` / `cancel` from any thread, `close()`."""
 
@@ -416,11 +352,9 @@ class Serving:
         # NOTE: one page stays spare: a grown lease is restored from its checkpoint, whose
         # partial page is copied while the checkpoint still holds the old one.
         self.sched = Scheduler(sched, pages=max(1, pool.pages_max - 1), unit=pool.unit, row_tokens=engine.reach)
-        self.stats = Stats()
-        self._text = text
-        self._detoks: dict[int, Detok] = {}
-        """Each running request's text so far, for its stop strings."""
         self._lock = threading.Lock()
+        self._meter = Meter(self._lock)
+        self._texts = StopTexts(text)
         self._wake = threading.Event()
         self._reqs: dict[int, Request] = {}
         self._seqs: dict[int, Sequence] = {}
@@ -428,16 +362,18 @@ class Serving:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._leases: dict[int, int] = {}
-        self._window: deque[tuple[float, int]] = deque()
-        self._gauges: dict[str, float] = {}
-        self._flight: deque[_Flight] = deque()
-        self._pipe: Pipeline | None = None
+        self._flights = Flights()
         self._piping: Pipelining | None = self.decoder \
             if self.config.pipeline and isinstance(self.decoder, Pipelining) else None
         self._head = self.config.head and engine.roles.head_program is not None
-        self._into: _Flight | None = None
+        self._into: Flight | None = None
         """The flight whose chunks run now (the head tokens they bring go to it)."""
         self._measure()
+
+    @property
+    def stats(self) -> Stats:
+        """The counters and histograms, live (`report` copies them)."""
+        return self._meter.stats
 
     # ---- callers -----------------------------------------------------------------------------
 
@@ -486,14 +422,11 @@ class Serving:
         """Gauges for /metrics and /health, as of the engine thread's last step: queue depth,
         running rows, open sequences, leased pages, pool and host-tier use, prefix index entries,
         output tokens per second over the last `RATE_WINDOW_S`."""
-        with self._lock:
-            return dict(self._gauges)
+        return self._meter.snapshot()
 
     def report(self) -> tuple[Stats, dict[str, float]]:
         """A copy of the counters and histograms, and the gauges (`snapshot`)."""
-        with self._lock:
-            st = copy.deepcopy(self.stats)
-            return st, dict(self._gauges)
+        return self._meter.report()
 
     def close(self) -> None:
         """Stop the engine thread; requests still open end cancelled. The engine stays open."""
@@ -533,9 +466,9 @@ class Serving:
         nothing to do); else what the scheduler gives `ahead` (the rows' next step issued, or an
         admissions and their chunks run behind the step in flight), then the oldest step landed."""
         with self._lock:
-            head = self._flight[-1] if self._flight else None
+            head = self._flights.newest
             plan = self.sched.plan() if head is None else None
-            nxt = self.sched.ahead(head.plan) if head is not None and self._pipe is not None else None
+            nxt = self.sched.ahead(head.plan) if head is not None and self._flights.pipe is not None else None
         if plan is not None and plan.idle:
             return False
         try:
@@ -559,13 +492,12 @@ class Serving:
         if plan.rides:
             self._ride(plan)
             return
-        flight = _Flight(plan)
-        self._flight.append(flight)
+        flight = self._flights.add(plan)
         rows = [self._seqs[i] for i in plan.decode]
         sampling = [self._reqs[i].sampling for i in plan.decode]
         pipe = self._piping.pipeline(rows, sampling) if rows and self._piping is not None else None
         if pipe is not None:
-            self._pipe = pipe
+            self._flights.pipe = pipe
             pipe.issue()
         flight.prefilled = self._prefill(plan, flight)
         if pipe is None:
@@ -576,8 +508,7 @@ class Serving:
         """The decode rows and the riders' prompt tokens in one step (`run_rides` shares the rows:
         an admission starts when its turn comes), then the step lands."""
         assert self._riding is not None
-        flight = _Flight(plan)
-        self._flight.append(flight)
+        flight = self._flights.add(plan)
         took = kern_pool.run_rides(plan, self._start_ride, self._rest)
         ids = [*plan.decode, *took]
         seqs = [self._seqs[i] for i in ids]
@@ -610,33 +541,21 @@ class Serving:
 
     def _issue(self, plan: Plan) -> None:
         """The step of `plan` (the rows of the step in flight) issued behind it."""
-        pipe = self._pipe
-        assert pipe is not None and plan.decode == self._flight[-1].plan.decode
-        self._flight.append(_Flight(plan))
-        pipe.issue()
+        self._flights.issue(plan)
         with self._lock:
             self.stats.ahead += 1
 
     def _behind(self, plan: Plan) -> None:
         """Admissions and their chunks (`plan`, from `ahead`) run behind the step in flight; they
         land after it."""
-        flight = _Flight(plan, {}, [])
-        self._flight.append(flight)
+        flight = self._flights.add(plan, [])
         self._execute(plan)
         flight.prefilled = self._prefill(plan, flight)
 
     def _land(self) -> None:
         """The oldest step in flight read back (the pipeline closed when it was the last one),
         committed without its stale rows' tokens, and those tokens sent."""
-        flight = self._flight[0]
-        picked = flight.picked
-        if picked is None:
-            assert self._pipe is not None
-            picked = self._pipe.read()
-        self._flight.popleft()
-        if not self._flight and self._pipe is not None:
-            self._pipe.close()
-            self._pipe = None
+        flight, picked = self._flights.land()
         plan = flight.plan
         got = dict(zip(flight.ids if flight.ids is not None else plan.decode, picked, strict=True))
         stops = {rid for rid, s in got.items() if self._stops(self._reqs[rid], s.token)}
@@ -663,7 +582,7 @@ class Serving:
             seq = self._seqs[g.id]
             self.engine.prefill(seq, seq.tokens, g.lease - seq.kv)
 
-    def _prefill(self, plan: Plan, flight: _Flight) -> dict[int, int]:
+    def _prefill(self, plan: Plan, flight: Flight) -> dict[int, int]:
         """The plan's chunks, one sequence after another while the step's budget lasts (each takes
         the tokens it computed, at least one): an admission gets its `Sequence` when its chunk's
         turn comes, and the next chunk runs only after a finished prefill. Returns each chunk's
@@ -715,26 +634,14 @@ class Serving:
     def _admitted(self, req: Request, reused: int) -> None:
         if not req.generated:
             req.cached = reused
-            with self._lock:
-                self.stats.admissions += 1
-                self.stats.hits += reused > 0
-                self.stats.prompt += len(req.prompt)
-                self.stats.reused += reused
+            self._meter.admitted(len(req.prompt), reused)
 
     def _stops(self, req: Request, token: int) -> bool:
-        """Whether the text of `req`'s tokens and `token` holds one of its stop strings. Its
-        tokens so far held none (it would have ended), so only a string ending in the text
-        `token` adds is looked for: a decode of a few ids and a search of a short tail."""
-        if not req.stop_text or self._text is None:
-            return False
-        detok = self._detoks.get(req.id)
-        if detok is None:
-            detok = self._detoks[req.id] = Detok(self._text)
-        return stop_after(detok, req.generated, token, req.stop_text)
+        return self._texts.stops(req.id, req.stop_text, req.generated, token)
 
     def _retire(self, rid: int, why: Finish) -> None:
         self._leases.pop(rid, None)
-        self._detoks.pop(rid, None)
+        self._texts.forget(rid)
         seq = self._seqs.pop(rid, None)
         if seq is not None:
             self.engine.finish(seq)
@@ -765,11 +672,7 @@ class Serving:
             req.last = now
             req.generated.append(s.token)
             self._send(rid, req, Token(s.token, s.logprob, s.top))
-        with self._lock:
-            self.stats.generated += len(picked)
-            for ttft, value in samples:
-                (self.stats.ttft if ttft else self.stats.tpot).observe(value)
-        self._window.append((now, len(picked)))
+        self._meter.emitted(now, len(picked), samples)
 
     def _send(self, rid: int, req: Request, ev: Event) -> None:
         """`ev` to the request's sink; a sink that raises is a client gone: its request is cancelled."""
@@ -780,35 +683,12 @@ class Serving:
                 self.sched.cancel(rid)
 
     def _measure(self) -> None:
-        """The gauges, read on the engine thread between steps."""
-        now = time.perf_counter()
-        while self._window and self._window[0][0] < now - RATE_WINDOW_S:
-            self._window.popleft()
-        pool = self.engine.backend.pool
-        leased = sum(len(s.lease.pages) for s in self._seqs.values() if s.lease is not None)
-        gauges = {
-            "queue_depth": float(self.sched.queued), "running_rows": float(self.sched.running),
-            "open_sequences": float(len(self.engine.sequences)), "leased_pages": float(leased),
-            "pool_pages_used": float(pool.pages_used), "pool_pages_total": float(pool.pages_max),
-            "prefix_resident": float(self.engine.prefix.count(Tier.RESIDENT)),
-            "prefix_parked": float(self.engine.prefix.count(Tier.PARKED)),
-            "tokens_per_second": sum(n for _, n in self._window) / RATE_WINDOW_S,
-        }
-        host = _host(self.engine)
-        if host is not None:
-            gauges["host_units_used"], gauges["host_units_total"] = float(host[0]), float(host[1])
-        with self._lock:
-            self._gauges = gauges
+        self._meter.measure(self.sched, self.engine, self._seqs.values())
 
     def _fail(self, plan: Plan | None, message: str) -> None:
         """The engine raised while executing `plan` or a step in flight: every request those steps
         touched ends with the error (its sequence released), the rest carry on."""
-        plans = [f.plan for f in self._flight] + ([plan] if plan is not None else [])
-        self._flight.clear()
-        if self._pipe is not None:
-            with contextlib.suppress(Exception):
-                self._pipe.close()
-            self._pipe = None
+        plans = self._flights.drop() + ([plan] if plan is not None else [])
         touched = {i for p in plans for i in (*p.park, *(g.id for g in p.grow), *p.decode)}
         touched |= {c.id for p in plans for c in (*p.chunks, *p.rides) if c.id in self._seqs}
         with self._lock:
@@ -831,13 +711,3 @@ class Serving:
             else:
                 self._send(r.id, req, Done(r.why, len(req.prompt), len(req.generated), req.cached))
 
-
-def _host(engine: Engine) -> tuple[int, int] | None:
-    """(used, total) units of the engine's host tier, None without one."""
-    if not engine.config.park:
-        return None
-    try:
-        host: kern_pool.Host = getattr(engine.backend, "host")  # noqa: B009
-    except (AttributeError, ApiError, AssertionError):
-        return None
-    return host.used, host.used + host.free
