@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import bench
-from kern_cli.bench_cmd import table as _table
+from kern_runtime.bench import table as _table
 
 OUT = Path("out/bench")
 

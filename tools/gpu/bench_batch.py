@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from engine_inputs import add_engine_args, load_inputs
 
-from kern_cli.bench_report import row as _row
+from kern_runtime.bench import row as _row
 
 WARM = 4
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 import kern_runtime as kr
-from kern_cli.bench_cmd import table as _table
 from kern_runtime import _driver as drv
+from kern_runtime.bench import table as _table
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SRC = ROOT / "packages/kern-runtime/tests/kernels/rt_test.cu"

@@ -30,8 +30,8 @@ import numpy as np
 
 import kern_pool
 import kern_runtime as kr
-from kern_cli.bench_cmd import table as _table
 from kern_runtime import _driver as drv
+from kern_runtime.bench import table as _table
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,8 +32,8 @@ def load_inputs(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[d
     """The manifest of `args.manifest` and the weight files of the seeded random Qwen3-4B
     checkpoint; the manifest's missing cubins are built into `args.kernels` first."""
     import kern_runtime as kr
-    from kern_cli.run import ensure_kernels
     from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
+    from kern_runtime.loading import ensure_kernels
 
     manifest = kr.read_manifest(args.manifest)
     ensure_kernels(manifest, args.kernels, args.kernel_sources, log)

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from kern_cli.bench_report import row as _row
+from kern_runtime.bench import row as _row
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 64
@@ -656,8 +656,8 @@ runs at context 128; the walking `decode_ms_per_token@ctx128` row runs contexts 
 def kern_bench(rec: Recorder, label: str, manifest: Path, floor: Path, ckpt: Path, gpu: int) -> None:
     """kern bench rows of one manifest variant, named `<label>.<row>` (decode at 128 and 8192,
     prefill 709, the copy and GEMM-only floors: kern bench's own, measured in the same run)."""
-    from kern_cli.bench_cmd import BenchOptions, bench_session, table
-    from kern_cli.run import LoadOptions
+    from kern_runtime.bench import BenchOptions, bench_session, table
+    from kern_runtime.loading import LoadOptions
 
     with rec.check(f"{label}.bench") as c:
         opts = LoadOptions(manifest=manifest, kernels=rec.out / "kernels", kernel_sources=None,

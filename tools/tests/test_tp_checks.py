@@ -14,9 +14,9 @@ import kern_manifest as km
 
 
 def test_too_few_gpus_is_blocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kern_cli.run as run
+    from kern_runtime import loading
 
-    monkeypatch.setattr(run, "device_count", lambda: 1)
+    monkeypatch.setattr(loading, "count_gpus", lambda: 1)
     assert tp_checks.main([str(tmp_path), "--tp", "2"]) == 2
     assert json.loads((tmp_path / "tp_checks.json").read_text()) == {"blocked": True, "gpus": 1, "tp": 2}
     assert "needs 2 GPUs; this host shows 1: blocked" in (tmp_path / "tp_checks.log").read_text()

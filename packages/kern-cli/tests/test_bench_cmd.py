@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 import kern_cli.bench_cmd as bench
-import kern_cli.run as run
-from kern_cli.bench_report import Report
+import kern_runtime.bench as kb
+from kern_cli import options
+from kern_cli.config import config_for
 from kern_manifest import parse_manifest, verify
+from kern_runtime import loading
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -22,7 +24,7 @@ def _example(name: str) -> dict:
 @pytest.mark.parametrize("name", ["qwen3-4b", "qwen3-tiny"])
 def test_gemm_only_manifest_verifies_and_keeps_binds(name: str) -> None:
     m = _example(name)
-    g = bench.gemm_only_manifest(m, "decode")
+    g = kb.gemm_only_manifest(m, "decode")
     verify(parse_manifest(json.dumps(g)))
     calls = g["programs"]["gemms"]["calls"]
     layers = sum(1 for b in m["buffers"] if b.endswith(".qkv"))
@@ -39,20 +41,20 @@ def test_step_weight_bytes_4b() -> None:
     per_layer = 6144 * h + h * 4096 + 2 * inter * h + h * inter + 2 * h + 2 * d  # GEMMs + 4 norms
     expected = 2 * (36 * per_layer + vocab * h + h)  # tied lm_head on the embedding, final norm
     for name in ("qwen3-4b", "qwen3-4b-gemv", "qwen3-4b-fast", "qwen3-4b-f32"):  # extern GEMMs, our GEMV, f32
-        assert bench.decode_weight_bytes(_example(name), "decode") == expected, name
+        assert kb.decode_weight_bytes(_example(name), "decode") == expected, name
 
 
 def test_program_without_gemms_is_an_error() -> None:
-    with pytest.raises(bench.BenchError, match="no extern"):
-        bench.gemm_only_manifest(_example("qwen3-tiny"), "load")
+    with pytest.raises(kb.BenchError, match="no extern"):
+        kb.gemm_only_manifest(_example("qwen3-tiny"), "load")
 
 
 def test_table_of_no_rows_is_the_header() -> None:
-    assert bench.table([]).split() == ["name", "value", "unit", "target", "peer"]
+    assert kb.table([]).split() == ["name", "value", "unit", "target", "peer"]
 
 
 def test_table_aligns_columns() -> None:
-    text = bench.table([bench._row("a", 1.23456, "ms", 2.9, "x"), bench._row("long_name", 10, "GB")])
+    text = kb.table([kb.row("a", 1.23456, "ms", 2.9, "x"), kb.row("long_name", 10, "GB")])
     lines = text.splitlines()
     assert lines[0].split() == ["name", "value", "unit", "target", "peer"]
     assert lines[1].index("1.2346") == lines[2].index("10")
@@ -71,9 +73,9 @@ TINY = ("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--kernel-sour
 
 def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def none() -> int:
-        raise run.NoGpuError("no NVIDIA GPU on this machine (test)")
+        raise loading.NoGpuError("no NVIDIA GPU on this machine (test)")
 
-    monkeypatch.setattr(run, "device_count", none)
+    monkeypatch.setattr(loading, "count_gpus", none)
 
 
 @pytest.mark.parametrize(
@@ -153,9 +155,9 @@ def test_bench_offers_no_flag_it_would_ignore(flag: str, capsys: pytest.CaptureF
 def test_bench_chunk_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     seen: dict[str, object] = {}
-    monkeypatch.setattr(bench, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(bench, "bench_session",
-                        lambda load, options, log: seen.update(options=options, load=load) or Report([bench._row("r", 1.0, "ms")]))
+    monkeypatch.setattr(loading, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(kb, "bench_session",
+                        lambda load, options, log: seen.update(options=options, load=load) or kb.Report([kb.row("r", 1.0, "ms")]))
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     args = _parse(*TINY, "--weights", str(weights), "--chunk", "97", "--steps", "300", "--gpu", "0", "--peer", "off",
@@ -168,7 +170,7 @@ def test_bench_chunk_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_gemv_variant_floor_counts_only_its_extern_calls() -> None:
-    g = bench.gemm_only_manifest(_example("qwen3-4b-gemv"), "decode")
+    g = kb.gemm_only_manifest(_example("qwen3-4b-gemv"), "decode")
     verify(parse_manifest(json.dumps(g)))
     assert len(g["programs"]["gemms"]["calls"]) == 36 * 2  # qkv and down stay cublasLt
 
@@ -192,9 +194,9 @@ def test_the_floor_of_a_step_without_gemms_is_its_sibling_with_the_most(tmp_path
     (tmp_path / "d-other-model.json").write_text(json.dumps(other))  # more GEMMs would not matter: other weights
     (tmp_path / "e-broken.json").write_text("{")
     fast = tmp_path / "a-fast.json"
-    assert bench.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "c-all.json"
+    assert kb.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "c-all.json"
     (tmp_path / "c-all.json").unlink()
-    assert bench.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "b-some.json"
+    assert kb.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "b-some.json"
 
 
 def test_a_step_without_gemms_and_no_sibling_names_the_flag(monkeypatch: pytest.MonkeyPatch,
@@ -231,7 +233,7 @@ def test_a_peer_mode_outside_the_choices_is_one_line(capsys: pytest.CaptureFixtu
 
 
 def test_the_gemm_rate_manifest_verifies() -> None:
-    from kern_cli.bench_measure import GEMM_RATE_SIZE, gemm_rate_manifest
+    from kern_runtime.bench.measure import GEMM_RATE_SIZE, gemm_rate_manifest
 
     m = gemm_rate_manifest(GEMM_RATE_SIZE, _example("qwen3-4b")["schema_version"])
     verify(parse_manifest(json.dumps(m)))
@@ -240,8 +242,8 @@ def test_the_gemm_rate_manifest_verifies() -> None:
 
 
 def test_kv_bytes_per_token_of_the_4b() -> None:
-    assert bench.kv_bytes_per_token(_example("qwen3-4b-fast"), "decode") == 36 * 2 * 8 * 128 * 2
-    assert bench.kv_bytes_per_token(_example("qwen3-4b-f32"), "decode") == 36 * 2 * 8 * 128 * 4
+    assert kb.kv_bytes_per_token(_example("qwen3-4b-fast"), "decode") == 36 * 2 * 8 * 128 * 2
+    assert kb.kv_bytes_per_token(_example("qwen3-4b-f32"), "decode") == 36 * 2 * 8 * 128 * 4
 
 
 def test_defaults_fit_the_4b_and_breakdown_follows_the_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,11 +254,11 @@ def test_defaults_fit_the_4b_and_breakdown_follows_the_contexts(monkeypatch: pyt
     o = bench._options(args)  # type: ignore[arg-type]
     assert o.contexts == (128, 2048, 8192, 32768) and o.prefill == (709, 4096, 16384)
     assert o.breakdown == (128, 32768)
-    load = run.resolve_load(args, bench.config_for(None, ROOT))  # type: ignore[arg-type]
+    load = options.resolve_load(args, config_for(None, ROOT))  # type: ignore[arg-type]
     import kern_runtime as kr
 
     roles = kr.serving_roles(kr.read_manifest(load.manifest))
-    assert bench._capacity(load, o, roles) == -(-(32768 + 2 * o.steps + 32) // 256) * 256
+    assert kb.bench_capacity(load, o, roles) == -(-(32768 + 2 * o.steps + 32) // 256) * 256
     assert bench._options(_parse("--contexts", "256,4096", "--breakdown", "none")).breakdown == ()  # type: ignore[arg-type]
     assert bench._options(_parse("--contexts", "256,4096")).breakdown == (256, 4096)  # type: ignore[arg-type]
 
@@ -271,3 +273,23 @@ def test_help_says_the_whole_first_paragraph_and_kern_bench_serve(capsys: pytest
     assert "beside floors measured in the same run and a compiled PyTorch peer on the same checkpoint" in out
     assert "kern bench serve [flags]: continuous batching throughput and latency" in out
     assert out.endswith("see kern bench serve --help.")
+
+
+def test_the_flags_default_to_the_librarys_options() -> None:
+    """The flags' defaults live beside the parser (building it loads no runtime); they are the
+    library's."""
+    assert (bench.MIN_STEPS, bench.DEFAULT_BENCH_STEPS, bench.DEFAULT_BENCH_CHUNK, bench.DEFAULT_CONTEXTS,
+            bench.DEFAULT_PREFILL) == (kb.MIN_STEPS, kb.DEFAULT_BENCH_STEPS, kb.DEFAULT_BENCH_CHUNK,
+                                       kb.DEFAULT_CONTEXTS, kb.DEFAULT_PREFILL)
+    assert bench._options(_parse("--breakdown", "none")) == kb.BenchOptions()  # type: ignore[arg-type]
+    assert bench.PEER_MODES == kb.PEER_MODES
+
+
+def test_building_the_parsers_loads_no_runtime() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from kern_cli.main import build_parser; build_parser(); "
+            "print(sorted(k for k in sys.modules if k.startswith(('kern_runtime', 'cuda'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

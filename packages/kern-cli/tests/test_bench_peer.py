@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-import kern_cli.bench_cmd as bench
-import kern_cli.bench_peer as bp
-import kern_cli.run as run
+import kern_runtime.bench as kb
+import kern_runtime.bench.peer as bp
 from kern_qwen3 import QWEN3_4B_CONFIG
+from kern_runtime import loading
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ("--manifest", str(ROOT / "examples" / "qwen3-tiny.json"), "--kernel-sources", str(ROOT / "tools" / "kernels-src"),
@@ -78,9 +78,9 @@ def test_without_torch_auto_notes_and_on_refuses(monkeypatch: pytest.MonkeyPatch
 
 def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def none() -> int:
-        raise run.NoGpuError("no NVIDIA GPU on this machine (test)")
+        raise loading.NoGpuError("no NVIDIA GPU on this machine (test)")
 
-    monkeypatch.setattr(run, "device_count", none)
+    monkeypatch.setattr(loading, "count_gpus", none)
 
 
 def _handle(*argv: str) -> int:
@@ -201,13 +201,13 @@ def test_the_peer_module_is_there_and_speaks_one_line(tmp_path: Path) -> None:
 def test_a_failed_peer_keeps_kerns_report_and_exits_1(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     _with_torch(monkeypatch)
-    monkeypatch.setattr(bench, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(bench, "bench_session", lambda load, options, log: bench.Report([bench._row("r", 1.0, "ms")]))
+    monkeypatch.setattr(loading, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(kb, "bench_session", lambda load, options, log: kb.Report([kb.row("r", 1.0, "ms")]))
 
     def failing(*a: Any, **k: Any) -> Any:
         raise bp.PeerError("the PyTorch peer failed (exit 1; its kern-peer lines above say why)")
 
-    monkeypatch.setattr(bench, "run_peer", failing)
+    monkeypatch.setattr(bp, "run_peer", failing)
     weights = tmp_path / "ck"
     weights.mkdir()
     (weights / "config.json").write_text(json.dumps(QWEN3))

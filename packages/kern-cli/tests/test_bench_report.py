@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import kern_cli.bench_report as rep
+import kern_runtime.bench.report as rep
 from kern_qwen3 import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG, qwen3_tensor_shapes
 from kern_runtime.providers import find
 

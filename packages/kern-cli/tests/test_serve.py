@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kern_cli import serve
 from kern_cli.main import main as kern_main
 from kern_cli.serve_api import ApiFailure, Text, chat_ask, completion_ask
-from kern_cli.serve_sizes import available_ram, size_text
+from kern_runtime.loading import available_ram, size_text
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = str(ROOT / "examples" / "qwen3-tiny.json")

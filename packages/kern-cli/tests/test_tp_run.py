@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import kern_cli.run as run
-import kern_cli.tp_run as tp_run
+from kern_cli import options
+from kern_runtime import loading
 
 from .test_run import _manifest, _one_line, _write_manifest
 
@@ -39,7 +40,7 @@ def _main(path: Path, *extra: str) -> int:
 
 def test_fewer_gpus_than_ranks_is_one_line(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(run, "device_count", lambda: 1)
+    monkeypatch.setattr(loading, "count_gpus", lambda: 1)
     assert _main(_write_manifest(in_tmp, _tp_manifest(2)), "--tp", "2") == 2
     assert _one_line(capsys) == "kern-run: --tp 2 from --gpu 0 needs 2 GPUs; this machine shows 1"
     assert not (in_tmp / "cache").exists()
@@ -47,14 +48,14 @@ def test_fewer_gpus_than_ranks_is_one_line(in_tmp: Path, monkeypatch: pytest.Mon
 
 def test_gpu_offset_counts_too(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(run, "device_count", lambda: 2)
+    monkeypatch.setattr(loading, "count_gpus", lambda: 2)
     assert _main(_write_manifest(in_tmp, _tp_manifest(2)), "--tp", "2", "--gpu", "1") == 2
     assert "needs 3 GPUs; this machine shows 2" in _one_line(capsys)
 
 
 def test_a_manifest_of_another_size_is_refused_before_the_gpu(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(run, "device_count", lambda: pytest.fail("the GPU was looked for"))
+    monkeypatch.setattr(loading, "count_gpus", lambda: pytest.fail("the GPU was looked for"))
     assert _main(_write_manifest(in_tmp, {**_tp_manifest(4), "model": "qwen3-4b-tp4"}), "--tp", "2") == 2
     assert "declares {'tp': 4}: generate one with kern-qwen3 --tp 2" in _one_line(capsys)
     assert _main(_write_manifest(in_tmp, _tp_manifest(4)), "--tp", "2") == 2
@@ -66,14 +67,14 @@ def test_a_manifest_of_another_size_is_refused_before_the_gpu(in_tmp: Path, monk
 @pytest.mark.parametrize(("argv", "word"), [(("--tp", "0"), "at least 1"), (("--tp", "2", "--chat"), "one generation")])
 def test_bad_tp_flags(in_tmp: Path, argv: tuple[str, ...], word: str) -> None:
     args = run.build_parser().parse_args(["--manifest", "m", *argv])
-    with pytest.raises(run.RunError, match=word):
-        run.resolve_options(args)
+    with pytest.raises(options.RunError, match=word):
+        options.resolve_options(args)
 
 
 def test_check_topology_and_gpus_directly() -> None:
-    tp_run.check_topology({"topology": {"groups": {"tp": 2}}}, 2)
-    with pytest.raises(run.RunError, match="declares"):
-        tp_run.check_topology(json.loads('{"topology": {"groups": {"tp": 2, "dp": 1}}}'), 2)
-    tp_run.check_gpus(2, 0, lambda: 2)
-    with pytest.raises(run.NoGpuError, match="needs 8 GPUs; this machine shows 1"):
-        tp_run.check_gpus(8, 0, lambda: 1)
+    loading.check_topology({"topology": {"groups": {"tp": 2}}}, 2)
+    with pytest.raises(loading.LoadError, match="declares"):
+        loading.check_topology(json.loads('{"topology": {"groups": {"tp": 2, "dp": 1}}}'), 2)
+    loading.check_gpus(2, 0, lambda: 2)
+    with pytest.raises(loading.NoGpuError, match="needs 8 GPUs; this machine shows 1"):
+        loading.check_gpus(8, 0, lambda: 1)

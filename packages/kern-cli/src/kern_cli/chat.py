@@ -21,11 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from kern_cli.config import KernTomlError
-from kern_cli.console import Parser, add_version, fail, run_handler
+from kern_cli.console import Parser, add_version, run_handler
+from kern_cli.options import (
+    DEFAULT_CAPACITY,
+    DEFAULT_CHUNK,
+    DEFAULT_STEPS,
+    DEFAULT_TOKENIZER,
+    Bar,
+    RunError,
+    RunOptions,
+    add_load_flags,
+    guarded,
+    logger,
+    resolve_options,
+)
 
 if TYPE_CHECKING:
-    from kern_cli.run import RunOptions
     from kern_runtime import Engine, Provider
 
 __all__ = ["Conversation", "chat_template", "execute_turns", "main", "read_turns", "register"]
@@ -40,8 +51,6 @@ def read_turns(path: Path) -> tuple[str, ...]:
     Raises:
         RunError: the file is missing, unreadable, not UTF-8, empty, or has an empty line.
     """
-    from kern_cli.run import RunError
-
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -71,12 +80,11 @@ def chat_template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str
 
 
 def _provider(manifest: Mapping[str, Any]) -> Provider:
-    import kern_runtime as kr
-    from kern_cli.run import RunError, family
+    from kern_runtime.providers import ProviderError, find
 
     try:
-        return family(manifest)
-    except kr.ProviderError as exc:
+        return find(manifest)
+    except ProviderError as exc:
         raise RunError(f"no chat template: {exc} (drop --chat)") from None
 
 
@@ -114,7 +122,7 @@ class Conversation:
 
 def conversation(tok: Any, manifest: Mapping[str, Any], chat: bool) -> Conversation:
     """A Conversation over the tokenizer `tok`, with the model's template when `chat`."""
-    from kern_cli.run import decode_text
+    from kern_runtime.loading import decode_text
 
     provider = _provider(manifest) if chat else None
     template = provider.render if provider is not None else None
@@ -181,7 +189,6 @@ def stdin_turns(stdin: TextIO, prompt: Callable[[], None]) -> Iterator[str]:
 
 def _first_prompt_check(opts: RunOptions, conv: Conversation, first: str, roles: Any, capacity: int) -> None:
     import kern_runtime as kr
-    from kern_cli.run import RunError
 
     prompt = conv.prompt([], first)
     if len(prompt) + opts.steps > capacity:
@@ -197,28 +204,25 @@ def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, ch
     """Run the turns (None: read them from `stdin`) on one conversation; returns the exit status.
     Logs go to stderr as `PROG: ...` lines."""
     import kern_runtime as kr
-    from kern_cli import run
+    from kern_runtime import loading
 
-    inputs = run.check_inputs(opts.load)
-    tok = run.tokenizer(opts.tokenizer)
+    inputs = loading.check_inputs(opts.load)
+    tok = loading.tokenizer(opts.tokenizer)
     conv = conversation(tok, inputs.manifest, chat)
-    capacity = opts.load.capacity or min(run.DEFAULT_CAPACITY, inputs.roles.reach(run.DEFAULT_CAPACITY))
+    capacity = opts.load.capacity or min(DEFAULT_CAPACITY, inputs.roles.reach(DEFAULT_CAPACITY))
     kr.check_capacity(inputs.roles, capacity)
     if turns is not None:
         _first_prompt_check(opts, conv, turns[0], inputs.roles, capacity)
-    run.probe_gpu(opts.load.gpu)
-
-    def log(msg: str) -> None:
-        print(f"{prog}: {msg}", file=sys.stderr, flush=True)
-
-    weights = run.prepare_load(opts.load, inputs, log)
+    loading.probe_gpu(opts.load.gpu)
+    log = logger(prog)
+    weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
     t0 = time.perf_counter()
     try:
         engine = kr.Engine.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
                                 config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
-                                progress=run.Bar(sys.stderr), roles=inputs.roles)
+                                progress=Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
-        raise run.no_gpu(exc) from exc
+        raise loading.no_gpu(exc) from exc
     log(f"load {time.perf_counter() - t0:.2f} s")
     src = stdin or sys.stdin
     tty = src.isatty()
@@ -238,23 +242,11 @@ def _ask(tty: bool) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    import kern_cli.run as run
-    from kern_runtime.errors import KernRuntimeError
-
     prog: str = args.program
-    try:
-        opts = run.resolve_options(args)
-        return execute_turns(opts, sys.stdout, None, chat=not args.raw, prog=prog)
-    except (run.RunError, KernTomlError, *run.runtime_input_errors()) as exc:
-        return fail(prog, str(exc))
-    except KernRuntimeError as exc:
-        fail(prog, f"{type(exc).__name__}: {exc}")
-        return 1
+    return guarded(prog, lambda: execute_turns(resolve_options(args), sys.stdout, None, chat=not args.raw, prog=prog))
 
 
 def _add_flags(p: argparse.ArgumentParser) -> None:
-    from kern_cli.run import DEFAULT_CHUNK, DEFAULT_STEPS, DEFAULT_TOKENIZER, add_load_flags
-
     add_load_flags(p, capacity_help="KV tokens the conversation may reach (default 4096)")
     p.add_argument("--steps", type=int, help=f"most tokens per answer (default {DEFAULT_STEPS})")
     p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_CHUNK})")

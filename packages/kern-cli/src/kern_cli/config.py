@@ -36,6 +36,7 @@ from kern_manifest import name_list, short
 
 __all__ = [
     "CONFIG_NAME",
+    "PEER_MODES",
     "BenchDefaults",
     "KernConfig",
     "KernTomlError",
@@ -55,7 +56,7 @@ _RUN = {"prompt", "steps", "chunk"}
 _KERNELS = {"sources"}
 _BENCH = {"peer", "out"}
 _SERVE = {"target"}
-_PEER_MODES = ("auto", "on", "off")
+PEER_MODES = ("auto", "on", "off")
 
 
 class KernTomlError(Exception):
@@ -226,8 +227,8 @@ def load_config(path: Path) -> KernConfig:
     bench = _table(f"{where}: [bench]", raw.get("bench", {}))
     _unknown(f"{where}: [bench]", bench, _BENCH)
     peer = _typed(f"{where}: [bench]", bench, "peer", str)
-    if peer is not None and peer not in _PEER_MODES:
-        raise KernTomlError(f"{where}: [bench]: peer must be one of {', '.join(_PEER_MODES)}, got {peer!r}")
+    if peer is not None and peer not in PEER_MODES:
+        raise KernTomlError(f"{where}: [bench]: peer must be one of {', '.join(PEER_MODES)}, got {peer!r}")
     serve = _table(f"{where}: [serve]", raw.get("serve", {}))
     _unknown(f"{where}: [serve]", serve, _SERVE)
     config = KernConfig(

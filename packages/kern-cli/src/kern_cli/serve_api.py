@@ -11,7 +11,6 @@ build the JSON objects.
 from __future__ import annotations
 
 import math
-import reprlib
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 from kern_runtime import Sampling
 from kern_runtime.detok import Detok
+from kern_runtime.loading import clip, shown
 
 __all__ = [
     "MAX_LOGPROBS",
@@ -37,9 +37,6 @@ MAX_STOPS = 4
 """Most stop strings a request may give (OpenAI's limit)."""
 MAX_LOGPROBS = 20
 """Most top alternatives a request may ask for."""
-
-SHOWN_CHARS = 40
-"""Most characters of a client's value that an error message echoes."""
 
 _UNSUPPORTED_ZERO = ("presence_penalty", "frequency_penalty")
 _UNSUPPORTED = ("suffix", "tools", "functions", "tool_choice", "function_call")
@@ -62,27 +59,6 @@ class ApiFailure(Exception):
 def error_body(exc: ApiFailure) -> dict[str, Any]:
     """The JSON of an error answer."""
     return {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.code}}
-
-
-def _shortener() -> reprlib.Repr:
-    r = reprlib.Repr()
-    r.maxstring = r.maxlong = r.maxother = SHOWN_CHARS
-    r.maxlevel, r.maxlist, r.maxdict, r.maxtuple = 2, 4, 4, 4
-    return r
-
-
-_SHORT = _shortener()
-
-
-def shown(value: object) -> str:
-    """`value` as an error message echoes it: its repr cut to about `SHOWN_CHARS` characters (at
-    any size or depth)."""
-    return _SHORT.repr(value)
-
-
-def clip(text: str) -> str:
-    """`text` cut to `SHOWN_CHARS` characters (an ellipsis marks the cut)."""
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiFailure:

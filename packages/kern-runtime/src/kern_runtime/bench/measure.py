@@ -1,22 +1,29 @@
 """`kern bench`'s measurements on the GPU: decode and prefill loops over a `kern_runtime.Session`,
-the per-call breakdown of a step, and the yardsticks of the floors (a device copy, a bf16 GEMM
-through the runtime's cuBLASLt), each measured in the same run as the timings it bounds."""
+the per-call breakdown of a step, the GEMM-only floor of a step, and the yardsticks of the floors
+(a device copy, a bf16 GEMM through the runtime's cuBLASLt), each measured in the same run as the
+timings it bounds."""
 
 from __future__ import annotations
 
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kern_cli.bench_report import CallTime, Row, row
+from kern_manifest import parse_manifest
+from kern_pool import Capacity
+
+from ..probes import copy_rate
+from .floors import gemm_only_manifest, step_program
+from .report import CallTime, Row, row
 
 if TYPE_CHECKING:
-    from kern_runtime import Session
+    from ..runtime import Runtime
+    from ..session import Session
 
 __all__ = [
     "GEMM_RATE_REPS",
@@ -24,10 +31,12 @@ __all__ = [
     "WARMUP_STEPS",
     "breakdown_runs",
     "decode_rows",
+    "gemm_floor",
     "gemm_rate",
     "gemm_rate_manifest",
     "prefill_rows",
     "prompt",
+    "yardsticks",
 ]
 
 WARMUP_STEPS = 10
@@ -167,12 +176,12 @@ def _bf16_noise(n: int) -> np.ndarray:
 def gemm_rate(kernels: Path, gpu: int, schema_version: int, size: int = GEMM_RATE_SIZE,
               reps: int = GEMM_RATE_REPS) -> float:
     """bf16 FLOP/s of a size^3 GEMM through the runtime's cuBLASLt, replayed back to back."""
-    import kern_runtime as kr
-    from kern_manifest import parse_manifest
+    from ..runtime import Runtime
+    from ..weights import Safetensors
 
     manifest = parse_manifest(json.dumps(gemm_rate_manifest(size, schema_version)))
-    with kr.Runtime.load(manifest, kernels, gpu=gpu) as rt:
-        rt.load_weights(kr.Safetensors.parse(b"\x02\x00\x00\x00\x00\x00\x00\x00{}"))
+    with Runtime.load(manifest, kernels, gpu=gpu) as rt:
+        rt.load_weights(Safetensors.parse(b"\x02\x00\x00\x00\x00\x00\x00\x00{}"))
         rt.write_input("a", _bf16_noise(size * size))
         rt.write_input("w", _bf16_noise(size * size)[::-1].copy())
         for _ in range(3):
@@ -184,3 +193,45 @@ def gemm_rate(kernels: Path, gpu: int, schema_version: int, size: int = GEMM_RAT
         rt.synchronize()
         seconds = (time.perf_counter_ns() - t0) / 1e9
     return 2.0 * size**3 * reps / seconds
+
+
+def yardsticks(kernels: Path, gpu: int, schema_version: int, log: Callable[[str], None]) -> tuple[float, float]:
+    """(device copy bytes/s, bf16 GEMM FLOP/s) of `gpu`, measured before a session loads."""
+    log("yardsticks: device copy, bf16 GEMM")
+    return copy_rate(gpu), gemm_rate(kernels, gpu, schema_version)
+
+
+def gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights: Sequence[Path], gpu: int,
+               steps: int) -> Row:
+    """The `gemm_floor_ms_per_step` row: the extern GEMM calls of `manifest`'s step alone in one graph,
+    replayed `steps` times on a runtime over `s`'s resident weights (`Runtime.into_resident`)."""
+    from ..runtime import Runtime
+    from ..weights import Safetensors
+
+    floor = gemm_only_manifest(manifest, step_program(manifest))
+    calls = len(floor["programs"]["gemms"]["calls"])
+    gm = parse_manifest(json.dumps(floor))
+    resident = s.rt.into_resident()
+    try:
+        rt = Runtime.load(gm, kernels, gpu=gpu, capacity=Capacity(tokens=16, seqs=1), over=resident)
+    except BaseException:
+        resident.close()
+        raise
+    try:
+        rt.load_weights(Safetensors.open([str(p) for p in weights]))
+        ms = _replayed_ms(rt, dict.fromkeys(gm.vars, 1), steps)
+    finally:
+        rt.close()
+    return row("gemm_floor_ms_per_step", ms, "ms",
+               peer=f"cublasLt: {manifest['model']}'s {calls} step GEMM calls in one graph")
+
+
+def _replayed_ms(rt: Runtime, vars_: dict[str, int], steps: int) -> float:
+    for _ in range(10):
+        rt.issue("gemms", vars_)
+    rt.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(steps):
+        rt.issue("gemms", vars_)
+    rt.synchronize()
+    return (time.perf_counter_ns() - t0) / steps / 1e6

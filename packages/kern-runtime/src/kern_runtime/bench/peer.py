@@ -1,6 +1,6 @@
 """`kern bench`'s compiled PyTorch peer, run as a process: `python -m kern_peer` (tools/peer), which
 imports torch (kern's packages never do). This module decides whether it runs, builds its command
-line and reads its JSON result; it imports neither kern_peer nor torch."""
+line, runs it and reads its JSON result into a report; it imports neither kern_peer nor torch."""
 
 from __future__ import annotations
 
@@ -8,10 +8,15 @@ import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..errors import KernRuntimeError
+from .options import BenchOptions
+from .report import Report, peer_rows
 
 __all__ = [
     "PEER_MODES",
@@ -20,6 +25,7 @@ __all__ = [
     "PeerError",
     "PeerPlan",
     "check_result",
+    "measure_peer",
     "peer_command",
     "plan_peer",
     "run_peer",
@@ -30,7 +36,7 @@ PEER_MODES = ("auto", "on", "off")
 PEER_TIMEOUT_S = 600
 
 
-class PeerError(Exception):
+class PeerError(KernRuntimeError):
     """The peer cannot run as asked (`--peer on` without torch, a checkpoint it cannot read), or
     its run failed or returned a malformed result."""
 
@@ -137,3 +143,23 @@ def run_peer(command: Sequence[str], out: Path, contexts: Sequence[int], prefill
     except (OSError, ValueError) as exc:
         raise PeerError(f"the PyTorch peer wrote no readable result at {out}: {exc}") from None
     return check_result(data, contexts, prefill)
+
+
+def measure_peer(report: Report, weights: Sequence[Path], options: BenchOptions, gpu: int,
+                 log: Callable[[str], None]) -> bool:
+    """Runs the peer at `options`' contexts, prefills and steps into `report` (its result, its rows,
+    its values in the peer column of kern's rows); False, with the reason in `report.notes`, when
+    it failed."""
+    o = options
+    log("the compiled PyTorch peer (python -m kern_peer)")
+    with tempfile.TemporaryDirectory(prefix="kern-bench-peer-") as tmp:
+        result_path = Path(tmp) / "peer.json"
+        cmd = peer_command(weights, contexts=o.contexts, prefill=o.prefill, steps=o.steps, gpu=gpu, out=result_path)
+        try:
+            result = run_peer(cmd, result_path, o.contexts, o.prefill)
+        except PeerError as exc:
+            report.notes.append(str(exc))
+            return False
+    report.peer = result
+    report.rows += peer_rows(result, report.rows)
+    return True
