@@ -39,7 +39,7 @@ from kern_cli.options import (
 if TYPE_CHECKING:
     from kern_runtime import Engine, Provider
 
-__all__ = ["Conversation", "chat_template", "execute_turns", "main", "read_turns", "register"]
+__all__ = ["Conversation", "execute_turns", "main", "read_turns", "register"]
 
 EXIT = "/exit"
 """The line that ends `kern chat`."""
@@ -68,15 +68,6 @@ def read_turns(path: Path) -> tuple[str, ...]:
         if not line.strip():
             raise RunError(f"--turns {path} line {i} is empty: write one user turn per line")
     return tuple(lines)
-
-
-def chat_template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
-    """The chat template of the manifest's model family (the installed provider of its `model`).
-
-    Raises:
-        RunError: no installed provider knows the family.
-    """
-    return _provider(manifest).render
 
 
 def _provider(manifest: Mapping[str, Any]) -> Provider:
