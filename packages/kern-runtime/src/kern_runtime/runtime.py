@@ -320,6 +320,8 @@ class Runtime(SequenceMethods):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- description ------------------------------------------------------------------------------
+
     def summary(self) -> str:
         """Startup lines: vars, buffers by kind with bytes, states, modules, programs."""
         return _rt_load.summary(self._spec, self._device, self._kernels, self._memory)
