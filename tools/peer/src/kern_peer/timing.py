@@ -89,7 +89,7 @@ def prefill_ms(peer: Peer, tokens: int, reps: int, rng: np.random.Generator) -> 
 
 def run_all(peer: Peer, contexts: Sequence[int], prefill: Sequence[int], steps: int, reps: int,
             log: Callable[[str], None]) -> dict[str, Any]:
-    """Every timing of a kern bench run, as kern bench reads it (kern_cli.bench_peer)."""
+    """Every timing of a kern bench run, as kern bench reads it (kern_runtime.bench.peer)."""
     log("compiling (torch.compile, inductor default mode)")
     compile_s = warm_up(peer)
     log(f"compiled in {compile_s:.1f} s")
