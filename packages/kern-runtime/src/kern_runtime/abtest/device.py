@@ -1,0 +1,113 @@
+"""The GPU sides of an A/B test: a `Runtime` as a `Side`, and the loader that puts A on the GPU
+with its weights and B over A's kept weights (`Runtime.load(..., over=resident)`: identical weight
+buffers are claimed, so the checkpoint is read once)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from kern_pool import Capacity
+
+from ..runtime import Resident, Runtime
+from ..weights import Safetensors
+from .drive import Side
+from .pair import Facts
+
+__all__ = ["GpuLoader", "RuntimeSide"]
+
+Progress = Callable[[int, int], None]
+
+
+class RuntimeSide:
+    """A loaded `Runtime` as a `Side`: `zero_states` writes zeros over each state's reach."""
+
+    def __init__(self, rt: Runtime, states: Mapping[str, int]) -> None:
+        self.rt = rt
+        self._states = dict(states)
+        self._zeros = np.zeros(max(self._states.values(), default=0), dtype=np.uint8)
+
+    def write_input(self, name: str, array: ArrayLike) -> None:
+        self.rt.write_input(name, array)
+
+    def run(self, program: str, vars: Mapping[str, int]) -> None:
+        self.rt.run(program, vars)
+
+    def issue(self, program: str, vars: Mapping[str, int]) -> None:
+        self.rt.issue(program, vars)
+
+    def read_output(self, name: str, count: int | None = None) -> NDArray[Any]:
+        return self.rt.read_output(name, count)
+
+    def synchronize(self) -> None:
+        self.rt.synchronize()
+
+    def time_calls(self, program: str, vars: Mapping[str, int], *,
+                   before: str | None = None) -> tuple[list[tuple[str, float]], bool]:
+        return self.rt.time_calls(program, vars, before=before)
+
+    def zero_states(self) -> None:
+        for name, nbytes in self._states.items():
+            self.rt.write_state(name, 0, self._zeros[:nbytes])
+
+    def read_state(self, name: str, start: int, nbytes: int) -> NDArray[np.uint8]:
+        return self.rt.read_state(name, start, nbytes)
+
+    def into_resident(self) -> object:
+        return self.rt.into_resident()
+
+    def close(self) -> None:
+        self.rt.close()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLoader:
+    """Loads A and B on one GPU from their manifest files, the kernels and one checkpoint.
+
+    Attributes:
+        a: A's facts. b: B's facts.
+        a_path: A's manifest file. b_path: B's manifest file.
+        kernels: the directory of cubins (matched by sha256).
+        weights: the checkpoint's .safetensors files, bound by both.
+        gpu: the device ordinal.
+        progress: follows the weight copies of each load.
+    """
+
+    a: Facts
+    b: Facts
+    a_path: Path
+    b_path: Path
+    kernels: Path
+    weights: Sequence[Path]
+    gpu: int
+    progress: Progress | None = None
+
+    def _load(self, path: Path, f: Facts, over: Resident | None) -> Side:
+        page = f.roles.page_tokens
+        tokens = -(-f.capacity // page) * page
+        try:
+            rt = Runtime.load(path, self.kernels, gpu=self.gpu, capacity=Capacity(tokens=tokens, seqs=1), over=over)
+        except BaseException:
+            if over is not None:
+                over.close()
+            raise
+        try:
+            rt.load_weights(Safetensors.open([str(p) for p in self.weights]), progress=self.progress)
+        except BaseException:
+            rt.close()
+            raise
+        return RuntimeSide(rt, f.states)
+
+    def reference(self) -> Side:
+        """A on the GPU with its weights."""
+        return self._load(self.a_path, self.a, None)
+
+    def candidate(self, resident: object) -> Side:
+        """B over A's kept weights (`resident`: what `RuntimeSide.into_resident` returned)."""
+        assert isinstance(resident, Resident)
+        return self._load(self.b_path, self.b, resident)

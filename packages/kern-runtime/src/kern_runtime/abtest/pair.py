@@ -1,0 +1,158 @@
+"""The two manifests of an A/B test, read and checked against each other before any GPU is looked
+for: both serve (their serving roles), they are one model (the same checkpoint tensors bound) with
+one vocabulary (the logits' width and the token ids taken), and they run a program in common."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..roles import ServingRoles, serving_roles
+from ..session import check_capacity
+from .options import AbTestError
+
+__all__ = ["Facts", "Pair", "check_pair", "read_facts"]
+
+Domain = tuple[float | None, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """One manifest as the harness drives it.
+
+    Attributes:
+        model: the manifest's `model` name.
+        manifest: the manifest as plain JSON.
+        roles: its serving roles.
+        logits: the output buffer that holds the logits (the output with no `fill`).
+        vocab: the logits' width.
+        capacity: KV tokens of the one sequence a run holds.
+        states: bytes of each state from its start that a run can reach at this capacity.
+        domains: the declared (min, max) of the outputs read: the next token (held to the token
+            input's domain when it declares none) and the logits where declared.
+    """
+
+    model: str
+    manifest: Mapping[str, Any]
+    roles: ServingRoles
+    logits: str
+    vocab: int
+    capacity: int
+    states: Mapping[str, int]
+    domains: Mapping[str, Domain]
+
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """The programs a run and the timing drive: chunk, step, and the head and step seed."""
+        r = self.roles
+        return tuple(p for p in (r.chunk_program, r.step_program, r.head_program, r.start_program) if p)
+
+    def layout(self, state: str) -> str:
+        """A state's declaration and page size, as text: two states compare byte for byte only
+        when theirs are equal."""
+        return json.dumps([self.manifest["states"][state], self.roles.page_tokens], sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A (reference) and B (candidate), checked against each other.
+
+    Attributes:
+        a: the reference.
+        b: the candidate.
+        common: the programs both drive, by name.
+    """
+
+    a: Facts
+    b: Facts
+    common: tuple[str, ...]
+
+
+def _logits(manifest: Mapping[str, Any], who: str) -> tuple[str, int]:
+    outs = [n for n, b in manifest["buffers"].items() if b["kind"] == "output" and "fill" not in b]
+    if len(outs) != 1:
+        raise AbTestError(f"{who} needs exactly one output without a fill (its logits), found {outs or 'none'}")
+    width = manifest["buffers"][outs[0]]["shape"][-1]
+    if not isinstance(width, int):
+        raise AbTestError(f"{who}'s logits output {outs[0]!r} has no fixed width (its last dim is {width!r})")
+    return outs[0], width
+
+
+def _state_bytes(state: Mapping[str, Any], capacity: int, page: int) -> int:
+    if state.get("bytes") is not None:
+        return int(state["bytes"])
+    if state.get("bytes_per_token") is not None:
+        return -(-capacity // page) * page * int(state["bytes_per_token"])
+    return int(state.get("bytes_per_seq") or 0)
+
+
+def _domain(buf: Mapping[str, Any]) -> Domain | None:
+    d = buf.get("domain") or {}
+    lo, hi = d.get("min"), d.get("max")
+    return None if lo is None and hi is None else (lo, hi)
+
+
+def _domains(manifest: Mapping[str, Any], roles: ServingRoles, logits: str) -> dict[str, Domain]:
+    buffers = manifest["buffers"]
+    token = _domain(buffers[roles.next_token]) or (0, roles.token_max)
+    out = {roles.next_token: token}
+    if (d := _domain(buffers[logits])) is not None:
+        out[logits] = d
+    return out
+
+
+def read_facts(manifest: Mapping[str, Any], capacity: int, who: str) -> Facts:
+    """One manifest's facts (`who` names it in errors: `A` or `B`).
+
+    Raises:
+        ServingRolesError: no serving roles. SessionError: the capacity is past its reach.
+        AbTestError: no single logits output.
+    """
+    roles = serving_roles(manifest)
+    check_capacity(roles, capacity)
+    logits, vocab = _logits(manifest, who)
+    states = {n: _state_bytes(s, capacity, roles.page_tokens) for n, s in manifest.get("states", {}).items()}
+    return Facts(str(manifest.get("model", "")), manifest, roles, logits, vocab, capacity, states,
+                 _domains(manifest, roles, logits))
+
+
+def _tensors(manifest: Mapping[str, Any]) -> set[str]:
+    return {str(b["tensor"]) for buf in manifest["buffers"].values() if buf["kind"] == "weight"
+            for b in buf.get("bind", []) if "tensor" in b}
+
+
+def _same_model(a: Facts, b: Facts) -> None:
+    ta, tb = _tensors(a.manifest), _tensors(b.manifest)
+    if ta != tb:
+        only = sorted(ta - tb) or sorted(tb - ta)
+        side = "A" if ta - tb else "B"
+        raise AbTestError(f"different models: {side} binds checkpoint tensors the other does not "
+                          f"({', '.join(only[:3])}{', ...' if len(only) > 3 else ''})")
+
+
+def _same_vocabulary(a: Facts, b: Facts) -> None:
+    if a.vocab != b.vocab:
+        raise AbTestError(f"different vocabularies: A's logits have {a.vocab} token ids, B's {b.vocab}")
+    ta, tb = a.roles.token_max, b.roles.token_max
+    if ta != tb:
+        raise AbTestError(f"different vocabularies: A takes token ids up to {ta}, B up to {tb}")
+    if ta is None:
+        raise AbTestError("neither manifest declares its token ids' domain (the token input's domain max)")
+
+
+def check_pair(a_manifest: Mapping[str, Any], b_manifest: Mapping[str, Any], capacity: int) -> Pair:
+    """Check A against B: one model, one vocabulary, a program in common.
+
+    Raises:
+        AbTestError: different models or vocabularies, or no program in common.
+        ServingRolesError, SessionError: as `read_facts`.
+    """
+    a, b = read_facts(a_manifest, capacity, "A"), read_facts(b_manifest, capacity, "B")
+    _same_model(a, b)
+    _same_vocabulary(a, b)
+    common = tuple(p for p in a.programs if p in b.programs)
+    if not common:
+        raise AbTestError(f"no common program: A runs {', '.join(a.programs)}; B runs {', '.join(b.programs)}")
+    return Pair(a, b, common)

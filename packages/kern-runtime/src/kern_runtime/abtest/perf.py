@@ -1,0 +1,98 @@
+"""The timing section of an A/B test, measured on each side while it is loaded: per-call times of
+the chunk and step programs (`time_calls`, eager, a timing event between calls; the step seed
+before each step run), the graph TPOT (the median of `iters` step replays, each synchronized, at a
+fixed context) and prefill at a few lengths (the median of 3 after one untimed run)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..bench.report import call_kinds
+from .drive import Side, begin, prefill_row, stage_rows, stage_step
+from .pair import Facts
+
+__all__ = ["CALL_RUNS", "CONTEXT", "PREFILL_LENGTHS", "Timing", "time_side"]
+
+PREFILL_LENGTHS = (16, 128, 512, 2048)
+"""Prompt lengths of the prefill timings (those the capacity holds)."""
+CONTEXT = 128
+"""The context the step is timed at (less where the capacity is smaller)."""
+CALL_RUNS = 3
+"""Eager runs each program's per-call times are the mean of."""
+_REPS = 3
+
+Kinds = tuple[tuple[str, float, float], ...]
+"""(call kind, calls per run, microseconds per run), most first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One side's timings.
+
+    Attributes:
+        calls: per program timed call by call (by name): its call kinds.
+        tpot_ms: the step graph's median replay, milliseconds.
+        context: the context the step ran at.
+        prefill_ms: prompt length -> prefill milliseconds.
+    """
+
+    calls: Mapping[str, Kinds]
+    tpot_ms: float
+    context: int
+    prefill_ms: Mapping[int, float]
+
+
+def _prompt(n: int) -> list[int]:
+    return [(7 * i + 3) % 1000 for i in range(n)]
+
+
+def _calls(side: Side, f: Facts, programs: tuple[str, ...], context: int) -> dict[str, Kinds]:
+    r = f.roles
+    out: dict[str, Kinds] = {}
+    if r.chunk_program in programs:
+        rows = min(512, r.chunk_max, context)
+        stage_rows(side, f, _prompt(rows), 0)
+        runs = [side.time_calls(r.chunk_program, {r.chunk_var: rows})[0] for _ in range(CALL_RUNS)]
+        out[r.chunk_program] = tuple(call_kinds(runs))
+    if r.step_program in programs:
+        stage_step(side, f, 1, context)
+        runs = [side.time_calls(r.step_program, r.step_vars, before=r.start_program)[0] for _ in range(CALL_RUNS)]
+        out[r.step_program] = tuple(call_kinds(runs))
+    return out
+
+
+def _tpot_ms(side: Side, f: Facts, context: int, iters: int) -> float:
+    samples: list[float] = []
+    for _ in range(iters + 1):
+        stage_step(side, f, 1, context)
+        side.synchronize()
+        t0 = time.perf_counter()
+        side.issue(f.roles.step_program, f.roles.step_vars)
+        side.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples[1:])
+
+
+def _prefill_ms(side: Side, f: Facts, n: int) -> float:
+    samples: list[float] = []
+    for _ in range(_REPS + 1):
+        side.synchronize()
+        t0 = time.perf_counter()
+        prefill_row(side, f, _prompt(n), f.roles.chunk_max)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples[1:])
+
+
+def time_side(side: Side, f: Facts, programs: tuple[str, ...], iters: int) -> Timing:
+    """`side`'s timings: `programs` (of its chunk and step) call by call, the TPOT over `iters`
+    replays, the prefills the capacity holds (each reading its first row back)."""
+    context = min(CONTEXT, f.capacity - 1)
+    begin(side, f)
+    prefill_row(side, f, _prompt(context), f.roles.chunk_max)
+    calls = _calls(side, f, programs, context)
+    tpot = _tpot_ms(side, f, context, iters)
+    prefill = {n: _prefill_ms(side, f, n) for n in PREFILL_LENGTHS if n < f.capacity}
+    return Timing(calls, tpot, context, prefill)

@@ -1,0 +1,127 @@
+"""kern test's comparisons: per-row logit statistics, the noise band, identity, domains, write sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from kern_runtime import abtest as ab
+
+
+def _rows(seed: int, rows: int = 4, vocab: int = 64) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((rows, vocab)) * 3).astype(np.float32)
+
+
+def test_identical_rows() -> None:
+    a = _rows(0)
+    s = ab.row_stats(a, a.copy())
+    assert s.rows == 4 and np.all(s.kl == 0) and s.agree.all()
+    assert np.all(s.rank == 0) and np.all(s.overlap == ab.TOP_K) and not s.nonfinite.any()
+    np.testing.assert_allclose(s.margin, [np.sort(r)[-1] - np.sort(r)[-2] for r in a.astype(np.float64)])
+
+
+def test_kl_matches_a_float64_reference() -> None:
+    a, b = _rows(1), _rows(2)
+    pa = np.exp(a.astype(np.float64)) / np.exp(a.astype(np.float64)).sum(1, keepdims=True)
+    pb = np.exp(b.astype(np.float64)) / np.exp(b.astype(np.float64)).sum(1, keepdims=True)
+    np.testing.assert_allclose(ab.row_stats(a, b).kl, (pa * np.log(pa / pb)).sum(1), rtol=1e-12)
+
+
+def test_a_swapped_argmax_flips_with_its_rank() -> None:
+    a = _rows(3)
+    b = a.copy()
+    top, low = int(np.argmax(a[0])), int(np.argmin(a[0]))
+    b[0, top], b[0, low] = b[0, low], b[0, top]
+    s = ab.row_stats(a, b)
+    assert list(s.agree) == [False, True, True, True]
+    assert s.rank[0] == 63 and s.overlap[0] == ab.TOP_K - 1
+    assert list(s.flips(0.01)) == [True, False, False, False]
+    assert not s.flips(float(s.kl[0])).any()  # a flip at or below the threshold is a near-tie
+
+
+def test_non_finite_b_where_a_is_finite() -> None:
+    a = _rows(4)
+    b = a.copy()
+    b[1, 3] = np.nan
+    b[2, 5] = np.inf
+    s = ab.row_stats(a, b)
+    assert list(s.nonfinite) == [0, 1, 1, 0] and np.isinf(s.kl[1:3]).all() and s.kl[0] == 0
+
+
+def test_tokens_a_masks_out_are_not_compared() -> None:
+    a = _rows(5)
+    a[:, :10] = -np.inf
+    b = a.copy()
+    b[:, :10] = np.nan
+    s = ab.row_stats(a, b)
+    assert np.all(s.kl == 0) and not s.nonfinite.any() and s.agree.all()
+
+
+def test_shapes_must_match() -> None:
+    with pytest.raises(ValueError, match="one shape"):
+        ab.row_stats(_rows(0, 2), _rows(0, 3))
+
+
+@settings(max_examples=50, deadline=None)
+@given(hnp.arrays(np.float32, (3, 32), elements=st.floats(-20, 20, width=32)),
+       hnp.arrays(np.float32, (3, 32), elements=st.floats(-20, 20, width=32)))
+def test_kl_is_non_negative_and_zero_on_itself(a: np.ndarray, b: np.ndarray) -> None:
+    assert np.all(ab.row_stats(a, b).kl >= 0)
+    assert np.all(ab.row_stats(a, a).kl == 0)
+    s = ab.row_stats(a, b)
+    assert np.all((s.overlap >= 0) & (s.overlap <= ab.TOP_K)) and np.all(s.rank < 32)
+
+
+def test_within_noise() -> None:
+    a = _rows(6)
+    near, far = a + 1e-3, a + _rows(7) * 1e-2
+    noise = ab.row_stats(a, far)
+    assert ab.within_noise(ab.row_stats(a, near), noise)
+    assert not ab.within_noise(noise, ab.row_stats(a, near))
+    assert not ab.within_noise(ab.row_stats(a, near), ab.row_stats(a[:2], far[:2]))  # other rows
+
+
+def test_a_flip_is_within_noise_only_where_a_against_itself_flips() -> None:
+    a = _rows(8)
+    flipped = a.copy()
+    top = np.argmax(a, axis=1)
+    flipped[np.arange(4), top] -= 100
+    noise = ab.row_stats(a, flipped)
+    assert ab.within_noise(ab.row_stats(a, flipped), noise)
+    steady = a.copy()
+    steady[1:, :] = flipped[1:, :]
+    assert not ab.within_noise(ab.row_stats(a, flipped), ab.row_stats(a, steady))
+
+
+def test_bits_and_values() -> None:
+    a = np.array([0.0, 1.0, np.nan], dtype=np.float32)
+    b = np.array([-0.0, 1.0, np.nan], dtype=np.float32)
+    assert ab.values_equal(a, b) and not ab.bits_equal(a, b)
+    assert ab.bits_equal(a, a.copy())
+    assert not ab.bits_equal(a, a.astype(np.float64)) and not ab.values_equal(a, a[:2])
+
+
+def test_out_of_domain() -> None:
+    v = np.array([-1, 0, 5, 4095, 4096])
+    assert ab.out_of_domain(v, 0, 4095) == 2
+    assert ab.out_of_domain(v, None, 4095) == 1
+    assert ab.out_of_domain(np.array([np.nan, 1.0]), 0, None) == 1
+
+
+def test_write_sets_in_blocks() -> None:
+    a = np.zeros(200, dtype=np.uint8)
+    a[3] = 1  # block 0
+    a[130] = 7  # block 2
+    written = ab.written_blocks(a)
+    assert list(written) == [True, False, True, False]
+    b = a.copy()
+    b[10] = 9  # inside block 0: A wrote there
+    assert ab.outside_bytes(written, b) == 0
+    b[64:67] = 1  # block 1
+    b[199] = 2  # block 3, the padded tail
+    assert ab.outside_bytes(written, b) == 4
+    with pytest.raises(ValueError, match="blocks"):
+        ab.outside_bytes(written, b[:64])
