@@ -297,3 +297,41 @@ def test_the_same_seed_gives_the_same_rows(tiny: dict[str, Any], tensors: dict[s
     again = _test(tiny, _on_logits(tiny, "kern_test_drift"), tensors)
     assert first.runs == again.runs
     np.testing.assert_array_equal(first.stats.kl, again.stats.kl)
+
+
+# --------------------------------------------------------------------------------------------
+# `kern test` end to end, the interpreter standing in for the GPU.
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tensors: dict[str, np.ndarray],
+        tmp_path: Path) -> Callable[..., tuple[int, str]]:
+    from kern_cli.main import main
+    from kern_runtime import loading
+
+    monkeypatch.setattr(loading, "probe_gpu", lambda gpu: None)
+    monkeypatch.setattr(ab, "GpuLoader", lambda a, b, *rest: InterpLoader(a.manifest, b.manifest, tensors, a.capacity))
+    ckpt, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=0, name="qwen3-tiny", root=tmp_path)
+
+    def run(a: dict[str, Any], b: dict[str, Any], *flags: str) -> tuple[int, str]:
+        paths = []
+        for name, m in (("a.json", a), ("b.json", b)):
+            (tmp_path / name).write_text(json.dumps(m))
+            paths.append(str(tmp_path / name))
+        rc = main(["test", *paths, "--weights", str(ckpt), "--kernels", str(ROOT / "kernels"), "--capacity",
+                   str(CAPACITY), "--runs", "4", "--decode-steps", "3", "--no-perf", *flags])
+        return rc, capsys.readouterr().out
+
+    return run
+
+
+def test_kern_test_exits_by_the_verdict(tiny: dict[str, Any], cli: Callable[..., tuple[int, str]]) -> None:
+    rc, out = cli(tiny, tiny)
+    assert rc == 0 and out.splitlines()[-1].startswith("PASS bit-identical")
+    assert out.splitlines()[0].startswith("workload seed 0x5eed: 4 runs")
+    rc, out = cli(tiny, _on_logits(tiny, "kern_test_nan"), "--seed", "3")
+    assert rc == 1 and out.splitlines()[-1].startswith("FAIL non-finite logits")
+    assert out.splitlines()[0].startswith("workload seed 0x3: 4 runs")
+    rc, out = cli(tiny, _on_logits(tiny, "kern_test_temperature"), "--json")
+    doc = json.loads(out)
+    assert rc == 3 and (doc["verdict"], doc["exit"]) == ("INCONCLUSIVE", 3)

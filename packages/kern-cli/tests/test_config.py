@@ -114,9 +114,9 @@ def test_repository_kern_toml_targets_run_from_shipped_cubins(name: str) -> None
         (b"\xff\xfe gpu = 1\n", "{path}: not UTF-8 text (byte 0)"),
         (b"".join(b"k%d = 1\n" % i for i in range(20)),
          "{path}: unknown key(s) k0, k1, k10, k11, k12, k13, k14, k15, k16, k17, k18, k19 (+8 more) "
-         "(allowed: bench, capacity, gpu, kernels, run, serve, target, targets)"),
+         "(allowed: bench, capacity, gpu, kernels, run, serve, target, targets, test)"),
         (b"x" * 300 + b" = 1\n", "{path}: unknown key(s) " + "x" * 48 + "...(300 chars) "
-         "(allowed: bench, capacity, gpu, kernels, run, serve, target, targets)"),
+         "(allowed: bench, capacity, gpu, kernels, run, serve, target, targets, test)"),
     ],
 )
 def test_our_own_line_for_what_python_would_say(tmp_path: Path, data: bytes, line: str) -> None:

@@ -195,7 +195,7 @@ def test_version_names_the_program(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "line"),
     [
         ([], "kern: the following arguments are required: COMMAND (see kern --help)"),
-        (["frob"], "kern: argument COMMAND: invalid choice: 'frob' (choose from 'manifest', 'run', 'chat', 'kernels', 'bench', 'mine', 'serve') (see kern --help)"),
+        (["frob"], "kern: argument COMMAND: invalid choice: 'frob' (choose from 'manifest', 'run', 'chat', 'kernels', 'bench', 'mine', 'serve', 'test') (see kern --help)"),
         (["manifest"], "kern manifest: the following arguments are required: {verify,digest,expand} (see kern manifest --help)"),
         (["manifest", "verify"], "kern manifest: the following arguments are required: file (see kern manifest verify --help)"),
     ],

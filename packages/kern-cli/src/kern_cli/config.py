@@ -19,6 +19,12 @@
     out = "out/kern-bench"       # where kern bench writes its JSON, table and plot
     [serve]
     target = "qwen3-4b-batch"    # kern serve's and kern bench serve's target (else the default)
+    [test]
+    seed = 0x5eed                # kern test's workload: same seed, same workload
+    runs = 16                    # sequences in the workload
+    decode_steps = 16            # the most teacher-forced decode steps of a run
+    logit_kl = 0.01              # nats: a row above carries evidence, an argmax flip on it fails
+    iters = 20                   # step replays the graph TPOT is the median of
 
 Relative paths resolve against the file's directory and `~` expands. The nearest `kern.toml` in the
 working directory or above is used unless `--config` names one. Precedence: flag, toml, default.
@@ -37,6 +43,7 @@ from kern_manifest import name_list, short
 __all__ = [
     "CONFIG_NAME",
     "PEER_MODES",
+    "AbTestDefaults",
     "BenchDefaults",
     "KernConfig",
     "KernTomlError",
@@ -50,12 +57,13 @@ __all__ = [
 
 CONFIG_NAME = "kern.toml"
 
-_TOP = {"target", "gpu", "capacity", "targets", "kernels", "run", "bench", "serve"}
+_TOP = {"target", "gpu", "capacity", "targets", "kernels", "run", "bench", "serve", "test"}
 _TARGET = {"manifest", "kernels", "weights", "tokenizer"}
 _RUN = {"prompt", "steps", "chunk"}
 _KERNELS = {"sources"}
 _BENCH = {"peer", "out"}
 _SERVE = {"target"}
+_TEST = {"seed", "runs", "decode_steps", "logit_kl", "iters"}
 PEER_MODES = ("auto", "on", "off")
 
 
@@ -99,6 +107,17 @@ class ServeDefaults:
 
 
 @dataclass(frozen=True, slots=True)
+class AbTestDefaults:
+    """`[test]`: kern test's workload, evidence threshold and timing when no flag gives them."""
+
+    seed: int | None = None
+    runs: int | None = None
+    decode_steps: int | None = None
+    logit_kl: float | None = None
+    iters: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KernConfig:
     """A parsed kern.toml (or the empty config when there is none)."""
 
@@ -111,6 +130,7 @@ class KernConfig:
     run: RunDefaults = field(default_factory=RunDefaults)
     bench: BenchDefaults = field(default_factory=BenchDefaults)
     serve: ServeDefaults = field(default_factory=ServeDefaults)
+    test: AbTestDefaults = field(default_factory=AbTestDefaults)
 
     def target(self, name: str | None) -> Target | None:
         """The named target, else the default one; None when the file declares no target.
@@ -151,6 +171,18 @@ def _typed(where: str, table: Mapping[str, Any], key: str, kind: type) -> Any:
     if kind is int and value < 0:
         raise KernTomlError(f"{where}: {key} must not be negative, got {value}")
     return value
+
+
+def _test_defaults(where: str, raw: Mapping[str, Any]) -> AbTestDefaults:
+    here = f"{where}: [test]"
+    test = _table(here, raw.get("test", {}))
+    _unknown(here, test, _TEST)
+    kl = test.get("logit_kl")
+    if kl is not None and (isinstance(kl, bool) or not isinstance(kl, int | float) or not kl > 0):
+        raise KernTomlError(f"{here}: logit_kl must be a positive number, got {kl!r}")
+    return AbTestDefaults(seed=_typed(here, test, "seed", int), runs=_typed(here, test, "runs", int),
+                          decode_steps=_typed(here, test, "decode_steps", int),
+                          logit_kl=None if kl is None else float(kl), iters=_typed(here, test, "iters", int))
 
 
 def _table(where: str, value: Any) -> Mapping[str, Any]:
@@ -245,6 +277,7 @@ def load_config(path: Path) -> KernConfig:
         ),
         bench=BenchDefaults(peer=peer, out=res.path(_typed(f"{where}: [bench]", bench, "out", str))),
         serve=ServeDefaults(target=_typed(f"{where}: [serve]", serve, "target", str)),
+        test=_test_defaults(where, raw),
     )
     config.target(default)
     if config.serve.target is not None:
