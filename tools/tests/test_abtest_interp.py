@@ -90,6 +90,11 @@ def _chunk_jitter(t: int, h: Ptr, hidden: int) -> None:
     rows += np.float32(1e-4 * (t % 5 + 1)) * np.sin(np.arange(hidden, dtype=np.float32))
 
 
+def _argmin(t: int, logits: Ptr, nxt: Ptr) -> None:
+    arr, off = nxt
+    arr[off] = int(np.argmin(_logits(logits)))
+
+
 def _out_of_domain(t: int, nxt: Ptr) -> None:
     arr, off = nxt
     arr[off] = 4096
@@ -118,6 +123,7 @@ FAULTS: dict[str, Callable[..., None]] = {
     "kern_test_drift": _scaled(1 + 1e-4), "kern_test_temperature": _scaled(1.5), "kern_test_zero_pos": _zero_last(1.0),
     "kern_test_zero_neg": _zero_last(-1.0), "kern_test_nan": _nan, "kern_test_swap": _swap,
     "kern_test_ulp": _jitter_ulp, "kern_test_chunk_jitter": _chunk_jitter, "kern_test_domain": _out_of_domain,
+    "kern_test_argmin": _argmin,
     "kern_test_state_pos": _state_zero(1.0), "kern_test_state_neg": _state_zero(-1.0),
     "kern_test_write_ahead": _write_ahead,
 }  # fmt: skip
@@ -161,6 +167,11 @@ def _on_state(m: dict[str, Any], entry: str) -> dict[str, Any]:
 
 def _on_token(m: dict[str, Any], entry: str) -> dict[str, Any]:
     return _with(m, entry, "argmax", ("decode",), lambda _: [{"buf": "next_token"}], ["inout buffer<i64>"])
+
+
+def _on_argmax(m: dict[str, Any], entry: str) -> dict[str, Any]:
+    return _with(m, entry, "argmax", ("decode", "head"), lambda _: [{"buf": "logits"}, {"buf": "next_token"}],
+                 ["in buffer<bf16>", "inout buffer<i64>"])
 
 
 def _jittery(m: dict[str, Any]) -> dict[str, Any]:
@@ -264,6 +275,14 @@ def test_an_argmax_swap_fails(tiny: dict[str, Any], tensors: dict[str, np.ndarra
     assert _verdict(result)[:2] == ("FAIL", 1)
     assert result.verdict.reason.startswith("argmax flips")
     assert result.evidence.flips == result.stats.rows
+
+
+def test_a_swapped_argmax_kernel_fails_on_its_tokens(tiny: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """The logits byte for byte, the next token the worst one: the token rung fails it."""
+    result = _test(tiny, _on_argmax(tiny, "kern_test_argmin"), tensors)
+    assert _verdict(result)[:2] == ("FAIL", 1)
+    assert result.verdict.reason.startswith("next token: B's is off its top logit")
+    assert result.evidence.logits_identical and result.evidence.token_flips == result.stats.rows
 
 
 # --------------------------------------------------------------------------------------------

@@ -104,6 +104,12 @@ def test_bits_and_values() -> None:
     assert not ab.bits_equal(a, a.astype(np.float64)) and not ab.values_equal(a, a[:2])
 
 
+def test_off_top() -> None:
+    logits = np.array([[1.0, 3.0, 3.0], [0.0, 1.0, 2.0], [np.nan, 1.0, 0.0], [1.0, 2.0, 0.0]], dtype=np.float32)
+    tokens = np.array([2, 0, 1, 7])
+    assert list(ab.off_top(logits, tokens)) == [False, True, True, True]  # a tie is top; NaN and outside are off
+
+
 def test_out_of_domain() -> None:
     v = np.array([-1, 0, 5, 4095, 4096])
     assert ab.out_of_domain(v, 0, 4095) == 2

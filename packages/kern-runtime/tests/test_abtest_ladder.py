@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from kern_runtime import abtest as ab
 
-CLEAN = ab.Evidence(rows=10, domain=(), nonfinite_rows=0, outside_bytes=0, crash=None, flips=0, bits_identical=False,
+CLEAN = ab.Evidence(rows=10, domain=(), nonfinite_rows=0, outside_bytes=0, crash=None, flips=0, token_flips=0,
+                    bits_identical=False,
                     values_identical=False, logits_identical=False, within_noise=False, kl_max=0.5, logit_kl=0.01)
 
 
@@ -24,6 +25,7 @@ def test_one_case_per_rung() -> None:
     assert _judge(outside_bytes=64)[2] == "memory: B wrote 64 state bytes outside A's write set"
     assert _judge(crash="in run 3: CudaError: boom")[2] == "B crashed: in run 3: CudaError: boom"
     assert _judge(flips=1)[2].startswith("argmax flips on 1 of 10 rows")
+    assert _judge(token_flips=2)[2] == "next token: B's is off its top logit on 2 of 10 rows where A's is on A's"
     assert _judge(bits_identical=True)[:3] == ("PASS", 0, "bit-identical: logits, next tokens and states byte for byte")
     assert _judge(values_identical=True)[2].startswith("values identical")
     assert _judge(logits_identical=True)[2].startswith("logits identical")
@@ -41,6 +43,8 @@ def test_the_first_match_wins() -> None:
     assert _judge(**{**everything, "domain": (), "nonfinite_rows": 0})[2].startswith("memory")
     assert _judge(crash="x", flips=1)[2].startswith("B crashed")
     assert _judge(flips=1, bits_identical=True)[0] == "FAIL"
+    assert _judge(flips=1, token_flips=1)[2].startswith("argmax flips")
+    assert _judge(token_flips=1, logits_identical=True)[0] == "FAIL"
     assert _judge(values_identical=True, logits_identical=True, within_noise=True)[2].startswith("values")
     assert _judge(within_noise=True, kl_max=0.001)[2].startswith("within the noise band")
 
@@ -55,12 +59,12 @@ def test_the_verdict_line() -> None:
 
 
 @given(domain=st.booleans(), nonfinite=st.integers(0, 3), outside=st.integers(0, 3), crash=st.booleans(),
-       flips=st.integers(0, 3), bits=st.booleans(), values=st.booleans(), logits=st.booleans(), noise=st.booleans(),
+       flips=st.integers(0, 3), tokens=st.integers(0, 2), bits=st.booleans(), values=st.booleans(), logits=st.booleans(), noise=st.booleans(),
        kl=st.floats(0, 1))
-def test_a_failure_is_never_passed(domain: bool, nonfinite: int, outside: int, crash: bool, flips: int, bits: bool,
-                                   values: bool, logits: bool, noise: bool, kl: float) -> None:
-    v = ab.judge(ab.Evidence(10, ("x",) if domain else (), nonfinite, outside, "c" if crash else None, flips, bits,
-                             values, logits, noise, kl, 0.01))
-    failing = domain or nonfinite or outside or crash or flips
+def test_a_failure_is_never_passed(domain: bool, nonfinite: int, outside: int, crash: bool, flips: int, tokens: int,
+                                   bits: bool, values: bool, logits: bool, noise: bool, kl: float) -> None:
+    v = ab.judge(ab.Evidence(10, ("x",) if domain else (), nonfinite, outside, "c" if crash else None, flips, tokens,
+                             bits, values, logits, noise, kl, 0.01))
+    failing = domain or nonfinite or outside or crash or flips or tokens
     assert (v.outcome is ab.Outcome.FAIL) == bool(failing)
     assert v.exit_code in (0, 1, 3)

@@ -20,6 +20,7 @@ __all__ = [
     "TOP_K",
     "RowStats",
     "bits_equal",
+    "off_top",
     "out_of_domain",
     "outside_bytes",
     "row_stats",
@@ -140,6 +141,16 @@ def values_equal(a: NDArray[Any], b: NDArray[Any]) -> bool:
         return False
     with np.errstate(invalid="ignore"):
         return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+
+
+def off_top(logits: NDArray[Any], tokens: NDArray[Any]) -> NDArray[np.bool_]:
+    """Rows whose token is not one of the row's top logits (a tie counts as top; a token outside
+    the row, or a row that is not finite, is off the top)."""
+    rows = np.arange(len(tokens))
+    inside = (tokens >= 0) & (tokens < logits.shape[1])
+    with np.errstate(invalid="ignore"):
+        chosen = logits[rows, np.where(inside, tokens, 0)]
+        return np.asarray(~inside | ~(chosen >= np.max(logits, axis=1)), dtype=np.bool_)
 
 
 def out_of_domain(values: NDArray[Any], low: float | None, high: float | None) -> int:

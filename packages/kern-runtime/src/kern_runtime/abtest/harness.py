@@ -72,6 +72,7 @@ class _Tally:
     logit_bits: bool = True
     logit_values: bool = True
     tokens: bool = True
+    token_flips: int = 0
     states: dict[str, StateCheck] = field(default_factory=dict[str, StateCheck])
     domain: dict[str, int] = field(default_factory=dict[str, int])
     crash: str | None = None
@@ -163,6 +164,8 @@ def _compare(t: _Tally, pair: Pair, a: _Kept, rec: Record) -> None:
     t.logit_bits &= a.dtype == rec.dtype and compare.bits_equal(a.logits, rec.logits)
     t.logit_values &= compare.values_equal(a.logits, rec.logits)
     t.tokens &= compare.bits_equal(a.tokens, rec.tokens)
+    t.token_flips += int(np.count_nonzero(compare.off_top(rec.logits, rec.tokens)
+                                          & ~compare.off_top(a.logits, a.tokens)))
     _check_states(t, pair, a, rec)
     _check_domains(t, pair.b, rec)
 
@@ -231,6 +234,7 @@ def _evidence(t: _Tally, stats: RowStats, noise: RowStats | None, domain: tuple[
     return Evidence(
         rows=stats.rows, domain=domain, nonfinite_rows=int(np.count_nonzero(stats.nonfinite)),
         outside_bytes=sum(c.outside for c in t.states.values()), crash=t.crash, flips=int(np.count_nonzero(flips)),
+        token_flips=t.token_flips,
         bits_identical=complete and t.logit_bits and t.tokens and states_equal,
         values_identical=complete and t.logit_values and t.tokens and states_equal,
         logits_identical=complete and t.logit_bits,

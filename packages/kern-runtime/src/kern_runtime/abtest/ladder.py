@@ -4,7 +4,7 @@
 2. FAIL: B wrote state bytes outside A's write set (kern owns sequence memory).
 3. FAIL: B crashed.
 4. FAIL: an argmax flip on a row whose KL(A || B) exceeds the threshold, unless A against itself
-   flips there too.
+   flips there too; or B's next token off its own top logit on a row where A's is on A's.
 5. PASS bit-identical: logits, next tokens and states, byte for byte.
 6. PASS values identical: only the sign of zero differs in the logits.
 7. PASS logits identical: the logits byte for byte, the states differ (or are laid out apart).
@@ -40,6 +40,7 @@ class Evidence:
         outside_bytes: state bytes B wrote outside A's write set, all states together.
         crash: B's error, one line (None: B ran every run).
         flips: rows whose argmax flips with KL above `logit_kl` where A against itself does not.
+        token_flips: rows where B's next token is not its top logit while A's is A's top.
         bits_identical: logits, next tokens and every state byte for byte.
         values_identical: logits equal as values (+0 = -0), next tokens and states byte for byte.
         logits_identical: logits byte for byte.
@@ -54,6 +55,7 @@ class Evidence:
     outside_bytes: int
     crash: str | None
     flips: int
+    token_flips: int
     bits_identical: bool
     values_identical: bool
     logits_identical: bool
@@ -91,6 +93,8 @@ def _fail(e: Evidence) -> str | None:
     if e.flips:
         return (f"argmax flips on {e.flips} of {e.rows} rows with KL above {e.logit_kl:g} nat "
                 "where A against itself does not flip")
+    if e.token_flips:
+        return f"next token: B's is off its top logit on {e.token_flips} of {e.rows} rows where A's is on A's"
     return None
 
 

@@ -83,6 +83,7 @@ def _logits(r: Result) -> Iterator[str]:
         return
     yield f"rows {s.rows} of {total}: KL(A || B) max {_g(s.kl.max())} mean {_g(float(np.mean(s.kl)))} nat"
     yield f"argmax agrees on {int(np.count_nonzero(s.agree))} of {s.rows} rows; flips failing above {e.logit_kl:g} nat: {e.flips}"
+    yield f"next token off B's top logit where A's is on A's: {e.token_flips} rows"
     disagree = ~s.agree
     if disagree.any():
         yield f"A's top-1 - top-2 margin on flipped rows: max {_g(s.margin[disagree].max())}"
