@@ -140,12 +140,13 @@ def step_row(side: Side, f: Facts, token: int, pos: int) -> tuple[NDArray[np.flo
     return _row(side, f)
 
 
-def drive(side: Side, f: Facts, run: Run, chunk: int) -> Record:
-    """`run` on `side` (prefill chunks of `chunk` rows) from zeroed states."""
+def drive(side: Side, f: Facts, run: Run, chunk: int, *, states: bool = True) -> Record:
+    """`run` on `side` (prefill chunks of `chunk` rows) from zeroed states; the states read after
+    it unless `states` is False (the record then holds none)."""
     begin(side, f)
     rows = [prefill_row(side, f, run.prompt, chunk)]
     n = len(run.prompt)
     rows += [step_row(side, f, t, n + i) for i, t in enumerate(run.decode)]
-    states = {name: side.read_state(name, 0, nbytes) for name, nbytes in f.states.items()}
+    images = {name: side.read_state(name, 0, nbytes) for name, nbytes in f.states.items()} if states else {}
     return Record(logits=np.stack([r[0] for r in rows]), dtype=str(f.manifest["buffers"][f.logits]["dtype"]),
-                  tokens=np.array([r[1] for r in rows], dtype=np.int64), states=states)
+                  tokens=np.array([r[1] for r in rows], dtype=np.int64), states=images)

@@ -127,7 +127,7 @@ def _reference(side: Side, pair: Pair, runs: tuple[Run, ...], options: AbOptions
     noise = None
     if options.noise:
         log("A: the noise pass (another chunking)")
-        noise = RowStats.concat([compare.row_stats(k.logits, drive(side, pair.a, run, run.noise_chunk).logits)
+        noise = RowStats.concat([compare.row_stats(k.logits, drive(side, pair.a, run, run.noise_chunk, states=False).logits)
                                  for k, run in zip(kept, runs, strict=True)])
     timing = None
     if options.perf:
