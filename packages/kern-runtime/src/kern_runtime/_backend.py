@@ -12,7 +12,7 @@ from numpy.typing import ArrayLike, NDArray
 import kern_pool
 from kern_pool import Checkpoint, Lease, Parked
 
-__all__ = ["Backend", "Bound", "Caching", "Fetching"]
+__all__ = ["Backend", "Bound", "Caching", "Fetching", "launch"]
 
 
 class Backend(Protocol):
@@ -73,3 +73,11 @@ class Caching(Protocol):
     (`Runtime.cache_graphs`); the engine's short prefill chunks use it when the backend has it."""
 
     def cache_graphs(self, program: str, limit: int) -> None: ...
+
+
+def launch(backend: Backend, program: str, vars: Mapping[str, int], eager: bool) -> None:
+    """Run `program` call by call (`eager`) or issue it (its graph where it has one)."""
+    if eager:
+        backend.run(program, vars)
+    else:
+        backend.issue(program, vars)

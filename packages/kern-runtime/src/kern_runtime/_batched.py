@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from numpy.typing import NDArray
 
-from ._backend import Fetching
+from ._backend import Fetching, launch
 from ._leases import Leases, Sequence
 from ._pipeline import Hooks, Launch, Pipeline
 from ._seats import Seats
@@ -191,11 +191,8 @@ class BatchedSteps:
                 self.seats.unseat(seq)
         return out
 
-    def _launch(self, launch: Launch) -> None:
-        if self._eager:
-            self.backend.run(launch.program, launch.vars)
-        else:
-            self.backend.issue(launch.program, launch.vars)
+    def _launch(self, step: Launch) -> None:
+        launch(self.backend, step.program, step.vars, self._eager)
 
     # ---- a ride ------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._backend import Caching
+from ._backend import Caching, launch
 from ._leases import Sequence
 from ._seats import Seats
 from .roles import ServingRoles, prefill_chunks
@@ -107,7 +107,4 @@ class Turns:
                 self.seats.vacate()
 
     def _launch(self, program: str, vars: Mapping[str, int]) -> None:
-        if self._eager:
-            self.backend.run(program, vars)
-        else:
-            self.backend.issue(program, vars)
+        launch(self.backend, program, vars, self._eager)
