@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from kern_cli.console import Parser, add_version, fail, quiet_ends
 
 # NOTE: subcommand modules, imported lazily so `kern manifest` never loads CUDA libraries.
-SUBCOMMANDS: tuple[str, ...] = ("manifest_cmd", "run", "chat", "kernels_cmd", "bench_cmd", "mine", "serve", "test_cmd")
+SUBCOMMANDS: tuple[str, ...] = ("manifest_cmd", "run", "chat", "kernels_cmd", "bench_cmd", "mine", "serve", "abtest_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

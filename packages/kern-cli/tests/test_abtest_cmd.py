@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import kern_cli.test_cmd as test_cmd
+import kern_cli.abtest_cmd as abtest_cmd
 import kern_runtime.abtest as ab
 from kern_cli.config import KernTomlError, load_config
 from kern_runtime import loading
@@ -136,14 +136,14 @@ def _toml(tmp_path: Path, text: str) -> Path:
 def test_flag_over_toml_over_default(tmp_path: Path) -> None:
     config = _toml(tmp_path, f'capacity = 512\n[targets.tiny]\nmanifest = "{TINY}"\nkernels = "{ROOT / "kernels"}"\n'
                              "[test]\nseed = 7\nruns = 3\ndecode_steps = 5\nlogit_kl = 1\n")
-    plan = test_cmd._plan(_parse("tiny", str(TINY), "--config", str(config), "--runs", "4", "--no-noise"))  # pyright: ignore[reportPrivateUsage]
+    plan = abtest_cmd._plan(_parse("tiny", str(TINY), "--config", str(config), "--runs", "4", "--no-noise"))  # pyright: ignore[reportPrivateUsage]
     o = plan.options
     assert (o.seed, o.runs, o.decode_steps, o.logit_kl, o.capacity, o.iters) == (7, 4, 5, 1.0, 512, ab.DEFAULT_ITERS)
     assert (o.noise, o.perf) == (False, True)
     assert plan.a.manifest == TINY and plan.kernels == ROOT / "kernels"
-    plan = test_cmd._plan(_parse(str(TINY), str(TINY), "--config", str(_toml(tmp_path, "")), *SOURCES))  # pyright: ignore[reportPrivateUsage]
-    assert plan.options == ab.AbOptions(capacity=test_cmd.DEFAULT_CAPACITY)
-    assert test_cmd.DEFAULT_CAPACITY == ab.DEFAULT_CAPACITY
+    plan = abtest_cmd._plan(_parse(str(TINY), str(TINY), "--config", str(_toml(tmp_path, "")), *SOURCES))  # pyright: ignore[reportPrivateUsage]
+    assert plan.options == ab.AbOptions(capacity=abtest_cmd.DEFAULT_CAPACITY)
+    assert abtest_cmd.DEFAULT_CAPACITY == ab.DEFAULT_CAPACITY
 
 
 @pytest.mark.parametrize(("text", "want"), [
