@@ -15,6 +15,7 @@ PACKAGES = {
     "kern-pool": "packages/kern-pool",
     "kern-runtime": "packages/kern-runtime",
     "kern-mining": "packages/kern-mining",
+    "kern-serve": "packages/kern-serve",
     "kern-cli": "packages/kern-cli",
     "kern-qwen3": "tools/qwen3",
     "kern-lab": "tools/lab",

@@ -271,7 +271,7 @@ def app_client(e: kr.Engine, srv: Serving) -> Iterator[TestClient]:
     app; `srv` and `e` closed after."""
     from starlette.testclient import TestClient
 
-    from kern_cli.serve_app import Model, make_app
+    from kern_serve.app import Model, make_app
 
     srv.start()
     tok = ByteTokenizer()

@@ -1,6 +1,7 @@
 """kern-run --turns / --chat and kern chat on the host: the turns file and the template checked
-before the GPU (one line, exit 2), the prompts a conversation builds. The turns themselves run on
-the Qwen3 interpreter in tools/tests/test_engine_interp.py."""
+before the GPU (one line, exit 2), the turns read from stdin. The prompts a conversation builds are
+kern_serve's (packages/kern-serve/tests/test_conversation.py); the turns themselves run on the
+Qwen3 interpreter in tools/tests/test_engine_interp.py."""
 
 from __future__ import annotations
 
@@ -70,33 +71,6 @@ def test_kern_chat_is_registered() -> None:
 
     args = build_parser().parse_args(["chat", "--manifest", "m.json", "--steps", "9", "--raw"])
     assert args.handler is chat._handle and args.steps == 9 and args.raw  # pyright: ignore[reportPrivateUsage]
-
-
-class _Tok:
-    """Characters as ids (ord), `@` as the stop token 0."""
-
-    def encode(self, text: str) -> list[int]:
-        return [0 if c == "@" else ord(c) for c in text.replace("<|im_end|>", "@").replace("<|endoftext|>", "@")]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join("@" if i == 0 else chr(i) for i in ids)
-
-
-def test_plain_turns_append_after_a_newline() -> None:
-    conv = chat.conversation(_Tok(), {"model": "t"}, chat=False)
-    assert conv.prompt([], "ab") == [97, 98] and conv.stop == frozenset()
-    assert conv.prompt([97, 98, 120], "c") == [97, 98, 120, 10, 99]
-
-
-def test_chat_turns_render_the_whole_conversation() -> None:
-    tok = _Tok()
-    conv = chat.conversation(tok, {"model": "qwen3-4b"}, chat=True)
-    assert conv.stop == frozenset({0})
-    first = tok.decode(conv.prompt([], "hi"))
-    assert first == "<|im_start|>user\nhi@\n<|im_start|>assistant\n"
-    assert conv.answered("hi", tok.encode("yo@")) == "yo"
-    again = tok.decode(conv.prompt([1, 2], "more"))
-    assert again == first + "yo@\n<|im_start|>user\nmore@\n<|im_start|>assistant\n"
 
 
 def test_stdin_turns_end_at_exit_or_eof() -> None:

@@ -11,6 +11,7 @@ import pytest
 import kern_cli.chat as chat
 from kern_cli import options
 from kern_runtime.providers import find
+from kern_serve import conversation
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kern_cli"
 PROVIDERS = ("kern_qwen3",)
@@ -49,7 +50,7 @@ def test_the_registry_gives_the_chat_text_and_stops_of_a_qwen3_manifest() -> Non
         def decode(self, ids: list[int]) -> str:
             return ""
 
-    conv = chat.conversation(Tok(), {"model": "qwen3-tiny"}, chat=True)
+    conv = conversation(Tok(), find({"model": "qwen3-tiny"}))
     assert conv.stop == frozenset({7, 8}) and conv.template is not None
     assert conv.template([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi<|im_end|>")
     assert find({"model": "Qwen3-4B"}).name == "qwen3"
@@ -58,7 +59,7 @@ def test_the_registry_gives_the_chat_text_and_stops_of_a_qwen3_manifest() -> Non
 def test_an_unknown_family_is_one_line_where_the_cli_needs_one() -> None:
     with pytest.raises(options.RunError, match=r"^no chat template: no installed model provider knows model 'llama' "
                        r"\(installed families: qwen3\) \(drop --chat\)$"):
-        chat.conversation(object(), {"model": "llama"}, chat=True)
+        chat._provider({"model": "llama"})  # pyright: ignore[reportPrivateUsage]
 
 
 def test_each_command_module_imports_alone_without_a_cycle_or_a_provider() -> None:

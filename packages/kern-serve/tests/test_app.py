@@ -1,4 +1,4 @@
-"""kern serve's ASGI app in process: an exception a route lets out is OpenAI's JSON 500 with one
+"""The ASGI app in process: an exception a route lets out is OpenAI's JSON 500 with one
 line on stderr (never Starlette's plain-text 500 or a traceback), its echoes cut."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 from starlette.testclient import TestClient
 
-from kern_cli.serve_app import Model, make_app
+from kern_serve.app import Model, make_app
 
 
 def _failing_encode(text: str) -> list[int]:
