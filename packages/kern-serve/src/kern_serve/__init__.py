@@ -14,11 +14,10 @@ turns a user's turns into prompts through the model family's chat template (`ker
 from kern_serve._api import MAX_LOGPROBS, MAX_STOPS, Ask, Text, chat_ask, completion_ask, error_body
 from kern_serve._conversation import Conversation, Template, chat_template, conversation
 from kern_serve._metrics import metrics_text
-from kern_serve._server import CUT_S, DEFAULT_BACKEND, GRACE_S, ServeOptions, serve, with_engine
+from kern_serve._server import DEFAULT_BACKEND, GRACE_S, ServeOptions, serve, with_engine
 from kern_serve.errors import ApiFailure, KernServeError, StartError
 
 __all__ = [
-    "CUT_S",
     "DEFAULT_BACKEND",
     "GRACE_S",
     "MAX_LOGPROBS",

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from kern_runtime.serving import EngineFactory, EngineSpec
     from kern_serve.app import Closing, Model
 
-__all__ = ["CUT_S", "DEFAULT_BACKEND", "GRACE_S", "ServeOptions", "serve", "with_engine"]
+__all__ = ["DEFAULT_BACKEND", "GRACE_S", "ServeOptions", "serve", "with_engine"]
 
 DEFAULT_BACKEND = "kern_runtime.serving:open_engine"
 """The GPU's engine factory."""
