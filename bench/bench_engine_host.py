@@ -141,8 +141,8 @@ def _floor_ms(context: int) -> float:
 
 def run() -> list[dict[str, object]]:
     """Rows: name, value, unit, target, peer (the floor measured in this same run)."""
-    manifest = kern_manifest.parse_manifest(MANIFEST.read_bytes())
-    roles = kr.serving_roles(kr.read_manifest(MANIFEST))
+    manifest = kr.read_manifest(MANIFEST)
+    roles = kr.serving_roles(manifest)
     runs = [(context, fresh, 0) for context in CONTEXTS for fresh in (False, True)] + [(14_000, False, LIVE)]
     rows: list[dict[str, object]] = []
     for context, fresh, live in runs:

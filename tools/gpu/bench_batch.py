@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
         return 2
     tokens = max(rows) * (max(contexts) + room(rows, args.steps) + 2 * roles.page_tokens) + roles.page_tokens
     out: list[dict[str, Any]] = []
-    with kr.Engine.open(args.manifest, args.kernels, files, gpu=args.gpu, tokens=tokens,
+    with kr.Engine.open(manifest, args.kernels, files, gpu=args.gpu, tokens=tokens,
                         seqs=max(rows) + 1, config=kr.EngineConfig(chunk=2048), log=log, roles=roles) as eng:
         for context in contexts:
             out += measure(eng, context, rows, args.steps, log)

@@ -158,9 +158,9 @@ def main(argv: list[str]) -> int:
     manifest, files = load_inputs(args, log)
     roles = kr.serving_roles(manifest)
     tokens = 2 * (args.context + args.turn) + 1024  # the kept conversation and one timed turn
-    page = manifest["states"]["kv"]["bytes_per_token"] * roles.page_tokens
+    page = (manifest.states["kv"].bytes_per_token or 0) * roles.page_tokens
     host = 2 * (args.context // roles.page_tokens + 2) * page
-    with kr.Engine.open(args.manifest, args.kernels, files, gpu=args.gpu, tokens=tokens,
+    with kr.Engine.open(manifest, args.kernels, files, gpu=args.gpu, tokens=tokens,
                         host_bytes=host, config=kr.EngineConfig(chunk=args.chunk), log=log, roles=roles) as eng:
         rows = measure(eng, args.context, args.turn, args.reps, log)
     (args.out / "bench_engine.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kern_manifest import Manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,9 +31,10 @@ def add_engine_args(ap: argparse.ArgumentParser, manifest: str) -> None:
     ap.add_argument("--gpu", type=int, default=0)
 
 
-def load_inputs(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[dict[str, Any], list[Path]]:
-    """The manifest of `args.manifest` and the weight files of the seeded random Qwen3-4B
-    checkpoint; the manifest's missing cubins are built into `args.kernels` first."""
+def load_inputs(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Manifest, list[Path]]:
+    """The manifest of `args.manifest` (`kern_runtime.read_manifest`'s model) and the weight files of
+    the seeded random Qwen3-4B checkpoint; the manifest's missing cubins are built into
+    `args.kernels` first."""
     import kern_runtime as kr
     from kern_qwen3 import QWEN3_4B_CONFIG, random_checkpoint
     from kern_runtime.loading import ensure_kernels

@@ -181,7 +181,8 @@ def _jittery(m: dict[str, Any]) -> dict[str, Any]:
 
 def _test(a: dict[str, Any], b: dict[str, Any], tensors: dict[str, np.ndarray],
           options: ab.AbOptions = OPTIONS) -> ab.Result:
-    return ab.ab_test(InterpLoader(a, b, tensors, CAPACITY), ab.check_pair(a, b, CAPACITY), options)
+    ma, mb = interp.model_of(a), interp.model_of(b)
+    return ab.ab_test(InterpLoader(ma, mb, tensors, CAPACITY), ab.check_pair(ma, mb, CAPACITY), options)
 
 
 def _verdict(result: ab.Result) -> tuple[str, int, str]:

@@ -56,7 +56,7 @@ def test_roles_find_the_batched_step(manifest: dict[str, Any]) -> None:
     assert (rows.program, rows.var, rows.max_rows, rows.seed_program) == ("decode_rows", "rows", 8, "seed_rows")
     assert (rows.sampling, rows.seed, rows.valid, rows.logprobs, rows.top_tokens) == (
         "row_sampling", "row_seed", "row_valid", "row_logprobs", "row_top")
-    assert kr.serving_roles(manifest).blocks_len == manifest["buffers"]["block_table"]["shape"][-1]
+    assert kr.serving_roles(manifest).blocks_len == manifest.buffers["block_table"].shape[-1].const
     assert kr.serving_roles(kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json")).rows is None
 
 

@@ -33,8 +33,9 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module", params=["device", "host"])
-def manifest(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The shipped tiny manifest (device-fed) and the host-fed manifest of the same model."""
+def manifest(request: pytest.FixtureRequest) -> Any:
+    """The shipped tiny manifest (device-fed, `read_manifest`'s model) and the host-fed manifest of the
+    same model (generated, plain JSON)."""
     if request.param == "device":
         return kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json")
     return _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, {e: "m" for e in gen.ENTRIES}, model="t",
@@ -45,9 +46,9 @@ def _ids(seed: int, n: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(seed).integers(0, 4000, size=n)]
 
 
-def _engine(manifest: dict[str, Any], weights: dict[str, np.ndarray], **backend: Any) -> kr.Engine:
+def _engine(manifest: Any, weights: dict[str, np.ndarray], **backend: Any) -> kr.Engine:
     be = InterpBackend(manifest, weights, **backend)
-    return kr.Engine(be, kr.serving_roles(manifest), kr.EngineConfig(chunk=CHUNK, park="host_pages" in backend))
+    return kr.Engine(be, kr.serving_roles(be.machine.model), kr.EngineConfig(chunk=CHUNK, park="host_pages" in backend))
 
 
 def _turn(eng: kr.Engine, seq: kr.Sequence, prompt: list[int], steps: int = STEPS,
@@ -257,6 +258,43 @@ def test_a_pool_whose_page_is_not_the_block_stride_is_refused(weights: dict[str,
         kr.Engine(be, dataclasses.replace(roles, page_tokens=32))
     with pytest.raises(kr.ApiError, match="prefill chunk must be at least 1 row"):
         kr.Engine(be, roles, kr.EngineConfig(chunk=0))
+
+
+# --------------------------------------------------------------------------------------------
+# A server's startup on the CPU backend: the manifest read once.
+
+
+def test_a_server_startup_parses_and_verifies_the_manifest_once(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serving_manifest`, the sizes check, the factory's RAM estimate and the factory itself (each
+    given the manifest file's path, as `EngineSpec` names it) parse and verify its text once."""
+    import kern_manifest as km
+    from kern_interp.serve import engine as cpu_engine
+    from kern_runtime import _manifest, loading
+    from kern_runtime.serving import EngineSpec
+
+    seen = {"parse": 0, "check": 0}
+    parse, check = km.parse_manifest, km.check
+
+    def counted_parse(data: str | bytes) -> km.Manifest:
+        seen["parse"] += 1
+        return parse(data)
+
+    def counted_check(model: km.Manifest) -> list[km.ManifestVerify]:
+        seen["check"] += 1
+        return check(model)
+
+    monkeypatch.setattr(km, "parse_manifest", counted_parse)
+    monkeypatch.setattr(km, "check", counted_check)
+    _manifest._model_of.cache_clear()  # pyright: ignore[reportPrivateUsage]
+    ckpt, _ = random_checkpoint(CONFIG, seed=5, name="startup", root=tmp_path)
+    path = ROOT / "examples" / "qwen3-tiny-batch.json"
+    manifest = loading.serving_manifest(path)
+    spec = EngineSpec(path, ROOT / "kernels", (ckpt,), 0, 256, 2, 0, CHUNK)
+    loading.check_sizes(spec, manifest, cpu_engine, "kern_interp.serve:engine")
+    with loading.call_factory(cpu_engine, spec, "kern_interp.serve:engine") as eng:
+        assert isinstance(eng.backend, InterpBackend) and eng.backend.machine.model is manifest
+    assert seen == {"parse": 1, "check": 1}
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,13 +34,14 @@ def test_engine_memory_fuzz_on_the_gpu(tmp_path: Path, seed: int) -> None:
 
     manifest = ROOT / "examples" / "qwen3-tiny-batch.json"
     ckpt, _ = random_checkpoint(dict(QWEN3_TINY_CONFIG), seed=seed, name="fuzz", root=tmp_path)
-    roles = kr.serving_roles(kr.read_manifest(manifest))
+    model = kr.read_manifest(manifest)
+    roles = kr.serving_roles(model)
     t0 = time.perf_counter()
-    with kr.Runtime.load(manifest, ROOT / "kernels", gpu=0, capacity=kr.Capacity(tokens=768, seqs=10)) as rt:
+    with kr.Runtime.load(model, ROOT / "kernels", gpu=0, capacity=kr.Capacity(tokens=768, seqs=10)) as rt:
         rt.load_weights(kr.Safetensors.open(ckpt))
         rt.reserve_host(64, 0)
         eng = kr.Engine(rt, roles, kr.EngineConfig(chunk=16, park=True))
-        page_bytes = roles.page_tokens * kr.read_manifest(manifest)["states"]["kv"]["bytes_per_token"]
+        page_bytes = roles.page_tokens * (model.states["kv"].bytes_per_token or 0)
         cfg = QWEN3_TINY_CONFIG
         fuzz = EngineFuzz(eng, _pages(rt, page_bytes), seed, vocab=cfg["vocab_size"],
                           layers=cfg["num_hidden_layers"], page_tokens=roles.page_tokens, rows=8)

@@ -53,7 +53,7 @@ def manifest(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 def _engine(manifest: dict[str, Any], weights: dict[str, np.ndarray], **backend: Any) -> kr.Engine:
     be = InterpBackend(manifest, weights, **backend)
-    return kr.Engine(be, kr.serving_roles(manifest), kr.EngineConfig(chunk=CHUNK, park="host_pages" in backend))
+    return kr.Engine(be, kr.serving_roles(be.machine.model), kr.EngineConfig(chunk=CHUNK, park="host_pages" in backend))
 
 
 def _logits(eng: kr.Engine) -> np.ndarray:
@@ -196,7 +196,7 @@ def test_a_manifest_without_a_head_keeps_the_first_step(weights: dict[str, np.nd
     """The f32 manifest has no head program: `first=True` changes nothing."""
     m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, {**ENTRIES, **{e: "m" for e in gen.F32_ENTRIES}},
                   model="t", chunk=64, feed="device", precision="f32")
-    assert kr.serving_roles(m).head_program is None
+    assert kr.serving_roles(interp.model_of(m)).head_program is None
     eng = _engine(m, weights, pages=32)
     seq = eng.sequence()
     t = eng.turn(seq, _ids(11, 20), 3)

@@ -109,7 +109,7 @@ def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], re
 
     m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
-    s = kr.Session(rt, kr.serving_roles(m), capacity=512)
+    s = kr.Session(rt, kr.serving_roles(rt.machine.model), capacity=512)
     assert s.generate(_prompt(200), STEPS, chunk=97) == references[200][0]
     assert rt.calls.count(("issue", "decode")) == STEPS
     assert rt.calls.count(("run", "prefill")) == 3  # 199 tokens in chunks of 97
@@ -128,7 +128,8 @@ def _interp_session(weights: dict[str, np.ndarray], feed: str) -> Any:
     import kern_runtime as kr
 
     m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), kr.serving_roles(m), capacity=512)
+    rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
+    s = kr.Session(rt, kr.serving_roles(rt.machine.model), capacity=512)
     return s, m
 
 
@@ -222,7 +223,8 @@ def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray],
 
     m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
     pages = list(np.random.default_rng(3).permutation(32))  # 512 tokens of capacity = 32 pages
-    s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=512)), kr.serving_roles(m), 512, pages=pages)
+    rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
+    s = kr.Session(rt, kr.serving_roles(rt.machine.model), 512, pages=pages)
     assert s.roles.page_tokens == 16
     assert s.generate(_prompt(200), STEPS, chunk=64) == references[200][0]
     with pytest.raises(kr.SessionError, match="do not fit the block table"):
@@ -310,7 +312,8 @@ def test_a_sequence_fills_the_model_reach_to_the_last_position(weights: dict[str
     import kern_runtime as kr
 
     m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    s = kr.Session(_InterpRuntime(interp.Interp(m, weights, capacity=1024)), kr.serving_roles(m), capacity=1024)
+    rt = _InterpRuntime(interp.Interp(m, weights, capacity=1024))
+    s = kr.Session(rt, kr.serving_roles(rt.machine.model), capacity=1024)
     tokens = s.generate(_prompt(1021), 4, chunk=512)  # 1020 prefilled, 4 steps
     assert len(tokens) == 4 and s.seen == 1024
     with pytest.raises(kr.SessionError, match="reached the capacity of 1024 tokens"):

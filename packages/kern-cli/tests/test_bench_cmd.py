@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 import kern_cli.bench_cmd as bench
+import kern_runtime as kr
 import kern_runtime.bench as kb
 from kern_cli import options
 from kern_cli.config import config_for
-from kern_manifest import parse_manifest, verify
+from kern_manifest import Manifest, parse_manifest, verify
 from kern_runtime import loading
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,19 +22,23 @@ def _example(name: str) -> dict:
     return json.loads((ROOT / "examples" / f"{name}.json").read_text())
 
 
+def _model(name: str) -> Manifest:
+    return kr.read_manifest(ROOT / "examples" / f"{name}.json")
+
+
 @pytest.mark.parametrize("name", ["qwen3-4b", "qwen3-tiny"])
 def test_gemm_only_manifest_verifies_and_keeps_binds(name: str) -> None:
-    m = _example(name)
+    m = _model(name)
     g = kb.gemm_only_manifest(m, "decode")
-    verify(parse_manifest(json.dumps(g)))
-    calls = g["programs"]["gemms"]["calls"]
-    layers = sum(1 for b in m["buffers"] if b.endswith(".qkv"))
-    assert len(calls) == 4 * layers + 1 and {c["op"] for c in calls} == {"gemm"}
-    for n, b in g["buffers"].items():
-        if b["kind"] == "weight":
-            assert b == m["buffers"][n]  # identical spec: a resident runtime's weights are claimed
-    assert {n for n, b in g["buffers"].items() if b["kind"] == "input"} == {"x", "attn", "act"}
-    assert g["modules"] == {} and g["programs"]["gemms"]["graph"] is True
+    verify(g)
+    calls = g.programs["gemms"].calls
+    layers = sum(1 for b in m.buffers if b.endswith(".qkv"))
+    assert len(calls) == 4 * layers + 1 and {c.op for c in calls} == {"gemm"}
+    for n, b in g.buffers.items():
+        if b.kind == "weight":
+            assert b == m.buffers[n]  # identical spec: a resident runtime's weights are claimed
+    assert {n for n, b in g.buffers.items() if b.kind == "input"} == {"x", "attn", "act"}
+    assert g.modules == {} and g.programs["gemms"].graph is True
 
 
 def test_step_weight_bytes_4b() -> None:
@@ -41,12 +46,12 @@ def test_step_weight_bytes_4b() -> None:
     per_layer = 6144 * h + h * 4096 + 2 * inter * h + h * inter + 2 * h + 2 * d  # GEMMs + 4 norms
     expected = 2 * (36 * per_layer + vocab * h + h)  # tied lm_head on the embedding, final norm
     for name in ("qwen3-4b", "qwen3-4b-gemv", "qwen3-4b-fast", "qwen3-4b-f32"):  # extern GEMMs, our GEMV, f32
-        assert kb.decode_weight_bytes(_example(name), "decode") == expected, name
+        assert kb.decode_weight_bytes(_model(name), "decode") == expected, name
 
 
 def test_program_without_gemms_is_an_error() -> None:
     with pytest.raises(kb.BenchError, match="no extern"):
-        kb.gemm_only_manifest(_example("qwen3-tiny"), "load")
+        kb.gemm_only_manifest(_model("qwen3-tiny"), "load")
 
 
 def test_table_of_no_rows_is_the_header() -> None:
@@ -124,9 +129,7 @@ def test_bad_options_exit_2_before_the_gpu(argv: tuple[str, ...], line: str, mon
 def test_a_floor_without_gemms_is_refused_before_the_gpu(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _no_gpu(monkeypatch)
-    m = _example("qwen3-tiny")
-    m["programs"]["decode"]["calls"] = [c for c in m["programs"]["decode"]["calls"] if c["op"] != "gemm"]
-    (tmp_path / "floor.json").write_text(json.dumps(m))
+    (tmp_path / "floor.json").write_text((ROOT / "examples" / "qwen3-4b-fast.json").read_text())
     args = _parse(*TINY, "--floor-manifest", str(tmp_path / "floor.json"))
     assert args.handler(args) == 2  # type: ignore[attr-defined]
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -170,40 +173,32 @@ def test_bench_chunk_reaches_the_session(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_gemv_variant_floor_counts_only_its_extern_calls() -> None:
-    g = kb.gemm_only_manifest(_example("qwen3-4b-gemv"), "decode")
-    verify(parse_manifest(json.dumps(g)))
-    assert len(g["programs"]["gemms"]["calls"]) == 36 * 2  # qkv and down stay cublasLt
-
-
-def _without_gemms(m: dict, drop: int | None = None) -> dict:
-    """`m` with the first `drop` (default: every) extern GEMM call of its decode step removed."""
-    gemms = [i for i, c in enumerate(m["programs"]["decode"]["calls"]) if c["op"] == "gemm"]
-    gone = set(gemms if drop is None else gemms[:drop])
-    m["programs"]["decode"]["calls"] = [c for i, c in enumerate(m["programs"]["decode"]["calls"]) if i not in gone]
-    return m
+    g = kb.gemm_only_manifest(_model("qwen3-4b-gemv"), "decode")
+    verify(g)
+    assert len(g.programs["gemms"].calls) == 36 * 2  # qkv and down stay cublasLt
 
 
 def test_the_floor_of_a_step_without_gemms_is_its_sibling_with_the_most(tmp_path: Path) -> None:
-    import kern_runtime as kr
-
-    (tmp_path / "a-fast.json").write_text(json.dumps(_without_gemms(_example("qwen3-tiny"))))
-    (tmp_path / "b-some.json").write_text(json.dumps(_without_gemms(_example("qwen3-tiny"), drop=3)))
-    (tmp_path / "c-all.json").write_text(json.dumps(_example("qwen3-tiny")))
-    other = _example("qwen3-tiny")
-    other["buffers"]["embed"]["shape"] = [other["buffers"]["embed"]["shape"][0] // 2, other["buffers"]["embed"]["shape"][1]]
-    (tmp_path / "d-other-model.json").write_text(json.dumps(other))  # more GEMMs would not matter: other weights
-    (tmp_path / "e-broken.json").write_text("{")
-    fast = tmp_path / "a-fast.json"
-    assert kb.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "c-all.json"
-    (tmp_path / "c-all.json").unlink()
-    assert kb.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "b-some.json"
+    """qwen3-4b-fast's step runs no GEMM through cuBLASLt; qwen3-4b-gemv runs some, qwen3-4b all:
+    the same checkpoint's weights. A manifest of other weights or one that does not parse is no
+    candidate."""
+    for name in ("qwen3-4b-fast", "qwen3-4b-gemv", "qwen3-4b"):
+        (tmp_path / f"{name}.json").write_text((ROOT / "examples" / f"{name}.json").read_text())
+    other = _example("qwen3-4b")
+    other["buffers"]["final_norm"]["bind"] = [{"tensor": "model.other_norm.weight"}]
+    (tmp_path / "qwen3-4b-other.json").write_text(json.dumps(other))  # more GEMMs would not matter: other weights
+    (tmp_path / "broken.json").write_text("{")
+    fast = tmp_path / "qwen3-4b-fast.json"
+    assert kb.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "qwen3-4b.json"
+    (tmp_path / "qwen3-4b.json").unlink()
+    assert kb.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "qwen3-4b-gemv.json"
 
 
 def test_a_step_without_gemms_and_no_sibling_names_the_flag(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _no_gpu(monkeypatch)
     path = tmp_path / "fast.json"
-    path.write_text(json.dumps(_without_gemms(_example("qwen3-tiny"))))
+    path.write_text((ROOT / "examples" / "qwen3-4b-fast.json").read_text())
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     args = _parse("--manifest", str(path), "--kernels", str(ROOT / "kernels"), "--weights", str(weights))
@@ -242,8 +237,8 @@ def test_the_gemm_rate_manifest_verifies() -> None:
 
 
 def test_kv_bytes_per_token_of_the_4b() -> None:
-    assert kb.kv_bytes_per_token(_example("qwen3-4b-fast"), "decode") == 36 * 2 * 8 * 128 * 2
-    assert kb.kv_bytes_per_token(_example("qwen3-4b-f32"), "decode") == 36 * 2 * 8 * 128 * 4
+    assert kb.kv_bytes_per_token(_model("qwen3-4b-fast"), "decode") == 36 * 2 * 8 * 128 * 2
+    assert kb.kv_bytes_per_token(_model("qwen3-4b-f32"), "decode") == 36 * 2 * 8 * 128 * 4
 
 
 def test_defaults_fit_the_4b_and_breakdown_follows_the_contexts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ import pytest
 import kern_cli.run as run
 from kern_cli import options
 from kern_cli.config import KernTomlError
+from kern_manifest import Manifest, parse_manifest
 from kern_runtime import loading
 
 
@@ -24,7 +25,18 @@ def _args(*argv: str) -> argparse.Namespace:
     return run.build_parser().parse_args(list(argv))
 
 
+_TOUCH = ["in buffer<i64>", "in buffer<i64>", "in buffer<i64>", "in buffer<i32>", "in buffer<i32>", "in buffer<bf16>",
+          "out buffer<i64>", "inout state"]
+
+
+def _touch() -> dict[str, Any]:
+    """A call that reads every serving input, the weight and the KV state, and writes the next token."""
+    return {"op": "touch", "args": [{"buf": "ids"}, {"buf": "pos"}, {"buf": "sl"}, {"buf": "len"}, {"buf": "bt"},
+                                     {"buf": "w"}, {"buf": "nt"}, {"state": "kv"}]}
+
+
 def _manifest() -> dict[str, Any]:
+    """The serving roles of one sequence in a manifest that verifies (one kernel of module core)."""
     def buf(dtype: str, shape: list[Any], kind: str, fill: str | None = None) -> dict[str, Any]:
         b: dict[str, Any] = {"dtype": dtype, "shape": shape, "kind": kind}
         if fill:
@@ -42,17 +54,22 @@ def _manifest() -> dict[str, Any]:
             "len": buf("i32", [1], "input", "seq_len"),
             "bt": {**buf("i32", [256], "input", "blocks"), "domain": {"index_into": "kv", "stride": 16}},
             "nt": buf("i64", [1], "output", "tokens"),
-            "w": buf("bf16", [4], "weight"),
+            "w": {**buf("bf16", [4], "weight"), "bind": [{"tensor": "w"}]},
         },
         "states": {"kv": {"bytes_per_token": 64}},
         "modules": {"core": {"source": "core.cubin", "sha256": hashlib.sha256(b"cubin").hexdigest()}},
-        "ops": {},
+        "ops": {"touch": {"params": _TOUCH, "impl": {"launches": [
+            {"module": "core", "entry": "touch", "block": [32, 1, 1], "grid": [1, 1, 1]}]}}},
         "programs": {
-            "load": {"once": True, "calls": []},
-            "chunk": {"batch": {"groups": 1, "rows": "tokens"}, "calls": []},
-            "step": {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": []},
+            "load": {"once": True, "calls": [_touch()]},
+            "chunk": {"batch": {"groups": 1, "rows": "tokens"}, "calls": [_touch()]},
+            "step": {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": [_touch()]},
         },
     }
+
+
+def _model(m: dict[str, Any]) -> Manifest:
+    return parse_manifest(json.dumps(m))
 
 
 @pytest.fixture
@@ -120,8 +137,9 @@ def test_a_long_prompt_ids_value_is_cut_in_the_message(in_tmp: Path) -> None:
 
 
 def test_ensure_kernels_builds_only_the_pinned_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    m = _manifest()
-    m["modules"]["extra"] = {"source": "extra.cubin", "sha256": hashlib.sha256(b"extra").hexdigest()}
+    doc = _manifest()
+    doc["modules"]["extra"] = {"source": "extra.cubin", "sha256": hashlib.sha256(b"extra").hexdigest()}
+    m = _model(doc)
     kernels = tmp_path / "kernels"
     logs: list[str] = []
     with pytest.raises(loading.LoadError, match="no kernel sources are configured"):
@@ -371,8 +389,8 @@ def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_p
 
     monkeypatch.setattr(qwen3, "random_checkpoint", fake)
     logs: list[str] = []
-    assert loading.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
-    assert loading.default_weights({"model": model}, logs.append) == (tmp_path / "ck",)
+    assert loading.default_weights(_model({**_manifest(), "model": model}), logs.append) == (tmp_path / "ck",)
+    assert loading.default_weights(_model({**_manifest(), "model": model}), logs.append) == (tmp_path / "ck",)
     assert f"wrote a seeded random {what} checkpoint" in logs[0] and str(tmp_path / "ck") in logs[0]
     assert f"using the seeded random {what} checkpoint" in logs[1]
     assert calls[0]["config"] == getattr(kern_qwen3, config) and calls[0]["seed"] == 0
@@ -381,7 +399,7 @@ def test_default_weights_says_what_it_did(monkeypatch: pytest.MonkeyPatch, tmp_p
 def test_default_weights_of_an_unknown_family_is_a_load_error() -> None:
     with pytest.raises(loading.LoadError, match=r"^no weights configured and no installed model provider knows model "
                        r"'t' \(installed families: qwen3\): pass --weights$"):
-        loading.default_weights({"model": "t"}, lambda s: None)
+        loading.default_weights(_model(_manifest()), lambda s: None)
 
 
 def test_decode_text_marks_ids_beyond_the_tokenizer() -> None:
@@ -403,7 +421,7 @@ def test_a_checkpoint_that_cannot_be_written_is_a_load_error(monkeypatch: pytest
 
     monkeypatch.setattr(qwen3, "random_checkpoint", full)
     with pytest.raises(loading.LoadError, match=r"^cannot write /nope: No space left on device$"):
-        loading.default_weights({"model": "qwen3-4b"}, lambda s: None)
+        loading.default_weights(_model({**_manifest(), "model": "qwen3-4b"}), lambda s: None)
 
 
 @pytest.mark.parametrize("content", [b"hello\n", b"a text file, long enough to read a header length from\n"],

@@ -3,7 +3,6 @@ exit 2 before anything touches a GPU (and before the default checkpoint is writt
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +12,16 @@ import kern_cli.run as run
 from kern_cli import options
 from kern_runtime import loading
 
-from .test_run import _manifest, _one_line, _write_manifest
+from .test_run import _manifest, _model, _one_line, _touch, _write_manifest
 
 
 def _tp_manifest(n: int) -> dict[str, Any]:
     m = _manifest()
     m["topology"] = {"groups": {"tp": n}}
-    m["buffers"]["x"] = {"dtype": "bf16", "shape": [8], "kind": "workspace"}
+    m["buffers"]["x"] = {"dtype": "bf16", "shape": [4], "kind": "workspace"}
     m["ops"]["sum"] = {"params": ["in buffer<bf16>", "out buffer<bf16>", "i64"], "impl": {"launches": [
         {"entry": "extern:nccl_allreduce_bf16", "args": [{"param": 0}, {"param": 1}, {"param": 2}, {"rank": "tp"}]}]}}
-    m["programs"]["step"]["calls"] = [{"op": "sum", "args": [{"buf": "x"}, {"buf": "x"}, {"i64": 8}]}]
+    m["programs"]["step"]["calls"] = [_touch(), {"op": "sum", "args": [{"buf": "w"}, {"buf": "x"}, {"i64": 4}]}]
     return m
 
 
@@ -72,9 +71,9 @@ def test_bad_tp_flags(in_tmp: Path, argv: tuple[str, ...], word: str) -> None:
 
 
 def test_check_topology_and_gpus_directly() -> None:
-    loading.check_topology({"topology": {"groups": {"tp": 2}}}, 2)
+    loading.check_topology(_model(_tp_manifest(2)), 2)
     with pytest.raises(loading.LoadError, match="declares"):
-        loading.check_topology(json.loads('{"topology": {"groups": {"tp": 2, "dp": 1}}}'), 2)
+        loading.check_topology(_model({**_tp_manifest(2), "topology": {"groups": {"tp": 2, "dp": 1}}}), 2)
     loading.check_gpus(2, 0, lambda: 2)
     with pytest.raises(loading.NoGpuError, match="needs 8 GPUs; this machine shows 1"):
         loading.check_gpus(8, 0, lambda: 1)

@@ -12,6 +12,8 @@ import pytest
 import kern_runtime as kr
 from kern_runtime import abtest as ab
 
+from .helpers.manifests import parsed
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -19,20 +21,24 @@ def _example(name: str) -> dict[str, Any]:
     return json.loads((ROOT / "examples" / f"{name}.json").read_text())
 
 
+def _pair(a: dict[str, Any], b: dict[str, Any], capacity: int) -> ab.Pair:
+    return ab.check_pair(parsed(a), parsed(b), capacity)
+
+
 def test_shipped_pairs_compare() -> None:
     base, fast, f32 = _example("qwen3-4b"), _example("qwen3-4b-fast"), _example("qwen3-4b-f32")
-    p = ab.check_pair(base, fast, 4096)
+    p = _pair(base, fast, 4096)
     assert p.common == ("prefill", "decode", "head", "start") and p.a.vocab == p.b.vocab == 151936
-    assert ab.check_pair(base, f32, 4096).common == ("prefill", "decode", "start")
+    assert _pair(base, f32, 4096).common == ("prefill", "decode", "start")
     assert p.a.states == {"kv": 4096 * 147456} and p.a.logits == "logits"
     assert p.a.domains == {"next_token": (0, 151935)}
     assert p.a.layout("kv") == p.b.layout("kv")
-    assert ab.check_pair(base, f32, 4096).b.layout("kv") != p.a.layout("kv")
+    assert _pair(base, f32, 4096).b.layout("kv") != p.a.layout("kv")
 
 
 def test_the_paged_reach_rounds_up_to_whole_pages() -> None:
     tiny = _example("qwen3-tiny")
-    assert ab.read_facts(tiny, 60, "A").states == {"kv": 64 * 2048}
+    assert ab.read_facts(parsed(tiny), 60, "A").states == {"kv": 64 * 2048}
 
 
 def test_different_models() -> None:
@@ -41,9 +47,9 @@ def test_different_models() -> None:
     b["buffers"]["final_norm"]["bind"] = [{"tensor": "model.other_norm.weight"}]
     with pytest.raises(ab.AbTestError, match=r"different models: A binds checkpoint tensors the other does not "
                                              r"\(model.norm.weight\)"):
-        ab.check_pair(a, b, 64)
+        _pair(a, b, 64)
     with pytest.raises(ab.AbTestError, match="different models"):
-        ab.check_pair(_example("qwen3-tiny"), _example("qwen3-4b"), 64)
+        _pair(_example("qwen3-tiny"), _example("qwen3-4b"), 64)
 
 
 def test_different_vocabularies() -> None:
@@ -51,11 +57,11 @@ def test_different_vocabularies() -> None:
     b = copy.deepcopy(a)
     b["buffers"]["ids"]["domain"]["max"] = 4000
     with pytest.raises(ab.AbTestError, match="different vocabularies: A takes token ids up to 4095, B up to 4000"):
-        ab.check_pair(a, b, 64)
+        _pair(a, b, 64)
     b = copy.deepcopy(a)
     b["buffers"]["logits"]["shape"] = [1, 4000]
     with pytest.raises(ab.AbTestError, match="A's logits have 4096 token ids, B's 4000"):
-        ab.check_pair(a, b, 64)
+        _pair(a, b, 64)
 
 
 def test_no_common_program() -> None:
@@ -64,7 +70,7 @@ def test_no_common_program() -> None:
     for old in ("prefill", "decode", "head", "start"):
         b["programs"][f"b_{old}"] = b["programs"].pop(old)
     with pytest.raises(ab.AbTestError, match="no common program: A runs prefill, decode, head, start; B runs b_prefill"):
-        ab.check_pair(a, b, 64)
+        _pair(a, b, 64)
 
 
 def test_the_logits_are_the_one_output_without_a_fill() -> None:
@@ -72,12 +78,12 @@ def test_the_logits_are_the_one_output_without_a_fill() -> None:
     b = copy.deepcopy(a)
     b["buffers"]["extra"] = {"dtype": "f32", "shape": [4], "kind": "output"}
     with pytest.raises(ab.AbTestError, match=r"B needs exactly one output without a fill \(its logits\)"):
-        ab.check_pair(a, b, 64)
+        _pair(a, b, 64)
 
 
 def test_the_capacity_must_fit_both() -> None:
     with pytest.raises(kr.SessionError, match="exceeds the model's reach"):
-        ab.check_pair(_example("qwen3-tiny"), _example("qwen3-tiny"), 10**6)
+        _pair(_example("qwen3-tiny"), _example("qwen3-tiny"), 10**6)
 
 
 def test_options_are_checked() -> None:

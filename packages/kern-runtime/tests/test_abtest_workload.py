@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import kern_runtime as kr
 from kern_runtime import abtest as ab
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = kr.serving_roles(json.loads((ROOT / "examples" / "qwen3-tiny.json").read_text()))
+TINY = kr.serving_roles(kr.read_manifest(ROOT / "examples" / "qwen3-tiny.json"))
 
 
 def _roles(page: int, rows_max: int, top: int | None) -> kr.ServingRoles:

@@ -15,7 +15,7 @@ import kern_pool
 import kern_runtime as kr
 from kern_pool.cache import Reuse, Source
 
-from .helpers.manifests import serving
+from .helpers.manifests import parsed, serving
 
 
 class PoolBackend:
@@ -78,7 +78,7 @@ def _engine(park: bool = True, **kw: Any) -> tuple[kr.Engine, PoolBackend]:
     m = serving()
     m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
     be = PoolBackend(**kw)
-    return kr.Engine(be, kr.serving_roles(m), kr.EngineConfig(chunk=16, park=park)), be
+    return kr.Engine(be, kr.serving_roles(parsed(m)), kr.EngineConfig(chunk=16, park=park)), be
 
 
 def _ids(first: int, n: int) -> list[int]:
@@ -241,7 +241,7 @@ def test_short_chunks_are_issued_on_a_backend_that_caches_graphs(
     m = serving()
     m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
     be = CachingBackend()
-    eng = kr.Engine(be, kr.serving_roles(m), config)
+    eng = kr.Engine(be, kr.serving_roles(parsed(m)), config)
     assert be.cached == cached
     eng.prefill(eng.sequence(), _ids(101, 41), 1)  # 40 tokens through the chunks: 16, 16, 8
     assert be.chunks == list(zip([16, 16, 8], modes, strict=True))
@@ -256,7 +256,7 @@ def test_bad_graph_knobs_are_api_errors(name: str, value: object) -> None:
     m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
     be = CachingBackend()
     with pytest.raises(kr.ApiError, match=f"EngineConfig.{name} must be an int >= 0"):
-        kr.Engine(be, kr.serving_roles(m), kr.EngineConfig(chunk=16, **{name: value}))  # type: ignore[arg-type]
+        kr.Engine(be, kr.serving_roles(parsed(m)), kr.EngineConfig(chunk=16, **{name: value}))  # type: ignore[arg-type]
     assert be.cached == []
 
 
@@ -268,7 +268,7 @@ def _head_engine(eager: bool = False) -> tuple[kr.Engine, PoolBackend]:
     m["programs"]["first"] = {"batch": {"groups": 1, "rows": 1}, "graph": True,
                               "calls": [{"op": "gather", "args": [{"buf": "row"}]}]}
     be = PoolBackend()
-    return kr.Engine(be, kr.serving_roles(m), kr.EngineConfig(chunk=16, eager=eager)), be
+    return kr.Engine(be, kr.serving_roles(parsed(m)), kr.EngineConfig(chunk=16, eager=eager)), be
 
 
 @pytest.mark.parametrize("eager", [False, True])
@@ -437,7 +437,7 @@ def _random_ops(pages: int, host: int, steps: int, seed: int) -> kr.Counters:
     m = serving()
     m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
     be = StampBackend(pages, host)
-    eng = kr.Engine(be, kr.serving_roles(m), kr.EngineConfig(chunk=7, park=host > 0))
+    eng = kr.Engine(be, kr.serving_roles(parsed(m)), kr.EngineConfig(chunk=7, park=host > 0))
     rng = np.random.default_rng(seed)
     system = [int(x) for x in rng.integers(0, 4, size=40)]
 

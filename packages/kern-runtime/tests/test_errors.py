@@ -89,7 +89,7 @@ def test_rejections_map_to_provider_errors() -> None:
 
 
 def test_load_manifest_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(kr.ApiError, match="cannot read manifest"):
+    with pytest.raises(kr.InputFileError, match=r"missing\.json: No such file"):
         load_manifest(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

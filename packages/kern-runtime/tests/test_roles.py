@@ -1,19 +1,16 @@
-"""Serving roles from manifest JSON, prefill chunk plans and manifest files (no GPU)."""
+"""Serving roles from the kern_manifest model and prefill chunk plans (no GPU)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import pytest
 
 import kern_runtime as kr
 
-from .helpers.manifests import serving
+from .helpers.manifests import parsed, serving
 
 
 def test_roles_from_fills_and_batches() -> None:
-    r = kr.serving_roles(serving())
+    r = kr.serving_roles(parsed(serving()))
     assert (r.token, r.position, r.slot, r.seq_len, r.blocks, r.next_token) == ("ids", "pos", "sl", "len", "bt", "nt")
     assert (r.chunk_program, r.chunk_var, r.chunk_max, r.step_program, r.blocks_len) == ("chunk", "tokens", 256, "step", 64)
     assert r.step_vars == {"tokens": 1}
@@ -25,21 +22,21 @@ def test_roles_read_domains() -> None:
     m["buffers"]["ids"]["domain"] = {"min": 0, "max": 4095}
     m["buffers"]["pos"]["domain"] = {"min": 0, "max": 99}
     m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
-    r = kr.serving_roles(m)
+    r = kr.serving_roles(parsed(m))
     assert (r.token_max, r.position_max, r.page_tokens) == (4095, 99, 16)
     assert r.reach(4096) == 100  # the position bound is tighter than 64 pages of 16
     m["buffers"]["pos"].pop("domain")
-    assert kr.serving_roles(m).reach(4096) == 64 * 16
-    assert kr.serving_roles(serving()).reach(30) == 30  # nothing bounds it below the block table
+    assert kr.serving_roles(parsed(m)).reach(4096) == 64 * 16
+    assert kr.serving_roles(parsed(serving())).reach(30) == 30  # nothing bounds it below the block table
 
 
 def test_roles_find_the_step_seed_program() -> None:
     m = serving()
     m["programs"]["start"] = {"calls": []}
-    assert kr.serving_roles(m).start_program == "start"
+    assert kr.serving_roles(parsed(m)).start_program == "start"
     m["programs"]["other"] = {"calls": []}
     with pytest.raises(kr.ServingRolesError, match="several plain programs"):
-        kr.serving_roles(m)
+        kr.serving_roles(parsed(m))
 
 
 def _with_head(m: dict[str, object]) -> dict[str, object]:
@@ -52,19 +49,19 @@ def _with_head(m: dict[str, object]) -> dict[str, object]:
 
 def test_roles_find_the_head_program() -> None:
     """The head is the one-row program that reads the span_at input; the step the other one."""
-    r = kr.serving_roles(_with_head(serving()))
+    r = kr.serving_roles(parsed(_with_head(serving())))
     assert (r.head_program, r.head_row, r.step_program) == ("first", "row", "step")
-    plain = kr.serving_roles(serving())
+    plain = kr.serving_roles(parsed(serving()))
     assert (plain.head_program, plain.head_row) == (None, None)
     m = _with_head(serving())
     m["programs"]["step"]["calls"] = [{"op": "gather", "args": [{"buf": "row"}]}]  # type: ignore[index]
     with pytest.raises(kr.ServingRolesError, match=r"span_at input 'row' must be read by exactly one one-row "
                                                    r"program \(the head\), read by \['step', 'first'\]"):
-        kr.serving_roles(m)
+        kr.serving_roles(parsed(m))
     m = _with_head(serving())
     m["programs"]["first"]["calls"] = []  # type: ignore[index]
     with pytest.raises(kr.ServingRolesError, match=r"read by \[\]"):
-        kr.serving_roles(m)
+        kr.serving_roles(parsed(m))
 
 
 @pytest.mark.parametrize(
@@ -81,7 +78,7 @@ def test_roles_errors(edit: object, word: str) -> None:
     m = serving()
     edit(m)  # type: ignore[operator]
     with pytest.raises(kr.ServingRolesError, match=word):
-        kr.serving_roles(m)
+        kr.serving_roles(parsed(m))
     assert not issubclass(kr.ServingRolesError, kr.ApiError)  # the provider acts, not the caller
 
 
@@ -106,28 +103,6 @@ def test_prefill_chunks_refuse_bad_sizes(length: int, chunk: int) -> None:
         kr.prefill_chunks(length, chunk)
 
 
-def test_read_manifest_expands_constants(tmp_path: Path) -> None:
-    m = serving()
-    m["constants"] = {"BLOCKS": 64, "TOP": 99}
-    m["buffers"]["bt"]["shape"] = ["BLOCKS"]
-    m["buffers"]["pos"]["domain"] = {"min": 0, "max": "TOP"}
-    (tmp_path / "m.json").write_text(json.dumps(m))
-    roles = kr.serving_roles(kr.read_manifest(tmp_path / "m.json"))
-    assert roles.blocks_len == 64 and roles.position_max == 99
-
-
-def test_read_manifest_errors(tmp_path: Path) -> None:
-    with pytest.raises(kr.InputFileError, match=r"missing\.json: No such file"):
-        kr.read_manifest(tmp_path / "missing.json")
-    m = serving()
-    m["buffers"]["len"]["dtype"] = "int33"
-    m["buffers"]["ids"]["dtype"] = "int34"
-    (tmp_path / "bad.json").write_text(json.dumps(m))
-    with pytest.raises(kr.ManifestParseError, match=r"bad\.json: /buffers/\w+/dtype.*\(and 1 more: kern manifest verify"):
-        kr.read_manifest(tmp_path / "bad.json")
-    assert issubclass(kr.InputFileError, kr.ApiError)
-
-
 def _batched() -> dict[str, object]:
     """`serving` plus a batched step of 8 one-row sequences over the var `rows` and its buffers."""
     m = serving()
@@ -147,11 +122,11 @@ def _batched() -> dict[str, object]:
 
 
 def test_roles_find_a_batched_step() -> None:
-    r = kr.serving_roles(_batched())
+    r = kr.serving_roles(parsed(_batched()))
     assert r.blocks_len == 64 and r.start_program == "start" and r.step_program == "step"
     assert r.rows == kr.RowRoles(program="many", var="rows", max_rows=8, seed_program="seed_rows", valid="valid",
                                  sampling="prm", seed="seed", logprobs="lp", top_tokens="top", top_n=5, params=4)
-    assert kr.serving_roles(serving()).rows is None
+    assert kr.serving_roles(parsed(serving())).rows is None
 
 
 @pytest.mark.parametrize(("change", "words"), [
@@ -164,5 +139,5 @@ def test_a_broken_batched_step_is_one_line(change: object, words: str) -> None:
     m = _batched()
     change(m)  # type: ignore[operator]
     with pytest.raises(kr.ServingRolesError, match=words) as err:
-        kr.serving_roles(m)
+        kr.serving_roles(parsed(m))
     assert "\n" not in str(err.value)

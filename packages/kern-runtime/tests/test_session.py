@@ -3,7 +3,6 @@ The same calls on the H200 are checked by tools/tests/test_qwen3_gpu.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kern_runtime as kr
+from kern_manifest import Manifest
 
-from .helpers.manifests import serving
+from .helpers.manifests import parsed, serving
 
 
 class FakeRuntime:
@@ -54,7 +54,7 @@ def _roles(**domains: Any) -> kr.ServingRoles:
     m = serving()
     for name, domain in domains.items():
         m["buffers"][name]["domain"] = domain
-    return kr.serving_roles(m)
+    return kr.serving_roles(parsed(m))
 
 
 def _session(capacity: int = 64, pages: list[int] | None = None, **domains: Any) -> tuple[kr.Session, FakeRuntime]:
@@ -114,7 +114,7 @@ def test_a_device_fed_manifest_runs_its_seed_program_and_is_not_fed_by_the_host(
     m = serving()
     m["programs"]["start"] = {"calls": []}
     rt = FakeRuntime()
-    s = kr.Session(rt, kr.serving_roles(m), 8)  # type: ignore[arg-type]
+    s = kr.Session(rt, kr.serving_roles(parsed(m)), 8)  # type: ignore[arg-type]
     s.prefill([1, 2], chunk=4)
     assert rt.calls[-1] == ("run", "start", {})
     n = len(rt.calls)
@@ -186,42 +186,44 @@ def test_weight_files(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def paged_manifest(tmp_path: Path) -> Path:
+def paged_manifest() -> Manifest:
     m = serving()
     m["states"] = {"kv": {"bytes_per_token": 64}}
     m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
-    path = tmp_path / "m.json"
-    path.write_text(json.dumps(m))
-    return path
+    return parsed(m)
 
 
-def test_open_sizes_the_pool_in_whole_pages(paged_manifest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_sizes_the_pool_in_whole_pages(paged_manifest: Manifest, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """capacity 100 at 16-token pages: the runtime is asked for 112 tokens (7 pages)."""
     seen: dict[str, Any] = {}
     rt = FakeRuntime()
 
-    def load(manifest: Path, kernels: Path, *, gpu: int, capacity: kr.Capacity) -> FakeRuntime:
+    def load(manifest: Manifest, kernels: Path, *, gpu: int, capacity: kr.Capacity) -> FakeRuntime:
         seen.update(manifest=manifest, gpu=gpu, capacity=capacity)
         return rt
 
     monkeypatch.setattr(kr.Runtime, "load", staticmethod(load))
     monkeypatch.setattr(kr.Safetensors, "open", staticmethod(lambda paths: None))
     logs: list[str] = []
-    with kr.Session.open(paged_manifest, paged_manifest.parent, [paged_manifest.parent / "w.safetensors"],
-                         gpu=2, capacity=100, log=logs.append) as s:
+    with kr.Session.open(paged_manifest, tmp_path, [tmp_path / "w.safetensors"], gpu=2, capacity=100,
+                         log=logs.append) as s:
         assert seen == {"manifest": paged_manifest, "gpu": 2, "capacity": kr.Capacity(tokens=112, seqs=1)}
+        assert seen["manifest"] is paged_manifest
         assert s.table.tolist()[:8] == [0, 1, 2, 3, 4, 5, 6, 0] and logs == ["fake runtime"]
         assert ("load_weights",) in rt.calls
     assert rt.closed
 
 
-def test_open_refuses_a_capacity_before_loading(paged_manifest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_refuses_a_capacity_before_loading(paged_manifest: Manifest, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kr.Runtime, "load", staticmethod(lambda *a, **k: pytest.fail("loaded")))
     with pytest.raises(kr.SessionError, match="reach of 1024 positions"):
-        kr.Session.open(paged_manifest, paged_manifest.parent, [], gpu=0, capacity=1025)
+        kr.Session.open(paged_manifest, tmp_path, [], gpu=0, capacity=1025)
 
 
-def test_open_closes_the_runtime_when_weights_fail(paged_manifest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_closes_the_runtime_when_weights_fail(paged_manifest: Manifest, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     rt = FakeRuntime()
 
     def bad_weights(*args: object, **kw: object) -> None:
@@ -231,7 +233,7 @@ def test_open_closes_the_runtime_when_weights_fail(paged_manifest: Path, monkeyp
     monkeypatch.setattr(kr.Runtime, "load", staticmethod(lambda *a, **k: rt))
     monkeypatch.setattr(kr.Safetensors, "open", staticmethod(lambda paths: None))
     with pytest.raises(kr.WeightArtifactError):
-        kr.Session.open(paged_manifest, paged_manifest.parent, [], gpu=0, capacity=64)
+        kr.Session.open(paged_manifest, tmp_path, [], gpu=0, capacity=64)
     assert rt.closed
 
 

@@ -76,6 +76,7 @@ class World:
     def __init__(self, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray], capacity: int) -> None:
         self.n = int(manifest["topology"]["groups"]["tp"])
         self.m = manifest
+        self.model = interp.model_of(manifest)
         self.capacity = capacity
         self.ranks = [interp.Interp(*rank_tensors(manifest, tensors, r), capacity=capacity) for r in range(self.n)]
         self.collectives = 0

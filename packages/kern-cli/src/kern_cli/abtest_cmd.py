@@ -111,8 +111,7 @@ def _test(args: argparse.Namespace) -> int:
     weights = plan.weights or tuple(weight_files(loading.default_weights(plan.pair.a.manifest, log, Bar(sys.stderr))))
     for f in (plan.pair.a, plan.pair.b):
         loading.ensure_kernels(f.manifest, plan.kernels, plan.kernel_sources, log)
-    loader = ab.GpuLoader(plan.pair.a, plan.pair.b, plan.a.manifest, plan.b.manifest, plan.kernels, weights, plan.gpu,
-                          Bar(sys.stderr))
+    loader = ab.GpuLoader(plan.pair.a, plan.pair.b, plan.kernels, weights, plan.gpu, Bar(sys.stderr))
     log(f"seed {plan.options.seed:#x}")
     report = ab.report_of(ab.ab_test(loader, plan.pair, plan.options, log))
     print(report.json() if plan.json else report.text(), flush=True)

@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ from kern_cli.console import (
 from kern_cli.options import Bar, add_load_flags, guarded, logger, resolve_load
 
 if TYPE_CHECKING:
+    from kern_manifest import Manifest
     from kern_runtime.bench import BenchOptions, PeerPlan, Report
     from kern_runtime.loading import LoadOptions
 
@@ -66,7 +67,7 @@ def _breakdown(text: str | None, contexts: tuple[int, ...]) -> tuple[int, ...]:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     load: LoadOptions
-    manifest: Mapping[str, Any]
+    manifest: Manifest
     options: BenchOptions
     peer: PeerPlan
     out: Path | None

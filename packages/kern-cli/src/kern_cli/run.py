@@ -82,7 +82,7 @@ def _open(opts: RunOptions, inputs: LoadInputs, capacity: int) -> Session:
     log = logger(opts.prog)
     weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
     try:
-        return kr.Session.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu,
+        return kr.Session.open(inputs.manifest, opts.load.kernels, weights, gpu=opts.load.gpu,
                                capacity=capacity, log=log, progress=Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
         raise loading.no_gpu(exc) from exc

@@ -1,18 +1,25 @@
-"""The runtime's view of kern_manifest: loading with error mapping, and bind segments per rank."""
+"""The runtime's view of kern_manifest: the one way a manifest is read (parsed and verified once
+per process), loading with error mapping, and bind segments per rank."""
 
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
 import kern_manifest as km
 from kern_manifest import Buffer, Manifest, ManifestParse, ManifestRejected, RankRanges, RankTensors
 
-from .errors import ApiError, ManifestParseError, ManifestVerifyError
+from .errors import ApiError, InputFileError, ManifestParseError, ManifestVerifyError
 from .weights import RowInterleave, TensorWindow
 
-__all__ = ["bind_segments", "load_manifest", "map_rejection"]
+__all__ = ["bind_segments", "load_manifest", "map_rejection", "read_manifest"]
+
+_MODELS_KEPT = 8
+"""Manifest texts whose verified models `read_manifest` keeps (the most recently read)."""
+_verified: dict[int, weakref.ref[Manifest]] = {}
 
 
 def map_rejection(exc: km.ManifestError) -> ManifestParseError | ManifestVerifyError:
@@ -23,33 +30,79 @@ def map_rejection(exc: km.ManifestError) -> ManifestParseError | ManifestVerifyE
     return ManifestVerifyError(exc.line())
 
 
+def _mark_verified(model: Manifest) -> Manifest:
+    key = id(model)
+    _verified[key] = weakref.ref(model, lambda _ref: _verified.pop(key, None))
+    return model
+
+
+def _is_verified(model: Manifest) -> bool:
+    ref = _verified.get(id(model))
+    return ref is not None and ref() is model
+
+
 def _verify(model: Manifest) -> None:
-    verify = getattr(km, "verify", None)
-    if verify is None:
-        return
+    problems = km.check(model)
+    if problems:
+        raise ManifestRejected(problems)
+
+
+@functools.lru_cache(maxsize=_MODELS_KEPT)
+def _model_of(data: bytes) -> Manifest:
+    """The verified model of a manifest text, made once per text while it is kept.
+
+    Raises:
+        ManifestRejected: parse problems, else verify problems.
+    """
+    model = km.parse_manifest(data)
+    _verify(model)
+    return _mark_verified(model)
+
+
+def _file_error(path: Path, exc: ManifestRejected) -> ManifestParseError | ManifestVerifyError:
+    problems = list(exc.problems)
+    first = problems[0].line() if problems else exc.line()
+    more = f" (and {len(problems) - 1} more: kern manifest verify {path})" if len(problems) > 1 else ""
+    kind = ManifestParseError if any(isinstance(p, ManifestParse) for p in problems) else ManifestVerifyError
+    return kind(f"manifest {path}: {first}{more}")
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The verified kern_manifest model of a manifest file: the one way in. The same text is parsed
+    and verified once per process; every caller passes the model along.
+
+    Raises:
+        InputFileError: the file cannot be read.
+        ManifestParseError: a parse problem (the first one; `kern manifest verify` lists all).
+        ManifestVerifyError: a verify problem (the first one).
+    """
+    where = Path(path)
     try:
-        result = verify(model)
-    except km.ManifestError as exc:
-        raise map_rejection(exc) from None
-    if result:
-        raise map_rejection(ManifestRejected(list(result)))
+        data = where.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"manifest {where}: {exc.strerror or exc}") from None
+    try:
+        return _model_of(data)
+    except ManifestRejected as exc:
+        raise _file_error(where, exc) from None
 
 
 def load_manifest(src: Manifest | str | os.PathLike[str]) -> Manifest:
-    """A verified manifest model from a model or a file path."""
-    if isinstance(src, Manifest):
-        model = src
-    else:
+    """A verified manifest model from a file path (`read_manifest`) or a model (verified here once;
+    a model `read_manifest` gave is not verified again).
+
+    Raises:
+        as `read_manifest`; ManifestVerifyError: a model that fails the verifier.
+    """
+    if not isinstance(src, Manifest):
+        return read_manifest(src)
+    if not _is_verified(src):
         try:
-            data = Path(src).read_bytes()
-        except OSError as exc:
-            raise ApiError(f"cannot read manifest {src}: {exc.strerror}") from None
-        try:
-            model = km.parse_manifest(data)
+            _verify(src)
         except km.ManifestError as exc:
             raise map_rejection(exc) from None
-    _verify(model)
-    return model
+        _mark_verified(src)
+    return src
 
 
 def _rank_pick(buffer: str, group: str, ranks: Mapping[str, int], n: int) -> int:

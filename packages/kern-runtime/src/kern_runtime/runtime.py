@@ -77,7 +77,8 @@ class Runtime(SequenceMethods):
         """Verifies the manifest, loads its modules by sha256, allocates buffers and states.
 
         Args:
-            manifest: a path to a manifest file, or a parsed kern_manifest model (verified here).
+            manifest: a kern_manifest model (`read_manifest`'s; another is verified here once),
+                or a manifest file's path (read with `read_manifest`).
             kernels_dir: the directory holding module files (matched by sha256, not by name).
             gpu: the device ordinal.
             capacity: tokens for paged states, live sequences for per-seq states (a
@@ -87,8 +88,9 @@ class Runtime(SequenceMethods):
             ranks: this rank's index in each topology group (0 where not given).
 
         Raises:
-            ManifestParseError, ManifestVerifyError, ManifestUnsupportedError, KernelArtifactError,
-            ApiError, CudaError, BlasError. A failed load releases everything it allocated.
+            InputFileError, ManifestParseError, ManifestVerifyError, ManifestUnsupportedError,
+            KernelArtifactError, ApiError, CudaError, BlasError. A failed load releases everything it
+            allocated.
         """
         model = load_manifest(manifest)
         cap = DEFAULT_CAPACITY if capacity is None else capacity

@@ -104,7 +104,8 @@ class EngineSpec:
     """What a server asks an engine factory for (`kern serve --backend MODULE:FACTORY`).
 
     Attributes:
-        manifest: the manifest JSON file.
+        manifest: the manifest file (a factory reads it with `read_manifest`: the server's model, not
+            parsed again).
         kernels: the directory of its cubins.
         weights: .safetensors files, or checkpoint directories (empty: the factory's default).
         gpu: the device ordinal.

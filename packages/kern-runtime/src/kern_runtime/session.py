@@ -17,10 +17,12 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from kern_manifest import Manifest
 from kern_pool import Capacity
 
+from ._manifest import read_manifest
 from .errors import InputFileError, SessionError
-from .roles import ServingRoles, prefill_chunks, read_manifest, serving_roles
+from .roles import ServingRoles, prefill_chunks, serving_roles
 from .runtime import Progress, Runtime
 from .weights import Safetensors
 
@@ -162,25 +164,27 @@ class Session:
         rt.write_input(roles.blocks, self.table)
 
     @classmethod
-    def open(cls, manifest: str | os.PathLike[str], kernels: str | os.PathLike[str],
+    def open(cls, manifest: Manifest | str | os.PathLike[str], kernels: str | os.PathLike[str],
              weights: Sequence[str | os.PathLike[str]], *, gpu: int, capacity: int,
              log: Callable[[str], None] = lambda s: None, progress: Progress | None = None,
              roles: ServingRoles | None = None) -> Session:
-        """Load the manifest, kernels and weights (.safetensors files) onto `gpu` and return a
-        ready session; `roles` are the manifest's serving roles when the caller has read them
-        already (else read here). `log` receives the runtime's startup summary.
+        """Load the manifest (`read_manifest`'s model, or a file's path), kernels and weights
+        (.safetensors files) onto `gpu` and return a ready session; `roles` are the manifest's
+        serving roles when the caller has read them already (else read here). `log` receives the
+        runtime's startup summary.
 
         Raises:
-            ServingRolesError, ManifestParseError, InputFileError: the manifest file.
+            ServingRolesError, ManifestParseError, ManifestVerifyError, InputFileError: the manifest.
             SessionError: the capacity does not fit the model.
             NoDriverError: no NVIDIA driver on this machine.
             Other kern_runtime errors: manifest, kernel, weight or CUDA failures at load.
         """
-        roles = roles or serving_roles(read_manifest(Path(manifest)))
+        model = manifest if isinstance(manifest, Manifest) else read_manifest(manifest)
+        roles = roles or serving_roles(model)
         check_capacity(roles, capacity)
         # NOTE: the pool holds whole pages: room for `capacity` tokens is its pages rounded up.
         tokens = -(-capacity // roles.page_tokens) * roles.page_tokens
-        rt = Runtime.load(manifest, kernels, gpu=gpu, capacity=Capacity(tokens=tokens, seqs=1))
+        rt = Runtime.load(model, kernels, gpu=gpu, capacity=Capacity(tokens=tokens, seqs=1))
         try:
             log(rt.summary())
             rt.load_weights(Safetensors.open([str(p) for p in weights]), threads=8, progress=progress)

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
+
+from kern_manifest import Manifest, parse_manifest
 
 Json = dict[str, Any]
 F32_OP = ["in buffer<f32>", "out buffer<f32>", "f32", "f32", "i32"]
+
+
+def parsed(doc: Json) -> Manifest:
+    """`doc` parsed (not verified): the kern_manifest model that `serving_roles` and the checks read."""
+    return parse_manifest(json.dumps(doc))
 
 
 def _launch(module: str, entry: str, grid: list[Any], block: int = 128, **extra: Any) -> Json:

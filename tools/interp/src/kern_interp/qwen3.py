@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kern_manifest import parse_manifest
+from kern_manifest import KernelLaunch, Manifest, manifest_to_json, parse_manifest
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 from kern_runtime import domains as kr_domains
 from kern_runtime import errors as kr_errors
@@ -597,14 +597,33 @@ KERNELS: dict[str, Callable[..., None]] = {
 }  # fmt: skip
 
 
-def kv_element_bytes(manifest: Mapping[str, Any]) -> int:
+def kv_element_bytes(manifest: Manifest) -> int:
     """Bytes of one `kv` state element, as the kernels that address the state read it (4 for the f32
     entries, else 2); the manifest's kernels must agree."""
-    sizes = {4 if la["entry"] in F32_STATE_ENTRIES else 2
-             for op in manifest["ops"].values() for la in op["impl"]["launches"]
-             if any("state" in p for p in la.get("params", op["params"]))}
+    sizes = {4 if la.entry in F32_STATE_ENTRIES else 2
+             for op in manifest.ops.values() for la in op.impl.launches
+             if any(p.kind == "state" for p in _launch_params(la, op.params))}
     assert len(sizes) <= 1, f"kernels read the kv state with element sizes {sorted(sizes)}"
     return sizes.pop() if sizes else 2
+
+
+def _launch_params(launch: object, op_params: Sequence[Any]) -> Sequence[Any]:
+    own = launch.params if isinstance(launch, KernelLaunch) else None
+    return own if own is not None else op_params
+
+
+def kv_token_bytes(manifest: Manifest) -> int:
+    """Bytes per token of the `kv` state, the one paged state the interpreter holds."""
+    bpt = manifest.states["kv"].bytes_per_token
+    if bpt is None:
+        raise KeyError("the interpreter runs manifests whose kv state is paged (bytes_per_token)")
+    return bpt
+
+
+def model_of(manifest: Manifest | Mapping[str, Any]) -> Manifest:
+    """The kern_manifest model of `manifest`: a model as it is (`kern_runtime.read_manifest`'s), a
+    generated manifest's plain JSON parsed."""
+    return manifest if isinstance(manifest, Manifest) else parse_manifest(json.dumps(manifest))
 
 
 # --------------------------------------------------------------------------------------------
@@ -634,28 +653,32 @@ class Interp:
     """Buffers and the KV state of one manifest, with `run(program, vars)`, `write_input` and
     `read_output` shaped like kern_runtime's."""
 
-    def __init__(self, manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray], capacity: int) -> None:
-        self.m = manifest
+    def __init__(self, manifest: Manifest | Mapping[str, Any], tensors: Mapping[str, np.ndarray],
+                 capacity: int) -> None:
+        self.model = model_of(manifest)
+        self.m: Mapping[str, Any] = manifest_to_json(self.model) if isinstance(manifest, Manifest) else manifest
+        """The plain JSON the interpreter walks (`manifest_to_json` of a model)."""
+        m = self.m
         self.tensors = tensors
         self.capacity = capacity
-        env = {v: spec["max"] for v, spec in manifest["vars"].items()}
+        env = {v: spec["max"] for v, spec in m["vars"].items()}
         self.mem: dict[str, np.ndarray] = {}
-        for name, b in manifest["buffers"].items():
+        for name, b in m["buffers"].items():
             n = int(np.prod([env[d] if isinstance(d, str) else d for d in b["shape"]]))
             self.mem[name] = np.zeros(n, dtype=_NP[b["dtype"]])
             if b["kind"] == "weight":
                 self.mem[name][:] = np.concatenate([tensors[s["tensor"]].reshape(-1) for s in b["bind"]])
         # NOTE: the runtime's pool holds whole pages (the block table's stride), as many as `capacity`
         # tokens need; kern_runtime's input-domain check bounds the writes by those token slots.
-        page = next(b["domain"]["stride"] for b in manifest["buffers"].values() if b.get("fill") == "blocks")
+        page = next(b["domain"]["stride"] for b in m["buffers"].values() if b.get("fill") == "blocks")
         slots = -(-capacity // page) * page
-        self.kv_elem = kv_element_bytes(manifest)
-        self.kv = np.zeros(slots * manifest["states"]["kv"]["bytes_per_token"] // self.kv_elem, dtype=F32)
-        self.domains = kr_domains.input_domains(
-            parse_manifest(json.dumps(manifest)), {"kv": kr_domains.StateUnits(slots, f"{slots} token slots")})
+        self.kv_elem = kv_element_bytes(self.model)
+        self.kv = np.zeros(slots * kv_token_bytes(self.model) // self.kv_elem, dtype=F32)
+        self.domains = kr_domains.input_domains(self.model,
+                                                {"kv": kr_domains.StateUnits(slots, f"{slots} token slots")})
         self.scratch = {(op, s): np.zeros(int(np.prod(sc["shape"])), dtype=_NP[sc["dtype"]])
-                        for op, spec in manifest["ops"].items() for s, sc in spec["impl"].get("scratch", {}).items()}
-        for name, p in manifest["programs"].items():
+                        for op, spec in m["ops"].items() for s, sc in spec["impl"].get("scratch", {}).items()}
+        for name, p in m["programs"].items():
             if p.get("once"):
                 self.run(name, {})
 
@@ -728,7 +751,7 @@ def greedy(interp: Interp, prompt: Sequence[int], steps: int, chunk: int, *,
     the chunks take the last prompt token too and the head program gives the first token."""
     import kern_runtime as kr
 
-    proto = kr.serving_roles(interp.m)
+    proto = kr.serving_roles(interp.model)
     if head:
         assert proto.head_program is not None and proto.head_row is not None and len(prompt) >= 2
     table = np.zeros(proto.blocks_len, dtype=np.int64)

@@ -14,15 +14,14 @@ ids 4000..4004, every other id decodes to one CJK character (a random model says
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import kern_runtime as kr
 from kern_interp import qwen3 as interp
 from kern_interp.backend import InterpBackend
+from kern_manifest import Manifest
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
 from kern_runtime.serving import EngineSpec
 
@@ -42,10 +41,10 @@ _DEFAULT = "the CPU backend's default checkpoint is the tiny Qwen3's: pass --wei
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """What `engine(spec)` loads, checked: the manifest, its roles, the weight files and the sizes
-    of its KV pool and host tier in pages."""
+    """What `engine(spec)` loads, checked: the manifest (`read_manifest`'s model), its roles, the
+    weight files and the sizes of its KV pool and host tier in pages."""
 
-    manifest: dict[str, Any]
+    manifest: Manifest
     roles: kr.ServingRoles
     files: tuple[Path, ...]
     heads: dict[str, interp.TensorHead]
@@ -55,8 +54,7 @@ class _Plan:
     @property
     def page_floats(self) -> int:
         """float32 elements of one KV page (the interpreter widens the bf16 state)."""
-        return self.roles.page_tokens * self.manifest["states"]["kv"]["bytes_per_token"] // interp.kv_element_bytes(
-            self.manifest)
+        return self.roles.page_tokens * interp.kv_token_bytes(self.manifest) // interp.kv_element_bytes(self.manifest)
 
 
 def _plan(spec: EngineSpec) -> _Plan:
@@ -68,36 +66,34 @@ def _plan(spec: EngineSpec) -> _Plan:
         heads.update(interp.read_header(f))
     _check_weights(manifest, heads, spec.manifest.name, _DEFAULT if not spec.weights else "these weights are another "
                    "model's: pass this manifest's checkpoint")
-    page_bytes = roles.page_tokens * manifest["states"]["kv"]["bytes_per_token"]
+    page_bytes = roles.page_tokens * interp.kv_token_bytes(manifest)
     pages = -(-spec.tokens // (roles.page_tokens * CHUNK_PAGES)) * CHUNK_PAGES
     return _Plan(manifest, roles, files, heads, pages, spec.host_bytes // page_bytes)
 
 
-def _check_weights(manifest: Mapping[str, Any], heads: Mapping[str, interp.TensorHead], name: str, hint: str) -> None:
+def _check_weights(manifest: Manifest, heads: Mapping[str, interp.TensorHead], name: str, hint: str) -> None:
     """Every weight buffer's tensors are in the checkpoint and fill it exactly (the interpreter
     concatenates them)."""
-    env = {v: spec["max"] for v, spec in manifest["vars"].items()}
+    env = manifest.var_max
     where = f"the weights do not fit {name[:48]}"
-    for buf, b in manifest["buffers"].items():
-        if b["kind"] != "weight":
+    for buf, b in manifest.buffers.items():
+        if b.kind != "weight":
             continue
-        tensors = [s["tensor"] for s in b["bind"]]
+        tensors = [str(s.tensor) for s in b.bind or ()]
         missing = next((t for t in tensors if t not in heads), None)
         if missing is not None:
             raise kr.WeightArtifactError(f"{where}: the checkpoint has no tensor {missing[:48]!r} ({hint})")
-        want = math.prod(env[d] if isinstance(d, str) else d for d in b["shape"])
+        want = b.elements(env)
         have = sum(heads[t].size for t in tensors)
         if have != want:
             raise kr.WeightArtifactError(f"{where}: buffer {buf[:48]!r} holds {want} values, the checkpoint's "
                                          f"{tensors[0][:48]}{' ...' if len(tensors) > 1 else ''} {have} ({hint})")
 
 
-def _buffer_bytes(manifest: Mapping[str, Any]) -> int:
+def _buffer_bytes(manifest: Manifest) -> int:
     """RAM of the interpreter's buffers at the vars' maxima (bf16 widened to float32)."""
-    env = {v: spec["max"] for v, spec in manifest["vars"].items()}
     sizes = {"bf16": 4, "f32": 4, "i64": 8, "i32": 4}
-    return sum(math.prod(env[d] if isinstance(d, str) else d for d in b["shape"]) * sizes[b["dtype"]]
-               for b in manifest["buffers"].values())
+    return sum(b.elements(manifest.var_max) * sizes[b.dtype] for b in manifest.buffers.values())
 
 
 class CpuBackend:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from kern_manifest import Manifest
+
 from .qwen3 import Interp
 
 __all__ = ["InterpLoader", "InterpSide"]
@@ -68,11 +70,11 @@ class InterpSide:
 
 
 class InterpLoader:
-    """A and B on the interpreter: `reference()` over `tensors`, `candidate(resident)` over the
-    tensors A handed over."""
+    """A and B on the interpreter (`read_manifest`'s models, or generated manifests' plain JSON):
+    `reference()` over `tensors`, `candidate(resident)` over the tensors A handed over."""
 
-    def __init__(self, a: Mapping[str, Any], b: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-                 capacity: int) -> None:
+    def __init__(self, a: Manifest | Mapping[str, Any], b: Manifest | Mapping[str, Any],
+                 tensors: Mapping[str, np.ndarray], capacity: int) -> None:
         self.a, self.b, self.tensors, self.capacity = a, b, tensors, capacity
 
     def reference(self) -> InterpSide:

@@ -67,11 +67,10 @@ class RuntimeSide:
 
 @dataclass(frozen=True, slots=True)
 class GpuLoader:
-    """Loads A and B on one GPU from their manifest files, the kernels and one checkpoint.
+    """Loads A and B on one GPU from their facts' manifests, the kernels and one checkpoint.
 
     Attributes:
         a: A's facts. b: B's facts.
-        a_path: A's manifest file. b_path: B's manifest file.
         kernels: the directory of cubins (matched by sha256).
         weights: the checkpoint's .safetensors files, bound by both.
         gpu: the device ordinal.
@@ -80,18 +79,17 @@ class GpuLoader:
 
     a: Facts
     b: Facts
-    a_path: Path
-    b_path: Path
     kernels: Path
     weights: Sequence[Path]
     gpu: int
     progress: Progress | None = None
 
-    def _load(self, path: Path, f: Facts, over: Resident | None) -> Side:
+    def _load(self, f: Facts, over: Resident | None) -> Side:
         page = f.roles.page_tokens
         tokens = -(-f.capacity // page) * page
         try:
-            rt = Runtime.load(path, self.kernels, gpu=self.gpu, capacity=Capacity(tokens=tokens, seqs=1), over=over)
+            rt = Runtime.load(f.manifest, self.kernels, gpu=self.gpu, capacity=Capacity(tokens=tokens, seqs=1),
+                              over=over)
         except BaseException:
             if over is not None:
                 over.close()
@@ -105,9 +103,9 @@ class GpuLoader:
 
     def reference(self) -> Side:
         """A on the GPU with its weights."""
-        return self._load(self.a_path, self.a, None)
+        return self._load(self.a, None)
 
     def candidate(self, resident: object) -> Side:
         """B over A's kept weights (`resident`: what `RuntimeSide.into_resident` returned)."""
         assert isinstance(resident, Resident)
-        return self._load(self.b_path, self.b, resident)
+        return self._load(self.b, resident)

@@ -148,5 +148,5 @@ def drive(side: Side, f: Facts, run: Run, chunk: int, *, states: bool = True) ->
     n = len(run.prompt)
     rows += [step_row(side, f, t, n + i) for i, t in enumerate(run.decode)]
     images = {name: side.read_state(name, 0, nbytes) for name, nbytes in f.states.items()} if states else {}
-    return Record(logits=np.stack([r[0] for r in rows]), dtype=str(f.manifest["buffers"][f.logits]["dtype"]),
+    return Record(logits=np.stack([r[0] for r in rows]), dtype=f.manifest.buffers[f.logits].dtype,
                   tokens=np.array([r[1] for r in rows], dtype=np.int64), states=images)

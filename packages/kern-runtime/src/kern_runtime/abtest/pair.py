@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from kern_manifest import Buffer, Expr, Manifest, State
 
 from ..roles import ServingRoles, serving_roles
 from ..session import check_capacity
@@ -24,7 +25,7 @@ class Facts:
 
     Attributes:
         model: the manifest's `model` name.
-        manifest: the manifest as plain JSON.
+        manifest: the manifest (`read_manifest`'s model).
         roles: its serving roles.
         logits: the output buffer that holds the logits (the output with no `fill`).
         vocab: the logits' width.
@@ -35,7 +36,7 @@ class Facts:
     """
 
     model: str
-    manifest: Mapping[str, Any]
+    manifest: Manifest
     roles: ServingRoles
     logits: str
     vocab: int
@@ -52,7 +53,8 @@ class Facts:
     def layout(self, state: str) -> str:
         """A state's declaration and page size, as text: two states compare byte for byte only
         when theirs are equal."""
-        return json.dumps([self.manifest["states"][state], self.roles.page_tokens], sort_keys=True)
+        declared = self.manifest.states[state].model_dump(mode="json", exclude_none=True)
+        return json.dumps([declared, self.roles.page_tokens], sort_keys=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,32 +72,38 @@ class Pair:
     common: tuple[str, ...]
 
 
-def _logits(manifest: Mapping[str, Any], who: str) -> tuple[str, int]:
-    outs = [n for n, b in manifest["buffers"].items() if b["kind"] == "output" and "fill" not in b]
+def _logits(manifest: Manifest, who: str) -> tuple[str, int]:
+    outs = [n for n, b in manifest.buffers.items() if b.kind == "output" and b.fill is None]
     if len(outs) != 1:
         raise AbTestError(f"{who} needs exactly one output without a fill (its logits), found {outs or 'none'}")
-    width = manifest["buffers"][outs[0]]["shape"][-1]
-    if not isinstance(width, int):
-        raise AbTestError(f"{who}'s logits output {outs[0]!r} has no fixed width (its last dim is {width!r})")
-    return outs[0], width
+    width = manifest.buffers[outs[0]].shape[-1]
+    if width.const is None:
+        raise AbTestError(f"{who}'s logits output {outs[0]!r} has no fixed width (its last dim is "
+                          f"{width.to_json()!r})")
+    return outs[0], width.const
 
 
-def _state_bytes(state: Mapping[str, Any], capacity: int, page: int) -> int:
-    if state.get("bytes") is not None:
-        return int(state["bytes"])
-    if state.get("bytes_per_token") is not None:
-        return -(-capacity // page) * page * int(state["bytes_per_token"])
-    return int(state.get("bytes_per_seq") or 0)
+def _state_bytes(state: State, capacity: int, page: int) -> int:
+    if state.bytes is not None:
+        return state.bytes
+    if state.bytes_per_token is not None:
+        return -(-capacity // page) * page * state.bytes_per_token
+    return state.bytes_per_seq or 0
 
 
-def _domain(buf: Mapping[str, Any]) -> Domain | None:
-    d = buf.get("domain") or {}
-    lo, hi = d.get("min"), d.get("max")
+def _number(bound: float | Expr | None) -> float | None:
+    return bound.const if isinstance(bound, Expr) else bound
+
+
+def _domain(buf: Buffer) -> Domain | None:
+    if buf.domain is None:
+        return None
+    lo, hi = _number(buf.domain.min), _number(buf.domain.max)
     return None if lo is None and hi is None else (lo, hi)
 
 
-def _domains(manifest: Mapping[str, Any], roles: ServingRoles, logits: str) -> dict[str, Domain]:
-    buffers = manifest["buffers"]
+def _domains(manifest: Manifest, roles: ServingRoles, logits: str) -> dict[str, Domain]:
+    buffers = manifest.buffers
     token = _domain(buffers[roles.next_token]) or (0, roles.token_max)
     out = {roles.next_token: token}
     if (d := _domain(buffers[logits])) is not None:
@@ -103,7 +111,7 @@ def _domains(manifest: Mapping[str, Any], roles: ServingRoles, logits: str) -> d
     return out
 
 
-def read_facts(manifest: Mapping[str, Any], capacity: int, who: str) -> Facts:
+def read_facts(manifest: Manifest, capacity: int, who: str) -> Facts:
     """One manifest's facts (`who` names it in errors: `A` or `B`).
 
     Raises:
@@ -113,14 +121,14 @@ def read_facts(manifest: Mapping[str, Any], capacity: int, who: str) -> Facts:
     roles = serving_roles(manifest)
     check_capacity(roles, capacity)
     logits, vocab = _logits(manifest, who)
-    states = {n: _state_bytes(s, capacity, roles.page_tokens) for n, s in manifest.get("states", {}).items()}
-    return Facts(str(manifest.get("model", "")), manifest, roles, logits, vocab, capacity, states,
+    states = {n: _state_bytes(s, capacity, roles.page_tokens) for n, s in manifest.states.items()}
+    return Facts(manifest.model, manifest, roles, logits, vocab, capacity, states,
                  _domains(manifest, roles, logits))
 
 
-def _tensors(manifest: Mapping[str, Any]) -> set[str]:
-    return {str(b["tensor"]) for buf in manifest["buffers"].values() if buf["kind"] == "weight"
-            for b in buf.get("bind", []) if "tensor" in b}
+def _tensors(manifest: Manifest) -> set[str]:
+    return {str(seg.model_dump(mode="json")["tensor"]) for buf in manifest.buffers.values()
+            if buf.kind == "weight" for seg in buf.bind or ()}
 
 
 def _same_model(a: Facts, b: Facts) -> None:
@@ -142,7 +150,7 @@ def _same_vocabulary(a: Facts, b: Facts) -> None:
         raise AbTestError("neither manifest declares its token ids' domain (the token input's domain max)")
 
 
-def check_pair(a_manifest: Mapping[str, Any], b_manifest: Mapping[str, Any], capacity: int) -> Pair:
+def check_pair(a_manifest: Manifest, b_manifest: Manifest, capacity: int) -> Pair:
     """Check A against B: one model, one vocabulary, a program in common.
 
     Raises:

@@ -61,8 +61,8 @@ def _workload(r: Result) -> Iterator[str]:
 
 def _pair(r: Result) -> Iterator[str]:
     a, b = r.pair.a, r.pair.b
-    yield f"A {a.model}: programs {', '.join(a.programs)}; logits {a.logits} ({a.manifest['buffers'][a.logits]['dtype']})"
-    yield f"B {b.model}: programs {', '.join(b.programs)}; logits {b.logits} ({b.manifest['buffers'][b.logits]['dtype']})"
+    yield f"A {a.model}: programs {', '.join(a.programs)}; logits {a.logits} ({a.manifest.buffers[a.logits].dtype})"
+    yield f"B {b.model}: programs {', '.join(b.programs)}; logits {b.logits} ({b.manifest.buffers[b.logits].dtype})"
     yield f"common programs {', '.join(r.pair.common)}; vocabulary {a.vocab}"
 
 

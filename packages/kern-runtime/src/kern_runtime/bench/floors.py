@@ -4,14 +4,11 @@ and the GEMM-only manifest whose step GEMMs make the cuBLASLt floor (from the me
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from kern_manifest import DTYPE_BYTES
+from kern_manifest import Batch, BufArg, Buffer, Call, Manifest, Program, StateArg, Var, VarArg
 
-from ..errors import InputFileError, ManifestParseError, ServingRolesError
+from ..errors import InputFileError, ManifestParseError, ManifestVerifyError, ServingRolesError
 from ..roles import read_manifest, serving_roles
 from .options import BenchError
 
@@ -26,36 +23,28 @@ __all__ = [
 ]
 
 
-def step_program(manifest: Mapping[str, Any]) -> str:
+def step_program(manifest: Manifest) -> str:
     """The manifest's decode step program (its serving roles')."""
     return serving_roles(manifest).step_program
 
 
-def extern_calls(manifest: Mapping[str, Any], program: str) -> list[dict[str, Any]]:
+def extern_calls(manifest: Manifest, program: str) -> list[Call]:
     """The calls of `program` whose op runs only extern (cuBLASLt) launches."""
-    ops = manifest["ops"]
-    extern = {n for n, op in ops.items() if all(la["entry"].startswith("extern:") for la in op["impl"]["launches"])}
-    return [c for c in manifest["programs"][program]["calls"] if c["op"] in extern]
+    extern = {n for n, op in manifest.ops.items() if all(la.entry.startswith("extern:") for la in op.impl.launches)}
+    return [c for c in manifest.programs[program].calls if c.op in extern]
 
 
-def _nbytes(buf: Mapping[str, Any], env: Mapping[str, int]) -> int:
-    n = DTYPE_BYTES[buf["dtype"]]
-    for d in buf["shape"]:
-        n *= env[d] if isinstance(d, str) else int(d)
-    return n
-
-
-def decode_weight_bytes(manifest: Mapping[str, Any], program: str) -> int:
+def decode_weight_bytes(manifest: Manifest, program: str) -> int:
     """Bytes of the weight buffers the program's calls read (GEMMs, extern or ours, and norms),
     each buffer counted once. NOTE: a table read only through a gather (an untied embedding)
     counts whole, so for such a model this is an upper bound of the bytes a step moves."""
-    buffers = manifest["buffers"]
-    names = {a["buf"] for c in manifest["programs"][program]["calls"] for a in c["args"]
-             if "buf" in a and buffers[a["buf"]]["kind"] == "weight"}
-    return sum(_nbytes(buffers[n], {}) for n in names)
+    buffers = manifest.buffers
+    names = {a.buf for c in manifest.programs[program].calls for a in c.args
+             if isinstance(a, BufArg) and buffers[a.buf].kind == "weight"}
+    return sum(buffers[n].nbytes({}) for n in names)
 
 
-def gemm_only_manifest(manifest: Mapping[str, Any], program: str) -> dict[str, Any]:
+def gemm_only_manifest(manifest: Manifest, program: str) -> Manifest:
     """A manifest whose one graph program is `program`'s extern (GEMM) calls alone.
 
     Weight buffers keep their binds (so a resident runtime's weights are claimed as they are);
@@ -68,52 +57,48 @@ def gemm_only_manifest(manifest: Mapping[str, Any], program: str) -> dict[str, A
     if not calls:
         raise BenchError(f"program {program!r} has no extern (GEMM) call to time")
     buffers = _gemm_buffers(manifest, calls)
-    used_vars = {d for b in buffers.values() for d in b["shape"] if isinstance(d, str)}
-    used_vars |= {a["var"] for c in calls for a in c["args"] if "var" in a}
-    return {
-        "schema_version": manifest["schema_version"],
-        "model": f"{manifest['model']}-gemms",
-        "vars": {v: {"max": 1} for v in sorted(used_vars)},
-        "buffers": buffers,
-        "modules": {},
-        "ops": {o: manifest["ops"][o] for o in sorted({c["op"] for c in calls})},
-        "programs": {"gemms": {"batch": {"groups": 1, "rows": 1}, "graph": True, "calls": calls}},
-    }
+    used_vars = {v for b in buffers.values() for d in b.shape for v in d.vars}
+    used_vars |= {a.var for c in calls for a in c.args if isinstance(a, VarArg)}
+    return Manifest(
+        schema_version=manifest.schema_version,
+        model=f"{manifest.model}-gemms",
+        vars={v: Var(max=1) for v in sorted(used_vars)},
+        buffers=buffers,
+        modules={},
+        ops={o: manifest.ops[o] for o in sorted({c.op for c in calls})},
+        programs={"gemms": Program(batch=Batch(groups=1, rows=1), graph=True, calls=tuple(calls))},
+    )
 
 
-def _gemm_buffers(manifest: Mapping[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
+def _gemm_buffers(manifest: Manifest, calls: list[Call]) -> dict[str, Buffer]:
     written: set[str] = set()
     read: set[str] = set()
     for c in calls:
-        params = manifest["ops"][c["op"]]["params"]
-        for p, a in zip(params, c["args"], strict=True):
-            if "buf" in a:
-                (written if p.startswith(("out", "inout")) else read).add(a["buf"])
-    buffers: dict[str, Any] = {}
+        params = manifest.ops[c.op].params
+        for p, a in zip(params, c.args, strict=True):
+            if isinstance(a, BufArg):
+                (written if p.writes else read).add(a.buf)
+    buffers: dict[str, Buffer] = {}
     for name in sorted(read | written):
-        b = dict(manifest["buffers"][name])
-        b.pop("fill", None)
-        b.pop("domain", None)
-        if b["kind"] != "weight":
-            b["kind"] = "workspace" if name in written else "input"
-        buffers[name] = b
+        b = manifest.buffers[name]
+        kind = b.kind if b.kind == "weight" else "workspace" if name in written else "input"
+        buffers[name] = b.model_copy(update={"fill": None, "domain": None, "kind": kind})
     return buffers
 
 
-def kv_bytes_per_token(manifest: Mapping[str, Any], program: str) -> int:
+def kv_bytes_per_token(manifest: Manifest, program: str) -> int:
     """Bytes per token of the paged states (`bytes_per_token`) the program's calls use: what a
     step reads per token of context."""
-    states = manifest.get("states", {})
-    used = {a["state"] for c in manifest["programs"][program]["calls"] for a in c["args"] if "state" in a}
-    return sum(int(states[n].get("bytes_per_token") or 0) for n in used if n in states)
+    states = manifest.states
+    used = {a.state for c in manifest.programs[program].calls for a in c.args if isinstance(a, StateArg)}
+    return sum(states[n].bytes_per_token or 0 for n in used if n in states)
 
 
-def _weight_specs(manifest: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
-    return {n: (b["dtype"], tuple(b["shape"]), json.dumps(b.get("bind"), sort_keys=True))
-            for n, b in manifest["buffers"].items() if b["kind"] == "weight"}
+def _weight_specs(manifest: Manifest) -> dict[str, tuple[object, ...]]:
+    return {n: (b.dtype, b.shape, b.bind) for n, b in manifest.buffers.items() if b.kind == "weight"}
 
 
-def find_floor_manifest(manifest: Mapping[str, Any], path: Path) -> Path | None:
+def find_floor_manifest(manifest: Manifest, path: Path) -> Path | None:
     """The GEMM floor's manifest when the measured one runs no GEMM through cuBLASLt: of the
     manifests beside `path` with the same weight buffers (names, dtypes, shapes, binds: the same
     checkpoint), the one whose step program has the most extern GEMM calls (the all-cuBLASLt
@@ -126,14 +111,14 @@ def find_floor_manifest(manifest: Mapping[str, Any], path: Path) -> Path | None:
         try:
             m = read_manifest(other)
             n = len(extern_calls(m, step_program(m))) if _weight_specs(m) == want else 0
-        except (InputFileError, ManifestParseError, ServingRolesError):
+        except (InputFileError, ManifestParseError, ManifestVerifyError, ServingRolesError):
             continue
         if n and (best is None or n > best[0]):
             best = (n, other)
     return best[1] if best is not None else None
 
 
-def floor_manifest(manifest: Mapping[str, Any], path: Path, given: Path | None) -> Mapping[str, Any]:
+def floor_manifest(manifest: Manifest, path: Path, given: Path | None) -> Manifest:
     """The manifest whose step GEMMs make the floor: `given` (--floor-manifest), else the measured
     one when its step has extern GEMMs, else the sibling `find_floor_manifest` finds.
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kern_manifest import parse_manifest
+from kern_manifest import Manifest, parse_manifest
 from kern_pool import Capacity
 
 from ..probes import copy_rate
@@ -201,16 +201,15 @@ def yardsticks(kernels: Path, gpu: int, schema_version: int, log: Callable[[str]
     return copy_rate(gpu), gemm_rate(kernels, gpu, schema_version)
 
 
-def gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights: Sequence[Path], gpu: int,
+def gemm_floor(s: Session, manifest: Manifest, kernels: Path, weights: Sequence[Path], gpu: int,
                steps: int) -> Row:
     """The `gemm_floor_ms_per_step` row: the extern GEMM calls of `manifest`'s step alone in one graph,
     replayed `steps` times on a runtime over `s`'s resident weights (`Runtime.into_resident`)."""
     from ..runtime import Runtime
     from ..weights import Safetensors
 
-    floor = gemm_only_manifest(manifest, step_program(manifest))
-    calls = len(floor["programs"]["gemms"]["calls"])
-    gm = parse_manifest(json.dumps(floor))
+    gm = gemm_only_manifest(manifest, step_program(manifest))
+    calls = len(gm.programs["gemms"].calls)
     resident = s.rt.into_resident()
     try:
         rt = Runtime.load(gm, kernels, gpu=gpu, capacity=Capacity(tokens=16, seqs=1), over=resident)
@@ -223,7 +222,7 @@ def gemm_floor(s: Session, manifest: Mapping[str, Any], kernels: Path, weights: 
     finally:
         rt.close()
     return row("gemm_floor_ms_per_step", ms, "ms",
-               peer=f"cublasLt: {manifest['model']}'s {calls} step GEMM calls in one graph")
+               peer=f"cublasLt: {manifest.model}'s {calls} step GEMM calls in one graph")
 
 
 def _replayed_ms(rt: Runtime, vars_: dict[str, int], steps: int) -> float:

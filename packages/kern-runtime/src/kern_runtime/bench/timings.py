@@ -59,9 +59,9 @@ def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str],
     ensure_kernels(inputs.manifest, load.kernels, load.kernel_sources, log)
     rng = np.random.default_rng(0)
     report = Report([row("weight_bytes_per_step", decode_weight_bytes(inputs.manifest, inputs.roles.step_program) / 1e9,
-                         "GB")], title=f"{inputs.manifest['model']}: decode ms/token")
-    copy, gemm = measure.yardsticks(load.kernels, load.gpu, int(inputs.manifest["schema_version"]), log)
-    s = Session.open(load.manifest, load.kernels, weights, gpu=load.gpu, capacity=capacity, log=log,
+                         "GB")], title=f"{inputs.manifest.model}: decode ms/token")
+    copy, gemm = measure.yardsticks(load.kernels, load.gpu, inputs.manifest.schema_version, log)
+    s = Session.open(inputs.manifest, load.kernels, weights, gpu=load.gpu, capacity=capacity, log=log,
                      roles=inputs.roles)
     try:
         _decode_and_breakdown(s, options, report, rng, log)
