@@ -76,7 +76,7 @@ def _ab_test(built: dict[str, Any], a: str, b: str, **options: Any) -> Any:
     o = ab.AbOptions(runs=8, decode_steps=8, capacity=CAPACITY, **{"perf": False, **options})
     paths = built["paths"]
     pair = ab.check_pair(kr.read_manifest(paths[a]), kr.read_manifest(paths[b]), o.capacity)
-    loader = ab.GpuLoader(pair.a, pair.b, paths[a], paths[b], built["kernels"], kr.weight_files([built["ckpt"]]), 0)
+    loader = ab.GpuLoader(pair.a, pair.b, built["kernels"], kr.weight_files([built["ckpt"]]), 0)
     return ab.ab_test(loader, pair, o)
 
 
