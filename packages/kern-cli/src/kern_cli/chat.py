@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -36,6 +36,7 @@ from kern_cli.options import (
 )
 
 if TYPE_CHECKING:
+    from kern_manifest import Manifest
     from kern_runtime import Engine, Provider
     from kern_serve import Conversation
 
@@ -70,7 +71,7 @@ def read_turns(path: Path) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _provider(manifest: Mapping[str, Any]) -> Provider:
+def _provider(manifest: Manifest) -> Provider:
     from kern_runtime.providers import ProviderError, find
 
     try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kern_manifest import Manifest
     from kern_runtime import Provider
 
 __all__ = ["Conversation", "Template", "chat_template", "conversation"]
@@ -63,7 +64,7 @@ def conversation(tok: Any, provider: Provider | None) -> Conversation:
     return Conversation(lambda s: list(tok.encode(s)), lambda ids: decode_text(tok, ids), template, stop)
 
 
-def chat_template(manifest: Mapping[str, Any]) -> Template:
+def chat_template(manifest: Manifest) -> Template:
     """The chat template of the manifest's family; for a family no installed provider knows, a
     template that refuses every conversation (ValueError: `no chat template: ...`)."""
     from kern_runtime.providers import ProviderError, find

@@ -20,7 +20,7 @@ import importlib
 import signal
 import socket
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +28,7 @@ from kern_serve._conversation import chat_template
 from kern_serve.errors import StartError
 
 if TYPE_CHECKING:
+    from kern_manifest import Manifest
     from kern_runtime import Engine
     from kern_runtime.loading import LoadOptions
     from kern_runtime.serving import EngineFactory, EngineSpec
@@ -88,7 +89,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactory) -> EngineSpec:
+def _spec(opts: ServeOptions, manifest: Manifest, factory: EngineFactory) -> EngineSpec:
     """What the factory will be asked for, its sizes checked (`kern_runtime.loading.check_sizes`)."""
     from kern_runtime.loading import check_sizes
     from kern_runtime.serving import EngineSpec
@@ -101,7 +102,7 @@ def _spec(opts: ServeOptions, manifest: Mapping[str, Any], factory: EngineFactor
     return spec
 
 
-def _engine(opts: ServeOptions, manifest: Mapping[str, Any], spec: EngineSpec, factory: EngineFactory, log: Log,
+def _engine(opts: ServeOptions, manifest: Manifest, spec: EngineSpec, factory: EngineFactory, log: Log,
             progress: Progress | None) -> Engine:
     from kern_runtime import loading
 
@@ -110,7 +111,7 @@ def _engine(opts: ServeOptions, manifest: Mapping[str, Any], spec: EngineSpec, f
     return loading.call_factory(factory, spec, opts.backend)
 
 
-def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok: Any) -> Model:
+def _model(opts: ServeOptions, engine: Engine, manifest: Manifest, tok: Any) -> Model:
     from kern_pool import SchedConfig
     from kern_runtime.loading import decode_text, provider_of
     from kern_runtime.serving import Serving, ServingConfig
@@ -125,7 +126,7 @@ def _model(opts: ServeOptions, engine: Engine, manifest: Mapping[str, Any], tok:
     provider = provider_of(manifest)
     texts = provider.stop_texts if provider is not None else ()
     stops = frozenset(ids[0] for s in texts if len(ids := list(tok.encode(s))) == 1)
-    return Model(opts.model or str(manifest.get("model", "kern")), serving, lambda s: list(tok.encode(s)), decode,
+    return Model(opts.model or manifest.model, serving, lambda s: list(tok.encode(s)), decode,
                  chat_template(manifest), stops, opts.api_key, opts.max_body, int(time.time()))
 
 
