@@ -58,8 +58,12 @@ def test_graph_eager_and_chunks_agree(request: pytest.FixtureRequest, manifest: 
 
 @pytest.mark.gpu
 def test_kern_run_prints_the_same_ids(tiny: dict[str, Any]) -> None:
-    with _session(tiny) as s:
-        want = s.generate(_prompt(37), 16, chunk=512)
+    """kern-run's ids are one turn of an Engine (its path: the head gives the first token)."""
+    import kern_runtime as kr
+
+    with kr.Engine.open(tiny["manifest"], tiny["kernels"], kr.weight_files([tiny["ckpt"]]), gpu=0, tokens=4096,
+                        config=kr.EngineConfig(chunk=512)) as eng:
+        want = eng.turn(eng.sequence(), _prompt(37), 16).tokens
     proc = subprocess.run(
         [sys.executable, "-m", "kern_cli.run", "--manifest", str(tiny["manifest"]), "--kernels", str(tiny["kernels"]),
          "--weights", str(tiny["ckpt"]), "--prompt-ids", ",".join(map(str, _prompt(37))), "--steps", "16",

