@@ -507,7 +507,13 @@ def compare_chunks(c: Check, chunk: int, got: list[int], base: KernRun, tie_ulps
     """`got` (a --chunk `chunk` run) against the --chunk 512 run `base` (with every step's logits).
     Records exact equality; a divergence passes only at a near-tie of the base run: its top-1 logit
     minus its logit of `got`'s token <= `tie_ulps` bf16 ulps. Returns whether it passed."""
-    key = f"chunk{chunk}"
+    return compare_runs(c, f"chunk{chunk}", f"--chunk {chunk}", got, base, tie_ulps)
+
+
+def compare_runs(c: Check, key: str, what: str, got: list[int], base: KernRun,
+                 tie_ulps: float = NEAR_TIE_ULPS) -> bool:
+    """`got` (the run `what`, recorded under `key`) against the --chunk 512 run `base`, by
+    `compare_chunks`' rule. Returns whether it passed."""
     if got == base.tokens:
         c.data[key] = {"identical": True}
         return True
@@ -517,7 +523,7 @@ def compare_chunks(c: Check, chunk: int, got: list[int], base: KernRun, tie_ulps
     gap = (top - float(lg[got[j]])) / bf16_ulp(top)
     c.data[key] = {"identical": False, "diverge_at": j, "gap_ulps": round(gap, 3), "this": got[j],
                    "chunk512": base.tokens[j]}
-    note = (f"--chunk {chunk} differs from --chunk 512 at step {j} ({got[j]} vs {base.tokens[j]}); "
+    note = (f"{what} differs from --chunk 512 at step {j} ({got[j]} vs {base.tokens[j]}); "
             f"chunk-512 top-1 minus its logit of {got[j]}: {gap:.2f} bf16 ulps")
     if gap <= tie_ulps:
         c.detail = "; ".join(x for x in (c.detail, f"{note} (near-tie, <= {tie_ulps})") if x)
@@ -542,12 +548,12 @@ def compare_greedy(c: Check, got: list[int], ref: list[int], gaps: list[float],
 
 
 def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[int, list[int]],
-                ref: Reference | None, gpu: int, f32: bool = False) -> dict[int, list[int]]:
+                ref: Reference | None, gpu: int, f32: bool = False) -> dict[int, KernRun]:
     """The checks of one manifest; `f32` (the reference-precision manifest): greedy tokens against
     transformers float32's, the near-tie rule at F32_NEAR_TIE_ULPS, logits within F32_LOGIT_REL_TOL."""
     from kern_runtime import Session, weight_files
 
-    graph_tokens: dict[int, list[int]] = {}
+    graph_runs: dict[int, KernRun] = {}
     session = None
     with rec.check(f"{name}.load") as c:
         logs: list[str] = []
@@ -556,21 +562,21 @@ def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[i
         (rec.logs / f"{name}.summary.txt").write_text("\n".join(logs) + "\n")
         c.detail = logs[0].splitlines()[0] if logs else ""
     if session is None:
-        return graph_tokens
+        return graph_runs
     try:
         for n, p in ps.items():
-            _prompt_checks(rec, name, session, n, p, ref, graph_tokens, f32)
+            _prompt_checks(rec, name, session, n, p, ref, graph_runs, f32)
     finally:
         session.close()
-    return graph_tokens
+    return graph_runs
 
 
 def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: Reference | None,
-                   graph_tokens: dict[int, list[int]], f32: bool = False) -> None:
+                   graph_runs: dict[int, KernRun], f32: bool = False) -> None:
     base: KernRun | None = None
     with rec.check(f"{name}.p{n}.run") as c:
         base = kern_generate(s, p, chunk=512, eager=False, logits=True, all_logits=True)
-        graph_tokens[n] = base.tokens
+        graph_runs[n] = base
         c.detail = f"first tokens {base.tokens[:8]}"
     if base is None:
         return
@@ -604,7 +610,9 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
 
 
 def cli_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[int, list[int]],
-               expect: dict[int, list[int]], gpu: int) -> None:
+               expect: dict[int, KernRun], gpu: int) -> None:
+    """kern-run as a process (an Engine turn: the head gives the first token) against the
+    session's --chunk 512 run of the same prompt, by the near-tie rule."""
     n = 37 if 37 in expect else next(iter(expect), None)
     if n is None:
         return
@@ -616,9 +624,10 @@ def cli_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[in
         (rec.logs / f"{name}.kern_run.stderr").write_text(proc.stderr)
         got = [int(t) for t in proc.stdout.split()]
         c.data["stdout_lines"] = len(proc.stdout.splitlines())
-        if proc.returncode != 0 or got != expect[n] or c.data["stdout_lines"] != 1:
-            _fail(c, f"rc {proc.returncode}, {len(got)} ids, equal={got == expect[n]}; stderr tail: "
-                     f"{proc.stderr.strip().splitlines()[-1:] }")
+        if proc.returncode != 0 or len(got) != len(expect[n].tokens) or c.data["stdout_lines"] != 1:
+            _fail(c, f"rc {proc.returncode}, {len(got)} ids; stderr tail: {proc.stderr.strip().splitlines()[-1:]}")
+        else:
+            compare_runs(c, "kern_run", "kern-run", got, expect[n])
 
 
 def cli_default_check(rec: Recorder, manifest: Path, gpu: int) -> None:
