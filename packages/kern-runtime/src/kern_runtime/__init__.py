@@ -49,6 +49,7 @@ from .errors import (
     NoDriverError,
     NotConnectedError,
     OfferError,
+    RanksDisagreeError,
     ServingRolesError,
     SessionError,
     WeightArtifactError,
@@ -93,6 +94,7 @@ from .loading import (
 from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate, device_count
 from .providers import Provider, ProviderError
+from .ranks import RanksRun, generate_ranks
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local
 from .sequences import Waking
@@ -159,6 +161,8 @@ __all__ = [
     "Prefilled",
     "Provider",
     "ProviderError",
+    "RanksDisagreeError",
+    "RanksRun",
     "Resident",
     "Reuse",
     "RowInterleave",
@@ -200,6 +204,7 @@ __all__ = [
     "default_weights",
     "device_count",
     "ensure_kernels",
+    "generate_ranks",
     "input_domains",
     "input_errors",
     "lease_tokens",

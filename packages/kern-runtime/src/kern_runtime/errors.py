@@ -1,7 +1,8 @@
 """The runtime's error tree, one class per party that must act.
 
 Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError,
-ManifestUnsupportedError, ServingRolesError (no serving roles for a session). Kernel extractor
+ManifestUnsupportedError, ServingRolesError (no serving roles for a session), RanksDisagreeError (the
+ranks of a tensor-parallel manifest generate different tokens). Kernel extractor
 (re-extract kernels): KernelArtifactError. Weight exporter (re-export weights): WeightArtifactError.
 Caller (API misuse): ApiError, DomainError (a write outside an input's domain), InputFileError (a
 named file is missing), SessionError (a session asked for what it cannot do), EngineError (an
@@ -32,6 +33,7 @@ __all__ = [
     "NoDriverError",
     "NotConnectedError",
     "OfferError",
+    "RanksDisagreeError",
     "ServingRolesError",
     "SessionError",
     "WeightArtifactError",
@@ -57,6 +59,11 @@ class ManifestUnsupportedError(KernRuntimeError):
 class ServingRolesError(KernRuntimeError):
     """The manifest lacks a role a session needs: a buffer `fill`, the chunk or the step program
     (provider)."""
+
+
+class RanksDisagreeError(KernRuntimeError):
+    """The ranks of a tensor-parallel manifest generated different tokens (provider: its
+    collectives or the ranks' windows are wrong)."""
 
 
 class KernelArtifactError(KernRuntimeError):
