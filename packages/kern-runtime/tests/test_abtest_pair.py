@@ -93,3 +93,12 @@ def test_options_are_checked() -> None:
                        (ab.AbOptions(capacity=16, decode_steps=16), "no room for a prompt")):
         with pytest.raises(ab.AbTestError, match=match):
             ab.check_options(bad)
+
+
+def test_the_batched_step_is_driven_only_where_both_manifests_have_one() -> None:
+    tiny, batch = _example("qwen3-tiny"), _example("qwen3-tiny-batch")
+    both = _pair(batch, batch, 60)
+    assert both.a.row_logits == both.b.row_logits == "row_logits" and both.no_batch() is None
+    assert _pair(tiny, batch, 60).no_batch() == "A has no batched step with a [rows, vocab] logits buffer"
+    assert _pair(batch, tiny, 60).no_batch() == "B has no batched step with a [rows, vocab] logits buffer"
+    assert _pair(tiny, tiny, 60).no_batch() == "neither manifest has a batched step with a [rows, vocab] logits buffer"

@@ -79,3 +79,44 @@ def test_a_token_domain_is_needed() -> None:
     assert ab.token_top(bare, TINY) == TINY.token_max
     with pytest.raises(ab.AbTestError, match="token ids' domain"):
         ab.draw_workload(0, bare, bare, ab.AbOptions())
+
+
+BATCH = kr.serving_roles(kr.read_manifest(ROOT / "examples" / "qwen3-tiny-batch.json"))
+
+
+def _batch_roles(page: int, max_rows: int) -> kr.ServingRoles:
+    assert BATCH.rows is not None
+    return dataclasses.replace(BATCH, page_tokens=page, rows=dataclasses.replace(BATCH.rows, max_rows=max_rows))
+
+
+batch_roles = st.builds(_batch_roles, st.sampled_from([1, 16, 64]), st.integers(2, 64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**64 - 1), a=batch_roles, b=batch_roles, o=options)
+def test_batches_fit_the_capacity_each_sequence_on_pages_of_its_own(seed: int, a: kr.ServingRoles,
+                                                                    b: kr.ServingRoles, o: ab.AbOptions) -> None:
+    assert a.rows is not None and b.rows is not None
+    batches = ab.draw_batches(seed, a, b, o)
+    assert len(batches) <= max(1, o.runs // 4)
+    assert batches == ab.draw_batches(seed, a, b, o)
+    for batch in batches:
+        n, steps = len(batch.prompts), len(batch.decode[0])
+        assert 2 <= n <= min(a.rows.max_rows, b.rows.max_rows) and len(batch.decode) == n
+        assert len({len(p) for p in batch.prompts}) == n and all(len(d) == steps for d in batch.decode)
+        assert max(1, o.decode_steps // 2) <= steps <= o.decode_steps
+        assert all(0 <= t <= ab.token_top(a, b) for p in (*batch.prompts, *batch.decode) for t in p)
+        for page in (a.page_tokens, b.page_tokens):
+            pages = sum(-(-(len(p) + steps) // page) for p in batch.prompts)
+            assert pages <= -(-o.capacity // page)
+
+
+def test_batches_need_both_batched_steps_and_leave_the_runs_alone() -> None:
+    o = ab.AbOptions(runs=8, capacity=4096)
+    assert ab.draw_batches(1, TINY, BATCH, o) == () and ab.draw_batches(1, BATCH, TINY, o) == ()
+    assert len(ab.draw_batches(1, BATCH, BATCH, o)) == 2
+    assert ab.draw_workload(1, BATCH, BATCH, o) == ab.draw_workload(1, TINY, TINY, o)
+
+
+def test_a_capacity_without_room_for_two_sequences_draws_no_batch() -> None:
+    assert ab.draw_batches(1, BATCH, BATCH, ab.AbOptions(runs=4, decode_steps=4, capacity=34)) == ()

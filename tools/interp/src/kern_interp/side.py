@@ -4,7 +4,8 @@ over one checkpoint's tensors (B takes A's tensors as its resident weights).
 
 The interpreter holds every float in float32, the `kv` state too: `read_state` gives the state's
 float32 elements that the manifest's byte range covers (4 bytes per element, whatever the
-manifest's element size), so two interpreter sides compare alike. `time_calls` times the whole
+manifest's element size), so two interpreter sides compare alike; `read_workspace` gives a
+buffer's float32 elements too. `time_calls` times the whole
 program as one call, on the host.
 """
 
@@ -41,6 +42,9 @@ class InterpSide:
     def read_output(self, name: str, count: int | None = None) -> np.ndarray:
         out = self.machine.read_output(name)
         return out if count is None else out[:count]
+
+    def read_workspace(self, name: str, count: int) -> np.ndarray:
+        return self.machine.mem[name][:count].copy()
 
     def synchronize(self) -> None:
         pass

@@ -6,6 +6,7 @@ and how fast? (docs/test.md)
 - `workload`: the runs, a pure function of the seed, both manifests' serving roles and the options;
 - `drive`: one run on one `Side` (the slice of `Runtime` that `Session` uses, states zeroed and
   read);
+- `rows`: one batch on one `Side`, through the batched decode step;
 - `compare`: per-row statistics of the logits, the byte comparisons of outputs and states;
 - `ladder`: the verdict ladder (`judge`), first match wins;
 - `perf`: the timing section;
@@ -47,7 +48,8 @@ from .options import (
 from .pair import Facts, Pair, check_pair, read_facts
 from .perf import Timing, time_side
 from .report import Report, report_of
-from .workload import Run, draw_workload, noise_chunk, token_top
+from .rows import batch_pages, drive_batch
+from .workload import Batch, Run, draw_batches, draw_workload, noise_chunk, token_top
 
 __all__ = [
     "BLOCK_BYTES",
@@ -60,6 +62,7 @@ __all__ = [
     "TOP_K",
     "AbOptions",
     "AbTestError",
+    "Batch",
     "Evidence",
     "Facts",
     "GpuLoader",
@@ -77,11 +80,14 @@ __all__ = [
     "Timing",
     "Verdict",
     "ab_test",
+    "batch_pages",
     "bits_equal",
     "check_options",
     "check_pair",
+    "draw_batches",
     "draw_workload",
     "drive",
+    "drive_batch",
     "judge",
     "noise_chunk",
     "off_top",

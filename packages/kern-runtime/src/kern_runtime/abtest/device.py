@@ -23,6 +23,9 @@ __all__ = ["GpuLoader", "RuntimeSide"]
 
 Progress = Callable[[int, int], None]
 
+_ELEMENTS: Mapping[str, Any] = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}
+"""The element types of a logits buffer as `read_output` gives them (bf16 as bit patterns)."""
+
 
 class RuntimeSide:
     """A loaded `Runtime` as a `Side`: `zero_states` writes zeros over each state's reach."""
@@ -43,6 +46,10 @@ class RuntimeSide:
 
     def read_output(self, name: str, count: int | None = None) -> NDArray[Any]:
         return self.rt.read_output(name, count)
+
+    def read_workspace(self, name: str, count: int) -> NDArray[Any]:
+        element = _ELEMENTS[self.rt.manifest.buffers[name].dtype]
+        return self.rt.read_buffer(name).view(element)[:count].copy()
 
     def synchronize(self) -> None:
         self.rt.synchronize()

@@ -23,7 +23,9 @@ from ..session import stage
 from .pair import Facts
 from .workload import Run
 
-__all__ = ["Record", "Side", "begin", "drive", "prefill_row", "stage_rows", "stage_step", "step_row", "widen"]
+__all__ = [
+    "Record", "Side", "begin", "drive", "prefill_row", "read_states", "stage_rows", "stage_step", "step_row", "widen",
+]
 
 
 class Side(Protocol):
@@ -37,6 +39,11 @@ class Side(Protocol):
     def issue(self, program: str, vars: Mapping[str, int]) -> None: ...
 
     def read_output(self, name: str, count: int | None = None) -> NDArray[Any]: ...
+
+    def read_workspace(self, name: str, count: int) -> NDArray[Any]:
+        """The first `count` elements of a buffer that is no output (the batched step's logits),
+        as `read_output` gives an output's."""
+        ...
 
     def synchronize(self) -> None: ...
 
@@ -140,6 +147,11 @@ def step_row(side: Side, f: Facts, token: int, pos: int) -> tuple[NDArray[np.flo
     return _row(side, f)
 
 
+def read_states(side: Side, f: Facts) -> dict[str, NDArray[np.uint8]]:
+    """Each state's bytes that a run can reach, from its start."""
+    return {name: side.read_state(name, 0, nbytes) for name, nbytes in f.states.items()}
+
+
 def drive(side: Side, f: Facts, run: Run, chunk: int, *, states: bool = True) -> Record:
     """`run` on `side` (prefill chunks of `chunk` rows) from zeroed states; the states read after
     it unless `states` is False (the record then holds none)."""
@@ -147,6 +159,6 @@ def drive(side: Side, f: Facts, run: Run, chunk: int, *, states: bool = True) ->
     rows = [prefill_row(side, f, run.prompt, chunk)]
     n = len(run.prompt)
     rows += [step_row(side, f, t, n + i) for i, t in enumerate(run.decode)]
-    images = {name: side.read_state(name, 0, nbytes) for name, nbytes in f.states.items()} if states else {}
+    images = read_states(side, f) if states else {}
     return Record(logits=np.stack([r[0] for r in rows]), dtype=f.manifest.buffers[f.logits].dtype,
                   tokens=np.array([r[1] for r in rows], dtype=np.int64), states=images)

@@ -1,8 +1,9 @@
 """The stages of one A/B test: A loaded, run over the workload and recorded, run again with
 another chunking (the noise pass) and timed, then closed with its weights kept (`into_resident`);
 B loaded over them and run on the same workload from the same zeroed states, compared run by run
-as it goes, and timed. A failure of B's load or of one of its runs is B's crash: the runs before it
-are still compared."""
+as it goes, and timed. The workload's runs come first, then its batches (where both manifests have
+a batched step); a batch's rows are compared as a run's are. A failure of B's load or of one of its
+runs or batches is B's crash: the ones before it are still compared."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from .ladder import Evidence, Verdict, judge
 from .options import AbOptions
 from .pair import Facts, Pair
 from .perf import Timing, time_side
-from .workload import Run, draw_workload
+from .rows import drive_batch
+from .workload import Batch, Run, draw_batches, draw_workload
 
 __all__ = ["Loader", "Result", "StateCheck", "ab_test"]
+
+Item = Run | Batch
+"""One sequence of the workload, or one batch of them."""
 
 
 class Loader(Protocol):
@@ -93,7 +98,8 @@ class Result:
         evidence: what the ladder judged.
         verdict: its answer.
         timing: A's and B's timings (`A`, `B`; empty without the timing stage or after a crash).
-        completed: B's runs compared.
+        completed: B's runs and batches compared (the runs first).
+        batches: the workload's batches (none unless both manifests have a batched step).
     """
 
     seed: int
@@ -107,6 +113,12 @@ class Result:
     verdict: Verdict
     timing: Mapping[str, Timing]
     completed: int
+    batches: tuple[Batch, ...] = ()
+
+    @property
+    def batched_rows(self) -> int:
+        """B's rows of batches compared."""
+        return sum(b.rows for b in self.batches[: max(0, self.completed - len(self.runs))])
 
 
 def _one_line(exc: BaseException) -> str:
@@ -120,15 +132,33 @@ def _keep(rec: Record) -> _Kept:
                  {n: hashlib.blake2b(img.tobytes()).digest() for n, img in rec.states.items()})
 
 
-def _reference(side: Side, pair: Pair, runs: tuple[Run, ...], options: AbOptions,
+def _drive(side: Side, f: Facts, item: Item, *, noise: bool = False, states: bool = True) -> Record:
+    """`item` on `side` at its chunk (`noise`: its noise pass's)."""
+    chunk = item.noise_chunk if noise else item.chunk
+    if isinstance(item, Batch):
+        return drive_batch(side, f, item, chunk, states=states)
+    return drive(side, f, item, chunk, states=states)
+
+
+def _label(items: tuple[Item, ...], i: int) -> str:
+    before = sum(isinstance(it, Batch) for it in items[:i])
+    return f"batch {before}" if isinstance(items[i], Batch) else f"run {i - before}"
+
+
+def _counted(items: tuple[Item, ...]) -> str:
+    batches = sum(isinstance(it, Batch) for it in items)
+    return f"{len(items) - batches} runs" + (f", {batches} batches" if batches else "")
+
+
+def _reference(side: Side, pair: Pair, items: tuple[Item, ...], options: AbOptions,
                log: Callable[[str], None]) -> tuple[list[_Kept], RowStats | None, Timing | None]:
-    log(f"A: {len(runs)} runs")
-    kept = [_keep(drive(side, pair.a, run, run.chunk)) for run in runs]
+    log(f"A: {_counted(items)}")
+    kept = [_keep(_drive(side, pair.a, it)) for it in items]
     noise = None
     if options.noise:
         log("A: the noise pass (another chunking)")
-        noise = RowStats.concat([compare.row_stats(k.logits, drive(side, pair.a, run, run.noise_chunk, states=False).logits)
-                                 for k, run in zip(kept, runs, strict=True)])
+        noise = RowStats.concat([compare.row_stats(k.logits, _drive(side, pair.a, it, noise=True, states=False).logits)
+                                 for k, it in zip(kept, items, strict=True)])
     timing = None
     if options.perf:
         log("A: timing")
@@ -170,17 +200,17 @@ def _compare(t: _Tally, pair: Pair, a: _Kept, rec: Record) -> None:
     _check_domains(t, pair.b, rec)
 
 
-def _candidate(loader: Loader, resident: object, pair: Pair, runs: tuple[Run, ...], kept: list[_Kept],
+def _candidate(loader: Loader, resident: object, pair: Pair, items: tuple[Item, ...], kept: list[_Kept],
                options: AbOptions, log: Callable[[str], None]) -> tuple[_Tally, Timing | None]:
     t = _Tally()
-    log(f"B: {len(runs)} runs")
+    log(f"B: {_counted(items)}")
     try:
         side = loader.candidate(resident)
     except Exception as exc:
         t.crash = f"at load: {_one_line(exc)}"
         return t, None
     try:
-        _run_candidate(t, side, pair, runs, kept)
+        _run_candidate(t, side, pair, items, kept)
         timing = _time_candidate(t, side, pair, options, log)
     finally:
         _close(t, side)
@@ -206,12 +236,12 @@ def _close(t: _Tally, side: Side) -> None:
         t.crash = t.crash or f"at close: {_one_line(exc)}"
 
 
-def _run_candidate(t: _Tally, side: Side, pair: Pair, runs: tuple[Run, ...], kept: list[_Kept]) -> None:
-    for i, (run, a) in enumerate(zip(runs, kept, strict=True)):
+def _run_candidate(t: _Tally, side: Side, pair: Pair, items: tuple[Item, ...], kept: list[_Kept]) -> None:
+    for i, (item, a) in enumerate(zip(items, kept, strict=True)):
         try:
-            rec = drive(side, pair.b, run, run.chunk)
+            rec = _drive(side, pair.b, item)
         except Exception as exc:
-            t.crash = f"in run {i}: {_one_line(exc)}"
+            t.crash = f"in {_label(items, i)}: {_one_line(exc)}"
             return
         _compare(t, pair, a, rec)
 
@@ -246,17 +276,19 @@ def ab_test(loader: Loader, pair: Pair, options: AbOptions, log: Callable[[str],
     """Run the stages (see the module's docstring) and judge. Errors of A (the reference) propagate;
     B's are its crash."""
     runs = draw_workload(options.seed, pair.a.roles, pair.b.roles, options)
+    batches = draw_batches(options.seed, pair.a.roles, pair.b.roles, options) if pair.no_batch() is None else ()
+    items: tuple[Item, ...] = (*runs, *batches)
     side = loader.reference()
     try:
-        kept, noise, timing_a = _reference(side, pair, runs, options, log)
+        kept, noise, timing_a = _reference(side, pair, items, options, log)
         resident = side.into_resident()
     except BaseException:
         side.close()
         raise
-    tally, timing_b = _candidate(loader, resident, pair, runs, kept, options, log)
+    tally, timing_b = _candidate(loader, resident, pair, items, kept, options, log)
     stats = RowStats.concat(tally.stats)
     domain = _domain_lines(tally, pair.b)
     evidence = _evidence(tally, stats, noise, domain, options)
     timing = {"A": timing_a, "B": timing_b} if timing_a is not None and timing_b is not None else {}
     return Result(options.seed, runs, pair, stats, noise, dict(tally.states), domain, evidence, judge(evidence),
-                  timing, len(tally.stats))
+                  timing, len(tally.stats), batches)

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kern_manifest import Buffer, Expr, Manifest, State
+from kern_manifest import BufArg, Buffer, Expr, Manifest, State
 
 from ..roles import ServingRoles, serving_roles
 from ..session import check_capacity
@@ -33,6 +33,8 @@ class Facts:
         states: bytes of each state from its start that a run can reach at this capacity.
         domains: the declared (min, max) of the outputs read: the next token (held to the token
             input's domain when it declares none) and the logits where declared.
+        row_logits: the buffer of the batched step's logits ([rows, vocab], the one its program
+            passes), or None: no batched step, or none such.
     """
 
     model: str
@@ -43,6 +45,7 @@ class Facts:
     capacity: int
     states: Mapping[str, int]
     domains: Mapping[str, Domain]
+    row_logits: str | None = None
 
     @property
     def programs(self) -> tuple[str, ...]:
@@ -70,6 +73,14 @@ class Pair:
     a: Facts
     b: Facts
     common: tuple[str, ...]
+
+    def no_batch(self) -> str | None:
+        """Why batched rows are not driven (None: both manifests have a batched step to drive)."""
+        missing = [who for who, f in (("A", self.a), ("B", self.b)) if f.row_logits is None]
+        if not missing:
+            return None
+        who = "neither manifest has a" if len(missing) == 2 else f"{missing[0]} has no"
+        return f"{who} batched step with a [rows, vocab] logits buffer"
 
 
 def _logits(manifest: Manifest, who: str) -> tuple[str, int]:
@@ -111,6 +122,23 @@ def _domains(manifest: Manifest, roles: ServingRoles, logits: str) -> dict[str, 
     return out
 
 
+def _is_row_logits(buf: Buffer, var: str, max_rows: int, vocab: int) -> bool:
+    if buf.kind == "weight" or buf.dtype not in ("bf16", "f16", "f32") or len(buf.shape) != 2:
+        return False
+    first, last = buf.shape
+    return last.const == vocab and (first == Expr.of(var) or first.const == max_rows)
+
+
+def _row_logits(manifest: Manifest, roles: ServingRoles, vocab: int) -> str | None:
+    rows = roles.rows
+    if rows is None:
+        return None
+    calls = manifest.programs[rows.program].calls
+    passed = sorted({a.buf for c in calls for a in c.args if isinstance(a, BufArg)})
+    found = [n for n in passed if _is_row_logits(manifest.buffers[n], rows.var, rows.max_rows, vocab)]
+    return found[0] if len(found) == 1 else None
+
+
 def read_facts(manifest: Manifest, capacity: int, who: str) -> Facts:
     """One manifest's facts (`who` names it in errors: `A` or `B`).
 
@@ -123,7 +151,7 @@ def read_facts(manifest: Manifest, capacity: int, who: str) -> Facts:
     logits, vocab = _logits(manifest, who)
     states = {n: _state_bytes(s, capacity, roles.page_tokens) for n, s in manifest.states.items()}
     return Facts(manifest.model, manifest, roles, logits, vocab, capacity, states,
-                 _domains(manifest, roles, logits))
+                 _domains(manifest, roles, logits), _row_logits(manifest, roles, vocab))
 
 
 def _tensors(manifest: Manifest) -> set[str]:

@@ -49,6 +49,11 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _total(r: Result) -> int:
+    """The rows of the workload: each run's and each batch's."""
+    return sum(len(run.decode) + 1 for run in r.runs) + sum(b.rows for b in r.batches)
+
+
 def _workload(r: Result) -> Iterator[str]:
     rows = sum(len(run.decode) + 1 for run in r.runs)
     steps = [len(run.decode) for run in r.runs]
@@ -57,6 +62,26 @@ def _workload(r: Result) -> Iterator[str]:
     for i, run in enumerate(r.runs):
         yield (f"run {i}: prompt {len(run.prompt)} ({run.drawn}), chunk {run.chunk}, {len(run.decode)} decode ids, "
                f"noise chunk {run.noise_chunk}")
+    yield from _batches(r)
+
+
+def _batches(r: Result) -> Iterator[str]:
+    why = r.pair.no_batch()
+    if why is not None:
+        yield f"batched rows: not driven, {why}: single-row runs only"
+        return
+    if not r.batches:
+        yield "batched rows: not driven, the capacity holds no 2 sequences beside the decode steps"
+        return
+    rows = r.pair.a.roles.rows
+    assert rows is not None
+    n = len(r.batches)
+    yield (f"batched rows: {n} batch{'es' if n != 1 else ''}, {sum(b.rows for b in r.batches)} rows through "
+           f"{rows.program}")
+    for i, b in enumerate(r.batches):
+        lengths = ", ".join(str(len(p)) for p in b.prompts)
+        yield (f"batch {i}: {len(b.prompts)} sequences, prompts {lengths}, chunk {b.chunk}, {len(b.decode[0])} "
+               f"decode ids each, noise chunk {b.noise_chunk}")
 
 
 def _pair(r: Result) -> Iterator[str]:
@@ -77,11 +102,13 @@ def _noise(noise: RowStats | None) -> Iterator[str]:
 
 def _logits(r: Result) -> Iterator[str]:
     s, e = r.stats, r.evidence
-    total = sum(len(run.decode) + 1 for run in r.runs)
+    total = _total(r)
     if not s.rows:
         yield f"no rows compared of {total}"
         return
     yield f"rows {s.rows} of {total}: KL(A || B) max {_g(s.kl.max())} mean {_g(float(np.mean(s.kl)))} nat"
+    if r.batches:
+        yield f"batched rows compared: {r.batched_rows} of {sum(b.rows for b in r.batches)}"
     yield f"argmax agrees on {int(np.count_nonzero(s.agree))} of {s.rows} rows; flips failing above {e.logit_kl:g} nat: {e.flips}"
     yield f"next token off B's top logit where A's is on A's: {e.token_flips} rows"
     disagree = ~s.agree

@@ -6,6 +6,12 @@ forcing), so A and B see the same inputs on every row. Even runs draw the prompt
 from [1, capacity - decode steps], odd runs from the structural boundaries (a page +-1, a chunk
 +-1, the chunk program's rows max, the most the capacity allows). Chunk sizes come from {rows max,
 512, one page, random}; each run also names the other chunking the noise pass uses.
+
+Where both manifests have a batched decode step, batches follow: each is 2 to `max_rows` sequences
+(the fewer rows of the two) of different prompt lengths, one chunk size, the same number of
+teacher-forced decode ids per row and greedy sampling, drawn from a generator of its own so the
+runs stay what they are without batches. Every sequence of a batch holds pages of its own: the
+prompts, the decode ids and a page's slack per sequence fit in the capacity together.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 from ..roles import ServingRoles
 from .options import AbOptions, AbTestError
 
-__all__ = ["Run", "draw_workload", "noise_chunk", "token_top"]
+__all__ = ["Batch", "Run", "draw_batches", "draw_workload", "noise_chunk", "token_top"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,33 @@ class Run:
     decode: tuple[int, ...]
     drawn: str
     noise_chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Sequences decoded together through the batched step.
+
+    Attributes:
+        prompts: each sequence's prompt ids (all of different lengths).
+        chunk: the prefill chunk size of every sequence.
+        decode: each sequence's decode ids, as many for each.
+        noise_chunk: the chunk size of A's noise pass over the same prompts.
+    """
+
+    prompts: tuple[tuple[int, ...], ...]
+    chunk: int
+    decode: tuple[tuple[int, ...], ...]
+    noise_chunk: int
+
+    @property
+    def steps(self) -> int:
+        """Batched steps issued: the prompts' last tokens, then each decode id."""
+        return len(self.decode[0]) + 1
+
+    @property
+    def rows(self) -> int:
+        """Rows of evidence: one per sequence and step."""
+        return len(self.prompts) * self.steps
 
 
 def token_top(a: ServingRoles, b: ServingRoles) -> int:
@@ -111,3 +144,49 @@ def draw_workload(seed: int, a: ServingRoles, b: ServingRoles, options: AbOption
         decode = tuple(int(t) for t in rng.integers(0, top + 1, size=steps))
         runs.append(Run(prompt, chunk, decode, drawn, noise_chunk(n, chunk, rows_max)))
     return tuple(runs)
+
+
+BATCH_SALT = 0xBA7C
+"""Mixed into the seed of the batches' generator (the runs' draws stay as they are)."""
+
+
+def _prompt_room(capacity: int, n: int, steps: int, page: int) -> int:
+    """The longest prompt each of n sequences may take so that their pages fit the capacity."""
+    return (capacity - n * (page - 1) - n * steps) // n
+
+
+def _most_rows(capacity: int, steps: int, page: int, max_rows: int) -> int:
+    """The most sequences a batch can hold with different prompt lengths (below 2: no batch)."""
+    return max((n for n in range(2, max_rows + 1) if _prompt_room(capacity, n, steps, page) >= n), default=0)
+
+
+def _batch(rng: np.random.Generator, top: int, steps: int, n: int, room: int, rows_max: int, page: int) -> Batch:
+    lengths = rng.choice(np.arange(1, room + 1), size=n, replace=False)
+    prompts = tuple(tuple(int(t) for t in rng.integers(0, top + 1, size=int(k))) for k in lengths)
+    decode = tuple(tuple(int(t) for t in rng.integers(0, top + 1, size=steps)) for _ in range(n))
+    chunk = _chunk(rng, rows_max, page)
+    return Batch(prompts, chunk, decode, noise_chunk(int(lengths.max()), chunk, rows_max))
+
+
+def draw_batches(seed: int, a: ServingRoles, b: ServingRoles, options: AbOptions) -> tuple[Batch, ...]:
+    """The batches of one A/B test: one per 4 runs (at least 1), none unless both manifests have
+    a batched step and the capacity holds 2 sequences (same arguments, same batches).
+
+    Raises:
+        AbTestError: as `token_top`.
+    """
+    if a.rows is None or b.rows is None:
+        return ()
+    top = token_top(a, b)
+    rows_max, max_rows = min(a.chunk_max, b.chunk_max), min(a.rows.max_rows, b.rows.max_rows)
+    page = max(a.page_tokens, b.page_tokens)
+    rng = np.random.default_rng([seed, BATCH_SALT])
+    out: list[Batch] = []
+    for _ in range(max(1, options.runs // 4)):
+        steps = int(rng.integers(max(1, options.decode_steps // 2), options.decode_steps + 1))
+        most = _most_rows(options.capacity, steps, page, max_rows)
+        if most < 2:
+            return tuple(out)
+        n = int(rng.integers(2, most + 1))
+        out.append(_batch(rng, top, steps, n, _prompt_room(options.capacity, n, steps, page), rows_max, page))
+    return tuple(out)
