@@ -36,6 +36,11 @@ def tiny() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def tiny_batch() -> dict[str, Any]:
+    return json.loads((ROOT / "examples" / "qwen3-tiny-batch.json").read_text())
+
+
+@pytest.fixture(scope="module")
 def tensors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     path, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=0, name="qwen3-tiny", root=tmp_path_factory.mktemp("ckpt"))
     out = dict(interp.read_checkpoint(path))
@@ -74,6 +79,13 @@ def _swap(t: int, logits: Ptr) -> None:
     x = _logits(logits)
     hi, lo = int(np.argmax(x)), int(np.argmin(x))
     x[hi], x[lo] = x[lo], x[hi]
+
+
+def _swap_rows(t: int, logits: Ptr) -> None:
+    arr, off = logits
+    for x in arr[off : off + t * 4096].reshape(t, 4096):
+        hi, lo = int(np.argmax(x)), int(np.argmin(x))
+        x[hi], x[lo] = x[lo], x[hi]
 
 
 def _jitter_ulp(t: int, logits: Ptr) -> None:
@@ -122,7 +134,7 @@ def _write_ahead(t: int, kv: Ptr, slots: Ptr, nkv: int, d: int, p: int, page_str
 FAULTS: dict[str, Callable[..., None]] = {
     "kern_test_drift": _scaled(1 + 1e-4), "kern_test_temperature": _scaled(1.5), "kern_test_zero_pos": _zero_last(1.0),
     "kern_test_zero_neg": _zero_last(-1.0), "kern_test_nan": _nan, "kern_test_swap": _swap,
-    "kern_test_ulp": _jitter_ulp, "kern_test_chunk_jitter": _chunk_jitter, "kern_test_domain": _out_of_domain,
+    "kern_test_ulp": _jitter_ulp, "kern_test_swap_rows": _swap_rows, "kern_test_chunk_jitter": _chunk_jitter, "kern_test_domain": _out_of_domain,
     "kern_test_argmin": _argmin,
     "kern_test_state_pos": _state_zero(1.0), "kern_test_state_neg": _state_zero(-1.0),
     "kern_test_write_ahead": _write_ahead,
@@ -172,6 +184,11 @@ def _on_token(m: dict[str, Any], entry: str) -> dict[str, Any]:
 def _on_argmax(m: dict[str, Any], entry: str) -> dict[str, Any]:
     return _with(m, entry, "argmax", ("decode", "head"), lambda _: [{"buf": "logits"}, {"buf": "next_token"}],
                  ["in buffer<bf16>", "inout buffer<i64>"])
+
+
+def _on_row_logits(m: dict[str, Any], entry: str) -> dict[str, Any]:
+    """After the batched step's lm_head, on every row's logits: the one-row programs untouched."""
+    return _with(m, entry, "lm_head", ("decode_rows",), lambda _: [{"buf": "row_logits"}], ["inout buffer<bf16>"])
 
 
 def _jittery(m: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +301,57 @@ def test_a_swapped_argmax_kernel_fails_on_its_tokens(tiny: dict[str, Any], tenso
     assert _verdict(result)[:2] == ("FAIL", 1)
     assert result.verdict.reason.startswith("next token: B's is off its top logit")
     assert result.evidence.logits_identical and result.evidence.token_flips == result.stats.rows
+
+
+# --------------------------------------------------------------------------------------------
+# The batched step.
+
+
+def test_identical_batched_manifests_are_bit_identical_on_batched_rows(tiny_batch: dict[str, Any],
+                                                                       tensors: dict[str, np.ndarray]) -> None:
+    result = _test(tiny_batch, copy.deepcopy(tiny_batch), tensors)
+    assert _verdict(result)[:2] == ("PASS", 0) and result.verdict.reason.startswith("bit-identical")
+    assert result.batches and result.batched_rows == sum(b.rows for b in result.batches) > 0
+    single = sum(len(run.decode) + 1 for run in result.runs)
+    assert result.stats.rows == single + result.batched_rows
+    assert result.noise is not None and result.noise.rows == result.stats.rows
+    text = ab.report_of(result).text()
+    assert f"logits batched rows compared: {result.batched_rows} of {result.batched_rows}" in text
+
+
+def test_the_batched_rows_run_what_the_one_row_step_runs(tiny_batch: dict[str, Any],
+                                                         tensors: dict[str, np.ndarray]) -> None:
+    """A batch's rows against the same sequences driven one at a time: the same tokens, logits
+    within float32 rounding of other shapes."""
+    ma = interp.model_of(tiny_batch)
+    f = ab.check_pair(ma, ma, CAPACITY).a
+    batch = ab.draw_batches(1, f.roles, f.roles, OPTIONS)[0]
+    side = InterpLoader(ma, ma, tensors, CAPACITY).reference()
+    rec = ab.drive_batch(side, f, batch, batch.chunk, states=False)
+    n = len(batch.prompts)
+    for i, (prompt, decode) in enumerate(zip(batch.prompts, batch.decode, strict=True)):
+        run = ab.Run(prompt, batch.chunk, decode, "uniform", batch.noise_chunk)
+        one = ab.drive(side, f, run, run.chunk, states=False)
+        stats = ab.row_stats(one.logits, rec.logits[i::n])
+        assert stats.agree.all() and stats.kl.max() < 1e-6
+        np.testing.assert_array_equal(one.tokens, rec.tokens[i::n])
+
+
+def test_a_candidate_broken_only_in_the_batched_step_fails(tiny_batch: dict[str, Any],
+                                                           tensors: dict[str, np.ndarray]) -> None:
+    result = _test(tiny_batch, _on_row_logits(tiny_batch, "kern_test_swap_rows"), tensors)
+    assert _verdict(result)[:2] == ("FAIL", 1) and result.verdict.reason.startswith("argmax flips")
+    assert result.evidence.flips == result.batched_rows > 0
+
+
+def test_one_batched_side_means_single_row_runs_only(tiny: dict[str, Any], tiny_batch: dict[str, Any],
+                                                     tensors: dict[str, np.ndarray]) -> None:
+    result = _test(tiny, tiny_batch, tensors)
+    assert result.batches == () and result.batched_rows == 0
+    assert result.stats.rows == sum(len(run.decode) + 1 for run in result.runs)
+    lines = ab.report_of(result).text().splitlines()
+    assert ("workload batched rows: not driven, A has no batched step with a [rows, vocab] logits buffer: "
+            "single-row runs only") in lines
 
 
 # --------------------------------------------------------------------------------------------
