@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from kern_manifest.errors import (
     ExprError,
@@ -45,6 +45,7 @@ __all__ = [
     "Limits",
     "OpInfo",
     "Root",
+    "SlotRule",
     "Use",
     "names",
     "ptr",
@@ -111,6 +112,17 @@ def scalar_kind(arg: object) -> str:
     return str(getattr(arg, "KIND", type(arg).__name__))
 
 
+@dataclass(frozen=True, slots=True)
+class SlotRule:
+    """An extern's rule on an op param it is forwarded, checked at every call of the op: "k" (a
+    multiple of 16) or "scale" (one f32 element), over the launch's var bounds."""
+
+    param: int
+    role: Literal["k", "scale"]
+    entry: str
+    bounds: Mapping[str, tuple[int, int]]
+
+
 @dataclass(slots=True)
 class OpInfo:
     """What the program pass needs to know about one op."""
@@ -119,6 +131,7 @@ class OpInfo:
     has_extern: bool = False
     collective: bool = False
     tensormaps: list[tuple[int, Tensormap]] = field(default_factory=list[tuple[int, Tensormap]])
+    slot_rules: list[SlotRule] = field(default_factory=list[SlotRule])
 
 
 @dataclass(slots=True)

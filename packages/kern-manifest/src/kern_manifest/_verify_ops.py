@@ -13,6 +13,7 @@ from kern_manifest._verify_base import (
     names,
     ptr,
 )
+from kern_manifest._verify_fp8 import Fp8Checks
 from kern_manifest._verify_packs import Key, LaunchAccess, PackChecks
 from kern_manifest.errors import (
     escape_pointer,
@@ -78,7 +79,7 @@ class ImplFlow:
                 )
 
 
-class OpChecks(PackChecks):
+class OpChecks(PackChecks, Fp8Checks):
     """Ops and their launches."""
 
     def op(self, name: str, op: Op) -> None:
@@ -111,6 +112,7 @@ class OpChecks(PackChecks):
                 info.has_extern = True
                 info.collective |= launch.signature.collective
                 self.extern(launch, lat)
+                self.fp8_launch(op, launch, lat, info, self.launch_bounds_quiet(launch))
             self.launch_args(op, launch, lat, flow, info)
         flow.finish(self, at)
 

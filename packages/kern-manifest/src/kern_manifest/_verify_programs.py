@@ -13,6 +13,7 @@ from kern_manifest._verify_base import (
     names,
     ptr,
 )
+from kern_manifest._verify_fp8 import Fp8Checks
 from kern_manifest.errors import short
 from kern_manifest.expr import Expr
 from kern_manifest.schema import (
@@ -100,7 +101,7 @@ class ProgramFlow:
         self.v.written.add(name)
 
 
-class ProgramChecks(Base):
+class ProgramChecks(Fp8Checks):
     """Programs and calls; whole-manifest coverage and unused declarations."""
 
     def program(self, name: str, program: Program) -> None:
@@ -189,6 +190,7 @@ class ProgramChecks(Base):
                 flow.state(aat)
             else:
                 self.scalar_arg(arg, param, aat, self.bounds)
+        self.fp8_call(call.args, info, at)
         flow.apply(reads, writes, info)
 
     def buf_arg(self, arg: BufArg, param: ParamType, at: str, info: OpInfo) -> bool:

@@ -18,7 +18,8 @@ narrows its var). The checks, by section:
   memory <= 232448 bytes, cluster <= 16 blocks dividing the grid, `when` inside the var's range,
   ABI <= 32764 bytes; args match params in count and type, literals and var/expr ranges fit their
   types, packs and tensormaps fit; extern launches: arg count, `algo` only on cublasLt bf16 GEMMs,
-  collectives take `{"rank": g}`; impl dataflow: no writes through `in`, every `out` written,
+  fp8 GEMMs take k % 16 == 0 at every var value and one-element f32 scales (at the launch, or at
+  each call where forwarded), collectives take `{"rank": g}`; impl dataflow: no writes through `in`, every `out` written,
   scratch written before read, no unused scratch.
 - programs: flag exclusions (derive excludes once/batch/graph, once excludes batch/graph), batch
   shape; calls: labels unique within the program, op resolves, args match the interface (dtype, state, ranges), byte offsets aligned
