@@ -1,5 +1,6 @@
 """kern's Qwen3 provider: config.json -> `Qwen3Shape`, the manifest generator (options as one
-frozen `Plan`, rewrite passes as an explicit list), the seeded random checkpoint, the chat template (`render`), and the mining
+frozen `Plan`, rewrite passes as an explicit list), the seeded random checkpoints (bf16, and FP8
+in Qwen's and compressed-tensors' layouts), the chat template (`render`), and the mining
 cross-checks (`kern_qwen3.mined`)."""
 
 from kern_qwen3.chat import STOP_TEXTS, ChatError, Message, render
@@ -47,6 +48,19 @@ from kern_qwen3.entries import (
 from kern_qwen3.errors import ConfigError, GenError, KernelsError
 from kern_qwen3.f32 import F32_ATTN_THREADS, F32_ENTRIES, F32_GEMM_TILE, F32_GEMV_COLS
 from kern_qwen3.facts import decode_gemm_shapes, decode_weight_bytes
+from kern_qwen3.fp8_checkpoint import (
+    E4M3_MAX,
+    FP8_BLOCK,
+    FP8_LAYOUTS,
+    Fp8Layout,
+    fp8_quantization_config,
+    from_e4m3_bits,
+    is_fp8_linear,
+    quantize_blocks,
+    quantize_rows,
+    random_fp8_checkpoint,
+    to_e4m3_bits,
+)
 from kern_qwen3.gemm_algos import GEMM_ALGO_TABLES, GemmAlgos
 from kern_qwen3.gemv import (
     GEMV_DEFER_BLOCKS,
@@ -97,12 +111,15 @@ __all__ = [
     "DEFER_MAX_K",
     "DEFER_NORMS",
     "DEVICE_FEED_ENTRIES",
+    "E4M3_MAX",
     "ENTRIES",
     "F32_ATTN_THREADS",
     "F32_ENTRIES",
     "F32_GEMM_TILE",
     "F32_GEMV_COLS",
     "FEEDS",
+    "FP8_BLOCK",
+    "FP8_LAYOUTS",
     "FUSED_ENTRIES",
     "GEMM_ALGO_TABLES",
     "GEMV_BAND",
@@ -143,6 +160,7 @@ __all__ = [
     "Context",
     "DeferNorms",
     "Feed",
+    "Fp8Layout",
     "GemmAlgos",
     "GemvEntry",
     "GenError",
@@ -164,16 +182,22 @@ __all__ = [
     "entry_modules",
     "fold_norms",
     "fold_shape",
+    "fp8_quantization_config",
+    "from_e4m3_bits",
     "gemv_launch",
     "generate",
     "generate_tp",
     "head_calls",
+    "is_fp8_linear",
     "iter_weight_files",
     "plan_passes",
     "prefill_smem",
     "preset",
+    "quantize_blocks",
+    "quantize_rows",
     "qwen3_tensor_shapes",
     "random_checkpoint",
+    "random_fp8_checkpoint",
     "rank_shape",
     "render",
     "shape_from_config",
@@ -181,5 +205,6 @@ __all__ = [
     "tensor_parallel",
     "tensor_values",
     "to_bf16_bits",
+    "to_e4m3_bits",
     "tp_weights",
 ]

@@ -1,0 +1,293 @@
+"""Seeded random FP8 Qwen3 checkpoints, in the two layouts people download.
+
+`random_fp8_checkpoint(config, layout=..., seed=0)` takes the bf16 values `random_checkpoint`
+writes for the same (config, seed) and quantises every linear weight of the layers (q/k/v/o,
+gate/up/down) to float8_e4m3fn (safetensors "F8_E4M3"); embeddings, norms and lm_head stay bf16.
+
+- `"qwen-fp8"`: Qwen's own FP8 checkpoints. `quantization_config` is `{"quant_method": "fp8",
+  "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}`; each weight
+  has a float32 `weight_scale_inv` of shape [ceil(n/128), ceil(k/128)], one per 128 x 128 block.
+- `"fp8-dynamic"`: compressed-tensors' FP8_DYNAMIC scheme (llm-compressor). Weights per output
+  channel (a float32 `weight_scale` of shape [n, 1]), activations per token at run time, lm_head
+  ignored; `quantization_config` as compressed-tensors writes it ("float-quantized", "compressed").
+
+Both scales multiply: a weight is `e4m3 value * scale`, where scale = amax / 448 over its block or
+row (448 is e4m3's largest finite value), and the e4m3 bytes round `w / scale` to nearest even.
+The files are cached beside the bf16 ones (`<cache>/random/<name>-<layout>-<tag>-seed<seed>/`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kern_qwen3.checkpoint import (
+    SHARD_BYTES,
+    CheckpointError,
+    cache_dir,
+    qwen3_tensor_shapes,
+    tensor_values,
+)
+
+__all__ = [
+    "E4M3_MAX",
+    "FP8_BLOCK",
+    "FP8_LAYOUTS",
+    "Fp8Layout",
+    "fp8_quantization_config",
+    "from_e4m3_bits",
+    "is_fp8_linear",
+    "quantize_blocks",
+    "quantize_rows",
+    "random_fp8_checkpoint",
+    "to_e4m3_bits",
+]
+
+Fp8Layout = Literal["qwen-fp8", "fp8-dynamic"]
+FP8_LAYOUTS: Final[tuple[Fp8Layout, ...]] = get_args(Fp8Layout)
+E4M3_MAX: Final = 448.0
+"""float8_e4m3fn's largest finite value."""
+FP8_BLOCK: Final = 128
+"""The side of a Qwen FP8 weight's scale block."""
+
+_MIN_NORMAL: Final = 2.0**-6
+_SUBNORMAL_STEP: Final = 2.0**-9
+_LINEARS: Final = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+_F8_ARGS: Final[Mapping[str, Any]] = {
+    "num_bits": 8, "type": "float", "symmetric": True, "group_size": None,
+    "block_structure": None, "actorder": None, "observer_kwargs": {},
+}  # fmt: skip
+
+
+def fp8_quantization_config(layout: Fp8Layout) -> dict[str, Any]:
+    """The `quantization_config` of config.json for a layout.
+
+    Raises:
+        CheckpointError: an unknown layout.
+    """
+    if layout == "qwen-fp8":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}  # fmt: skip
+    if layout == "fp8-dynamic":
+        weights = {**_F8_ARGS, "strategy": "channel", "dynamic": False, "observer": "minmax"}
+        inputs = {**_F8_ARGS, "strategy": "token", "dynamic": True, "observer": None}
+        group = {"targets": ["Linear"], "weights": weights, "input_activations": inputs,
+                 "output_activations": None}  # fmt: skip
+        return {"quant_method": "compressed-tensors", "format": "float-quantized",
+                "quantization_status": "compressed", "config_groups": {"group_0": group},
+                "ignore": ["lm_head"], "kv_cache_scheme": None,
+                "global_compression_ratio": None}  # fmt: skip
+    raise CheckpointError(f"unknown FP8 layout {layout!r}; use one of {', '.join(FP8_LAYOUTS)}")
+
+
+def to_e4m3_bits(x: NDArray[np.float32]) -> NDArray[np.uint8]:
+    """float32 -> float8_e4m3fn bytes, rounding to nearest even; magnitudes clip to 448."""
+    x = np.asarray(x, dtype=np.float32)
+    a = np.minimum(np.abs(x), np.float32(E4M3_MAX))
+    u = a.view(np.uint32)
+    rounded = (u + np.uint32(0x7FFFF) + ((u >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)
+    normal = rounded - np.uint32(120 << 3)
+    subnormal = np.rint(a / np.float32(_SUBNORMAL_STEP)).astype(np.uint32)
+    bits = np.where(a >= np.float32(_MIN_NORMAL), normal, subnormal).astype(np.uint8)
+    return bits | np.where(np.signbit(x), np.uint8(0x80), np.uint8(0))
+
+
+def _e4m3_table() -> NDArray[np.float32]:
+    codes = np.arange(256)
+    exp, man = (codes >> 3) & 0xF, (codes & 7).astype(np.float64)
+    mag = np.where(exp == 0, man / 8 * 2.0**-6, (1 + man / 8) * 2.0 ** (exp - 7))
+    mag = np.where((exp == 0xF) & (man == 7), np.nan, mag)
+    return np.where(codes & 0x80, -mag, mag).astype(np.float32)
+
+
+_E4M3_VALUES: Final = _e4m3_table()
+
+
+def from_e4m3_bits(bits: NDArray[np.uint8]) -> NDArray[np.float32]:
+    """float8_e4m3fn bytes -> float32 (exact; 0x7F and 0xFF are NaN)."""
+    return _E4M3_VALUES[np.asarray(bits, dtype=np.uint8)]
+
+
+def _scales(amax: NDArray[np.float32]) -> NDArray[np.float32]:
+    return np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
+
+
+def quantize_blocks(w: NDArray[np.float32]) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+    """A [n, k] weight -> (e4m3 bytes [n, k], float32 scales [ceil(n/128), ceil(k/128)]): each
+    128 x 128 block (the last row and column of blocks may be partial) scaled by its amax / 448."""
+    n, k = w.shape
+    nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+    padded = np.zeros((nb * FP8_BLOCK, kb * FP8_BLOCK), dtype=np.float32)
+    padded[:n, :k] = w
+    blocks = padded.reshape(nb, FP8_BLOCK, kb, FP8_BLOCK)
+    scales = _scales(np.abs(blocks).max(axis=3).max(axis=1))
+    scaled = (blocks / scales[:, None, :, None]).reshape(padded.shape)[:n, :k]
+    return to_e4m3_bits(scaled), scales
+
+
+def quantize_rows(w: NDArray[np.float32]) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+    """A [n, k] weight -> (e4m3 bytes [n, k], float32 scales [n, 1]), each row by amax / 448."""
+    scales = _scales(np.abs(w).max(axis=1, keepdims=True))
+    return to_e4m3_bits(w / scales), scales
+
+
+def is_fp8_linear(name: str) -> bool:
+    """Whether an FP8 checkpoint stores tensor `name` (a Hugging Face Qwen3 name) as e4m3."""
+    parts = name.split(".")
+    return name.startswith("model.layers.") and parts[-1] == "weight" and parts[-2] in _LINEARS
+
+
+@dataclass(frozen=True, slots=True)
+class _Tensor:
+    name: str
+    dtype: Literal["BF16", "F8_E4M3", "F32"]
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * {"BF16": 2, "F8_E4M3": 1, "F32": 4}[self.dtype]
+
+
+def _scale_name(name: str, layout: Fp8Layout) -> str:
+    return name + ("_scale_inv" if layout == "qwen-fp8" else "_scale")
+
+
+def _scale_shape(shape: tuple[int, ...], layout: Fp8Layout) -> tuple[int, int]:
+    n, k = shape
+    if layout == "qwen-fp8":
+        return (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK))
+    return (n, 1)
+
+
+def _layout_tensors(config: Mapping[str, Any], layout: Fp8Layout) -> list[_Tensor]:
+    out: list[_Tensor] = []
+    for name, shape in qwen3_tensor_shapes(config).items():
+        if is_fp8_linear(name):
+            out.append(_Tensor(name, "F8_E4M3", shape))
+            out.append(_Tensor(_scale_name(name, layout), "F32", _scale_shape(shape, layout)))
+        else:
+            out.append(_Tensor(name, "BF16", shape))
+    return out
+
+
+class _Quantised:
+    """The bytes of each tensor, from the bf16 random values of the same seed; a weight is
+    quantised once and its scale handed out right after it."""
+
+    def __init__(self, seed: int, layout: Fp8Layout) -> None:
+        self.seed = seed
+        self.layout: Fp8Layout = layout
+        self.quantise = quantize_blocks if layout == "qwen-fp8" else quantize_rows
+        self.pending: dict[str, NDArray[np.float32]] = {}
+
+    def data(self, t: _Tensor) -> bytes:
+        if t.dtype == "F32":
+            return self.pending.pop(t.name).tobytes()
+        bits = tensor_values(self.seed, t.name, t.shape)
+        if t.dtype == "BF16":
+            return bits.tobytes()
+        w = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        q, scales = self.quantise(w)
+        self.pending[_scale_name(t.name, self.layout)] = scales
+        return q.tobytes()
+
+
+def _shards(tensors: list[_Tensor]) -> list[list[_Tensor]]:
+    shards: list[list[_Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.nbytes
+    return shards
+
+
+def _write_shard(path: Path, tensors: list[_Tensor], data: Callable[[_Tensor], bytes]) -> None:
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
+                          "data_offsets": [offset, offset + t.nbytes]}  # fmt: skip
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in tensors:
+            f.write(data(t))
+
+
+def _populate(root: Path, config: Mapping[str, Any], layout: Fp8Layout, seed: int,
+              progress: Callable[[int, int], None] | None) -> None:  # fmt: skip
+    tensors = _layout_tensors(config, layout)
+    shards = _shards(tensors)
+    total = sum(t.nbytes for t in tensors)
+    quantised = _Quantised(seed, layout)
+    done = 0
+
+    def data(t: _Tensor) -> bytes:
+        nonlocal done
+        out = quantised.data(t)
+        done += len(out)
+        if progress is not None:
+            progress(done, total)
+        return out
+
+    weight_map: dict[str, str] = {}
+    for n, part in enumerate(shards, start=1):
+        file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        _write_shard(root / file, part, data)
+        weight_map |= dict.fromkeys((t.name for t in part), file)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    full = {**config, "quantization_config": fp8_quantization_config(layout)}
+    (root / "config.json").write_text(json.dumps(full, indent=1) + "\n")
+
+
+def random_fp8_checkpoint(
+    config: Mapping[str, Any],
+    *,
+    layout: Fp8Layout,
+    seed: int = 0,
+    name: str = "qwen3-4b",
+    root: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[Path, bool]:
+    """Write a seeded random FP8 Qwen3 checkpoint once; return (directory, whether it was written
+    now). The same (config, layout, seed) gives byte-identical files.
+
+    Raises:
+        CheckpointError: an unknown layout, a config that is not a Qwen3 config, or a directory
+            that cannot be written.
+    """
+    fp8_quantization_config(layout)
+    qwen3_tensor_shapes(config)
+    tag = hashlib.sha256(json.dumps(dict(config), sort_keys=True).encode()).hexdigest()[:8]
+    target = (root or cache_dir()) / "random" / f"{name}-{layout}-{tag}-seed{seed}"
+    if (target / "COMPLETE").is_file():
+        return target, False
+    staging = target.with_name(target.name + ".partial")
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        _populate(staging, config, layout, seed, progress)
+        (staging / "COMPLETE").write_text("ok\n")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"cannot write the FP8 checkpoint under {target.parent}: {exc}") from exc
+    return target, True
