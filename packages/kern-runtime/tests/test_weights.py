@@ -22,7 +22,8 @@ from kern_runtime.weights import RowInterleave
 
 
 def _st_bytes(tensors: dict[str, np.ndarray]) -> bytes:
-    names = {np.dtype(np.float32): "F32", np.dtype(np.uint16): "BF16", np.dtype(np.int32): "I32"}
+    names = {np.dtype(np.float32): "F32", np.dtype(np.uint16): "BF16", np.dtype(np.int32): "I32",
+             np.dtype(np.uint8): "F8_E4M3"}  # fmt: skip
     header: dict[str, object] = {}
     blobs: list[bytes] = []
     pos = 0
@@ -161,3 +162,45 @@ def test_a_header_length_the_file_cannot_hold_is_one_line_before_any_read(tmp_pa
         Safetensors.open(path)
     with pytest.raises(WeightArtifactError, match=want.replace("(", r"\(")):
         Safetensors.parse(data)
+
+
+_W8 = "model.layers.0.mlp.down_proj.weight"
+
+
+def _fp8(**scales: tuple[int, ...]) -> Safetensors:
+    """A [200, 300] e4m3 weight with the given companions ("scale_inv", "scale") as f32."""
+    tensors = {_W8: np.ones((200, 300), np.uint8)}
+    tensors |= {f"{_W8}_{kind}": np.ones(shape, np.float32) for kind, shape in scales.items()}
+    return Safetensors.parse(_st_bytes(tensors))
+
+
+def test_fp8_checkpoint_for_a_bf16_buffer_is_refused() -> None:
+    with pytest.raises(WeightArtifactError, match="an FP8 checkpoint needs a manifest with fp8 weight buffers"):
+        plan_bind("w", "bf16", 200 * 300 * 2, [TensorWindow(_W8)], _fp8(scale_inv=(2, 3)))
+
+
+def test_bf16_checkpoint_for_an_fp8_buffer_is_refused() -> None:
+    st = Safetensors.parse(_st_bytes({_W8: np.ones((200, 300), np.uint16)}))
+    with pytest.raises(WeightArtifactError, match=r"buffer 'w' is fp8e4m3 but tensor .* is bf16"):
+        plan_bind("w", "fp8e4m3", 200 * 300, [TensorWindow(_W8)], st)
+
+
+@pytest.mark.parametrize("scales", [{"scale_inv": (2, 3)}, {"scale": (200, 1)}, {"scale": (1,)}, {}])
+def test_fp8_weight_with_fitting_scales_binds(scales: dict[str, tuple[int, ...]]) -> None:
+    copies = plan_bind("w", "fp8e4m3", 200 * 300, [TensorWindow(_W8)], _fp8(**scales))
+    assert sum(c.nbytes for c in copies) == 200 * 300
+
+
+@pytest.mark.parametrize(
+    ("scales", "message"),
+    [
+        ({"scale_inv": (3, 2)}, r"block scales .*_scale_inv' \[3, 2\] do not fit .* which takes \[2, 3\]"),
+        ({"scale_inv": (2, 2)}, r"block scales .* \[2, 2\] do not fit"),
+        ({"scale": (300, 1)}, r"scales .*_scale' \[300, 1\] do not fit .* takes \[200, 1\]"),
+    ],
+)
+def test_fp8_scales_that_do_not_fit_their_weight_are_refused(
+    scales: dict[str, tuple[int, ...]], message: str
+) -> None:
+    with pytest.raises(WeightArtifactError, match=message):
+        plan_bind("w", "fp8e4m3", 200 * 300, [TensorWindow(_W8)], _fp8(**scales))

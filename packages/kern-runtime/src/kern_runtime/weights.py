@@ -3,7 +3,8 @@
 A `Tensors` gives, by name, a tensor's dtype, shape and bytes (`MemoryBlob`, `FileBlob` or
 `DeviceBlob`). `Safetensors` implements it over one or many shards, reading headers only.
 `plan_bind` is the pure step: a buffer's bind segments, resolved for this rank as `TensorWindow`s,
-become a list of `Copy`s (with exact coverage, dtype and shape checked) before any byte moves;
+become a list of `Copy`s (with exact coverage, dtype and shape checked, and an e4m3 weight's
+scales against its shape) before any byte moves;
 `weights_loader` performs them.
 """
 
@@ -22,6 +23,7 @@ from .errors import ApiError, WeightArtifactError
 
 __all__ = [
     "DTYPE_BYTES",
+    "FP8_BLOCK",
     "Copy",
     "DeviceBlob",
     "FileBlob",
@@ -38,6 +40,10 @@ DTYPE_BYTES: Mapping[str, int] = {
     "bf16": 2, "f16": 2, "f32": 4, "fp8e4m3": 1, "fp8e8m0": 1,
     "i8": 1, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "u8": 1,
 }  # fmt: skip
+
+FP8_BLOCK: tuple[int, int] = (128, 128)
+"""The [rows, cols] a Qwen FP8 checkpoint's `weight_scale_inv` entry scales."""
+_FP8 = "fp8e4m3"
 
 _SAFETENSORS_DTYPES: Mapping[str, str] = {
     "BF16": "bf16", "F16": "f16", "F32": "f32", "F8_E4M3": "fp8e4m3", "F8_E8M0": "fp8e8m0",
@@ -318,11 +324,15 @@ def _rect(info: TensorInfo, r0: int, r1: int, c0: int, c1: int, dst: int) -> Cop
 def _segment_copies(buffer: str, dtype: str, tensors: Tensors, seg: TensorWindow, dst: int) -> list[Copy]:
     info = _lookup(tensors, buffer, seg.tensor)
     _check_dtype(buffer, dtype, info)
+    if info.dtype == _FP8:
+        _check_fp8_scales(buffer, info, tensors)
     r0, r1, c0, c1 = _window(buffer, info, seg)
     if seg.interleave is None:
         return [_rect(info, r0, r1, c0, c1, dst)]
     other = _lookup(tensors, buffer, seg.interleave.with_)
     _check_dtype(buffer, dtype, other)
+    if other.dtype == _FP8:
+        _check_fp8_scales(buffer, other, tensors)
     if other.shape != info.shape:
         raise WeightArtifactError(
             f"buffer {buffer!r}: interleave partners {info.name!r} {list(info.shape)} and "
@@ -343,9 +353,40 @@ def _segment_copies(buffer: str, dtype: str, tensors: Tensors, seg: TensorWindow
 
 
 def _check_dtype(buffer: str, dtype: str, info: TensorInfo) -> None:
-    if info.dtype != dtype:
+    if info.dtype == dtype:
+        return
+    if info.dtype == _FP8:
         raise WeightArtifactError(
-            f"buffer {buffer!r} is {dtype} but tensor {info.name!r} is {info.dtype}; export it as {dtype}"
+            f"buffer {buffer!r} is {dtype} but tensor {info.name!r} is {_FP8}: an FP8 checkpoint "
+            "needs a manifest with fp8 weight buffers (or bind a bf16 checkpoint)"
+        )
+    if dtype == _FP8:
+        raise WeightArtifactError(
+            f"buffer {buffer!r} is {_FP8} but tensor {info.name!r} is {info.dtype}: this manifest "
+            "binds an FP8 checkpoint's weights (or use a manifest for this checkpoint's dtype)"
+        )
+    raise WeightArtifactError(
+        f"buffer {buffer!r} is {dtype} but tensor {info.name!r} is {info.dtype}; export it as {dtype}"
+    )
+
+
+def _check_fp8_scales(buffer: str, weight: TensorInfo, tensors: Tensors) -> None:
+    """An e4m3 weight's scales fit its shape: Qwen's `<name>_scale_inv`, one per 128 x 128 block,
+    and compressed-tensors' `<name>_scale`, one per output row ([n, 1]) or one in all."""
+    n, k = weight.matrix
+    block = tensors.get(weight.name + "_scale_inv")
+    want = (-(-n // FP8_BLOCK[0]), -(-k // FP8_BLOCK[1]))
+    if block is not None and block.shape != want:
+        raise WeightArtifactError(
+            f"buffer {buffer!r}: block scales {block.name!r} {list(block.shape)} do not fit "
+            f"{weight.name!r} {list(weight.shape)}, which takes {list(want)} (one per "
+            f"{FP8_BLOCK[0]} x {FP8_BLOCK[1]} block)"
+        )
+    channel = tensors.get(weight.name + "_scale")
+    if channel is not None and channel.shape not in ((n, 1), (1,), ()):
+        raise WeightArtifactError(
+            f"buffer {buffer!r}: scales {channel.name!r} {list(channel.shape)} do not fit "
+            f"{weight.name!r} {list(weight.shape)}, which takes [{n}, 1] (one per output row) or [1]"
         )
 
 
@@ -355,8 +396,10 @@ def plan_bind(
     """Turns a buffer's bind into copies, checking dtype, windows and exact coverage.
 
     Raises:
-        WeightArtifactError: a tensor is missing, has another dtype, a window falls outside it,
-            or the segments do not fill the buffer exactly.
+        WeightArtifactError: a tensor is missing, has another dtype (an FP8 checkpoint for a bf16
+            buffer or the reverse among them), a window falls outside it, an e4m3 tensor's
+            `_scale_inv` / `_scale` companion does not fit its shape, or the segments do not fill
+            the buffer exactly.
     """
     copies: list[Copy] = []
     dst = 0
