@@ -46,8 +46,10 @@ class Fp8Checks(Base):
     def fp8_launch(self, op: Op, launch: ExternLaunch, at: str, info: OpInfo, bounds: Bounds) -> None:
         if launch.entry not in FP8_EXTERNS:
             return
-        args: Sequence[LaunchArg] = launch.args or tuple(
-            ParamArg(param=i) for i in range(len(op.params))
+        args: Sequence[LaunchArg] = (
+            launch.args
+            if launch.args is not None
+            else tuple(ParamArg(param=i) for i in range(len(op.params)))
         )
         if len(args) <= max(_ROLES):
             return
