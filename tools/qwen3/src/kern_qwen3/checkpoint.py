@@ -250,21 +250,37 @@ def random_checkpoint(
         CheckpointError: the config is not a Qwen3 config, or the directory cannot be written.
     """
     qwen3_tensor_shapes(config)
+    target = random_dir(config, name, seed, root)
+    return write_once(target, lambda staging: _populate(staging, config, seed, progress), "random checkpoint")
+
+
+def random_dir(config: Mapping[str, Any], name: str, seed: int, root: Path | None, layout: str = "") -> Path:
+    """Where the seeded random checkpoint of `config` (in `layout`, "" for bf16) lives:
+    `<root or cache>/random/<name>[-<layout>]-<config sha256 prefix>-seed<seed>`."""
     tag = hashlib.sha256(json.dumps(dict(config), sort_keys=True).encode()).hexdigest()[:8]
-    target = (root or cache_dir()) / "random" / f"{name}-{tag}-seed{seed}"
+    return (root or cache_dir()) / "random" / "-".join(p for p in (name, layout, tag, f"seed{seed}") if p)
+
+
+def write_once(target: Path, populate: Callable[[Path], None], what: str) -> tuple[Path, bool]:
+    """`target` as `populate` writes it into a staging directory, renamed into place with a
+    `COMPLETE` marker; a complete target is kept, a partial one rebuilt. Returns (target, written now).
+
+    Raises:
+        CheckpointError: the directory cannot be written.
+    """
     if (target / "COMPLETE").is_file():
         return target, False
     staging = target.with_name(target.name + ".partial")
     try:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        _populate(staging, config, seed, progress)
+        populate(staging)
         (staging / "COMPLETE").write_text("ok\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        raise CheckpointError(f"cannot write the random checkpoint under {target.parent}: {exc}") from exc
+        raise CheckpointError(f"cannot write the {what} under {target.parent}: {exc}") from exc
     return target, True
 
 

@@ -18,9 +18,7 @@ The files are cached beside the bf16 ones (`<cache>/random/<name>-<layout>-<tag>
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,9 +31,10 @@ from numpy.typing import NDArray
 from kern_qwen3.checkpoint import (
     SHARD_BYTES,
     CheckpointError,
-    cache_dir,
     qwen3_tensor_shapes,
+    random_dir,
     tensor_values,
+    write_once,
 )
 
 __all__ = [
@@ -275,19 +274,5 @@ def random_fp8_checkpoint(
     """
     fp8_quantization_config(layout)
     qwen3_tensor_shapes(config)
-    tag = hashlib.sha256(json.dumps(dict(config), sort_keys=True).encode()).hexdigest()[:8]
-    target = (root or cache_dir()) / "random" / f"{name}-{layout}-{tag}-seed{seed}"
-    if (target / "COMPLETE").is_file():
-        return target, False
-    staging = target.with_name(target.name + ".partial")
-    try:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        _populate(staging, config, layout, seed, progress)
-        (staging / "COMPLETE").write_text("ok\n")
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise CheckpointError(f"cannot write the FP8 checkpoint under {target.parent}: {exc}") from exc
-    return target, True
+    target = random_dir(config, name, seed, root, layout)
+    return write_once(target, lambda staging: _populate(staging, config, layout, seed, progress), "FP8 checkpoint")
