@@ -102,3 +102,5 @@ def test_the_batched_step_is_driven_only_where_both_manifests_have_one() -> None
     assert _pair(tiny, batch, 60).no_batch() == "A has no batched step with a [rows, vocab] logits buffer"
     assert _pair(batch, tiny, 60).no_batch() == "B has no batched step with a [rows, vocab] logits buffer"
     assert _pair(tiny, tiny, 60).no_batch() == "neither manifest has a batched step with a [rows, vocab] logits buffer"
+    assert both.common == ("prefill", "decode", "head", "start", "decode_rows", "seed_rows")
+    assert _pair(tiny, batch, 60).common == ("prefill", "decode", "head", "start")

@@ -49,9 +49,11 @@ class Facts:
 
     @property
     def programs(self) -> tuple[str, ...]:
-        """The programs a run and the timing drive: chunk, step, and the head and step seed."""
+        """The programs a run, a batch and the timing drive: chunk, step, the head and step seed,
+        and the batched step and its row seed."""
         r = self.roles
-        return tuple(p for p in (r.chunk_program, r.step_program, r.head_program, r.start_program) if p)
+        rows = (r.rows.program, r.rows.seed_program) if r.rows is not None else (None, None)
+        return tuple(p for p in (r.chunk_program, r.step_program, r.head_program, r.start_program, *rows) if p)
 
     def layout(self, state: str) -> str:
         """A state's declaration and page size, as text: two states compare byte for byte only
