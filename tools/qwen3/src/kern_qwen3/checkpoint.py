@@ -18,7 +18,8 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,17 @@ __all__ = [
     "QWEN3_4B_CONFIG",
     "QWEN3_TINY_CONFIG",
     "CheckpointError",
+    "Pieces",
+    "TensorSpec",
     "cache_dir",
     "iter_weight_files",
     "qwen3_tensor_shapes",
     "random_checkpoint",
+    "random_dir",
     "tensor_values",
     "to_bf16_bits",
+    "write_checkpoint",
+    "write_once",
 ]
 
 QWEN3_4B_CONFIG: Mapping[str, Any] = {
@@ -171,36 +177,80 @@ def tensor_values(seed: int, name: str, shape: tuple[int, ...]) -> NDArray[np.ui
     return np.concatenate(list(_windows(seed, name, shape))).reshape(shape)
 
 
-def _shards(shapes: Mapping[str, tuple[int, ...]]) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
+_DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One tensor of a checkpoint being written: its name, safetensors dtype and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Its bytes in the file."""
+        return int(np.prod(self.shape)) * _DTYPE_BYTES[self.dtype]
+
+
+Pieces = Callable[[TensorSpec], Iterable[Any]]
+"""A tensor's bytes in order, as buffers (bytes or contiguous arrays)."""
+
+
+def _shards(tensors: Sequence[TensorSpec]) -> list[list[TensorSpec]]:
+    shards: list[list[TensorSpec]] = [[]]
     size = 0
-    for name, shape in shapes.items():
-        nbytes = 2 * int(np.prod(shape))
-        if shards[-1] and size + nbytes > SHARD_BYTES:
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > SHARD_BYTES:
             shards.append([])
             size = 0
-        shards[-1].append(name)
-        size += nbytes
+        shards[-1].append(t)
+        size += t.nbytes
     return shards
 
 
-def _write_safetensors(path: Path, tensors: Mapping[str, tuple[int, ...]],
-                       produce: Callable[[str], Iterator[NDArray[np.uint16]]]) -> None:
-    """Stream bf16 tensors into one safetensors file (the header first, then each tensor)."""
+def _write_safetensors(path: Path, tensors: Sequence[TensorSpec], pieces: Pieces,
+                       wrote: Callable[[int], None]) -> None:
+    """Stream tensors into one safetensors file (the header first, then each tensor's pieces)."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for name, shape in tensors.items():
-        nbytes = 2 * int(np.prod(shape))
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for name in tensors:
-            for piece in produce(name):
-                f.write(piece.data)
+        for t in tensors:
+            for piece in pieces(t):
+                f.write(piece)
+                wrote(memoryview(piece).nbytes)
+
+
+def write_checkpoint(root: Path, config: Mapping[str, Any], tensors: Sequence[TensorSpec], pieces: Pieces,
+                     progress: Callable[[int, int], None] | None) -> None:
+    """A Hugging Face checkpoint in `root`: the tensors in shards of at most SHARD_BYTES, their
+    index, and `config` as config.json; `progress(done, total)` after each piece."""
+    total = sum(t.nbytes for t in tensors)
+    done = 0
+
+    def wrote(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    shards = _shards(tensors)
+    weight_map: dict[str, str] = {}
+    for n, part in enumerate(shards, start=1):
+        file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        _write_safetensors(root / file, part, pieces, wrote)
+        weight_map |= dict.fromkeys((t.name for t in part), file)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    (root / "config.json").write_text(json.dumps(dict(config), indent=1) + "\n")
 
 
 def _seed_for(seed: int, name: str) -> np.random.Generator:
@@ -210,27 +260,8 @@ def _seed_for(seed: int, name: str) -> np.random.Generator:
 
 def _populate(root: Path, config: Mapping[str, Any], seed: int,
               progress: Callable[[int, int], None] | None) -> None:
-    shapes = qwen3_tensor_shapes(config)
-    shards = _shards(shapes)
-    total = sum(2 * int(np.prod(s)) for s in shapes.values())
-    done = 0
-    weight_map: dict[str, str] = {}
-    for n, names in enumerate(shards, start=1):
-        file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
-
-        def produce(name: str) -> Iterator[NDArray[np.uint16]]:
-            nonlocal done
-            for piece in _windows(seed, name, shapes[name]):
-                yield piece
-                done += piece.nbytes
-                if progress is not None:
-                    progress(done, total)
-
-        _write_safetensors(root / file, {k: shapes[k] for k in names}, produce)
-        weight_map |= dict.fromkeys(names, file)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
-    (root / "config.json").write_text(json.dumps(dict(config), indent=1) + "\n")
+    tensors = [TensorSpec(name, "BF16", shape) for name, shape in qwen3_tensor_shapes(config).items()]
+    write_checkpoint(root, config, tensors, lambda t: _windows(seed, t.name, t.shape), progress)
 
 
 def random_checkpoint(

@@ -18,10 +18,7 @@ The files are cached beside the bf16 ones (`<cache>/random/<name>-<layout>-<tag>
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
@@ -29,11 +26,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kern_qwen3.checkpoint import (
-    SHARD_BYTES,
     CheckpointError,
+    TensorSpec,
     qwen3_tensor_shapes,
     random_dir,
     tensor_values,
+    write_checkpoint,
     write_once,
 )
 
@@ -146,17 +144,6 @@ def is_fp8_linear(name: str) -> bool:
     return name.startswith("model.layers.") and parts[-1] == "weight" and parts[-2] in _LINEARS
 
 
-@dataclass(frozen=True, slots=True)
-class _Tensor:
-    name: str
-    dtype: Literal["BF16", "F8_E4M3", "F32"]
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * {"BF16": 2, "F8_E4M3": 1, "F32": 4}[self.dtype]
-
-
 def _scale_name(name: str, layout: Fp8Layout) -> str:
     return name + ("_scale_inv" if layout == "qwen-fp8" else "_scale")
 
@@ -168,14 +155,14 @@ def _scale_shape(shape: tuple[int, ...], layout: Fp8Layout) -> tuple[int, int]:
     return (n, 1)
 
 
-def _layout_tensors(config: Mapping[str, Any], layout: Fp8Layout) -> list[_Tensor]:
-    out: list[_Tensor] = []
+def _layout_tensors(config: Mapping[str, Any], layout: Fp8Layout) -> list[TensorSpec]:
+    out: list[TensorSpec] = []
     for name, shape in qwen3_tensor_shapes(config).items():
         if is_fp8_linear(name):
-            out.append(_Tensor(name, "F8_E4M3", shape))
-            out.append(_Tensor(_scale_name(name, layout), "F32", _scale_shape(shape, layout)))
+            out.append(TensorSpec(name, "F8_E4M3", shape))
+            out.append(TensorSpec(_scale_name(name, layout), "F32", _scale_shape(shape, layout)))
         else:
-            out.append(_Tensor(name, "BF16", shape))
+            out.append(TensorSpec(name, "BF16", shape))
     return out
 
 
@@ -189,7 +176,7 @@ class _Quantised:
         self.quantise = quantize_blocks if layout == "qwen-fp8" else quantize_rows
         self.pending: dict[str, NDArray[np.float32]] = {}
 
-    def data(self, t: _Tensor) -> bytes:
+    def data(self, t: TensorSpec) -> bytes:
         if t.dtype == "F32":
             return self.pending.pop(t.name).tobytes()
         bits = tensor_values(self.seed, t.name, t.shape)
@@ -201,59 +188,11 @@ class _Quantised:
         return q.tobytes()
 
 
-def _shards(tensors: list[_Tensor]) -> list[list[_Tensor]]:
-    shards: list[list[_Tensor]] = [[]]
-    size = 0
-    for t in tensors:
-        if shards[-1] and size + t.nbytes > SHARD_BYTES:
-            shards.append([])
-            size = 0
-        shards[-1].append(t)
-        size += t.nbytes
-    return shards
-
-
-def _write_shard(path: Path, tensors: list[_Tensor], data: Callable[[_Tensor], bytes]) -> None:
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for t in tensors:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
-                          "data_offsets": [offset, offset + t.nbytes]}  # fmt: skip
-        offset += t.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for t in tensors:
-            f.write(data(t))
-
-
 def _populate(root: Path, config: Mapping[str, Any], layout: Fp8Layout, seed: int,
               progress: Callable[[int, int], None] | None) -> None:  # fmt: skip
-    tensors = _layout_tensors(config, layout)
-    shards = _shards(tensors)
-    total = sum(t.nbytes for t in tensors)
     quantised = _Quantised(seed, layout)
-    done = 0
-
-    def data(t: _Tensor) -> bytes:
-        nonlocal done
-        out = quantised.data(t)
-        done += len(out)
-        if progress is not None:
-            progress(done, total)
-        return out
-
-    weight_map: dict[str, str] = {}
-    for n, part in enumerate(shards, start=1):
-        file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
-        _write_shard(root / file, part, data)
-        weight_map |= dict.fromkeys((t.name for t in part), file)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
     full = {**config, "quantization_config": fp8_quantization_config(layout)}
-    (root / "config.json").write_text(json.dumps(full, indent=1) + "\n")
+    write_checkpoint(root, full, _layout_tensors(config, layout), lambda t: (quantised.data(t),), progress)
 
 
 def random_fp8_checkpoint(
