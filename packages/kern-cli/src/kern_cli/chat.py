@@ -32,6 +32,7 @@ from kern_cli.options import (
     add_load_flags,
     guarded,
     logger,
+    open_engine,
     resolve_options,
 )
 
@@ -168,12 +169,7 @@ def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, ch
     log = logger(prog)
     weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
     t0 = time.perf_counter()
-    try:
-        engine = kr.Engine.open(opts.load.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
-                                config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
-                                progress=Bar(sys.stderr), roles=inputs.roles)
-    except kr.NoDriverError as exc:
-        raise loading.no_gpu(exc) from exc
+    engine = open_engine(opts, inputs, weights, capacity, log)
     log(f"load {time.perf_counter() - t0:.2f} s")
     src = stdin or sys.stdin
     tty = src.isatty()

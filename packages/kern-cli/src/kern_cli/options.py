@@ -21,7 +21,8 @@ from kern_cli.console import fail
 from kern_manifest import short
 
 if TYPE_CHECKING:
-    from kern_runtime.loading import LoadOptions
+    from kern_runtime import Engine
+    from kern_runtime.loading import LoadInputs, LoadOptions
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -36,6 +37,7 @@ __all__ = [
     "add_run_flags",
     "guarded",
     "logger",
+    "open_engine",
     "resolve_load",
     "resolve_options",
 ]
@@ -203,6 +205,21 @@ def logger(prog: str) -> Callable[[str], None]:
         print(f"{prog}: {msg}", file=sys.stderr, flush=True)
 
     return log
+
+
+def open_engine(opts: RunOptions, inputs: LoadInputs, weights: tuple[Path, ...], capacity: int,
+                log: Callable[[str], None]) -> Engine:
+    """After the GPU check: an engine over a pool of `capacity` tokens, its weight copies on a
+    stderr bar (no driver: the no-GPU line)."""
+    import kern_runtime as kr
+    from kern_runtime import loading
+
+    try:
+        return kr.Engine.open(inputs.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
+                              config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
+                              progress=Bar(sys.stderr), roles=inputs.roles)
+    except kr.NoDriverError as exc:
+        raise loading.no_gpu(exc) from exc
 
 
 class Bar:

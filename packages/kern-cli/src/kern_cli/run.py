@@ -26,11 +26,11 @@ from kern_cli.options import (
     add_run_flags,
     guarded,
     logger,
+    open_engine,
     resolve_options,
 )
 
 if TYPE_CHECKING:
-    from kern_runtime import Engine
     from kern_runtime.loading import LoadInputs
     from kern_runtime.roles import ServingRoles
 
@@ -74,22 +74,6 @@ def prepare(opts: RunOptions) -> tuple[LoadInputs, list[int], Any, int]:
     return inputs, prompt, tok, capacity
 
 
-def _open(opts: RunOptions, inputs: LoadInputs, capacity: int) -> Engine:
-    """After the GPU check: the default weights if none are configured, the kernels, the engine
-    (one sequence of `capacity` tokens)."""
-    import kern_runtime as kr
-    from kern_runtime import loading
-
-    log = logger(opts.prog)
-    weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
-    try:
-        return kr.Engine.open(inputs.manifest, opts.load.kernels, weights, gpu=opts.load.gpu, tokens=capacity,
-                              config=kr.EngineConfig(chunk=opts.chunk, eager=opts.eager), log=log,
-                              progress=Bar(sys.stderr), roles=inputs.roles)
-    except kr.NoDriverError as exc:
-        raise loading.no_gpu(exc) from exc
-
-
 def execute(opts: RunOptions, out: TextIO) -> int:
     """Run one generation with resolved options (several turns with `--turns` or `--chat`, on
     several GPUs with `--tp`); returns the exit status."""
@@ -108,7 +92,8 @@ def execute(opts: RunOptions, out: TextIO) -> int:
     loading.probe_gpu(opts.load.gpu)
     log = logger(opts.prog)
     t0 = time.perf_counter()
-    with _open(opts, inputs, capacity) as engine:
+    weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
+    with open_engine(opts, inputs, weights, capacity, log) as engine:
         t1 = time.perf_counter()
         turn = engine.turn(engine.sequence(), prompt, opts.steps)
     ids = turn.tokens
