@@ -1,7 +1,8 @@
 """The TP-N Qwen3 manifest on the host: every rank on the float32 interpreter, the collectives by
 their definitions, against the independent numpy Qwen3 (and so against the plain manifest, which
 the same reference checks in test_qwen3_interp.py): the split, the rank windows of the weights and
-the placement of the allreduces and the gather."""
+the placement of the allreduces and the gather; and `kern_runtime.Ranks`, an engine per rank on
+threads of their own whose collectives meet (`kern_interp.collectives.Group`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from helpers import tp_interp
 from helpers.qwen3_options import plan_of
 
 import kern_qwen3 as gen
+import kern_runtime as kr
 from kern_interp import qwen3 as interp
+from kern_interp.ranks import rank_backends
 
 ENTRIES = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
                              *gen.DEFER_ENTRIES.values())}
@@ -69,3 +72,21 @@ def test_a_missing_allreduce_is_caught(weights: dict[str, np.ndarray]) -> None:
     _, first = interp.greedy(world, interp.random_prompt(37), 1, 512)
     _, want_first = interp.reference_greedy(interp.UNTIED_CONFIG, weights, interp.random_prompt(37), 1)
     assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) > 1e-2
+
+
+@pytest.mark.parametrize("feed", ["host", "device"])
+def test_the_engine_over_interpreter_ranks_matches_reference(weights: dict[str, np.ndarray], feed: str) -> None:
+    m = _tp(interp.UNTIED_CONFIG, 2, feed=feed)
+    backends, group = rank_backends(m, weights, pages=32, chunk_pages=8)
+    ranks = kr.Ranks(backends, kr.serving_roles(interp.model_of(m)), kr.EngineConfig(chunk=64))
+    seq = ranks.sequence()
+    prompt = interp.random_prompt(37)
+    first = ranks.turn(seq, prompt, STEPS)
+    assert first.tokens == interp.reference_greedy(interp.UNTIED_CONFIG, weights, prompt, STEPS)[0]
+    assert group.calls > 0
+    follow = [*seq.tokens, 3, 4]
+    second = ranks.turn(seq, follow, 4)  # the first turn's KV reused on both ranks
+    assert second.prefill.reused > 0
+    assert second.tokens == interp.reference_greedy(interp.UNTIED_CONFIG, weights, follow, 4)[0]
+    ranks.close()
+    assert all(b.pool.pages_used == 0 for b in backends)

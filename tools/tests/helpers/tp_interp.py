@@ -5,69 +5,16 @@ across the ranks' buffers by their definitions. Shaped like an `Interp` (`m`, `c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from kern_interp import collectives
 from kern_interp import qwen3 as interp
-from kern_manifest.expr import parse_expr
+from kern_interp.ranks import rank_tensors
 
-__all__ = ["World", "rank_tensors"]
-
-
-def _window(t: np.ndarray, seg: Mapping[str, Any], rank: int) -> np.ndarray:
-    view = t.reshape(t.shape[0], -1)
-
-    def pick(key: str) -> slice:
-        v = seg.get(key)
-        if v is None:
-            return slice(None)
-        lo, hi = v["ranges"][rank] if isinstance(v, dict) else v
-        return slice(lo, hi)
-
-    return np.ascontiguousarray(view[pick("rows"), pick("cols")])
-
-
-def rank_tensors(manifest: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-                 rank: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The manifest with every weight segment bound to a tensor of its own (`buffer#i`), and those
-    tensors cut to `rank`'s windows: what Interp (which binds whole tensors) loads for that rank."""
-    m = {**manifest, "buffers": dict(manifest["buffers"])}
-    out: dict[str, np.ndarray] = {}
-    for name, b in manifest["buffers"].items():
-        if b["kind"] != "weight" or "bind" not in b:
-            continue
-        segs = []
-        for i, seg in enumerate(b["bind"]):
-            key = f"{name}#{i}"
-            out[key] = _window(tensors[seg["tensor"]], seg, rank)
-            segs.append({"tensor": key})
-        m["buffers"][name] = {**b, "bind": segs}
-    return m, out
-
-
-def _allreduce(sends: Sequence[np.ndarray], n: int, c: int) -> list[np.ndarray]:
-    total = np.sum([s[:c] for s in sends], axis=0, dtype=np.float32)
-    return [total for _ in range(n)]
-
-
-def _allgather(sends: Sequence[np.ndarray], n: int, c: int) -> list[np.ndarray]:
-    whole = np.concatenate([s[:c] for s in sends])
-    return [whole for _ in range(n)]
-
-
-def _reducescatter(sends: Sequence[np.ndarray], n: int, c: int) -> list[np.ndarray]:
-    return [np.sum([s[r * c:(r + 1) * c] for s in sends], axis=0, dtype=np.float32) for r in range(n)]
-
-
-def _alltoall(sends: Sequence[np.ndarray], n: int, c: int) -> list[np.ndarray]:
-    return [np.concatenate([sends[p][r * c:(r + 1) * c] for p in range(n)]) for r in range(n)]
-
-
-_COLLECTIVES = {"allreduce": _allreduce, "allgather": _allgather, "reducescatter": _reducescatter,
-                "alltoall": _alltoall}
+__all__ = ["World"]
 
 
 class World:
@@ -112,9 +59,8 @@ class World:
                     interp.KERNELS[entry](tokens, *a)
             return
         self.collectives += 1
-        verb = entry.removeprefix("extern:nccl_").rsplit("_", 1)[0]
-        raw = args[0][2]
-        count = parse_expr(json.loads(json.dumps(raw))).eval(env) if isinstance(raw, dict) else int(raw)
+        count = collectives.count_of(args[0][2], env)
         sends = [np.array(s[0][s[1]:], copy=True) for s, *_ in args]
-        for (_, (recv, off), *_), value in zip(args, _COLLECTIVES[verb](sends, self.n, count), strict=True):
+        for (_, (recv, off), *_), value in zip(args, collectives.results(collectives.verb_of(entry), sends, count),
+                                               strict=True):
             recv[off:off + value.size] = value

@@ -3,9 +3,9 @@
 Every input is checked first (as kern-run does), then the manifest's topology and the GPU count:
 fewer than N visible GPUs is one line and exit 2 before any GPU is touched further. Rank r loads on
 GPU `--gpu` + r with `{"tp": r}` and the ranks join the group's communicator
-(`kern_runtime.loading.load_ranks`); `kern_runtime.generate_ranks` runs the same generation on
-every rank at once (one thread each, so each rank's collectives meet the others' on the GPUs) and
-refuses ranks whose tokens differ (`RanksDisagreeError`, exit 1).
+(`kern_runtime.loading.open_ranks`); one turn of `kern_runtime.Ranks`, the engine over the ranks,
+runs it on every rank at once (one thread each, so each rank's collectives meet the others' on the
+GPUs) and refuses ranks whose tokens differ (`RanksDisagreeError`, exit 1).
 """
 
 from __future__ import annotations
@@ -42,16 +42,12 @@ def execute_tp(opts: RunOptions, out: TextIO, prepared: tuple[LoadInputs, list[i
     t0 = time.perf_counter()
     # NOTE: the pool holds whole pages: room for `capacity` tokens is its pages rounded up.
     tokens = -(-capacity // inputs.roles.page_tokens) * inputs.roles.page_tokens
-    runtimes = loading.load_ranks(opts.load, tokens, weights, tp, log, lambda: Bar(sys.stderr))
-    try:
-        run = kr.generate_ranks(runtimes, inputs.roles, capacity, prompt, opts.steps, chunk=opts.chunk,
-                                eager=opts.eager)
-    finally:
-        for rt in runtimes:
-            rt.close()
-    out.write((" ".join(map(str, run.tokens)) if opts.output == "ids" else loading.decode_text(tok, run.tokens)) + "\n")
+    config = kr.EngineConfig(chunk=opts.chunk, eager=opts.eager)
+    with loading.open_ranks(opts.load, tokens, weights, tp, inputs.roles, config, log, lambda: Bar(sys.stderr)) as group:
+        t1 = time.perf_counter()
+        turn = group.turn(group.sequence(), prompt, opts.steps)
+    out.write((" ".join(map(str, turn.tokens)) if opts.output == "ids" else loading.decode_text(tok, turn.tokens)) + "\n")
     out.flush()
-    log(f"tp {tp}: load and run {time.perf_counter() - t0:.2f} s; prefill {len(prompt) - 1} tokens "
-        f"{1e3 * run.prefill_s:.1f} ms; decode {opts.steps} steps {1e3 * run.decode_s / opts.steps:.3f} ms/token "
-        f"({'eager' if opts.eager else 'graph'})")
+    log(f"tp {tp}: load {t1 - t0:.2f} s; prefill {turn.prefill.prefilled} tokens, first token {turn.ttft_ms:.1f} ms; "
+        f"decode {turn.decode_ms_per_token:.3f} ms/token ({len(turn.tokens)} tokens, {'eager' if opts.eager else 'graph'})")
     return 0

@@ -8,7 +8,8 @@ here); `load_weights(Safetensors.open(paths))` fills the weights; `run` / `issue
 (`serving_roles`); `device_count` counts the GPUs through the driver shell; `copy_rate` measures
 the device's copy bandwidth (a floor's yardstick). `Engine` runs many sequences on it, their KV
 pages leased from the pool and their prefixes reused through a `kern_pool.KVCache` (the prefix
-index, eviction, the host tier). Errors are typed by who must act (see `kern_runtime.errors`).
+index, eviction, the host tier); `Ranks` is that engine over the ranks of a tensor-parallel group
+(one engine per rank, every call on all at once). Errors are typed by who must act (see `kern_runtime.errors`).
 Model families come from their providers' `kern.providers` entry points
 (`kern_runtime.providers.find`: a `Provider` or one `ProviderError` line).
 """
@@ -94,7 +95,7 @@ from .loading import (
 from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate, device_count
 from .providers import Provider, ProviderError
-from .ranks import RanksRun, generate_ranks
+from .ranks import RankedSequence, Ranks, RanksTurn
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local
 from .sequences import Waking
@@ -161,8 +162,10 @@ __all__ = [
     "Prefilled",
     "Provider",
     "ProviderError",
+    "RankedSequence",
+    "Ranks",
     "RanksDisagreeError",
-    "RanksRun",
+    "RanksTurn",
     "Resident",
     "Reuse",
     "RowInterleave",
@@ -204,7 +207,6 @@ __all__ = [
     "default_weights",
     "device_count",
     "ensure_kernels",
-    "generate_ranks",
     "input_domains",
     "input_errors",
     "lease_tokens",

@@ -62,7 +62,8 @@ from .session import check_capacity, weight_files
 from .weights import Safetensors
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import Engine, EngineConfig
+    from .ranks import Ranks
     from .runtime import Runtime
     from .serving import EngineFactory, EngineSpec
 
@@ -92,6 +93,7 @@ __all__ = [
     "load_ranks",
     "load_tokenizer",
     "no_gpu",
+    "open_ranks",
     "pinned_modules",
     "prepare_gpu_spec",
     "prepare_load",
@@ -465,6 +467,30 @@ def load_ranks(load: LoadOptions, tokens: int, weights: Sequence[Path], tp: int,
             raise no_gpu(exc) from exc
         raise
     return runtimes
+
+
+def open_ranks(load: LoadOptions, tokens: int, weights: Sequence[Path], tp: int, roles: ServingRoles,
+               config: EngineConfig, log: Callable[[str], None],
+               progress: Callable[[], Progress] | None = None) -> Ranks:
+    """The engine over a `tp`-rank group (`Ranks`): the ranks loaded and joined as `load_ranks`
+    does, each with room for `tokens` tokens; closing it closes every rank's runtime.
+
+    Raises:
+        as `load_ranks`; ApiError: the engines refuse the ranks (every runtime is closed then).
+    """
+    from .ranks import Ranks
+
+    runtimes = load_ranks(load, tokens, weights, tp, log, progress)
+
+    def close() -> None:
+        for rt in runtimes:
+            rt.close()
+
+    try:
+        return Ranks(runtimes, roles, config, closer=close)
+    except BaseException:
+        close()
+        raise
 
 
 # --------------------------------------------------------------------------------------------

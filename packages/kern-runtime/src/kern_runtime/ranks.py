@@ -1,73 +1,159 @@
-"""One greedy generation on every rank of a tensor-parallel group held by this process.
+"""A tensor-parallel group held by this process, run as one engine over its ranks.
 
-The runtimes are loaded and joined (`kern_runtime.loading.load_ranks`); each rank runs the same
-`Session` on its own thread (prefill, then decode steps), so each rank's collectives meet the
-others' on the GPUs. Every rank's argmax reads the same gathered logits: their tokens must be equal.
+The ranks' runtimes are loaded and joined (`kern_runtime.loading.load_ranks`), or any backend per
+rank (the interpreter's, on the CPU). `Ranks` makes one `Engine` per rank and runs each operation
+on every engine at once, one thread per rank, so each rank's collectives meet the others' on the
+GPUs. The engines see the same prompts over pools of the same size, so they make the same memory
+decisions (leases, prefix reuse, eviction); every rank's argmax reads the same gathered logits, so
+their tokens are equal. A rank that differs is a broken manifest: `RanksDisagreeError`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection
+from collections.abc import Sequence as Seq
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import TypeVar
 
-from .errors import RanksDisagreeError
+from .engine import Backend, Bound, Engine, EngineConfig, Prefilled, Sequence, Turn
+from .errors import ApiError, EngineError, RanksDisagreeError
 from .roles import ServingRoles
-from .runtime import Runtime
-from .session import Session, check_capacity, check_prompt
 
-__all__ = ["RankRun", "RanksRun", "generate_ranks"]
+__all__ = ["RankedSequence", "Ranks", "RanksTurn"]
 
-
-@dataclass(frozen=True, slots=True)
-class RankRun:
-    """One rank's generation: its tokens, and its prefill and decode wall times in seconds."""
-
-    tokens: list[int]
-    prefill_s: float
-    decode_s: float
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class RanksRun:
-    """The group's generation: rank 0's tokens (every rank's, checked) and the slowest rank's
-    prefill and decode times in seconds."""
+class RankedSequence:
+    """One conversation of the group: its sequence on each rank's engine, rank order."""
+
+    seqs: tuple[Sequence, ...]
+
+    @property
+    def tokens(self) -> list[int]:
+        """The conversation's tokens so far (every rank holds the same)."""
+        return self.seqs[0].tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RanksTurn:
+    """A finished turn of the group: its tokens and prefill (every rank's, checked equal) and the
+    slowest rank's times."""
 
     tokens: list[int]
-    prefill_s: float
-    decode_s: float
+    prefill: Prefilled
+    ttft_ms: float
+    decode_ms_per_token: float
 
 
-def _rank(rt: Runtime, roles: ServingRoles, capacity: int, prompt: Sequence[int], steps: int,
-          chunk: int, eager: bool) -> RankRun:
-    rt.make_current()
-    s = Session(rt, roles, capacity)
-    if not eager:
-        rt.capture_graph(roles.step_program, roles.step_vars)
-    t1 = time.perf_counter()
-    s.prefill(prompt, chunk)
-    rt.synchronize()
-    t2 = time.perf_counter()
-    tokens = list(s.decode(steps, eager))
-    return RankRun(tokens, t2 - t1, time.perf_counter() - t2)
+class Ranks:
+    """One `Engine` per rank of a tensor-parallel group, every call run on all of them at once.
 
-
-def generate_ranks(runtimes: Sequence[Runtime], roles: ServingRoles, capacity: int, prompt: Sequence[int],
-                   steps: int, *, chunk: int, eager: bool = False) -> RanksRun:
-    """Prefill `prompt` in chunks of `chunk` and decode `steps` tokens on every rank at once.
-
-    Raises:
-        SessionError: a bad prompt or capacity (as `Session`), before any rank runs.
-        RanksDisagreeError: a rank generated other tokens than rank 0.
+    Make with `Ranks(backends, roles, config)` over the ranks' loaded and joined runtimes (rank
+    order); `closer` runs last at `close()` (closing the runtimes, when the caller hands them over).
     """
-    check_capacity(roles, capacity)
-    check_prompt(roles, capacity, prompt)
-    with ThreadPoolExecutor(max_workers=len(runtimes)) as pool:
-        futures = [pool.submit(_rank, rt, roles, capacity, prompt, steps, chunk, eager) for rt in runtimes]
-        runs = [f.result() for f in futures]
-    differ = [r for r, run in enumerate(runs) if run.tokens != runs[0].tokens]
-    if differ:
-        raise RanksDisagreeError(f"ranks {differ} generated other tokens than rank 0: the tensor-parallel "
-                                 "manifest or its collectives are wrong")
-    return RanksRun(runs[0].tokens, max(r.prefill_s for r in runs), max(r.decode_s for r in runs))
+
+    def __init__(self, backends: Seq[Backend], roles: ServingRoles, config: EngineConfig | None = None,
+                 *, closer: Callable[[], None] | None = None) -> None:
+        """Bind every rank's backend.
+
+        Raises:
+            ApiError: no backend, or one `Engine` refuses (see `Engine`).
+        """
+        if not backends:
+            raise ApiError("a tensor-parallel group needs at least one rank")
+        self.roles = roles
+        self.engines = [Engine(b, roles, config) for b in backends]
+        self._threads: ThreadPoolExecutor | None = ThreadPoolExecutor(len(backends), thread_name_prefix="kern-rank")
+        self._closer = closer
+
+    @property
+    def size(self) -> int:
+        """The ranks in the group."""
+        return len(self.engines)
+
+    def sequence(self, tokens: Seq[int] = ()) -> RankedSequence:
+        """A new conversation on every rank (its tokens so far, no KV yet)."""
+        return RankedSequence(tuple(e.sequence(tokens) for e in self.engines))
+
+    def release(self, seq: RankedSequence) -> None:
+        """Forget `seq` on every rank (its live leases go back).
+
+        Raises:
+            EngineError: a sequence of another group, or released.
+        """
+        self._mine(seq)
+        for e, s in zip(self.engines, seq.seqs, strict=True):
+            e.release(s)
+
+    def turn(self, seq: RankedSequence, prompt: Seq[int], steps: int, *, stop: Collection[int] = (),
+             room: int | None = None, on_token: Callable[[int], None] | None = None) -> RanksTurn:
+        """`Engine.turn` on every rank at once; `on_token` sees rank 0's tokens as they are read.
+
+        Raises:
+            as `Engine.turn` (the lowest failing rank's error; a bad prompt or size fails on every
+            rank before any program runs).
+            RanksDisagreeError: a rank generated other tokens, or prefilled otherwise, than rank 0.
+        """
+        self._mine(seq)
+        prompt = list(prompt)
+        turns = self._each(lambda r, e: e.turn(seq.seqs[r], prompt, steps, stop=stop, room=room,
+                                               on_token=on_token if r == 0 else None))
+        self._agree(turns)
+        return RanksTurn(turns[0].tokens, turns[0].prefill, max(t.ttft_ms for t in turns),
+                         max(t.decode_ms_per_token for t in turns))
+
+    def close(self) -> None:
+        """Close every rank's engine (each on its rank's thread), then run `closer`."""
+        threads, self._threads = self._threads, None
+        if threads is None:
+            return
+        try:
+            self._run(threads, lambda _r, e: e.close())
+        finally:
+            threads.shutdown()
+            if self._closer is not None:
+                self._closer()
+
+    def __enter__(self) -> Ranks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _mine(self, seq: RankedSequence) -> None:
+        if len(seq.seqs) != len(self.engines):
+            raise EngineError(f"a sequence of {len(seq.seqs)} ranks is not this group's ({len(self.engines)} ranks)")
+
+    def _each(self, fn: Callable[[int, Engine], T]) -> list[T]:
+        if self._threads is None:
+            raise EngineError("the group is closed")
+        return self._run(self._threads, fn)
+
+    def _run(self, threads: ThreadPoolExecutor, fn: Callable[[int, Engine], T]) -> list[T]:
+        def one(r: int) -> T:
+            engine = self.engines[r]
+            if isinstance(engine.backend, Bound):
+                engine.backend.make_current()
+            return fn(r, engine)
+
+        futures = [threads.submit(one, r) for r in range(len(self.engines))]
+        wait(futures)
+        for f in futures:  # NOTE: the lowest rank's error: a bad input fails every rank alike
+            if (exc := f.exception()) is not None:
+                raise exc
+        return [f.result() for f in futures]
+
+    @staticmethod
+    def _agree(turns: Seq[Turn]) -> None:
+        first = turns[0]
+        tokens = [r for r, t in enumerate(turns) if t.tokens != first.tokens]
+        if tokens:
+            raise RanksDisagreeError(f"ranks {tokens} generated other tokens than rank 0: the tensor-parallel "
+                                     "manifest or its collectives are wrong")
+        prefills = [r for r, t in enumerate(turns) if t.prefill != first.prefill]
+        if prefills:
+            raise RanksDisagreeError(f"ranks {prefills} prefilled otherwise than rank 0 "
+                                     f"({turns[prefills[0]].prefill} against {first.prefill}): their pools differ")

@@ -14,16 +14,18 @@ import numpy as np
 import kern_pool
 import kern_runtime as kr
 from kern_interp import qwen3 as interp
+from kern_interp.collectives import Collective
 from kern_manifest import Manifest
 
 
 class InterpBackend:
     """`kern_runtime.Backend` over `kern_interp.qwen3.Interp`: `pages` KV pages in chunks of
     `chunk_pages`, a host tier of `host_pages` pages (0: none); `manifest` is `read_manifest`'s
-    model (or a generated manifest's plain JSON)."""
+    model (or a generated manifest's plain JSON); `collective`: a tensor-parallel rank's
+    (`kern_interp.collectives.Group.member`)."""
 
     def __init__(self, manifest: Manifest | Mapping[str, Any], tensors: Mapping[str, np.ndarray], *, pages: int = 64,
-                 chunk_pages: int = 8, host_pages: int = 0) -> None:
+                 chunk_pages: int = 8, host_pages: int = 0, collective: Collective | None = None) -> None:
         model = interp.model_of(manifest)
         roles = kr.serving_roles(model)
         unit = roles.page_tokens
@@ -31,7 +33,7 @@ class InterpBackend:
         config = kern_pool.PoolConfig((kern_pool.PagedState("kv", bpt),), (), unit, roles.blocks_len,
                                       chunk=chunk_pages * unit * bpt, chunks=pages // chunk_pages)
         self.pool, _ = kern_pool.Pool.create(config)  # NOTE: the initial plan counts as landed
-        self.machine = interp.Interp(model, tensors, capacity=self.pool.pages_max * unit)
+        self.machine = interp.Interp(model, tensors, capacity=self.pool.pages_max * unit, collective=collective)
         self.page = unit * bpt // self.machine.kv_elem
         self._host = kern_pool.Host(self.pool, host_pages, 1, 1) if host_pages else None
         self.host_kv = np.zeros(host_pages * self.page, dtype=np.float32)

@@ -654,8 +654,11 @@ class Interp:
     `read_output` shaped like kern_runtime's."""
 
     def __init__(self, manifest: Manifest | Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-                 capacity: int) -> None:
+                 capacity: int, collective: Callable[[str, Sequence[Any], Mapping[str, int]], None] | None = None) -> None:
+        """`collective` runs the NCCL externs of a tensor-parallel rank (`kern_interp.collectives`);
+        without one a manifest with collectives cannot run."""
         self.model = model_of(manifest)
+        self.collective = collective
         self.m: Mapping[str, Any] = manifest_to_json(self.model) if isinstance(manifest, Manifest) else manifest
         """The plain JSON the interpreter walks (`manifest_to_json` of a model)."""
         m = self.m
@@ -724,6 +727,9 @@ class Interp:
                 args = values if "args" not in launch else [self._launch_arg(call["op"], la, values) for la in launch["args"]]
                 if launch["entry"] == "extern:cublaslt_bf16_tn":
                     k_linear(t, *args)
+                elif launch["entry"].startswith("extern:nccl_"):
+                    assert self.collective is not None, f"{launch['entry']}: a rank's collective is needed"
+                    self.collective(launch["entry"], args, env)
                 else:
                     KERNELS[launch["entry"]](t, *args)
 
