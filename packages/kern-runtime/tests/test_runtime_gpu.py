@@ -591,6 +591,27 @@ def test_pool_leases_checkpoints_and_restores_on_vmm(kdir: Path, sha: str, tmp_p
             rt.read_state("kv", -1, 8)
 
 
+def test_zero_state_zeroes_its_range_on_the_device_and_nothing_beside_it(kdir: Path, sha: str, tmp_path: Path) -> None:
+    m = build.write_manifest(tmp_path / "p.json", manifests.pooled(sha))
+    page = 16 * 4096
+    with kr.Runtime.load(m, kdir, capacity=kr.Capacity(tokens=256, seqs=1)) as rt:
+        rt.load_weights(kr.Safetensors.parse(_st_bytes({})))
+        lease = rt.lease(32)
+        start = lease.pages[0] * page
+        pattern = np.random.default_rng(8).integers(1, 255, 2 * page, dtype=np.uint8)
+        rt.write_state("kv", start, pattern)
+        rt.zero_state("kv", start + 1000, page)
+        got = rt.read_state("kv", start, 2 * page)
+        want = pattern.copy()
+        want[1000:1000 + page] = 0
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(kr.ApiError, match="outside"):
+            rt.zero_state("kv", -1, 8)
+        with pytest.raises(kr.ApiError, match="unknown state"):
+            rt.zero_state("nope", 0, 8)
+        np.testing.assert_array_equal(rt.read_state("kv", start, 2 * page), want)
+
+
 def test_write_input_refuses_values_outside_the_domain_and_keeps_the_last_write(
     kdir: Path, sha: str, tmp_path: Path
 ) -> None:

@@ -268,6 +268,14 @@ class Memory:
         self.synchronize()
         drv.copy_htod(alloc.ptr + start, raw.ctypes.data, raw.nbytes)
 
+    def zero_state(self, name: str, start: int, nbytes: int) -> None:
+        """Zeroes `nbytes` of state `name` from byte `start` on the device; synchronizes."""
+        alloc = self._state(name, start, nbytes)
+        self.synchronize()
+        if nbytes:
+            drv.memset_async(alloc.ptr + start, nbytes, self.device.stream)
+        self.synchronize()
+
     def _state(self, name: str, start: int, nbytes: int) -> Allocation:
         self.device.live()
         alloc = self.states.get(name)

@@ -223,3 +223,8 @@ class SequenceMethods:
     def write_state(self, name: str, start: int, data: npt.ArrayLike) -> None:
         """Writes bytes into state `name` at byte `start` (mapped memory only); synchronizes."""
         self._memory.write_state(name, start, data)
+
+    def zero_state(self, name: str, start: int, nbytes: int) -> None:
+        """Zeroes `nbytes` of state `name` from byte `start` on the device (mapped memory only);
+        synchronizes."""
+        self._memory.zero_state(name, start, nbytes)

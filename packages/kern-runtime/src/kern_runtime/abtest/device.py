@@ -28,12 +28,11 @@ _ELEMENTS: Mapping[str, Any] = {"bf16": np.uint16, "f16": np.float16, "f32": np.
 
 
 class RuntimeSide:
-    """A loaded `Runtime` as a `Side`: `zero_states` writes zeros over each state's reach."""
+    """A loaded `Runtime` as a `Side`: `zero_states` zeroes each state's reach on the device."""
 
     def __init__(self, rt: Runtime, states: Mapping[str, int]) -> None:
         self.rt = rt
         self._states = dict(states)
-        self._zeros = np.zeros(max(self._states.values(), default=0), dtype=np.uint8)
 
     def write_input(self, name: str, array: ArrayLike) -> None:
         self.rt.write_input(name, array)
@@ -60,7 +59,7 @@ class RuntimeSide:
 
     def zero_states(self) -> None:
         for name, nbytes in self._states.items():
-            self.rt.write_state(name, 0, self._zeros[:nbytes])
+            self.rt.zero_state(name, 0, nbytes)
 
     def read_state(self, name: str, start: int, nbytes: int) -> NDArray[np.uint8]:
         return self.rt.read_state(name, start, nbytes)
