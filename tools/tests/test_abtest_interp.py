@@ -199,7 +199,8 @@ def _jittery(m: dict[str, Any]) -> dict[str, Any]:
 def _test(a: dict[str, Any], b: dict[str, Any], tensors: dict[str, np.ndarray],
           options: ab.AbOptions = OPTIONS) -> ab.Result:
     ma, mb = interp.model_of(a), interp.model_of(b)
-    return ab.ab_test(InterpLoader(ma, mb, tensors, CAPACITY), ab.check_pair(ma, mb, CAPACITY), options)
+    cap = options.capacity
+    return ab.ab_test(InterpLoader(ma, mb, tensors, cap), ab.check_pair(ma, mb, cap), options)
 
 
 def _verdict(result: ab.Result) -> tuple[str, int, str]:
@@ -370,6 +371,18 @@ def test_the_report_ends_in_the_verdict_and_times_both_sides(tiny: dict[str, Any
     assert any(line.startswith("perf step graph TPOT") for line in lines)
     doc = json.loads(rep.json())
     assert doc["verdict"] == "PASS" and doc["exit"] == 0 and doc["facts"][0]["section"] == "workload"
+
+
+def test_the_batched_step_is_timed_on_both_sides_where_both_have_it(tiny_batch: dict[str, Any],
+                                                                   tensors: dict[str, np.ndarray]) -> None:
+    options = ab.AbOptions(runs=1, decode_steps=2, capacity=600, iters=2, noise=False)
+    result = _test(tiny_batch, tiny_batch, tensors, options)
+    a, b = result.timing["A"], result.timing["B"]
+    assert a.batched is not None and b.batched is not None
+    assert a.batched[0] == b.batched[0] == 4  # 600 tokens hold 4 rows of 144 (context 128 + 1, in pages)
+    lines = ab.report_of(result).text().splitlines()
+    assert any(line.startswith("perf batched step of 4 rows at context 128: A ") for line in lines)
+    assert _verdict(result)[0] == "PASS"
 
 
 def test_no_noise_pass_means_no_noise_band(tiny: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:

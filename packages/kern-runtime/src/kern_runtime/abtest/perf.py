@@ -1,7 +1,9 @@
 """The timing section of an A/B test, measured on each side while it is loaded: per-call times of
 the chunk and step programs (`time_calls`, eager, a timing event between calls; the step seed
 before each step run), the graph TPOT (the median of `iters` step replays, each synchronized, at a
-fixed context) and prefill at a few lengths (the median of 3 after one untimed run)."""
+fixed context), the batched step's (the same at `BATCH_ROWS` rows of that context, where both
+sides have one and the capacity holds them) and prefill at a few lengths (the median of 3 after one
+untimed run)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,17 @@ from dataclasses import dataclass
 from ..bench.report import call_kinds
 from .drive import Side, begin, prefill_row, stage_rows, stage_step
 from .pair import Facts
+from .rows import seat_batch, seed_rows
+from .workload import Batch
 
-__all__ = ["CALL_RUNS", "CONTEXT", "PREFILL_LENGTHS", "Timing", "time_side"]
+__all__ = ["BATCH_ROWS", "CALL_RUNS", "CONTEXT", "PREFILL_LENGTHS", "Timing", "time_side"]
 
 PREFILL_LENGTHS = (16, 128, 512, 2048)
 """Prompt lengths of the prefill timings (those the capacity holds)."""
 CONTEXT = 128
 """The context the step is timed at (less where the capacity is smaller)."""
+BATCH_ROWS = 8
+"""Rows of the batched step's timing (fewer where the step or the capacity holds fewer, none below 2)."""
 CALL_RUNS = 3
 """Eager runs each program's per-call times are the mean of."""
 _REPS = 3
@@ -37,12 +43,15 @@ class Timing:
         tpot_ms: the step graph's median replay, milliseconds.
         context: the context the step ran at.
         prefill_ms: prompt length -> prefill milliseconds.
+        batched: the batched step's rows and median replay in milliseconds, each row at `context`;
+            None: not timed.
     """
 
     calls: Mapping[str, Kinds]
     tpot_ms: float
     context: int
     prefill_ms: Mapping[int, float]
+    batched: tuple[int, float] | None = None
 
 
 def _prompt(n: int) -> list[int]:
@@ -86,13 +95,43 @@ def _prefill_ms(side: Side, f: Facts, n: int) -> float:
     return statistics.median(samples[1:])
 
 
+def _batch_rows(f: Facts, programs: tuple[str, ...], context: int) -> int:
+    """The rows of the batched timing: 0 when there is none to time."""
+    rows = f.roles.rows
+    if rows is None or f.row_logits is None or rows.program not in programs:
+        return 0
+    per = -(-(context + 1) // f.roles.page_tokens) * f.roles.page_tokens
+    n = min(BATCH_ROWS, rows.max_rows, f.capacity // per)
+    return n if n >= 2 else 0
+
+
+def _batched_ms(side: Side, f: Facts, n: int, context: int, iters: int) -> float:
+    rows = f.roles.rows
+    assert rows is not None
+    prompts = tuple(tuple(_prompt(context + i)[i:]) for i in range(n))
+    batch = Batch(prompts, f.roles.chunk_max, tuple(() for _ in prompts), f.roles.chunk_max)
+    pages = seat_batch(side, f, batch, f.roles.chunk_max)
+    samples: list[float] = []
+    for _ in range(iters + 1):
+        seed_rows(side, f, [p[-1] for p in prompts], [context - 1] * n, pages)
+        side.synchronize()
+        t0 = time.perf_counter()
+        side.issue(rows.program, {rows.var: n})
+        side.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples[1:])
+
+
 def time_side(side: Side, f: Facts, programs: tuple[str, ...], iters: int) -> Timing:
     """`side`'s timings: `programs` (of its chunk and step) call by call, the TPOT over `iters`
-    replays, the prefills the capacity holds (each reading its first row back)."""
+    replays, the prefills the capacity holds (each reading its first row back), and the batched
+    step over `iters` replays where `programs` has it."""
     context = min(CONTEXT, f.capacity - 1)
     begin(side, f)
     prefill_row(side, f, _prompt(context), f.roles.chunk_max)
     calls = _calls(side, f, programs, context)
     tpot = _tpot_ms(side, f, context, iters)
     prefill = {n: _prefill_ms(side, f, n) for n in PREFILL_LENGTHS if n < f.capacity}
-    return Timing(calls, tpot, context, prefill)
+    n = _batch_rows(f, programs, context)
+    batched = (n, _batched_ms(side, f, n, context, iters)) if n else None
+    return Timing(calls, tpot, context, prefill, batched)

@@ -145,6 +145,10 @@ def _perf(timing: Mapping[str, Timing]) -> Iterator[str]:
     a, b = timing["A"], timing["B"]
     yield (f"step graph TPOT at context {a.context}: A {a.tpot_ms:.3f} ms, B {b.tpot_ms:.3f} ms, "
            f"{_ratio(a.tpot_ms, b.tpot_ms)} (median of replays)")
+    if a.batched is not None and b.batched is not None and a.batched[0] == b.batched[0]:
+        rows, ba, bb = a.batched[0], a.batched[1], b.batched[1]
+        yield (f"batched step of {rows} rows at context {a.context}: A {ba:.3f} ms, B {bb:.3f} ms, "
+               f"{_ratio(ba, bb)} (median of replays)")
     for n in sorted(set(a.prefill_ms) & set(b.prefill_ms)):
         pa, pb = a.prefill_ms[n], b.prefill_ms[n]
         yield f"prefill {n} tokens: A {pa:.3f} ms, B {pb:.3f} ms, {_ratio(pa, pb)}"

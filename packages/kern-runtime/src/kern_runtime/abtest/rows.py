@@ -25,7 +25,7 @@ from .drive import Record, Side, begin, read_states, widen
 from .pair import Facts
 from .workload import Batch
 
-__all__ = ["batch_pages", "drive_batch"]
+__all__ = ["batch_pages", "drive_batch", "seat_batch", "seed_rows"]
 
 
 def _rows(f: Facts) -> RowRoles:
@@ -62,7 +62,7 @@ def _prefill(side: Side, f: Facts, batch: Batch, chunk: int, table: NDArray[np.i
             side.run(r.chunk_program, {r.chunk_var: b - a})
 
 
-def _seed(side: Side, f: Facts, ids: Sequence[int], pos: Sequence[int], pages: Sequence[NDArray[np.int64]]) -> None:
+def seed_rows(side: Side, f: Facts, ids: Sequence[int], pos: Sequence[int], pages: Sequence[NDArray[np.int64]]) -> None:
     """Every row's input staged at its position, then the row seed program over all of them."""
     r, rows, p = f.roles, _rows(f), f.roles.page_tokens
     at = np.asarray(pos, dtype=np.int64)
@@ -83,22 +83,31 @@ def _step(side: Side, f: Facts, n: int) -> tuple[NDArray[np.float32], NDArray[np
     return logits, np.asarray(side.read_output(f.roles.next_token, n), dtype=np.int64)[:n]
 
 
-def drive_batch(side: Side, f: Facts, batch: Batch, chunk: int, *, states: bool = True) -> Record:
-    """`batch` on `side` (prefill chunks of `chunk` rows) from zeroed states, through the batched
-    step; the states read after it unless `states` is False (the record then holds none)."""
-    n, rows = len(batch.prompts), _rows(f)
+def seat_batch(side: Side, f: Facts, batch: Batch, chunk: int) -> list[NDArray[np.int64]]:
+    """From zeroed states: `batch`'s prompts but their last tokens prefilled (chunks of `chunk`
+    rows), the block-table rows of every sequence and greedy sampling written; each sequence's
+    pages."""
+    rows = _rows(f)
     begin(side, f)
     pages = batch_pages(f, batch)
     table = _table(f, pages)
     _prefill(side, f, batch, chunk, table, pages)
     side.write_input(f.roles.blocks, table)
-    prm, seeds = sampling_params([Sampling()] * n, rows, 0)
+    prm, seeds = sampling_params([Sampling()] * len(batch.prompts), rows, 0)
     side.write_input(rows.sampling, prm)
     side.write_input(rows.seed, seeds)
+    return pages
+
+
+def drive_batch(side: Side, f: Facts, batch: Batch, chunk: int, *, states: bool = True) -> Record:
+    """`batch` on `side` (prefill chunks of `chunk` rows) from zeroed states, through the batched
+    step; the states read after it unless `states` is False (the record then holds none)."""
+    n = len(batch.prompts)
+    pages = seat_batch(side, f, batch, chunk)
     got: list[tuple[NDArray[np.float32], NDArray[np.int64]]] = []
     for k in range(batch.steps):
         ids = [p[-1] if k == 0 else d[k - 1] for p, d in zip(batch.prompts, batch.decode, strict=True)]
-        _seed(side, f, ids, [len(p) - 1 + k for p in batch.prompts], pages)
+        seed_rows(side, f, ids, [len(p) - 1 + k for p in batch.prompts], pages)
         got.append(_step(side, f, n))
     assert f.row_logits is not None
     return Record(logits=np.concatenate([g[0] for g in got]), dtype=f.manifest.buffers[f.row_logits].dtype,
