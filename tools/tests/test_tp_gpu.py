@@ -1,6 +1,6 @@
 """Tensor-parallel Qwen3 (tiny shape) on GPUs: the TP-1 manifest's greedy tokens equal the plain
-manifest's, in process and through `kern-run --tp 1`; on two GPUs (`gpus(2)`), TP-2's equal
-TP-1's."""
+manifest's, in process and through `kern-run --tp 1` (one prompt, and turns over the group); on two
+GPUs (`gpus(2)`), TP-2's equal TP-1's."""
 
 from __future__ import annotations
 
@@ -99,6 +99,30 @@ def test_kern_run_tp1_prints_the_plain_ids(built: dict[str, Any]) -> None:
         capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [" ".join(map(str, want))]
+
+
+def test_kern_run_tp1_turns_run_over_the_group_and_reuse_the_prefix(built: dict[str, Any]) -> None:
+    """Three turns of one conversation over the TP-1 group (`kern_runtime.Ranks`): the first turn's
+    ids are those of the same prompt given alone, and the later turns reuse the conversation's
+    prefix on the group."""
+    first = "the first turn of a conversation"
+    turns = built["tmp"] / "turns.txt"
+    turns.write_text(f"{first}\nand a second one\nand a third\n")
+    common = ["--manifest", str(built["tp1"]), "--kernels", str(built["kernels"]), "--weights", str(built["ckpt"]),
+              "--steps", "24", "--output", "ids", "--tp", "1"]
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kern_cli.run", *common, *extra], capture_output=True, text=True,
+                              check=False)
+
+    many, one = run("--turns", str(turns)), run("--prompt", first)
+    assert many.returncode == 0, many.stderr
+    assert one.returncode == 0, one.stderr
+    answers = many.stdout.splitlines()
+    assert len(answers) == 3 and answers[0] == one.stdout.strip()
+    reports = [line for line in many.stderr.splitlines() if ": turn " in line]
+    assert len(reports) == 3 and "reused 0 tokens" in reports[0]
+    assert all("reused 0 tokens" not in line for line in reports[1:]), many.stderr
 
 
 def test_kern_run_tp2_with_one_visible_gpu_is_one_line(built: dict[str, Any]) -> None:

@@ -68,11 +68,11 @@ def test_each_command_module_imports_alone_without_a_cycle_or_a_provider() -> No
 
     code = ("import sys, importlib; m = sys.argv[1]; importlib.import_module(m); "
             "print(sorted(k for k in sys.modules if k.startswith(('kern_cli.', 'kern_qwen3'))))")
-    for name in ("run", "chat", "tp_run", "serve", "bench_cmd"):
+    for name in ("run", "chat", "serve", "bench_cmd"):
         out = subprocess.run([sys.executable, "-c", code, f"kern_cli.{name}"], capture_output=True, text=True,
                              check=True).stdout
         assert "kern_qwen3" not in out, (name, out)
         if name == "run":
-            assert "kern_cli.chat" not in out and "kern_cli.tp_run" not in out, out
-        if name in ("chat", "tp_run"):
+            assert "kern_cli.chat" not in out, out
+        if name == "chat":
             assert "kern_cli.run" not in out, (name, out)

@@ -229,7 +229,7 @@ def test_real_machine_without_a_visible_gpu_exits_2(in_tmp: Path) -> None:
 
 def test_an_error_raised_in_a_module_run_imports_is_one_line_under_python_m(in_tmp: Path) -> None:
     # NOTE: under `python -m kern_cli.run` the file runs as __main__; the error (the manifest has no
-    # TP topology) is raised past kern_cli.tp_run, which must not import a second kern_cli.run.
+    # TP topology) is raised in kern_cli.options, which must not import a second kern_cli.run.
     _write_manifest(in_tmp)
     done = subprocess.run([sys.executable, "-m", "kern_cli.run", "--manifest", "m.json", "--kernels", "kernels",
                            "--prompt-ids", "1,2", "--tp", "2"], capture_output=True, text=True, check=False)

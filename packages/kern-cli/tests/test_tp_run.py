@@ -1,5 +1,6 @@
-"""kern-run --tp: the flag's checks, the manifest's topology, and the GPU count, each one line and
-exit 2 before anything touches a GPU (and before the default checkpoint is written)."""
+"""kern-run --tp and kern chat --tp: the flag's checks, the manifest's topology, and the GPU count,
+each one line and exit 2 before anything touches a GPU (and before the default checkpoint is
+written), for one generation and for turns alike."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import kern_cli.chat as chat
 import kern_cli.run as run
 from kern_cli import options
 from kern_runtime import loading
@@ -63,11 +65,31 @@ def test_a_manifest_of_another_size_is_refused_before_the_gpu(in_tmp: Path, monk
     assert "declares none" in _one_line(capsys)
 
 
-@pytest.mark.parametrize(("argv", "word"), [(("--tp", "0"), "at least 1"), (("--tp", "2", "--chat"), "one generation")])
-def test_bad_tp_flags(in_tmp: Path, argv: tuple[str, ...], word: str) -> None:
-    args = run.build_parser().parse_args(["--manifest", "m", *argv])
-    with pytest.raises(options.RunError, match=word):
+def test_bad_tp_flags(in_tmp: Path) -> None:
+    args = run.build_parser().parse_args(["--manifest", "m", "--tp", "0"])
+    with pytest.raises(options.RunError, match="at least 1"):
         options.resolve_options(args)
+
+
+def test_tp_takes_turns_and_the_chat_template_too(in_tmp: Path) -> None:
+    o = options.resolve_options(run.build_parser().parse_args(["--manifest", "m", "--tp", "2", "--chat"]))
+    assert (o.tp, o.chat) == (2, True)
+    o = options.resolve_options(chat.build_parser().parse_args(["--manifest", "m", "--tp", "2"]))
+    assert (o.tp, o.chat, o.prog) == (2, True, "kern chat")
+
+
+def test_turns_and_kern_chat_over_ranks_check_the_gpus_first(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(loading, "count_gpus", lambda: 1)
+    path = _write_manifest(in_tmp, _tp_manifest(2))
+    (in_tmp / "turns.txt").write_text("hello\nagain\n")
+    assert run.main(["--manifest", str(path), "--kernels", "kernels", "--turns", "turns.txt", "--tp", "2"]) == 2
+    assert _one_line(capsys) == "kern-run: --tp 2 from --gpu 0 needs 2 GPUs; this machine shows 1"
+    assert chat.main(["--manifest", str(path), "--kernels", "kernels", "--tp", "2", "--raw"]) == 2
+    assert _one_line(capsys) == "kern chat: --tp 2 from --gpu 0 needs 2 GPUs; this machine shows 1"
+    assert chat.main(["--manifest", str(_write_manifest(in_tmp)), "--kernels", "kernels", "--tp", "2", "--raw"]) == 2
+    assert "kern chat: --tp 2 needs a manifest with topology" in _one_line(capsys)
+    assert not (in_tmp / "cache").exists()
 
 
 def test_check_topology_and_gpus_directly() -> None:

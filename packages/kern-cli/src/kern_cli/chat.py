@@ -1,6 +1,7 @@
 """Multi-turn generation: `kern-run --turns FILE [--chat]` and the interactive `kern chat`.
 
-Each user turn continues one conversation on a `kern_runtime.Engine`: the conversation's cached
+Each user turn continues one conversation on a `kern_runtime.Engine` (with `--tp N`, on
+`kern_runtime.Ranks`, the engine over N ranks): the conversation's cached
 prefix is reused (only the rest is prefilled), the answer is generated greedily and streamed. The
 turns become prompts through a `kern_serve.Conversation`: with the chat template (`--chat`, always
 for `kern chat` unless `--raw`) every turn renders the whole message list through the model
@@ -30,15 +31,17 @@ from kern_cli.options import (
     RunError,
     RunOptions,
     add_load_flags,
+    add_tp_flag,
+    check_devices,
     guarded,
     logger,
-    open_engine,
+    open_runner,
     resolve_options,
 )
 
 if TYPE_CHECKING:
     from kern_manifest import Manifest
-    from kern_runtime import Engine, Provider
+    from kern_runtime import Provider, TurnRunner
     from kern_serve import Conversation
 
 __all__ = ["execute_turns", "main", "read_turns", "register"]
@@ -109,9 +112,10 @@ def _report(log: Callable[[str], None], i: int, t: Any) -> None:
         f"TTFT {t.ttft_ms:.1f} ms, decode {t.decode_ms_per_token:.3f} ms/token ({len(t.tokens)} tokens)")
 
 
-def run_turns(engine: Engine, conv: Conversation, turns: Iterable[str], opts: RunOptions, out: TextIO,
+def run_turns(engine: TurnRunner, conv: Conversation, turns: Iterable[str], opts: RunOptions, out: TextIO,
               log: Callable[[str], None]) -> int:
-    """Every turn on one conversation of `engine`; answers to `out` (text streamed, or ids)."""
+    """Every turn on one conversation of `engine` (an `Engine`, or `Ranks` with `--tp`); answers to
+    `out` (text streamed, or ids)."""
     seq = engine.sequence()
     for i, text in enumerate(turns, 1):
         prompt = conv.prompt(seq.tokens, text)
@@ -165,11 +169,11 @@ def execute_turns(opts: RunOptions, out: TextIO, turns: Sequence[str] | None, ch
     kr.check_capacity(inputs.roles, capacity)
     if turns is not None:
         _first_prompt_check(opts, conv, turns[0], inputs.roles, capacity)
-    loading.probe_gpu(opts.load.gpu)
+    check_devices(opts, inputs)
     log = logger(prog)
     weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
     t0 = time.perf_counter()
-    engine = open_engine(opts, inputs, weights, capacity, log)
+    engine = open_runner(opts, inputs, weights, capacity, log)
     log(f"load {time.perf_counter() - t0:.2f} s")
     src = stdin or sys.stdin
     tty = src.isatty()
@@ -195,6 +199,7 @@ def _handle(args: argparse.Namespace) -> int:
 
 def _add_flags(p: argparse.ArgumentParser) -> None:
     add_load_flags(p, capacity_help="KV tokens the conversation may reach (default 4096)")
+    add_tp_flag(p)
     p.add_argument("--steps", type=int, help=f"most tokens per answer (default {DEFAULT_STEPS})")
     p.add_argument("--chunk", type=int, help=f"prefill chunk rows (default {DEFAULT_CHUNK})")
     p.add_argument("--eager", action="store_true", help="run decode call by call, not as a graph")

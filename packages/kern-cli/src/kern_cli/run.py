@@ -1,7 +1,8 @@
 """`kern-run` / `kern run`: greedy generation for one sequence.
 
 Flags in, one turn of a `kern_runtime.Engine` called, output out (`--turns` / `--chat`: several
-turns on the same engine path, kern_cli.chat; `--tp`: kern_cli.tp_run). The prompt goes through the
+turns on the same engine path, kern_cli.chat; `--tp N`: the turn of `kern_runtime.Ranks`, the
+engine over N ranks, one thread per GPU in this process). The prompt goes through the
 manifest's chunk program in chunks of `--chunk` (the head program, or else the first decode step,
 gives the first token); each further step is one graph replay (`--eager`: call by call) and an
 8-byte readback. Every input (manifest, weights, kernels, tokenizer, sizes) is checked before the
@@ -24,9 +25,10 @@ from kern_cli.options import (
     RunError,
     RunOptions,
     add_run_flags,
+    check_devices,
     guarded,
     logger,
-    open_engine,
+    open_runner,
     resolve_options,
 )
 
@@ -84,22 +86,19 @@ def execute(opts: RunOptions, out: TextIO) -> int:
 
         turns = read_turns(opts.turns) if opts.turns is not None else (opts.prompt or "",)
         return execute_turns(opts, out, turns, chat=opts.chat, prog=opts.prog)
-    inputs, prompt, tok, capacity = prepared = prepare(opts)
-    if opts.tp is not None:
-        from kern_cli.tp_run import execute_tp
-
-        return execute_tp(opts, out, prepared)
-    loading.probe_gpu(opts.load.gpu)
+    inputs, prompt, tok, capacity = prepare(opts)
+    check_devices(opts, inputs)
     log = logger(opts.prog)
     t0 = time.perf_counter()
     weights = loading.prepare_load(opts.load, inputs, log, Bar(sys.stderr))
-    with open_engine(opts, inputs, weights, capacity, log) as engine:
+    with open_runner(opts, inputs, weights, capacity, log) as runner:
         t1 = time.perf_counter()
-        turn = engine.turn(engine.sequence(), prompt, opts.steps)
+        turn = runner.turn(runner.sequence(), prompt, opts.steps)
     ids = turn.tokens
     out.write((" ".join(map(str, ids)) if opts.output == "ids" else loading.decode_text(tok, ids)) + "\n")
     out.flush()
-    log(f"load {t1 - t0:.2f} s; prefill {turn.prefill.prefilled} tokens, first token {turn.ttft_ms:.1f} ms; "
+    tp = f"tp {opts.tp}: " if opts.tp is not None else ""
+    log(f"{tp}load {t1 - t0:.2f} s; prefill {turn.prefill.prefilled} tokens, first token {turn.ttft_ms:.1f} ms; "
         f"decode {turn.decode_ms_per_token:.3f} ms/token ({len(ids)} tokens, {'eager' if opts.eager else 'graph'})")
     return 0
 

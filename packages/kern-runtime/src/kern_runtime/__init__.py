@@ -95,7 +95,7 @@ from .loading import (
 from .peers import Chunk, Offer, PeerHandle
 from .probes import copy_rate, device_count
 from .providers import Provider, ProviderError
-from .ranks import RankedSequence, Ranks, RanksTurn
+from .ranks import RankedSequence, Ranks, TurnRunner
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local
 from .sequences import Waking
@@ -165,7 +165,6 @@ __all__ = [
     "RankedSequence",
     "Ranks",
     "RanksDisagreeError",
-    "RanksTurn",
     "Resident",
     "Reuse",
     "RowInterleave",
@@ -186,6 +185,7 @@ __all__ = [
     "TensorWindow",
     "Tensors",
     "Turn",
+    "TurnRunner",
     "Waking",
     "WeightArtifactError",
     "available_ram",

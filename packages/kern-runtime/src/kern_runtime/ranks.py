@@ -14,13 +14,13 @@ from collections.abc import Callable, Collection
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
-from .engine import Backend, Bound, Engine, EngineConfig, Prefilled, Sequence, Turn
+from .engine import Backend, Bound, Engine, EngineConfig, Sequence, Turn
 from .errors import ApiError, EngineError, RanksDisagreeError
 from .roles import ServingRoles
 
-__all__ = ["RankedSequence", "Ranks", "RanksTurn"]
+__all__ = ["RankedSequence", "Ranks", "TurnRunner"]
 
 T = TypeVar("T")
 
@@ -37,15 +37,17 @@ class RankedSequence:
         return self.seqs[0].tokens
 
 
-@dataclass(frozen=True, slots=True)
-class RanksTurn:
-    """A finished turn of the group: its tokens and prefill (every rank's, checked equal) and the
-    slowest rank's times."""
+class TurnRunner(Protocol):
+    """What runs a conversation's turns: an `Engine`, or `Ranks` (the engine over a group)."""
 
-    tokens: list[int]
-    prefill: Prefilled
-    ttft_ms: float
-    decode_ms_per_token: float
+    def sequence(self, tokens: Seq[int] = ()) -> Any: ...
+
+    def turn(self, seq: Any, prompt: Seq[int], steps: int, *, stop: Collection[int] = (),
+             room: int | None = None, on_token: Callable[[int], None] | None = None) -> Turn: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 class Ranks:
@@ -89,8 +91,10 @@ class Ranks:
             e.release(s)
 
     def turn(self, seq: RankedSequence, prompt: Seq[int], steps: int, *, stop: Collection[int] = (),
-             room: int | None = None, on_token: Callable[[int], None] | None = None) -> RanksTurn:
+             room: int | None = None, on_token: Callable[[int], None] | None = None) -> Turn:
         """`Engine.turn` on every rank at once; `on_token` sees rank 0's tokens as they are read.
+        The turn is rank 0's (every rank's tokens and prefill, checked equal) with the slowest
+        rank's times.
 
         Raises:
             as `Engine.turn` (the lowest failing rank's error; a bad prompt or size fails on every
@@ -102,8 +106,8 @@ class Ranks:
         turns = self._each(lambda r, e: e.turn(seq.seqs[r], prompt, steps, stop=stop, room=room,
                                                on_token=on_token if r == 0 else None))
         self._agree(turns)
-        return RanksTurn(turns[0].tokens, turns[0].prefill, max(t.ttft_ms for t in turns),
-                         max(t.decode_ms_per_token for t in turns))
+        return Turn(turns[0].tokens, turns[0].prefill, max(t.ttft_ms for t in turns),
+                    max(t.decode_ms_per_token for t in turns))
 
     def close(self) -> None:
         """Close every rank's engine (each on its rank's thread), then run `closer`."""
