@@ -169,9 +169,22 @@ _W8 = "model.layers.0.mlp.down_proj.weight"
 
 def _fp8(**scales: tuple[int, ...]) -> Safetensors:
     """A [200, 300] e4m3 weight with the given companions ("scale_inv", "scale") as f32."""
+    return _fp8_as(np.float32, scales)
+
+
+def _fp8_as(dtype: type, scales: dict[str, tuple[int, ...]]) -> Safetensors:
+    """As `_fp8`, the companions as `dtype` (float32 F32, uint16 BF16, int32 I32)."""
     tensors = {_W8: np.ones((200, 300), np.uint8)}
-    tensors |= {f"{_W8}_{kind}": np.ones(shape, np.float32) for kind, shape in scales.items()}
+    tensors |= {f"{_W8}_{kind}": np.ones(shape, dtype) for kind, shape in scales.items()}
     return Safetensors.parse(_st_bytes(tensors))
+
+
+@pytest.mark.parametrize("kind", ["scale_inv", "scale"])
+def test_fp8_scales_of_an_integer_dtype_are_refused_and_bf16_ones_bind(kind: str) -> None:
+    shape = (2, 3) if kind == "scale_inv" else (200, 1)
+    with pytest.raises(WeightArtifactError, match=rf"scales '.*_{kind}' are i32; an e4m3 weight's scales are bf16 or f16 or f32$"):
+        plan_bind("w", "fp8e4m3", 200 * 300, [TensorWindow(_W8)], _fp8_as(np.int32, {kind: shape}))
+    assert plan_bind("w", "fp8e4m3", 200 * 300, [TensorWindow(_W8)], _fp8_as(np.uint16, {kind: shape}))
 
 
 def test_fp8_checkpoint_for_a_bf16_buffer_is_refused() -> None:

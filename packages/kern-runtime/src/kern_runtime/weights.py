@@ -44,6 +44,9 @@ DTYPE_BYTES: Mapping[str, int] = {
 FP8_BLOCK: tuple[int, int] = (128, 128)
 """The [rows, cols] a Qwen FP8 checkpoint's `weight_scale_inv` entry scales."""
 _FP8 = "fp8e4m3"
+_SCALE_DTYPES = frozenset({"f32", "bf16", "f16"})
+"""What an e4m3 weight's scales may be stored as (Qwen's block scales are f32; compressed-tensors'
+per-row scales are often the model's bf16)."""
 
 _SAFETENSORS_DTYPES: Mapping[str, str] = {
     "BF16": "bf16", "F16": "f16", "F32": "f32", "F8_E4M3": "fp8e4m3", "F8_E8M0": "fp8e8m0",
@@ -374,6 +377,12 @@ def _check_fp8_scales(buffer: str, weight: TensorInfo, tensors: Tensors) -> None
     """An e4m3 weight's scales fit its shape: Qwen's `<name>_scale_inv`, one per 128 x 128 block,
     and compressed-tensors' `<name>_scale`, one per output row ([n, 1]) or one in all."""
     n, k = weight.matrix
+    for companion in (tensors.get(weight.name + "_scale_inv"), tensors.get(weight.name + "_scale")):
+        if companion is not None and companion.dtype not in _SCALE_DTYPES:
+            raise WeightArtifactError(
+                f"buffer {buffer!r}: scales {companion.name!r} are {companion.dtype}; an e4m3 weight's scales are "
+                f"{' or '.join(sorted(_SCALE_DTYPES))}"
+            )
     block = tensors.get(weight.name + "_scale_inv")
     want = (-(-n // FP8_BLOCK[0]), -(-k // FP8_BLOCK[1]))
     if block is not None and block.shape != want:
