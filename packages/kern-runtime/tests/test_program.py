@@ -81,11 +81,30 @@ def test_pack_with_tensormap_and_cluster_config(monkeypatch: pytest.MonkeyPatch)
     assert pack == bytes(range(128)) + struct.pack("<i", 5) + bytes(60)
 
 
+def test_gemm_operands_take_an_fp8_gemms_scales_and_sizes_after_them() -> None:
+    buf = [program.Value(ptr=p, room=4096) for p in (0x1000, 0x2000, 0x3000)]
+    scales = [program.Value(ptr=0x4000, room=4), program.Value(ptr=0x5000, room=4)]
+    sizes = [program.Value(scalar=v) for v in (7, 256, 512)]
+    ptrs, shape, got = program.gemm_operands("extern:cublaslt_fp8_tn", [*buf, *scales, *sizes], "here")
+    assert (ptrs, got) == ((0x1000, 0x2000, 0x3000), (0x4000, 0x5000))
+    assert (shape.m, shape.n, shape.k, shape.fp8) == (7, 256, 512, True)
+    ptrs, shape, got = program.gemm_operands("extern:cublaslt_bf16_tn", [*buf, *sizes], "here")
+    assert got is None and (shape.m, shape.n, shape.k, shape.fp8) == (7, 256, 512, False)
+    short = [scales[0], program.Value(ptr=0x5000, room=2)]
+    with pytest.raises(ManifestUnsupportedError, match=r"^here: extern:cublaslt_fp8_tn takes its A and W scales as one-element f32 buffers$"):
+        program.gemm_operands("extern:cublaslt_fp8_tn", [*buf, *short, *sizes], "here")
+    with pytest.raises(ManifestUnsupportedError, match="one-element f32 buffers"):
+        program.gemm_operands("extern:cublaslt_fp8_tn", [*buf, program.Value(scalar=1), scales[1], *sizes], "here")
+
+
 def test_gemm_shapes_map_strides_and_kinds() -> None:
     assert gemm_shape("extern:cublaslt_bf16_tn", [7, 256, 512]) == program.GemmShape(7, 256, 512, 256, 512, False, False)
     assert gemm_shape("extern:cublaslt_bf16_tn_acc", [7, 256, 512, 384, 640]).accumulate
     assert gemm_shape("extern:cublas_bf16_tn_f32", [1, 2, 3]).out_f32
-    with pytest.raises(ManifestUnsupportedError, match="bf16 GEMMs only"):
-        gemm_shape("extern:cublaslt_fp8_tn", [1, 2, 3])
+    fp8 = gemm_shape("extern:cublaslt_fp8_tn", [7, 256, 512, 384, 640])
+    assert fp8 == program.GemmShape(7, 256, 512, 384, 512, False, False, True)  # no lda: A is packed
+    assert gemm_shape("extern:cublaslt_fp8_tn_f32", [1, 2, 16]).out_f32
+    with pytest.raises(ManifestUnsupportedError, match="extern:nope is not supported by this runtime"):
+        gemm_shape("extern:nope", [1, 2, 3])
     with pytest.raises(ManifestUnsupportedError, match="not available"):
         compile_program(_resources(manifests.gemm()), "plain", {"m": 4})

@@ -29,15 +29,16 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 class FakeBlas:
-    """Plans cached by (shape, algo) like the real one; describe and matmul recorded."""
+    """Plans cached by (shape, algo, scales) like the real one; describe and matmul recorded."""
 
     def __init__(self) -> None:
-        self.plans: dict[tuple[GemmShape, tuple[int, ...] | None], tuple[Any, ...]] = {}
+        self.plans: dict[tuple[GemmShape, tuple[int, ...] | None, tuple[int, int] | None], tuple[Any, ...]] = {}
         self.calls: list[tuple[Any, ...]] = []
         self.described: list[tuple[Any, ...]] = []
 
-    def plan(self, shape: GemmShape, algo: tuple[int, ...] | None) -> tuple[Any, ...]:
-        return self.plans.setdefault((shape, algo), ("plan", shape, algo))
+    def plan(self, shape: GemmShape, algo: tuple[int, ...] | None,
+             scales: tuple[int, int] | None = None) -> tuple[Any, ...]:
+        return self.plans.setdefault((shape, algo, scales), ("plan", shape, algo, scales))
 
     def describe(self, plan: tuple[Any, ...]) -> dict[str, int]:
         self.described.append(plan)
@@ -169,7 +170,7 @@ def moving_features() -> Any:
 TEST_MANIFESTS: dict[str, Any] = {
     "moving_features": moving_features(),
     "basic": manifests.basic(SHA), "basic_i64": manifests.basic(SHA, "i64"), "features": manifests.features(SHA),
-    "chain": manifests.chain(SHA, 40), "gemm": manifests.gemm(), "same_name": manifests.same_name(SHA, 2),
+    "chain": manifests.chain(SHA, 40), "gemm": manifests.gemm(), "fp8_gemm": manifests.fp8_gemm(256, 512), "same_name": manifests.same_name(SHA, 2),
     "pooled": manifests.pooled(SHA), "serving": manifests.serving(), "remapping": manifests.remapping(SHA),
     "two_paged": manifests.two_paged(SHA), "collectives": peer_manifests.collectives(2),
     "peer_gather": peer_manifests.peer_gather(SHA, 2),
@@ -213,7 +214,7 @@ def test_fast_prefill_templates_every_kernel_and_describes_each_plan_once() -> N
         steps = template.compile(res, {"tokens": tokens})
         assert sum(hasattr(s.run, "record") for s in steps) == kernels > 0
         gemms = [s for s in steps if s.algo is not None]
-        shapes = {shape for shape, _algo in res.blas.plans if shape.m == tokens}
+        shapes = {shape for shape, _algo, _scales in res.blas.plans if shape.m == tokens}
         assert len(gemms) > len(shapes) == len(res.blas.described) > 0
 
 

@@ -55,7 +55,8 @@ from .blas import Blas, GemmShape
 from .errors import ManifestUnsupportedError
 from .launch import ArgBlock, KernelRecord, encode_value, pack_bytes
 
-__all__ = ["ProgramTemplate", "Resources", "Step", "Value", "call_value", "compile_program", "gemm_shape"]
+__all__ = ["ProgramTemplate", "Resources", "Step", "Value", "call_value", "compile_program", "gemm_operands",
+           "gemm_shape", "gemm_sizes_at"]
 
 _TMAP_BYTES = {"u8": 1, "u16": 2, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f16": 2, "bf16": 2,
                "f32": 4, "tf32": 4, "u4": 1, "u4packed": 1}  # fmt: skip
@@ -252,11 +253,8 @@ class _Compiler:
             raise ManifestUnsupportedError(f"{where}: {launch.entry} is not available in this runtime")
         args = launch.args if launch.args is not None else _by_position(len(values))
         vals = [self.extern_value(a, values, where) for a in args]
-        a, w, c = (vals[i].ptr for i in range(3))
-        if a is None or w is None or c is None:
-            raise ManifestUnsupportedError(f"{where}: GEMM a/w/c must be buffers")
-        shape = gemm_shape(launch.entry, [int(v.scalar or 0) for v in vals[3:]], where)
-        return _Gemm(blas, shape, blas.plan(shape, _algo_tuple(launch)), a, w, c, int(self.res.stream))
+        (a, w, c), shape, scales = gemm_operands(launch.entry, vals, where)
+        return _Gemm(blas, shape, blas.plan(shape, _algo_tuple(launch), scales), a, w, c, int(self.res.stream))
 
     def collective(self, launch: ExternLaunch, values: Sequence[Value], where: str) -> Callable[[], None]:
         args = launch.args or ()
@@ -311,16 +309,49 @@ def _algo_tuple(launch: ExternLaunch) -> tuple[int, ...] | None:
     return (a.id, a.tile, a.split_k, a.reduction, a.swizzle, a.custom, a.stages, a.inner_shape, a.cluster_shape)
 
 
+_BF16_GEMMS = ("extern:cublaslt_bf16_tn", "extern:cublaslt_bf16_tn_acc", "extern:cublas_bf16_tn_f32")
+_FP8_GEMMS = ("extern:cublaslt_fp8_tn", "extern:cublaslt_fp8_tn_f32")
+
+
+def gemm_sizes_at(entry: str) -> int:
+    """Where an extern GEMM's sizes [m, n, k, ...] start in its args: after a, w, c (and an fp8
+    GEMM's two scales)."""
+    return 5 if entry in _FP8_GEMMS else 3
+
+
 def gemm_shape(entry: str, scalars: Sequence[int], where: str = "") -> GemmShape:
-    """The GemmShape of an extern GEMM from its scalar args [m, n, k, ldc?, lda?]."""
-    if entry not in ("extern:cublaslt_bf16_tn", "extern:cublaslt_bf16_tn_acc", "extern:cublas_bf16_tn_f32"):
-        raise ManifestUnsupportedError(f"{where}: {entry} is not supported by this runtime (bf16 GEMMs only)")
+    """The GemmShape of an extern GEMM from its size args [m, n, k, ldc?, lda?] (an fp8 GEMM's:
+    [m, n, k, ldc?])."""
+    if entry not in _BF16_GEMMS + _FP8_GEMMS:
+        raise ManifestUnsupportedError(f"{where}: {entry} is not supported by this runtime")
     if len(scalars) < 3:
         raise ManifestUnsupportedError(f"{where}: {entry} needs m, n, k")
     m, n, k = scalars[:3]
+    fp8 = entry in _FP8_GEMMS
     ldc = scalars[3] if len(scalars) > 3 else n
-    lda = scalars[4] if len(scalars) > 4 else k
-    return GemmShape(m, n, k, ldc, lda, entry.endswith("_f32"), entry.endswith("_acc"))
+    lda = scalars[4] if len(scalars) > 4 and not fp8 else k
+    return GemmShape(m, n, k, ldc, lda, entry.endswith("_f32"), entry.endswith("_acc"), fp8)
+
+
+def gemm_operands(entry: str, vals: Sequence[Value], where: str) -> tuple[tuple[int, int, int], GemmShape, tuple[int, int] | None]:
+    """An extern GEMM's (a, w, c) pointers, its shape, and an fp8 GEMM's (A scale, W scale)
+    pointers from its resolved args.
+
+    Raises:
+        ManifestUnsupportedError: a, w, c or a scale is not a buffer, a scale holds less than one
+            f32, or the entry is not a GEMM this runtime runs.
+    """
+    a, w, c = (vals[i].ptr for i in range(3))
+    if a is None or w is None or c is None:
+        raise ManifestUnsupportedError(f"{where}: GEMM a/w/c must be buffers")
+    first = gemm_sizes_at(entry)
+    shape = gemm_shape(entry, [int(v.scalar or 0) for v in vals[first:]], where)
+    if not shape.fp8:
+        return (a, w, c), shape, None
+    a_scale, w_scale = vals[3], vals[4]
+    if a_scale.ptr is None or w_scale.ptr is None or min(a_scale.room, w_scale.room) < 4:
+        raise ManifestUnsupportedError(f"{where}: {entry} takes its A and W scales as one-element f32 buffers")
+    return (a, w, c), shape, (a_scale.ptr, w_scale.ptr)
 
 
 def _width(value: int, width: int, signed: bool, where: str) -> bytes:
@@ -625,11 +656,10 @@ class _ExternTemplate:
             vals = list(vals)
             for i in self.moving:
                 vals[i] = comp.extern_value(self.args[i], values, self.where)
-        a, w, c = vals[0].ptr, vals[1].ptr, vals[2].ptr
-        if a is None or w is None or c is None:
+        if vals[0].ptr is None or vals[1].ptr is None or vals[2].ptr is None:
             raise _Restage
-        shape = gemm_shape(self.launch.entry, [int(v.scalar or 0) for v in vals[3:]], self.where)
-        plan = blas.plan(shape, self.algo)
+        (a, w, c), shape, scales = gemm_operands(self.launch.entry, vals, self.where)
+        plan = blas.plan(shape, self.algo, scales)
         seen = self.described.get(id(plan))
         if seen is None or seen[0] is not plan:
             seen = (plan, blas.describe(plan))

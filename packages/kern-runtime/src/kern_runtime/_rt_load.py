@@ -17,7 +17,7 @@ from . import memory, nccl, sass
 from ._loader import Job, run_jobs
 from ._manifest import bind_segments
 from ._peering import Peering
-from ._program import Resources, Value, call_value, gemm_shape
+from ._program import Resources, Value, call_value, gemm_shape, gemm_sizes_at
 from ._rt_core import Device, Spec
 from ._rt_memory import Memory, Resident, size_text
 from ._rt_programs import Programs, resources
@@ -190,7 +190,7 @@ def _gemm_shape_at(res: Resources, call: Call, launch: ExternLaunch, env: Mappin
     values = [call_value(res, a, env, "algo check") for a in call.args]
     if launch.args is not None:
         values = [values[a.param] if isinstance(a, ParamArg) else Value(scalar=_lit(a, env)) for a in launch.args]
-    return gemm_shape(launch.entry, [int(v.scalar or 0) for v in values[3:]])
+    return gemm_shape(launch.entry, [int(v.scalar or 0) for v in values[gemm_sizes_at(launch.entry):]])
 
 
 def _algo(launch: ExternLaunch) -> tuple[int, ...] | None:

@@ -4,6 +4,11 @@ Row-major C[m,n] = A[m,k] @ W[n,k]^T is column-major C'[n,m] = W'^T[n,k] x A'[k,
 "A" is W (k x n, ld k, transposed), "B" is A (k x m, ld lda), C is n x m with ld ldc. Heuristics
 (or a pinned algo, checked at both var ends) are resolved when a record is compiled, never per
 step; a compiled GEMM is one cublasLtMatmul call, capturable in a CUDA graph.
+
+An fp8 GEMM (e4m3 A and W, f32 accumulation, bf16 or f32 C) takes two one-element f32 device
+buffers, A's scale and W's: cuBLASLt's per-tensor scale pointers (its "A" scale is W's, its "B"
+scale is A's), read by the GEMM on the device, so a graph replays it with whatever the scales hold
+then. They are attributes of the matmul descriptor: an fp8 plan is cached per shape and scale pair.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ WORKSPACE_BYTES = 32 << 20
 _COMPUTE_32F = 68
 _R_32F = 0
 _R_16BF = 14
+_R_8F_E4M3 = 28
 _OP_N, _OP_T = 0, 1
 _ALGO_FIELDS = (  # (manifest field, MatmulAlgoConfigAttribute value)
     ("tile", 1), ("split_k", 2), ("reduction", 3), ("swizzle", 4),
@@ -38,7 +44,8 @@ def _lt() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class GemmShape:
-    """One GEMM problem: sizes, row strides (elements), output dtype and accumulate flag."""
+    """One GEMM problem: sizes, row strides (elements), output dtype, accumulate flag, and e4m3
+    operands (`fp8`)."""
 
     m: int
     n: int
@@ -47,6 +54,7 @@ class GemmShape:
     lda: int
     out_f32: bool
     accumulate: bool
+    fp8: bool = False
 
 
 def _status(exc: Exception) -> str:
@@ -70,15 +78,21 @@ class Blas:
         self._beta0 = np.zeros(1, dtype=np.float32)
         self._beta1 = np.ones(1, dtype=np.float32)
         self._alpha_ptr = int(self._alpha.ctypes.data)  # NOTE: a matmul's host cost counts: no ctypes per call
-        self._plans: dict[tuple[GemmShape, tuple[int, ...] | None], _Plan] = {}
+        self._plans: dict[tuple[GemmShape, tuple[int, ...] | None, tuple[int, int] | None], _Plan] = {}
 
-    def _desc(self) -> int:
+    def _desc(self, scales: tuple[int, int] | None) -> int:
         lt = self._lt
         desc = lt.matmul_desc_create(_COMPUTE_32F, _R_32F)
         self._stack.callback(lt.matmul_desc_destroy, desc)
         for attr, value in ((lt.MatmulDescAttribute.TRANSA, _OP_T), (lt.MatmulDescAttribute.TRANSB, _OP_N)):
             buf = np.array([value], dtype=np.int32)
             lt.matmul_desc_set_attribute(desc, attr, buf.ctypes.data, 4)
+        if scales is not None:
+            a_scale, w_scale = scales
+            for attr, ptr in ((lt.MatmulDescAttribute.A_SCALE_POINTER, w_scale),
+                              (lt.MatmulDescAttribute.B_SCALE_POINTER, a_scale)):
+                buf = np.array([ptr], dtype=np.uint64)
+                lt.matmul_desc_set_attribute(desc, attr, buf.ctypes.data, 8)
         return desc
 
     def _layout(self, dtype: int, rows: int, cols: int, ld: int) -> int:
@@ -86,14 +100,21 @@ class Blas:
         self._stack.callback(self._lt.matrix_layout_destroy, lay)
         return lay
 
-    def plan(self, shape: GemmShape, algo: tuple[int, ...] | None) -> _Plan:
-        """Descriptors and the algo for one shape (cached); heuristics run here, once."""
-        key = (shape, algo)
+    def plan(self, shape: GemmShape, algo: tuple[int, ...] | None, scales: tuple[int, int] | None = None) -> _Plan:
+        """Descriptors and the algo for one shape (cached); heuristics run here, once. `scales`:
+        an fp8 shape's (A scale, W scale) device pointers.
+
+        Raises:
+            BlasError: cuBLASLt refuses the shape, or an fp8 shape comes without its scales.
+        """
+        if shape.fp8 != (scales is not None):
+            raise BlasError("cublasLt plan", f"an fp8 GEMM takes its two scale pointers, another none: {shape}")
+        key = (shape, algo, scales)
         cached = self._plans.get(key)
         if cached is not None:
             return cached
         try:
-            plan = self._build(shape, algo)
+            plan = self._build(shape, algo, scales)
         except KernelArtifactError:
             raise
         except Exception as exc:
@@ -101,11 +122,12 @@ class Blas:
         self._plans[key] = plan
         return plan
 
-    def _build(self, s: GemmShape, algo: tuple[int, ...] | None) -> _Plan:
+    def _build(self, s: GemmShape, algo: tuple[int, ...] | None, scales: tuple[int, int] | None) -> _Plan:
         out = _R_32F if s.out_f32 else _R_16BF
-        desc = self._desc()
-        a = self._layout(_R_16BF, s.k, s.n, s.k)
-        b = self._layout(_R_16BF, s.k, s.m, s.lda)
+        operand = _R_8F_E4M3 if s.fp8 else _R_16BF
+        desc = self._desc(scales)
+        a = self._layout(operand, s.k, s.n, s.k)
+        b = self._layout(operand, s.k, s.m, s.lda)
         c = self._layout(out, s.n, s.m, s.ldc)
         if algo is None:
             chosen = self._heuristic(desc, a, b, c, s)

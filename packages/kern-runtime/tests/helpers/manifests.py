@@ -169,6 +169,36 @@ def gemm(algo: Json | None = None) -> Json:
     }
 
 
+def fp8_gemm(n: int, k: int) -> Json:
+    """Both fp8 GEMM externs over e4m3 A [m, k] and W [n, k] with one-element f32 scales: bf16 C
+    with a row stride of n + 64, and f32 C."""
+
+    def op(entry: str, out: str) -> Json:
+        return {"params": ["in buffer<fp8e4m3>", "in buffer<fp8e4m3>", f"out buffer<{out}>", "in buffer<f32>",
+                           "in buffer<f32>", "i32", "i32", "i32", "i32"],
+                "impl": {"launches": [{"entry": entry}]}}
+
+    def call(name: str, out: str, ldc: int) -> Json:
+        return {"op": name, "args": [{"buf": "a"}, {"buf": "w"}, {"buf": out}, {"buf": "sa"}, {"buf": "sw"},
+                                     {"var": "m"}, {"i32": n}, {"i32": k}, {"i32": ldc}]}
+
+    return {
+        "schema_version": 5, "model": "rt-fp8-gemm", "vars": {"m": {"max": 512}},
+        "buffers": {
+            "a": {"dtype": "fp8e4m3", "shape": ["m", k], "kind": "input"},
+            "w": {"dtype": "fp8e4m3", "shape": [n, k], "kind": "weight", "bind": [{"tensor": "w"}]},
+            "sa": {"dtype": "f32", "shape": [1], "kind": "input"},
+            "sw": {"dtype": "f32", "shape": [1], "kind": "input"},
+            "c": {"dtype": "bf16", "shape": ["m", n + 64], "kind": "carry"},
+            "cf": {"dtype": "f32", "shape": ["m", n], "kind": "carry"},
+        },
+        "modules": {},
+        "ops": {"gemm8": op("extern:cublaslt_fp8_tn", "bf16"), "gemm8f": op("extern:cublaslt_fp8_tn_f32", "f32")},
+        "programs": {"bf16": {"graph": True, "calls": [call("gemm8", "c", n + 64)]},
+                     "f32": {"graph": True, "calls": [call("gemm8f", "cf", n)]}},
+    }  # fmt: skip
+
+
 def same_name(sha: str, extra: int) -> Json:
     """Two ops on one module whose two `add_k` instances differ in ABI (n runtime vs constexpr)."""
     pad = ["i64"] * extra
