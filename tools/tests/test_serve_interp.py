@@ -272,6 +272,18 @@ def test_bad_chat_bodies_are_400(server: Server) -> None:
         assert error_of(post(server, "/v1/chat/completions", body), 400)["param"] == param
 
 
+def test_an_idle_connection_outlives_a_clients_pool_expiry(server: Server) -> None:
+    """One connection, two requests 6 s apart (past httpx's 5 s pool expiry): the server kept it."""
+    with httpx.Client(limits=httpx.Limits(keepalive_expiry=60)) as c:
+        streams: list[object] = []
+        for _ in range(2):
+            r = c.get(server.url + "/health")
+            assert r.status_code == 200
+            streams.append(r.extensions["network_stream"])
+            time.sleep(6)
+        assert streams[0] is streams[1]
+
+
 def test_malformed_oversized_unauthorized_unknown(server: Server) -> None:
     assert error_of(post(server, "/v1/completions", None, raw=b'{"model": '), 400)["code"] == "invalid_json"
     assert error_of(post(server, "/v1/completions", None, raw=b"[1, 2]"), 400)["code"] == "invalid_json"

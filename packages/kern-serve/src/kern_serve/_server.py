@@ -42,6 +42,10 @@ GRACE_S = 5.0
 """Seconds the open requests get to finish once SIGINT or SIGTERM arrives; then they are cut."""
 CUT_S = 5.0
 """Seconds the cut requests get to send their last events before uvicorn cancels what is left."""
+KEEP_ALIVE_S = 75
+"""Seconds an idle connection stays open. Longer than HTTP clients keep an idle pooled connection
+(httpx, under the OpenAI SDK: 5 s), so a client never reuses one the server is closing at that
+moment (uvicorn's own 5 s meets httpx's 5 s: a request sent as the server closes fails to read)."""
 T = TypeVar("T")
 Log = Callable[[str], None]
 Progress = Callable[[int, int], None]
@@ -193,7 +197,7 @@ def _listen(opts: ServeOptions, engine: Engine, model: Model, sock: socket.socke
     log(f"listening on http://{host}:{port}" + (" (API key required)" if opts.api_key else ""))
     closing = Closing()
     config = uvicorn.Config(make_app(model, closing), log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=int(GRACE_S + CUT_S))
+                            timeout_graceful_shutdown=int(GRACE_S + CUT_S), timeout_keep_alive=KEEP_ALIVE_S)
     server = _server_class()(config)
     server.closing = closing
     server.run(sockets=[sock])
