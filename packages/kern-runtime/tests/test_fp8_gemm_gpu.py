@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kern_runtime as kr
+from kern_qwen3 import from_e4m3_bits
 
 from .helpers import manifests
 from .test_weights import _st_bytes
@@ -24,14 +25,8 @@ E4M3_NAN = (0x7F, 0xFF)
 
 
 def e4m3(bits: np.ndarray) -> np.ndarray:
-    """float64 values of e4m3fn bytes (1 sign, 4 exponent bits of bias 7, 3 mantissa bits)."""
-    b = bits.astype(np.int64)
-    sign = np.where(b & 0x80, -1.0, 1.0)
-    exp, man = (b >> 3) & 0xF, b & 0x7
-    normal = (1.0 + man / 8.0) * np.exp2(exp - 7.0)
-    sub = man / 8.0 * 2.0**-6
-    out = sign * np.where(exp == 0, sub, normal)
-    return np.where((b & 0x7F) == 0x7F, np.nan, out)
+    """float64 values of e4m3fn bytes."""
+    return from_e4m3_bits(bits).astype(np.float64)
 
 
 def _bytes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
