@@ -54,11 +54,12 @@ def fp8_rt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[kr.Runtim
 
 
 def _within(got: np.ndarray, a: np.ndarray, w: np.ndarray, scale: float, rel: float) -> None:
-    """`got` is `scale` * a @ w.T within `rel` of it plus 2^-12 of the sum of |products| (Hopper's
-    fp8 MMA accumulates in fewer bits than f32 between cuBLASLt's promotions to f32; a wrong
-    scale, operand or layout is off by the order of the value itself)."""
+    """`got` is `scale` * a @ w.T within `rel` of it plus 2^-9 of the sum of |products|: Hopper's
+    fp8 MMA accumulates in fewer bits than f32 between cuBLASLt's promotions to f32 (on an H100 a
+    few elements were off by up to 2^-10.8 of that sum), while a wrong scale, operand or layout is
+    off by the order of the value itself (about 2^-4.5 of the sum over k = 512 random terms)."""
     ref = a @ w.T * scale
-    bound = np.abs(a) @ np.abs(w).T * abs(scale) * 2.0**-12 + np.abs(ref) * rel
+    bound = np.abs(a) @ np.abs(w).T * abs(scale) * 2.0**-9 + np.abs(ref) * rel
     bad = np.abs(got - ref) > bound
     assert not bad.any(), f"{bad.sum()} of {bad.size} off; worst {np.abs(got - ref).max()}"
 
