@@ -6,12 +6,15 @@ threads of their own whose collectives meet (`kern_interp.collectives.Group`).""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from helpers import tp_interp
 from helpers.qwen3_options import plan_of
+from helpers.tinytok import TinyTok
 
 import kern_qwen3 as gen
 import kern_runtime as kr
@@ -90,3 +93,45 @@ def test_the_engine_over_interpreter_ranks_matches_reference(weights: dict[str, 
     assert second.tokens == interp.reference_greedy(interp.UNTIED_CONFIG, weights, follow, 4)[0]
     ranks.close()
     assert all(b.pool.pages_used == 0 for b in backends)
+
+
+def test_kern_run_tp2_turns_run_over_interpreter_ranks(weights: dict[str, np.ndarray], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`kern-run --tp 2 --turns FILE` end to end, the two ranks on interpreters (`loading.open_ranks`
+    replaced): each turn's ids are the reference's greedy continuation of the whole conversation,
+    and the second turn reuses the first's KV."""
+    import kern_cli.run as run
+    from kern_runtime import loading
+
+    path = tmp_path / "tp2.json"
+    path.write_text(json.dumps(_tp(interp.UNTIED_CONFIG, 2)))
+    (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
+    (tmp_path / "turns.txt").write_text("a tiny prompt\nand more\n")
+    opened: list[tuple[int, int]] = []
+
+    def open_ranks(load: Any, tokens: int, files: Any, tp: int, roles: kr.ServingRoles, config: kr.EngineConfig,
+                   log: Any, progress: Any = None) -> kr.Ranks:
+        opened.append((tp, load.gpu))
+        backends, _ = rank_backends(json.loads(path.read_text()), weights, pages=64, chunk_pages=8)
+        return kr.Ranks(backends, roles, config)
+
+    monkeypatch.setattr(loading, "count_gpus", lambda: 2)
+    monkeypatch.setattr(loading, "tokenizer", lambda name: TinyTok())
+    monkeypatch.setattr(loading, "check_kernels", lambda *a: None)
+    monkeypatch.setattr(loading, "ensure_kernels", lambda *a: None)
+    monkeypatch.setattr(loading, "open_ranks", open_ranks)
+    monkeypatch.chdir(tmp_path)
+    assert run.main(["--manifest", str(path), "--weights", "w.safetensors", "--turns", "turns.txt", "--steps", "5",
+                     "--chunk", "16", "--output", "ids", "--tp", "2"]) == 0
+    out = capsys.readouterr()
+    tok = TinyTok()
+    first_prompt = tok.encode("a tiny prompt")
+    first = interp.reference_greedy(interp.UNTIED_CONFIG, weights, first_prompt, 5)[0]
+    second_prompt = [*first_prompt, *first, *tok.encode("\nand more")]
+    second = interp.reference_greedy(interp.UNTIED_CONFIG, weights, second_prompt, 5)[0]
+    assert out.out == f"{' '.join(map(str, first))}\n{' '.join(map(str, second))}\n"
+    assert opened == [(2, 0)]
+    reports = [line for line in out.err.splitlines() if ": turn " in line]
+    assert reports[0].startswith("kern-run: turn 1: reused 0 tokens from cache")
+    assert reports[1].startswith(f"kern-run: turn 2: reused {len(first_prompt) + len(first) - 1} tokens from cache")
