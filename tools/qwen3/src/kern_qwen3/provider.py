@@ -17,9 +17,10 @@ from kern_qwen3.checkpoint import (
     random_checkpoint,
 )
 from kern_qwen3.errors import ConfigError
+from kern_qwen3.fp8_checkpoint import Fp8Layout, random_fp8_checkpoint
 from kern_qwen3.shape import shape_from_config
 
-__all__ = ["QWEN3", "Qwen3Provider"]
+__all__ = ["QWEN3", "Qwen3Provider", "fp8_layout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +41,21 @@ class Qwen3Provider:
     def random_checkpoint(self, manifest: Mapping[str, Any],
                           progress: Callable[[int, int], None] | None) -> tuple[Path, str, bool]:
         """The seeded (0) random Qwen3-4B checkpoint in the cache, the tiny one for a `qwen3-tiny*`
-        manifest; written once.
+        manifest; written once. A manifest with e4m3 weight buffers gets the FP8 checkpoint of the
+        layout its scales name (`fp8_layout`).
 
         Raises:
-            CheckpointError: the cache cannot be written.
+            CheckpointError: the cache cannot be written, or an FP8 manifest binds no scales.
         """
         tiny = str(manifest.get("model", "")).lower().startswith("qwen3-tiny")
         config, name, what = ((QWEN3_TINY_CONFIG, "qwen3-tiny", "Qwen3 tiny") if tiny
                               else (QWEN3_4B_CONFIG, "qwen3-4b", "Qwen3-4B"))
-        path, written = random_checkpoint(config, seed=0, name=name, progress=progress)
-        return path, what, written
+        layout = fp8_layout(manifest)
+        if layout is None:
+            path, written = random_checkpoint(config, seed=0, name=name, progress=progress)
+            return path, what, written
+        path, written = random_fp8_checkpoint(config, layout=layout, seed=0, name=name, progress=progress)
+        return path, f"{what} FP8 ({layout})", written
 
     def prefill_flops(self, config: Mapping[str, Any], tokens: int) -> float:
         """FLOPs of a Qwen3 forward over `tokens` prompt tokens: every layer's GEMMs for each
@@ -63,6 +69,27 @@ class Qwen3Provider:
         per_token = s.hidden * s.qkv_rows + s.heads * s.head_dim * s.hidden + 3 * s.inter * s.hidden
         attention = 2.0 * tokens * tokens * s.head_dim * s.heads  # NOTE: 2 GEMMs x 2 FLOPs x n^2/2 pairs
         return 2.0 * tokens * per_token * s.layers + attention * s.layers + 2.0 * s.vocab * s.hidden
+
+
+def fp8_layout(manifest: Mapping[str, Any]) -> Fp8Layout | None:
+    """The FP8 checkpoint layout a manifest (plain JSON) binds: None without e4m3 weight buffers;
+    "qwen-fp8" when a weight buffer binds a `*_scale_inv` tensor (Qwen's 128 x 128 block scales),
+    "fp8-dynamic" when one binds a `*_scale` tensor (compressed-tensors' per-row scales).
+
+    Raises:
+        CheckpointError: e4m3 weight buffers but no scale tensor bound, or both kinds.
+    """
+    weights = [b for b in manifest.get("buffers", {}).values() if b.get("kind") == "weight"]
+    if not any(b.get("dtype") == "fp8e4m3" for b in weights):
+        return None
+    names = {str(seg.get("tensor", "")) for b in weights for seg in b.get("bind", ())}
+    block = any(n.endswith("_scale_inv") for n in names)
+    row = any(n.endswith("_scale") for n in names)
+    if block == row:
+        which = "both block (_scale_inv) and row (_scale) scales" if block else "no _scale_inv or _scale tensor"
+        raise CheckpointError(f"manifest {str(manifest.get('model', ''))[:64]!r} has e4m3 weights but binds {which}: "
+                              "no random FP8 checkpoint fits it (pass --weights)")
+    return "qwen-fp8" if block else "fp8-dynamic"
 
 
 QWEN3 = Qwen3Provider()
