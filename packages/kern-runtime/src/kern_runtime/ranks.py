@@ -87,8 +87,7 @@ class Ranks:
             EngineError: a sequence of another group, or released.
         """
         self._mine(seq)
-        for e, s in zip(self.engines, seq.seqs, strict=True):
-            e.release(s)
+        self._each(lambda r, e: e.release(seq.seqs[r]))  # NOTE: on each rank's thread, its context current
 
     def turn(self, seq: RankedSequence, prompt: Seq[int], steps: int, *, stop: Collection[int] = (),
              room: int | None = None, on_token: Callable[[int], None] | None = None) -> Turn:
