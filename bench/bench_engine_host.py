@@ -40,39 +40,15 @@ SYSTEM = 1_000
 LIVE = 8
 
 
-class _Backend:
-    """kern_runtime.Backend without a device: pool calls go to kern_pool, inputs are kept, programs
-    recorded by name only, every output reads back token 1."""
+class _Backend(kern_pool.PoolDevice):
+    """kern_runtime.Backend without a device: the pool calls are kern_pool's `PoolDevice`, inputs
+    are kept, programs recorded by name only, every output reads back token 1."""
 
     def __init__(self, config: kern_pool.PoolConfig) -> None:
-        self.pool, _ = kern_pool.Pool.create(config)
-        self.host = kern_pool.Host(self.pool, 64, 1, 1)
+        pool, _ = kern_pool.Pool.create(config)
+        super().__init__(pool, kern_pool.Host(pool, 64, 1, 1))
         self.inputs: dict[str, NDArray[Any]] = {}
         self.runs = 0
-
-    def lease(self, tokens: int) -> kern_pool.Lease:
-        return self.pool.lease(tokens)
-
-    def retire(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
-        return self.pool.retire(lease, length)
-
-    def checkpoint(self, lease: kern_pool.Lease, length: int) -> kern_pool.Checkpoint:
-        return self.pool.checkpoint(lease, length)[0]
-
-    def restore(self, checkpoint: kern_pool.Checkpoint, length: int, tokens: int) -> kern_pool.Lease:
-        return self.pool.restore(checkpoint, length, tokens)[0]
-
-    def fork(self, parent: kern_pool.Lease, length: int, tokens: int) -> kern_pool.Lease:
-        return self.pool.fork(parent, length, tokens)[0]
-
-    def park(self, checkpoint: kern_pool.Checkpoint) -> kern_pool.Parked:
-        return self.host.park(checkpoint)[0]
-
-    def wake_now(self, parked: kern_pool.Parked, length: int, tokens: int) -> kern_pool.Lease:
-        return self.host.restore(parked, length, tokens)[0]
-
-    def settle(self) -> None:
-        return None
 
     def write_input(self, name: str, array: ArrayLike) -> None:
         self.inputs[name] = np.ascontiguousarray(array)
