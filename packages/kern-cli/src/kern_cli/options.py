@@ -255,10 +255,8 @@ def open_runner(opts: RunOptions, inputs: LoadInputs, weights: tuple[Path, ...],
 
     if opts.tp is None:
         return open_engine(opts, inputs, weights, capacity, log)
-    # NOTE: the pool holds whole pages: room for `capacity` tokens is its pages rounded up.
-    tokens = -(-capacity // inputs.roles.page_tokens) * inputs.roles.page_tokens
     config = kr.EngineConfig(chunk=opts.chunk, eager=opts.eager)
-    return loading.open_ranks(opts.load, tokens, weights, opts.tp, inputs.roles, config, log,
+    return loading.open_ranks(opts.load, capacity, weights, opts.tp, inputs.roles, config, log,
                               lambda: Bar(sys.stderr))
 
 

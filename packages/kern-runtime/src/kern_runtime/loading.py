@@ -473,14 +473,16 @@ def open_ranks(load: LoadOptions, tokens: int, weights: Sequence[Path], tp: int,
                config: EngineConfig, log: Callable[[str], None],
                progress: Callable[[], Progress] | None = None) -> Ranks:
     """The engine over a `tp`-rank group (`Ranks`): the ranks loaded and joined as `load_ranks`
-    does, each with room for `tokens` tokens; closing it closes every rank's runtime.
+    does, each pool holding `tokens` KV tokens rounded up to whole pages (as `Engine.open`'s);
+    closing it closes every rank's runtime.
 
     Raises:
         as `load_ranks`; ApiError: the engines refuse the ranks (every runtime is closed then).
     """
     from .ranks import Ranks
 
-    runtimes = load_ranks(load, tokens, weights, tp, log, progress)
+    pages = -(-tokens // roles.page_tokens) * roles.page_tokens
+    runtimes = load_ranks(load, pages, weights, tp, log, progress)
 
     def close() -> None:
         for rt in runtimes:
