@@ -56,6 +56,7 @@ from .errors import (
     WeightArtifactError,
 )
 from .graphs import Graph, GraphCache, GraphCacheStats, normalize_vars
+from .inputs import Session, check_capacity, check_prompt, weight_files, widen
 from .loading import (
     SHOWN_CHARS,
     TP_GROUP,
@@ -99,7 +100,6 @@ from .ranks import RankedSequence, Ranks, TurnRunner
 from .roles import RowRoles, ServingRoles, prefill_chunks, read_manifest, serving_roles
 from .runtime import DEFAULT_CAPACITY, Fetch, Resident, Runtime, connect_local
 from .sequences import Waking
-from .session import Session, check_capacity, check_prompt, weight_files
 from .weights import (
     Copy,
     DeviceBlob,
@@ -231,4 +231,5 @@ __all__ = [
     "size_text",
     "tokenizer",
     "weight_files",
+    "widen",
 ]

@@ -14,8 +14,8 @@ from kern_pool import Checkpoint, Hit, Lease, Parked
 from kern_pool.cache import CacheFull, KVCache, Reuse, Source, lease_tokens
 
 from .errors import EngineError
+from .inputs import check_prompt
 from .roles import ServingRoles
-from .session import check_prompt
 
 if TYPE_CHECKING:
     from ._seats import Seats

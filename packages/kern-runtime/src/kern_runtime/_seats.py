@@ -14,8 +14,8 @@ from kern_pool import Lease
 
 from ._leases import Sequence
 from .batch import Sampling, sampling_params
+from .inputs import stage
 from .roles import ServingRoles
-from .session import stage
 
 if TYPE_CHECKING:
     from ._backend import Backend

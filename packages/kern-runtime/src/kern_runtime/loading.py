@@ -56,9 +56,9 @@ from .errors import (
     SessionError,
     WeightArtifactError,
 )
+from .inputs import check_capacity, weight_files
 from .providers import Provider, ProviderError, find
 from .roles import ServingRoles, serving_roles
-from .session import check_capacity, weight_files
 from .weights import Safetensors
 
 if TYPE_CHECKING:

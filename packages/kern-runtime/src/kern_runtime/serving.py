@@ -136,7 +136,7 @@ def open_engine(spec: EngineSpec) -> Engine:
     Raises:
         as `Engine.open`.
     """
-    from .session import weight_files
+    from .inputs import weight_files
 
     files = [str(p) for p in weight_files(spec.weights)]
     return Engine.open(spec.manifest, spec.kernels, files, gpu=spec.gpu, tokens=spec.tokens, seqs=spec.seqs,

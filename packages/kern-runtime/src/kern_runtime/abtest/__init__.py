@@ -17,6 +17,7 @@ and how fast? (docs/test.md)
 No module here imports torch; the CPU side is `kern_interp.side`.
 """
 
+from ..inputs import widen
 from .compare import (
     BLOCK_BYTES,
     TOP_K,
@@ -31,7 +32,7 @@ from .compare import (
     written_blocks,
 )
 from .device import GpuLoader, RuntimeSide
-from .drive import Record, Side, drive, widen
+from .drive import Record, Side, drive
 from .harness import Loader, Result, StateCheck, ab_test
 from .ladder import Evidence, Outcome, Verdict, judge
 from .options import (

@@ -18,13 +18,13 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ..inputs import stage, widen
 from ..roles import prefill_chunks
-from ..session import stage
 from .pair import Facts
 from .workload import Run
 
 __all__ = [
-    "Record", "Side", "begin", "drive", "prefill_row", "read_states", "stage_rows", "stage_step", "step_row", "widen",
+    "Record", "Side", "begin", "drive", "prefill_row", "read_states", "stage_rows", "stage_step", "step_row",
 ]
 
 
@@ -79,13 +79,6 @@ class Record:
     dtype: str
     tokens: NDArray[np.int64]
     states: Mapping[str, NDArray[np.uint8]]
-
-
-def widen(values: NDArray[Any]) -> NDArray[np.float32]:
-    """Logits as float32: bf16 bit patterns (uint16) widened exactly, other dtypes converted."""
-    if values.dtype == np.uint16:
-        return (values.astype(np.uint32) << 16).view(np.float32)
-    return values.astype(np.float32)
 
 
 def _pages(f: Facts) -> NDArray[np.int64]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from kern_manifest import BufArg, Buffer, Expr, Manifest, State
 
+from ..inputs import check_capacity
 from ..roles import ServingRoles, serving_roles
-from ..session import check_capacity
 from .options import AbTestError
 
 __all__ = ["Facts", "Pair", "check_pair", "read_facts"]

@@ -19,9 +19,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..batch import Sampling, sampling_params
+from ..inputs import stage, widen
 from ..roles import RowRoles, prefill_chunks
-from ..session import stage
-from .drive import Record, Side, begin, read_states, widen
+from .drive import Record, Side, begin, read_states
 from .pair import Facts
 from .workload import Batch
 

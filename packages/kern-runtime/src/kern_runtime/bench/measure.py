@@ -22,8 +22,8 @@ from .floors import gemm_only_manifest, step_program
 from .report import CallTime, Row, row
 
 if TYPE_CHECKING:
+    from ..inputs import Session
     from ..runtime import Runtime
-    from ..session import Session
 
 __all__ = [
     "GEMM_RATE_REPS",

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ApiError
+from ..inputs import check_capacity
 from ..loading import LoadOptions
 from ..roles import ServingRoles
-from ..session import check_capacity
 
 __all__ = [
     "BREAKDOWN_RUNS",

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..inputs import Session
 from ..loading import LoadError, LoadInputs, LoadOptions, check_inputs, ensure_kernels
 from ..providers import ProviderError, find
-from ..session import Session
 from . import measure
 from .floors import decode_weight_bytes, floor_manifest, kv_bytes_per_token
 from .options import BREAKDOWN_RUNS, PROMPT_VOCAB, BenchOptions, bench_capacity, check_bench_options

@@ -26,7 +26,7 @@ from .roles import ServingRoles, prefill_chunks, serving_roles
 from .runtime import Progress, Runtime
 from .weights import Safetensors
 
-__all__ = ["Inputs", "Session", "check_capacity", "check_prompt", "stage", "weight_files"]
+__all__ = ["Inputs", "Session", "check_capacity", "check_prompt", "stage", "weight_files", "widen"]
 
 
 def weight_files(paths: Sequence[Path]) -> list[Path]:
@@ -126,7 +126,9 @@ def stage(target: Inputs, roles: ServingRoles, pages: NDArray[np.integer[Any]], 
     target.write_input(roles.seq_len, np.array([start + n], dtype=np.int32))
 
 
-def _as_f32(values: NDArray[Any]) -> NDArray[np.float32]:
+def widen(values: NDArray[Any]) -> NDArray[np.float32]:
+    """An output read back as float32: bf16 bit patterns (uint16) widened exactly, other dtypes
+    converted."""
     if values.dtype == np.uint16:
         return (values.astype(np.uint32) << 16).view(np.float32)
     return values.astype(np.float32)
@@ -269,4 +271,4 @@ class Session:
 
     def read_f32(self, name: str) -> NDArray[np.float32]:
         """An output buffer as float32 (bf16 outputs widened exactly)."""
-        return _as_f32(np.asarray(self.rt.read_output(name)))
+        return widen(np.asarray(self.rt.read_output(name)))
