@@ -3,13 +3,13 @@
 `Runtime.load(manifest, kernels_dir, gpu=, capacity=)` verifies a manifest, loads its kernel
 modules by sha256, allocates buffers and states (`capacity` is a `kern_pool.Capacity`, re-exported
 here); `load_weights(Safetensors.open(paths))` fills the weights; `run` / `issue` execute programs
-(eager / CUDA graph); `write_input` / `read_output` move data. `Session` runs one sequence on it
-(chunked prefill, greedy decode steps) through the serving roles a manifest declares
-(`serving_roles`); `device_count` counts the GPUs through the driver shell; `copy_rate` measures
-the device's copy bandwidth (a floor's yardstick). `Engine` runs many sequences on it, their KV
-pages leased from the pool and their prefixes reused through a `kern_pool.KVCache` (the prefix
+(eager / CUDA graph); `write_input` / `read_output` move data; `Runtime.open` also logs its
+summary and loads the weights. `Engine` runs sequences on it (one or many: chunked prefill, decode
+steps, one-row or batched) through the serving roles a manifest declares (`serving_roles`), their
+KV pages leased from the pool and their prefixes reused through a `kern_pool.KVCache` (the prefix
 index, eviction, the host tier); `Ranks` is that engine over the ranks of a tensor-parallel group
-(one engine per rank, every call on all at once). Errors are typed by who must act (see `kern_runtime.errors`).
+(one engine per rank, every call on all at once). `device_count` counts the GPUs through the
+driver shell; `copy_rate` measures the device's copy bandwidth (a floor's yardstick). Errors are typed by who must act (see `kern_runtime.errors`).
 Model families come from their providers' `kern.providers` entry points
 (`kern_runtime.providers.find`: a `Provider` or one `ProviderError` line).
 """
@@ -56,7 +56,7 @@ from .errors import (
     WeightArtifactError,
 )
 from .graphs import Graph, GraphCache, GraphCacheStats, normalize_vars
-from .inputs import Session, check_capacity, check_prompt, weight_files, widen
+from .inputs import block_table, check_capacity, check_prompt, weight_files, widen
 from .loading import (
     SHOWN_CHARS,
     TP_GROUP,
@@ -176,7 +176,6 @@ __all__ = [
     "Sequence",
     "ServingRoles",
     "ServingRolesError",
-    "Session",
     "SessionError",
     "SizeError",
     "Source",
@@ -189,6 +188,7 @@ __all__ = [
     "Waking",
     "WeightArtifactError",
     "available_ram",
+    "block_table",
     "call_factory",
     "check_capacity",
     "check_domain",

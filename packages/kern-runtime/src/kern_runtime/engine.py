@@ -191,17 +191,15 @@ class Engine:
             NoDriverError and other kern_runtime errors: at load.
         """
         from .runtime import Runtime
-        from .weights import Safetensors
 
         model = manifest if isinstance(manifest, Manifest) else read_manifest(manifest)
         roles = roles or serving_roles(model)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise EngineError(f"the pool must hold at least 1 token, got {tokens!r}")
         pages = -(-tokens // roles.page_tokens) * roles.page_tokens
-        rt = Runtime.load(model, kernels, gpu=gpu, capacity=Capacity(tokens=pages, seqs=seqs))
+        rt = Runtime.open(model, kernels, weights, gpu=gpu, capacity=Capacity(tokens=pages, seqs=seqs), log=log,
+                          progress=progress)
         try:
-            log(rt.summary())
-            rt.load_weights(Safetensors.open([str(p) for p in weights]), threads=8, progress=progress)
             if host_bytes:
                 rt.enable_host_tier(host_bytes)
             base = config or EngineConfig()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -98,6 +98,27 @@ class Runtime(SequenceMethods):
             raise ApiError(f"load_over: resident weights live on gpu {over.gpu}, not {gpu}")
         spec = Spec.of(model, gpu, cap, ranks or {})
         return cls(_rt_load.load(spec, Path(kernels_dir), over))
+
+    @classmethod
+    def open(cls, manifest: Manifest | str | os.PathLike[str], kernels_dir: str | os.PathLike[str],
+             weights: Sequence[str | os.PathLike[str]], *, gpu: int, capacity: Capacity,
+             log: Callable[[str], None] = lambda s: None, progress: Progress | None = None) -> Runtime:
+        """`load`, its summary through `log`, then the weights (.safetensors files) on 8 threads,
+        `progress` following them; the runtime is closed again when they fail.
+
+        Raises:
+            as `load`; the weights' errors (see `load_weights`).
+        """
+        from .weights import Safetensors
+
+        rt = cls.load(manifest, kernels_dir, gpu=gpu, capacity=capacity)
+        try:
+            log(rt.summary())
+            rt.load_weights(Safetensors.open([str(p) for p in weights]), threads=8, progress=progress)
+        except BaseException:
+            rt.close()
+            raise
+        return rt
 
     # -- peers ------------------------------------------------------------------------------------
 

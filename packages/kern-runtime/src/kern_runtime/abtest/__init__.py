@@ -4,7 +4,7 @@ and how fast? (docs/test.md)
 - `options`: `AbOptions` and their checks (`AbTestError` for bad input);
 - `pair`: the two manifests' `Facts`, checked against each other (`check_pair`);
 - `workload`: the runs, a pure function of the seed, both manifests' serving roles and the options;
-- `drive`: one run on one `Side` (the slice of `Runtime` that `Session` uses, states zeroed and
+- `drive`: one run on one `Side` (the slice of `Runtime` that a row uses, states zeroed and
   read);
 - `rows`: one batch on one `Side`, through the batched decode step;
 - `compare`: per-row statistics of the logits, the byte comparisons of outputs and states;

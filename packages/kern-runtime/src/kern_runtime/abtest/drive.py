@@ -1,11 +1,11 @@
-"""One side of an A/B test: a run of the workload driven through the slice of `Runtime` that
-`Session` uses, plus zeroing and reading the states.
+"""One side of an A/B test: a run of the workload driven through the slice of `Runtime` that a
+row needs (inputs written, programs run or issued, outputs read), plus zeroing and reading the
+states.
 
-A run starts from zeroed states with the block table of pages 0, 1, 2, ... (as `Session` writes
-it). The prompt goes through the chunk program in the run's chunks: with a head program (and two
+A run starts from zeroed states with the block table of pages 0, 1, 2, ... (`block_table`). The prompt goes through the chunk program in the run's chunks: with a head program (and two
 tokens or more) all of it, then the head computes the first row; else all but the last token, which
 the step computes after the step seed (the start program) has taken it. Each decode id is then
-staged at its position, the step seed run (as `Session.rewind` does) and the step issued. Every
+staged at its position, the step seed run (as after an engine's prefill) and the step issued. Every
 row reads the logits output (bf16 widened to float32 exactly) and the next-token output.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ..inputs import stage, widen
+from ..inputs import block_table, stage, widen
 from ..roles import prefill_chunks
 from .pair import Facts
 from .workload import Run
@@ -29,7 +29,7 @@ __all__ = [
 
 
 class Side(Protocol):
-    """What the harness drives: `Runtime`'s slice that `Session` uses, states zeroed and read,
+    """What the harness drives: `Runtime`'s slice that a row uses, states zeroed and read,
     per-call timing, and the hand-over of its weights to the next side."""
 
     def write_input(self, name: str, array: ArrayLike) -> None: ...
@@ -85,13 +85,6 @@ def _pages(f: Facts) -> NDArray[np.int64]:
     return np.arange(-(-f.capacity // f.roles.page_tokens), dtype=np.int64)
 
 
-def _table(f: Facts) -> NDArray[np.int32]:
-    table = np.zeros(f.roles.blocks_len, dtype=np.int32)
-    pages = _pages(f)
-    table[: len(pages)] = pages
-    return table
-
-
 def _row(side: Side, f: Facts) -> tuple[NDArray[np.float32], int]:
     logits = widen(np.asarray(side.read_output(f.logits))).reshape(-1)[: f.vocab]
     return logits, int(side.read_output(f.roles.next_token, 1)[0])
@@ -100,7 +93,7 @@ def _row(side: Side, f: Facts) -> tuple[NDArray[np.float32], int]:
 def begin(side: Side, f: Facts) -> None:
     """Zero the states and write the block table of pages 0, 1, 2, ..."""
     side.zero_states()
-    side.write_input(f.roles.blocks, _table(f))
+    side.write_input(f.roles.blocks, block_table(f.roles, f.capacity))
 
 
 def prefill_row(side: Side, f: Facts, prompt: Sequence[int], chunk: int) -> tuple[NDArray[np.float32], int]:

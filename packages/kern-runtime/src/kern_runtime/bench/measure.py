@@ -1,4 +1,4 @@
-"""`kern bench`'s measurements on the GPU: decode and prefill loops over a `kern_runtime.Session`,
+"""`kern bench`'s measurements on the GPU: decode and prefill loops over the bench's `Driver`,
 the per-call breakdown of a step, the GEMM-only floor of a step, and the yardsticks of the floors
 (a device copy, a bf16 GEMM through the runtime's cuBLASLt), each measured in the same run as the
 timings it bounds."""
@@ -22,8 +22,8 @@ from .floors import gemm_only_manifest, step_program
 from .report import CallTime, Row, row
 
 if TYPE_CHECKING:
-    from ..inputs import Session
     from ..runtime import Runtime
+    from .driver import Driver
 
 __all__ = [
     "GEMM_RATE_REPS",
@@ -53,7 +53,7 @@ def prompt(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
     return [int(x) for x in rng.integers(0, vocab, size=n)]
 
 
-def _stepped_ns(s: Session, steps: int, rewind: bool) -> list[int]:
+def _stepped_ns(s: Driver, steps: int, rewind: bool) -> list[int]:
     """Wall time of single steps, each replay + readback (+ host feed); `rewind`: every step at
     the end of the prefill (the rewind untimed)."""
     samples: list[int] = []
@@ -67,7 +67,7 @@ def _stepped_ns(s: Session, steps: int, rewind: bool) -> list[int]:
     return samples
 
 
-def _replays_ms(s: Session, steps: int, fixed: bool) -> float:
+def _replays_ms(s: Driver, steps: int, fixed: bool) -> float:
     """Back-to-back replays of the step graph, no readback, wall over the count. `fixed`: the step
     seed program runs before each replay, so every one computes the position after the prefill
     (a device-fed manifest; a host-fed one recomputes its staged position anyway)."""
@@ -84,7 +84,7 @@ def _replays_ms(s: Session, steps: int, fixed: bool) -> float:
     return (time.perf_counter_ns() - t0) / steps / 1e6
 
 
-def decode_rows(s: Session, ctx: int, steps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
+def decode_rows(s: Driver, ctx: int, steps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
     """The decode rows at one context: prefill `ctx` tokens, warm up, then the host loop (walking),
     the step graph back to back as it feeds itself (walking on), the same at the context exactly,
     and single rewound steps. The session stays rewound to the end of the prefill."""
@@ -114,7 +114,7 @@ def decode_rows(s: Session, ctx: int, steps: int, vocab: int, chunk: int, rng: n
     ]
 
 
-def breakdown_runs(s: Session, runs: int, log: Callable[[str], None]) -> list[list[CallTime]]:
+def breakdown_runs(s: Driver, runs: int, log: Callable[[str], None]) -> list[list[CallTime]]:
     """`runs` eager runs of the step at the position after the last prefill, each call timed
     apart (`Runtime.time_calls`); says through `log` when the host fell behind the GPU."""
     out: list[list[CallTime]] = []
@@ -130,7 +130,7 @@ def breakdown_runs(s: Session, runs: int, log: Callable[[str], None]) -> list[li
     return out
 
 
-def prefill_rows(s: Session, n: int, reps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
+def prefill_rows(s: Driver, n: int, reps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
     """Chunked prefill of an n-token prompt (its first n-1 tokens through the chunk program) and
     the time to the first token; medians of `reps` after one untimed run."""
     ids = prompt(rng, n, vocab)
@@ -201,7 +201,7 @@ def yardsticks(kernels: Path, gpu: int, schema_version: int, log: Callable[[str]
     return copy_rate(gpu), gemm_rate(kernels, gpu, schema_version)
 
 
-def gemm_floor(s: Session, manifest: Manifest, kernels: Path, weights: Sequence[Path], gpu: int,
+def gemm_floor(s: Driver, manifest: Manifest, kernels: Path, weights: Sequence[Path], gpu: int,
                steps: int) -> Row:
     """The `gemm_floor_ms_per_step` row: the extern GEMM calls of `manifest`'s step alone in one graph,
     replayed `steps` times on a runtime over `s`'s resident weights (`Runtime.into_resident`)."""

@@ -11,7 +11,7 @@ Rows (the bench convention: name, value, unit, target, peer), per decode context
   `decode_host_gap_us@ctx<c>` the per-token time less the back-to-back one;
 - `bandwidth_floor_ms_per_step@ctx<c>`: (weight bytes + c tokens of KV) / the device copy rate
   (`copy_bandwidth_rw`, `kern_runtime.copy_rate`);
-per prefill of n tokens: `prefill_ms@<n>` / `ttft_ms@<n>` (the chunk program as Session runs it;
+per prefill of n tokens: `prefill_ms@<n>` / `ttft_ms@<n>` (the chunk program as a turn runs it;
 medians of `prefill_reps`) and `compute_floor_ms@<n>` (the forward's FLOPs / `gemm_rate_bf16`, a
 bf16 8192^3 GEMM through the runtime's cuBLASLt); `gemm_floor_ms_per_step` (the step's GEMM calls
 alone through cuBLASLt in one graph; from the all-cuBLASLt sibling manifest when the step has
@@ -27,10 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inputs import Session
+from kern_pool import Capacity
+
 from ..loading import LoadError, LoadInputs, LoadOptions, check_inputs, ensure_kernels
 from ..providers import ProviderError, find
+from ..runtime import Runtime
 from . import measure
+from .driver import Driver
 from .floors import decode_weight_bytes, floor_manifest, kv_bytes_per_token
 from .options import BREAKDOWN_RUNS, PROMPT_VOCAB, BenchOptions, bench_capacity, check_bench_options
 from .report import Report, checkpoint_config, compute_floor_rows, floor_rows, row
@@ -61,9 +64,11 @@ def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str],
     report = Report([row("weight_bytes_per_step", decode_weight_bytes(inputs.manifest, inputs.roles.step_program) / 1e9,
                          "GB")], title=f"{inputs.manifest.model}: decode ms/token")
     copy, gemm = measure.yardsticks(load.kernels, load.gpu, inputs.manifest.schema_version, log)
-    s = Session.open(inputs.manifest, load.kernels, weights, gpu=load.gpu, capacity=capacity, log=log,
-                     roles=inputs.roles)
+    pool = -(-capacity // inputs.roles.page_tokens) * inputs.roles.page_tokens
+    rt = Runtime.open(inputs.manifest, load.kernels, weights, gpu=load.gpu, capacity=Capacity(tokens=pool, seqs=1),
+                      log=log)
     try:
+        s = Driver(rt, inputs.roles, capacity)
         _decode_and_breakdown(s, options, report, rng, log)
         for n in options.prefill:
             log(f"prefill of {n} tokens")
@@ -71,12 +76,12 @@ def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str],
         log("GEMM-only floor")
         report.rows.append(measure.gemm_floor(s, floor, load.kernels, weights, load.gpu, options.steps))
     finally:
-        s.close()
+        rt.close()
     _floors(inputs, load.weights or weights, options, (copy, gemm), report)
     return report
 
 
-def _decode_and_breakdown(s: Session, options: BenchOptions, report: Report, rng: np.random.Generator,
+def _decode_and_breakdown(s: Driver, options: BenchOptions, report: Report, rng: np.random.Generator,
                           log: Callable[[str], None]) -> None:
     o = options
     for ctx in sorted({*o.contexts, *o.breakdown}):
