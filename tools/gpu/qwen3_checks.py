@@ -14,7 +14,8 @@
    passes only where transformers' gap is <= 4 bf16 ulps: reported), first-step logits within 1e-2
    relative error (L2) of float32 (and, as a regression guard, within 1.25x of transformers' own
    bf16 error), graph == eager, --chunk 512 == 1 == 97 (512 == 2048 == 97 past 4,096 ids; the
-   session holds the longest prompt and its steps; exact equality is
+   runtime's pool holds the longest prompt and its steps; each run is a fresh `Engine` over the
+   runtime loaded once per manifest, its first token from the decode step; exact equality is
    reported; a divergence passes only at a near-tie of the --chunk 512 run: its top-1 logit minus
    the other run's token's logit <= 4 bf16 ulps, reported); kern-run as a process (--output ids
    equals the in-process tokens; kern.toml + random checkpoint + text prompt); the same checks for
@@ -56,11 +57,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kern_runtime.bench import row as _row
+
+if TYPE_CHECKING:
+    from kern_runtime import Backend, ServingRoles
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 64
@@ -276,7 +280,7 @@ def prompts(vocab: int, lens: Sequence[int] = PROMPT_LENS) -> dict[int, list[int
 
 
 def capacity(ps: dict[int, list[int]]) -> int:
-    """The KV tokens a session needs for `ps`: CAPACITY, or the longest prompt, its STEPS and a page."""
+    """The KV tokens a runtime's pool needs for `ps`: CAPACITY, or the longest prompt, its STEPS and a page."""
     return max(CAPACITY, max(ps, default=0) + STEPS + 16)
 
 
@@ -460,18 +464,66 @@ class KernRun:
     """Every step's logits (when asked with all_logits)."""
 
 
-def kern_generate(s: Any, prompt: list[int], *, chunk: int, eager: bool, logits: bool = False,
+@dataclass(frozen=True)
+class Loaded:
+    """A runtime loaded once per manifest (or any `kern_runtime.Backend`: the interpreter's on the
+    CPU) and its manifest's serving roles; every kern run is a fresh `Engine` over it. `closer`
+    releases the backend (`close()`, or use as a context manager)."""
+
+    backend: Backend
+    roles: ServingRoles
+    closer: Callable[[], None] = lambda: None
+
+    def close(self) -> None:
+        self.closer()
+
+    def __enter__(self) -> Loaded:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(manifest: Path, kernels: Path, ckpt: Path, *, gpu: int, tokens: int,
+         log: Callable[[str], None] = lambda s: None) -> Loaded:
+    """A runtime of `manifest` on `gpu` whose pool holds `tokens` KV tokens (rounded up to whole
+    pages) for one sequence, `ckpt`'s weights loaded; `log` receives its startup summary."""
+    import kern_runtime as kr
+
+    model = kr.read_manifest(manifest)
+    roles = kr.serving_roles(model)
+    pages = -(-tokens // roles.page_tokens) * roles.page_tokens
+    rt = kr.Runtime.load(model, kernels, gpu=gpu, capacity=kr.Capacity(tokens=pages, seqs=1))
+    try:
+        log(rt.summary())
+        rt.load_weights(kr.Safetensors.open([str(p) for p in kr.weight_files([ckpt])]), threads=8)
+    except BaseException:
+        rt.close()
+        raise
+    return Loaded(rt, roles, rt.close)
+
+
+def kern_generate(target: Loaded, prompt: list[int], *, chunk: int, eager: bool, logits: bool = False,
                   all_logits: bool = False) -> KernRun:
-    s.prefill(prompt, chunk)
+    """STEPS greedy tokens of `prompt` on a fresh `Engine` over `target` (prefill chunks of at most
+    `chunk` rows, all but the last prompt token; the first decode step computes the first token;
+    `eager`: steps and chunks call by call, else the step graph and the engine's chunk graphs),
+    with the first step's logits (`logits`) or every step's (`all_logits`). Nothing is reused
+    from an earlier run: the engine, its prefix index and its lease go when it closes."""
+    import kern_runtime as kr
+
     run = KernRun([])
-    for i in range(STEPS):
-        run.tokens.append(s.step(eager))
-        if all_logits or (logits and i == 0):
-            lg = s.read_f32("logits").reshape(-1)
-            if i == 0 and logits:
-                run.logits = lg
-            if all_logits:
-                run.steps.append(lg)
+    with kr.Engine(target.backend, target.roles, kr.EngineConfig(chunk=chunk, eager=eager)) as eng:
+        seq = eng.sequence()
+        eng.prefill(seq, prompt, STEPS)
+        for i in range(STEPS):
+            run.tokens.append(eng.step(seq))
+            if all_logits or (logits and i == 0):
+                lg = kr.widen(np.asarray(target.backend.read_output("logits"))).reshape(-1)
+                if i == 0 and logits:
+                    run.logits = lg
+                if all_logits:
+                    run.steps.append(lg)
     return run
 
 
@@ -551,31 +603,26 @@ def kern_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[i
                 ref: Reference | None, gpu: int, f32: bool = False) -> dict[int, KernRun]:
     """The checks of one manifest; `f32` (the reference-precision manifest): greedy tokens against
     transformers float32's, the near-tie rule at F32_NEAR_TIE_ULPS, logits within F32_LOGIT_REL_TOL."""
-    from kern_runtime import Session, weight_files
-
     graph_runs: dict[int, KernRun] = {}
-    session = None
+    loaded: list[Loaded] = []
     with rec.check(f"{name}.load") as c:
         logs: list[str] = []
-        session = Session.open(manifest, rec.out / "kernels", weight_files([ckpt]), gpu=gpu,
-                               capacity=capacity(ps), log=logs.append)
+        loaded.append(load(manifest, rec.out / "kernels", ckpt, gpu=gpu, tokens=capacity(ps), log=logs.append))
         (rec.logs / f"{name}.summary.txt").write_text("\n".join(logs) + "\n")
         c.detail = logs[0].splitlines()[0] if logs else ""
-    if session is None:
+    if not loaded:
         return graph_runs
-    try:
+    with loaded[0] as target:
         for n, p in ps.items():
-            _prompt_checks(rec, name, session, n, p, ref, graph_runs, f32)
-    finally:
-        session.close()
+            _prompt_checks(rec, name, target, n, p, ref, graph_runs, f32)
     return graph_runs
 
 
-def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: Reference | None,
+def _prompt_checks(rec: Recorder, name: str, target: Loaded, n: int, p: list[int], ref: Reference | None,
                    graph_runs: dict[int, KernRun], f32: bool = False) -> None:
     base: KernRun | None = None
     with rec.check(f"{name}.p{n}.run") as c:
-        base = kern_generate(s, p, chunk=512, eager=False, logits=True, all_logits=True)
+        base = kern_generate(target, p, chunk=512, eager=False, logits=True, all_logits=True)
         graph_runs[n] = base
         c.detail = f"first tokens {base.tokens[:8]}"
     if base is None:
@@ -596,13 +643,13 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
         with rec.check(f"{name}.p{n}.logits_within_bf16_noise") as c:
             compare_logits_to_bf16_noise(c, rel, noise)
     with rec.check(f"{name}.p{n}.graph_eq_eager") as c:
-        eager = kern_generate(s, p, chunk=512, eager=True)
+        eager = kern_generate(target, p, chunk=512, eager=True)
         if eager.tokens != base.tokens:
             j = next(i for i, (a, b) in enumerate(zip(eager.tokens, base.tokens, strict=True)) if a != b)
             _fail(c, f"eager differs from graph at step {j}: {eager.tokens[j]} vs {base.tokens[j]}")
     with rec.check(f"{name}.p{n}.chunks_{'_'.join(map(str, chunks_of(n)))}") as c:
         for chunk in chunks_of(n)[1:]:
-            other = kern_generate(s, p, chunk=chunk, eager=False)
+            other = kern_generate(target, p, chunk=chunk, eager=False)
             if not compare_chunks(c, chunk, other.tokens, base, F32_NEAR_TIE_ULPS if f32 else NEAR_TIE_ULPS):
                 break
         if c.status == "PENDING" and not c.detail:
@@ -612,7 +659,7 @@ def _prompt_checks(rec: Recorder, name: str, s: Any, n: int, p: list[int], ref: 
 def cli_checks(rec: Recorder, name: str, manifest: Path, ckpt: Path, ps: dict[int, list[int]],
                expect: dict[int, KernRun], gpu: int) -> None:
     """kern-run as a process (an Engine turn: the head gives the first token) against the
-    session's --chunk 512 run of the same prompt, by the near-tie rule."""
+    in-process --chunk 512 run of the same prompt, by the near-tie rule."""
     n = 37 if 37 in expect else next(iter(expect), None)
     if n is None:
         return
@@ -756,8 +803,9 @@ def decode_chain(prof: Any, manifest: dict[str, Any], reps: int) -> str:
 
 def decode_profile(rec: Recorder, label: str, manifest: Path, ckpt: Path, gpu: int) -> None:
     """Per-kernel GPU time of one decode step at context 128 (CUPTI through torch.profiler, which
-    records every kernel of the process, graph nodes included): OUTDIR/decode_profile.{json,txt}."""
-    from kern_runtime import Session, weight_files
+    records every kernel of the process, graph nodes included): OUTDIR/decode_profile.{json,txt}.
+    The steps are an `Engine`'s (graph replays, each token read back)."""
+    from kern_runtime import Engine, EngineConfig, weight_files
 
     with rec.check(f"{label}.decode_profile") as c:
         import torch
@@ -765,16 +813,18 @@ def decode_profile(rec: Recorder, label: str, manifest: Path, ckpt: Path, gpu: i
 
         torch.cuda.init()
         reps = 20
-        with Session.open(manifest, rec.out / "kernels", weight_files([ckpt]), gpu=gpu, capacity=CAPACITY) as s:
-            s.prefill(prompts(150000)[709][:128], 512)
+        with Engine.open(manifest, rec.out / "kernels", weight_files([ckpt]), gpu=gpu, tokens=CAPACITY,
+                         config=EngineConfig(chunk=512)) as eng:
+            seq = eng.sequence()
+            eng.prefill(seq, prompts(150000)[709][:128], 8 + reps)
             for _ in range(8):
-                s.step()
-            s.rt.synchronize()
+                eng.step(seq)
+            eng.backend.synchronize()
             t0 = time.perf_counter()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(reps):
-                    s.step()
-                s.rt.synchronize()
+                    eng.step(seq)
+                eng.backend.synchronize()
             wall_us = (time.perf_counter() - t0) / reps * 1e6
         rows = []
         for e in prof.key_averages():

@@ -33,10 +33,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"manifest": manifest, "kernels": tmp / "kernels", "ckpt": ckpt, "tmp": tmp}
 
 
-def _session(tiny: dict[str, Any]) -> Any:
-    from kern_runtime import Session, weight_files
+def _loaded(tiny: dict[str, Any], ckpt: Path | None = None) -> Any:
+    """The manifest's runtime (pool of 4096 tokens), `ckpt`'s weights (default the fixture's): each
+    `qwen3_checks.kern_generate` is a fresh Engine over it."""
+    import qwen3_checks as checks
 
-    return Session.open(tiny["manifest"], tiny["kernels"], weight_files([tiny["ckpt"]]), gpu=0, capacity=4096)
+    return checks.load(tiny["manifest"], tiny["kernels"], ckpt or tiny["ckpt"], gpu=0, tokens=4096)
 
 
 def _prompt(n: int) -> list[int]:
@@ -47,13 +49,16 @@ def _prompt(n: int) -> list[int]:
 @pytest.mark.parametrize("n", [1, 37, 709])
 @pytest.mark.parametrize("manifest", ["tiny", "tiny_f32"])
 def test_graph_eager_and_chunks_agree(request: pytest.FixtureRequest, manifest: str, n: int) -> None:
-    """The bf16 tiny manifest and its reference-precision (f32) twin alike."""
-    with _session(request.getfixturevalue(manifest)) as s:
-        base = s.generate(_prompt(n), 64, chunk=512)
+    """The bf16 tiny manifest and its reference-precision (f32) twin alike (64 steps: an Engine per
+    run, qwen3_checks.STEPS)."""
+    import qwen3_checks as checks
+
+    with _loaded(request.getfixturevalue(manifest)) as target:
+        base = checks.kern_generate(target, _prompt(n), chunk=512, eager=False).tokens
         assert len(base) == 64
-        assert s.generate(_prompt(n), 64, chunk=512, eager=True) == base
-        assert s.generate(_prompt(n), 64, chunk=1) == base
-        assert s.generate(_prompt(n), 64, chunk=97) == base
+        assert checks.kern_generate(target, _prompt(n), chunk=512, eager=True).tokens == base
+        assert checks.kern_generate(target, _prompt(n), chunk=1, eager=False).tokens == base
+        assert checks.kern_generate(target, _prompt(n), chunk=97, eager=False).tokens == base
 
 
 @pytest.mark.gpu
@@ -88,11 +93,9 @@ def test_tiny_matches_transformers(tiny: dict[str, Any]) -> None:
     ps = {n: _prompt(n) for n in (1, 37, 709)}
     ref = checks.references(rec, "tiny", ckpt, ps)
     assert ref is not None, rec.checks[-1].detail
-    from kern_runtime import Session, weight_files
-
-    with Session.open(tiny["manifest"], tiny["kernels"], weight_files([ckpt]), gpu=0, capacity=4096) as s:
+    with _loaded(tiny, ckpt) as target:
         for n, p in ps.items():
-            got = checks.kern_generate(s, p, chunk=512, eager=False, logits=True)
+            got = checks.kern_generate(target, p, chunk=512, eager=False, logits=True)
             c = checks.Check(f"p{n}")
             checks.compare_greedy(c, got.tokens, ref.tokens[n], ref.gaps_ulps[n])
             assert c.status != "FAIL", c.detail
@@ -132,16 +135,15 @@ def test_f32_tiny_matches_transformers_float32(tiny_f32: dict[str, Any]) -> None
     import qwen3_checks as checks
 
     from kern_qwen3 import QWEN3_TINY_CONFIG
-    from kern_runtime import Session, weight_files
     rec = checks.Recorder(tiny_f32["tmp"] / "out")  # NOTE: reuses the checkpoint test_tiny_matches_transformers wrote
     ckpt = checks.write_checkpoint(rec, "tiny", dict(QWEN3_TINY_CONFIG))
     assert ckpt is not None, rec.checks[-1].detail
     ps = {n: _prompt(n) for n in (1, 37, 709)}
     ref = checks.references(rec, "tiny", ckpt, ps, f32_greedy=True)
     assert ref is not None, rec.checks[-1].detail
-    with Session.open(tiny_f32["manifest"], tiny_f32["kernels"], weight_files([ckpt]), gpu=0, capacity=4096) as s:
+    with _loaded(tiny_f32, ckpt) as target:
         for n, p in ps.items():
-            got = checks.kern_generate(s, p, chunk=512, eager=False, logits=True)
+            got = checks.kern_generate(target, p, chunk=512, eager=False, logits=True)
             r = ref.logits32[n]
             rel = float(np.linalg.norm(got.logits - r) / np.linalg.norm(r))
             print(f"f32 tiny, prompt {n}: first-step logits relative L2 error {rel:.3e} against transformers float32")

@@ -12,7 +12,9 @@ import pytest
 from helpers.qwen3_options import generate as _generate
 
 import kern_qwen3 as gen
+import kern_runtime as kr
 from kern_interp import qwen3 as interp
+from kern_interp.backend import InterpBackend
 from kern_qwen3.entries import PREFILL_SPLIT_ROWS
 
 TOOLS = Path(__file__).resolve().parents[1]
@@ -48,8 +50,16 @@ def test_manifest_matches_reference(weights: dict[str, np.ndarray], references: 
     assert tokens == want_tokens
 
 
+def _manifest(feed: str) -> dict[str, Any]:
+    return _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
+
+
+def _engine(be: InterpBackend, chunk: int) -> kr.Engine:
+    return kr.Engine(be, kr.serving_roles(be.machine.model), kr.EngineConfig(chunk=chunk))
+
+
 class _InterpRuntime:
-    """The slice of kern_runtime.Runtime that kern_runtime.Session uses, over the interpreter."""
+    """The slice of kern_runtime.Runtime that kern bench's `Driver` uses, over the interpreter."""
 
     def __init__(self, machine: Any) -> None:
         self.machine = machine
@@ -103,34 +113,32 @@ class _InterpRuntime:
 
 
 @pytest.mark.parametrize("feed", ["host", "device"])
-def test_kern_run_session_drives_the_manifest(weights: dict[str, np.ndarray], references: dict[int, Any],
-                                              feed: str) -> None:
-    import kern_runtime as kr
-
-    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
-    s = kr.Session(rt, kr.serving_roles(rt.machine.model), capacity=512)
-    assert s.generate(_prompt(200), STEPS, chunk=97) == references[200][0]
-    assert rt.calls.count(("issue", "decode")) == STEPS
-    assert rt.calls.count(("run", "prefill")) == 3  # 199 tokens in chunks of 97
-    assert (("run", "start") in rt.calls) == (feed == "device")
-    # the GPU script's kern path on the same session: first-step logits and the near-tie rule
+def test_an_engine_drives_the_manifest(weights: dict[str, np.ndarray], references: dict[int, Any],
+                                       feed: str) -> None:
+    """An Engine's prefill (chunks of 97) and greedy steps (the first token from the decode step)
+    give the reference's tokens; then the GPU script's kern path (qwen3_checks.kern_generate: a
+    fresh Engine per run over the same backend) gives its first-step logits and tokens."""
+    be = InterpBackend(_manifest(feed), weights, pages=512 // 16)
+    with _engine(be, 97) as eng:
+        seq = eng.sequence()
+        eng.prefill(seq, _prompt(200), STEPS)
+        assert [eng.step(seq) for _ in range(STEPS)] == references[200][0]
+    assert be.calls.count(("issue", "decode")) == STEPS
+    assert be.calls.count(("run", "prefill")) == 3  # 199 tokens in chunks of 97
+    assert (("run", "start") in be.calls) == (feed == "device")
     import qwen3_checks as checks
-    got = checks.kern_generate(s, _prompt(37), chunk=512, eager=True, logits=True)
-    want_tokens, want_first = interp.reference_greedy(CONFIG, s.rt.machine.tensors, _prompt(37), checks.STEPS)
+
+    be.calls.clear()
+    target = checks.Loaded(be, kr.serving_roles(be.machine.model))
+    got = checks.kern_generate(target, _prompt(37), chunk=512, eager=True, logits=True)
+    assert be.calls.count(("run", "decode")) == checks.STEPS and ("issue", "decode") not in be.calls
+    want_tokens, want_first = interp.reference_greedy(CONFIG, be.machine.tensors, _prompt(37), checks.STEPS)
+    assert got.logits is not None
     assert np.linalg.norm(got.logits - want_first) / np.linalg.norm(want_first) < 1e-4
     c = checks.Check("p37")
     checks.compare_greedy(c, got.tokens, want_tokens, [100.0] * checks.STEPS)
     assert c.status == "PENDING", c.detail
-
-
-def _interp_session(weights: dict[str, np.ndarray], feed: str) -> Any:
-    import kern_runtime as kr
-
-    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
-    s = kr.Session(rt, kr.serving_roles(rt.machine.model), capacity=512)
-    return s, m
+    assert checks.kern_generate(target, _prompt(37), chunk=16, eager=False).tokens == got.tokens
 
 
 @pytest.mark.parametrize("output", ["ids", "text"])
@@ -143,12 +151,10 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
     import json
 
     import kern_cli.run as run
-    import kern_runtime as kr
     from kern_cli.options import DEFAULT_TOKENIZER
-    from kern_interp.backend import InterpBackend
     from kern_runtime import loading
 
-    _, m = _interp_session(weights, "host")
+    m = _manifest("host")
     (tmp_path / "m.json").write_text(json.dumps(m))
     (tmp_path / "w.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     opened: list[dict[str, Any]] = []
@@ -184,8 +190,10 @@ def test_kern_run_cli_end_to_end_over_the_interpreter(
 def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray], feed: str) -> None:
     import kern_runtime.bench.measure as measure
     from kern_runtime.bench import call_kinds
+    from kern_runtime.bench.driver import Driver
 
-    s, _ = _interp_session(weights, feed)
+    rt = _InterpRuntime(interp.Interp(_manifest(feed), weights, capacity=512))
+    s = Driver(rt, kr.serving_roles(rt.machine.model), 512)  # pyright: ignore[reportArgumentType]
     rng = np.random.default_rng(0)
     rows = measure.decode_rows(s, 40, 3, 1000, 16, rng) + measure.prefill_rows(s, 30, 2, 1000, 16, rng)
     assert [r["name"] for r in rows] == ["decode_ms_per_token@ctx40", "decode_fixed_ms_per_token@ctx40",
@@ -195,75 +203,44 @@ def test_bench_rows_over_the_interpreter(weights: dict[str, np.ndarray], feed: s
     # the fixed-context replays all compute the step after the prefill: the token it gives
     s.prefill(_prompt(37), chunk=16)
     first = s.step()
-    s.rt.calls.clear()
+    rt.calls.clear()
     measure._replays_ms(s, 4, fixed=True)
-    assert s.rt.calls.count(("issue", "decode")) == 4
-    assert s.rt.calls.count(("run", "start")) == (5 if feed == "device" else 0)  # the rewind's, then one per replay
+    assert rt.calls.count(("issue", "decode")) == 4
+    assert rt.calls.count(("run", "start")) == (5 if feed == "device" else 0)  # the rewind's, then one per replay
     assert int(s.rt.read_output(s.roles.next_token)[0]) == first
     runs = measure.breakdown_runs(s, 2, lambda line: None)
     assert len(runs) == 2 and [label for label, _ms in runs[0]] == [
-        c.get("label") or c["op"] for c in s.rt.machine.m["programs"]["decode"]["calls"]]
+        c.get("label") or c["op"] for c in rt.machine.m["programs"]["decode"]["calls"]]
     kinds = {k: n for k, n, _us in call_kinds(runs)}
     assert kinds["qkv"] == CONFIG["num_hidden_layers"] and kinds["lm_head"] == 1
-    assert s.step() == first  # the breakdown left the session rewound to the end of the prefill
+    assert s.step() == first  # the breakdown left the row rewound to the end of the prefill
 
 
-def test_session_refuses_ids_beyond_the_vocabulary(weights: dict[str, np.ndarray]) -> None:
-    import kern_runtime as kr
-
-    s, _ = _interp_session(weights, "device")
-    assert s.roles.token_max == CONFIG["vocab_size"] - 1
-    with pytest.raises(kr.SessionError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
-        s.prefill([1, 4096, 2], 16)
-    assert s.rt.calls == []  # nothing ran
-
-
-@pytest.mark.parametrize("feed", ["host", "device"])
-def test_scattered_pages_through_the_block_table(weights: dict[str, np.ndarray], references: dict[int, Any],
-                                                 feed: str) -> None:
-    """Pages in a scrambled order: prefill, the KV writes (physical slots) and both attentions go
-    through the block table, and the device advance maps the next position through it too."""
-    import kern_runtime as kr
-
-    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    pages = list(np.random.default_rng(3).permutation(32))  # 512 tokens of capacity = 32 pages
-    rt = _InterpRuntime(interp.Interp(m, weights, capacity=512))
-    s = kr.Session(rt, kr.serving_roles(rt.machine.model), 512, pages=pages)
-    assert s.roles.page_tokens == 16
-    assert s.generate(_prompt(200), STEPS, chunk=64) == references[200][0]
-    with pytest.raises(kr.SessionError, match="do not fit the block table"):
-        kr.Session(s.rt, s.roles, 512, pages=list(range(s.roles.blocks_len + 1)))
-    with pytest.raises(kr.SessionError, match="31 pages hold 496 tokens; capacity 512 needs 32"):
-        kr.Session(s.rt, s.roles, 512, pages=pages[:31])
+def test_an_engine_refuses_ids_beyond_the_vocabulary(weights: dict[str, np.ndarray]) -> None:
+    be = InterpBackend(_manifest("device"), weights, pages=512 // 16)
+    with _engine(be, 16) as eng:
+        assert eng.roles.token_max == CONFIG["vocab_size"] - 1
+        with pytest.raises(kr.SessionError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
+            eng.prefill(eng.sequence(), [1, 4096, 2], 16)
+    assert be.calls == []  # nothing ran
 
 
 @pytest.mark.parametrize("feed", ["host", "device"])
-def test_rewind_recomputes_the_step_after_the_prefill(weights: dict[str, np.ndarray], feed: str) -> None:
-    """Session.rewind: the step after it equals the first step after the prefill, however far the
-    sequence went meanwhile; before any prefill it is refused (kern bench's fixed-context row
-    times these rewound steps)."""
-    import kern_runtime as kr
-
-    s, _ = _interp_session(weights, feed)
-    with pytest.raises(kr.SessionError, match="prefill a prompt first"):
-        s.rewind()
-    s.prefill(_prompt(37), chunk=512)
-    first = s.step()
-    later = [s.step() for _ in range(5)]
-    assert s.seen == 36 + 6
-    s.rewind()
-    assert s.seen == 36
-    assert s.step() == first
-    assert [s.step() for _ in range(5)] == later
-
-
-def test_capacity_beyond_the_model_reach_is_refused(weights: dict[str, np.ndarray]) -> None:
-    import kern_runtime as kr
-
-    s, _ = _interp_session(weights, "device")
-    assert s.roles.position_max == 1023  # CONFIG's max_position_embeddings - 1
-    with pytest.raises(kr.SessionError, match="capacity 1025 exceeds the model's reach of 1024 positions"):
-        kr.Session(s.rt, s.roles, 1025)
+def test_pages_apart_through_the_block_table(weights: dict[str, np.ndarray], references: dict[int, Any],
+                                             feed: str) -> None:
+    """The sequence's lease on every other page of the pool (the pages between held by other
+    leases): prefill, the KV writes (physical slots) and both attentions go through the block
+    table, and the device advance maps the next position through it too."""
+    be = InterpBackend(_manifest(feed), weights, pages=512 // 16)
+    held = [be.lease(16) for _ in range(32)]
+    for lease in held[::2]:
+        lease.release()
+    with _engine(be, 64) as eng:
+        assert eng.roles.page_tokens == 16
+        seq = eng.sequence()
+        eng.prefill(seq, _prompt(200), STEPS)
+        assert seq.lease is not None and list(seq.lease.pages) == list(range(0, 28, 2))  # 211 tokens: 14 pages
+        assert [eng.step(seq) for _ in range(STEPS)] == references[200][0]
 
 
 @pytest.mark.parametrize("gemv", [["o", "gate_up", "lm_head"], list(gen.GEMV_GEMMS)])
@@ -310,18 +287,20 @@ def test_interpreter_models_every_generator_entry() -> None:
 
 @pytest.mark.parametrize("feed", ["host", "device"])
 def test_a_sequence_fills_the_model_reach_to_the_last_position(weights: dict[str, np.ndarray], feed: str) -> None:
-    """Capacity = the model's reach (1024 positions): the step that writes position 1023 is the last;
-    the host-fed session does not stage a position-1024 input after it (outside the position
-    domain); one more step is refused."""
-    import kern_runtime as kr
-
-    m = _generate(gen.shape_from_config(CONFIG), {"m": "0" * 64}, ENTRIES, model="t", chunk=128, feed=feed)
-    rt = _InterpRuntime(interp.Interp(m, weights, capacity=1024))
-    s = kr.Session(rt, kr.serving_roles(rt.machine.model), capacity=1024)
-    tokens = s.generate(_prompt(1021), 4, chunk=512)  # 1020 prefilled, 4 steps
-    assert len(tokens) == 4 and s.seen == 1024
-    with pytest.raises(kr.SessionError, match="reached the capacity of 1024 tokens"):
-        s.step()
+    """A lease of the model's reach (1024 positions) in a pool of 2048 tokens: the step that writes
+    position 1023 is the last; the host-fed engine does not stage a position-1024 input after it
+    (outside the position domain); one more step is refused, and so is a lease past the reach."""
+    be = InterpBackend(_manifest(feed), weights, pages=2048 // 16)
+    with _engine(be, 512) as eng:
+        assert eng.roles.position_max == 1023  # CONFIG's max_position_embeddings - 1
+        assert eng.reach == 1024
+        seq = eng.sequence()
+        eng.prefill(seq, _prompt(1021), 4)  # 1020 prefilled, 4 steps
+        assert len([eng.step(seq) for _ in range(4)]) == 4 and seq.kv == 1024
+        with pytest.raises(kr.EngineError, match="used its room of 1024 tokens"):
+            eng.step(seq)
+        with pytest.raises(kr.EngineError, match="need 1025 positions; one sequence holds at most 1024 here"):
+            eng.prefill(eng.sequence(), _prompt(1021), 5)
 
 
 # --------------------------------------------------------------------------------------------
