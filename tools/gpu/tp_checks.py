@@ -181,18 +181,21 @@ def _prompt(n: int, vocab: int) -> list[int]:
 
 
 def greedy(runtimes: Sequence[Any], path: Path, prompt: Sequence[int], steps: int) -> list[tuple[list[int], list[Any]]]:
+    """Every rank's greedy tokens and each step's logits: an `Engine` per rank's runtime, on the
+    rank's thread (prefill chunks of 512, the first token from the decode step)."""
     import kern_runtime as kr
 
     roles = kr.serving_roles(kr.read_manifest(path))
 
     def one(rt: Any, _r: int) -> tuple[list[int], list[Any]]:
-        s = kr.Session(rt, roles, 4096)
-        s.prefill(prompt, 512)
-        tokens, logits = [], []
-        for _ in range(steps):
-            tokens.append(s.step())
-            logits.append(s.read_f32("logits"))
-        return tokens, logits
+        with kr.Engine(rt, roles, kr.EngineConfig(chunk=512)) as eng:
+            seq = eng.sequence()
+            eng.prefill(seq, prompt, steps)
+            tokens, logits = [], []
+            for _ in range(steps):
+                tokens.append(eng.step(seq))
+                logits.append(kr.widen(np.asarray(rt.read_output("logits"))))
+            return tokens, logits
 
     return each(runtimes, one)
 
@@ -213,22 +216,24 @@ def compare(a: list[int], base: list[int], logits: list[Any]) -> dict[str, Any]:
 
 
 def step_ms(runtimes: Sequence[Any], path: Path, reps: int) -> float:
-    """Back-to-back replays of the decode graph at context CONTEXT: ms per step (slowest rank)."""
+    """Back-to-back replays of the decode graph at context CONTEXT: ms per step (slowest rank). An
+    `Engine` per rank prefills the context; the step program is then issued raw (no readback)."""
     import kern_runtime as kr
 
     roles = kr.serving_roles(kr.read_manifest(path))
 
     def one(rt: Any, _r: int) -> float:
-        s = kr.Session(rt, roles, 4096)
-        s.prefill(_prompt(CONTEXT, 151936), 512)
-        for _ in range(8):
-            rt.issue(roles.step_program, roles.step_vars)
-        rt.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            rt.issue(roles.step_program, roles.step_vars)
-        rt.synchronize()
-        return (time.perf_counter() - t0) * 1e3 / reps
+        with kr.Engine(rt, roles, kr.EngineConfig(chunk=512)) as eng:
+            # NOTE: room for every replay: on a device-fed manifest each one advances a position
+            eng.prefill(eng.sequence(), _prompt(CONTEXT, 151936), 8 + reps)
+            for _ in range(8):
+                rt.issue(roles.step_program, roles.step_vars)
+            rt.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                rt.issue(roles.step_program, roles.step_vars)
+            rt.synchronize()
+            return (time.perf_counter() - t0) * 1e3 / reps
 
     return max(each(runtimes, one))
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[1]
@@ -47,10 +48,14 @@ def _prompt(n: int) -> list[int]:
 
 
 def _plain(built: dict[str, Any], prompt: Sequence[int]) -> list[int]:
-    from kern_runtime import Session, weight_files
+    """The plain manifest's greedy tokens on an Engine (the first from the decode step)."""
+    import kern_runtime as kr
 
-    with Session.open(built["plain"], built["kernels"], weight_files([built["ckpt"]]), gpu=0, capacity=1024) as s:
-        return s.generate(prompt, STEPS, chunk=256)
+    with kr.Engine.open(built["plain"], built["kernels"], kr.weight_files([built["ckpt"]]), gpu=0, tokens=1024,
+                        config=kr.EngineConfig(chunk=256)) as eng:
+        seq = eng.sequence()
+        eng.prefill(seq, prompt, STEPS)
+        return [eng.step(seq) for _ in range(STEPS)]
 
 
 def _tp(built: dict[str, Any], name: str, n: int, prompt: Sequence[int]) -> list[tuple[list[int], list[Any]]]:
@@ -69,13 +74,14 @@ def _tp(built: dict[str, Any], name: str, n: int, prompt: Sequence[int]) -> list
 
         def one(rt: kr.Runtime) -> tuple[list[int], list[Any]]:
             rt.make_current()
-            s = kr.Session(rt, roles, 1024)
-            s.prefill(prompt, 256)
-            tokens, logits = [], []
-            for _ in range(STEPS):
-                tokens.append(s.step())
-                logits.append(s.read_f32("logits"))
-            return tokens, logits
+            with kr.Engine(rt, roles, kr.EngineConfig(chunk=256)) as eng:
+                seq = eng.sequence()
+                eng.prefill(seq, prompt, STEPS)
+                tokens, logits = [], []
+                for _ in range(STEPS):
+                    tokens.append(eng.step(seq))
+                    logits.append(kr.widen(np.asarray(rt.read_output("logits"))))
+                return tokens, logits
 
         with ThreadPoolExecutor(max_workers=n) as pool:
             return list(pool.map(one, runtimes))
