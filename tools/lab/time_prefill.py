@@ -11,11 +11,14 @@
    (4 * head_dim * nq * the causal (query, key) pairs) and new/old.
 2. The manifest's prefill program through kern_runtime on the seeded random Qwen3-4B checkpoint
    (kern_qwen3.checkpoint, written once to the cache): prompts of 709, 4096 and 16384 tokens
-   prefilled from nothing in chunks of each --chunks size (Session.prefill: wall time between
-   synchronizations, median of --reps // 4 + 1 after a warm-up), and one chunk of 37 and of 200
-   rows over a 14,000-token resident prefix (stage + one run of the chunk program, median of
-   --reps); with --graphs each prompt also with every chunk replayed from a CUDA graph of the
-   chunk program at its length (captured on the first run); the first run of each is reported apart (it compiles the program's launch records
+   prefilled from nothing in chunks of each --chunks size (a fresh `Engine`'s prefill of a fresh
+   sequence, every chunk run eagerly: its lease, zeroed by memsets, then the chunks; wall time
+   between synchronizations, median of --reps // 4 + 1 after a warm-up), and one chunk of 37 and
+   of 200 rows over a 14,000-token resident prefix (an engine's lease of the prefix, then stage +
+   one run of the chunk program on its pages, median of --reps); with --graphs each prompt also
+   with every chunk issued through the engine's graph cache of the chunk program
+   (`EngineConfig.chunk_graph_rows` = the chunk: a length replays from a CUDA graph captured on its
+   second use); the first run of each is reported apart (it compiles the program's launch records
    for a token count not seen before, as every new turn length does); then one run of each under torch.profiler (CUPTI: every kernel of the process) for
    the per-call breakdown: GPU time by kind (attention, GEMM = every kernel that is not ours,
    norms, q/k norm + rope + KV write, other), the GPU's span (first kernel start to last kernel
@@ -174,45 +177,55 @@ def _with_rates(row: dict[str, Any], tokens: int) -> dict[str, Any]:
 
 def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict[str, Any]]:
     import kern_runtime as kr
-    from kern_runtime.roles import prefill_chunks
-    from kern_runtime.session import stage
+    from kern_runtime.inputs import stage
 
-    _, files = load_inputs(args, log)
+    model, files = load_inputs(args, log)
+    roles = kr.serving_roles(model)
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(0, 150000, size=max(*args.prompts, PREFIX + max(TURNS)) + 1)]
     rows: list[dict[str, Any]] = []
     torch.cuda.init()
-    with kr.Session.open(args.manifest, args.kernels, files, gpu=args.gpu,
-                         capacity=max(*args.prompts, PREFIX + max(TURNS)) + 64) as s:
-        sync = s.rt.synchronize
+    tokens = -(-(max(*args.prompts, PREFIX + max(TURNS)) + 64) // roles.page_tokens) * roles.page_tokens
+    rt = kr.Runtime.load(model, args.kernels, gpu=args.gpu, capacity=kr.Capacity(tokens=tokens, seqs=1))
+    try:
+        rt.load_weights(kr.Safetensors.open([str(p) for p in files]), threads=8)
+        sync = rt.synchronize
         for chunk in args.chunks:
+            # NOTE: every chunk eagerly; --graphs: every chunk through the engine's graph cache
+            configs = [("", kr.EngineConfig(chunk=chunk, chunk_graphs=0))]
+            if args.graphs:
+                configs.append((" graphs", kr.EngineConfig(chunk=chunk, chunk_graph_rows=chunk)))
             for n in args.prompts:
-                def run(n: int = n, chunk: int = chunk) -> None:
-                    s.prefill(prompt[: n + 1], chunk)  # NOTE: prefill runs all but the last token
+                for tag, config in configs:
+                    with kr.Engine(rt, roles, config) as eng:
+                        def run(n: int = n, eng: kr.Engine = eng) -> None:
+                            seq = eng.sequence()
+                            eng.prefill(seq, prompt[: n + 1], 1)  # NOTE: prefill runs all but the last token
+                            eng.release(seq)  # NOTE: nothing kept: the next run computes the prompt again
 
-                def replayed(n: int = n, chunk: int = chunk) -> None:
-                    # Session.prefill with every chunk replayed from a CUDA graph of the chunk
-                    # program at its length (captured on the first run)
-                    for a, b in prefill_chunks(n + 1, min(chunk, s.roles.chunk_max)):
-                        stage(s.rt, s.roles, s.table, prompt[a:b], a)
-                        s.rt.replay(s.rt.capture_graph(s.roles.chunk_program, {s.roles.chunk_var: b - a}), {s.roles.chunk_var: b - a})
-                cases = [("", run), (" graphs", replayed)] if args.graphs else [("", run)]
-                for tag, fn in cases:
-                    log(f"prefill {n} tokens, chunks of {chunk}{tag}")
-                    first, ms = _wall_ms(fn, sync, args.reps // 4 + 1)
-                    rows.append(_with_rates({"case": f"prefill {n} (chunk {chunk}){tag}", "wall_ms": ms,
-                                             "first_ms": first, **_profile(fn, sync)}, n))
-        s.prefill(prompt[: PREFIX + max(TURNS) + 1], args.chunks[-1])
-        for turn in TURNS:
-            ids = prompt[PREFIX : PREFIX + turn]
+                        log(f"prefill {n} tokens, chunks of {chunk}{tag}")
+                        first, ms = _wall_ms(run, sync, args.reps // 4 + 1)
+                        rows.append(_with_rates({"case": f"prefill {n} (chunk {chunk}){tag}", "wall_ms": ms,
+                                                 "first_ms": first, **_profile(run, sync)}, n))
+        with kr.Engine(rt, roles, kr.EngineConfig(chunk=args.chunks[-1], chunk_graphs=0)) as eng:
+            seq = eng.sequence()
+            eng.prefill(seq, prompt[: PREFIX + max(TURNS) + 1], 1)
+            assert seq.lease is not None
+            pages = np.asarray(seq.lease.pages, dtype=np.int64)
+            for turn in TURNS:
+                ids = prompt[PREFIX : PREFIX + turn]
 
-            def chunk_run(ids: list[int] = ids) -> None:
-                stage(s.rt, s.roles, s.table, ids, PREFIX)
-                s.rt.run(s.roles.chunk_program, {s.roles.chunk_var: len(ids)})
-            log(f"a {turn}-row chunk over a {PREFIX}-token prefix")
-            first, ms = _wall_ms(chunk_run, sync, args.reps)
-            rows.append(_with_rates({"case": f"chunk {turn} over {PREFIX}", "wall_ms": ms, "first_ms": first,
-                                     **_profile(chunk_run, sync)}, turn))
+                def chunk_run(ids: list[int] = ids) -> None:
+                    # NOTE: the engine's prefill wrote the block table of the lease
+                    stage(rt, roles, pages, ids, PREFIX)
+                    rt.run(roles.chunk_program, {roles.chunk_var: len(ids)})
+
+                log(f"a {turn}-row chunk over a {PREFIX}-token prefix")
+                first, ms = _wall_ms(chunk_run, sync, args.reps)
+                rows.append(_with_rates({"case": f"chunk {turn} over {PREFIX}", "wall_ms": ms, "first_ms": first,
+                                         **_profile(chunk_run, sync)}, turn))
+    finally:
+        rt.close()
     return rows
 
 
