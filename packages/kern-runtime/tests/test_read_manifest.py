@@ -1,5 +1,5 @@
 """`read_manifest`, the one way a manifest is read: parsed and verified once per process, its
-typed model passed along to the serving roles, `Session.open`, `Engine.open` and `Runtime.load`
+typed model passed along to the serving roles, `Engine.open` and `Runtime.load`
 (no GPU: the runtime's load stops before the driver)."""
 
 from __future__ import annotations
@@ -94,13 +94,9 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert issubclass(kr.InputFileError, kr.ApiError)
 
 
-@pytest.mark.parametrize("opener", ["session", "engine"])
-def test_an_open_parses_and_verifies_once(opener: str, counts: dict[str, int], stopped_load: None) -> None:
+def test_an_open_parses_and_verifies_once(counts: dict[str, int], stopped_load: None) -> None:
     with pytest.raises(_Loaded) as info:
-        if opener == "session":
-            kr.Session.open(TINY, ROOT / "kernels", [], gpu=0, capacity=64)
-        else:
-            kr.Engine.open(TINY, ROOT / "kernels", [], gpu=0, tokens=64)
+        kr.Engine.open(TINY, ROOT / "kernels", [], gpu=0, tokens=64)
     assert counts == {"parse": 1, "check": 1}
     assert _spec_of(info).manifest is kr.read_manifest(TINY)
     assert counts == {"parse": 1, "check": 1}
@@ -110,7 +106,7 @@ def test_the_checked_inputs_model_is_the_one_loaded(counts: dict[str, int], stop
     load = loading.LoadOptions(TINY, ROOT / "kernels", None, (), 0, None)
     inputs = loading.check_inputs(load)
     with pytest.raises(_Loaded) as info:
-        kr.Session.open(inputs.manifest, load.kernels, [], gpu=0, capacity=64, roles=inputs.roles)
+        kr.Engine.open(inputs.manifest, load.kernels, [], gpu=0, tokens=64, roles=inputs.roles)
     assert _spec_of(info).manifest is inputs.manifest
     assert counts == {"parse": 1, "check": 1}
 
