@@ -493,13 +493,8 @@ def load(manifest: Path, kernels: Path, ckpt: Path, *, gpu: int, tokens: int,
     model = kr.read_manifest(manifest)
     roles = kr.serving_roles(model)
     pages = -(-tokens // roles.page_tokens) * roles.page_tokens
-    rt = kr.Runtime.load(model, kernels, gpu=gpu, capacity=kr.Capacity(tokens=pages, seqs=1))
-    try:
-        log(rt.summary())
-        rt.load_weights(kr.Safetensors.open([str(p) for p in kr.weight_files([ckpt])]), threads=8)
-    except BaseException:
-        rt.close()
-        raise
+    rt = kr.Runtime.open(model, kernels, kr.weight_files([ckpt]), gpu=gpu, capacity=kr.Capacity(tokens=pages, seqs=1),
+                         log=log)
     return Loaded(rt, roles, rt.close)
 
 

@@ -11,26 +11,14 @@ from typing import Any
 
 import pytest
 from helpers.gpu_deps import gpu_import
+from helpers.tiny_build import build_tiny
 
 TOOLS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from helpers.qwen3_options import generate as _generate
-
-    import kern_qwen3 as gen
-    from kern_mining.build import build_kernels
-    from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
-    tmp = tmp_path_factory.mktemp("qwen3")
-    hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
-    entries = gen.entry_modules(TOOLS / "kernels-src")
-    feed = "device" if all(e in entries for e in gen.DEVICE_FEED_ENTRIES) else "host"
-    m = _generate(gen.shape_from_config(QWEN3_TINY_CONFIG), hashes, entries, model="qwen3-tiny", feed=feed)
-    manifest = tmp / "qwen3-tiny.json"
-    manifest.write_text(json.dumps(m))
-    ckpt, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=5, name="tiny", root=tmp)
-    return {"manifest": manifest, "kernels": tmp / "kernels", "ckpt": ckpt, "tmp": tmp}
+    return build_tiny(tmp_path_factory.mktemp("qwen3"))
 
 
 def _loaded(tiny: dict[str, Any], ckpt: Path | None = None) -> Any:
