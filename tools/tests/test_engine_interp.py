@@ -215,9 +215,9 @@ def test_engine_errors_leave_everything_as_it_was(manifest: dict[str, Any], weig
     seq = eng.sequence()
     with pytest.raises(kr.EngineError, match="has no live turn: prefill a prompt first"):
         eng.step(seq)
-    with pytest.raises(kr.SessionError, match="the prompt is empty"):
+    with pytest.raises(kr.PromptError, match="the prompt is empty"):
         eng.prefill(seq, [], 4)
-    with pytest.raises(kr.SessionError, match="outside the model's token ids"):
+    with pytest.raises(kr.PromptError, match="outside the model's token ids"):
         eng.prefill(seq, [1, 4096], 4)
     with pytest.raises(kr.EngineError, match="room must be at least 1 decode step"):
         eng.prefill(seq, [1, 2], 0)

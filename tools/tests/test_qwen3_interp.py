@@ -220,7 +220,7 @@ def test_an_engine_refuses_ids_beyond_the_vocabulary(weights: dict[str, np.ndarr
     be = InterpBackend(_manifest("device"), weights, pages=512 // 16)
     with _engine(be, 16) as eng:
         assert eng.roles.token_max == CONFIG["vocab_size"] - 1
-        with pytest.raises(kr.SessionError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
+        with pytest.raises(kr.PromptError, match=r"prompt id 4096 is outside the model's token ids 0\.\.4095"):
             eng.prefill(eng.sequence(), [1, 4096, 2], 16)
     assert be.calls == []  # nothing ran
 

@@ -82,7 +82,7 @@ def test_the_logits_are_the_one_output_without_a_fill() -> None:
 
 
 def test_the_capacity_must_fit_both() -> None:
-    with pytest.raises(kr.SessionError, match="exceeds the model's reach"):
+    with pytest.raises(kr.PromptError, match="exceeds the model's reach"):
         _pair(_example("qwen3-tiny"), _example("qwen3-tiny"), 10**6)
 
 

@@ -71,7 +71,7 @@ def test_steps_issue_the_step_and_feed_the_token_back() -> None:
 
 def test_rewind_restages_the_last_prompt_token() -> None:
     s, rt = _driver(capacity=16)
-    with pytest.raises(kr.SessionError, match="prefill a prompt first"):
+    with pytest.raises(kr.PromptError, match="prefill a prompt first"):
         s.rewind()
     s.prefill([7, 8, 9], chunk=16)
     s.step()
@@ -104,7 +104,7 @@ def test_the_last_step_at_capacity_stages_nothing_and_the_next_is_refused() -> N
     n = len(rt.calls)
     s.step()
     assert [c[0] for c in rt.calls[n:]] == ["issue"]
-    with pytest.raises(kr.SessionError, match="reached the capacity of 4 tokens"):
+    with pytest.raises(kr.PromptError, match="reached the capacity of 4 tokens"):
         s.step()
 
 
@@ -121,7 +121,7 @@ def test_the_last_step_at_capacity_stages_nothing_and_the_next_is_refused() -> N
 def test_bad_prefills_run_nothing(prompt: list[int], chunk: int, word: str) -> None:
     s, rt = _driver(capacity=16, ids={"min": 0, "max": 4095})
     n = len(rt.calls)
-    with pytest.raises(kr.SessionError, match=word):
+    with pytest.raises(kr.PromptError, match=word):
         s.prefill(prompt, chunk)
     assert len(rt.calls) == n
 
@@ -129,7 +129,7 @@ def test_bad_prefills_run_nothing(prompt: list[int], chunk: int, word: str) -> N
 def test_a_capacity_past_the_reach_writes_nothing() -> None:
     rt = FakeRuntime()
     with pytest.raises(
-        kr.SessionError, match="capacity 101 exceeds the model's reach of 100 positions"
+        kr.PromptError, match="capacity 101 exceeds the model's reach of 100 positions"
     ):
         Driver(rt, _roles(pos={"min": 0, "max": 99}, bt={"index_into": "kv", "stride": 16}), 101)  # type: ignore[arg-type]
     assert rt.calls == []

@@ -26,17 +26,17 @@ def _roles(**domains: Any) -> kr.ServingRoles:
 
 
 def test_capacity_and_pages_that_do_not_fit() -> None:
-    with pytest.raises(kr.SessionError, match="capacity 101 exceeds the model's reach of 100 positions"):
+    with pytest.raises(kr.PromptError, match="capacity 101 exceeds the model's reach of 100 positions"):
         kr.check_capacity(_roles(pos={"min": 0, "max": 99}, bt={"index_into": "kv", "stride": 16}), 101)
-    with pytest.raises(kr.SessionError, match="exceeds the model's reach of 64 positions"):
+    with pytest.raises(kr.PromptError, match="exceeds the model's reach of 64 positions"):
         kr.check_capacity(_roles(), 65)
-    with pytest.raises(kr.SessionError, match="65 pages do not fit the block table of 64"):
+    with pytest.raises(kr.PromptError, match="65 pages do not fit the block table of 64"):
         kr.block_table(_roles(), 64, list(range(65)))
-    with pytest.raises(kr.SessionError, match="31 pages hold 496 tokens; capacity 512 needs 32"):
+    with pytest.raises(kr.PromptError, match="31 pages hold 496 tokens; capacity 512 needs 32"):
         kr.block_table(_roles(bt={"index_into": "kv", "stride": 16}), 512, list(range(31)))
-    with pytest.raises(kr.SessionError, match="at least 1 token"):
+    with pytest.raises(kr.PromptError, match="at least 1 token"):
         kr.check_capacity(_roles(), 0)
-    assert issubclass(kr.SessionError, kr.ApiError)
+    assert issubclass(kr.PromptError, kr.ApiError)
 
 
 def test_block_table_holds_the_pages_then_page_0() -> None:
@@ -120,7 +120,7 @@ def _reference_check(top: int | None, capacity: int, prompt: Any) -> str | None:
 def _checked(roles: kr.ServingRoles, capacity: int, prompt: Any) -> str | None:
     try:
         kr.check_prompt(roles, capacity, prompt)
-    except kr.SessionError as exc:
+    except kr.PromptError as exc:
         return str(exc)
     return None
 

@@ -104,7 +104,7 @@ def test_ranks_that_prefill_otherwise_are_refused() -> None:
 
 def test_a_bad_prompt_fails_every_rank_before_any_program_runs() -> None:
     group, backends = _group({}, {})
-    with pytest.raises(kr.SessionError, match="the prompt is empty"):
+    with pytest.raises(kr.PromptError, match="the prompt is empty"):
         group.turn(group.sequence(), [], 2)
     with pytest.raises(kr.EngineError, match="at least 1 step"):
         group.turn(group.sequence(), [1, 2], 0)

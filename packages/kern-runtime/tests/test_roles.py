@@ -99,7 +99,7 @@ def test_prefill_chunks_through_the_last_token() -> None:
 
 @pytest.mark.parametrize(("length", "chunk"), [(10, 0), (10, -3), (-1, 4)])
 def test_prefill_chunks_refuse_bad_sizes(length: int, chunk: int) -> None:
-    with pytest.raises(kr.SessionError, match="chunk >= 1"):
+    with pytest.raises(kr.PromptError, match="chunk >= 1"):
         kr.prefill_chunks(length, chunk)
 
 

@@ -50,9 +50,9 @@ from .errors import (
     NoDriverError,
     NotConnectedError,
     OfferError,
+    PromptError,
     RanksDisagreeError,
     ServingRolesError,
-    SessionError,
     WeightArtifactError,
 )
 from .graphs import Graph, GraphCache, GraphCacheStats, normalize_vars
@@ -160,6 +160,7 @@ __all__ = [
     "PeerHandle",
     "Pipeline",
     "Prefilled",
+    "PromptError",
     "Provider",
     "ProviderError",
     "RankedSequence",
@@ -176,7 +177,6 @@ __all__ = [
     "Sequence",
     "ServingRoles",
     "ServingRolesError",
-    "SessionError",
     "SizeError",
     "Source",
     "StateUnits",

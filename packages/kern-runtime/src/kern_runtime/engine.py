@@ -256,7 +256,7 @@ class Engine:
         steps.
 
         Raises:
-            SessionError: an empty prompt or ids outside the model's tokens.
+            PromptError: an empty prompt or ids outside the model's tokens.
             EngineError: a foreign or released sequence, a row of a pipeline with steps in flight,
                 room below 1, more tokens than the model, the pool or a block-table row hold, or
                 no room while live sequences hold the pool. Nothing changed then but what

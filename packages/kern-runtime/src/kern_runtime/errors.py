@@ -1,11 +1,11 @@
 """The runtime's error tree, one class per party that must act.
 
 Provider (fix the manifest generator): ManifestParseError, ManifestVerifyError,
-ManifestUnsupportedError, ServingRolesError (no serving roles for a session), RanksDisagreeError (the
+ManifestUnsupportedError, ServingRolesError (no serving roles for a sequence), RanksDisagreeError (the
 ranks of a tensor-parallel manifest generate different tokens). Kernel extractor
 (re-extract kernels): KernelArtifactError. Weight exporter (re-export weights): WeightArtifactError.
 Caller (API misuse): ApiError, DomainError (a write outside an input's domain), InputFileError (a
-named file is missing), SessionError (a session asked for what it cannot do), EngineError (an
+named file is missing), PromptError (a prompt or row size the model cannot take), EngineError (an
 engine asked for what it cannot do), OfferError (a peer's offer is malformed or does not match),
 NotConnectedError (a program needs peers or a communicator not joined yet), MissingToolError (a
 program the runtime runs, such as cuobjdump, is not installed). Device (CUDA / BLAS / NCCL
@@ -33,9 +33,9 @@ __all__ = [
     "NoDriverError",
     "NotConnectedError",
     "OfferError",
+    "PromptError",
     "RanksDisagreeError",
     "ServingRolesError",
-    "SessionError",
     "WeightArtifactError",
 ]
 
@@ -57,7 +57,7 @@ class ManifestUnsupportedError(KernRuntimeError):
 
 
 class ServingRolesError(KernRuntimeError):
-    """The manifest lacks a role a session needs: a buffer `fill`, the chunk or the step program
+    """The manifest lacks a role a sequence needs: a buffer `fill`, the chunk or the step program
     (provider)."""
 
 
@@ -86,9 +86,10 @@ class InputFileError(ApiError):
     """A file or directory the caller named is missing or holds nothing usable (caller)."""
 
 
-class SessionError(ApiError):
-    """A session was asked for what it cannot do: an empty or out-of-range prompt, more tokens
-    than its capacity, a rewind before any prefill, pages that do not fit (caller)."""
+class PromptError(ApiError):
+    """A prompt or a row's size the model cannot take: an empty prompt or ids outside the model's
+    tokens, more tokens than the capacity, a capacity past the model's reach, pages that do not fit
+    the block table, a bench driver's rewind before any prefill (caller)."""
 
 
 class EngineError(ApiError):

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .errors import InputFileError, SessionError
+from .errors import InputFileError, PromptError
 from .roles import ServingRoles
 
 __all__ = ["Inputs", "block_table", "check_capacity", "check_prompt", "stage", "weight_files", "widen"]
@@ -45,29 +45,29 @@ def check_capacity(roles: ServingRoles, capacity: int) -> None:
     """Refuse a capacity below 1 or beyond the model's reach (see `ServingRoles.reach`).
 
     Raises:
-        SessionError: the capacity does not fit.
+        PromptError: the capacity does not fit.
     """
     if capacity < 1:
-        raise SessionError(f"capacity must be at least 1 token, got {capacity}")
+        raise PromptError(f"capacity must be at least 1 token, got {capacity}")
     reach = roles.reach(capacity)
     if capacity > reach:
-        raise SessionError(f"capacity {capacity} exceeds the model's reach of {reach} positions")
+        raise PromptError(f"capacity {capacity} exceeds the model's reach of {reach} positions")
 
 
 def check_prompt(roles: ServingRoles, capacity: int, prompt: Sequence[int]) -> None:
     """Refuse an empty prompt, ids outside the model's token ids, or more tokens than `capacity`.
 
     Raises:
-        SessionError: the prompt cannot be prefilled.
+        PromptError: the prompt cannot be prefilled.
     """
     if not prompt:
-        raise SessionError("the prompt is empty")
+        raise PromptError("the prompt is empty")
     top = roles.token_max
     if not _ids_within(prompt, top):
         bad = next(t for t in prompt if t < 0 or (top is not None and t > top))
-        raise SessionError(f"prompt id {bad} is outside the model's token ids 0..{top}")
+        raise PromptError(f"prompt id {bad} is outside the model's token ids 0..{top}")
     if len(prompt) > capacity:
-        raise SessionError(f"the prompt has {len(prompt)} tokens; capacity is {capacity}")
+        raise PromptError(f"the prompt has {len(prompt)} tokens; capacity is {capacity}")
 
 
 def _ids_within(prompt: Sequence[int], top: int | None) -> bool:
@@ -89,7 +89,7 @@ def block_table(roles: ServingRoles, capacity: int, pages: Sequence[int] | None 
     """A row's block table for `capacity` tokens: `pages` in order (default 0, 1, 2, ...), then 0.
 
     Raises:
-        SessionError: the pages do not fit the table, or hold fewer tokens than `capacity`.
+        PromptError: the pages do not fit the table, or hold fewer tokens than `capacity`.
     """
     # NOTE: entries past the sequence's pages are never read; they hold page 0 so that every
     # entry is a page the pool has (the runtime checks the block table's domain).
@@ -97,9 +97,9 @@ def block_table(roles: ServingRoles, capacity: int, pages: Sequence[int] | None 
     need = -(-capacity // roles.page_tokens)
     chosen: Sequence[int] = range(need) if pages is None else pages
     if len(chosen) > roles.blocks_len:
-        raise SessionError(f"{len(chosen)} pages do not fit the block table of {roles.blocks_len}")
+        raise PromptError(f"{len(chosen)} pages do not fit the block table of {roles.blocks_len}")
     if len(chosen) < need:
-        raise SessionError(f"{len(chosen)} pages hold {len(chosen) * roles.page_tokens} tokens; capacity "
+        raise PromptError(f"{len(chosen)} pages hold {len(chosen) * roles.page_tokens} tokens; capacity "
                            f"{capacity} needs {need}: pass more pages or a smaller capacity")
     table[: len(chosen)] = np.asarray(chosen, dtype=np.int32)
     return table

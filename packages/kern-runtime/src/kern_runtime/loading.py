@@ -52,8 +52,8 @@ from .errors import (
     KernRuntimeError,
     ManifestParseError,
     NoDriverError,
+    PromptError,
     ServingRolesError,
-    SessionError,
     WeightArtifactError,
 )
 from .inputs import check_capacity, weight_files
@@ -153,7 +153,7 @@ def clip(text: str) -> str:
 
 def input_errors() -> tuple[type[Exception], ...]:
     """The errors that mean bad input to a load (a command says their message alone, exit 2)."""
-    return (LoadError, InputFileError, ManifestParseError, ServingRolesError, SessionError, EngineError,
+    return (LoadError, InputFileError, ManifestParseError, ServingRolesError, PromptError, EngineError,
             ProviderError, WeightArtifactError)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from kern_manifest import BufArg, Buffer, Manifest, Program, VarArg
 
 from ._manifest import read_manifest
-from .errors import ServingRolesError, SessionError
+from .errors import PromptError, ServingRolesError
 
 __all__ = ["RowRoles", "ServingRoles", "prefill_chunks", "read_manifest", "serving_roles"]
 
@@ -216,9 +216,9 @@ def prefill_chunks(prompt_len: int, chunk: int, *, last: bool = False) -> list[t
     chunks of at most `chunk`.
 
     Raises:
-        SessionError: `chunk` is below 1 or `prompt_len` is negative.
+        PromptError: `chunk` is below 1 or `prompt_len` is negative.
     """
     if chunk < 1 or prompt_len < 0:
-        raise SessionError(f"prefill chunks need chunk >= 1 and a prompt length >= 0, got {chunk} and {prompt_len}")
+        raise PromptError(f"prefill chunks need chunk >= 1 and a prompt length >= 0, got {chunk} and {prompt_len}")
     end = prompt_len if last else prompt_len - 1
     return [(a, min(a + chunk, end)) for a in range(0, end, chunk)]

@@ -31,7 +31,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kern_pool import Finish, Refusal, Refused
-from kern_runtime import ApiError, SessionError, check_prompt
+from kern_runtime import ApiError, PromptError, check_prompt
 from kern_runtime.loading import clip, shown
 from kern_runtime.serving import Done, Event, Serving, Token
 from kern_runtime.serving import Request as Job
@@ -140,7 +140,7 @@ def _fits(m: Model, ask: Ask, ids: list[int]) -> None:
                   "answer)", param, "context_length_exceeded")
     try:
         check_prompt(engine.roles, engine.reach, ids)
-    except SessionError as exc:
+    except PromptError as exc:
         raise bad(str(exc), param) from None
     if ask.max_tokens > most:
         raise bad(f"max_tokens {shown(ask.max_tokens)} is past what this server holds: with a prompt of {len(ids)} "

@@ -145,7 +145,7 @@ def read_facts(manifest: Manifest, capacity: int, who: str) -> Facts:
     """One manifest's facts (`who` names it in errors: `A` or `B`).
 
     Raises:
-        ServingRolesError: no serving roles. SessionError: the capacity is past its reach.
+        ServingRolesError: no serving roles. PromptError: the capacity is past its reach.
         AbTestError: no single logits output.
     """
     roles = serving_roles(manifest)
@@ -185,7 +185,7 @@ def check_pair(a_manifest: Manifest, b_manifest: Manifest, capacity: int) -> Pai
 
     Raises:
         AbTestError: different models or vocabularies, or no program in common.
-        ServingRolesError, SessionError: as `read_facts`.
+        ServingRolesError, PromptError: as `read_facts`.
     """
     a, b = read_facts(a_manifest, capacity, "A"), read_facts(b_manifest, capacity, "B")
     _same_model(a, b)

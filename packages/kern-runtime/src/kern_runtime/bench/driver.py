@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import SessionError
+from ..errors import PromptError
 from ..inputs import Inputs, block_table, check_capacity, check_prompt, stage
 from ..roles import ServingRoles, prefill_chunks
 from ..runtime import Runtime
@@ -33,7 +33,7 @@ class Driver:
 
     def __init__(self, rt: Runtime, roles: ServingRoles, capacity: int) -> None:
         """Raises:
-        SessionError: the capacity exceeds the model's reach or the block table."""
+        PromptError: the capacity exceeds the model's reach or the block table."""
         check_capacity(roles, capacity)
         table = block_table(roles, capacity)
         self.rt = rt
@@ -53,11 +53,11 @@ class Driver:
         rows, then the last staged as the step's input (`rewind`).
 
         Raises:
-            SessionError: a bad prompt (see `check_prompt`) or a chunk below 1; nothing runs.
+            PromptError: a bad prompt (see `check_prompt`) or a chunk below 1; nothing runs.
         """
         check_prompt(self.roles, self.capacity, prompt)
         if chunk < 1:
-            raise SessionError(f"the prefill chunk must be at least 1 row, got {chunk}")
+            raise PromptError(f"the prefill chunk must be at least 1 row, got {chunk}")
         for a, b in prefill_chunks(len(prompt), min(chunk, self.roles.chunk_max)):
             self._stage(prompt[a:b], a)
             self.rt.run(self.roles.chunk_program, {self.roles.chunk_var: b - a})
@@ -69,10 +69,10 @@ class Driver:
         run), so the next step recomputes that position; later positions' KV stays, unread.
 
         Raises:
-            SessionError: no prefill yet.
+            PromptError: no prefill yet.
         """
         if self._last is None:
-            raise SessionError("nothing to rewind to: prefill a prompt first")
+            raise PromptError("nothing to rewind to: prefill a prompt first")
         token, pos = self._last
         self._stage([token], pos)
         if self.roles.start_program is not None:
@@ -84,10 +84,10 @@ class Driver:
         next input staged).
 
         Raises:
-            SessionError: the row is at its capacity.
+            PromptError: the row is at its capacity.
         """
         if self.seen >= self.capacity:
-            raise SessionError(f"the row reached the capacity of {self.capacity} tokens")
+            raise PromptError(f"the row reached the capacity of {self.capacity} tokens")
         self.rt.issue(self.roles.step_program, self.roles.step_vars)
         self.seen += 1
         token = int(self.rt.read_output(self.roles.next_token)[0])

@@ -87,7 +87,7 @@ def _replays_ms(s: Driver, steps: int, fixed: bool) -> float:
 def decode_rows(s: Driver, ctx: int, steps: int, vocab: int, chunk: int, rng: np.random.Generator) -> list[Row]:
     """The decode rows at one context: prefill `ctx` tokens, warm up, then the host loop (walking),
     the step graph back to back as it feeds itself (walking on), the same at the context exactly,
-    and single rewound steps. The session stays rewound to the end of the prefill."""
+    and single rewound steps. The row stays rewound to the end of the prefill."""
     s.prefill(prompt(rng, ctx, vocab), chunk)
     for _ in range(WARMUP_STEPS):
         s.step()
@@ -196,7 +196,7 @@ def gemm_rate(kernels: Path, gpu: int, schema_version: int, size: int = GEMM_RAT
 
 
 def yardsticks(kernels: Path, gpu: int, schema_version: int, log: Callable[[str], None]) -> tuple[float, float]:
-    """(device copy bytes/s, bf16 GEMM FLOP/s) of `gpu`, measured before a session loads."""
+    """(device copy bytes/s, bf16 GEMM FLOP/s) of `gpu`, measured before the bench loads its runtime."""
     log("yardsticks: device copy, bf16 GEMM")
     return copy_rate(gpu), gemm_rate(kernels, gpu, schema_version)
 

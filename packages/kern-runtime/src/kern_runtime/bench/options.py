@@ -80,7 +80,7 @@ def bench_capacity(load: LoadOptions, options: BenchOptions, roles: ServingRoles
 
     Raises:
         BenchError: the contexts, prefills and steps reach past the model's positions.
-        SessionError: `load.capacity` itself is past them.
+        PromptError: `load.capacity` itself is past them.
     """
     o = options
     reach = max([*o.contexts, *o.prefill, *o.breakdown]) + 2 * o.steps + 32  # NOTE: device-fed replays advance too
