@@ -243,14 +243,20 @@ class Peer:
 
     def graph(self, length: int) -> torch.cuda.CUDAGraph:
         """The step graph attending over `length` cache positions (a bucket), captured once: two
-        warm-up runs on a side stream (they compile the decode shapes), then the capture; the
-        token, position and cache rows the warm-up touched are the caller's to set again."""
+        warm-up runs on a side stream (they compile the decode shapes), then the capture. The
+        warm-up steps run at the bucket's last two positions, whose cache rows a sequence that
+        fits the bucket writes before it reads them (a step writes its own row first), so a
+        capture after a prefill leaves the prompt's rows as they were; the token and position are
+        restored."""
         length = bucket(length)
         if length > self.cache_tokens:
             raise ValueError(f"a step over {length} positions exceeds the cache of {self.cache_tokens}")
         if length in self.graphs:
             return self.graphs[length]
         tok, pos = self.tok.clone(), self.pos.clone()
+        # NOTE: a warm-up step writes its K and V at `pos`; at the current position it would
+        # overwrite rows of a prompt prefilled before the capture
+        self.pos.fill_(length - 2)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -307,13 +313,22 @@ class Peer:
     def generate(self, prompt: Sequence[int], steps: int) -> list[int]:
         """Greedy tokens: prefill all prompt tokens but the last, then `steps` replays of the step
         graph (each feeding the next on the device), reading each token back."""
+        return self.generate_logits(prompt, steps)[0]
+
+    def generate_logits(self, prompt: Sequence[int], steps: int) -> tuple[list[int], torch.Tensor]:
+        """`generate`'s tokens and the first step's logits (float32, [vocab])."""
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
         n = len(prompt)
         if n > 1:
             self.prefill(torch.tensor(prompt[:-1], dtype=torch.long, device=self.device))
         g = self.graph(n + steps)
         self.set_state(prompt[-1], n - 1)
         out = []
-        for _ in range(steps):
+        first = self.logits
+        for i in range(steps):
             g.replay()
+            if i == 0:
+                first = self.logits[0].float().clone()
             out.append(int(self.tok.item()))
-        return out
+        return out, first
