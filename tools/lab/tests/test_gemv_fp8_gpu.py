@@ -1,0 +1,86 @@
+"""The lab's FP8 GEMV (kern_gemv_e4m3_b128: e4m3 weights with Qwen's 128x128 float32 block scales,
+bf16 x and y) on the GPU against a float64 reference of the same e4m3 bytes, at the Qwen3-4B
+decode shapes and odd ones (a column tail, k not a multiple of 128, rows 1..4), and what it writes:
+its rows' columns and nothing else of y; the reference itself against a loop over the elements."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.gpu_deps import gpu_import
+
+torch = gpu_import("torch")
+gpu_import("cupy")
+
+from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gemv_fp8 as fp8  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 6144, 2560), (1, 2560, 4096), (1, 19456, 2560), (1, 2560, 9728),
+          (1, 1, 16), (2, 5, 272), (3, 130, 2048), (4, 1001, 2576), (4, 2561, 9728), (1, 37, 48)]
+"""(rows, n, k): qkv, o, gate_up and down of the 4B decode step, then odd shapes."""
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> h.Kernels:
+    return h.Kernels(tmp_path_factory.mktemp("fp8"), lab=True)
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
+def test_the_fp8_gemv_is_the_dequantised_product(kernels: h.Kernels, rows: int, n: int, k: int) -> None:
+    """Within bf16's rounding of the result (2^-8 of it) plus f32 accumulation over at most ~50
+    partial sums in a row (2^-17 of the sum of |products|)."""
+    x, w, s = fp8.operands(n, k, rows, seed=n * 7 + k)
+    y = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8.launch(kernels, x, w, s, y)
+    torch.cuda.synchronize()
+    ref, size = fp8.reference(x, w, s)
+    got = y.double()
+    bound = 2.0**-8 * ref.abs() + 2.0**-17 * size
+    bad = ~((got - ref).abs() <= bound)
+    assert not bool(bad.any()), f"{int(bad.sum())} of {rows * n} outside; worst {float((got - ref).abs().max())}"
+
+
+def test_it_writes_its_columns_of_a_wider_output_and_nothing_else(kernels: h.Kernels) -> None:
+    rows, n, k, stride = 3, 300, 512, 1000
+    x, w, s = fp8.operands(n, k, rows, seed=3)
+    y = torch.full((rows + 1, stride), 7.0, device="cuda", dtype=torch.bfloat16)
+    fp8.launch(kernels, x, w, s, y, y_stride=stride, y_offset=200)
+    torch.cuda.synchronize()
+    ref, size = fp8.reference(x, w, s)
+    band = y[:rows, 200:200 + n].double()
+    assert bool(((band - ref).abs() <= 2.0**-8 * ref.abs() + 2.0**-17 * size).all())
+    untouched = torch.ones_like(y, dtype=torch.bool)
+    untouched[:rows, 200:200 + n] = False
+    assert bool((y[untouched] == 7.0).all())
+
+
+def test_rows_outside_1_to_4_write_nothing(kernels: h.Kernels) -> None:
+    x, w, s = fp8.operands(64, 256, 4, seed=9)
+    y = torch.full((5, 64), 7.0, device="cuda", dtype=torch.bfloat16)
+    fn = kernels.fn(fp8.ENTRY)
+    for rows in (0, 5):
+        h.launch(fn, (16, 1, 1), (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(s), h.ptr(y), h.i32(rows), h.i32(64),
+                 h.i32(256), h.i32(64))
+    torch.cuda.synchronize()
+    assert bool((y == 7.0).all())
+
+
+@pytest.mark.parametrize(("n", "k"), [(3, 16), (130, 272), (257, 144)])
+def test_the_float64_reference_scales_each_weight_by_its_blocks_scale(n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(2, k, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) * 8).to(torch.float8_e4m3fn).view(torch.uint8)
+    s = torch.rand(-(-n // 128), -(-k // 128), generator=gen) + 0.5
+    ref, size = fp8.reference(x, w, s)
+    wf = w.view(torch.float8_e4m3fn).double()
+    for r in range(2):
+        for c in (0, n // 2, n - 1):
+            terms = [float(x[r, j]) * float(wf[c, j]) * float(s[c // 128, j // 128]) for j in range(k)]
+            assert float(ref[r, c]) == pytest.approx(sum(terms), rel=1e-12, abs=1e-12)
+            assert float(size[r, c]) == pytest.approx(sum(abs(t) for t in terms), rel=1e-12)
