@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers.manifest_reads import counted_reads
 from helpers.qwen3_options import generate as _generate
 from helpers.tinytok import TinyTok
 
@@ -269,33 +270,19 @@ def test_a_server_startup_parses_and_verifies_the_manifest_once(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`serving_manifest`, the sizes check, the factory's RAM estimate and the factory itself (each
     given the manifest file's path, as `EngineSpec` names it) parse and verify its text once."""
-    import kern_manifest as km
     from kern_interp.serve import engine as cpu_engine
-    from kern_runtime import _manifest, loading
+    from kern_runtime import loading
     from kern_runtime.serving import EngineSpec
 
-    seen = {"parse": 0, "check": 0}
-    parse, check = km.parse_manifest, km.check
-
-    def counted_parse(data: str | bytes) -> km.Manifest:
-        seen["parse"] += 1
-        return parse(data)
-
-    def counted_check(model: km.Manifest) -> list[km.ManifestVerify]:
-        seen["check"] += 1
-        return check(model)
-
-    monkeypatch.setattr(km, "parse_manifest", counted_parse)
-    monkeypatch.setattr(km, "check", counted_check)
-    _manifest._model_of.cache_clear()  # pyright: ignore[reportPrivateUsage]
-    ckpt, _ = random_checkpoint(CONFIG, seed=5, name="startup", root=tmp_path)
-    path = ROOT / "examples" / "qwen3-tiny-batch.json"
-    manifest = loading.serving_manifest(path)
-    spec = EngineSpec(path, ROOT / "kernels", (ckpt,), 0, 256, 2, 0, CHUNK)
-    loading.check_sizes(spec, manifest, cpu_engine, "kern_interp.serve:engine")
-    with loading.call_factory(cpu_engine, spec, "kern_interp.serve:engine") as eng:
-        assert isinstance(eng.backend, InterpBackend) and eng.backend.machine.model is manifest
-    assert seen == {"parse": 1, "check": 1}
+    with counted_reads(monkeypatch) as seen:
+        ckpt, _ = random_checkpoint(CONFIG, seed=5, name="startup", root=tmp_path)
+        path = ROOT / "examples" / "qwen3-tiny-batch.json"
+        manifest = loading.serving_manifest(path)
+        spec = EngineSpec(path, ROOT / "kernels", (ckpt,), 0, 256, 2, 0, CHUNK)
+        loading.check_sizes(spec, manifest, cpu_engine, "kern_interp.serve:engine")
+        with loading.call_factory(cpu_engine, spec, "kern_interp.serve:engine") as eng:
+            assert isinstance(eng.backend, InterpBackend) and eng.backend.machine.model is manifest
+        assert seen == {"parse": 1, "check": 1}
 
 
 # --------------------------------------------------------------------------------------------

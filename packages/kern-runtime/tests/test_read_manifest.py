@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.manifest_reads import counted_reads
 
 import kern_manifest as km
 import kern_runtime as kr
-from kern_runtime import _manifest, _rt_load, loading
+from kern_runtime import _rt_load, loading
 
 from .helpers.manifests import parsed, serving
 
@@ -28,22 +29,8 @@ class _Loaded(Exception):
 @pytest.fixture
 def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """kern_manifest's parse and verify calls from a cold start (no text read before)."""
-    seen = {"parse": 0, "check": 0}
-    parse, check = km.parse_manifest, km.check
-
-    def counted_parse(data: str | bytes) -> km.Manifest:
-        seen["parse"] += 1
-        return parse(data)
-
-    def counted_check(model: km.Manifest) -> list[km.ManifestVerify]:
-        seen["check"] += 1
-        return check(model)
-
-    monkeypatch.setattr(km, "parse_manifest", counted_parse)
-    monkeypatch.setattr(km, "check", counted_check)
-    _manifest._model_of.cache_clear()  # pyright: ignore[reportPrivateUsage]
-    yield seen
-    _manifest._model_of.cache_clear()  # pyright: ignore[reportPrivateUsage]
+    with counted_reads(monkeypatch) as seen:
+        yield seen
 
 
 @pytest.fixture
