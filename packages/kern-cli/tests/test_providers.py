@@ -3,10 +3,10 @@ imports a provider (kern_qwen3), and the CLI's model knowledge comes from the re
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+from helpers.source_imports import imported_modules
 
 import kern_cli.chat as chat
 from kern_cli import options
@@ -17,20 +17,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "kern_cli"
 PROVIDERS = ("kern_qwen3",)
 
 
-def _imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
-            names.add(node.module)
-    return names
-
-
 def test_no_kern_cli_module_imports_a_provider() -> None:
     modules = sorted(SRC.glob("*.py"))
     assert len(modules) > 10
-    found = {f"{p.name}: {name}" for p in modules for name in _imports(p)
+    found = {f"{p.name}: {name}" for p in modules for name in imported_modules(p)
              if name.split(".")[0] in PROVIDERS}
     assert not found
 
