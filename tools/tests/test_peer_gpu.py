@@ -3,7 +3,8 @@ compiled, CUDA-graph decode equal transformers' eager bf16 greedy tokens on rand
 checkpoints written by transformers' save_pretrained (tied and untied head, and the Qwen3-4B
 shape, one prompt long enough for the split attention), a divergence passing only at a near-tie,
 and its first-step logits as close to transformers float32's as transformers bf16's are (within
-tools/gpu/qwen3_checks.py's factor); the split attention against SDPA."""
+tools/gpu/qwen3_checks.py's factor); the split attention against SDPA; the serving peer
+(`kern-peer-serve`, transformers' continuous batching) through every level."""
 
 from __future__ import annotations
 
@@ -115,3 +116,30 @@ def test_split_attention_is_sdpa_over_the_written_positions(length: int, written
                                          attn_mask=valid.view(1, 1, 1, length))[0]
     bound = 2.0**-7 * ref.abs() + 2e-3
     assert bool(((got - ref).abs() <= bound).all()), float((got - ref).abs().max())
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings(*WARNINGS)
+def test_the_serving_peer_measures_every_level(tmp_path: Path) -> None:
+    """`kern-peer-serve` (transformers' continuous batching) on the tiny checkpoint: every level's
+    requests answered with all their tokens, its rates and latencies finite."""
+    import json
+    import math
+    import subprocess
+    import sys
+
+    from kern_qwen3 import QWEN3_TINY_CONFIG
+
+    gpu_import("torch")
+    gpu_import("transformers")
+    ckpt = _checkpoint(tmp_path, "tiny", dict(QWEN3_TINY_CONFIG))
+    out = tmp_path / "serve.json"
+    proc = subprocess.run([sys.executable, "-m", "kern_peer.serve_cli", "--weights", str(ckpt), "--clients", "1,4",
+                           "--system", "64", "--question", "8", "--max-tokens", "8", "--rounds", "2", "--json",
+                           str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    levels = json.loads(out.read_text())["levels"]
+    assert [(lv["clients"], lv["requests"], lv["output_tokens"]) for lv in levels] == [(1, 2, 16), (4, 8, 64)]
+    for lv in levels:
+        values = [lv[k] for k in ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")]
+        assert all(math.isfinite(v) and v > 0 for v in values), lv

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from kern_peer.config import PeerConfig, PeerConfigError, checkpoint_files, read_config
 
-__all__ = ["PeerArgs", "PeerUsageError", "main", "parse_args"]
+__all__ = ["PeerArgs", "PeerUsageError", "ints", "main", "parse_args"]
 
 PROG = "kern-peer"
 MIN_STEPS = 16
@@ -58,7 +58,8 @@ class PeerArgs:
         return max(from_decode, max(self.prefill))
 
 
-def _ints(flag: str, text: str) -> tuple[int, ...]:
+def ints(flag: str, text: str) -> tuple[int, ...]:
+    """Comma-separated positive integers of a flag (`PeerUsageError` otherwise)."""
     items = text.split(",")
     if any(not t.strip() for t in items):
         raise PeerUsageError(f"{flag} has an empty item in {text!r}: give comma-separated positive integers")
@@ -98,7 +99,7 @@ def parse_args(argv: Sequence[str]) -> PeerArgs:
         PeerUsageError: a bad flag or input.
     """
     a = _parser().parse_args(list(argv))
-    contexts, prefill = _ints("--contexts", a.contexts), _ints("--prefill", a.prefill)
+    contexts, prefill = ints("--contexts", a.contexts), ints("--prefill", a.prefill)
     if a.steps < MIN_STEPS:
         raise PeerUsageError(f"--steps must be at least {MIN_STEPS}, got {a.steps}")
     if a.prefill_reps < 1 or a.gpu < 0:
