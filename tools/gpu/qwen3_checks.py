@@ -492,7 +492,7 @@ def load(manifest: Path, kernels: Path, ckpt: Path, *, gpu: int, tokens: int,
 
     model = kr.read_manifest(manifest)
     roles = kr.serving_roles(model)
-    pages = -(-tokens // roles.page_tokens) * roles.page_tokens
+    pages = roles.whole_pages(tokens)
     rt = kr.Runtime.open(model, kernels, kr.weight_files([ckpt]), gpu=gpu, capacity=kr.Capacity(tokens=pages, seqs=1),
                          log=log)
     return Loaded(rt, roles, rt.close)

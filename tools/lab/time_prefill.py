@@ -185,7 +185,7 @@ def program_rows(args: argparse.Namespace, log: Callable[[str], None]) -> list[d
     prompt = [int(x) for x in rng.integers(0, 150000, size=max(*args.prompts, PREFIX + max(TURNS)) + 1)]
     rows: list[dict[str, Any]] = []
     torch.cuda.init()
-    tokens = -(-(max(*args.prompts, PREFIX + max(TURNS)) + 64) // roles.page_tokens) * roles.page_tokens
+    tokens = roles.whole_pages(max(*args.prompts, PREFIX + max(TURNS)) + 64)
     rt = kr.Runtime.load(model, args.kernels, gpu=args.gpu, capacity=kr.Capacity(tokens=tokens, seqs=1))
     try:
         rt.load_weights(kr.Safetensors.open([str(p) for p in files]), threads=8)

@@ -30,6 +30,14 @@ def test_roles_read_domains() -> None:
     assert kr.serving_roles(parsed(serving())).reach(30) == 30  # nothing bounds it below the block table
 
 
+def test_whole_pages_rounds_tokens_up_to_the_page_size() -> None:
+    m = serving()
+    m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
+    r = kr.serving_roles(parsed(m))
+    assert [r.whole_pages(t) for t in (1, 15, 16, 17, 100, 112)] == [16, 16, 16, 32, 112, 112]
+    assert kr.serving_roles(parsed(serving())).whole_pages(7) == 7  # pages of one token
+
+
 def test_roles_find_the_step_seed_program() -> None:
     m = serving()
     m["programs"]["start"] = {"calls": []}

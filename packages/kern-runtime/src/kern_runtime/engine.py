@@ -196,7 +196,7 @@ class Engine:
         roles = roles or serving_roles(model)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise EngineError(f"the pool must hold at least 1 token, got {tokens!r}")
-        pages = -(-tokens // roles.page_tokens) * roles.page_tokens
+        pages = roles.whole_pages(tokens)
         rt = Runtime.open(model, kernels, weights, gpu=gpu, capacity=Capacity(tokens=pages, seqs=seqs), log=log,
                           progress=progress)
         try:

@@ -481,7 +481,7 @@ def open_ranks(load: LoadOptions, tokens: int, weights: Sequence[Path], tp: int,
     """
     from .ranks import Ranks
 
-    pages = -(-tokens // roles.page_tokens) * roles.page_tokens
+    pages = roles.whole_pages(tokens)
     runtimes = load_ranks(load, pages, weights, tp, log, progress)
 
     def close() -> None:

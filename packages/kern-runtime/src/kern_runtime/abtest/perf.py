@@ -100,7 +100,7 @@ def _batch_rows(f: Facts, programs: tuple[str, ...], context: int) -> int:
     rows = f.roles.rows
     if rows is None or f.row_logits is None or rows.program not in programs:
         return 0
-    per = -(-(context + 1) // f.roles.page_tokens) * f.roles.page_tokens
+    per = f.roles.whole_pages(context + 1)
     n = min(BATCH_ROWS, rows.max_rows, f.capacity // per)
     return n if n >= 2 else 0
 

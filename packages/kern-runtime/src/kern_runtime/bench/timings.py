@@ -64,7 +64,7 @@ def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str],
     report = Report([row("weight_bytes_per_step", decode_weight_bytes(inputs.manifest, inputs.roles.step_program) / 1e9,
                          "GB")], title=f"{inputs.manifest.model}: decode ms/token")
     copy, gemm = measure.yardsticks(load.kernels, load.gpu, inputs.manifest.schema_version, log)
-    pool = -(-capacity // inputs.roles.page_tokens) * inputs.roles.page_tokens
+    pool = inputs.roles.whole_pages(capacity)
     rt = Runtime.open(inputs.manifest, load.kernels, weights, gpu=load.gpu, capacity=Capacity(tokens=pool, seqs=1),
                       log=log)
     try:
