@@ -88,3 +88,17 @@ def test_weights_that_are_not_safetensors_are_one_line_and_exit_2(
             "--clients", "1", "--rounds", "1"]
     assert kern_main(argv) == 2
     assert _line(capsys) == "kern bench serve: weights w.txt: not a safetensors file (6 bytes, no header)"
+
+
+def test_peer_on_without_the_serving_peer_is_one_line_before_the_engine(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_runtime.bench import serve_peer
+
+    def loaded(*_: object, **__: object) -> None:
+        pytest.fail("the engine was loaded")
+
+    monkeypatch.setattr(serve, "with_engine", loaded)
+    monkeypatch.setattr(serve_peer, "_missing", lambda: "transformers is not installed (uv sync --group gpu-test)")
+    assert kern_main(["bench", "serve", "--manifest", TINY, "--peer", "on"]) == 2
+    assert _line(capsys) == ("kern bench serve: --peer on: the serving peer cannot run: transformers is not "
+                             "installed (uv sync --group gpu-test)")

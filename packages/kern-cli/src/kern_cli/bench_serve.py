@@ -14,7 +14,11 @@ from: `head` (the head program at the end of its prefill, sent at once), `step` 
 step after the plan's prefills; the default, as `kern serve` runs unless told) or `both`. Every flag
 is checked before the engine loads: client counts (each 1..`MAX_CLIENTS`, one thread a client),
 rounds (1..`MAX_ROUNDS`), a request's tokens (within `--capacity`), and the `--json` destination (a
-write of no bytes: /dev/full is refused then, not after the run).
+write of no bytes: /dev/full is refused then, not after the run). `--peer on|auto` then runs the
+serving peer nobody here wrote (`python -m kern_peer.serve_cli`: transformers' continuous batching,
+its own process, on the same checkpoint and workload; `kern_runtime.bench.serve_peer`) and prints
+its levels beside kern's (with `--json`, its result goes to the same name with `-peer` before the
+suffix); off by default, as it takes minutes. A peer that fails is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kern_cli.config import PEER_MODES
 from kern_cli.console import (
     Parser,
     add_version,
@@ -37,7 +42,8 @@ from kern_cli.console import (
 from kern_cli.options import RunError, guarded, logger
 
 if TYPE_CHECKING:
-    from kern_runtime.bench import Level
+    from kern_runtime.bench import Level, PeerPlan, ServeWorkload
+    from kern_serve import ServeOptions
 
 __all__ = ["MAX_CLIENTS", "MAX_ROUNDS", "build_parser", "main"]
 
@@ -73,14 +79,16 @@ def _check_request(args: argparse.Namespace, capacity: int | None) -> None:
                        f"= {need} tokens a request, past --capacity {capacity}")
 
 
-def _measure(args: argparse.Namespace) -> list[Level]:
+def _workload(args: argparse.Namespace, clients: list[int]) -> ServeWorkload:
+    from kern_runtime.bench import ServeWorkload
+
+    return ServeWorkload(tuple(clients), args.system, args.question, args.max_tokens, args.rounds)
+
+
+def _measure(args: argparse.Namespace, opts: ServeOptions, clients: list[int]) -> list[Level]:
     from kern_cli import serve
     from kern_runtime.bench import measure_levels
 
-    clients = list(positive_ints("--clients", args.clients, RunError, MAX_CLIENTS))
-    _check(args)
-    opts = serve.resolve(args)
-    _check_request(args, opts.load.capacity)
     log = logger(PROG)
     return serve.with_engine(opts, log, lambda engine: measure_levels(
         engine, clients, system=args.system, question=args.question, max_tokens=args.max_tokens,
@@ -88,23 +96,64 @@ def _measure(args: argparse.Namespace) -> list[Level]:
         pipeline=_MODES[args.pipeline], ride=_MODES[args.ride], head=_FIRST[args.first_token], log=log))
 
 
+def _peer_json(path: Path | None) -> Path | None:
+    return None if path is None else path.with_name(f"{path.stem}-peer{path.suffix}")
+
+
+def _peer(args: argparse.Namespace, opts: ServeOptions, workload: ServeWorkload, levels: list[Level]) -> int:
+    """The serving peer on the checkpoint kern ran (the seeded random one when none was given),
+    its levels printed beside kern's; 1 with one line when it failed."""
+    import tempfile
+
+    import kern_runtime.bench as kb
+    from kern_runtime.loading import check_inputs, default_weights
+
+    log = logger(PROG)
+    weights = opts.load.weights or default_weights(check_inputs(opts.load).manifest, log)
+    try:
+        ckpt = kb.checkpoint_dir(list(weights))
+        log(f"the serving peer (python -m {kb.SERVE_PEER_MODULE}) on {ckpt}")
+        with tempfile.TemporaryDirectory(prefix="kern-bench-serve-peer-") as tmp:
+            out = _peer_json(args.json) or Path(tmp) / "peer.json"
+            result = kb.run_serve_peer(kb.serve_peer_command(ckpt, workload, opts.load.gpu, out), out, workload)
+    except kb.PeerError as exc:
+        fail(PROG, str(exc))
+        return 1
+    print(kb.side_by_side(levels, result))
+    return 0
+
+
+def _plan_peer(args: argparse.Namespace, opts: ServeOptions) -> PeerPlan:
+    import kern_runtime.bench as kb
+
+    return kb.plan_serve_peer(args.peer, kb.checkpoint_config(opts.load.weights))
+
+
 def _run(args: argparse.Namespace) -> int:
+    from kern_cli import serve
     from kern_runtime.bench import levels_table
 
-    levels = _measure(args)
+    clients = list(positive_ints("--clients", args.clients, RunError, MAX_CLIENTS))
+    _check(args)
+    opts = serve.resolve(args)
+    _check_request(args, opts.load.capacity)
+    plan = _plan_peer(args, opts)
+    levels = _measure(args, opts, clients)
     print(levels_table(levels))
     if args.json is not None:
         try:
             args.json.write_text(json.dumps([asdict(lv) for lv in levels], indent=2) + "\n")
         except OSError as exc:
             return fail(PROG, f"--json {args.json}: {exc.strerror or exc}")
-    return 0
+    if plan.note:
+        logger(PROG)(plan.note)
+    return _peer(args, opts, _workload(args, clients), levels) if plan.run else 0
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from kern_runtime.bench import BenchError
+    from kern_runtime.bench import BenchError, PeerError
 
-    return guarded(PROG, lambda: _run(args), BenchError)
+    return guarded(PROG, lambda: _run(args), BenchError, PeerError)
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -130,7 +179,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="head: a plain request's first token from the head program at the end of its prefill, sent "
                         "at once; step: from the first decode step (kern serve's default); both: each client count "
                         "both ways (default step)")
-    p.add_argument("--json", type=Path, help="write the levels as JSON here")
+    p.add_argument("--peer", choices=PEER_MODES, default="off",
+                   help="the serving peer (transformers' continuous batching, python -m kern_peer.serve_cli) on "
+                        "the same checkpoint and workload after kern: on (it must run), auto (when torch, "
+                        "transformers and kern-peer are installed), off (default; it takes minutes)")
+    p.add_argument("--json", type=Path, help="write the levels as JSON here (the peer's beside it, NAME-peer.json)")
     p.set_defaults(handler=_handle, host="127.0.0.1", port=0, api_key=None, model=None, max_queued=1,
                    max_body=1, tokenizer=None)
     return p

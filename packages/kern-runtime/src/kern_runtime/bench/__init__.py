@@ -9,7 +9,8 @@ bench/ alike. No module here imports torch.
 - `timings`: `bench_session`, one manifest's timings on one GPU;
 - `peer`: whether the peer runs, its command line, its checked result;
 - `report`: rows, floors, the tables, the JSON and the plot;
-- `serve`: `measure_levels`, serving throughput and latency in process.
+- `serve`: `measure_levels`, serving throughput and latency in process;
+- `serve_peer`: the serving peer (transformers' continuous batching, its own process) beside it.
 """
 
 from .floors import (
@@ -74,6 +75,17 @@ from .serve import (
     percentile,
     warm_rows,
 )
+from .serve_peer import (
+    SERVE_PEER_MODULE,
+    SERVE_PEER_TIMEOUT_S,
+    ServeWorkload,
+    check_serve_result,
+    checkpoint_dir,
+    plan_serve_peer,
+    run_serve_peer,
+    serve_peer_command,
+    side_by_side,
+)
 from .timings import (
     bench_session,
 )
@@ -90,6 +102,8 @@ __all__ = [
     "PEER_MODULE",
     "PEER_TIMEOUT_S",
     "PROMPT_VOCAB",
+    "SERVE_PEER_MODULE",
+    "SERVE_PEER_TIMEOUT_S",
     "WARM_TOKENS",
     "BenchError",
     "BenchOptions",
@@ -99,6 +113,7 @@ __all__ = [
     "PeerPlan",
     "Report",
     "Row",
+    "ServeWorkload",
     "bench_capacity",
     "bench_session",
     "breakdown_markdown",
@@ -106,7 +121,9 @@ __all__ = [
     "call_kinds",
     "check_bench_options",
     "check_result",
+    "check_serve_result",
     "checkpoint_config",
+    "checkpoint_dir",
     "compute_floor_rows",
     "context_of",
     "decode_series",
@@ -125,9 +142,13 @@ __all__ = [
     "peer_rows",
     "percentile",
     "plan_peer",
+    "plan_serve_peer",
     "plot",
     "row",
     "run_peer",
+    "run_serve_peer",
+    "serve_peer_command",
+    "side_by_side",
     "step_program",
     "table",
     "warm_rows",
