@@ -498,28 +498,36 @@ def load(manifest: Path, kernels: Path, ckpt: Path, *, gpu: int, tokens: int,
     return Loaded(rt, roles, rt.close)
 
 
-def kern_generate(target: Loaded, prompt: list[int], *, chunk: int, eager: bool, logits: bool = False,
-                  all_logits: bool = False) -> KernRun:
-    """STEPS greedy tokens of `prompt` on a fresh `Engine` over `target` (prefill chunks of at most
-    `chunk` rows, all but the last prompt token; the first decode step computes the first token;
-    `eager`: steps and chunks call by call, else the step graph and the engine's chunk graphs),
-    with the first step's logits (`logits`) or every step's (`all_logits`). Nothing is reused
-    from an earlier run: the engine, its prefix index and its lease go when it closes."""
+def engine_greedy(backend: Any, roles: Any, prompt: Sequence[int], steps: int, *, chunk: int, eager: bool = False,
+                  logit_steps: int = 0) -> tuple[list[int], list[np.ndarray]]:
+    """`steps` greedy tokens of `prompt` on a fresh `Engine` over `backend` (a loaded runtime, or
+    the interpreter's): prefill chunks of at most `chunk` rows, all but the last prompt token (the
+    first decode step computes the first token); `eager`: steps and chunks call by call, else the
+    step graph and the engine's chunk graphs. The logits (float32) of the first `logit_steps`
+    steps. Nothing is reused from an earlier run: the engine, its prefix index and its lease go
+    when it closes."""
     import kern_runtime as kr
 
-    run = KernRun([])
-    with kr.Engine(target.backend, target.roles, kr.EngineConfig(chunk=chunk, eager=eager)) as eng:
+    tokens: list[int] = []
+    logits: list[np.ndarray] = []
+    with kr.Engine(backend, roles, kr.EngineConfig(chunk=chunk, eager=eager)) as eng:
         seq = eng.sequence()
-        eng.prefill(seq, prompt, STEPS)
-        for i in range(STEPS):
-            run.tokens.append(eng.step(seq))
-            if all_logits or (logits and i == 0):
-                lg = kr.widen(np.asarray(target.backend.read_output("logits"))).reshape(-1)
-                if i == 0 and logits:
-                    run.logits = lg
-                if all_logits:
-                    run.steps.append(lg)
-    return run
+        eng.prefill(seq, prompt, steps)
+        for i in range(steps):
+            tokens.append(eng.step(seq))
+            if i < logit_steps:
+                logits.append(kr.widen(np.asarray(backend.read_output("logits"))).reshape(-1))
+    return tokens, logits
+
+
+def kern_generate(target: Loaded, prompt: list[int], *, chunk: int, eager: bool, logits: bool = False,
+                  all_logits: bool = False) -> KernRun:
+    """STEPS greedy tokens of `prompt` on a fresh `Engine` over `target` (`engine_greedy`), with the
+    first step's logits (`logits`) or every step's (`all_logits`)."""
+    read = STEPS if all_logits else int(logits)
+    tokens, steps = engine_greedy(target.backend, target.roles, prompt, STEPS, chunk=chunk, eager=eager,
+                                  logit_steps=read)
+    return KernRun(tokens, steps[0] if logits else None, steps if all_logits else [])
 
 
 def compare_logits_to_fp32(c: Check, got: np.ndarray, ref32: np.ndarray, noise: float, tol: float) -> float:

@@ -182,20 +182,16 @@ def _prompt(n: int, vocab: int) -> list[int]:
 
 def greedy(runtimes: Sequence[Any], path: Path, prompt: Sequence[int], steps: int) -> list[tuple[list[int], list[Any]]]:
     """Every rank's greedy tokens and each step's logits: an `Engine` per rank's runtime, on the
-    rank's thread (prefill chunks of 512, the first token from the decode step)."""
+    rank's thread (qwen3_checks.engine_greedy: prefill chunks of 512, the first token from the
+    decode step)."""
+    from qwen3_checks import engine_greedy
+
     import kern_runtime as kr
 
     roles = kr.serving_roles(kr.read_manifest(path))
 
     def one(rt: Any, _r: int) -> tuple[list[int], list[Any]]:
-        with kr.Engine(rt, roles, kr.EngineConfig(chunk=512)) as eng:
-            seq = eng.sequence()
-            eng.prefill(seq, prompt, steps)
-            tokens, logits = [], []
-            for _ in range(steps):
-                tokens.append(eng.step(seq))
-                logits.append(kr.widen(np.asarray(rt.read_output("logits"))))
-            return tokens, logits
+        return engine_greedy(rt, roles, prompt, steps, chunk=512, logit_steps=steps)
 
     return each(runtimes, one)
 

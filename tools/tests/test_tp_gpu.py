@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[1]
@@ -73,15 +72,10 @@ def _tp(built: dict[str, Any], name: str, n: int, prompt: Sequence[int]) -> list
         kr.connect_local(runtimes)
 
         def one(rt: kr.Runtime) -> tuple[list[int], list[Any]]:
+            from qwen3_checks import engine_greedy
+
             rt.make_current()
-            with kr.Engine(rt, roles, kr.EngineConfig(chunk=256)) as eng:
-                seq = eng.sequence()
-                eng.prefill(seq, prompt, STEPS)
-                tokens, logits = [], []
-                for _ in range(STEPS):
-                    tokens.append(eng.step(seq))
-                    logits.append(kr.widen(np.asarray(rt.read_output("logits"))))
-                return tokens, logits
+            return engine_greedy(rt, roles, prompt, STEPS, chunk=256, logit_steps=STEPS)
 
         with ThreadPoolExecutor(max_workers=n) as pool:
             return list(pool.map(one, runtimes))
