@@ -24,11 +24,16 @@ __all__ = [
     "PEER_TIMEOUT_S",
     "PeerError",
     "PeerPlan",
+    "check_mode",
     "check_result",
     "measure_peer",
+    "missing_modules",
     "peer_command",
     "plan_peer",
+    "planned",
+    "qwen3_problem",
     "run_peer",
+    "run_process",
 ]
 
 PEER_MODULE = "kern_peer"
@@ -49,11 +54,46 @@ class PeerPlan:
     note: str = ""
 
 
-def _missing() -> str | None:
-    for module, install in ((PEER_MODULE, "install the kern-peer tool (a workspace member: uv sync)"),
-                            ("torch", "uv sync --group gpu-test, or pip install torch")):
+def missing_modules(*more: str) -> str | None:
+    """What keeps a peer from running on this machine: kern_peer, torch or one of `more` (modules
+    of the gpu-test group) not installed, as one line; None when all are."""
+    needs = [(PEER_MODULE, "install the kern-peer tool (a workspace member: uv sync)"),
+             *((m, f"uv sync --group gpu-test, or pip install {m}") for m in ("torch", *more))]
+    for module, install in needs:
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed ({install})"
+    return None
+
+
+def _missing() -> str | None:
+    return missing_modules()
+
+
+def check_mode(mode: str) -> None:
+    """Raises:
+    PeerError: `mode` is not one of PEER_MODES."""
+    if mode not in PEER_MODES:
+        raise PeerError(f"--peer must be one of {', '.join(PEER_MODES)}, got {mode!r}")
+
+
+def planned(mode: str, why: str | None, who: str) -> PeerPlan:
+    """The plan of a peer (`who`: "the PyTorch peer") in `mode` (on or auto), `why` it cannot run
+    (None: it can).
+
+    Raises:
+        PeerError: `mode` is on and it cannot run.
+    """
+    if why is None:
+        return PeerPlan(True)
+    if mode == "on":
+        raise PeerError(f"--peer on: {who} cannot run: {why}")
+    return PeerPlan(False, f"{who} is skipped: {why} (--peer off says nothing)")
+
+
+def qwen3_problem(config: Mapping[str, Any]) -> str | None:
+    """Why a checkpoint's config.json is not one the peers run (None: a Qwen3)."""
+    if config.get("model_type") != "qwen3":
+        return f"it runs Qwen3 checkpoints, and config.json says model_type {config.get('model_type')!r}"
     return None
 
 
@@ -65,21 +105,13 @@ def plan_peer(mode: str, config: Mapping[str, Any] | None, *, default_weights: b
     Raises:
         PeerError: `mode` is on and the peer cannot run; `mode` is not one of PEER_MODES.
     """
-    if mode not in PEER_MODES:
-        raise PeerError(f"--peer must be one of {', '.join(PEER_MODES)}, got {mode!r}")
+    check_mode(mode)
     if mode == "off":
         return PeerPlan(False)
     why = _missing()
     if why is None and not default_weights:
-        if config is None:
-            why = "the weights have no config.json beside them"
-        elif config.get("model_type") != "qwen3":
-            why = f"it runs Qwen3 checkpoints, and config.json says model_type {config.get('model_type')!r}"
-    if why is None:
-        return PeerPlan(True)
-    if mode == "on":
-        raise PeerError(f"--peer on: the PyTorch peer cannot run: {why}")
-    return PeerPlan(False, f"the PyTorch peer is skipped: {why} (--peer off says nothing)")
+        why = "the weights have no config.json beside them" if config is None else qwen3_problem(config)
+    return planned(mode, why, "the PyTorch peer")
 
 
 def peer_command(weights: Sequence[Path], *, contexts: Sequence[int], prefill: Sequence[int], steps: int,
@@ -122,6 +154,27 @@ def check_result(data: Any, contexts: Sequence[int], prefill: Sequence[int]) -> 
     return data
 
 
+def run_process(command: Sequence[str], out: Path, who: str, prog: str, timeout: float) -> Any:
+    """Runs a peer's process (its stderr lines, `PROG: ...`, go to ours as they come) and returns
+    the JSON it wrote at `out`; `who` names it in the errors ("the PyTorch peer").
+
+    Raises:
+        PeerError: it failed, ran past `timeout`, or wrote no readable JSON.
+    """
+    try:
+        proc = subprocess.run(list(command), stdout=subprocess.DEVNULL, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"{who} ran past {timeout:.0f} s") from None
+    except OSError as exc:
+        raise PeerError(f"{who} did not start: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        raise PeerError(f"{who} failed (exit {proc.returncode}; its {prog} lines above say why)")
+    try:
+        return json.loads(out.read_text())
+    except (OSError, ValueError) as exc:
+        raise PeerError(f"{who} wrote no readable result at {out}: {exc}") from None
+
+
 def run_peer(command: Sequence[str], out: Path, contexts: Sequence[int], prefill: Sequence[int],
              timeout: float = PEER_TIMEOUT_S) -> dict[str, Any]:
     """Runs the peer (its stderr, `kern-peer: ...` lines, goes to ours as it comes) and returns
@@ -130,19 +183,7 @@ def run_peer(command: Sequence[str], out: Path, contexts: Sequence[int], prefill
     Raises:
         PeerError: it failed, ran past `timeout`, or wrote a malformed result.
     """
-    try:
-        proc = subprocess.run(list(command), stdout=subprocess.DEVNULL, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise PeerError(f"the PyTorch peer ran past {timeout:.0f} s") from None
-    except OSError as exc:
-        raise PeerError(f"the PyTorch peer did not start: {exc.strerror or exc}") from None
-    if proc.returncode != 0:
-        raise PeerError(f"the PyTorch peer failed (exit {proc.returncode}; its kern-peer lines above say why)")
-    try:
-        data = json.loads(out.read_text())
-    except (OSError, ValueError) as exc:
-        raise PeerError(f"the PyTorch peer wrote no readable result at {out}: {exc}") from None
-    return check_result(data, contexts, prefill)
+    return check_result(run_process(command, out, "the PyTorch peer", "kern-peer", timeout), contexts, prefill)
 
 
 def measure_peer(report: Report, weights: Sequence[Path], options: BenchOptions, gpu: int,

@@ -5,16 +5,21 @@ checks its JSON result and sets its levels beside kern's; it imports neither ker
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .peer import PEER_MODES, PeerError, PeerPlan
+from .peer import (
+    PeerError,
+    PeerPlan,
+    check_mode,
+    missing_modules,
+    planned,
+    qwen3_problem,
+    run_process,
+)
 
 if TYPE_CHECKING:
     from .serve import Level
@@ -48,12 +53,7 @@ class ServeWorkload:
 
 
 def _missing() -> str | None:
-    for module, install in (("kern_peer", "install the kern-peer tool (a workspace member: uv sync)"),
-                            ("torch", "uv sync --group gpu-test, or pip install torch"),
-                            ("transformers", "uv sync --group gpu-test, or pip install transformers")):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed ({install})"
-    return None
+    return missing_modules("transformers")
 
 
 def plan_serve_peer(mode: str, config: Mapping[str, Any] | None) -> PeerPlan:
@@ -64,18 +64,13 @@ def plan_serve_peer(mode: str, config: Mapping[str, Any] | None) -> PeerPlan:
     Raises:
         PeerError: `mode` is on and the peer cannot run; `mode` is not one of PEER_MODES.
     """
-    if mode not in PEER_MODES:
-        raise PeerError(f"--peer must be one of {', '.join(PEER_MODES)}, got {mode!r}")
+    check_mode(mode)
     if mode == "off":
         return PeerPlan(False)
     why = _missing()
-    if why is None and config is not None and config.get("model_type") != "qwen3":
-        why = f"it runs Qwen3 checkpoints, and config.json says model_type {config.get('model_type')!r}"
-    if why is None:
-        return PeerPlan(True)
-    if mode == "on":
-        raise PeerError(f"--peer on: the serving peer cannot run: {why}")
-    return PeerPlan(False, f"the serving peer is skipped: {why} (--peer off says nothing)")
+    if why is None and config is not None:
+        why = qwen3_problem(config)
+    return planned(mode, why, "the serving peer")
 
 
 def checkpoint_dir(weights: Sequence[Path]) -> Path:
@@ -134,19 +129,7 @@ def run_serve_peer(command: Sequence[str], out: Path, w: ServeWorkload,
     Raises:
         PeerError: it failed, ran past `timeout`, or wrote a malformed result.
     """
-    try:
-        proc = subprocess.run(list(command), stdout=subprocess.DEVNULL, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise PeerError(f"the serving peer ran past {timeout:.0f} s") from None
-    except OSError as exc:
-        raise PeerError(f"the serving peer did not start: {exc.strerror or exc}") from None
-    if proc.returncode != 0:
-        raise PeerError(f"the serving peer failed (exit {proc.returncode}; its kern-peer-serve lines above say why)")
-    try:
-        data = json.loads(out.read_text())
-    except (OSError, ValueError) as exc:
-        raise PeerError(f"the serving peer wrote no readable result at {out}: {exc}") from None
-    return check_serve_result(data, w)
+    return check_serve_result(run_process(command, out, "the serving peer", "kern-peer-serve", timeout), w)
 
 
 def side_by_side(levels: Sequence[Level], peer: Mapping[str, Any]) -> str:
