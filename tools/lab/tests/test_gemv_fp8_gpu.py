@@ -5,19 +5,14 @@ its rows' columns and nothing else of y; the reference itself against a loop ove
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from helpers.gpu_deps import gpu_import
 
 torch = gpu_import("torch")
 gpu_import("cupy")
 
+import gemv_fp8 as fp8  # noqa: E402 (tools/lab is on pytest's pythonpath)
 from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gemv_fp8 as fp8  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
