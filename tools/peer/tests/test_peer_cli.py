@@ -16,15 +16,6 @@ from kern_peer.config import parse_config
 from kern_qwen3 import QWEN3_4B_CONFIG, QWEN3_TINY_CONFIG
 
 
-@pytest.fixture
-def ckpt(tmp_path: Path) -> Path:
-    d = tmp_path / "ck"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(dict(QWEN3_4B_CONFIG)))
-    (d / "model-00001-of-00001.safetensors").write_bytes(b"")
-    return d
-
-
 def test_config_of_the_4b_and_the_tiny() -> None:
     c = parse_config(dict(QWEN3_4B_CONFIG))
     assert (c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.group) == (2560, 36, 32, 8, 128, 4)

@@ -17,7 +17,6 @@ import pytest
 
 import kern_peer.serve_cli as cli
 from kern_peer.serve import Workload, measure, percentile, prompts
-from kern_qwen3 import QWEN3_TINY_CONFIG
 
 
 @dataclass
@@ -100,15 +99,6 @@ def test_each_level_counts_its_requests_tokens_and_times() -> None:
 def test_a_failed_request_fails_the_level() -> None:
     with pytest.raises(RuntimeError, match="requests failed at 1 clients: boom"):
         measure(FakeManager(fail=True), Workload((1,), system=4, question=1, max_tokens=3, rounds=1))
-
-
-@pytest.fixture
-def ckpt(tmp_path: Path) -> Path:
-    d = tmp_path / "ck"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(dict(QWEN3_TINY_CONFIG)))
-    (d / "model.safetensors").write_bytes(b"")
-    return d
 
 
 @pytest.mark.parametrize(

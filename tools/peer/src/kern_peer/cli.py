@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from kern_peer.config import PeerConfig, PeerConfigError, checkpoint_files, read_config
 
-__all__ = ["PeerArgs", "PeerUsageError", "ints", "main", "parse_args"]
+__all__ = ["PeerArgs", "PeerUsageError", "UsageParser", "check_torch", "ints", "main", "parse_args"]
 
 PROG = "kern-peer"
 MIN_STEPS = 16
@@ -33,9 +33,11 @@ class PeerUsageError(Exception):
     """Bad flags or inputs: one line, exit 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
+    """A parser whose errors are `PeerUsageError`s naming its prog's --help."""
+
     def error(self, message: str) -> NoReturn:
-        raise PeerUsageError(f"{message} (see {PROG} --help)")
+        raise PeerUsageError(f"{message} (see {self.prog} --help)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +74,8 @@ def ints(flag: str, text: str) -> tuple[int, ...]:
     return values
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+def _parser() -> UsageParser:
+    p = UsageParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     p.add_argument("--weights", type=Path, nargs="+", required=True, help="checkpoint directory or .safetensors files")
     p.add_argument("--contexts", default="128,2048,8192,32768", help="decode contexts, comma separated")
@@ -119,9 +121,15 @@ def parse_args(argv: Sequence[str]) -> PeerArgs:
     return args
 
 
-def _check_torch(gpu: int) -> None:
-    if importlib.util.find_spec("torch") is None:
-        raise PeerUsageError("torch is not installed (uv sync --group gpu-test, or pip install torch)")
+def check_torch(gpu: int, *more: str) -> None:
+    """torch (and `more` modules of the gpu-test group) installed, and CUDA device `gpu` seen.
+
+    Raises:
+        PeerUsageError: what is missing, one line.
+    """
+    for name in ("torch", *more):
+        if importlib.util.find_spec(name) is None:
+            raise PeerUsageError(f"{name} is not installed (uv sync --group gpu-test, or pip install {name})")
     import torch
 
     if not torch.cuda.is_available():
@@ -156,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m kern_peer` / `kern-peer`."""
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
-        _check_torch(args.gpu)
+        check_torch(args.gpu)
     except PeerUsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2

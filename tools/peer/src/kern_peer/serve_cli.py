@@ -13,27 +13,20 @@ JSON: {"peer", "torch", "transformers", "device", "workload", "levels": [{"clien
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from kern_peer.cli import PeerUsageError, ints
+from kern_peer.cli import PeerUsageError, UsageParser, check_torch, ints
 from kern_peer.config import PeerConfigError, checkpoint_files, read_config
 from kern_peer.serve import Workload
 
 __all__ = ["ServeArgs", "main", "parse_args"]
 
 PROG = "kern-peer-serve"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise PeerUsageError(f"{message} (see {PROG} --help)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +39,8 @@ class ServeArgs:
     json: Path
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+def _parser() -> UsageParser:
+    p = UsageParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--weights", type=Path, required=True, help="checkpoint directory (config.json + safetensors)")
     p.add_argument("--clients", default="1,8,32,64", help="client counts, comma separated")
     p.add_argument("--system", type=int, default=512, help="shared system prompt tokens")
@@ -90,18 +83,6 @@ def parse_args(argv: Sequence[str]) -> ServeArgs:
     return ServeArgs(a.weights, workload, a.gpu, a.json)
 
 
-def _check_modules(gpu: int) -> None:
-    for name in ("torch", "transformers"):
-        if importlib.util.find_spec(name) is None:
-            raise PeerUsageError(f"{name} is not installed (uv sync --group gpu-test)")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise PeerUsageError("torch sees no CUDA device")
-    if gpu >= torch.cuda.device_count():
-        raise PeerUsageError(f"--gpu {gpu}: torch sees {torch.cuda.device_count()} CUDA device(s)")
-
-
 def _log(msg: str) -> None:
     print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
@@ -133,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m kern_peer.serve_cli` / `kern-peer-serve`."""
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
-        _check_modules(args.gpu)
+        check_torch(args.gpu, "transformers")
     except PeerUsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
