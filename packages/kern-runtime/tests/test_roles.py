@@ -35,6 +35,7 @@ def test_whole_pages_rounds_tokens_up_to_the_page_size() -> None:
     m["buffers"]["bt"]["domain"] = {"index_into": "kv", "stride": 16}
     r = kr.serving_roles(parsed(m))
     assert [r.whole_pages(t) for t in (1, 15, 16, 17, 100, 112)] == [16, 16, 16, 32, 112, 112]
+    assert [r.pages_of(t) for t in (1, 16, 17, 112)] == [1, 1, 2, 7]
     assert kr.serving_roles(parsed(serving())).whole_pages(7) == 7  # pages of one token
 
 

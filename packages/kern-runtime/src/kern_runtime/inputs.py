@@ -94,7 +94,7 @@ def block_table(roles: ServingRoles, capacity: int, pages: Sequence[int] | None 
     # NOTE: entries past the sequence's pages are never read; they hold page 0 so that every
     # entry is a page the pool has (the runtime checks the block table's domain).
     table = np.zeros(roles.blocks_len, dtype=np.int32)
-    need = -(-capacity // roles.page_tokens)
+    need = roles.pages_of(capacity)
     chosen: Sequence[int] = range(need) if pages is None else pages
     if len(chosen) > roles.blocks_len:
         raise PromptError(f"{len(chosen)} pages do not fit the block table of {roles.blocks_len}")

@@ -86,9 +86,13 @@ class ServingRoles:
     head_row: str | None = None
     """The head's input (fill `span_at`, i64[1]): the last prompt token's row of that chunk."""
 
+    def pages_of(self, tokens: int) -> int:
+        """The KV pages that hold `tokens` tokens."""
+        return -(-tokens // self.page_tokens)
+
     def whole_pages(self, tokens: int) -> int:
         """`tokens` rounded up to whole KV pages (a pool holds whole pages)."""
-        return -(-tokens // self.page_tokens) * self.page_tokens
+        return self.pages_of(tokens) * self.page_tokens
 
     def reach(self, capacity: int) -> int:
         """The most positions one sequence can hold: the block table's pages and the position

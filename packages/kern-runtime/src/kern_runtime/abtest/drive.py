@@ -82,7 +82,7 @@ class Record:
 
 
 def _pages(f: Facts) -> NDArray[np.int64]:
-    return np.arange(-(-f.capacity // f.roles.page_tokens), dtype=np.int64)
+    return np.arange(f.roles.pages_of(f.capacity), dtype=np.int64)
 
 
 def _row(side: Side, f: Facts) -> tuple[NDArray[np.float32], int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import PromptError
-from ..inputs import Inputs, block_table, check_capacity, check_prompt, stage
+from ..inputs import block_table, check_capacity, check_prompt, stage
 from ..roles import ServingRoles, prefill_chunks
 from ..runtime import Runtime
 
@@ -40,13 +40,12 @@ class Driver:
         self.roles = roles
         self.capacity = capacity
         self.seen = 0
-        self._pages = table[: -(-capacity // roles.page_tokens)].astype("int64")
+        self._pages = table[: roles.pages_of(capacity)].astype("int64")
         self._last: tuple[int, int] | None = None
         rt.write_input(roles.blocks, table)
 
     def _stage(self, ids: Sequence[int], start: int) -> None:
-        target: Inputs = self.rt
-        stage(target, self.roles, self._pages, ids, start)
+        stage(self.rt, self.roles, self._pages, ids, start)
 
     def prefill(self, prompt: Sequence[int], chunk: int) -> None:
         """Every prompt token but the last through the chunk program in chunks of at most `chunk`
