@@ -1,5 +1,5 @@
 """`kern test` on the GPU over the tiny Qwen3 (kernels built from tools/kernels-src, seeded random
-weights): the fast manifest against the base one passes (within 10x of the noise band), the reference-precision (f32) manifest
+weights): the fast manifest against the base one passes within the noise band, the reference-precision (f32) manifest
 against the bf16 one passes on logit evidence, and a cubin whose argmax picks the lowest logit
 fails; `kern test` exits by its verdict."""
 
@@ -87,11 +87,10 @@ def test_fast_against_base_passes(built: dict[str, Any]) -> None:
     result = _ab_test(built, "base", "fast", perf=True, iters=10)
     text = ab.report_of(result).text()
     assert result.verdict.outcome is ab.Outcome.PASS, text
-    # NOTE: its fused and folded kernels round at other points than base's: on an H100 its KL max
-    # was 1.4x the noise pass's (another chunking) with one argmax flip at a near tie, so it passes
-    # on logit evidence rather than within the noise band; it stays within 10x of that band.
+    # NOTE: its fused and folded kernels round at other points than base's (on an H100 its KL max was
+    # 1.4x the noise pass's, one argmax flip at a 0.0078 margin): inside the band, not bit for bit.
     assert result.noise is not None and result.evidence.flips == 0, text
-    assert result.verdict.reason.startswith(STRICTER) or result.evidence.kl_max <= 10 * float(result.noise.kl.max()), text
+    assert result.verdict.reason.startswith(STRICTER), text
     assert result.states["kv"].compared and result.states["kv"].outside == 0, text
     assert set(result.timing) == {"A", "B"} and result.timing["B"].tpot_ms > 0, text
     assert any(line.startswith("perf decode call by call") for line in text.splitlines()), text

@@ -84,16 +84,74 @@ def test_within_noise() -> None:
     assert not ab.within_noise(ab.row_stats(a, near), ab.row_stats(a[:2], far[:2]))  # other rows
 
 
-def test_a_flip_is_within_noise_only_where_a_against_itself_flips() -> None:
+def test_the_kl_band_is_the_factor_over_the_noise_pass() -> None:
+    a = _rows(9)
+    noise = ab.row_stats(a, a + _rows(10) * 1e-2)
+    bound = ab.NOISE_KL_FACTOR * float(noise.kl.max())
+    for scale, inside in ((0.95, True), (1.05, False)):
+        # NOTE: KL grows with the square of a small logit error: scale the noise's error by sqrt.
+        b = ab.row_stats(a, a + _rows(10) * 1e-2 * float(np.sqrt(ab.NOISE_KL_FACTOR * scale)))
+        assert (float(b.kl.max()) <= bound) is inside
+        assert ab.within_noise(b, noise) is inside
+
+
+def test_shift_is_the_largest_move_of_a_top_logit() -> None:
+    a = _rows(11, vocab=64)
+    b = a.copy()
+    low = int(np.argmin(a[0]))
+    b[0, low] += 5.0  # not among A's top 20: no shift
+    top = int(np.argmax(a[1]))
+    b[1, top] -= 0.25
+    b[2, 0] = np.nan if a[2, 0] >= np.sort(a[2])[-ab.TOP_K] else b[2, 0]
+    s = ab.row_stats(a, b)
+    assert s.shift[0] == 0 and s.shift[1] == pytest.approx(0.25) and s.shift[3] == 0
+
+
+def _swap_top2(a: np.ndarray, rows: slice) -> np.ndarray:
+    b = a.copy()
+    order = np.argsort(a, axis=1)
+    for r in range(*rows.indices(len(a))):
+        t1, t2 = order[r, -1], order[r, -2]
+        b[r, t1], b[r, t2] = a[r, t2], a[r, t1]
+    return b
+
+
+def test_a_flip_is_within_noise_where_a_against_itself_flips() -> None:
     a = _rows(8)
     flipped = a.copy()
     top = np.argmax(a, axis=1)
     flipped[np.arange(4), top] -= 100
     noise = ab.row_stats(a, flipped)
     assert ab.within_noise(ab.row_stats(a, flipped), noise)
-    steady = a.copy()
-    steady[1:, :] = flipped[1:, :]
-    assert not ab.within_noise(ab.row_stats(a, flipped), ab.row_stats(a, steady))
+    a[0, top[0]] += 10  # row 0: a clear winner
+    b = a.copy()
+    b[0, top[0]] -= 100
+    steady = _swap_top2(a, slice(1, 4))  # the noise pass flips rows 1-3 at their near ties only
+    noise = ab.row_stats(a, steady)
+    assert noise.agree[0] and not noise.agree[1:].any()
+    assert not ab.within_noise(ab.row_stats(a, b), noise)
+
+
+def _moved(a: np.ndarray, by: float) -> np.ndarray:
+    """`a` with every logit moved by +-`by`, row 0's top-1 up and top-2 down (its argmax kept)."""
+    out = a + by * np.sign(_rows(13)).astype(np.float32)
+    t1, t2 = np.argsort(a[0])[-1], np.argsort(a[0])[-2]
+    out[0, t1], out[0, t2] = a[0, t1] + by, a[0, t2] - by
+    return out
+
+
+def test_a_flip_at_a_tie_the_noise_pass_could_break_is_within_noise() -> None:
+    a = _rows(12)
+    a[0] *= 0.001  # a flat row with two leaders 0.02 apart: its flip moves little probability
+    t1, t2 = np.argsort(a[0])[-1], np.argsort(a[0])[-2]
+    a[0, t1], a[0, t2] = 1.0, 0.98
+    b = ab.row_stats(a, _swap_top2(a, slice(0, 1)))
+    assert not b.agree[0] and b.agree[1:].all()
+    for by, inside in ((0.011, True), (0.009, False)):  # the tie band is twice the largest move
+        noise = ab.row_stats(a, _moved(a, by))
+        assert noise.agree.all() and float(noise.shift.max()) == pytest.approx(by, rel=1e-3)
+        assert float(b.kl.max()) <= ab.NOISE_KL_FACTOR * float(noise.kl.max())
+        assert ab.within_noise(b, noise) is inside
 
 
 def test_bits_and_values() -> None:

@@ -20,6 +20,7 @@ No module here imports torch; the CPU side is `kern_interp.side`.
 from ..inputs import widen
 from .compare import (
     BLOCK_BYTES,
+    NOISE_KL_FACTOR,
     TOP_K,
     RowStats,
     bits_equal,
@@ -60,6 +61,7 @@ __all__ = [
     "DEFAULT_LOGIT_KL",
     "DEFAULT_RUNS",
     "DEFAULT_SEED",
+    "NOISE_KL_FACTOR",
     "TOP_K",
     "AbOptions",
     "AbTestError",

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .compare import RowStats
+from .compare import NOISE_KL_FACTOR, RowStats
 from .harness import Result
 from .ladder import Verdict
 from .perf import Timing
@@ -97,7 +97,9 @@ def _noise(noise: RowStats | None) -> Iterator[str]:
         return
     flips = int(np.count_nonzero(~noise.agree))
     yield (f"A against itself, another chunking: KL max {_g(noise.kl.max())} mean {_g(noise.kl.mean())} nat, "
-           f"argmax flips {flips} of {noise.rows} rows")
+           f"argmax flips {flips} of {noise.rows} rows, top-20 logits moved up to {_g(noise.shift.max())}")
+    yield (f"band: KL max up to {_g(NOISE_KL_FACTOR * noise.kl.max())} nat ({NOISE_KL_FACTOR:g}x), argmax flips "
+           f"where A's top-1 - top-2 margin is at most {_g(2 * noise.shift.max())}")
 
 
 def _logits(r: Result) -> Iterator[str]:
