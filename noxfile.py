@@ -63,6 +63,9 @@ EXAMPLES = {
     "qwen3-4b-batch": ["--preset", "qwen3-4b", "--gemv", "all", "--fuse", "--pdl", "--fold-norm", "--defer-norm",
                        "--gemm-algos", "h200", "--rows", "64"],
     "qwen3-tiny-batch": ["--preset", "qwen3-tiny", "--rows", "8"],
+    "qwen3-4b-fp8": ["--preset", "qwen3-4b", "--weights", "qwen-fp8", "--gemv", "lm_head", "--fuse", "--pdl",
+                     "--gemm-algos", "h200"],
+    "qwen3-tiny-fp8": ["--preset", "qwen3-tiny", "--weights", "qwen-fp8"],
 }
 """examples/<name>.json -> its kern-qwen3 options (tools/qwen3/tests/test_generate.py checks the files)."""
 

@@ -108,3 +108,47 @@ def test_gemm_shapes_map_strides_and_kinds() -> None:
         gemm_shape("extern:nope", [1, 2, 3])
     with pytest.raises(ManifestUnsupportedError, match="not available"):
         compile_program(_resources(manifests.gemm()), "plain", {"m": 4})
+
+
+class _PlanBlas:
+    """Records the shapes planned; describe and matmul as a stand-in BLAS."""
+
+    def __init__(self) -> None:
+        self.shapes: list[Any] = []
+
+    def plan(self, shape: Any, algo: Any, scales: Any = None) -> Any:
+        self.shapes.append(shape)
+        return ("plan", shape)
+
+    def describe(self, plan: Any) -> dict[str, int]:
+        return {}
+
+    def matmul(self, *args: Any) -> None:
+        raise AssertionError("not run on the host")
+
+
+def test_an_extern_gemm_reads_its_ops_scratch() -> None:
+    """The FP8 prefill op's form: a kernel writes the bf16 weight into the op's scratch, then the
+    GEMM reads it as W (plain compile and template alike)."""
+    doc = manifests.gemm()
+    write = {"module": "m", "entry": "fill_w", "grid": [1, 1, 1], "block": [32, 1, 1],
+             "params": ["in buffer<bf16>", "out buffer<bf16>"], "args": [{"param": 1}, {"scratch": "w"}]}
+    gemm = {"entry": "extern:cublaslt_bf16_tn",
+            "args": [{"param": 0}, {"scratch": "w"}, {"param": 2}, {"param": 3}, {"i32": 256}, {"i32": 512}]}
+    doc["modules"] = {"m": {"sha256": SHA, "source": "m.cubin"}}
+    doc["ops"]["scratch_gemm"] = {"params": ["in buffer<bf16>", "in buffer<bf16>", "out buffer<bf16>", "i32"],
+                                  "impl": {"scratch": {"w": {"dtype": "bf16", "shape": [256, 512]}},
+                                           "launches": [write, gemm]}}
+    doc["programs"]["scratch"] = {"calls": [{"op": "scratch_gemm", "args": [
+        {"buf": "a"}, {"buf": "w"}, {"buf": "c"}, {"var": "m"}]}]}
+    base = _resources(doc)
+    blas = _PlanBlas()
+    res = Resources(base.manifest, base.buffers, {}, {**base.scratch, "scratch_gemm": {"w": 0x5550000}}, base.funcs,
+                    blas, {}, 7)  # type: ignore[arg-type]
+    for compiled in (compile_program(res, "scratch", {"m": 9}),
+                     program.ProgramTemplate(res, "scratch").compile(res, {"m": 9})):
+        fill, mm = compiled
+        assert _slots(fill)[1] == _ptr(0x5550000)
+        run = mm.run.__self__  # type: ignore[attr-defined]
+        assert (run.a, run.w, run.c) == (res.buffers["a"][0], 0x5550000, res.buffers["c"][0])
+        assert (run.shape.m, run.shape.n, run.shape.k) == (9, 256, 512)

@@ -14,12 +14,12 @@ import kern_qwen3 as gen
 def plan_of(*, chunk: int = gen.DEFAULT_CHUNK, feed: str = "host", precision: str = "bf16",
             gemv: Sequence[str] = (), fuse: bool = False, pdl: bool = False, fold_norm: bool = False,
             defer_norm: bool = False, gemv_pick: Mapping[str, str] | None = None, rows: int = 0,
-            gemm_algos: str | None = None) -> gen.Plan:
+            gemm_algos: str | None = None, weights: str = "bf16") -> gen.Plan:
     """The Plan of `kern-qwen3`'s flags (`gemv_pick` overrides GEMV_PICK per GEMM)."""
     picks = {**gen.GEMV_PICK, **(gemv_pick or {})}
     passes = gen.plan_passes(fold_norm=fold_norm, defer_norm=defer_norm, pdl=pdl, gemm_algos=gemm_algos)
     return gen.Plan(chunk=chunk, feed=feed, precision=precision, gemv=tuple(gemv), fuse=fuse,  # type: ignore[arg-type]
-                    picks=picks, passes=passes, rows=rows)
+                    picks=picks, passes=passes, rows=rows, weights=weights)  # type: ignore[arg-type]
 
 
 def generate(shape: gen.Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str, str], *, model: str,
@@ -31,7 +31,7 @@ def generate(shape: gen.Qwen3Shape, modules: Mapping[str, str], entries: Mapping
 FAKE_ENTRIES = {e: ("qwen3_attn" if "attn" in e else "qwen3_core")
                 for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
                           *gen.DEFER_ENTRIES.values(), *gen.ROWS_ENTRIES,
-                          *gen.F32_ENTRIES)}
+                          *gen.F32_ENTRIES, *gen.FP8_ENTRIES)}
 FAKE_HASHES = {"qwen3_core": "a" * 64, "qwen3_attn": "b" * 64}
 
 
@@ -49,7 +49,7 @@ def verify_manifest(manifest: dict[str, Any]) -> None:
 
 _SIG = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(kern_\w+)\s*\(([^)]*)\)")
 _C_TYPES = {"bf16": "bf16", "__nv_bfloat16": "bf16", "int64_t": "i64", "int": "i32", "int32_t": "i32",
-            "float": "f32"}
+            "float": "f32", "uint8_t": "fp8e4m3"}
 
 
 def c_params(src: Path) -> dict[str, list[tuple[str, bool, bool]]]:

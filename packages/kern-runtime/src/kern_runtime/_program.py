@@ -161,7 +161,7 @@ class _Compiler:
                 continue
             lw = f"{where} launch {li}"
             if isinstance(launch, ExternLaunch):
-                run, algo = self.extern(launch, values, lw)
+                run, algo = self.extern(call.op, launch, values, lw)
                 steps.append(Step(position, label, run, algo))
             else:
                 rec = self.kernel(call.op, li, launch, op, values, lw, label)
@@ -240,29 +240,29 @@ class _Compiler:
         return KernelRecord(self.res.funcs[(op_name, li)], grid, block, smem, ArgBlock(raw), config, label)
 
     def extern(
-        self, launch: ExternLaunch, values: Sequence[Value], where: str
+        self, op: str, launch: ExternLaunch, values: Sequence[Value], where: str
     ) -> tuple[Callable[[], None], Mapping[str, int] | None]:
         if launch.signature.collective:
-            return self.collective(launch, values, where), None
-        gemm = self.gemm(launch, values, where)
+            return self.collective(op, launch, values, where), None
+        gemm = self.gemm(op, launch, values, where)
         return gemm.run, gemm.blas.describe(gemm.plan)
 
-    def gemm(self, launch: ExternLaunch, values: Sequence[Value], where: str) -> _Gemm:
+    def gemm(self, op: str, launch: ExternLaunch, values: Sequence[Value], where: str) -> _Gemm:
         blas = self.res.blas
         if blas is None or not launch.entry.startswith("extern:cubl"):
             raise ManifestUnsupportedError(f"{where}: {launch.entry} is not available in this runtime")
         args = launch.args if launch.args is not None else _by_position(len(values))
-        vals = [self.extern_value(a, values, where) for a in args]
+        vals = [self.extern_value(op, a, values, where) for a in args]
         (a, w, c), shape, scales = gemm_operands(launch.entry, vals, where)
         return _Gemm(blas, shape, blas.plan(shape, _algo_tuple(launch), scales), a, w, c, int(self.res.stream))
 
-    def collective(self, launch: ExternLaunch, values: Sequence[Value], where: str) -> Callable[[], None]:
+    def collective(self, op: str, launch: ExternLaunch, values: Sequence[Value], where: str) -> Callable[[], None]:
         args = launch.args or ()
         group = args[-1].rank if args and isinstance(args[-1], RankArg) else ""
         comm = self.res.comms.get(group)
         if comm is None:
             raise ManifestUnsupportedError(f"{where}: group {group!r} has no communicator (connect first)")
-        send, recv, count = (self.extern_value(a, values, where) for a in args[:3])
+        send, recv, count = (self.extern_value(op, a, values, where) for a in args[:3])
         if send.ptr is None or recv.ptr is None or count.scalar is None:
             raise ManifestUnsupportedError(f"{where}: {launch.entry} takes send and recv buffers and a count")
         n = int(count.scalar)
@@ -274,9 +274,13 @@ class _Compiler:
                 f"{want_recv * size} recv bytes, the buffers hold {send.room} and {recv.room}")
         return nccl.collective(launch.entry, comm, send.ptr, recv.ptr, n, self.res.stream)
 
-    def extern_value(self, arg: object, values: Sequence[Value], where: str) -> Value:
+    def extern_value(self, op: str, arg: object, values: Sequence[Value], where: str) -> Value:
+        """An extern launch's arg of op `op` (a scratch buffer: its pointer and allocated bytes)."""
         if isinstance(arg, ParamArg):
             return values[arg.param]
+        if isinstance(arg, ScratchArg):
+            spec = self.res.manifest.ops[op].impl.scratch[arg.scratch]
+            return Value(ptr=self.res.scratch[op][arg.scratch], room=spec.nbytes(self.res.manifest.var_max))
         if isinstance(arg, I32Arg | I64Arg | U8Arg | F32Arg):
             return Value(scalar=_literal(arg))
         if isinstance(arg, VarArg):
@@ -639,7 +643,8 @@ class _ExternTemplate:
         if launch.signature.collective:
             return
         self.moving = tuple(i for i, a in enumerate(self.args) if not _fixed_arg(a, call.moving))
-        self.fixed = [Value() if i in self.moving else comp.extern_value(a, call.values, where) for i, a in enumerate(self.args)]
+        self.fixed = [Value() if i in self.moving else comp.extern_value(call.op, a, call.values, where)
+                      for i, a in enumerate(self.args)]
         if not self.moving:
             self.step = self.make(comp, call.values, None)
 
@@ -647,7 +652,8 @@ class _ExternTemplate:
         if self.step is not None:
             return self.step
         if self.launch.signature.collective:
-            return Step(self.position, self.call.label, comp.collective(self.launch, values, self.where), None)
+            return Step(self.position, self.call.label, comp.collective(self.call.op, self.launch, values, self.where),
+                        None)
         blas = comp.res.blas
         if blas is None or not self.launch.entry.startswith("extern:cubl") or len(self.fixed) < 3:
             raise _Restage
@@ -655,7 +661,7 @@ class _ExternTemplate:
         if self.moving:
             vals = list(vals)
             for i in self.moving:
-                vals[i] = comp.extern_value(self.args[i], values, self.where)
+                vals[i] = comp.extern_value(self.call.op, self.args[i], values, self.where)
         if vals[0].ptr is None or vals[1].ptr is None or vals[2].ptr is None:
             raise _Restage
         (a, w, c), shape, scales = gemm_operands(self.launch.entry, vals, self.where)

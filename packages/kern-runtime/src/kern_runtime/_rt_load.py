@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kern_manifest import ExternLaunch, KernelLaunch, Manifest
-from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg, VarArg
+from kern_manifest.schema import BufArg, Call, ExprArg, I32Arg, I64Arg, ParamArg, ScratchArg, VarArg
 
 from . import _driver as drv
 from . import memory, nccl, sass
@@ -189,7 +189,8 @@ def _check_algo(spec: Spec, blas: Blas, res: Resources, op_name: str, launch: Ex
 def _gemm_shape_at(res: Resources, call: Call, launch: ExternLaunch, env: Mapping[str, int]) -> GemmShape:
     values = [call_value(res, a, env, "algo check") for a in call.args]
     if launch.args is not None:
-        values = [values[a.param] if isinstance(a, ParamArg) else Value(scalar=_lit(a, env)) for a in launch.args]
+        values = [values[a.param] if isinstance(a, ParamArg) else Value() if isinstance(a, ScratchArg)
+                  else Value(scalar=_lit(a, env)) for a in launch.args]
     return gemm_shape(launch.entry, [int(v.scalar or 0) for v in values[gemm_sizes_at(launch.entry):]])
 
 

@@ -48,6 +48,14 @@ from kern_qwen3.entries import (
 from kern_qwen3.errors import ConfigError, GenError, KernelsError
 from kern_qwen3.f32 import F32_ATTN_THREADS, F32_ENTRIES, F32_GEMM_TILE, F32_GEMV_COLS
 from kern_qwen3.facts import decode_gemm_shapes, decode_weight_bytes
+from kern_qwen3.fp8 import (
+    FP8_ENTRIES,
+    FP8_GEMMS,
+    WEIGHT_FORMATS,
+    WeightFormat,
+    apply_fp8,
+    check_fp8_shape,
+)
 from kern_qwen3.fp8_checkpoint import (
     E4M3_MAX,
     FP8_BLOCK,
@@ -119,6 +127,8 @@ __all__ = [
     "F32_GEMV_COLS",
     "FEEDS",
     "FP8_BLOCK",
+    "FP8_ENTRIES",
+    "FP8_GEMMS",
     "FP8_LAYOUTS",
     "FUSED_ENTRIES",
     "GEMM_ALGO_TABLES",
@@ -154,6 +164,7 @@ __all__ = [
     "SILU_ENTRIES",
     "STOP_TEXTS",
     "UNFUSED_ENTRIES",
+    "WEIGHT_FORMATS",
     "ChatError",
     "CheckpointError",
     "ConfigError",
@@ -172,9 +183,12 @@ __all__ = [
     "Plan",
     "Precision",
     "Qwen3Shape",
+    "WeightFormat",
     "add_head",
     "add_workspace",
+    "apply_fp8",
     "cache_dir",
+    "check_fp8_shape",
     "decode_gemm_shapes",
     "decode_rows_smem",
     "decode_weight_bytes",

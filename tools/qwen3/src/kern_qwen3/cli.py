@@ -2,7 +2,8 @@
 
     kern-qwen3 (CONFIG.json | --preset qwen3-4b|qwen3-tiny) -o OUT.json [--model NAME]
         [--kernels-src tools/kernels-src] [--kernels kernels] [--chunk 2048] [--feed device|host]
-        [--precision bf16|f32] [--gemv GEMMS] [--fuse] [--fold-norm --defer-norm] [--pdl] [--gemm-algos h200] [--rows R]
+        [--precision bf16|f32] [--weights bf16|qwen-fp8] [--gemv GEMMS] [--fuse] [--fold-norm --defer-norm]
+        [--pdl] [--gemm-algos h200] [--rows R]
 
 builds the kernel sources into the kernels directory (cached by hash), finds which module defines
 each entry, generates the manifest, checks it with kern_manifest's verifier and only then writes
@@ -23,6 +24,7 @@ from kern_manifest import ManifestError, load_manifest
 from kern_qwen3.entries import DEVICE_FEED_ENTRIES, GEMV_DEFAULT, GEMV_GEMMS, entry_modules
 from kern_qwen3.errors import ConfigError, GenError
 from kern_qwen3.facts import decode_weight_bytes
+from kern_qwen3.fp8 import WEIGHT_FORMATS
 from kern_qwen3.fragments import Json
 from kern_qwen3.gemm_algos import GEMM_ALGO_TABLES
 from kern_qwen3.generate import generate
@@ -82,6 +84,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", choices=PRECISIONS, default="bf16",
                    help="f32: the reference-precision manifest (qwen3_f32.cu: float32 activations, "
                         "residual, logits and KV cache over the bf16 weights; no speed options)")
+    p.add_argument("--weights", choices=WEIGHT_FORMATS, default="bf16",
+                   help="qwen-fp8: bind a Qwen FP8 checkpoint (e4m3 linears with 128 x 128 block scales) as "
+                        "downloaded; decode reads the e4m3 bytes (kern_qwen3.fp8, docs/qwen3.md)")
     p.add_argument("--tp", type=int, default=None,
                    help="tensor parallel over N ranks (topology group tp): one SPMD manifest, weights "
                         "bound by rank (docs/qwen3.md)")
@@ -152,7 +157,7 @@ def _plan(args: argparse.Namespace, entries: Mapping[str, str]) -> Plan:
     passes = plan_passes(fold_norm=args.fold_norm, defer_norm=args.defer_norm, pdl=args.pdl,
                          gemm_algos=args.gemm_algos)
     return Plan(chunk=args.chunk, feed=feed, precision=args.precision, gemv=gemv, fuse=args.fuse, passes=passes,
-                rows=args.rows or 0)
+                rows=args.rows or 0, weights=args.weights)
 
 
 def _verified(manifest: Json) -> str:

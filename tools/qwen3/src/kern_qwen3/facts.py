@@ -7,7 +7,7 @@ from typing import Any
 
 __all__ = ["decode_gemm_shapes", "decode_weight_bytes"]
 
-_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "i8": 1, "u8": 1}
+_DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "i8": 1, "u8": 1, "fp8e4m3": 1}
 
 
 def _literal(arg: Mapping[str, Any]) -> int:

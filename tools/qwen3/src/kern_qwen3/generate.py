@@ -20,6 +20,7 @@ from kern_qwen3.entries import (
 )
 from kern_qwen3.errors import GenError
 from kern_qwen3.f32 import generate_f32
+from kern_qwen3.fp8 import apply_fp8
 from kern_qwen3.fragments import BF16_IN, BF16_OUT, Json, i32, kernel
 from kern_qwen3.gemv import gemv_launch
 from kern_qwen3.head import add_head
@@ -89,6 +90,8 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
                  unhashed_hint="build the kernels first (with --capture: the capture ran none of their kernels)")
     check_kernel_limits(shape, attn_rows=plan.fuse or plan.rows > 0, attn_one=plan.fuse)
     manifest = _base(shape, entries, plan, picks)
+    if plan.weights != "bf16":
+        apply_fp8(manifest, shape, entries)
     ctx = Context(shape=shape, plan=plan, picks=picks, entries=entries)
     for rewrite in plan.passes:
         try:

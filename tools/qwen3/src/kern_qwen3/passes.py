@@ -148,7 +148,7 @@ class Pdl:
         Raises:
             GenError: a decode GEMM runs on cuBLAS.
         """
-        if set(plan.gemv) != set(GEMV_GEMMS):
+        if plan.gemv_gemms() != set(GEMV_GEMMS):
             raise GenError(f"pdl needs every decode GEMM as our GEMV ({', '.join(GEMV_GEMMS)}): a cuBLAS launch "
                            "cannot sit in a PDL chain")
         return ()

@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 
 from kern_qwen3.entries import GEMV_ENTRIES, GEMV_GEMMS, GEMV_PICK, GemvEntry, silu_entries
 from kern_qwen3.errors import GenError
+from kern_qwen3.fp8 import FP8_ENTRIES, FP8_GEMMS, WEIGHT_FORMATS, WeightFormat
 from kern_qwen3.fragments import Json
 from kern_qwen3.shape import Qwen3Shape
 
@@ -79,6 +80,9 @@ class Plan:
             device-fed, bf16, R <= chunk); the one-row `decode` program stays as it is.
         head: add the `head` program (`kern_qwen3.head`): after the last prefill chunk it
             computes the first generated token from the chunk's last row (bf16 only).
+        weights: "bf16", or "qwen-fp8": the layers' linear weights are a Qwen FP8 checkpoint's
+            e4m3 bytes and block scales (`kern_qwen3.fp8`); their decode GEMMs are the FP8 GEMV, so
+            `gemv` names none of them.
     """
 
     chunk: int = DEFAULT_CHUNK
@@ -91,11 +95,13 @@ class Plan:
     passes: tuple[Pass, ...] = ()
     rows: int = 0
     head: bool = True
+    weights: WeightFormat = "bf16"
 
     def __post_init__(self) -> None:
         self._check_basics()
         self._check_rows()
         self._check_gemv()
+        self._check_weights()
         if self.precision == "f32" and self.bf16_options():
             raise GenError(f"precision f32 runs its own plain kernels and takes none of the bf16 speed options: "
                            f"drop {', '.join(self.bf16_options())} (or use precision bf16)")
@@ -133,9 +139,30 @@ class Plan:
                            f"({', '.join(silu)}) outside gate_up {misplaced}, or no pick for {missing}; "
                            f"entries: {', '.join(self.table)}")
 
+    def _check_weights(self) -> None:
+        if self.weights not in WEIGHT_FORMATS:
+            raise GenError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+        if self.weights == "bf16":
+            return
+        on_fp8 = sorted(set(self.gemv) & set(FP8_GEMMS))
+        if on_fp8:
+            raise GenError(f"weights {self.weights}: {', '.join(on_fp8)} run as the FP8 GEMV; give --gemv only "
+                           "lm_head (or nothing)")
+        if self.rows:
+            raise GenError(f"weights {self.weights}: the batched step over FP8 weights is not built; drop rows")
+        folded = [p.name for p in self.passes if p.name == "defer_norm"]
+        if folded:
+            raise GenError(f"weights {self.weights}: the norm fold runs inside bf16 GEMVs; drop --fold-norm "
+                           "--defer-norm")
+
     def bf16_options(self) -> list[str]:
-        """The bf16-only options that are set (gemv, fuse, passes by name)."""
-        return [*(["gemv"] if self.gemv else []), *(["fuse"] if self.fuse else []), *(p.name for p in self.passes)]
+        """The bf16-only options that are set (gemv, fuse, passes by name, FP8 weights)."""
+        return [*(["gemv"] if self.gemv else []), *(["fuse"] if self.fuse else []), *(p.name for p in self.passes),
+                *(["weights"] if self.weights != "bf16" else [])]
+
+    def gemv_gemms(self) -> set[str]:
+        """The decode GEMMs that run as one of our GEMVs (bf16 picks, and the FP8 ones)."""
+        return set(self.gemv) | (set(FP8_GEMMS) if self.weights != "bf16" else set())
 
     def picked(self) -> dict[str, str]:
         """Decode GEMM -> its GEMV entry, for the GEMMs in `gemv`."""
@@ -149,4 +176,5 @@ class Plan:
         """
         if self.chunk > shape.max_pos:
             raise GenError(f"chunk {self.chunk} must be in [1, {shape.max_pos}]")
-        return tuple(e for p in self.passes for e in p.needs(self, shape))
+        fp8 = FP8_ENTRIES if self.weights != "bf16" else ()
+        return fp8 + tuple(e for p in self.passes for e in p.needs(self, shape))

@@ -155,12 +155,14 @@ def generate_tp(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[
     """The TP-`tp` manifest of one Qwen3 shape (see the module doc).
 
     Raises:
-        GenError: `tp` does not divide the shape, the plan is f32, or lm_head is a GEMV.
+        GenError: `tp` does not divide the shape, the plan is f32 or over FP8 weights, or lm_head is a GEMV.
         KernelsError: as `generate`.
     """
     plan = plan or Plan()
     if plan.precision == "f32":
         raise GenError("tp runs the bf16 manifest: drop --precision f32")
+    if plan.weights != "bf16":
+        raise GenError(f"tp splits bf16 weights; FP8 weights ({plan.weights}) are not split by rank: drop --weights")
     if "lm_head" in plan.gemv:
         raise GenError("tp splits lm_head as a cublasLt GEMM: leave lm_head out of --gemv")
     # NOTE: no head program: its calls would need the allreduces and the lm_head split too
