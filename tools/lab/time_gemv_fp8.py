@@ -1,4 +1,4 @@
-"""GB/s of the lab's FP8 GEMV (kern_gemv_e4m3_b128, tools/lab/gemv_fp8.py) at the Qwen3-4B decode
+"""GB/s of the FP8 GEMV (fp8.cu's kern_gemv_e4m3_b128, helpers/fp8_kernels.py) at the Qwen3-4B decode
 shapes, beside the product's bf16 GEMV (kern_gemv_bf16_s4) and cuBLAS (torch.mm, bf16) on the same
 shapes and a device-to-device copy, in one run on the local GPU, as tools/lab/time_gemv.py times
 (launches in one CUDA graph rotating over copies of W that miss L2; the median replay). Bytes
@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import gemv_fp8 as fp8
 import torch
+from helpers import fp8_kernels as fp8
 from helpers import kernel_harness as h
 from time_gemv import LAYERS, MIN_ROTATION_BYTES, copy_bandwidth, time_graph
 
@@ -42,7 +42,7 @@ def _cells(k: h.Kernels, n: int, kk: int) -> list[tuple[float, int]]:
 
 def main(out: Path | None) -> None:
     torch.manual_seed(0)
-    k = h.Kernels(Path(tempfile.mkdtemp(prefix="time_gemv_fp8_")), lab=True)
+    k = h.Kernels(Path(tempfile.mkdtemp(prefix="time_gemv_fp8_")))
     copy = copy_bandwidth()
     labels = ["cuBLAS bf16 torch.mm", "kern_gemv_bf16_s4", fp8.ENTRY]
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; 1 GiB D2D copy {copy:.0f} GB/s",

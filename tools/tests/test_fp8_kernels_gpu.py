@@ -1,7 +1,8 @@
-"""The lab's FP8 GEMV (kern_gemv_e4m3_b128: e4m3 weights with Qwen's 128x128 float32 block scales,
-bf16 x and y) on the GPU against a float64 reference of the same e4m3 bytes, at the Qwen3-4B
+"""fp8.cu on the GPU over the same e4m3 bytes as their references: the FP8 GEMV (kern_gemv_e4m3_b128:
+e4m3 weights with Qwen's 128x128 float32 block scales, bf16 x and y) against float64 at the Qwen3-4B
 decode shapes and odd ones (a column tail, k not a multiple of 128, rows 1..4), and what it writes:
-its rows' columns and nothing else of y; the reference itself against a loop over the elements."""
+its rows' columns and nothing else of y; the dequantiser (kern_dequant_e4m3_b128) bit for bit
+against bf16(e4m3 * scale); the float64 reference itself against a loop over the elements."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from helpers.gpu_deps import gpu_import
 torch = gpu_import("torch")
 gpu_import("cupy")
 
-import gemv_fp8 as fp8  # noqa: E402 (tools/lab is on pytest's pythonpath)
-from helpers import kernel_harness as h  # noqa: E402 (it needs torch and cupy, checked above)
+from helpers import fp8_kernels as fp8  # noqa: E402 (it needs torch and cupy, checked above)
+from helpers import kernel_harness as h  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +24,7 @@ SHAPES = [(1, 6144, 2560), (1, 2560, 4096), (1, 19456, 2560), (1, 2560, 9728),
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> h.Kernels:
-    return h.Kernels(tmp_path_factory.mktemp("fp8"), lab=True)
+    return h.Kernels(tmp_path_factory.mktemp("fp8"))
 
 
 @pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
@@ -79,3 +80,16 @@ def test_the_float64_reference_scales_each_weight_by_its_blocks_scale(n: int, k:
             terms = [float(x[r, j]) * float(wf[c, j]) * float(s[c // 128, j // 128]) for j in range(k)]
             assert float(ref[r, c]) == pytest.approx(sum(terms), rel=1e-12, abs=1e-12)
             assert float(size[r, c]) == pytest.approx(sum(abs(t) for t in terms), rel=1e-12)
+
+
+@pytest.mark.parametrize(("n", "k"), [(6144, 2560), (2560, 9728), (130, 272), (1, 16), (257, 144)])
+def test_the_dequantiser_writes_bf16_of_e4m3_times_its_scale_bit_for_bit(kernels: h.Kernels, n: int, k: int) -> None:
+    _x, w, s = fp8.operands(n, k, 1, seed=n + 3 * k)
+    pad = 64
+    out = torch.full((n * k + pad,), 7.0, device="cuda", dtype=torch.bfloat16)
+    fp8.launch_dequant(kernels, w, s, out)
+    torch.cuda.synchronize()
+    want = fp8.dequantised(w, s)
+    got = out[: n * k].view(n, k)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{int((got != want).sum())} of {n * k} differ"
+    assert bool((out[n * k :] == 7.0).all())  # nothing past the weight

@@ -1,6 +1,7 @@
-"""The lab's FP8 GEMV (tools/lab/kernels-src/gemv_fp8.cu, `kern_gemv_e4m3_b128`) from Python: its
-launch, random operands in Qwen's FP8 layout (e4m3 weights, float32 128x128 block scales), and its
-float64 reference. Shared by its GPU test and its timing script (torch and cupy: GPU hosts only)."""
+"""The FP8-weight entries of fp8.cu (`kern_gemv_e4m3_b128`, `kern_dequant_e4m3_b128`) from Python:
+their launches, random operands in Qwen's FP8 layout (e4m3 weights, float32 128x128 block scales)
+and float64 / numpy references. Shared by their GPU test and the lab's timing script (torch and
+cupy: GPU hosts only)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import torch
 from helpers import kernel_harness as h
 
 ENTRY = "kern_gemv_e4m3_b128"
+DEQUANT = "kern_dequant_e4m3_b128"
+DEQUANT_THREADS = 256
+"""Threads of a dequantiser block: 16 weights each."""
 BLOCK = 128
 """Qwen FP8's weight block: one float32 scale per 128 x 128 weights."""
 COLUMNS_PER_BLOCK = 4
@@ -46,3 +50,22 @@ def launch(k: h.Kernels, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, y: t
     grid = (-(-n // COLUMNS_PER_BLOCK), 1, 1)
     k.launch(ENTRY, grid, (128, 1, 1), h.ptr(x), h.ptr(w), h.ptr(s), h.ptr(y, y_offset), h.i32(rows), h.i32(n),
              h.i32(kk), h.i32(n if y_stride is None else y_stride))
+
+
+def scales_of(s: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The block scales spread over the [n, k] weights they scale (float32)."""
+    return s.repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+
+
+def dequantised(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """bf16(e4m3 * scale), the product in float32 (exact: a 4-bit mantissa times a float32) rounded
+    to nearest even: what kern_dequant_e4m3_b128 writes."""
+    n, k = w.shape
+    return (w.view(torch.float8_e4m3fn).float() * scales_of(s, n, k)).to(torch.bfloat16)
+
+
+def launch_dequant(k: h.Kernels, w: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> None:
+    """out [n, k] bf16 from W [n, k] e4m3 (k a multiple of 16) and its block scales."""
+    n, kk = w.shape
+    grid = (-(-(n * kk // 16) // DEQUANT_THREADS), 1, 1)
+    k.launch(DEQUANT, grid, (DEQUANT_THREADS, 1, 1), h.ptr(w), h.ptr(s), h.ptr(out), h.i32(n), h.i32(kk))
