@@ -25,6 +25,7 @@ from kern_qwen3 import (
     qwen3_tensor_shapes,
     random_fp8_checkpoint,
     tensor_values,
+    to_bf16_bits,
     to_e4m3_bits,
 )
 from kern_runtime import FileBlob, Safetensors, TensorInfo
@@ -184,3 +185,32 @@ def test_same_seed_same_bytes_and_cached(tmp_path: Path) -> None:
 def test_unknown_layout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="unknown FP8 layout 'int8'"):
         random_fp8_checkpoint(QWEN3_TINY_CONFIG, layout="int8", root=tmp_path)  # type: ignore[arg-type]
+
+
+def test_the_dequantised_checkpoint_is_the_fp8_ones_values_in_bf16(tmp_path: Path) -> None:
+    from kern_qwen3 import dequantised_checkpoint
+
+    fp8, _ = random_fp8_checkpoint(QWEN3_TINY_CONFIG, layout="qwen-fp8", seed=3, name="tiny", root=tmp_path)
+    deq, written = dequantised_checkpoint(QWEN3_TINY_CONFIG, seed=3, name="tiny", root=tmp_path)
+    assert written and deq != fp8
+    assert "quantization_config" not in json.loads((deq / "config.json").read_text())
+    q, d = Safetensors.open(fp8), Safetensors.open(deq)
+    shapes = qwen3_tensor_shapes(QWEN3_TINY_CONFIG)
+    assert set(d.names()) == set(shapes)
+    for name, shape in shapes.items():
+        got = d.get(name)
+        assert got is not None and got.dtype == "bf16" and got.shape == shape
+        src = q.get(name)
+        assert src is not None
+        if not is_fp8_linear(name):
+            np.testing.assert_array_equal(_read(got), _read(src))
+            continue
+        scale_info = q.get(name.removesuffix("weight") + "weight_scale_inv")
+        assert scale_info is not None
+        s = _read(scale_info).astype(np.float32)
+        full = np.repeat(np.repeat(s, 128, 0), 128, 1)[: shape[0], : shape[1]]
+        exact = from_e4m3_bits(_read(src).astype(np.uint8)) * full
+        # NOTE: bf16 of the exact product, to nearest even: at most half a bf16 ulp (2^-8 relative) away
+        np.testing.assert_array_equal(_read(got), to_bf16_bits(exact))
+        assert np.all(np.abs(_bf16(_read(got).astype(np.uint16)) - exact) <= np.abs(exact) * 2.0**-8)
+    assert dequantised_checkpoint(QWEN3_TINY_CONFIG, seed=3, name="tiny", root=tmp_path) == (deq, False)

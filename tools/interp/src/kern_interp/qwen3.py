@@ -3,7 +3,8 @@ buffers, the paged KV state) and an independent numpy Qwen3 forward, for host-si
 generator's wiring: argument order, offsets, the KV layout, chunked prefill and step feeding.
 
 Numerics are float32 throughout (no bf16 rounding of activations): the point is the wiring, the
-bf16 mirroring of transformers is checked on the GPU.
+bf16 mirroring of transformers is checked on the GPU. Checkpoints may hold BF16, F8_E4M3 and F32
+tensors, each widened to float32 exactly; an fp8e4m3 buffer holds its decoded e4m3 values.
 """
 
 from __future__ import annotations
@@ -25,24 +26,44 @@ from kern_runtime import domains as kr_domains
 from kern_runtime import errors as kr_errors
 
 F32 = np.float32
-_NP = {"bf16": F32, "f32": F32, "i64": np.int64, "i32": np.int32}
-_SIZE = {"bf16": 2, "f32": 4, "i64": 8, "i32": 4}
+_NP = {"bf16": F32, "f32": F32, "fp8e4m3": F32, "i64": np.int64, "i32": np.int32}
+_SIZE = {"bf16": 2, "f32": 4, "fp8e4m3": 1, "i64": 8, "i32": 4}
 
 Ptr = tuple[np.ndarray, int]  # flat array, element offset
 
 
+def _e4m3_table() -> np.ndarray:
+    """The float32 value of each of the 256 float8_e4m3fn codes (OCP e4m3fn: 1 sign, 4 exponent bits
+    of bias 7, 3 mantissa bits, subnormals, no infinities; 0x7f and 0xff are NaN)."""
+    code = np.arange(256, dtype=np.uint32)
+    exp, man = (code >> 3) & 0xF, code & 7
+    normal = ((exp + (127 - 7)) << 23 | man << 20).view(F32)  # the e4m3 fields moved into float32's
+    mag = np.where(exp == 0, man.astype(F32) * F32(2.0**-9), normal)
+    mag = np.where((exp == 0xF) & (man == 7), F32(np.nan), mag)
+    return np.where(code & 0x80, -mag, mag).astype(F32)
+
+
+E4M3_VALUES = _e4m3_table()
+"""float8_e4m3fn byte -> its float32 value (exact), 256 entries."""
+
+_DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4}
+"""The safetensors dtypes the CPU backend reads, by bytes per element."""
+
+
 def read_checkpoint(directory: Path) -> dict[str, np.ndarray]:
-    """bf16 safetensors -> float32 arrays (exact widening)."""
+    """safetensors (BF16, F8_E4M3 and F32 tensors) -> float32 arrays (exact widening)."""
     return read_files(sorted(directory.glob("*.safetensors")))
 
 
 @dataclass(frozen=True, slots=True)
 class TensorHead:
-    """One bf16 tensor of a checkpoint file: its shape and the file's byte range of its data."""
+    """One tensor of a checkpoint file: its shape, the file's byte range of its data and its
+    safetensors dtype (BF16, F8_E4M3 or F32)."""
 
     shape: tuple[int, ...]
     start: int
     stop: int
+    dtype: str = "BF16"
 
     @property
     def size(self) -> int:
@@ -56,12 +77,12 @@ def _where(path: Path) -> str:
 
 
 def read_header(path: Path) -> dict[str, TensorHead]:
-    """The tensors of one bf16 .safetensors file, from its header alone (checked against the file's
-    size before anything past the header is read).
+    """The tensors of one .safetensors file of BF16, F8_E4M3 and F32 tensors, from its header alone
+    (checked against the file's size before anything past the header is read).
 
     Raises:
-        kern_runtime.WeightArtifactError: not a safetensors file, or a tensor that is not bf16 or
-            whose bytes do not fit its shape or the file.
+        kern_runtime.WeightArtifactError: not a safetensors file, or a tensor of another dtype or
+            whose bytes do not fit its shape (at its dtype's element size) or the file.
     """
     where = f"weights {_where(path)}"
     try:
@@ -91,17 +112,27 @@ def _tensor_head(where: str, name: str, meta: Any, base: int, size: int) -> Tens
         a, b = int(a), int(b)
     except (KeyError, TypeError, ValueError):
         raise kr_errors.WeightArtifactError(f"{where}: tensor {name[:48]!r} has a bad header entry") from None
-    if dtype != "BF16":
+    elem = _DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+    if elem is None:
         raise kr_errors.WeightArtifactError(f"{where}: tensor {name[:48]!r} is {str(dtype)[:16]}; the CPU backend "
-                                            "reads bf16 checkpoints")
-    if min(shape, default=0) < 0 or not 0 <= a <= b or b - a != 2 * math.prod(shape) or base + b > size:
+                                            "reads BF16, F8_E4M3 and F32 tensors")
+    if min(shape, default=0) < 0 or not 0 <= a <= b or b - a != elem * math.prod(shape) or base + b > size:
         raise kr_errors.WeightArtifactError(f"{where}: tensor {name[:48]!r} bytes [{a}, {b}) do not fit its shape "
                                             "or the file")
-    return TensorHead(shape, base + a, base + b)
+    return TensorHead(shape, base + a, base + b, dtype)
+
+
+def _decode(data: bytes, dtype: str) -> np.ndarray:
+    """One tensor's bytes (BF16, F8_E4M3 or F32, little-endian) as a flat float32 array (exact)."""
+    if dtype == "F8_E4M3":
+        return E4M3_VALUES[np.frombuffer(data, dtype=np.uint8)]
+    if dtype == "F32":
+        return np.frombuffer(data, dtype="<f4").astype(F32)
+    return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(F32)
 
 
 def read_files(paths: Sequence[Path]) -> dict[str, np.ndarray]:
-    """The tensors of bf16 .safetensors files as float32 arrays (exact widening).
+    """The tensors of .safetensors files (BF16, F8_E4M3 and F32) as float32 arrays (exact widening).
 
     Raises:
         as `read_header`.
@@ -111,8 +142,7 @@ def read_files(paths: Sequence[Path]) -> dict[str, np.ndarray]:
         heads = read_header(path)
         raw = path.read_bytes()
         for name, t in heads.items():
-            bits = np.frombuffer(raw[t.start : t.stop], dtype=np.uint16).astype(np.uint32) << 16
-            out[name] = bits.view(F32).reshape(t.shape)
+            out[name] = _decode(raw[t.start : t.stop], t.dtype).reshape(t.shape)
     return out
 
 
@@ -545,6 +575,35 @@ def k_gemv_tail(t: int, x: Ptr, w: Ptr, y: Ptr, rows: int, n: int, k: int, y_str
     _view(counter, 1)[:] = 0
 
 
+FP8_BLOCK = 128
+"""The side of a Qwen FP8 weight's scale block (fp8.cu's 128)."""
+
+
+def _e4m3_weight(w: Ptr, s: Ptr, n: int, k: int) -> np.ndarray:
+    """The [n, k] weight W[c, j] * s[c // 128, j // 128] of e4m3 values `w` and float32 block scales
+    `s` [ceil(n / 128), ceil(k / 128)] (the last block row and column trimmed where partial)."""
+    nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+    blocks = _view(s, nb * kb).reshape(nb, kb)
+    scales = np.repeat(np.repeat(blocks, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:n, :k]
+    return (_view(w, n * k).reshape(n, k) * scales).astype(F32)
+
+
+def k_gemv_e4m3_b128(t: int, x: Ptr, w: Ptr, s: Ptr, y: Ptr, rows: int, n: int, k: int, y_stride: int) -> None:
+    """kern_gemv_e4m3_b128 (fp8.cu): x [rows, k] (row stride k), w [n, k] e4m3, s [ceil(n / 128),
+    ceil(k / 128)] float32 block scales; y[r, c] = sum over 128-wide k blocks b of s[c // 128, b] *
+    sum_{j in b} x[r, j] w[c, j] for c < n (y's row stride y_stride, its columns >= n untouched).
+    Computed as x (w * s)^T in float32 (the kernel's bf16 rounding of y is not modelled)."""
+    xs = _view(x, rows * k).reshape(rows, k)
+    _view(y, rows * y_stride).reshape(rows, y_stride)[:, :n] = xs @ _e4m3_weight(w, s, n, k).T
+
+
+def k_dequant_e4m3_b128(t: int, w: Ptr, s: Ptr, out: Ptr, n: int, k: int) -> None:
+    """kern_dequant_e4m3_b128 (fp8.cu): out[c, j] = w[c, j] * s[c // 128, j // 128] for the [n, k]
+    e4m3 weight and its float32 block scales. `out` is bf16 on the GPU, which rounds each value to
+    bf16; the interpreter keeps the float32 product, as it keeps float32 everywhere."""
+    _view(out, n * k)[:] = _e4m3_weight(w, s, n, k).reshape(-1)
+
+
 def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: float) -> None:
     inv = (1.0 / np.power(np.float64(theta), np.arange(half) * 2 / (2 * half))).astype(F32)
     ang = np.arange(maxpos, dtype=F32)[:, None] * inv[None, :]
@@ -593,7 +652,8 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_p4_an": k_gemv_tail, "kern_gemv_bf16_p4_n": k_gemv_norm,
     "kern_gemv_bf16_p4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_b4_d": k_gemv_norm,
     "kern_gemv_bf16_b4_silu_d": k_gemv_silu_norm, "kern_gemv_bf16_p4_d": k_gemv_norm,
-    "kern_gemv_bf16_p4_silu_d": k_gemv_silu_norm, **F32_KERNELS,
+    "kern_gemv_bf16_p4_silu_d": k_gemv_silu_norm, "kern_gemv_e4m3_b128": k_gemv_e4m3_b128,
+    "kern_dequant_e4m3_b128": k_dequant_e4m3_b128, **F32_KERNELS,
 }  # fmt: skip
 
 

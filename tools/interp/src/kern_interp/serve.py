@@ -91,8 +91,8 @@ def _check_weights(manifest: Manifest, heads: Mapping[str, interp.TensorHead], n
 
 
 def _buffer_bytes(manifest: Manifest) -> int:
-    """RAM of the interpreter's buffers at the vars' maxima (bf16 widened to float32)."""
-    sizes = {"bf16": 4, "f32": 4, "i64": 8, "i32": 4}
+    """RAM of the interpreter's buffers at the vars' maxima (bf16 and e4m3 widened to float32)."""
+    sizes = {"bf16": 4, "fp8e4m3": 4, "f32": 4, "i64": 8, "i32": 4}
     return sum(b.elements(manifest.var_max) * sizes[b.dtype] for b in manifest.buffers.values())
 
 
@@ -106,8 +106,8 @@ class CpuBackend:
         interpreter's buffers and the checkpoint, all as float32.
 
         Raises:
-            kern_runtime.WeightArtifactError, InputFileError: weights that are not a bf16
-                checkpoint of this manifest's model.
+            kern_runtime.WeightArtifactError, InputFileError: weights that are not a checkpoint
+                of this manifest's model (bf16, or e4m3 with f32 scales).
         """
         plan = _plan(spec)
         checkpoint = sum(t.size for t in plan.heads.values()) * _F32
