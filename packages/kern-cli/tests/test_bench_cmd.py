@@ -194,18 +194,29 @@ def test_the_floor_of_a_step_without_gemms_is_its_sibling_with_the_most(tmp_path
     assert kb.find_floor_manifest(kr.read_manifest(fast), fast) == tmp_path / "qwen3-4b-gemv.json"
 
 
-def test_a_step_without_gemms_and_no_sibling_names_the_flag(monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_step_without_gemms_and_no_sibling_is_benched_without_the_gemm_floor(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """No manifest to take the GEMM-only floor from (an FP8 step's case): the checks before the GPU
+    pass, and the report will say so in a note instead of the row."""
+    import kern_runtime as kr
+    import kern_runtime.bench as kb
+    from kern_runtime.bench.floors import no_floor_note
+
     _no_gpu(monkeypatch)
     path = tmp_path / "fast.json"
     path.write_text((ROOT / "examples" / "qwen3-4b-fast.json").read_text())
+    manifest = kr.read_manifest(path)
+    assert kb.floor_manifest(manifest, path, None) is None
+    assert no_floor_note(manifest, path) == (
+        f"no GEMM-only floor: program 'decode' runs no GEMM through cuBLASLt and no manifest beside {path} has the "
+        "same weights and GEMM calls (--floor-manifest names one)")
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # NOTE: an empty safetensors file
     args = _parse("--manifest", str(path), "--kernels", str(ROOT / "kernels"), "--weights", str(weights))
     assert args.handler(args) == 2  # type: ignore[attr-defined]
-    assert capsys.readouterr().err.strip().splitlines() == [
-        f"kern bench: program 'decode' has no extern (GEMM) call to time, and no manifest beside {path} has the "
-        "same weights and GEMM calls: pass --floor-manifest"]
+    assert capsys.readouterr().err.strip().splitlines() == ["kern bench: no NVIDIA GPU on this machine (test)"]
+    with pytest.raises(kb.BenchError, match="has no extern"):
+        kb.floor_manifest(manifest, path, path)  # a named floor must have GEMMs
 
 
 def test_the_default_target_finds_its_floor_before_the_gpu(monkeypatch: pytest.MonkeyPatch,

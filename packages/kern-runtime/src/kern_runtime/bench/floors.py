@@ -19,6 +19,7 @@ __all__ = [
     "floor_manifest",
     "gemm_only_manifest",
     "kv_bytes_per_token",
+    "no_floor_note",
     "step_program",
 ]
 
@@ -118,18 +119,24 @@ def find_floor_manifest(manifest: Manifest, path: Path) -> Path | None:
     return best[1] if best is not None else None
 
 
-def floor_manifest(manifest: Manifest, path: Path, given: Path | None) -> Manifest:
+def floor_manifest(manifest: Manifest, path: Path, given: Path | None) -> Manifest | None:
     """The manifest whose step GEMMs make the floor: `given` (--floor-manifest), else the measured
-    one when its step has extern GEMMs, else the sibling `find_floor_manifest` finds.
+    one when its step has extern GEMMs, else the sibling `find_floor_manifest` finds; None when
+    there is none (a step over weights no cuBLASLt GEMM of ours reads, as an FP8 one's).
 
     Raises:
-        BenchError: no manifest to take the floor from.
+        BenchError: `given` has no GEMMs in its step.
     """
     if given is None and not extern_calls(manifest, step_program(manifest)):
         given = find_floor_manifest(manifest, path)
         if given is None:
-            raise BenchError(f"program {step_program(manifest)!r} has no extern (GEMM) call to time, and no "
-                             f"manifest beside {path} has the same weights and GEMM calls: pass --floor-manifest")
+            return None
     floor = read_manifest(given) if given is not None else manifest
     gemm_only_manifest(floor, step_program(floor))  # NOTE: refuse a floor without GEMMs before timing
     return floor
+
+
+def no_floor_note(manifest: Manifest, path: Path) -> str:
+    """The report's note when `floor_manifest` found none."""
+    return (f"no GEMM-only floor: program {step_program(manifest)!r} runs no GEMM through cuBLASLt and no manifest "
+            f"beside {path} has the same weights and GEMM calls (--floor-manifest names one)")

@@ -34,7 +34,7 @@ from ..providers import ProviderError, find
 from ..runtime import Runtime
 from . import measure
 from .driver import Driver
-from .floors import decode_weight_bytes, floor_manifest, kv_bytes_per_token
+from .floors import decode_weight_bytes, floor_manifest, kv_bytes_per_token, no_floor_note
 from .options import BREAKDOWN_RUNS, PROMPT_VOCAB, BenchOptions, bench_capacity, check_bench_options
 from .report import Report, checkpoint_config, compute_floor_rows, floor_rows, row
 
@@ -45,7 +45,8 @@ def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str],
     """Measure the yardsticks, load once, then decode at each context (and the breakdown), each
     prefill, and the GEMM-only floor: the extern GEMM calls of `options.floor_manifest`'s step
     (default: the measured manifest, or, when its step runs no GEMM through cuBLASLt, its
-    all-cuBLASLt sibling: `find_floor_manifest`). `load.weights` must be given.
+    all-cuBLASLt sibling: `find_floor_manifest`; none, and a note says so, when there is no such
+    manifest). `load.weights` must be given.
 
     Raises:
         BenchError: bad options (see `check_bench_options`), or a floor without GEMMs.
@@ -73,8 +74,11 @@ def bench_session(load: LoadOptions, options: BenchOptions, log: Callable[[str],
         for n in options.prefill:
             log(f"prefill of {n} tokens")
             report.rows += measure.prefill_rows(s, n, options.prefill_reps, PROMPT_VOCAB, options.chunk, rng)
-        log("GEMM-only floor")
-        report.rows.append(measure.gemm_floor(s, floor, load.kernels, weights, load.gpu, options.steps))
+        if floor is None:
+            report.notes.append(no_floor_note(inputs.manifest, load.manifest))
+        else:
+            log("GEMM-only floor")
+            report.rows.append(measure.gemm_floor(s, floor, load.kernels, weights, load.gpu, options.steps))
     finally:
         rt.close()
     _floors(inputs, load.weights or weights, options, (copy, gemm), report)
