@@ -66,6 +66,10 @@ EXAMPLES = {
     "qwen3-4b-fp8": ["--preset", "qwen3-4b", "--weights", "qwen-fp8", "--gemv", "lm_head", "--fuse", "--pdl",
                      "--gemm-algos", "h200"],
     "qwen3-tiny-fp8": ["--preset", "qwen3-tiny", "--weights", "qwen-fp8"],
+    "qwen3-4b-fp8-from-bf16": ["--preset", "qwen3-4b", "--weights", "bf16-to-fp8", "--gemv", "lm_head", "--fuse",
+                               "--pdl", "--gemm-algos", "h200"],
+    "qwen3-4b-fp8-dynamic": ["--preset", "qwen3-4b", "--weights", "fp8-dynamic", "--gemv", "lm_head", "--fuse",
+                             "--pdl", "--gemm-algos", "h200"],
 }
 """examples/<name>.json -> its kern-qwen3 options (tools/qwen3/tests/test_generate.py checks the files)."""
 

@@ -411,7 +411,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ten
     from kern_runtime import loading
 
     monkeypatch.setattr(loading, "probe_gpu", lambda gpu: None)
-    monkeypatch.setattr(ab, "GpuLoader", lambda a, b, *rest: InterpLoader(a.manifest, b.manifest, tensors, a.capacity))
+    monkeypatch.setattr(ab, "GpuLoader", lambda a, b, *rest, **kw: InterpLoader(a.manifest, b.manifest, tensors, a.capacity))
     ckpt, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=0, name="qwen3-tiny", root=tmp_path)
 
     def run(a: dict[str, Any], b: dict[str, Any], *flags: str) -> tuple[int, str]:

@@ -1,8 +1,9 @@
 """The FP8 manifest (kern-qwen3 --weights qwen-fp8) on the GPU over seeded random Qwen FP8
 checkpoints: greedy tokens (near-tie rule) and first-step logits against transformers running the
 same weights dequantised (`kern_qwen3.dequantised_checkpoint`), on the tiny shape (plain and fast
-forms) and the 4B shape; graph == eager and the chunkings agree; the first-step logits' distance from
-the bf16 fast manifest over the unquantised weights is printed (the quantisation's own error)."""
+forms) and the 4B shape; graph == eager and the chunkings agree; the manifest that quantises a bf16
+checkpoint at load computes the FP8 checkpoint's logits bit for bit; the first-step logits' distance
+from the bf16 fast manifest over the unquantised weights is printed (the quantisation's own error)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.gpu
 
 TOOLS = Path(__file__).resolve().parents[1]
 FAST_FP8: dict[str, Any] = {"weights": "qwen-fp8", "gemv": ["lm_head"], "fuse": True, "pdl": True}
-FORMS: dict[str, dict[str, Any]] = {"plain": {"weights": "qwen-fp8"}, "fast": FAST_FP8}
+FORMS: dict[str, dict[str, Any]] = {"plain": {"weights": "qwen-fp8"}, "fast": FAST_FP8,
+                                    "dynamic": {**FAST_FP8, "weights": "fp8-dynamic"}}
+FROM_BF16: dict[str, Any] = {**FAST_FP8, "weights": "bf16-to-fp8"}
 
 
 def _prompt(n: int, vocab: int = 4000) -> list[int]:
@@ -31,27 +34,50 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     dequantised bf16 twin."""
     import kern_qwen3 as gen
     from kern_mining.build import build_kernels
-    from kern_qwen3 import QWEN3_TINY_CONFIG, dequantised_checkpoint, random_fp8_checkpoint
+    from kern_qwen3 import (
+        QWEN3_TINY_CONFIG,
+        dequantised_checkpoint,
+        random_checkpoint,
+        random_fp8_checkpoint,
+    )
 
     tmp = tmp_path_factory.mktemp("fp8")
     hashes = {m: sha for m, (_p, sha) in build_kernels(TOOLS / "kernels-src", tmp / "kernels").items()}
     entries = gen.entry_modules(TOOLS / "kernels-src")
     shape = gen.shape_from_config(QWEN3_TINY_CONFIG)
     manifests = {}
-    for form, kw in FORMS.items():
+    for form, kw in {**FORMS, "from-bf16": FROM_BF16}.items():
         m = generate(shape, hashes, entries, model="qwen3-tiny-fp8", feed="device", **kw)
         manifests[form] = tmp / f"qwen3-tiny-fp8-{form}.json"
         manifests[form].write_text(json.dumps(m))
     fp8, _ = random_fp8_checkpoint(QWEN3_TINY_CONFIG, layout="qwen-fp8", seed=5, name="tiny", root=tmp)
     deq, _ = dequantised_checkpoint(QWEN3_TINY_CONFIG, seed=5, name="tiny", root=tmp)
-    return {"tmp": tmp, "kernels": tmp / "kernels", "manifests": manifests, "fp8": fp8, "deq": deq,
-            "hashes": hashes, "entries": entries}
+    dyn, _ = random_fp8_checkpoint(QWEN3_TINY_CONFIG, layout="fp8-dynamic", seed=5, name="tiny", root=tmp)
+    dyn_deq, _ = dequantised_checkpoint(QWEN3_TINY_CONFIG, layout="fp8-dynamic", seed=5, name="tiny", root=tmp)
+    bf16, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=5, name="tiny", root=tmp)
+    return {"tmp": tmp, "kernels": tmp / "kernels", "manifests": manifests, "fp8": fp8, "deq": deq, "bf16": bf16,
+            "dynamic": dyn, "dynamic_deq": dyn_deq, "hashes": hashes, "entries": entries}
 
 
 def _loaded(built: dict[str, Any], form: str) -> Any:
     import qwen3_checks as checks
 
-    return checks.load(built["manifests"][form], built["kernels"], built["fp8"], gpu=0, tokens=4096)
+    ckpt = {"from-bf16": built["bf16"], "dynamic": built["dynamic"]}.get(form, built["fp8"])
+    return checks.load(built["manifests"][form], built["kernels"], ckpt, gpu=0, tokens=4096)
+
+
+@pytest.mark.parametrize("n", [1, 37, 709])
+def test_quantising_at_load_computes_the_fp8_checkpoint_s_logits(built: dict[str, Any], n: int) -> None:
+    import numpy as np
+    import qwen3_checks as checks
+
+    with _loaded(built, "fast") as stored:
+        want = checks.kern_generate(stored, _prompt(n), chunk=512, eager=False, logits=True)
+    with _loaded(built, "from-bf16") as at_load:
+        got = checks.kern_generate(at_load, _prompt(n), chunk=512, eager=False, logits=True)
+    assert got.tokens == want.tokens
+    assert got.logits is not None and want.logits is not None
+    assert np.array_equal(got.logits, want.logits)  # NOTE: the same e4m3 bytes and scales, the same kernels
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -92,8 +118,9 @@ def test_tiny_fp8_matches_transformers_over_the_dequantised_weights(built: dict[
     import qwen3_checks as checks
 
     rec = checks.Recorder(built["tmp"] / f"out-{form}")
+    deq = built["dynamic_deq"] if form == "dynamic" else built["deq"]
     with _loaded(built, form) as target:
-        _against_transformers(rec, f"tiny-fp8-{form}", target, built["deq"], {n: _prompt(n) for n in (1, 37, 709)})
+        _against_transformers(rec, f"tiny-fp8-{form}", target, deq, {n: _prompt(n) for n in (1, 37, 709)})
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")

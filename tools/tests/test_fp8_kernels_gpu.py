@@ -2,7 +2,9 @@
 e4m3 weights with Qwen's 128x128 float32 block scales, bf16 x and y) against float64 at the Qwen3-4B
 decode shapes and odd ones (a column tail, k not a multiple of 128, rows 1..4), and what it writes:
 its rows' columns and nothing else of y; the dequantiser (kern_dequant_e4m3_b128) bit for bit
-against bf16(e4m3 * scale); the float64 reference itself against a loop over the elements."""
+against bf16(e4m3 * scale); the quantiser (kern_quant_e4m3_b128) byte for byte against
+kern_qwen3.quantize_blocks, the bytes of a Qwen FP8 checkpoint; the float64 reference itself against
+a loop over the elements."""
 
 from __future__ import annotations
 
@@ -93,3 +95,47 @@ def test_the_dequantiser_writes_bf16_of_e4m3_times_its_scale_bit_for_bit(kernels
     got = out[: n * k].view(n, k)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{int((got != want).sum())} of {n * k} differ"
     assert bool((out[n * k :] == 7.0).all())  # nothing past the weight
+
+
+@pytest.mark.parametrize(("n", "k"), [(6144, 2560), (2560, 9728), (256, 768), (130, 136), (1, 8), (300, 200)])
+def test_the_quantiser_writes_a_qwen_fp8_checkpoint_s_bytes(kernels: h.Kernels, n: int, k: int) -> None:
+    """Partial blocks at both edges, an all-zero block (scale 1), values that round to -0."""
+    import numpy as np
+
+    from kern_qwen3 import quantize_blocks
+
+    gen = torch.Generator(device="cuda").manual_seed(n * 31 + k)
+    src = (torch.randn(n, k, generator=gen, device="cuda") * 0.03).to(torch.bfloat16)
+    src[:128, :128] = 0.0 if n >= 128 and k >= 128 else src[:128, :128]
+    src[-1, :4] = torch.tensor([-1e-30, 1e-30, -0.0, 3.0], device="cuda").to(torch.bfloat16)[: min(4, k)]
+    w = torch.full((n, k), 0x55, device="cuda", dtype=torch.uint8)
+    blocks = (-(-n // 128), -(-k // 128))
+    s = torch.full(blocks, float("nan"), device="cuda", dtype=torch.float32)
+    fp8.launch_quant(kernels, src, w, s)
+    torch.cuda.synchronize()
+    want_w, want_s = quantize_blocks(src.float().cpu().numpy())
+    assert np.array_equal(s.cpu().numpy().view(np.uint32), want_s.view(np.uint32))
+    got = w.cpu().numpy()
+    assert np.array_equal(got, want_w), f"{int((got != want_w).sum())} of {n * k} bytes differ"
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 6144, 2560), (1, 2560, 9728), (3, 130, 272), (4, 1001, 2576),
+                                              (2, 5, 16)])
+def test_the_row_scaled_gemv_is_the_dequantised_product(kernels: h.Kernels, rows: int, n: int, k: int) -> None:
+    """kern_gemv_e4m3_row: one scale per output row (compressed-tensors' FP8-dynamic weights)."""
+    x, w, s = fp8.operands(n, k, rows, seed=n * 5 + k, per_row=True)
+    y = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8.launch(kernels, x, w, s, y, entry=fp8.ENTRY_ROW)
+    torch.cuda.synchronize()
+    ref, size = fp8.reference(x, w, s, per_row=True)
+    bad = ~((y.double() - ref).abs() <= 2.0**-8 * ref.abs() + 2.0**-17 * size)
+    assert not bool(bad.any()), f"{int(bad.sum())} of {rows * n} outside"
+
+
+@pytest.mark.parametrize(("n", "k"), [(2560, 9728), (130, 272), (7, 16)])
+def test_the_row_dequantiser_is_bit_for_bit(kernels: h.Kernels, n: int, k: int) -> None:
+    _x, w, s = fp8.operands(n, k, 1, seed=n + k, per_row=True)
+    out = torch.full((n, k), 7.0, device="cuda", dtype=torch.bfloat16)
+    fp8.launch_dequant(kernels, w, s, out, entry=fp8.DEQUANT_ROW)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), fp8.dequantised(w, s, per_row=True).view(torch.int16))

@@ -283,44 +283,83 @@ def test_dequant_e4m3_b128(n: int, k: int) -> None:
 
 
 def _dequantised(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The float32 weights e4m3 * scale of either layout (block `_scale_inv` or per-row `_scale`)."""
     out = {}
     for name, w in tensors.items():
-        if name.endswith("_scale_inv"):
+        if name.endswith(("_scale_inv", "_scale")):
             continue
-        s = tensors.get(name + "_scale_inv")
-        if s is not None:
-            n, k = w.shape
-            w = w * np.repeat(np.repeat(s, 128, axis=0)[:n], 128, axis=1)[:, :k]
+        n = w.shape[0]
+        if (s := tensors.get(name + "_scale_inv")) is not None:
+            w = w * np.repeat(np.repeat(s, 128, axis=0)[:n], 128, axis=1)[:, : w.shape[1]]
+        elif (s := tensors.get(name + "_scale")) is not None:
+            w = w * s.reshape(n, 1)
         out[name] = w.astype(np.float32)
     return out
 
 
-@pytest.fixture(scope="module")
-def fp8_untied(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+def _fp8_checkpoint(root: Path, layout: str) -> dict[str, np.ndarray]:
     from kern_qwen3 import random_fp8_checkpoint
 
-    path, _ = random_fp8_checkpoint(interp.UNTIED_CONFIG, layout="qwen-fp8", seed=11, name="untied",
-                                    root=tmp_path_factory.mktemp("fp8"))
+    path, _ = random_fp8_checkpoint(interp.UNTIED_CONFIG, layout=layout, seed=11, name="untied",  # type: ignore[arg-type]
+                                    root=root)
     return interp.read_checkpoint(path)
 
 
-@pytest.mark.parametrize("kw", [{"feed": "host"}, {"feed": "device", "gemv": ["lm_head"], "fuse": True, "pdl": True}],
-                         ids=["plain", "fast"])
+@pytest.fixture(scope="module")
+def fp8_untied(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    return _fp8_checkpoint(tmp_path_factory.mktemp("fp8"), "qwen-fp8")
+
+
+@pytest.fixture(scope="module")
+def dynamic_untied(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    return _fp8_checkpoint(tmp_path_factory.mktemp("dyn"), "fp8-dynamic")
+
+
+@pytest.mark.parametrize("kw", [{"feed": "host"}, {"feed": "device", "gemv": ["lm_head"], "fuse": True, "pdl": True},
+                                {"feed": "device", "weights": "fp8-dynamic"}],
+                         ids=["plain", "fast", "fp8-dynamic"])
 @pytest.mark.parametrize(("n", "chunk"), [(1, 512), (37, 16), (200, 97)])
 def test_the_fp8_manifest_is_the_model_over_its_dequantised_weights(
-        fp8_untied: dict[str, np.ndarray], kw: dict[str, Any], n: int, chunk: int) -> None:
+        request: pytest.FixtureRequest, kw: dict[str, Any], n: int, chunk: int) -> None:
+    from helpers.qwen3_options import generate
+
+    import kern_qwen3 as gen
+
+    entries = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
+                                *gen.FP8_ENTRIES)}  # NOTE: FP8_ENTRIES holds every form's entries
+    kw = {"weights": "qwen-fp8", **kw}
+    tensors = request.getfixturevalue("dynamic_untied" if kw["weights"] == "fp8-dynamic" else "fp8_untied")
+    m = generate(gen.shape_from_config(interp.UNTIED_CONFIG), {"m": "0" * 64}, entries, model="t", chunk=128, **kw)
+    assert any(b["dtype"] == "fp8e4m3" for b in m["buffers"].values())
+    machine = interp.Interp(m, tensors, capacity=512)
+    tokens, first = interp.greedy(machine, interp.random_prompt(n), 12, chunk)
+    want_tokens, want_first = interp.reference_greedy(interp.UNTIED_CONFIG, _dequantised(tensors),
+                                                      interp.random_prompt(n), 12)
+    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
+    assert tokens == want_tokens
+
+
+def test_quantising_a_bf16_checkpoint_at_load_is_the_fp8_checkpoint(fp8_untied: dict[str, np.ndarray],
+                                                                     tmp_path: Path) -> None:
+    """`--weights bf16-to-fp8` over the bf16 checkpoint of seed 11 holds, after its derive programs,
+    the e4m3 values and scales of the Qwen FP8 checkpoint of seed 11, and computes the same logits as
+    the `qwen-fp8` manifest over that checkpoint, to the bit."""
     from helpers.qwen3_options import generate
 
     import kern_qwen3 as gen
 
     entries = {e: "m" for e in (*gen.ENTRIES, *gen.DEVICE_FEED_ENTRIES, *gen.GEMV_ENTRIES, *gen.FUSED_ENTRIES,
                                 *gen.FP8_ENTRIES)}
-    m = generate(gen.shape_from_config(interp.UNTIED_CONFIG), {"m": "0" * 64}, entries, model="t", chunk=128,
-                 weights="qwen-fp8", **kw)
-    assert any(b["dtype"] == "fp8e4m3" for b in m["buffers"].values())
-    machine = interp.Interp(m, fp8_untied, capacity=512)
-    tokens, first = interp.greedy(machine, interp.random_prompt(n), 12, chunk)
-    want_tokens, want_first = interp.reference_greedy(interp.UNTIED_CONFIG, _dequantised(fp8_untied),
-                                                      interp.random_prompt(n), 12)
-    assert np.linalg.norm(first - want_first) / np.linalg.norm(want_first) < 1e-4
-    assert tokens == want_tokens
+    shape = gen.shape_from_config(interp.UNTIED_CONFIG)
+    made = {w: generate(shape, {"m": "0" * 64}, entries, model="t", chunk=128, feed="device", weights=w)
+            for w in ("bf16-to-fp8", "qwen-fp8")}
+    assert not made["bf16-to-fp8"]["buffers"]["l1.down"].get("bind")
+    assert made["bf16-to-fp8"]["programs"]["quantise.l1"]["derive"] is True
+    bf16 = interp.untied_weights(tmp_path)
+    at_load = interp.Interp(made["bf16-to-fp8"], bf16, capacity=512)
+    stored = interp.Interp(made["qwen-fp8"], fp8_untied, capacity=512)
+    for name in ("l0.qkv", "l0.qkv.scale", "l2.gate_up", "l2.gate_up.scale", "l1.down"):
+        np.testing.assert_array_equal(at_load.mem[name], stored.mem[name])
+    a = interp.greedy(at_load, interp.random_prompt(37), 6, 16)
+    b = interp.greedy(stored, interp.random_prompt(37), 6, 16)
+    assert a[0] == b[0] and np.array_equal(a[1], b[1])

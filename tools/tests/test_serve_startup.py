@@ -68,8 +68,8 @@ def test_the_readme_command_serves_the_tiny_model(tmp_path: Path, monkeypatch: p
      "tensor 'w' bytes [0, 8) do not fit its shape or the file"),
     (_file({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 6]}}, 8),
      "tensor 'w' bytes [0, 6) do not fit its shape or the file"),
-    (_file({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 8),
-     "tensor 'w' is F32; the CPU backend reads bf16 checkpoints"),
+    (_file({"w": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}}, 8),
+     "tensor 'w' is I8; the CPU backend reads BF16, F8_E4M3 and F32 tensors"),
     (_file({"w": {"dtype": "BF16", "shape": "x"}}, 0), "tensor 'w' has a bad header entry"),
 ])
 def test_weights_that_are_not_a_checkpoint_are_one_line(tmp_path: Path, content: bytes, line: str,

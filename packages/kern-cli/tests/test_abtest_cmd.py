@@ -161,3 +161,22 @@ def test_toml_test_table_is_checked(tmp_path: Path, text: str, want: str) -> Non
 def test_the_repository_kern_toml_reads() -> None:
     t = load_config(ROOT / "kern.toml").test
     assert (t.seed, t.logit_kl) == (ab.DEFAULT_SEED, ab.DEFAULT_LOGIT_KL)
+
+
+def test_an_fp8_candidate_takes_its_own_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The tiny FP8 manifest against the bf16 one: the same model (its scale tensors aside); B binds
+    `--weights-b`, A `--weights`; an FP8 checkpoint for the bf16 side is one line."""
+    from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint, random_fp8_checkpoint
+
+    bf16, _ = random_checkpoint(QWEN3_TINY_CONFIG, seed=1, name="tiny", root=tmp_path)
+    fp8, _ = random_fp8_checkpoint(QWEN3_TINY_CONFIG, layout="qwen-fp8", seed=1, name="tiny", root=tmp_path)
+    fp8_manifest = str(ROOT / "examples" / "qwen3-tiny-fp8.json")
+    plan = abtest_cmd._plan(_parse(str(TINY), fp8_manifest, *SOURCES, "--weights", str(bf16),  # pyright: ignore[reportPrivateUsage]
+                                   "--weights-b", str(fp8)))
+    assert plan.weights is not None and {p.parent for p in plan.weights} == {bf16}
+    assert plan.weights_b is not None and {p.parent for p in plan.weights_b} == {fp8}
+    seen = _probed(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert _run(str(TINY), fp8_manifest, *SOURCES, "--weights", str(bf16)) == 2
+    assert "FP8" in _one_line(capsys) and seen == []

@@ -54,6 +54,9 @@ QWEN3 = dict(QWEN3_4B_CONFIG)
         ("auto", {"model_type": "llama"}, False, False,
          "the PyTorch peer is skipped: it runs Qwen3 checkpoints, and config.json says model_type 'llama' "
          "(--peer off says nothing)"),
+        ("auto", {**QWEN3, "quantization_config": {"quant_method": "fp8"}}, False, False,
+         "the PyTorch peer is skipped: it runs bf16 checkpoints, and config.json has a quantization_config (fp8) "
+         "(--peer off says nothing)"),
     ],
 )
 def test_plan(monkeypatch: pytest.MonkeyPatch, mode: str, config: dict[str, Any] | None, default: bool,
@@ -218,3 +221,11 @@ def test_a_failed_peer_keeps_kerns_report_and_exits_1(monkeypatch: pytest.Monkey
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert saved["rows"][0]["name"] == "r" and saved["peer"] is None and saved["notes"] == [
         "the PyTorch peer failed (exit 1; its kern-peer lines above say why)"]
+
+
+def test_an_fp8_manifest_on_its_default_checkpoint_has_no_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    _with_torch(monkeypatch)
+    assert bp.plan_peer("auto", None, default_weights=True, fp8=True) == bp.PeerPlan(
+        False, f"the PyTorch peer is skipped: {bp.FP8_MANIFEST} (--peer off says nothing)")
+    with pytest.raises(bp.PeerError, match="--peer on: the PyTorch peer cannot run: it runs bf16 checkpoints"):
+        bp.plan_peer("on", None, default_weights=True, fp8=True)

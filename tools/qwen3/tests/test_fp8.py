@@ -80,7 +80,7 @@ def test_decode_reads_about_half_the_bytes_of_bf16() -> None:
     ({"rows": 8, "feed": "device"}, "batched step over FP8 weights is not built"),
     ({"gemv": list(gen.GEMV_GEMMS)}, "o, qkv run as the FP8 GEMV"),
     ({"precision": "f32"}, "drop weights"),
-    ({"weights": "fp8-dynamic"}, "weights must be one of bf16, qwen-fp8"),
+    ({"weights": "fp8-e5m2"}, "weights must be one of bf16, qwen-fp8, fp8-dynamic, bf16-to-fp8"),
 ])
 def test_bad_fp8_plans_are_refused(kw: dict[str, Any], words: str) -> None:
     options = {"weights": "qwen-fp8", **kw}
@@ -123,3 +123,63 @@ def test_the_provider_writes_the_checkpoint_an_fp8_manifest_binds(tmp_path: Path
         names |= {n for n in header if n != "__metadata__"}
     bound = {seg["tensor"] for b in shipped["buffers"].values() for seg in b.get("bind", ())}
     assert bound <= names
+
+
+@pytest.mark.parametrize("config", [QWEN3_TINY_CONFIG, QWEN3_4B_CONFIG], ids=["tiny", "4b"])
+def test_a_bf16_checkpoint_quantised_at_load(config: dict[str, Any]) -> None:
+    """`bf16-to-fp8`: the e4m3 and scale buffers unbound, written by one derive program per layer
+    from `.bf16` sources bound to the checkpoint's bf16 tensors; the steps as `qwen-fp8`'s."""
+    s = gen.shape_from_config(config)
+    m = manifest(config, **{**FAST_FP8, "weights": "bf16-to-fp8"})
+    verify_manifest(m)
+    stored = manifest(config, **FAST_FP8)
+    assert m["programs"]["decode"] == stored["programs"]["decode"]
+    assert m["programs"]["prefill"] == stored["programs"]["prefill"]
+    b = m["buffers"]
+    assert b["l1.o"] == {"dtype": "fp8e4m3", "shape": [s.hidden, s.heads * s.head_dim], "kind": "weight"}
+    assert b["l1.o.scale"] == {"dtype": "f32", "shape": [s.hidden // 128, s.heads * s.head_dim // 128],
+                               "kind": "weight"}
+    assert b["l1.o.bf16"] == {**stored["buffers"]["l1.o"], "dtype": "bf16", "kind": "source"}
+    derive = sorted(n for n, p in m["programs"].items() if p.get("derive"))
+    assert derive == sorted(f"quantise.l{i}" for i in range(s.layers))
+    calls = m["programs"]["quantise.l1"]["calls"]
+    assert [c["label"] for c in calls] == [f"l1.{g}.quant" for g in gen.FP8_GEMMS]
+    assert [a["buf"] for a in calls[0]["args"]] == ["l1.qkv.bf16", "l1.qkv", "l1.qkv.scale"]
+    launch = m["ops"][calls[0]["op"]]["impl"]["launches"][0]
+    assert launch["entry"] == gen.QUANT_ENTRY and launch["grid"] == [-(-s.hidden // 128), s.qkv_rows // 128, 1]
+    assert fp8_layout(m) is None  # its checkpoint is bf16
+
+
+def test_the_provider_writes_a_bf16_checkpoint_for_the_load_time_quantiser(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERN_CACHE_DIR", str(tmp_path))
+    m = manifest(QWEN3_TINY_CONFIG, weights="bf16-to-fp8")
+    m["model"] = "qwen3-tiny-fp8q"
+    path, what, _ = QWEN3.random_checkpoint(m, None)
+    assert what == "Qwen3 tiny" and "quantization_config" not in json.loads((path / "config.json").read_text())
+
+
+def test_a_compressed_tensors_fp8_dynamic_checkpoint_binds_its_row_scales() -> None:
+    s = gen.shape_from_config(QWEN3_4B_CONFIG)
+    m = manifest(QWEN3_4B_CONFIG, **{**FAST_FP8, "weights": "fp8-dynamic"})
+    verify_manifest(m)
+    b = m["buffers"]
+    p = "model.layers.5"
+    assert b["l5.qkv"]["dtype"] == "fp8e4m3"
+    assert b["l5.qkv.scale"] == {"dtype": "f32", "shape": [s.qkv_rows, 1], "kind": "weight",
+                                 "bind": [{"tensor": f"{p}.self_attn.{x}_proj.weight_scale"} for x in "qkv"]}
+    assert b["l5.gate_up.scale"]["shape"] == [2 * s.inter, 1]
+    decode = {c["label"]: c["op"] for c in m["programs"]["decode"]["calls"]}
+    prefill = {c["label"]: c["op"] for c in m["programs"]["prefill"]["calls"]}
+    assert decode["l5.down"] == f"gemv_e4m3_row_{s.hidden}x{s.inter}"
+    assert prefill["l5.down"] == f"gemm_e4m3_row_{s.hidden}x{s.inter}"
+    assert m["ops"][decode["l5.down"]]["impl"]["launches"][0]["entry"] == "kern_gemv_e4m3_row"
+    assert m["ops"][prefill["l5.down"]]["impl"]["launches"][0]["entry"] == "kern_dequant_e4m3_row"
+    assert fp8_layout(m) == "fp8-dynamic"
+
+
+def test_row_scales_take_rows_block_scales_cannot() -> None:
+    odd = {**QWEN3_TINY_CONFIG, "intermediate_size": 704}
+    verify_manifest(manifest(odd, weights="fp8-dynamic"))
+    with pytest.raises(gen.GenError, match="rows a multiple of 128"):
+        manifest(odd, weights="qwen-fp8")

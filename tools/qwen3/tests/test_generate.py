@@ -188,14 +188,21 @@ def test_manifest_abi_matches_kernel_sources() -> None:
     fold = _generate(shape, hashes, entries, model="t", feed=feed, gemv=list(gen.GEMV_GEMMS), fold_norm=True,
                      defer_norm=True)
     fp8 = _generate(shape, hashes, entries, model="t", feed=feed, gemv=["lm_head"], fuse=True, pdl=True,
-                    weights="qwen-fp8")
+                    weights="bf16-to-fp8")
     ops = plain["ops"] | fast["ops"] | fold["ops"] | fp8["ops"]
+    dyn = _generate(shape, hashes, entries, model="t", feed=feed, weights="fp8-dynamic")
+    ops |= dyn["ops"]
+    assert {op for op in ops if op.startswith("gemv_e4m3_row")} == {
+        "gemv_e4m3_row_1024x256", "gemv_e4m3_row_256x512", "gemv_e4m3_row_1536x256", "gemv_e4m3_row_256x768"}
+    assert {op for op in ops if op.startswith("quant_e4m3")} == {
+        "quant_e4m3_1024x256", "quant_e4m3_256x512", "quant_e4m3_1536x256", "quant_e4m3_256x768"}
     assert {op for op in ops if op.startswith("gemv")} == {
         "gemv_b4_1024x256", "gemv_s4_256x512", "gemv_silu_768x256", "gemv_p4_256x768", "gemv_p4_4096x256",
         "gemv_b4_d_1024x256", "gemv_b4_silu_d_768x256", "gemv_e4m3_1024x256", "gemv_e4m3_256x512",
-        "gemv_e4m3_1536x256", "gemv_e4m3_256x768"}
+        "gemv_e4m3_1536x256", "gemv_e4m3_256x768", "gemv_e4m3_row_1024x256", "gemv_e4m3_row_256x512",
+        "gemv_e4m3_row_1536x256", "gemv_e4m3_row_256x768"}
     assert {op for op in ops if op.startswith("gemm_e4m3")} == {
-        "gemm_e4m3_1024x256", "gemm_e4m3_256x512", "gemm_e4m3_1536x256", "gemm_e4m3_256x768"}
+        f"gemm_e4m3{form}_{nk}" for form in ("", "_row") for nk in ("1024x256", "256x512", "1536x256", "256x768")}
     assert_abi(ops, c_params(src))
 
 
@@ -212,7 +219,11 @@ def test_examples_are_what_the_generator_writes() -> None:
                     ("qwen3-tiny-batch", QWEN3_TINY_CONFIG, {"rows": 8}),
                     ("qwen3-4b-fp8", QWEN3_4B_CONFIG, {"weights": "qwen-fp8", "gemv": ["lm_head"], "fuse": True,
                                                        "pdl": True, "gemm_algos": "h200"}),
-                    ("qwen3-tiny-fp8", QWEN3_TINY_CONFIG, {"weights": "qwen-fp8"})]
+                    ("qwen3-tiny-fp8", QWEN3_TINY_CONFIG, {"weights": "qwen-fp8"}),
+                    ("qwen3-4b-fp8-from-bf16", QWEN3_4B_CONFIG, {"weights": "bf16-to-fp8", "gemv": ["lm_head"],
+                                                                 "fuse": True, "pdl": True, "gemm_algos": "h200"}),
+                    ("qwen3-4b-fp8-dynamic", QWEN3_4B_CONFIG, {"weights": "fp8-dynamic", "gemv": ["lm_head"],
+                                                               "fuse": True, "pdl": True, "gemm_algos": "h200"})]
     for name, config, kw in shipped_sets:
         shipped = json.loads((root / "examples" / f"{name}.json").read_text())
         entries = gen.entry_modules(TOOLS / "kernels-src")

@@ -1,7 +1,7 @@
 """`kern test A B`: does candidate manifest B compute what reference manifest A computes, and how
 fast? (docs/test.md)
 
-    kern test A B [--config C] [--kernels K --kernel-sources S --weights W...] [--gpu N]
+    kern test A B [--config C] [--kernels K --kernel-sources S --weights W... --weights-b W...] [--gpu N]
         [--capacity T] [--seed S] [--runs N] [--decode-steps N] [--logit-kl NATS] [--iters N]
         [--no-noise] [--no-perf] [--json]
 
@@ -49,6 +49,7 @@ class _Plan:
     kernels: Path
     kernel_sources: Path | None
     weights: tuple[Path, ...] | None
+    weights_b: tuple[Path, ...] | None
     gpu: int
     json: bool
 
@@ -95,10 +96,13 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise RunError(f"--gpu must not be negative, got {gpu}")
     kernels = args.kernels or a.target.kernels or b.target.kernels or a.manifest.parent.parent / "kernels"
     sources = args.kernel_sources or cfg.kernel_sources
-    weights = tuple(args.weights or a.target.weights or b.target.weights)
-    inputs = [check_inputs(LoadOptions(s.manifest, kernels, sources, weights, gpu, None)) for s in (a, b)]
+    # NOTE: none named: each side's seeded random checkpoint (one and the same for two bf16 manifests)
+    weights = tuple(args.weights or a.target.weights or b.target.weights or ())
+    weights_b = tuple(args.weights_b or args.weights or b.target.weights or a.target.weights or ())
+    inputs = [check_inputs(LoadOptions(s.manifest, kernels, sources, w, gpu, None))
+              for s, w in ((a, weights), (b, weights_b))]
     pair = ab.check_pair(inputs[0].manifest, inputs[1].manifest, options.capacity)
-    return _Plan(a, b, pair, options, kernels, sources, inputs[0].weights, gpu, bool(args.json))
+    return _Plan(a, b, pair, options, kernels, sources, inputs[0].weights, inputs[1].weights, gpu, bool(args.json))
 
 
 def _test(args: argparse.Namespace) -> int:
@@ -109,9 +113,12 @@ def _test(args: argparse.Namespace) -> int:
     plan = _plan(args)
     loading.probe_gpu(plan.gpu)
     weights = plan.weights or tuple(weight_files(loading.default_weights(plan.pair.a.manifest, log, Bar(sys.stderr))))
+    weights_b = plan.weights_b or tuple(weight_files(loading.default_weights(plan.pair.b.manifest, log,
+                                                                             Bar(sys.stderr))))
     for f in (plan.pair.a, plan.pair.b):
         loading.ensure_kernels(f.manifest, plan.kernels, plan.kernel_sources, log)
-    loader = ab.GpuLoader(plan.pair.a, plan.pair.b, plan.kernels, weights, plan.gpu, Bar(sys.stderr))
+    loader = ab.GpuLoader(plan.pair.a, plan.pair.b, plan.kernels, weights, plan.gpu, Bar(sys.stderr),
+                          weights_b=weights_b)
     log(f"seed {plan.options.seed:#x}")
     report = ab.report_of(ab.ab_test(loader, plan.pair, plan.options, log))
     print(report.json() if plan.json else report.text(), flush=True)
@@ -135,8 +142,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kernel-sources", type=Path,
                    help="kernel sources to build missing cubins from (default: kern.toml [kernels] sources)")
     p.add_argument("--weights", type=Path, nargs="+",
-                   help="checkpoint directory or .safetensors files both bind (default: A's target, else the "
-                        "model family's seeded random checkpoint)")
+                   help="checkpoint directory or .safetensors files A binds, and B unless --weights-b (default: "
+                        "each side's target's, else the model family's seeded random checkpoint for its manifest)")
+    p.add_argument("--weights-b", type=Path, nargs="+",
+                   help="B's own checkpoint (an FP8 one beside a bf16 A): B then loads alone, its weights read "
+                        "from it")
     p.add_argument("--gpu", type=int, help="device ordinal (default 0)")
     p.add_argument("--capacity", type=int, help=f"KV tokens of a run's sequence (default {DEFAULT_CAPACITY})")
     p.add_argument("--seed", type=int, help="the workload's seed (default 0x5eed, or kern.toml [test] seed)")

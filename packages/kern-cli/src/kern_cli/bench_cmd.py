@@ -109,7 +109,8 @@ def _bench_args(args: argparse.Namespace) -> _Plan:
     kb.floor_manifest(inputs.manifest, load.manifest, options.floor_manifest)
     kb.bench_capacity(load, options, inputs.roles)
     mode = args.peer or cfg.bench.peer or "auto"
-    peer = kb.plan_peer(mode, kb.checkpoint_config(load.weights), default_weights=not load.weights)
+    fp8 = any(b.dtype == "fp8e4m3" and b.bind is not None for b in inputs.manifest.buffers.values())
+    peer = kb.plan_peer(mode, kb.checkpoint_config(load.weights), default_weights=not load.weights, fp8=fp8)
     return _Plan(load, inputs.manifest, options, peer, out, args.json)
 
 

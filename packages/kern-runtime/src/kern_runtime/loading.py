@@ -43,7 +43,7 @@ from kern_manifest import Manifest, manifest_to_json, name_list, short
 from kern_pool import Capacity
 
 from . import probes
-from ._manifest import read_manifest
+from ._manifest import bind_segments, read_manifest
 from .errors import (
     ApiError,
     CudaError,
@@ -59,7 +59,7 @@ from .errors import (
 from .inputs import check_capacity, weight_files
 from .providers import Provider, ProviderError, find
 from .roles import ServingRoles, serving_roles
-from .weights import Safetensors
+from .weights import Safetensors, plan_bind
 
 if TYPE_CHECKING:
     from .engine import Engine, EngineConfig
@@ -77,6 +77,7 @@ __all__ = [
     "SizeError",
     "available_ram",
     "call_factory",
+    "check_binds",
     "check_gpus",
     "check_inputs",
     "check_kernels",
@@ -205,11 +206,28 @@ def check_inputs(load: LoadOptions) -> LoadInputs:
     roles = serving_roles(manifest)
     weights = tuple(weight_files(load.weights)) if load.weights else None
     if weights:
-        Safetensors.open(weights)  # NOTE: the headers only: a file that is not safetensors is one line now
+        check_binds(manifest, Safetensors.open(weights))  # NOTE: from the headers alone
     check_kernels(manifest, load.kernels, load.kernel_sources)
     if load.capacity is not None:
         check_capacity(roles, load.capacity)
     return LoadInputs(manifest=manifest, roles=roles, weights=weights)
+
+
+def check_binds(manifest: Manifest, tensors: Safetensors) -> None:
+    """Each bound buffer whose tensors the checkpoint has, against their headers, as the load will
+    plan it (rank 0 of each group): of the buffer's dtype (an FP8 checkpoint for a bf16 manifest or
+    the reverse among them), scales that fit, windows inside, the buffer covered exactly. A tensor
+    the checkpoint lacks is named when the load plans its copies.
+
+    Raises:
+        WeightArtifactError: the first bind that does not hold (one line).
+    """
+    for name, buf in manifest.buffers.items():
+        if buf.kind not in ("weight", "source") or buf.bind is None:
+            continue
+        segments = bind_segments(name, buf, {})
+        if all(tensors.get(seg.tensor) is not None for seg in segments):
+            plan_bind(name, buf.dtype, manifest.buffer_max_bytes(name), segments, tensors)
 
 
 def _manifest_problem(path: Path) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kern_manifest import KernelLaunch, Manifest, manifest_to_json, parse_manifest
-from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
+from kern_qwen3 import QWEN3_TINY_CONFIG, from_e4m3_bits, quantize_blocks, random_checkpoint
 from kern_runtime import domains as kr_domains
 from kern_runtime import errors as kr_errors
 
@@ -604,6 +604,32 @@ def k_dequant_e4m3_b128(t: int, w: Ptr, s: Ptr, out: Ptr, n: int, k: int) -> Non
     _view(out, n * k)[:] = _e4m3_weight(w, s, n, k).reshape(-1)
 
 
+def _e4m3_rows(w: Ptr, s: Ptr, n: int, k: int) -> np.ndarray:
+    """The [n, k] weight W[c, j] * s[c] of e4m3 values `w` and one float32 scale per output row `s` [n]."""
+    return (_view(w, n * k).reshape(n, k) * _view(s, n)[:, None]).astype(F32)
+
+
+def k_gemv_e4m3_row(t: int, x: Ptr, w: Ptr, s: Ptr, y: Ptr, rows: int, n: int, k: int, y_stride: int) -> None:
+    """kern_gemv_e4m3_row (fp8.cu): kern_gemv_e4m3_b128 over one scale per output row, s [n]:
+    y[r, c] = s[c] * sum_j x[r, j] w[c, j] for c < n, as x (w * s)^T in float32."""
+    xs = _view(x, rows * k).reshape(rows, k)
+    _view(y, rows * y_stride).reshape(rows, y_stride)[:, :n] = xs @ _e4m3_rows(w, s, n, k).T
+
+
+def k_dequant_e4m3_row(t: int, w: Ptr, s: Ptr, out: Ptr, n: int, k: int) -> None:
+    """kern_dequant_e4m3_row (fp8.cu): out[c, j] = w[c, j] * s[c] (float32 here, bf16 on the GPU)."""
+    _view(out, n * k)[:] = _e4m3_rows(w, s, n, k).reshape(-1)
+
+
+def k_quant_e4m3_b128(t: int, src: Ptr, w: Ptr, s: Ptr, n: int, k: int) -> None:
+    """kern_quant_e4m3_b128 (fp8.cu): the [n, k] bf16 weight quantised as a Qwen FP8 checkpoint
+    holds it (`kern_qwen3.quantize_blocks`: block amax / 448, e4m3 to nearest even); w gets the e4m3
+    values (the interpreter holds e4m3 as float32), s the block scales."""
+    q, scales = quantize_blocks(_view(src, n * k).reshape(n, k))
+    _view(w, n * k)[:] = from_e4m3_bits(q).reshape(-1)
+    _view(s, scales.size)[:] = scales.reshape(-1)
+
+
 def k_rope_table(t: int, cos: Ptr, sin: Ptr, maxpos: int, half: int, theta: float) -> None:
     inv = (1.0 / np.power(np.float64(theta), np.arange(half) * 2 / (2 * half))).astype(F32)
     ang = np.arange(maxpos, dtype=F32)[:, None] * inv[None, :]
@@ -653,7 +679,8 @@ KERNELS: dict[str, Callable[..., None]] = {
     "kern_gemv_bf16_p4_silu_n": k_gemv_silu_norm, "kern_gemv_bf16_b4_d": k_gemv_norm,
     "kern_gemv_bf16_b4_silu_d": k_gemv_silu_norm, "kern_gemv_bf16_p4_d": k_gemv_norm,
     "kern_gemv_bf16_p4_silu_d": k_gemv_silu_norm, "kern_gemv_e4m3_b128": k_gemv_e4m3_b128,
-    "kern_dequant_e4m3_b128": k_dequant_e4m3_b128, **F32_KERNELS,
+    "kern_dequant_e4m3_b128": k_dequant_e4m3_b128, "kern_quant_e4m3_b128": k_quant_e4m3_b128,
+    "kern_gemv_e4m3_row": k_gemv_e4m3_row, "kern_dequant_e4m3_row": k_dequant_e4m3_row, **F32_KERNELS,
 }  # fmt: skip
 
 
@@ -729,7 +756,7 @@ class Interp:
         for name, b in m["buffers"].items():
             n = int(np.prod([env[d] if isinstance(d, str) else d for d in b["shape"]]))
             self.mem[name] = np.zeros(n, dtype=_NP[b["dtype"]])
-            if b["kind"] == "weight":
+            if b["kind"] in ("weight", "source") and b.get("bind"):
                 self.mem[name][:] = np.concatenate([tensors[s["tensor"]].reshape(-1) for s in b["bind"]])
         # NOTE: the runtime's pool holds whole pages (the block table's stride), as many as `capacity`
         # tokens need; kern_runtime's input-domain check bounds the writes by those token slots.
@@ -741,6 +768,8 @@ class Interp:
                                                 {"kv": kr_domains.StateUnits(slots, f"{slots} token slots")})
         self.scratch = {(op, s): np.zeros(int(np.prod(sc["shape"])), dtype=_NP[sc["dtype"]])
                         for op, spec in m["ops"].items() for s, sc in spec["impl"].get("scratch", {}).items()}
+        for name in sorted(n for n, p in m["programs"].items() if p.get("derive")):
+            self.run(name, {})  # NOTE: the unbound weights, from the sources (kept: the interpreter frees nothing)
         for name, p in m["programs"].items():
             if p.get("once"):
                 self.run(name, {})

@@ -51,6 +51,7 @@ from kern_qwen3.facts import decode_gemm_shapes, decode_weight_bytes
 from kern_qwen3.fp8 import (
     FP8_ENTRIES,
     FP8_GEMMS,
+    QUANT_ENTRY,
     WEIGHT_FORMATS,
     WeightFormat,
     apply_fp8,
@@ -158,6 +159,7 @@ __all__ = [
     "PREFILL_BM",
     "PREFILL_THREADS",
     "PRESETS",
+    "QUANT_ENTRY",
     "QWEN3_4B_CONFIG",
     "QWEN3_TINY_CONFIG",
     "ROWS_ENTRIES",

@@ -219,33 +219,40 @@ def random_fp8_checkpoint(
     return write_once(target, lambda staging: _populate(staging, config, layout, seed, progress), "FP8 checkpoint")
 
 
-def _dequantised(seed: int, t: TensorSpec) -> bytes:
+def _dequantised(seed: int, layout: Fp8Layout, t: TensorSpec) -> bytes:
     bits = tensor_values(seed, t.name, t.shape)
     if not is_fp8_linear(t.name):
         return bits.tobytes()
-    q, scales = quantize_blocks((bits.astype(np.uint32) << np.uint32(16)).view(np.float32))
+    w = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
     n, k = t.shape
-    spread = np.repeat(np.repeat(scales, FP8_BLOCK, axis=0)[:n], FP8_BLOCK, axis=1)[:, :k]
+    if layout == "qwen-fp8":
+        q, scales = quantize_blocks(w)
+        spread = np.repeat(np.repeat(scales, FP8_BLOCK, axis=0)[:n], FP8_BLOCK, axis=1)[:, :k]
+    else:
+        q, spread = quantize_rows(w)
     return to_bf16_bits(from_e4m3_bits(q) * spread).tobytes()
 
 
 def dequantised_checkpoint(
     config: Mapping[str, Any],
     *,
+    layout: Fp8Layout = "qwen-fp8",
     seed: int = 0,
     name: str = "qwen3-4b",
     root: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Path, bool]:
-    """Write once the bf16 checkpoint whose weights are the `"qwen-fp8"` random checkpoint's of the
-    same (config, seed) dequantised: each linear weight bf16(e4m3 * its block scale), rounded to
+    """Write once the bf16 checkpoint whose weights are the random FP8 checkpoint's of the same
+    (config, layout, seed) dequantised: each linear weight bf16(e4m3 * its scale), rounded to
     nearest even, every other tensor as it is there; no quantization_config. What transformers (or a
     bf16 manifest) runs as the reference of an FP8 manifest. Returns (directory, written now).
 
     Raises:
-        CheckpointError: a config that is not a Qwen3 config, or a directory that cannot be written.
+        CheckpointError: an unknown layout, a config that is not a Qwen3 config, or a directory that
+            cannot be written.
     """
+    fp8_quantization_config(layout)
     tensors = [TensorSpec(n, "BF16", shape) for n, shape in qwen3_tensor_shapes(config).items()]
-    target = random_dir(config, name, seed, root, "qwen-fp8-dequantised")
+    target = random_dir(config, name, seed, root, f"{layout}-dequantised")
     return write_once(target, lambda staging: write_checkpoint(
-        staging, dict(config), tensors, lambda t: (_dequantised(seed, t),), progress), "dequantised checkpoint")
+        staging, dict(config), tensors, lambda t: (_dequantised(seed, layout, t),), progress), "dequantised checkpoint")

@@ -91,7 +91,7 @@ def generate(shape: Qwen3Shape, modules: Mapping[str, str], entries: Mapping[str
     check_kernel_limits(shape, attn_rows=plan.fuse or plan.rows > 0, attn_one=plan.fuse)
     manifest = _base(shape, entries, plan, picks)
     if plan.weights != "bf16":
-        apply_fp8(manifest, shape, entries)
+        apply_fp8(manifest, shape, entries, plan.weights)
     ctx = Context(shape=shape, plan=plan, picks=picks, entries=entries)
     for rewrite in plan.passes:
         try:

@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 
 from kern_qwen3.entries import GEMV_ENTRIES, GEMV_GEMMS, GEMV_PICK, GemvEntry, silu_entries
 from kern_qwen3.errors import GenError
-from kern_qwen3.fp8 import FP8_ENTRIES, FP8_GEMMS, WEIGHT_FORMATS, WeightFormat
+from kern_qwen3.fp8 import FP8_FORMS, FP8_GEMMS, WEIGHT_FORMATS, WeightFormat
 from kern_qwen3.fragments import Json
 from kern_qwen3.shape import Qwen3Shape
 
@@ -80,9 +80,11 @@ class Plan:
             device-fed, bf16, R <= chunk); the one-row `decode` program stays as it is.
         head: add the `head` program (`kern_qwen3.head`): after the last prefill chunk it
             computes the first generated token from the chunk's last row (bf16 only).
-        weights: "bf16", or "qwen-fp8": the layers' linear weights are a Qwen FP8 checkpoint's
-            e4m3 bytes and block scales (`kern_qwen3.fp8`); their decode GEMMs are the FP8 GEMV, so
-            `gemv` names none of them.
+        weights: "bf16"; "qwen-fp8": the layers' linear weights are a Qwen FP8 checkpoint's e4m3
+            bytes and block scales; "fp8-dynamic": a compressed-tensors FP8-dynamic checkpoint's
+            (one scale per output row); "bf16-to-fp8": Qwen's layout quantised from a bf16
+            checkpoint on the device at load (`kern_qwen3.fp8`). Over FP8 weights the linears' decode GEMMs are the
+            FP8 GEMV, so `gemv` names none of them.
     """
 
     chunk: int = DEFAULT_CHUNK
@@ -176,5 +178,5 @@ class Plan:
         """
         if self.chunk > shape.max_pos:
             raise GenError(f"chunk {self.chunk} must be in [1, {shape.max_pos}]")
-        fp8 = FP8_ENTRIES if self.weights != "bf16" else ()
+        fp8 = FP8_FORMS[self.weights].entries if self.weights != "bf16" else ()
         return fp8 + tuple(e for p in self.passes for e in p.needs(self, shape))

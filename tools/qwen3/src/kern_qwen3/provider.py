@@ -72,7 +72,7 @@ class Qwen3Provider:
 
 
 def fp8_layout(manifest: Mapping[str, Any]) -> Fp8Layout | None:
-    """The FP8 checkpoint layout a manifest (plain JSON) binds: None without e4m3 weight buffers;
+    """The FP8 checkpoint layout a manifest (plain JSON) binds: None without bound e4m3 weight buffers;
     "qwen-fp8" when a weight buffer binds a `*_scale_inv` tensor (Qwen's 128 x 128 block scales),
     "fp8-dynamic" when one binds a `*_scale` tensor (compressed-tensors' per-row scales).
 
@@ -80,8 +80,8 @@ def fp8_layout(manifest: Mapping[str, Any]) -> Fp8Layout | None:
         CheckpointError: e4m3 weight buffers but no scale tensor bound, or both kinds.
     """
     weights = [b for b in manifest.get("buffers", {}).values() if b.get("kind") == "weight"]
-    if not any(b.get("dtype") == "fp8e4m3" for b in weights):
-        return None
+    if not any(b.get("dtype") == "fp8e4m3" and b.get("bind") for b in weights):
+        return None  # NOTE: e4m3 weights a derive program writes come from a bf16 checkpoint
     names = {str(seg.get("tensor", "")) for b in weights for seg in b.get("bind", ())}
     block = any(n.endswith("_scale_inv") for n in names)
     row = any(n.endswith("_scale") for n in names)

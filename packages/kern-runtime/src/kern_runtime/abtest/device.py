@@ -73,14 +73,16 @@ class RuntimeSide:
 
 @dataclass(frozen=True, slots=True)
 class GpuLoader:
-    """Loads A and B on one GPU from their facts' manifests, the kernels and one checkpoint.
+    """Loads A and B on one GPU from their facts' manifests, the kernels and their checkpoints.
 
     Attributes:
         a: A's facts. b: B's facts.
         kernels: the directory of cubins (matched by sha256).
-        weights: the checkpoint's .safetensors files, bound by both.
+        weights: A's checkpoint's .safetensors files (B's too unless `weights_b` names others).
         gpu: the device ordinal.
         progress: follows the weight copies of each load.
+        weights_b: B's checkpoint when it is another (an FP8 one beside a bf16 A): B then loads
+            whole, after A's kept weights are freed.
     """
 
     a: Facts
@@ -89,8 +91,9 @@ class GpuLoader:
     weights: Sequence[Path]
     gpu: int
     progress: Progress | None = None
+    weights_b: Sequence[Path] | None = None
 
-    def _load(self, f: Facts, over: Resident | None) -> Side:
+    def _load(self, f: Facts, over: Resident | None, weights: Sequence[Path]) -> Side:
         page = f.roles.page_tokens
         tokens = -(-f.capacity // page) * page
         try:
@@ -101,7 +104,7 @@ class GpuLoader:
                 over.close()
             raise
         try:
-            rt.load_weights(Safetensors.open([str(p) for p in self.weights]), progress=self.progress)
+            rt.load_weights(Safetensors.open([str(p) for p in weights]), progress=self.progress)
         except BaseException:
             rt.close()
             raise
@@ -109,9 +112,13 @@ class GpuLoader:
 
     def reference(self) -> Side:
         """A on the GPU with its weights."""
-        return self._load(self.a, None)
+        return self._load(self.a, None, self.weights)
 
     def candidate(self, resident: object) -> Side:
-        """B over A's kept weights (`resident`: what `RuntimeSide.into_resident` returned)."""
+        """B over A's kept weights (`resident`: what `RuntimeSide.into_resident` returned), or,
+        with a checkpoint of its own, alone once they are freed."""
         assert isinstance(resident, Resident)
-        return self._load(self.b, resident)
+        if self.weights_b is None or list(self.weights_b) == list(self.weights):
+            return self._load(self.b, resident, self.weights)
+        resident.close()
+        return self._load(self.b, None, self.weights_b)

@@ -156,9 +156,16 @@ def read_facts(manifest: Manifest, capacity: int, who: str) -> Facts:
                  _domains(manifest, roles, logits), _row_logits(manifest, roles, vocab))
 
 
+SCALE_SUFFIXES = ("_scale_inv", "_scale")
+"""Checkpoint tensors a quantised checkpoint adds beside its weights (Qwen FP8's `weight_scale_inv`,
+compressed-tensors' `weight_scale`): an FP8 manifest and a bf16 one of the same model bind the same
+tensors but these."""
+
+
 def _tensors(manifest: Manifest) -> set[str]:
-    return {str(seg.model_dump(mode="json")["tensor"]) for buf in manifest.buffers.values()
-            if buf.kind == "weight" for seg in buf.bind or ()}
+    names = {str(seg.model_dump(mode="json")["tensor"]) for buf in manifest.buffers.values()
+             if buf.kind == "weight" for seg in buf.bind or ()}
+    return {n for n in names if not n.endswith(SCALE_SUFFIXES)}
 
 
 def _same_model(a: Facts, b: Facts) -> None:

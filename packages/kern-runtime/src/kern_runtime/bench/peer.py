@@ -91,16 +91,25 @@ def planned(mode: str, why: str | None, who: str) -> PeerPlan:
 
 
 def qwen3_problem(config: Mapping[str, Any]) -> str | None:
-    """Why a checkpoint's config.json is not one the peers run (None: a Qwen3)."""
+    """Why a checkpoint's config.json is not one the peers run (None: a bf16 Qwen3)."""
     if config.get("model_type") != "qwen3":
         return f"it runs Qwen3 checkpoints, and config.json says model_type {config.get('model_type')!r}"
+    quant = config.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+        return f"it runs bf16 checkpoints, and config.json has a quantization_config ({str(method)[:32]})"
     return None
 
 
-def plan_peer(mode: str, config: Mapping[str, Any] | None, *, default_weights: bool) -> PeerPlan:
+FP8_MANIFEST = "it runs bf16 checkpoints, and this manifest's weights are FP8 (its default checkpoint is FP8)"
+
+
+def plan_peer(mode: str, config: Mapping[str, Any] | None, *, default_weights: bool,
+              fp8: bool = False) -> PeerPlan:
     """Whether the peer runs: `mode` is on (it must), auto (when it can) or off. `config` is the
     checkpoint's config.json (None: none found); `default_weights`: the seeded random Qwen3-4B
-    checkpoint will be used (a Qwen3). No GPU, no torch import.
+    checkpoint will be used (a Qwen3, FP8 when `fp8`: the manifest binds e4m3 weights). No GPU, no
+    torch import.
 
     Raises:
         PeerError: `mode` is on and the peer cannot run; `mode` is not one of PEER_MODES.
@@ -109,6 +118,8 @@ def plan_peer(mode: str, config: Mapping[str, Any] | None, *, default_weights: b
     if mode == "off":
         return PeerPlan(False)
     why = _missing()
+    if why is None and default_weights and fp8:
+        why = FP8_MANIFEST
     if why is None and not default_weights:
         why = "the weights have no config.json beside them" if config is None else qwen3_problem(config)
     return planned(mode, why, "the PyTorch peer")
