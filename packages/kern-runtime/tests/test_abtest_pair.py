@@ -36,6 +36,19 @@ def test_shipped_pairs_compare() -> None:
     assert _pair(base, f32, 4096).b.layout("kv") != p.a.layout("kv")
 
 
+def test_the_fp8_manifests_pair_with_the_bf16_ones() -> None:
+    """One model whatever its checkpoint: scale tensors aside, and the tensors a derive program
+    quantises at load (sources) counted as bound."""
+    fast, fp8 = _example("qwen3-4b-fast"), _example("qwen3-4b-fp8")
+    for a, b in ((fast, fp8), (fp8, _example("qwen3-4b-fp8-from-bf16")), (fast, _example("qwen3-4b-fp8-dynamic"))):
+        assert _pair(a, b, 4096).common == ("prefill", "decode", "head", "start")
+    no_scale = copy.deepcopy(fp8)
+    no_scale["buffers"]["l0.qkv.bf16"] = {**no_scale["buffers"]["l0.qkv"], "dtype": "bf16", "kind": "source",
+                                          "bind": [{"tensor": "model.layers.0.self_attn.x_proj.weight"}]}
+    with pytest.raises(ab.AbTestError, match=r"different models: B binds .*x_proj"):
+        _pair(fast, no_scale, 4096)
+
+
 def test_the_paged_reach_rounds_up_to_whole_pages() -> None:
     tiny = _example("qwen3-tiny")
     assert ab.read_facts(parsed(tiny), 60, "A").states == {"kv": 64 * 2048}

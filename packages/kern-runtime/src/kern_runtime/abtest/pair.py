@@ -163,8 +163,9 @@ tensors but these."""
 
 
 def _tensors(manifest: Manifest) -> set[str]:
+    """The checkpoint tensors the manifest binds (weights, and sources its derive programs read)."""
     names = {str(seg.model_dump(mode="json")["tensor"]) for buf in manifest.buffers.values()
-             if buf.kind == "weight" for seg in buf.bind or ()}
+             if buf.kind in ("weight", "source") for seg in buf.bind or ()}
     return {n for n in names if not n.endswith(SCALE_SUFFIXES)}
 
 
