@@ -124,3 +124,19 @@ def test_the_ram_the_cpu_backend_says_is_what_it_allocates() -> None:
         assert asks["the buffers"] == sum(a.nbytes for a in backend.machine.mem.values())  # type: ignore[attr-defined]
     finally:
         eng.close()
+
+
+def test_the_tiny_fp8_manifest_serves_on_its_own_fp8_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without weights the CPU backend takes the checkpoint the provider writes for the manifest:
+    the FP8 one for `examples/qwen3-tiny-fp8.json`, whose e4m3 buffers hold its decoded values."""
+    monkeypatch.setenv("KERN_CACHE_DIR", str(tmp_path))
+    spec = EngineSpec(ROOT / "examples" / "qwen3-tiny-fp8.json", ROOT / "kernels", (), 0, 256, 2, 0, 64)
+    eng = engine(spec)
+    try:
+        mem = eng.backend.machine.mem  # type: ignore[attr-defined]
+        assert mem["l0.qkv.scale"].size == 8 * 2 and bool((mem["l0.qkv.scale"] > 0).all())
+        assert len(list((tmp_path / "random").glob("qwen3-tiny-qwen-fp8-*"))) == 1
+        seq = eng.sequence()
+        assert len(eng.turn(seq, [1, 2, 3, 4, 5], 4).tokens) == 4
+    finally:
+        eng.close()

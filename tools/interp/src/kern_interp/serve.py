@@ -21,8 +21,9 @@ from pathlib import Path
 import kern_runtime as kr
 from kern_interp import qwen3 as interp
 from kern_interp.backend import InterpBackend
-from kern_manifest import Manifest
+from kern_manifest import Manifest, manifest_to_json
 from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint
+from kern_qwen3.provider import QWEN3
 from kern_runtime.serving import EngineSpec
 
 __all__ = ["CHUNK_PAGES", "SPECIAL", "ByteTokenizer", "CpuBackend", "engine", "tokenizer"]
@@ -60,7 +61,7 @@ class _Plan:
 def _plan(spec: EngineSpec) -> _Plan:
     manifest = kr.read_manifest(spec.manifest)
     roles = kr.serving_roles(manifest)
-    files = tuple(kr.weight_files(spec.weights) if spec.weights else kr.weight_files([_default_weights()]))
+    files = tuple(kr.weight_files(spec.weights) if spec.weights else kr.weight_files([_default_weights(manifest)]))
     heads: dict[str, interp.TensorHead] = {}
     for f in files:
         heads.update(interp.read_header(f))
@@ -77,9 +78,9 @@ def _check_weights(manifest: Manifest, heads: Mapping[str, interp.TensorHead], n
     env = manifest.var_max
     where = f"the weights do not fit {name[:48]}"
     for buf, b in manifest.buffers.items():
-        if b.kind != "weight":
-            continue
-        tensors = [str(s.tensor) for s in b.bind or ()]
+        if b.kind not in ("weight", "source") or b.bind is None:
+            continue  # NOTE: a weight without a bind is a derive program's to write
+        tensors = [str(s.tensor) for s in b.bind]
         missing = next((t for t in tensors if t not in heads), None)
         if missing is not None:
             raise kr.WeightArtifactError(f"{where}: the checkpoint has no tensor {missing[:48]!r} ({hint})")
@@ -134,7 +135,12 @@ engine = CpuBackend()
 checkpoint)."""
 
 
-def _default_weights() -> Path:
+def _default_weights(manifest: Manifest) -> Path:
+    """A tiny Qwen3 manifest's seeded random checkpoint as the provider writes it (FP8 for e4m3
+    weights); the tiny bf16 one for any other manifest (which the weight check then refuses)."""
+    if manifest.model.lower().startswith("qwen3-tiny"):
+        path, _what, _written = QWEN3.random_checkpoint(manifest_to_json(manifest), None)
+        return path
     path, _ = random_checkpoint(dict(QWEN3_TINY_CONFIG), seed=0, name="qwen3-tiny")
     return path
 
