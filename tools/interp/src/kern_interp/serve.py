@@ -5,7 +5,8 @@ its 4,096 ids.
 
 `engine(spec)` builds the `kern_runtime.Engine` over `InterpBackend` (the pool holds `spec.tokens`
 KV tokens in chunks of 8 pages, a host tier of `spec.host_bytes`); without weights it writes (once)
-and uses the seeded random checkpoint of `QWEN3_TINY_CONFIG`. The weights' headers are checked
+and uses the seeded random checkpoint the provider writes for a tiny Qwen3 manifest (an FP8 one for
+e4m3 weights: `examples/qwen3-tiny-fp8.json`). The weights' headers are checked
 against the manifest before any tensor is read (a checkpoint of another model is one line, a
 `WeightArtifactError`), and `engine.ram(spec)` tells kern serve the RAM it will take.
 `tokenizer()` is `ByteTokenizer`: UTF-8 bytes are ids 0..255, the chat template's special tokens
