@@ -189,3 +189,20 @@ def test_write_sets_in_blocks() -> None:
     assert ab.outside_bytes(written, b) == 4
     with pytest.raises(ValueError, match="blocks"):
         ab.outside_bytes(written, b[:64])
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float32, (4, 48), elements=st.floats(-8, 8, width=32)),
+       hnp.arrays(np.float32, (4, 48), elements=st.floats(-1, 1, width=32)),
+       st.floats(1e-4, 1e-1))
+def test_a_candidate_is_within_the_band_of_its_own_rerounding(a: np.ndarray, d: np.ndarray, size: float) -> None:
+    """B identical to A is within any band of the same rows; B the noise pass itself is within its
+    own band; B moved four times as far as the noise pass is not: KL(A || A + t d) is convex in t and
+    0 at 0, so 4x the move is at least 4x the KL, past the band's 2x (a noise pass of no KL aside)."""
+    noise = ab.row_stats(a, a + d * np.float32(size))
+    assert ab.within_noise(ab.row_stats(a, a.copy()), noise)
+    assert ab.within_noise(noise, noise)
+    far = ab.row_stats(a, a + d * np.float32(4 * size))
+    if float(noise.kl.max()) > 1e-9:
+        assert float(far.kl.max()) >= 3.9 * float(noise.kl.max())
+        assert not ab.within_noise(far, noise)
