@@ -434,3 +434,23 @@ def test_weights_that_are_not_safetensors_are_one_line_before_the_gpu(
     assert run.main(argv) == 2
     line = _one_line(capsys)
     assert "w.safetensors" in line and "safetensors file" in line and "GPU" not in line
+
+
+@pytest.mark.parametrize(("manifest", "layout", "words"), [
+    ("qwen3-tiny.json", "qwen-fp8", "an FP8 checkpoint needs a manifest with fp8 weight buffers"),
+    ("qwen3-tiny-fp8.json", None, "this manifest binds an FP8 checkpoint's weights"),
+])
+def test_an_fp8_checkpoint_for_a_bf16_manifest_and_the_reverse_are_one_line_before_the_gpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], manifest: str,
+        layout: str | None, words: str) -> None:
+    from kern_qwen3 import QWEN3_TINY_CONFIG, random_checkpoint, random_fp8_checkpoint
+
+    probed: list[int] = []
+    monkeypatch.setattr(loading, "count_gpus", lambda: probed.append(1) or 1)
+    ckpt = (random_fp8_checkpoint(QWEN3_TINY_CONFIG, layout=layout, seed=2, name="t", root=tmp_path)[0]  # type: ignore[arg-type]
+            if layout else random_checkpoint(QWEN3_TINY_CONFIG, seed=2, name="t", root=tmp_path)[0])
+    root = Path(__file__).resolve().parents[3]
+    argv = ["--manifest", str(root / "examples" / manifest), "--kernels", str(root / "kernels"),
+            "--weights", str(ckpt)]
+    assert run.main(argv) == 2
+    assert words in _one_line(capsys) and probed == []
