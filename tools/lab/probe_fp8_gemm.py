@@ -8,7 +8,13 @@ prefill chunk sizes, C[m, n] = X[m, k] @ W[n, k]^T timed three ways over the sam
   float32 scales) and W's own 128 x 128 block scales (DeepSeek's recipe, which cuBLASLt runs on
   Hopper with its VEC128_32F / BLK128x128_32F scale modes); X's quantisation is timed with it.
 
-Each is checked against float64 over the same values first (relative L2 of C printed: the fp8 path
+Before them, `layouts()` calls cuBLASLt itself (nvmath's bindings, kern_runtime.blas's
+descriptors: W as cuBLAS's A with TRANSA, X as B) in its block-scaled modes (A_SCALE_MODE
+BLK128x128_32F, B_SCALE_MODE VEC128_32F) with each candidate layout of the two scale tensors
+(W's [n/128][k/128] or [k/128][n/128]; X's [m][k/128] or [k/128][m]) and prints which one gives the
+float64 product: the layout an extern of ours must hand it.
+
+Each path is checked against float64 over the same values first (relative L2 of C printed: the fp8 path
 also quantises X, so it is expected at the e4m3 level, ~2^-5, the others at bf16's). Each is timed as
 the median of CUDA-event spans over rotating weight copies that miss L2.
 
@@ -54,6 +60,75 @@ def _scaled_mm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.T
     b_scale = ws.t()  # NOTE: W^T is [k, n]: its blocks [k/128, n/128]
     return torch._scaled_mm(xq, wq.view(torch.float8_e4m3fn).t(), scale_a=a_scale, scale_b=b_scale,
                             out_dtype=torch.bfloat16)
+
+
+_COMPUTE_32F, _R_32F, _R_16BF, _R_8F_E4M3 = 68, 0, 14, 28
+_WORKSPACE = 32 << 20
+
+
+def _lt_blockscaled(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """out[m, n] = (X e4m3 with its VEC128 scales) @ (W e4m3 with its BLK128x128 scales)^T through
+    cublasLtMatmul, the scale tensors passed as laid out in memory (`xs`, `ws` contiguous)."""
+    import numpy as np
+    from nvmath.bindings import cublasLt as lt
+
+    m, k = xq.shape
+    n = wq.shape[0]
+    handle = lt.create()
+    desc = lt.matmul_desc_create(_COMPUTE_32F, _R_32F)
+    layouts = [lt.matrix_layout_create(_R_8F_E4M3, k, n, k), lt.matrix_layout_create(_R_8F_E4M3, k, m, k),
+               lt.matrix_layout_create(_R_16BF, n, m, n)]
+    pref = lt.matmul_preference_create()
+    workspace = torch.empty(_WORKSPACE, dtype=torch.uint8, device="cuda")
+    try:
+        attrs = ((lt.MatmulDescAttribute.TRANSA, np.array([1], dtype=np.int32)),
+                 (lt.MatmulDescAttribute.TRANSB, np.array([0], dtype=np.int32)),
+                 (lt.MatmulDescAttribute.A_SCALE_MODE, np.array([int(lt.MatmulMatrixScale.BLK128x128_32F)], dtype=np.int32)),
+                 (lt.MatmulDescAttribute.B_SCALE_MODE, np.array([int(lt.MatmulMatrixScale.VEC128_32F)], dtype=np.int32)),
+                 (lt.MatmulDescAttribute.A_SCALE_POINTER, np.array([ws.data_ptr()], dtype=np.uint64)),
+                 (lt.MatmulDescAttribute.B_SCALE_POINTER, np.array([xs.data_ptr()], dtype=np.uint64)))
+        for attr, value in attrs:
+            lt.matmul_desc_set_attribute(desc, attr, value.ctypes.data, value.nbytes)
+        size = np.array([_WORKSPACE], dtype=np.uint64)
+        lt.matmul_preference_set_attribute(pref, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES, size.ctypes.data, 8)
+        a, b, c = layouts
+        results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
+        count = np.zeros(1, dtype=np.int32)
+        lt.matmul_algo_get_heuristic(handle, desc, a, b, c, c, pref, 1, results.ctypes.data, count.ctypes.data)
+        if count[0] < 1:
+            raise RuntimeError("cuBLASLt has no algorithm for this block-scaled problem")
+        algo = np.array(results[0]["algo"]["data_"], dtype=np.uint64)
+        alpha, beta = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+        lt.matmul(handle, desc, alpha.ctypes.data, wq.data_ptr(), a, xq.data_ptr(), b, beta.ctypes.data,
+                  out.data_ptr(), c, out.data_ptr(), c, algo.ctypes.data, workspace.data_ptr(), _WORKSPACE,
+                  torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+    finally:
+        lt.matmul_preference_destroy(pref)
+        for lay in layouts:
+            lt.matrix_layout_destroy(lay)
+        lt.matmul_desc_destroy(desc)
+        lt.destroy(handle)
+
+
+def layouts(m: int = 256, n: int = 384, k: int = 512) -> list[str]:
+    """Which scale layouts make cuBLASLt's block-scaled GEMM the float64 product (one line each)."""
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    xq, xs = quantise_rows_1x128(x)
+    _x, wq, ws = fp8.operands(n, k, 1, seed=7)
+    ref = ((xq.double() * xs.double().repeat_interleave(fp8.BLOCK, 1)[:, :k])
+           @ (wq.view(torch.float8_e4m3fn).double() * fp8.scales_of(ws.double(), n, k)).T)
+    lines = []
+    for wname, wlay in (("W [n/128][k/128]", ws.contiguous()), ("W [k/128][n/128]", ws.t().contiguous())):
+        for xname, xlay in (("X [m][k/128]", xs.contiguous()), ("X [k/128][m]", xs.t().contiguous())):
+            out = torch.zeros(m, n, device="cuda", dtype=torch.bfloat16)
+            try:
+                _lt_blockscaled(xq, xlay, wq, wlay, out)
+                lines.append(f"{wname}, {xname}: relative L2 {_rel(out, ref):.2e}")
+            except Exception as exc:
+                lines.append(f"{wname}, {xname}: refused: {str(exc).splitlines()[0][:160]}")
+    return lines
 
 
 def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -128,8 +203,10 @@ def main() -> None:
     p.add_argument("--m", default="709,4096,16384")
     args = p.parse_args()
     torch.manual_seed(0)
+    found = "\n".join(f"- cuBLASLt block-scaled, {line}" for line in layouts())
+    print(found)
     rows = [probe(name, n, k, m) for m in (int(v) for v in args.m.split(",")) for name, (n, k) in SHAPES.items()]
-    text = f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n\n{_table(rows)}\n"
+    text = f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n\n{found}\n\n{_table(rows)}\n"
     print(text)
     if args.out is not None:
         args.out.write_text(text)
