@@ -1,5 +1,6 @@
-"""Which prefill GEMM should the FP8 manifests run? On the local GPU, for the Qwen3-4B linears at
-prefill chunk sizes, C[m, n] = X[m, k] @ W[n, k]^T timed three ways over the same weights:
+"""Which GEMM should the FP8 manifests run in prefill and in a batched step? On the local GPU, for
+the Qwen3-4B linears at a batched step's rows (8, 32, 64) and prefill chunk sizes,
+C[m, n] = X[m, k] @ W[n, k]^T timed three ways over the same weights:
 
 - `bf16`: torch.mm over the bf16 weight (the bf16 manifest's GEMM, cuBLASLt);
 - `dequant+bf16`: the FP8 manifests' prefill today: the e4m3 weight and its 128 x 128 block scales
@@ -18,11 +19,11 @@ Each path is checked against float64 over the same values first (relative L2 of 
 also quantises X, so it is expected at the e4m3 level, ~2^-5, the others at bf16's). Each is timed as
 the median of CUDA-event spans over rotating weight copies that miss L2.
 
-    PYTHONPATH=tools/tests:tools/lab python3 tools/lab/probe_fp8_gemm.py [out.md] [--m 709,4096,16384]
+    PYTHONPATH=tools/tests:tools/lab python3 tools/lab/probe_fp8_gemm.py [out.md] [--m 8,32,64,709,4096,16384]
 
 The answer decides between an extern over cuBLASLt's block-scaled fp8 GEMM (with a per-token
-activation quantiser of our own) and our own block-scaled kernel; the product runs `dequant+bf16`
-until one of them measures faster.
+activation quantiser of our own) and our own block-scaled kernel, for prefill and for an FP8
+batched step alike; the product's prefill runs `dequant+bf16` until one of them measures faster.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("out", nargs="?", type=Path)
-    p.add_argument("--m", default="709,4096,16384")
+    p.add_argument("--m", default="8,32,64,709,4096,16384")
     args = p.parse_args()
     torch.manual_seed(0)
     found = "\n".join(f"- cuBLASLt block-scaled, {line}" for line in layouts())
