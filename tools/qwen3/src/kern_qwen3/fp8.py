@@ -1,5 +1,5 @@
 """FP8 weights: the rewrite that makes a bf16 manifest run its layers' linears over e4m3 weights
-with Qwen FP8's 128 x 128 float32 block scales, from either checkpoint:
+and their float32 scales, from one of three checkpoints:
 
 - `weights="qwen-fp8"`: a Qwen FP8 checkpoint as it is downloaded. Every linear weight of the
   layers (qkv, o, gate_up, down) becomes a float8 e4m3 buffer with a float32 scale buffer beside
@@ -18,10 +18,11 @@ with Qwen FP8's 128 x 128 float32 block scales, from either checkpoint:
 
 Activations stay bf16 (weights-only FP8); the embedding, the norms and lm_head stay bf16.
 
-- Decode (one row): each of those GEMMs is `kern_gemv_e4m3_b128` (fp8.cu), which reads the e4m3
-  bytes and their block scales: half the bytes of the bf16 step's weights.
-- Prefill and the head program's rows: each is one op of two launches: `kern_dequant_e4m3_b128`
-  writes the bf16 weight into the op's scratch, then cuBLASLt's bf16 GEMM runs over it.
+- Decode and the head program (one row): each of those GEMMs is `kern_gemv_e4m3_b128` (fp8.cu; its
+  `_row` form for per-row scales), which reads the e4m3 bytes and their scales: about half the
+  bytes of the bf16 step's weights.
+- Prefill chunks: each is one op of two launches: `kern_dequant_e4m3_b128` (or `_row`) writes the
+  bf16 weight into the op's scratch, then cuBLASLt's bf16 GEMM runs over it.
 """
 
 from __future__ import annotations
