@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from kern_manifest import KernelLaunch, Manifest, manifest_to_json, parse_manifest
-from kern_qwen3 import QWEN3_TINY_CONFIG, from_e4m3_bits, quantize_blocks, random_checkpoint
+from kern_qwen3 import (
+    FP8_BLOCK,
+    QWEN3_TINY_CONFIG,
+    from_e4m3_bits,
+    quantize_blocks,
+    random_checkpoint,
+    spread_blocks,
+)
 from kern_runtime import domains as kr_domains
 from kern_runtime import errors as kr_errors
 
@@ -32,19 +39,8 @@ _SIZE = {"bf16": 2, "f32": 4, "fp8e4m3": 1, "i64": 8, "i32": 4}
 Ptr = tuple[np.ndarray, int]  # flat array, element offset
 
 
-def _e4m3_table() -> np.ndarray:
-    """The float32 value of each of the 256 float8_e4m3fn codes (OCP e4m3fn: 1 sign, 4 exponent bits
-    of bias 7, 3 mantissa bits, subnormals, no infinities; 0x7f and 0xff are NaN)."""
-    code = np.arange(256, dtype=np.uint32)
-    exp, man = (code >> 3) & 0xF, code & 7
-    normal = ((exp + (127 - 7)) << 23 | man << 20).view(F32)  # the e4m3 fields moved into float32's
-    mag = np.where(exp == 0, man.astype(F32) * F32(2.0**-9), normal)
-    mag = np.where((exp == 0xF) & (man == 7), F32(np.nan), mag)
-    return np.where(code & 0x80, -mag, mag).astype(F32)
-
-
-E4M3_VALUES = _e4m3_table()
-"""float8_e4m3fn byte -> its float32 value (exact), 256 entries."""
+E4M3_VALUES = from_e4m3_bits(np.arange(256, dtype=np.uint8))
+"""float8_e4m3fn byte -> its float32 value (exact), 256 entries: kern_qwen3's table."""
 
 _DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4}
 """The safetensors dtypes the CPU backend reads, by bytes per element."""
@@ -575,16 +571,11 @@ def k_gemv_tail(t: int, x: Ptr, w: Ptr, y: Ptr, rows: int, n: int, k: int, y_str
     _view(counter, 1)[:] = 0
 
 
-FP8_BLOCK = 128
-"""The side of a Qwen FP8 weight's scale block (fp8.cu's 128)."""
-
-
 def _e4m3_weight(w: Ptr, s: Ptr, n: int, k: int) -> np.ndarray:
     """The [n, k] weight W[c, j] * s[c // 128, j // 128] of e4m3 values `w` and float32 block scales
     `s` [ceil(n / 128), ceil(k / 128)] (the last block row and column trimmed where partial)."""
     nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
-    blocks = _view(s, nb * kb).reshape(nb, kb)
-    scales = np.repeat(np.repeat(blocks, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:n, :k]
+    scales = spread_blocks(_view(s, nb * kb).reshape(nb, kb), n, k)
     return (_view(w, n * k).reshape(n, k) * scales).astype(F32)
 
 

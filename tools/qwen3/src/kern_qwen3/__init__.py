@@ -69,6 +69,7 @@ from kern_qwen3.fp8_checkpoint import (
     quantize_blocks,
     quantize_rows,
     random_fp8_checkpoint,
+    spread_blocks,
     to_e4m3_bits,
 )
 from kern_qwen3.gemm_algos import GEMM_ALGO_TABLES, GemmAlgos
@@ -220,6 +221,7 @@ __all__ = [
     "render",
     "shape_from_config",
     "silu_entries",
+    "spread_blocks",
     "tensor_parallel",
     "tensor_values",
     "to_bf16_bits",

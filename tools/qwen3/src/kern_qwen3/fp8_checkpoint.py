@@ -48,6 +48,7 @@ __all__ = [
     "quantize_blocks",
     "quantize_rows",
     "random_fp8_checkpoint",
+    "spread_blocks",
     "to_e4m3_bits",
 ]
 
@@ -115,6 +116,12 @@ _E4M3_VALUES: Final = _e4m3_table()
 def from_e4m3_bits(bits: NDArray[np.uint8]) -> NDArray[np.float32]:
     """float8_e4m3fn bytes -> float32 (exact; 0x7F and 0xFF are NaN)."""
     return _E4M3_VALUES[np.asarray(bits, dtype=np.uint8)]
+
+
+def spread_blocks(scales: NDArray[np.float32], n: int, k: int) -> NDArray[np.float32]:
+    """Block scales [ceil(n/128), ceil(k/128)] spread over the [n, k] weights they scale (the last
+    block row and column trimmed where partial)."""
+    return np.repeat(np.repeat(scales, FP8_BLOCK, axis=0)[:n], FP8_BLOCK, axis=1)[:, :k]
 
 
 def _scales(amax: NDArray[np.float32]) -> NDArray[np.float32]:
@@ -227,7 +234,7 @@ def _dequantised(seed: int, layout: Fp8Layout, t: TensorSpec) -> bytes:
     n, k = t.shape
     if layout == "qwen-fp8":
         q, scales = quantize_blocks(w)
-        spread = np.repeat(np.repeat(scales, FP8_BLOCK, axis=0)[:n], FP8_BLOCK, axis=1)[:, :k]
+        spread = spread_blocks(scales, n, k)
     else:
         q, spread = quantize_rows(w)
     return to_bf16_bits(from_e4m3_bits(q) * spread).tobytes()
